@@ -1,0 +1,128 @@
+//! The `local` backend: N ranks inside one process. A send moves the buffer
+//! (a reference-counted handle) straight into the destination's mailbox: no
+//! bytes are copied and the send completes at once.
+
+use std::sync::Arc;
+
+use futures::future::BoxFuture;
+
+use super::mailbox::Mailbox;
+use super::{check_rank, Backend, Communicator, RecvFuture};
+use crate::error::CommError;
+use crate::event::Event;
+use crate::memory::Buffer;
+use crate::stats::Statistics;
+use crate::tag::Tag;
+use crate::Rank;
+
+struct World {
+    mailboxes: Vec<Arc<Mailbox>>,
+    stats: Vec<Arc<Statistics>>,
+    /// Shutdown barrier: count of ranks that called shutdown.
+    shut: std::sync::Mutex<u32>,
+    all_shut: Event,
+}
+
+/// One rank of an in-process job.
+pub struct LocalComm {
+    rank: Rank,
+    world: Arc<World>,
+}
+
+impl LocalComm {
+    /// Creates the `nranks` communicators of a new in-process job.
+    pub fn world(nranks: u32) -> Vec<LocalComm> {
+        let world = Arc::new(World {
+            mailboxes: (0..nranks).map(|_| Arc::new(Mailbox::default())).collect(),
+            stats: (0..nranks)
+                .map(|r| Arc::new(Statistics::new(r, nranks)))
+                .collect(),
+            shut: std::sync::Mutex::new(0),
+            all_shut: Event::new(),
+        });
+        (0..nranks)
+            .map(|rank| LocalComm {
+                rank,
+                world: world.clone(),
+            })
+            .collect()
+    }
+
+    fn mailbox(&self) -> &Arc<Mailbox> {
+        &self.world.mailboxes[self.rank as usize]
+    }
+}
+
+impl Communicator for LocalComm {
+    fn rank(&self) -> Rank {
+        self.rank
+    }
+
+    fn nranks(&self) -> u32 {
+        self.world.mailboxes.len() as u32
+    }
+
+    fn backend(&self) -> Backend {
+        Backend::Local
+    }
+
+    fn send(&self, dst: Rank, tag: Tag, data: Buffer) -> BoxFuture<'static, Result<(), CommError>> {
+        let r = (|| {
+            check_rank(self.rank, dst, self.nranks())?;
+            if let Some(e) = self.mailbox().failure() {
+                return Err(e);
+            }
+            self.world.stats[self.rank as usize].record_send(dst, data.len());
+            self.world.stats[dst as usize].record_recv(self.rank, data.len());
+            self.world.mailboxes[dst as usize].deliver(self.rank, tag, data);
+            Ok(())
+        })();
+        Box::pin(std::future::ready(r))
+    }
+
+    fn recv(&self, src: Rank, tag: Tag) -> RecvFuture {
+        if let Err(e) = check_rank(self.rank, src, self.nranks()) {
+            return RecvFuture::ready(Err(e));
+        }
+        self.mailbox().recv(src, tag)
+    }
+
+    fn abort(&self, reason: &str) {
+        for (r, mb) in self.world.mailboxes.iter().enumerate() {
+            mb.fail(CommError::Aborted {
+                rank: r as Rank,
+                peer: self.rank,
+                reason: reason.to_string(),
+            });
+        }
+        // Release ranks waiting in shutdown too.
+        self.world.all_shut.set();
+    }
+
+    fn failure(&self) -> Option<CommError> {
+        self.mailbox().failure()
+    }
+
+    fn shutdown(&self) -> BoxFuture<'static, Result<(), CommError>> {
+        let world = self.world.clone();
+        let rank = self.rank;
+        {
+            let mut n = world.shut.lock().unwrap_or_else(|p| p.into_inner());
+            *n += 1;
+            if *n as usize == world.mailboxes.len() {
+                world.all_shut.set();
+            }
+        }
+        Box::pin(async move {
+            world.all_shut.wait().await;
+            match world.mailboxes[rank as usize].failure() {
+                Some(e) => Err(e),
+                None => Ok(()),
+            }
+        })
+    }
+
+    fn statistics(&self) -> &Arc<Statistics> {
+        &self.world.stats[self.rank as usize]
+    }
+}

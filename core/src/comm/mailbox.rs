@@ -1,0 +1,211 @@
+//! `Mailbox`: the receive side shared by every backend. Messages that
+//! arrive before their receive is posted wait in a per-(src, tag) queue;
+//! receives posted before their message wait in a per-(src, tag) queue of
+//! waiters. One lock orders both, so per-(src, tag) order is the delivery
+//! order. A failure (dead peer, abort) fails every waiter and every later
+//! receive.
+//!
+//! Receive futures are cancel-safe: a message handed to a receive that is
+//! dropped before it is polled again goes back to the front of its queue.
+
+use std::collections::{HashMap, VecDeque};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll};
+
+use tokio::sync::oneshot;
+
+use crate::error::CommError;
+use crate::memory::Buffer;
+use crate::tag::Tag;
+use crate::Rank;
+
+type Key = (Rank, Tag);
+type Waiter = oneshot::Sender<Result<Buffer, CommError>>;
+
+#[derive(Default)]
+struct Slot {
+    queue: VecDeque<Buffer>,
+    waiters: VecDeque<Waiter>,
+}
+
+#[derive(Default)]
+struct Inner {
+    slots: HashMap<Key, Slot>,
+    failed: Option<CommError>,
+}
+
+/// Per-rank receive queues.
+#[derive(Default)]
+pub(crate) struct Mailbox {
+    inner: Mutex<Inner>,
+}
+
+impl Mailbox {
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Hands `buf` to the oldest waiter of (src, tag) or queues it.
+    pub(crate) fn deliver(&self, src: Rank, tag: Tag, buf: Buffer) {
+        self.deliver_at(src, tag, buf, false)
+    }
+
+    fn deliver_at(&self, src: Rank, tag: Tag, mut buf: Buffer, front: bool) {
+        let mut g = self.lock();
+        if g.failed.is_some() {
+            return;
+        }
+        let slot = g.slots.entry((src, tag)).or_default();
+        while let Some(w) = slot.waiters.pop_front() {
+            match w.send(Ok(buf)) {
+                Ok(()) => {
+                    if slot.queue.is_empty() && slot.waiters.is_empty() {
+                        g.slots.remove(&(src, tag));
+                    }
+                    return;
+                }
+                Err(Ok(b)) => buf = b,
+                Err(Err(_)) => return,
+            }
+        }
+        if front {
+            slot.queue.push_front(buf);
+        } else {
+            slot.queue.push_back(buf);
+        }
+    }
+
+    /// A future for the next message of (src, tag).
+    pub(crate) fn recv(self: &Arc<Self>, src: Rank, tag: Tag) -> RecvFuture {
+        let mut g = self.lock();
+        if let Some(e) = &g.failed {
+            return RecvFuture::ready(Err(e.clone()));
+        }
+        if let Some(slot) = g.slots.get_mut(&(src, tag)) {
+            if let Some(buf) = slot.queue.pop_front() {
+                if slot.queue.is_empty() && slot.waiters.is_empty() {
+                    g.slots.remove(&(src, tag));
+                }
+                return RecvFuture::ready(Ok(buf));
+            }
+        }
+        let (tx, rx) = oneshot::channel();
+        g.slots.entry((src, tag)).or_default().waiters.push_back(tx);
+        RecvFuture {
+            state: State::Waiting {
+                rx,
+                mailbox: self.clone(),
+                key: (src, tag),
+            },
+        }
+    }
+
+    /// Fails every waiting and later receive with `err` (first failure wins).
+    pub(crate) fn fail(&self, err: CommError) {
+        let mut g = self.lock();
+        if g.failed.is_some() {
+            return;
+        }
+        g.failed = Some(err.clone());
+        for (_, slot) in g.slots.drain() {
+            for w in slot.waiters {
+                let _ = w.send(Err(err.clone()));
+            }
+        }
+    }
+
+    /// The failure, if the mailbox has failed.
+    pub(crate) fn failure(&self) -> Option<CommError> {
+        self.lock().failed.clone()
+    }
+}
+
+enum State {
+    Ready(Option<Result<Buffer, CommError>>),
+    Waiting {
+        rx: oneshot::Receiver<Result<Buffer, CommError>>,
+        mailbox: Arc<Mailbox>,
+        key: Key,
+    },
+    Done,
+}
+
+/// The future returned by a receive.
+pub struct RecvFuture {
+    state: State,
+}
+
+impl RecvFuture {
+    pub(crate) fn ready(r: Result<Buffer, CommError>) -> Self {
+        RecvFuture {
+            state: State::Ready(Some(r)),
+        }
+    }
+}
+
+impl Future for RecvFuture {
+    type Output = Result<Buffer, CommError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = &mut *self;
+        match &mut this.state {
+            State::Ready(r) => {
+                let r = r.take().unwrap_or_else(|| {
+                    Err(CommError::Shutdown { rank: Rank::MAX })
+                });
+                this.state = State::Done;
+                Poll::Ready(r)
+            }
+            State::Waiting { rx, mailbox, .. } => match Pin::new(rx).poll(cx) {
+                Poll::Pending => Poll::Pending,
+                Poll::Ready(r) => {
+                    let out = match r {
+                        Ok(r) => r,
+                        Err(_) => Err(mailbox
+                            .failure()
+                            .unwrap_or(CommError::Shutdown { rank: Rank::MAX })),
+                    };
+                    this.state = State::Done;
+                    Poll::Ready(out)
+                }
+            },
+            State::Done => Poll::Pending,
+        }
+    }
+}
+
+impl Drop for RecvFuture {
+    fn drop(&mut self) {
+        if let State::Waiting { rx, mailbox, key } = &mut self.state {
+            rx.close();
+            if let Ok(Ok(buf)) = rx.try_recv() {
+                mailbox.deliver_at(key.0, key.1, buf, true);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tag::OpId;
+
+    #[tokio::test]
+    async fn order_and_cancel_safety() {
+        let mb = Arc::new(Mailbox::default());
+        let t = Tag::new(OpId(1), 0);
+        // A receive posted first, then dropped after its message arrived.
+        let f = mb.recv(0, t);
+        mb.deliver(0, t, Buffer::from_vec(vec![1]));
+        mb.deliver(0, t, Buffer::from_vec(vec![2]));
+        drop(f);
+        assert_eq!(mb.recv(0, t).await.unwrap().as_slice(), &[1]);
+        assert_eq!(mb.recv(0, t).await.unwrap().as_slice(), &[2]);
+        let pending = mb.recv(0, t);
+        mb.fail(CommError::Shutdown { rank: 0 });
+        assert!(pending.await.is_err());
+        assert!(mb.recv(0, t).await.is_err());
+    }
+}

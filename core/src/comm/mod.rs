@@ -1,0 +1,129 @@
+//! Communicators: tagged point-to-point messages between the ranks of a job.
+//!
+//! The `Communicator` trait is what collectives are written against. Every
+//! backend gives the same guarantees:
+//!
+//! - `send` takes its place in the (src, dst, tag) order when it is *called*
+//!   (not when its future is first polled), and messages of one (src, dst,
+//!   tag) triple are received in that order.
+//! - Sends are eager: the bytes are handed to the transport and the future
+//!   resolves once they are written out (or delivered, in process).
+//! - A receive names its source and tag; there is no "any source" receive.
+//! - A dead peer or an abort fails every pending and later operation with an
+//!   error that names that peer.
+//!
+//! Backends: [`local`] (ranks are tasks of one process) and [`tcp`] (one
+//! process per rank).
+
+pub mod local;
+mod mailbox;
+pub mod tcp;
+
+use std::fmt;
+
+use futures::future::BoxFuture;
+
+use crate::error::CommError;
+use crate::memory::{Buffer, Reservation};
+use crate::stats::Statistics;
+use crate::tag::Tag;
+use crate::Rank;
+
+pub use mailbox::RecvFuture;
+
+/// Which transport a communicator uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Backend {
+    /// Ranks are tasks in one process; payloads are moved, not copied.
+    Local,
+    /// One process per rank over TCP.
+    Tcp,
+}
+
+impl fmt::Display for Backend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Backend::Local => "local",
+            Backend::Tcp => "tcp",
+        })
+    }
+}
+
+impl std::str::FromStr for Backend {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "local" => Ok(Backend::Local),
+            "tcp" => Ok(Backend::Tcp),
+            other => Err(format!("unknown backend {other:?} (expected local or tcp)")),
+        }
+    }
+}
+
+/// Tagged point-to-point messaging between the ranks of a job.
+pub trait Communicator: Send + Sync + 'static {
+    /// This rank.
+    fn rank(&self) -> Rank;
+
+    /// The number of ranks.
+    fn nranks(&self) -> u32;
+
+    /// The transport.
+    fn backend(&self) -> Backend;
+
+    /// Sends `data` to `dst` with `tag`. Ordering is fixed at the call; the
+    /// future resolves when the bytes have left this rank.
+    fn send(&self, dst: Rank, tag: Tag, data: Buffer) -> BoxFuture<'static, Result<(), CommError>>;
+
+    /// Receives the next message from `src` with `tag`.
+    fn recv(&self, src: Rank, tag: Tag) -> RecvFuture;
+
+    /// Receives the next message from `src` with `tag` and charges it to
+    /// `reservation`; fails if the message is larger than the reservation.
+    fn recv_into(
+        &self,
+        src: Rank,
+        tag: Tag,
+        mut reservation: Reservation,
+    ) -> BoxFuture<'static, Result<Buffer, CommError>> {
+        let rank = self.rank();
+        let fut = self.recv(src, tag);
+        Box::pin(async move {
+            let buf = fut.await?;
+            let size = buf.len() as u64;
+            let reserved = reservation.size();
+            reservation
+                .adopt(buf.into_bytes())
+                .map_err(|_| CommError::ReservationTooSmall {
+                    rank,
+                    peer: src,
+                    tag,
+                    size,
+                    reserved,
+                })
+        })
+    }
+
+    /// Fails the whole job: every rank's pending and later operations fail
+    /// with an error naming this rank and `reason`.
+    fn abort(&self, reason: &str);
+
+    /// The failure this communicator has seen, if any.
+    fn failure(&self) -> Option<CommError>;
+
+    /// Ends the job cleanly: flushes this rank's sends and waits until every
+    /// rank has called `shutdown`, so no rank leaves while a peer may still
+    /// need it.
+    fn shutdown(&self) -> BoxFuture<'static, Result<(), CommError>>;
+
+    /// Traffic statistics of this rank.
+    fn statistics(&self) -> &std::sync::Arc<Statistics>;
+}
+
+pub(crate) fn check_rank(rank: Rank, peer: Rank, nranks: u32) -> Result<(), CommError> {
+    if peer < nranks {
+        Ok(())
+    } else {
+        Err(CommError::InvalidRank { rank, peer, nranks })
+    }
+}

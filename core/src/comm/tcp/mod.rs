@@ -1,0 +1,1015 @@
+//! The `tcp` backend: one process per rank, tokio TCP between them.
+//!
+//! ```text
+//! bootstrap (control plane, a star around rank 0)
+//!   rank r ──connect──> root address (rank 0's listener)
+//!   rank r ── Hello{control, token, r} + Register(its data address) ──> 0
+//!   0 waits for all ranks, then 0 ── Table(addresses) ──> every rank
+//!   the control connections stay open: they carry Done / AllDone
+//!   (shutdown), Abort and Died notices for the rest of the job.
+//!
+//! data plane (lazy, one direction per connection)
+//!   first send r -> d opens r ──Hello{data, token, r}──> d, then frames
+//!   flow r -> d only. Only pairs that talk get sockets.
+//! ```
+//!
+//! Failure detection: rank 0 sees a rank die as an end of its control
+//! connection before that rank said Done, and tells every other rank
+//! (`Died`); every rank sees rank 0 die as the end of its own control
+//! connection. Either way every pending and later operation fails with an
+//! error that names the dead rank, within the time the OS takes to close a
+//! dead process's sockets (immediate for a killed process on a live host).
+//!
+//! Cost model: a message costs one 24-byte header plus its payload on the
+//! socket. Messages up to 64 KiB are coalesced into one write per batch of
+//! queued sends; larger payloads are written straight from the caller's
+//! buffer and read straight into a fresh buffer of the frame's size (one
+//! allocation, no copy beyond the kernel's).
+//!
+//! Flow control: sends are eager; a receiver buffers messages that arrive
+//! before their receive is posted. Collectives bound what is in flight.
+
+pub mod wire;
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use bytes::BytesMut;
+use futures::future::BoxFuture;
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
+
+use self::wire::{Control, ConnKind, FrameHeader, Hello, WireError, ACK, FRAME_HEADER_LEN};
+use super::mailbox::Mailbox;
+use super::{check_rank, Backend, Communicator, RecvFuture};
+use crate::error::CommError;
+use crate::event::Event;
+use crate::memory::Buffer;
+use crate::stats::Statistics;
+use crate::tag::Tag;
+use crate::Rank;
+
+/// Payloads up to this size are copied into the batch buffer; larger ones
+/// are written from their own memory.
+const COALESCE_MAX: usize = 64 << 10;
+/// A batch is written once it holds this much.
+const BATCH_BYTES: usize = 1 << 20;
+/// Time a connecting peer has to present its opening.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How a tcp rank finds and joins its job.
+#[derive(Debug, Clone)]
+pub struct TcpConfig {
+    /// This rank.
+    pub rank: Rank,
+    /// Number of ranks.
+    pub nranks: u32,
+    /// `host:port` where rank 0 listens.
+    pub root: String,
+    /// The job token every connection must present.
+    pub token: String,
+    /// Address this rank's data listener binds to (not rank 0, which binds
+    /// `root`). Default: loopback.
+    pub listen: IpAddr,
+    /// How long bootstrap and connection set-up may take.
+    pub timeout: Duration,
+    /// Largest message accepted; frames claiming more are refused.
+    pub max_message_bytes: u64,
+}
+
+impl TcpConfig {
+    /// Default largest message: 64 GiB.
+    pub const DEFAULT_MAX_MESSAGE: u64 = 64 << 30;
+
+    /// A config with defaults for the optional fields.
+    pub fn new(rank: Rank, nranks: u32, root: impl Into<String>, token: impl Into<String>) -> Self {
+        TcpConfig {
+            rank,
+            nranks,
+            root: root.into(),
+            token: token.into(),
+            listen: IpAddr::V4(Ipv4Addr::LOCALHOST),
+            timeout: Duration::from_secs(60),
+            max_message_bytes: Self::DEFAULT_MAX_MESSAGE,
+        }
+    }
+
+    /// Reads `BRAID_RANK`, `BRAID_NRANKS`, `BRAID_ROOT`, `BRAID_TOKEN` and
+    /// the optional `BRAID_LISTEN` (IP), `BRAID_TIMEOUT` (seconds) and
+    /// `BRAID_MAX_MESSAGE` (bytes). `Ok(None)` when `BRAID_NRANKS` is unset.
+    pub fn from_env() -> Result<Option<TcpConfig>, CommError> {
+        let get = |k: &str| std::env::var(k).ok();
+        let Some(nranks) = get("BRAID_NRANKS") else {
+            return Ok(None);
+        };
+        let bad = |what: String| CommError::Bootstrap {
+            rank: Rank::MAX,
+            detail: what,
+        };
+        let nranks: u32 = nranks
+            .parse()
+            .map_err(|_| bad(format!("BRAID_NRANKS={nranks:?} is not a number")))?;
+        let rank_s = get("BRAID_RANK").ok_or_else(|| bad("BRAID_RANK is not set".into()))?;
+        let rank: Rank = rank_s
+            .parse()
+            .map_err(|_| bad(format!("BRAID_RANK={rank_s:?} is not a number")))?;
+        if nranks == 0 || rank >= nranks {
+            return Err(bad(format!("BRAID_RANK={rank} is not below BRAID_NRANKS={nranks}")));
+        }
+        let root = get("BRAID_ROOT").ok_or_else(|| bad("BRAID_ROOT is not set".into()))?;
+        let token = get("BRAID_TOKEN").ok_or_else(|| bad("BRAID_TOKEN is not set".into()))?;
+        let mut c = TcpConfig::new(rank, nranks, root, token);
+        if let Some(l) = get("BRAID_LISTEN") {
+            c.listen = l
+                .parse()
+                .map_err(|_| bad(format!("BRAID_LISTEN={l:?} is not an IP address")))?;
+        }
+        if let Some(t) = get("BRAID_TIMEOUT") {
+            let secs: u64 = t
+                .parse()
+                .map_err(|_| bad(format!("BRAID_TIMEOUT={t:?} is not a number of seconds")))?;
+            c.timeout = Duration::from_secs(secs);
+        }
+        if let Some(m) = get("BRAID_MAX_MESSAGE") {
+            c.max_message_bytes = m
+                .parse()
+                .map_err(|_| bad(format!("BRAID_MAX_MESSAGE={m:?} is not a number of bytes")))?;
+        }
+        Ok(Some(c))
+    }
+}
+
+enum Outgoing {
+    Msg {
+        tag: Tag,
+        buf: Buffer,
+        done: oneshot::Sender<Result<(), CommError>>,
+    },
+    Flush(oneshot::Sender<Result<(), CommError>>),
+}
+
+struct Shared {
+    rank: Rank,
+    nranks: u32,
+    token: Vec<u8>,
+    root: String,
+    timeout: Duration,
+    max_message: u64,
+    mailbox: Arc<Mailbox>,
+    stats: Arc<Statistics>,
+    addrs: OnceLock<Vec<String>>,
+    writers: Mutex<Vec<Option<mpsc::UnboundedSender<Outgoing>>>>,
+    control: OnceLock<mpsc::UnboundedSender<Control>>,
+    /// Rank 0 only: the control plane's state.
+    root_state: OnceLock<Arc<RootState>>,
+    all_done: Event,
+    failed: Event,
+    shutting_down: AtomicBool,
+    runtime: tokio::runtime::Handle,
+}
+
+impl Shared {
+    fn fail(&self, err: CommError) {
+        tracing::debug!(rank = self.rank, error = %err, "tcp communicator failed");
+        self.mailbox.fail(err);
+        self.failed.set();
+    }
+
+    fn bootstrap_err(&self, detail: impl Into<String>) -> CommError {
+        CommError::Bootstrap {
+            rank: self.rank,
+            detail: detail.into(),
+        }
+    }
+}
+
+/// Rank 0's view of the control plane.
+struct RootState {
+    /// Control senders to ranks 1..n (index = rank; entry 0 unused).
+    senders: Vec<Option<mpsc::UnboundedSender<Control>>>,
+    done: Mutex<Vec<bool>>,
+    /// Set (on rank 0's own shared state) once every rank is done.
+    all_done: Event,
+    /// Control writers that have put AllDone on the wire.
+    flushed: std::sync::atomic::AtomicUsize,
+    /// Set once every control writer has put AllDone on the wire.
+    all_flushed: Event,
+}
+
+impl RootState {
+    fn broadcast(&self, msg: &Control, except: Option<Rank>) {
+        for (r, s) in self.senders.iter().enumerate() {
+            if Some(r as Rank) == except {
+                continue;
+            }
+            if let Some(s) = s {
+                let _ = s.send(msg.clone());
+            }
+        }
+    }
+
+    /// Marks `rank` done; tells everyone when all are.
+    fn mark_done(&self, rank: Rank) {
+        let all = {
+            let mut d = self.done.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(x) = d.get_mut(rank as usize) {
+                *x = true;
+            }
+            d.iter().all(|x| *x)
+        };
+        if all && !self.all_done.is_set() {
+            self.broadcast(&Control::AllDone, None);
+            self.all_done.set();
+            if self.senders.iter().flatten().count() == 0 {
+                self.all_flushed.set();
+            }
+        }
+    }
+
+    fn note_flushed(&self) {
+        let n = self.flushed.fetch_add(1, Ordering::AcqRel) + 1;
+        if n >= self.senders.iter().flatten().count() {
+            self.all_flushed.set();
+        }
+    }
+
+    fn is_done(&self, rank: Rank) -> bool {
+        self.done
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(rank as usize)
+            .copied()
+            .unwrap_or(true)
+    }
+}
+
+/// One rank of a job whose ranks talk over TCP.
+pub struct TcpComm {
+    shared: Arc<Shared>,
+    listen_addr: SocketAddr,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Drop for TcpComm {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+impl TcpComm {
+    /// Joins the job described by `config`: rank 0 binds the root address,
+    /// the others connect to it. Returns once every rank has registered.
+    pub async fn connect(config: TcpConfig) -> Result<TcpComm, CommError> {
+        let listener = if config.rank == 0 {
+            let addr = resolve(&config.root, config.rank).await?;
+            TcpListener::bind(addr).await.map_err(|e| CommError::Bootstrap {
+                rank: 0,
+                detail: format!("cannot listen on root address {}: {e}", config.root),
+            })?
+        } else {
+            TcpListener::bind(SocketAddr::new(config.listen, 0))
+                .await
+                .map_err(|e| CommError::Bootstrap {
+                    rank: config.rank,
+                    detail: format!("cannot listen on {}: {e}", config.listen),
+                })?
+        };
+        Self::with_listener(config, listener).await
+    }
+
+    /// Like [`TcpComm::connect`] with a listener bound already (for rank 0,
+    /// the root address; for the others, their data address).
+    pub async fn with_listener(config: TcpConfig, listener: TcpListener) -> Result<TcpComm, CommError> {
+        if config.nranks == 0 || config.rank >= config.nranks {
+            return Err(CommError::Bootstrap {
+                rank: config.rank,
+                detail: format!("rank {} is not below nranks {}", config.rank, config.nranks),
+            });
+        }
+        let listen_addr = listener.local_addr().map_err(|e| CommError::Bootstrap {
+            rank: config.rank,
+            detail: e.to_string(),
+        })?;
+        let shared = Arc::new(Shared {
+            rank: config.rank,
+            nranks: config.nranks,
+            token: config.token.clone().into_bytes(),
+            root: config.root.clone(),
+            timeout: config.timeout,
+            max_message: config.max_message_bytes,
+            mailbox: Arc::new(Mailbox::default()),
+            stats: Arc::new(Statistics::new(config.rank, config.nranks)),
+            addrs: OnceLock::new(),
+            writers: Mutex::new((0..config.nranks).map(|_| None).collect()),
+            control: OnceLock::new(),
+            root_state: OnceLock::new(),
+            all_done: Event::new(),
+            failed: Event::new(),
+            shutting_down: AtomicBool::new(false),
+            runtime: tokio::runtime::Handle::current(),
+        });
+        let (ctrl_tx, ctrl_rx) = mpsc::unbounded_channel();
+        let mut tasks = vec![tokio::spawn(accept_loop(shared.clone(), listener, ctrl_tx))];
+        let boot = if config.rank == 0 {
+            bootstrap_root(shared.clone(), ctrl_rx, &mut tasks).await
+        } else {
+            bootstrap_peer(shared.clone(), listen_addr, config.listen, &mut tasks).await
+        };
+        let comm = TcpComm {
+            shared,
+            listen_addr,
+            tasks,
+        };
+        boot?;
+        Ok(comm)
+    }
+
+    /// Starts `nranks` tcp ranks inside this process over loopback (tests
+    /// and benchmarks: the same code path as separate processes).
+    pub async fn in_process_world(nranks: u32) -> Result<Vec<TcpComm>, CommError> {
+        let root = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+            .await
+            .map_err(|e| CommError::Bootstrap {
+                rank: 0,
+                detail: e.to_string(),
+            })?;
+        let root_addr = root.local_addr().map_err(|e| CommError::Bootstrap {
+            rank: 0,
+            detail: e.to_string(),
+        })?;
+        let token = random_token();
+        let mut futs = Vec::new();
+        let mut root = Some(root);
+        for r in 0..nranks {
+            let cfg = TcpConfig::new(r, nranks, root_addr.to_string(), token.clone());
+            let l = root.take();
+            futs.push(tokio::spawn(async move {
+                match l {
+                    Some(l) => TcpComm::with_listener(cfg, l).await,
+                    None => TcpComm::connect(cfg).await,
+                }
+            }));
+        }
+        let mut out = Vec::new();
+        for f in futs {
+            out.push(f.await.map_err(|e| CommError::Bootstrap {
+                rank: 0,
+                detail: e.to_string(),
+            })??);
+        }
+        Ok(out)
+    }
+
+    /// The address this rank accepts connections on.
+    pub fn listen_addr(&self) -> SocketAddr {
+        self.listen_addr
+    }
+
+    fn writer(&self, dst: Rank) -> mpsc::UnboundedSender<Outgoing> {
+        let mut w = self.shared.writers.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(Some(tx)) = w.get(dst as usize) {
+            return tx.clone();
+        }
+        let (tx, rx) = mpsc::unbounded_channel();
+        self.shared
+            .runtime
+            .spawn(writer_task(self.shared.clone(), dst, rx));
+        w[dst as usize] = Some(tx.clone());
+        tx
+    }
+}
+
+/// A random token (128 bits from the OS-seeded std hasher).
+pub fn random_token() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let mut s = String::new();
+    for i in 0..2u64 {
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u64(i);
+        h.write_u128(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos())
+                .unwrap_or(0),
+        );
+        h.write_u32(std::process::id());
+        s.push_str(&format!("{:016x}", h.finish()));
+    }
+    s
+}
+
+async fn resolve(addr: &str, rank: Rank) -> Result<SocketAddr, CommError> {
+    tokio::net::lookup_host(addr)
+        .await
+        .ok()
+        .and_then(|mut a| a.next())
+        .ok_or_else(|| CommError::Bootstrap {
+            rank,
+            detail: format!("cannot resolve address {addr:?}"),
+        })
+}
+
+/// Connects to `addr`, retrying until `timeout` (the peer may not be up yet),
+/// and presents our opening; waits for the ack.
+async fn open(shared: &Shared, addr: &str, kind: ConnKind, peer: Rank) -> Result<TcpStream, CommError> {
+    let deadline = tokio::time::Instant::now() + shared.timeout;
+    let mut last_err = String::new();
+    loop {
+        if tokio::time::Instant::now() >= deadline {
+            return Err(CommError::Timeout {
+                rank: shared.rank,
+                what: format!("a connection to rank {peer} at {addr} ({last_err})"),
+                secs: shared.timeout.as_secs(),
+            });
+        }
+        match TcpStream::connect(addr).await {
+            Ok(mut s) => {
+                let _ = s.set_nodelay(true);
+                let hello = Hello {
+                    kind,
+                    token: shared.token.clone(),
+                    rank: shared.rank,
+                    nranks: shared.nranks,
+                };
+                let io = |e: std::io::Error| CommError::Io {
+                    rank: shared.rank,
+                    peer: Some(peer),
+                    detail: e.to_string(),
+                };
+                s.write_all(&hello.encode()).await.map_err(io)?;
+                let mut ack = [0u8; 1];
+                let r = tokio::time::timeout(HANDSHAKE_TIMEOUT, s.read_exact(&mut ack)).await;
+                return match r {
+                    Ok(Ok(_)) if ack[0] == ACK => Ok(s),
+                    _ => Err(CommError::Protocol {
+                        rank: shared.rank,
+                        peer: Some(peer),
+                        detail: format!(
+                            "rank {peer} at {addr} refused our connection (wrong job token or job size?)"
+                        ),
+                    }),
+                };
+            }
+            Err(e) => {
+                last_err = e.to_string();
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    }
+}
+
+async fn accept_loop(shared: Arc<Shared>, listener: TcpListener, ctrl: mpsc::UnboundedSender<(Rank, TcpStream)>) {
+    loop {
+        let (stream, from) = match listener.accept().await {
+            Ok(x) => x,
+            Err(e) => {
+                tracing::warn!(rank = shared.rank, error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                continue;
+            }
+        };
+        let shared = shared.clone();
+        let ctrl = ctrl.clone();
+        tokio::spawn(async move {
+            if let Err(e) = handshake(&shared, stream, &ctrl).await {
+                shared.stats.record_rejected_connection();
+                let err = CommError::Protocol {
+                    rank: shared.rank,
+                    peer: None,
+                    detail: format!("refused connection from {from}: {e}"),
+                };
+                tracing::warn!("{err}");
+            }
+        });
+    }
+}
+
+async fn handshake(
+    shared: &Arc<Shared>,
+    mut stream: TcpStream,
+    ctrl: &mpsc::UnboundedSender<(Rank, TcpStream)>,
+) -> Result<(), WireError> {
+    let hello = tokio::time::timeout(HANDSHAKE_TIMEOUT, Hello::read(&mut stream))
+        .await
+        .map_err(|_| WireError::Io("no opening within the handshake time".into()))??;
+    if !constant_time_eq(&hello.token, &shared.token) {
+        return Err(WireError::Malformed("job token (it does not match)"));
+    }
+    if hello.nranks != shared.nranks || hello.rank >= shared.nranks || hello.rank == shared.rank {
+        return Err(WireError::Malformed("rank or job size"));
+    }
+    let _ = stream.set_nodelay(true);
+    match hello.kind {
+        ConnKind::Data => {
+            stream.write_all(&[ACK]).await?;
+            tokio::spawn(reader_task(shared.clone(), hello.rank, stream));
+        }
+        ConnKind::Control => {
+            if shared.rank != 0 || shared.root_state.get().is_some() {
+                return Err(WireError::Malformed("control connection outside bootstrap"));
+            }
+            stream.write_all(&[ACK]).await?;
+            ctrl.send((hello.rank, stream))
+                .map_err(|_| WireError::Io("bootstrap is over".into()))?;
+        }
+    }
+    Ok(())
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+async fn reader_task(shared: Arc<Shared>, src: Rank, stream: TcpStream) {
+    let mut r = BufReader::with_capacity(256 << 10, stream);
+    loop {
+        let mut hb = [0u8; FRAME_HEADER_LEN];
+        match r.read_exact(&mut hb).await {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return,
+            Err(e) => {
+                // The control plane reports deaths; a reset here usually is
+                // one, but only fail the job if nothing else explains it.
+                tracing::debug!(rank = shared.rank, peer = src, error = %e, "data connection error");
+                return;
+            }
+        }
+        let header = match FrameHeader::decode(&hb, shared.max_message) {
+            Ok(h) => h,
+            Err(e) => {
+                shared.fail(CommError::Protocol {
+                    rank: shared.rank,
+                    peer: Some(src),
+                    detail: format!("bad data frame: {e}"),
+                });
+                return;
+            }
+        };
+        let len = header.len as usize;
+        let mut buf = BytesMut::with_capacity(len);
+        while buf.len() < len {
+            let want = (len - buf.len()) as u64;
+            match (&mut r).take(want).read_buf(&mut buf).await {
+                Ok(0) | Err(_) => {
+                    if !shared.shutting_down.load(Ordering::Relaxed) {
+                        shared.fail(CommError::PeerDied {
+                            rank: shared.rank,
+                            peer: src,
+                            detail: format!(
+                                "connection closed in the middle of a {len}-byte message"
+                            ),
+                        });
+                    }
+                    return;
+                }
+                Ok(_) => {}
+            }
+        }
+        shared.stats.record_recv(src, len);
+        shared
+            .mailbox
+            .deliver(src, header.tag, Buffer::from_bytes(buf.freeze()));
+    }
+}
+
+async fn writer_task(shared: Arc<Shared>, dst: Rank, mut rx: mpsc::UnboundedReceiver<Outgoing>) {
+    let fail_all = |rx: &mut mpsc::UnboundedReceiver<Outgoing>, e: CommError| {
+        rx.close();
+        while let Ok(item) = rx.try_recv() {
+            match item {
+                Outgoing::Msg { done, .. } | Outgoing::Flush(done) => {
+                    let _ = done.send(Err(e.clone()));
+                }
+            }
+        }
+    };
+    let addr = if dst == 0 {
+        shared.root.clone()
+    } else {
+        match shared.addrs.get().and_then(|a| a.get(dst as usize)) {
+            Some(a) => a.clone(),
+            None => {
+                let e = shared.bootstrap_err(format!("no address for rank {dst}"));
+                fail_all(&mut rx, e);
+                return;
+            }
+        }
+    };
+    let mut stream = match open(&shared, &addr, ConnKind::Data, dst).await {
+        Ok(s) => s,
+        Err(e) => {
+            shared.fail(e.clone());
+            fail_all(&mut rx, e);
+            return;
+        }
+    };
+    let mut batch: Vec<u8> = Vec::with_capacity(BATCH_BYTES + COALESCE_MAX + 64);
+    let mut dones: Vec<oneshot::Sender<Result<(), CommError>>> = Vec::new();
+    while let Some(first) = rx.recv().await {
+        let mut item = Some(first);
+        let mut res: std::io::Result<()> = Ok(());
+        while let Some(it) = item.take() {
+            match it {
+                Outgoing::Msg { tag, buf, done } => {
+                    let h = FrameHeader {
+                        tag,
+                        len: buf.len() as u64,
+                    };
+                    batch.extend_from_slice(&h.encode());
+                    if buf.len() <= COALESCE_MAX {
+                        batch.extend_from_slice(buf.as_slice());
+                    } else {
+                        res = async {
+                            stream.write_all(&batch).await?;
+                            batch.clear();
+                            stream.write_all(buf.as_slice()).await
+                        }
+                        .await;
+                    }
+                    dones.push(done);
+                }
+                Outgoing::Flush(done) => dones.push(done),
+            }
+            if res.is_err() || batch.len() >= BATCH_BYTES {
+                break;
+            }
+            item = rx.try_recv().ok();
+        }
+        if res.is_ok() && !batch.is_empty() {
+            res = stream.write_all(&batch).await;
+            batch.clear();
+        }
+        match res {
+            Ok(()) => {
+                for d in dones.drain(..) {
+                    let _ = d.send(Ok(()));
+                }
+            }
+            Err(e) => {
+                let err = shared
+                    .mailbox
+                    .failure()
+                    .unwrap_or_else(|| CommError::PeerDied {
+                        rank: shared.rank,
+                        peer: dst,
+                        detail: format!("write failed: {e}"),
+                    });
+                for d in dones.drain(..) {
+                    let _ = d.send(Err(err.clone()));
+                }
+                shared.fail(err.clone());
+                fail_all(&mut rx, err);
+                return;
+            }
+        }
+    }
+    let _ = stream.shutdown().await;
+}
+
+/// Rank 0: waits for every rank's registration, sends the table, then runs
+/// the control plane.
+async fn bootstrap_root(
+    shared: Arc<Shared>,
+    mut ctrl_rx: mpsc::UnboundedReceiver<(Rank, TcpStream)>,
+    tasks: &mut Vec<JoinHandle<()>>,
+) -> Result<(), CommError> {
+    let n = shared.nranks as usize;
+    let mut conns: Vec<Option<(TcpStream, String)>> = (0..n).map(|_| None).collect();
+    let mut missing = n - 1;
+    let deadline = tokio::time::Instant::now() + shared.timeout;
+    while missing > 0 {
+        let next = tokio::time::timeout_at(deadline, ctrl_rx.recv()).await;
+        let (r, mut s) = match next {
+            Ok(Some(x)) => x,
+            Ok(None) => return Err(shared.bootstrap_err("listener stopped")),
+            Err(_) => {
+                let absent: Vec<usize> = (1..n).filter(|r| conns[*r].is_none()).collect();
+                return Err(shared.bootstrap_err(format!(
+                    "timed out after {} s waiting for ranks {absent:?} to join",
+                    shared.timeout.as_secs()
+                )));
+            }
+        };
+        let reg = tokio::time::timeout(HANDSHAKE_TIMEOUT, Control::read(&mut s)).await;
+        let addr = match reg {
+            Ok(Ok(Some(Control::Register(a)))) => a,
+            _ => {
+                tracing::warn!(rank = 0, peer = r, "rank sent no registration; dropped");
+                continue;
+            }
+        };
+        if conns[r as usize].is_some() {
+            tracing::warn!(rank = 0, peer = r, "rank registered twice; second dropped");
+            continue;
+        }
+        conns[r as usize] = Some((s, addr));
+        missing -= 1;
+    }
+    let table: Vec<String> = conns
+        .iter()
+        .map(|c| c.as_ref().map(|(_, a)| a.clone()).unwrap_or_default())
+        .collect();
+    let _ = shared.addrs.set(table.clone());
+    let mut senders = vec![None];
+    let mut halves = Vec::new();
+    let mut receivers = Vec::new();
+    for (r, c) in conns.into_iter().enumerate().skip(1) {
+        let Some((s, _)) = c else { continue };
+        let (rd, wr) = s.into_split();
+        let (tx, rx) = mpsc::unbounded_channel();
+        let _ = tx.send(Control::Table(table.clone()));
+        senders.push(Some(tx));
+        receivers.push((wr, rx));
+        halves.push((r as Rank, rd));
+    }
+    let state = Arc::new(RootState {
+        senders,
+        done: Mutex::new(vec![false; n]),
+        all_done: shared.all_done.clone(),
+        flushed: Default::default(),
+        all_flushed: Event::new(),
+    });
+    let _ = shared.root_state.set(state.clone());
+    for (wr, rx) in receivers {
+        tasks.push(tokio::spawn(control_writer(wr, rx, Some(state.clone()))));
+    }
+    for (r, rd) in halves {
+        tasks.push(tokio::spawn(root_control_reader(shared.clone(), state.clone(), r, rd)));
+    }
+    Ok(())
+}
+
+/// Writes control messages in order. On rank 0, AllDone is the last
+/// message of a connection: the writer reports it flushed and stops.
+async fn control_writer(
+    mut w: tokio::net::tcp::OwnedWriteHalf,
+    mut rx: mpsc::UnboundedReceiver<Control>,
+    root: Option<Arc<RootState>>,
+) {
+    while let Some(m) = rx.recv().await {
+        let ok = m.write(&mut w).await.is_ok();
+        if let (Control::AllDone, Some(state)) = (&m, &root) {
+            state.note_flushed();
+            return;
+        }
+        if !ok {
+            return;
+        }
+    }
+}
+
+/// Rank 0's reader of rank `peer`'s control connection.
+async fn root_control_reader(
+    shared: Arc<Shared>,
+    state: Arc<RootState>,
+    peer: Rank,
+    mut rd: tokio::net::tcp::OwnedReadHalf,
+) {
+    loop {
+        match Control::read(&mut rd).await {
+            Ok(Some(Control::Done)) => state.mark_done(peer),
+            Ok(Some(Control::Abort { reason, .. })) => {
+                state.broadcast(
+                    &Control::Abort {
+                        origin: peer,
+                        reason: reason.clone(),
+                    },
+                    Some(peer),
+                );
+                shared.fail(CommError::Aborted {
+                    rank: 0,
+                    peer,
+                    reason,
+                });
+            }
+            Ok(Some(other)) => {
+                tracing::warn!(rank = 0, peer, "unexpected control message {other:?}");
+            }
+            Ok(None) | Err(_) => {
+                if !state.is_done(peer) {
+                    let detail = "its process exited or its connection to rank 0 broke".to_string();
+                    state.broadcast(
+                        &Control::Died {
+                            peer,
+                            detail: detail.clone(),
+                        },
+                        Some(peer),
+                    );
+                    shared.fail(CommError::PeerDied {
+                        rank: 0,
+                        peer,
+                        detail,
+                    });
+                }
+                return;
+            }
+        }
+    }
+}
+
+/// A rank other than 0: registers with rank 0 and waits for the table.
+async fn bootstrap_peer(
+    shared: Arc<Shared>,
+    listen_addr: SocketAddr,
+    listen_ip: IpAddr,
+    tasks: &mut Vec<JoinHandle<()>>,
+) -> Result<(), CommError> {
+    let mut s = open(&shared, &shared.root, ConnKind::Control, 0).await?;
+    // Advertise an address peers can reach: the bound IP, or, when bound
+    // to all interfaces, the interface that reaches rank 0.
+    let ip = if listen_ip.is_unspecified() {
+        s.local_addr().map(|a| a.ip()).unwrap_or(listen_ip)
+    } else {
+        listen_ip
+    };
+    let advertised = SocketAddr::new(ip, listen_addr.port()).to_string();
+    Control::Register(advertised)
+        .write(&mut s)
+        .await
+        .map_err(|e| shared.bootstrap_err(format!("registering with rank 0: {e}")))?;
+    let table = match tokio::time::timeout(shared.timeout, Control::read(&mut s)).await {
+        Ok(Ok(Some(Control::Table(t)))) if t.len() == shared.nranks as usize => t,
+        Ok(Ok(Some(Control::Abort { origin, reason }))) => {
+            return Err(CommError::Aborted {
+                rank: shared.rank,
+                peer: origin,
+                reason,
+            })
+        }
+        Ok(Ok(other)) => {
+            return Err(shared.bootstrap_err(format!("expected the address table from rank 0, got {other:?}")))
+        }
+        Ok(Err(e)) => return Err(shared.bootstrap_err(format!("reading the address table: {e}"))),
+        Err(_) => {
+            return Err(shared.bootstrap_err(format!(
+                "timed out after {} s waiting for the other ranks to join",
+                shared.timeout.as_secs()
+            )))
+        }
+    };
+    let _ = shared.addrs.set(table);
+    let (rd, wr) = s.into_split();
+    let (tx, rx) = mpsc::unbounded_channel();
+    let _ = shared.control.set(tx);
+    tasks.push(tokio::spawn(control_writer(wr, rx, None)));
+    tasks.push(tokio::spawn(peer_control_reader(shared, rd)));
+    Ok(())
+}
+
+async fn peer_control_reader(shared: Arc<Shared>, mut rd: tokio::net::tcp::OwnedReadHalf) {
+    loop {
+        match Control::read(&mut rd).await {
+            Ok(Some(Control::AllDone)) => shared.all_done.set(),
+            Ok(Some(Control::Died { peer, detail })) => shared.fail(CommError::PeerDied {
+                rank: shared.rank,
+                peer,
+                detail,
+            }),
+            Ok(Some(Control::Abort { origin, reason })) => shared.fail(CommError::Aborted {
+                rank: shared.rank,
+                peer: origin,
+                reason,
+            }),
+            Ok(Some(other)) => {
+                tracing::warn!(rank = shared.rank, "unexpected control message {other:?}");
+            }
+            Ok(None) | Err(_) => {
+                if !shared.all_done.is_set() {
+                    shared.fail(CommError::PeerDied {
+                        rank: shared.rank,
+                        peer: 0,
+                        detail: "lost the control connection to rank 0".into(),
+                    });
+                }
+                return;
+            }
+        }
+    }
+}
+
+impl Communicator for TcpComm {
+    fn rank(&self) -> Rank {
+        self.shared.rank
+    }
+
+    fn nranks(&self) -> u32 {
+        self.shared.nranks
+    }
+
+    fn backend(&self) -> Backend {
+        Backend::Tcp
+    }
+
+    fn send(&self, dst: Rank, tag: Tag, data: Buffer) -> BoxFuture<'static, Result<(), CommError>> {
+        if let Err(e) = check_rank(self.shared.rank, dst, self.shared.nranks) {
+            return Box::pin(std::future::ready(Err(e)));
+        }
+        if let Some(e) = self.shared.mailbox.failure() {
+            return Box::pin(std::future::ready(Err(e)));
+        }
+        self.shared.stats.record_send(dst, data.len());
+        if dst == self.shared.rank {
+            self.shared.stats.record_recv(dst, data.len());
+            self.shared.mailbox.deliver(dst, tag, data);
+            return Box::pin(std::future::ready(Ok(())));
+        }
+        let (done, rx) = oneshot::channel();
+        let rank = self.shared.rank;
+        let shared = self.shared.clone();
+        if self
+            .writer(dst)
+            .send(Outgoing::Msg { tag, buf: data, done })
+            .is_err()
+        {
+            let e = shared.mailbox.failure().unwrap_or(CommError::Shutdown { rank });
+            return Box::pin(std::future::ready(Err(e)));
+        }
+        Box::pin(async move {
+            rx.await.unwrap_or_else(|_| {
+                Err(shared.mailbox.failure().unwrap_or(CommError::Shutdown { rank }))
+            })
+        })
+    }
+
+    fn recv(&self, src: Rank, tag: Tag) -> RecvFuture {
+        if let Err(e) = check_rank(self.shared.rank, src, self.shared.nranks) {
+            return RecvFuture::ready(Err(e));
+        }
+        self.shared.mailbox.recv(src, tag)
+    }
+
+    fn abort(&self, reason: &str) {
+        let s = &self.shared;
+        let msg = Control::Abort {
+            origin: s.rank,
+            reason: reason.to_string(),
+        };
+        if let Some(state) = s.root_state.get() {
+            state.broadcast(&msg, None);
+        } else if let Some(c) = s.control.get() {
+            let _ = c.send(msg);
+        }
+        s.fail(CommError::Aborted {
+            rank: s.rank,
+            peer: s.rank,
+            reason: reason.to_string(),
+        });
+    }
+
+    fn failure(&self) -> Option<CommError> {
+        self.shared.mailbox.failure()
+    }
+
+    fn shutdown(&self) -> BoxFuture<'static, Result<(), CommError>> {
+        let shared = self.shared.clone();
+        let writers: Vec<_> = shared
+            .writers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .flatten()
+            .cloned()
+            .collect();
+        Box::pin(async move {
+            for w in writers {
+                let (tx, rx) = oneshot::channel();
+                if w.send(Outgoing::Flush(tx)).is_ok() {
+                    if let Ok(Err(e)) = rx.await {
+                        return Err(e);
+                    }
+                }
+            }
+            shared.shutting_down.store(true, Ordering::Relaxed);
+            let root_state = shared.root_state.get().cloned();
+            if let Some(state) = &root_state {
+                state.mark_done(0);
+            } else if shared.nranks == 1 {
+                shared.all_done.set();
+            } else if let Some(c) = shared.control.get() {
+                let _ = c.send(Control::Done);
+            }
+            tokio::select! {
+                _ = shared.all_done.wait() => {}
+                _ = shared.failed.wait() => {}
+            }
+            if let (Some(state), false) = (&root_state, shared.failed.is_set()) {
+                // Rank 0 leaves only once every AllDone notice is written.
+                let _ = tokio::time::timeout(shared.timeout, state.all_flushed.wait()).await;
+            }
+            match shared.mailbox.failure() {
+                Some(e) => Err(e),
+                None => Ok(()),
+            }
+        })
+    }
+
+    fn statistics(&self) -> &Arc<Statistics> {
+        &self.shared.stats
+    }
+}

@@ -1,0 +1,420 @@
+//! The tcp backend's wire format. Every length a peer sends is checked
+//! against a limit before anything is allocated for it.
+//!
+//! ```text
+//! connection opening (client -> server), then one ack byte back:
+//!   "BRDH" | version u16 | kind u8 | token_len u16 | token | rank u32 | nranks u32
+//!   <- b'K'                                  (anything else: dropped)
+//!
+//! data frame (kind = data, one direction only: client -> server):
+//!   "BRDF" | 0u32 | tag u64 | len u64 | len bytes of payload
+//!
+//! control message (kind = control, both directions, rank <-> rank 0):
+//!   len u32 | kind u8 | body (len - 1 bytes)
+//! ```
+//! All integers are little-endian.
+
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+use crate::tag::Tag;
+use crate::Rank;
+
+/// Magic of the connection opening.
+pub const HELLO_MAGIC: [u8; 4] = *b"BRDH";
+/// Magic of each data frame.
+pub const FRAME_MAGIC: [u8; 4] = *b"BRDF";
+/// Wire protocol version.
+pub const VERSION: u16 = 1;
+/// Size of a data frame header.
+pub const FRAME_HEADER_LEN: usize = 24;
+/// Longest job token accepted.
+pub const MAX_TOKEN_LEN: usize = 1024;
+/// Largest control message accepted.
+pub const MAX_CONTROL_LEN: u32 = 64 << 20;
+/// The byte a server answers an accepted opening with.
+pub const ACK: u8 = b'K';
+
+/// What a connection carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConnKind {
+    /// Bootstrap and failure notices between a rank and rank 0.
+    Control,
+    /// Data frames from the connecting rank to the accepting rank.
+    Data,
+}
+
+/// The opening of a connection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Hello {
+    /// What the connection carries.
+    pub kind: ConnKind,
+    /// The job token.
+    pub token: Vec<u8>,
+    /// The connecting rank.
+    pub rank: Rank,
+    /// The job size the connecting rank believes in.
+    pub nranks: u32,
+}
+
+/// Why bytes off the wire were refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum WireError {
+    /// The stream did not start with the expected magic.
+    #[error("bad magic {0:02x?}")]
+    BadMagic([u8; 4]),
+    /// Unsupported protocol version.
+    #[error("unsupported protocol version {0}")]
+    BadVersion(u16),
+    /// Unknown connection or control kind.
+    #[error("unknown kind {0}")]
+    BadKind(u8),
+    /// A length over its limit.
+    #[error("{what} of {len} bytes is over the limit of {limit} bytes")]
+    TooLong {
+        /// What the length was for.
+        what: &'static str,
+        /// The claimed length.
+        len: u64,
+        /// The limit.
+        limit: u64,
+    },
+    /// A malformed field.
+    #[error("malformed {0}")]
+    Malformed(&'static str),
+    /// The connection failed or ended early.
+    #[error("{0}")]
+    Io(String),
+}
+
+impl From<std::io::Error> for WireError {
+    fn from(e: std::io::Error) -> Self {
+        WireError::Io(e.to_string())
+    }
+}
+
+impl Hello {
+    /// Encodes the opening.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut v = Vec::with_capacity(17 + self.token.len());
+        v.extend_from_slice(&HELLO_MAGIC);
+        v.extend_from_slice(&VERSION.to_le_bytes());
+        v.push(match self.kind {
+            ConnKind::Control => 0,
+            ConnKind::Data => 1,
+        });
+        v.extend_from_slice(&(self.token.len() as u16).to_le_bytes());
+        v.extend_from_slice(&self.token);
+        v.extend_from_slice(&self.rank.to_le_bytes());
+        v.extend_from_slice(&self.nranks.to_le_bytes());
+        v
+    }
+
+    /// Reads an opening, checking magic, version and token length first.
+    pub async fn read<R: AsyncRead + Unpin>(r: &mut R) -> Result<Hello, WireError> {
+        let mut head = [0u8; 9];
+        r.read_exact(&mut head).await?;
+        let magic = [head[0], head[1], head[2], head[3]];
+        if magic != HELLO_MAGIC {
+            return Err(WireError::BadMagic(magic));
+        }
+        let version = u16::from_le_bytes([head[4], head[5]]);
+        if version != VERSION {
+            return Err(WireError::BadVersion(version));
+        }
+        let kind = match head[6] {
+            0 => ConnKind::Control,
+            1 => ConnKind::Data,
+            k => return Err(WireError::BadKind(k)),
+        };
+        let token_len = u16::from_le_bytes([head[7], head[8]]) as usize;
+        if token_len > MAX_TOKEN_LEN {
+            return Err(WireError::TooLong {
+                what: "token",
+                len: token_len as u64,
+                limit: MAX_TOKEN_LEN as u64,
+            });
+        }
+        let mut token = vec![0u8; token_len];
+        r.read_exact(&mut token).await?;
+        let mut tail = [0u8; 8];
+        r.read_exact(&mut tail).await?;
+        Ok(Hello {
+            kind,
+            token,
+            rank: u32::from_le_bytes([tail[0], tail[1], tail[2], tail[3]]),
+            nranks: u32::from_le_bytes([tail[4], tail[5], tail[6], tail[7]]),
+        })
+    }
+}
+
+/// A data frame header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FrameHeader {
+    /// The message tag.
+    pub tag: Tag,
+    /// Payload length.
+    pub len: u64,
+}
+
+impl FrameHeader {
+    /// Encodes the header.
+    pub fn encode(&self) -> [u8; FRAME_HEADER_LEN] {
+        let mut b = [0u8; FRAME_HEADER_LEN];
+        b[0..4].copy_from_slice(&FRAME_MAGIC);
+        b[8..16].copy_from_slice(&self.tag.to_wire().to_le_bytes());
+        b[16..24].copy_from_slice(&self.len.to_le_bytes());
+        b
+    }
+
+    /// Decodes and validates a header; `max_len` bounds the payload length
+    /// before anything is allocated for it.
+    pub fn decode(b: &[u8; FRAME_HEADER_LEN], max_len: u64) -> Result<FrameHeader, WireError> {
+        let magic = [b[0], b[1], b[2], b[3]];
+        if magic != FRAME_MAGIC {
+            return Err(WireError::BadMagic(magic));
+        }
+        if b[4..8] != [0, 0, 0, 0] {
+            return Err(WireError::Malformed("frame flags"));
+        }
+        let mut w = [0u8; 8];
+        w.copy_from_slice(&b[8..16]);
+        let tag = Tag::from_wire(u64::from_le_bytes(w)).ok_or(WireError::Malformed("tag"))?;
+        w.copy_from_slice(&b[16..24]);
+        let len = u64::from_le_bytes(w);
+        if len > max_len {
+            return Err(WireError::TooLong {
+                what: "frame payload",
+                len,
+                limit: max_len,
+            });
+        }
+        Ok(FrameHeader { tag, len })
+    }
+}
+
+/// A message on a control connection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Control {
+    /// rank -> 0: the address where the rank accepts data connections.
+    Register(String),
+    /// 0 -> rank: every rank's data address, by rank (entry 0 unused).
+    Table(Vec<String>),
+    /// rank -> 0: this rank has flushed its sends and is shutting down.
+    Done,
+    /// 0 -> rank: every rank is done; leave.
+    AllDone,
+    /// Either way: rank `origin` aborted the job.
+    Abort {
+        /// The rank that aborted.
+        origin: Rank,
+        /// Why.
+        reason: String,
+    },
+    /// 0 -> rank: rank `peer` died.
+    Died {
+        /// The dead rank.
+        peer: Rank,
+        /// What rank 0 saw.
+        detail: String,
+    },
+}
+
+fn put_str(v: &mut Vec<u8>, s: &str) {
+    v.extend_from_slice(&(s.len() as u32).to_le_bytes());
+    v.extend_from_slice(s.as_bytes());
+}
+
+fn get_u32(b: &mut &[u8]) -> Result<u32, WireError> {
+    if b.len() < 4 {
+        return Err(WireError::Malformed("control message"));
+    }
+    let v = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+    *b = &b[4..];
+    Ok(v)
+}
+
+fn get_str(b: &mut &[u8]) -> Result<String, WireError> {
+    let n = get_u32(b)? as usize;
+    if b.len() < n {
+        return Err(WireError::Malformed("control string"));
+    }
+    let s = String::from_utf8_lossy(&b[..n]).into_owned();
+    *b = &b[n..];
+    Ok(s)
+}
+
+impl Control {
+    /// Encodes the message with its length prefix.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut body = Vec::new();
+        let kind = match self {
+            Control::Register(a) => {
+                put_str(&mut body, a);
+                0
+            }
+            Control::Table(t) => {
+                body.extend_from_slice(&(t.len() as u32).to_le_bytes());
+                for a in t {
+                    put_str(&mut body, a);
+                }
+                1
+            }
+            Control::Done => 2,
+            Control::AllDone => 3,
+            Control::Abort { origin, reason } => {
+                body.extend_from_slice(&origin.to_le_bytes());
+                put_str(&mut body, reason);
+                4
+            }
+            Control::Died { peer, detail } => {
+                body.extend_from_slice(&peer.to_le_bytes());
+                put_str(&mut body, detail);
+                5
+            }
+        };
+        let mut v = Vec::with_capacity(5 + body.len());
+        v.extend_from_slice(&(body.len() as u32 + 1).to_le_bytes());
+        v.push(kind);
+        v.extend_from_slice(&body);
+        v
+    }
+
+    /// Reads one message; `Ok(None)` on a clean end of stream.
+    pub async fn read<R: AsyncRead + Unpin>(r: &mut R) -> Result<Option<Control>, WireError> {
+        let mut lb = [0u8; 4];
+        match r.read_exact(&mut lb).await {
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
+            Err(e) => return Err(e.into()),
+        }
+        let len = u32::from_le_bytes(lb);
+        if len == 0 || len > MAX_CONTROL_LEN {
+            return Err(WireError::TooLong {
+                what: "control message",
+                len: len as u64,
+                limit: MAX_CONTROL_LEN as u64,
+            });
+        }
+        let mut buf = vec![0u8; len as usize];
+        r.read_exact(&mut buf).await?;
+        Self::decode(&buf).map(Some)
+    }
+
+    fn decode(buf: &[u8]) -> Result<Control, WireError> {
+        let kind = buf[0];
+        let mut b = &buf[1..];
+        Ok(match kind {
+            0 => Control::Register(get_str(&mut b)?),
+            1 => {
+                let n = get_u32(&mut b)? as usize;
+                if n > b.len() / 4 + 1 {
+                    return Err(WireError::Malformed("address table"));
+                }
+                let mut t = Vec::with_capacity(n);
+                for _ in 0..n {
+                    t.push(get_str(&mut b)?);
+                }
+                Control::Table(t)
+            }
+            2 => Control::Done,
+            3 => Control::AllDone,
+            4 => Control::Abort {
+                origin: get_u32(&mut b)?,
+                reason: get_str(&mut b)?,
+            },
+            5 => Control::Died {
+                peer: get_u32(&mut b)?,
+                detail: get_str(&mut b)?,
+            },
+            k => return Err(WireError::BadKind(k)),
+        })
+    }
+
+    /// Writes the message.
+    pub async fn write<W: AsyncWrite + Unpin>(&self, w: &mut W) -> std::io::Result<()> {
+        w.write_all(&self.encode()).await?;
+        w.flush().await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tag::OpId;
+
+    #[test]
+    fn header_roundtrip_and_limits() {
+        let h = FrameHeader {
+            tag: Tag::new(OpId(77), 3),
+            len: 1 << 30,
+        };
+        assert_eq!(FrameHeader::decode(&h.encode(), 1 << 31), Ok(h));
+        assert!(matches!(
+            FrameHeader::decode(&h.encode(), 1 << 20),
+            Err(WireError::TooLong { .. })
+        ));
+    }
+
+    #[test]
+    fn random_headers_are_refused() {
+        // A cheap xorshift so the test needs no extra crate.
+        let mut s = 0x9e3779b97f4a7c15u64;
+        for _ in 0..10_000 {
+            let mut b = [0u8; FRAME_HEADER_LEN];
+            for c in b.chunks_mut(8) {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                c.copy_from_slice(&s.to_le_bytes()[..c.len()]);
+            }
+            assert!(FrameHeader::decode(&b, u64::MAX).is_err());
+        }
+    }
+
+    #[tokio::test]
+    async fn control_roundtrip() {
+        let msgs = vec![
+            Control::Register("127.0.0.1:5".into()),
+            Control::Table(vec!["".into(), "a:1".into()]),
+            Control::Done,
+            Control::AllDone,
+            Control::Abort {
+                origin: 3,
+                reason: "x".into(),
+            },
+            Control::Died {
+                peer: 2,
+                detail: "eof".into(),
+            },
+        ];
+        let mut bytes = Vec::new();
+        for m in &msgs {
+            bytes.extend(m.encode());
+        }
+        let mut r = &bytes[..];
+        for m in &msgs {
+            assert_eq!(Control::read(&mut r).await.unwrap().as_ref(), Some(m));
+        }
+        assert_eq!(Control::read(&mut r).await.unwrap(), None);
+    }
+
+    #[tokio::test]
+    async fn hello_roundtrip_and_garbage() {
+        let h = Hello {
+            kind: ConnKind::Data,
+            token: b"secret".to_vec(),
+            rank: 4,
+            nranks: 8,
+        };
+        let bytes = h.encode();
+        assert_eq!(Hello::read(&mut &bytes[..]).await.unwrap(), h);
+        let garbage = [0xffu8; 64];
+        assert!(Hello::read(&mut &garbage[..]).await.is_err());
+        let mut long = bytes.clone();
+        long[7..9].copy_from_slice(&u16::MAX.to_le_bytes());
+        assert!(matches!(
+            Hello::read(&mut &long[..]).await,
+            Err(WireError::TooLong { .. })
+        ));
+    }
+}

@@ -1,0 +1,149 @@
+//! Error types of the core runtime.
+//!
+//! Every error names the rank it happened on and, where one is involved, the
+//! peer. Errors are `Clone` so that one failure (a dead peer, say) can be
+//! handed to every operation that was waiting when it happened.
+
+use crate::tag::Tag;
+use crate::Rank;
+
+/// A failure of a communicator operation or of the job's transport.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum CommError {
+    /// A peer rank outside `0..nranks` was named.
+    #[error("rank {rank}: peer rank {peer} is out of range (nranks = {nranks})")]
+    InvalidRank {
+        /// The rank that made the call.
+        rank: Rank,
+        /// The rank that was named.
+        peer: Rank,
+        /// The number of ranks of the job.
+        nranks: u32,
+    },
+    /// A peer process died or its connection broke.
+    #[error("rank {rank}: peer rank {peer} died or disconnected ({detail})")]
+    PeerDied {
+        /// The rank that noticed.
+        rank: Rank,
+        /// The rank that died.
+        peer: Rank,
+        /// What was seen.
+        detail: String,
+    },
+    /// A peer failed and aborted the job.
+    #[error("rank {rank}: job aborted by rank {peer}: {reason}")]
+    Aborted {
+        /// The rank that noticed.
+        rank: Rank,
+        /// The rank that aborted.
+        peer: Rank,
+        /// Why it aborted.
+        reason: String,
+    },
+    /// An I/O error on a connection.
+    #[error("rank {rank}: I/O error{}: {detail}", peer_suffix(*.peer))]
+    Io {
+        /// The rank that saw the error.
+        rank: Rank,
+        /// The peer of the connection, when known.
+        peer: Option<Rank>,
+        /// The error text.
+        detail: String,
+    },
+    /// A peer (or something that connected to a rank's port) broke the wire
+    /// protocol: bad magic, a frame over the size limit, a wrong token.
+    #[error("rank {rank}: protocol error{}: {detail}", peer_suffix(*.peer))]
+    Protocol {
+        /// The rank that saw the error.
+        rank: Rank,
+        /// The peer, when known.
+        peer: Option<Rank>,
+        /// What was wrong.
+        detail: String,
+    },
+    /// A message did not fit the reservation it was received into.
+    #[error(
+        "rank {rank}: message from rank {peer} ({tag}) is {size} bytes, larger than its reservation of {reserved} bytes"
+    )]
+    ReservationTooSmall {
+        /// The receiving rank.
+        rank: Rank,
+        /// The sender.
+        peer: Rank,
+        /// The message tag.
+        tag: Tag,
+        /// The message size.
+        size: u64,
+        /// The reservation's size.
+        reserved: u64,
+    },
+    /// The job could not be set up.
+    #[error("rank {rank}: bootstrap failed: {detail}")]
+    Bootstrap {
+        /// The rank that failed.
+        rank: Rank,
+        /// What went wrong.
+        detail: String,
+    },
+    /// The communicator was shut down before the operation finished.
+    #[error("rank {rank}: communicator is shut down")]
+    Shutdown {
+        /// The rank.
+        rank: Rank,
+    },
+    /// An operation did not complete in time.
+    #[error("rank {rank}: timed out after {secs} s waiting for {what}")]
+    Timeout {
+        /// The rank.
+        rank: Rank,
+        /// What was waited for.
+        what: String,
+        /// How long.
+        secs: u64,
+    },
+}
+
+fn peer_suffix(peer: Option<Rank>) -> String {
+    match peer {
+        Some(p) => format!(" with peer rank {p}"),
+        None => String::new(),
+    }
+}
+
+impl CommError {
+    /// The peer rank this error is about, if any.
+    pub fn peer(&self) -> Option<Rank> {
+        match self {
+            CommError::InvalidRank { peer, .. }
+            | CommError::PeerDied { peer, .. }
+            | CommError::Aborted { peer, .. }
+            | CommError::ReservationTooSmall { peer, .. } => Some(*peer),
+            CommError::Io { peer, .. } | CommError::Protocol { peer, .. } => *peer,
+            _ => None,
+        }
+    }
+}
+
+/// A failure of the memory layer.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum MemoryError {
+    /// No memory type had room for a reservation.
+    #[error("cannot reserve {size} bytes: {detail}")]
+    OutOfMemory {
+        /// Requested size.
+        size: u64,
+        /// Per-type availability.
+        detail: String,
+    },
+    /// An allocation asked for more than its reservation holds.
+    #[error("allocation of {size} bytes exceeds the reservation's remaining {remaining} bytes")]
+    ReservationExceeded {
+        /// Requested size.
+        size: u64,
+        /// What the reservation had left.
+        remaining: u64,
+    },
+    /// Spilling to disk failed.
+    #[error("spill I/O failed: {0}")]
+    Spill(String),
+}

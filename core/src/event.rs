@@ -1,0 +1,113 @@
+//! `Event`: a flag that is set once and can be awaited by tasks or waited
+//! on by threads. It is how a collective's completion callback wakes its
+//! streaming wrapper (async) or a blocking `wait()` caller (thread).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+
+#[derive(Debug, Default)]
+struct Inner {
+    set: AtomicBool,
+    notify: Notify,
+    lock: Mutex<()>,
+    cv: Condvar,
+}
+
+/// A set-once event. Cloning gives another handle to the same event.
+#[derive(Debug, Clone, Default)]
+pub struct Event {
+    inner: Arc<Inner>,
+}
+
+impl Event {
+    /// A new, unset event.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Sets the event and wakes every waiter. Setting twice is a no-op.
+    pub fn set(&self) {
+        if !self.inner.set.swap(true, Ordering::AcqRel) {
+            self.inner.notify.notify_waiters();
+            // Taking the lock orders this notify after a blocked waiter's
+            // check of the flag, so no wake-up is lost.
+            let _g = self.inner.lock.lock().unwrap_or_else(|p| p.into_inner());
+            self.inner.cv.notify_all();
+        }
+    }
+
+    /// Whether the event is set.
+    pub fn is_set(&self) -> bool {
+        self.inner.set.load(Ordering::Acquire)
+    }
+
+    /// Waits (asynchronously) until the event is set.
+    pub async fn wait(&self) {
+        loop {
+            let notified = self.inner.notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.is_set() {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    /// Blocks the calling thread until the event is set. Do not call this
+    /// from a task of the runtime that must set the event.
+    pub fn wait_blocking(&self) {
+        let mut g = self.inner.lock.lock().unwrap_or_else(|p| p.into_inner());
+        while !self.is_set() {
+            g = self.inner.cv.wait(g).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    /// Like [`Event::wait_blocking`] with a time limit; returns whether the
+    /// event was set.
+    pub fn wait_blocking_timeout(&self, timeout: Duration) -> bool {
+        let deadline = std::time::Instant::now() + timeout;
+        let mut g = self.inner.lock.lock().unwrap_or_else(|p| p.into_inner());
+        while !self.is_set() {
+            let now = std::time::Instant::now();
+            if now >= deadline {
+                return false;
+            }
+            g = self
+                .inner
+                .cv
+                .wait_timeout(g, deadline - now)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+        true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blocking_and_async_waiters_wake() {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let ev = Event::new();
+        let e2 = ev.clone();
+        let task = rt.spawn(async move { e2.wait().await });
+        let e3 = ev.clone();
+        let th = std::thread::spawn(move || e3.wait_blocking());
+        assert!(!ev.wait_blocking_timeout(Duration::from_millis(10)));
+        ev.set();
+        th.join().unwrap();
+        rt.block_on(task).unwrap();
+        assert!(ev.is_set());
+        ev.set();
+    }
+}

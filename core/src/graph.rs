@@ -1,0 +1,144 @@
+//! The graph runner: runs a rank's nodes as tasks and ends them together.
+//!
+//! A node is an async function of its context and channels. `Graph::run`
+//! spawns every node, returns the first error (with the node's name and the
+//! rank), cancels the other nodes, and aborts the communicator so that every
+//! other rank's graph ends too instead of waiting on this one. Closing a
+//! channel ends the nodes downstream of it, so a graph never hangs on a node
+//! that stopped.
+
+use std::future::Future;
+
+use futures::future::BoxFuture;
+use tokio::task::JoinSet;
+use tracing::Instrument;
+
+use crate::channel::ChannelError;
+use crate::context::Context;
+use crate::error::{CommError, MemoryError};
+use crate::Rank;
+
+/// A boxed error from user code.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// Why a node failed.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    /// A channel failed (a consumer left early, seq out of order).
+    #[error(transparent)]
+    Channel(#[from] ChannelError),
+    /// A communicator operation failed.
+    #[error(transparent)]
+    Comm(#[from] CommError),
+    /// Memory could not be had.
+    #[error(transparent)]
+    Memory(#[from] MemoryError),
+    /// The node panicked.
+    #[error("panicked: {0}")]
+    Panic(String),
+    /// Any other failure.
+    #[error("{0}")]
+    Other(BoxError),
+}
+
+impl NodeError {
+    /// Wraps any error.
+    pub fn other(e: impl Into<BoxError>) -> Self {
+        NodeError::Other(e.into())
+    }
+}
+
+/// A node's failure, naming the node and the rank.
+#[derive(Debug, thiserror::Error)]
+#[error("rank {rank}: node {node:?} failed: {source}")]
+pub struct GraphError {
+    /// The rank the node ran on.
+    pub rank: Rank,
+    /// The node's name.
+    pub node: String,
+    /// What went wrong.
+    #[source]
+    pub source: NodeError,
+}
+
+/// The nodes of one rank's graph.
+pub struct Graph {
+    ctx: Context,
+    nodes: Vec<(String, BoxFuture<'static, Result<(), NodeError>>)>,
+}
+
+impl Graph {
+    /// An empty graph on `ctx`'s rank.
+    pub fn new(ctx: Context) -> Self {
+        Graph {
+            ctx,
+            nodes: Vec::new(),
+        }
+    }
+
+    /// Adds a node called `name`.
+    pub fn add<F>(&mut self, name: impl Into<String>, node: F) -> &mut Self
+    where
+        F: Future<Output = Result<(), NodeError>> + Send + 'static,
+    {
+        self.nodes.push((name.into(), Box::pin(node)));
+        self
+    }
+
+    /// Runs every node to completion. On the first failure the other nodes
+    /// are cancelled, the job is aborted on every rank, and the failure is
+    /// returned.
+    pub async fn run(self) -> Result<(), GraphError> {
+        let rank = self.ctx.rank();
+        let mut set = JoinSet::new();
+        let mut names = std::collections::HashMap::new();
+        for (name, fut) in self.nodes {
+            let span = tracing::info_span!("node", rank, name = %name);
+            let h = set.spawn(fut.instrument(span));
+            names.insert(h.id(), name);
+        }
+        let mut first: Option<GraphError> = None;
+        while let Some(res) = set.join_next_with_id().await {
+            let (id, err) = match res {
+                Ok((_, Ok(()))) => continue,
+                Ok((id, Err(e))) => (id, e),
+                Err(je) if je.is_cancelled() => continue,
+                Err(je) => {
+                    let id = je.id();
+                    let msg = match je.try_into_panic() {
+                        Ok(p) => panic_message(p),
+                        Err(e) => e.to_string(),
+                    };
+                    (id, NodeError::Panic(msg))
+                }
+            };
+            if first.is_none() {
+                let node = names.get(&id).cloned().unwrap_or_default();
+                let e = GraphError {
+                    rank,
+                    node,
+                    source: err,
+                };
+                tracing::error!("{e}");
+                set.abort_all();
+                // Ranks blocked on this one must not wait forever.
+                self.ctx.comm().abort(&e.to_string());
+                first = Some(e);
+            }
+        }
+        match first {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}
+
+fn panic_message(p: Box<dyn std::any::Any + Send>) -> String {
+    if let Some(s) = p.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = p.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "non-string panic payload".to_string()
+    }
+}

@@ -1,0 +1,254 @@
+//! Starting the processes of a tcp job on this host.
+//!
+//! [`launch`] starts N copies of a program with the rank environment
+//! (`BRAID_RANK`, `BRAID_NRANKS`, `BRAID_ROOT`, `BRAID_TOKEN`), forwards
+//! each line they print with a `[rank r]` prefix, and fails the whole job
+//! (ending the other ranks) as soon as one rank fails.
+
+use std::ffi::OsString;
+use std::io::Write;
+use std::process::{ExitStatus, Stdio};
+
+use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
+use tokio::process::Command;
+use tokio::sync::{mpsc, watch};
+
+use crate::comm::tcp::random_token;
+use crate::Rank;
+
+/// What to start.
+#[derive(Debug, Clone)]
+pub struct LaunchSpec {
+    /// Number of ranks.
+    pub nranks: u32,
+    /// The program.
+    pub program: OsString,
+    /// Its arguments.
+    pub args: Vec<OsString>,
+    /// Extra environment for every rank.
+    pub env: Vec<(OsString, OsString)>,
+    /// How the ranks' output is shown.
+    pub output: OutputMode,
+}
+
+impl LaunchSpec {
+    /// `nranks` copies of `program args...`, output prefixed.
+    pub fn new(nranks: u32, program: impl Into<OsString>, args: Vec<OsString>) -> Self {
+        LaunchSpec {
+            nranks,
+            program: program.into(),
+            args,
+            env: Vec::new(),
+            output: OutputMode::Prefixed,
+        }
+    }
+}
+
+/// How rank output reaches the launcher's stdout and stderr.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutputMode {
+    /// Each line as `[rank r] line`.
+    Prefixed,
+    /// Collected and returned in the [`LaunchReport`], not printed.
+    Captured,
+}
+
+/// Why a launch failed.
+#[derive(Debug, thiserror::Error)]
+pub enum LaunchError {
+    /// `nranks` was 0.
+    #[error("a job needs at least one rank")]
+    NoRanks,
+    /// No port for the root address could be found.
+    #[error("cannot find a free port for the root address: {0}")]
+    NoPort(std::io::Error),
+    /// A rank's process could not be started.
+    #[error("cannot start rank {rank} ({program}): {source}")]
+    Spawn {
+        /// The rank.
+        rank: Rank,
+        /// The program.
+        program: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// A rank failed; the others were ended.
+    #[error("rank {rank} failed ({status}); the other ranks were stopped")]
+    RankFailed {
+        /// The first rank that failed.
+        rank: Rank,
+        /// Its exit status.
+        status: String,
+        /// What every rank printed (captured mode only).
+        report: Box<LaunchReport>,
+    },
+    /// The launcher was interrupted.
+    #[error("interrupted; all ranks were stopped")]
+    Interrupted,
+}
+
+/// What the ranks did.
+#[derive(Debug, Clone, Default)]
+pub struct LaunchReport {
+    /// Exit status per rank (`None`: not known).
+    pub status: Vec<Option<ExitStatus>>,
+    /// Captured stdout per rank (captured mode).
+    pub stdout: Vec<String>,
+    /// Captured stderr per rank (captured mode).
+    pub stderr: Vec<String>,
+}
+
+fn free_port() -> Result<u16, LaunchError> {
+    let l = std::net::TcpListener::bind(("127.0.0.1", 0)).map_err(LaunchError::NoPort)?;
+    Ok(l.local_addr().map_err(LaunchError::NoPort)?.port())
+}
+
+async fn forward<R: AsyncRead + Unpin>(
+    r: R,
+    rank: Rank,
+    to_stderr: bool,
+    mode: OutputMode,
+) -> String {
+    let mut r = BufReader::new(r);
+    let mut line = Vec::new();
+    let mut captured = String::new();
+    loop {
+        line.clear();
+        match r.read_until(b'\n', &mut line).await {
+            Ok(0) | Err(_) => return captured,
+            Ok(_) => {}
+        }
+        let text = String::from_utf8_lossy(&line);
+        let text = text.trim_end_matches(['\n', '\r']);
+        match mode {
+            OutputMode::Prefixed => {
+                let out = format!("[rank {rank}] {text}\n");
+                if to_stderr {
+                    let _ = std::io::stderr().lock().write_all(out.as_bytes());
+                } else {
+                    let _ = std::io::stdout().lock().write_all(out.as_bytes());
+                }
+            }
+            OutputMode::Captured => {
+                captured.push_str(text);
+                captured.push('\n');
+            }
+        }
+    }
+}
+
+/// Starts the job and waits for it. Returns the report when every rank
+/// exits with success; otherwise ends the remaining ranks and returns the
+/// first failure.
+pub async fn launch(spec: LaunchSpec) -> Result<LaunchReport, LaunchError> {
+    if spec.nranks == 0 {
+        return Err(LaunchError::NoRanks);
+    }
+    let n = spec.nranks as usize;
+    let root = format!("127.0.0.1:{}", free_port()?);
+    let token = random_token();
+    let (kill_tx, kill_rx) = watch::channel(false);
+    let (done_tx, mut done_rx) = mpsc::unbounded_channel::<(Rank, Option<ExitStatus>)>();
+    let mut io_tasks = Vec::new();
+    let mut rank_tasks = Vec::new();
+    for rank in 0..spec.nranks {
+        let mut cmd = Command::new(&spec.program);
+        cmd.args(&spec.args)
+            .envs(spec.env.iter().map(|(k, v)| (k, v)))
+            .env("BRAID_RANK", rank.to_string())
+            .env("BRAID_NRANKS", spec.nranks.to_string())
+            .env("BRAID_ROOT", &root)
+            .env("BRAID_TOKEN", &token)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        let mut child = match cmd.spawn() {
+            Ok(c) => c,
+            Err(source) => {
+                let _ = kill_tx.send(true);
+                return Err(LaunchError::Spawn {
+                    rank,
+                    program: spec.program.to_string_lossy().into_owned(),
+                    source,
+                });
+            }
+        };
+        if let Some(o) = child.stdout.take() {
+            io_tasks.push((rank, false, tokio::spawn(forward(o, rank, false, spec.output))));
+        }
+        if let Some(e) = child.stderr.take() {
+            io_tasks.push((rank, true, tokio::spawn(forward(e, rank, true, spec.output))));
+        }
+        let mut kill_rx = kill_rx.clone();
+        let done_tx = done_tx.clone();
+        rank_tasks.push(tokio::spawn(async move {
+            let killed = tokio::select! {
+                s = child.wait() => Some(s.ok()),
+                _ = async { let _ = kill_rx.wait_for(|k| *k).await; } => None,
+            };
+            let status = match killed {
+                Some(s) => s,
+                None => {
+                    let _ = child.start_kill();
+                    child.wait().await.ok()
+                }
+            };
+            let _ = done_tx.send((rank, status));
+        }));
+    }
+    drop(done_tx);
+    let mut report = LaunchReport {
+        status: vec![None; n],
+        stdout: vec![String::new(); n],
+        stderr: vec![String::new(); n],
+    };
+    let mut first_failure: Option<(Rank, String)> = None;
+    let mut interrupted = false;
+    let mut remaining = n;
+    let ctrl_c = tokio::signal::ctrl_c();
+    tokio::pin!(ctrl_c);
+    while remaining > 0 {
+        tokio::select! {
+            d = done_rx.recv() => {
+                let Some((rank, status)) = d else { break };
+                remaining -= 1;
+                report.status[rank as usize] = status;
+                let ok = status.map(|s| s.success()).unwrap_or(false);
+                if !ok && first_failure.is_none() && !interrupted {
+                    let text = status.map(|s| s.to_string()).unwrap_or_else(|| "unknown status".into());
+                    first_failure = Some((rank, text));
+                    let _ = kill_tx.send(true);
+                }
+            }
+            _ = &mut ctrl_c, if !interrupted => {
+                interrupted = true;
+                let _ = kill_tx.send(true);
+            }
+        }
+    }
+    for t in rank_tasks {
+        let _ = t.await;
+    }
+    for (rank, is_err, t) in io_tasks {
+        // A grandchild may hold a pipe open; do not wait for it forever.
+        if let Ok(Ok(text)) = tokio::time::timeout(std::time::Duration::from_secs(5), t).await {
+            if is_err {
+                report.stderr[rank as usize] = text;
+            } else {
+                report.stdout[rank as usize] = text;
+            }
+        }
+    }
+    if interrupted {
+        return Err(LaunchError::Interrupted);
+    }
+    match first_failure {
+        Some((rank, status)) => Err(LaunchError::RankFailed {
+            rank,
+            status,
+            report: Box::new(report),
+        }),
+        None => Ok(report),
+    }
+}

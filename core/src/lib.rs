@@ -1,0 +1,38 @@
+//! braid-core: the runtime every braid job stands on.
+//!
+//! - [`comm`]: the `Communicator` trait and its backends (`local`, `tcp`).
+//! - [`tag`]: `Tag` and `OpId`, which name collective instances.
+//! - [`memory`]: `Buffer`, `BufferResource`, reservations.
+//! - [`context`]: a rank's `Context` and the `ProgressEngine`.
+//! - [`event`]: the set-once `Event` collectives complete through.
+//! - [`message`], [`channel`], [`graph`]: the streaming layer.
+//! - [`stats`]: per-rank statistics.
+//! - [`world`]: starting ranks; [`launch`]: starting rank processes.
+
+pub mod channel;
+pub mod comm;
+pub mod context;
+pub mod error;
+pub mod event;
+pub mod graph;
+pub mod launch;
+pub mod memory;
+pub mod message;
+pub mod stats;
+pub mod tag;
+pub mod world;
+
+/// A rank index, `0..nranks`.
+pub type Rank = u32;
+
+pub use channel::{channel, ChannelError, Receiver, Sender};
+pub use comm::{Backend, Communicator};
+pub use context::{Context, ProgressEngine};
+pub use error::{CommError, MemoryError};
+pub use event::Event;
+pub use graph::{BoxError, Graph, GraphError, NodeError};
+pub use memory::{Buffer, BufferResource, MemoryLimits, MemoryType, Reservation};
+pub use message::{Message, PackedData, Payload, TableChunk};
+pub use stats::Statistics;
+pub use tag::{OpId, Tag};
+pub use world::{run_world, RankError, WorldSpec};

@@ -1,0 +1,14 @@
+//! Memory: `Buffer`s of bytes and the `BufferResource` that accounts for
+//! them against per-memory-type limits through reservations.
+//!
+//! Invariant: `used[t]` of a resource is the sum of the live reservations'
+//! remaining sizes and the live charged buffers' sizes of type `t`. A
+//! reservation turns into charged buffers by `allocate`/`adopt`, so memory is
+//! counted once from the moment it is reserved until the last handle to the
+//! buffer is dropped.
+
+mod buffer;
+mod resource;
+
+pub use buffer::{Buffer, MemoryType};
+pub use resource::{BufferResource, MemoryLimits, Reservation};

@@ -1,0 +1,180 @@
+//! Statistics of one rank: bytes and messages per peer, time per operation,
+//! spilled bytes. Cheap to record (atomics, one short lock per operation);
+//! printable at the end of a job.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use crate::Rank;
+
+/// Traffic with one peer.
+#[derive(Debug, Default)]
+struct PeerCounters {
+    bytes_sent: AtomicU64,
+    msgs_sent: AtomicU64,
+    bytes_recv: AtomicU64,
+    msgs_recv: AtomicU64,
+}
+
+/// Timing of one kind of operation.
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
+pub struct OpTiming {
+    /// How many times it ran.
+    pub count: u64,
+    /// Total time.
+    pub total: Duration,
+    /// Longest single run.
+    pub max: Duration,
+}
+
+/// A snapshot of the traffic with one peer.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct PeerTraffic {
+    /// Bytes sent to the peer.
+    pub bytes_sent: u64,
+    /// Messages sent to the peer.
+    pub msgs_sent: u64,
+    /// Bytes received from the peer.
+    pub bytes_recv: u64,
+    /// Messages received from the peer.
+    pub msgs_recv: u64,
+}
+
+/// Per-rank statistics.
+#[derive(Debug)]
+pub struct Statistics {
+    rank: Rank,
+    peers: Vec<PeerCounters>,
+    ops: Mutex<BTreeMap<String, OpTiming>>,
+    spilled_bytes: AtomicU64,
+    rejected_connections: AtomicU64,
+}
+
+impl Statistics {
+    /// Empty statistics for `rank` of a job of `nranks`.
+    pub fn new(rank: Rank, nranks: u32) -> Self {
+        Statistics {
+            rank,
+            peers: (0..nranks).map(|_| PeerCounters::default()).collect(),
+            ops: Mutex::new(BTreeMap::new()),
+            spilled_bytes: AtomicU64::new(0),
+            rejected_connections: AtomicU64::new(0),
+        }
+    }
+
+    /// Records a message of `bytes` sent to `peer`.
+    pub fn record_send(&self, peer: Rank, bytes: usize) {
+        if let Some(p) = self.peers.get(peer as usize) {
+            p.bytes_sent.fetch_add(bytes as u64, Ordering::Relaxed);
+            p.msgs_sent.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Records a message of `bytes` received from `peer`.
+    pub fn record_recv(&self, peer: Rank, bytes: usize) {
+        if let Some(p) = self.peers.get(peer as usize) {
+            p.bytes_recv.fetch_add(bytes as u64, Ordering::Relaxed);
+            p.msgs_recv.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Records one run of operation `name` that took `elapsed`.
+    pub fn record_op(&self, name: &str, elapsed: Duration) {
+        let mut ops = self.ops.lock().unwrap_or_else(|p| p.into_inner());
+        let e = ops.entry(name.to_string()).or_default();
+        e.count += 1;
+        e.total += elapsed;
+        e.max = e.max.max(elapsed);
+    }
+
+    /// Records `bytes` spilled out of faster memory.
+    pub fn record_spill(&self, bytes: u64) {
+        self.spilled_bytes.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    /// Records a connection refused for a bad token or bad handshake.
+    pub fn record_rejected_connection(&self) {
+        self.rejected_connections.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Traffic with `peer` so far.
+    pub fn peer(&self, peer: Rank) -> PeerTraffic {
+        self.peers
+            .get(peer as usize)
+            .map(|p| PeerTraffic {
+                bytes_sent: p.bytes_sent.load(Ordering::Relaxed),
+                msgs_sent: p.msgs_sent.load(Ordering::Relaxed),
+                bytes_recv: p.bytes_recv.load(Ordering::Relaxed),
+                msgs_recv: p.msgs_recv.load(Ordering::Relaxed),
+            })
+            .unwrap_or_default()
+    }
+
+    /// Timing of operation `name`, if it ran.
+    pub fn op(&self, name: &str) -> Option<OpTiming> {
+        self.ops
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(name)
+            .copied()
+    }
+
+    /// Bytes spilled so far.
+    pub fn spilled_bytes(&self) -> u64 {
+        self.spilled_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Connections refused so far (wrong token, bad handshake).
+    pub fn rejected_connections(&self) -> u64 {
+        self.rejected_connections.load(Ordering::Relaxed)
+    }
+}
+
+impl fmt::Display for Statistics {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "statistics of rank {}:", self.rank)?;
+        writeln!(
+            f,
+            "  {:>6} {:>14} {:>10} {:>14} {:>10}",
+            "peer", "bytes sent", "msgs sent", "bytes recv", "msgs recv"
+        )?;
+        for (i, _) in self.peers.iter().enumerate() {
+            let t = self.peer(i as Rank);
+            if t == PeerTraffic::default() {
+                continue;
+            }
+            writeln!(
+                f,
+                "  {:>6} {:>14} {:>10} {:>14} {:>10}",
+                i, t.bytes_sent, t.msgs_sent, t.bytes_recv, t.msgs_recv
+            )?;
+        }
+        let ops = self.ops.lock().unwrap_or_else(|p| p.into_inner());
+        if !ops.is_empty() {
+            writeln!(
+                f,
+                "  {:<24} {:>8} {:>12} {:>12}",
+                "operation", "count", "total ms", "max ms"
+            )?;
+            for (name, t) in ops.iter() {
+                writeln!(
+                    f,
+                    "  {:<24} {:>8} {:>12.3} {:>12.3}",
+                    name,
+                    t.count,
+                    t.total.as_secs_f64() * 1e3,
+                    t.max.as_secs_f64() * 1e3
+                )?;
+            }
+        }
+        writeln!(f, "  spilled bytes: {}", self.spilled_bytes())?;
+        let rej = self.rejected_connections();
+        if rej > 0 {
+            writeln!(f, "  rejected connections: {rej}")?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,154 @@
+//! Starting a job's ranks: every rank of an in-process (`local`) job, or the
+//! one rank of this process in a `tcp` job, each with its own `Context`.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use crate::comm::local::LocalComm;
+use crate::comm::tcp::{TcpComm, TcpConfig};
+use crate::comm::{Backend, Communicator};
+use crate::context::{Context, ProgressEngine};
+use crate::error::CommError;
+use crate::graph::BoxError;
+use crate::memory::{BufferResource, MemoryLimits};
+use crate::Rank;
+
+/// Which ranks this process runs.
+#[derive(Debug, Clone)]
+pub enum WorldSpec {
+    /// All `nranks` ranks, as tasks of this process.
+    Local {
+        /// Number of ranks.
+        nranks: u32,
+    },
+    /// One rank of a tcp job.
+    Tcp(TcpConfig),
+}
+
+impl WorldSpec {
+    /// The tcp rank described by the `BRAID_*` environment if it is set,
+    /// else `nranks` local ranks.
+    pub fn from_env_or_local(nranks: u32) -> Result<WorldSpec, CommError> {
+        Ok(match TcpConfig::from_env()? {
+            Some(c) => WorldSpec::Tcp(c),
+            None => WorldSpec::Local { nranks },
+        })
+    }
+
+    /// The backend.
+    pub fn backend(&self) -> Backend {
+        match self {
+            WorldSpec::Local { .. } => Backend::Local,
+            WorldSpec::Tcp(_) => Backend::Tcp,
+        }
+    }
+}
+
+/// A rank's failure.
+#[derive(Debug, thiserror::Error)]
+#[error("{source}")]
+pub struct RankError {
+    /// The rank that failed.
+    pub rank: Rank,
+    /// Why.
+    #[source]
+    pub source: BoxError,
+}
+
+/// Runs `job` on every rank this process hosts and returns their results in
+/// rank order. A rank whose job fails aborts the communicator so the other
+/// ranks fail too; the error returned is the first one that happened. A
+/// rank whose job succeeds shuts its communicator down cleanly (waiting for
+/// all ranks).
+pub fn run_world<T, F, Fut>(
+    spec: &WorldSpec,
+    limits: MemoryLimits,
+    job: F,
+) -> Result<Vec<(Rank, T)>, RankError>
+where
+    F: Fn(Context) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<T, BoxError>> + Send + 'static,
+    T: Send + 'static,
+{
+    let threads = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(2)
+        .max(2);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads)
+        .enable_all()
+        .build()
+        .map_err(|e| RankError {
+            rank: 0,
+            source: Box::new(e),
+        })?;
+    rt.block_on(async move {
+        let comms: Vec<Arc<dyn Communicator>> = match spec {
+            WorldSpec::Local { nranks } => LocalComm::world(*nranks)
+                .into_iter()
+                .map(|c| Arc::new(c) as Arc<dyn Communicator>)
+                .collect(),
+            WorldSpec::Tcp(cfg) => {
+                let c = TcpComm::connect(cfg.clone()).await.map_err(|e| RankError {
+                    rank: cfg.rank,
+                    source: Box::new(e),
+                })?;
+                vec![Arc::new(c) as Arc<dyn Communicator>]
+            }
+        };
+        let job = Arc::new(job);
+        let (err_tx, mut err_rx) = tokio::sync::mpsc::unbounded_channel::<RankError>();
+        let mut handles = Vec::new();
+        for comm in comms {
+            let ctx = Context::new(
+                comm.clone(),
+                BufferResource::new(MemoryLimits {
+                    device: limits.device.or(Some(0)),
+                    host: limits.host,
+                }),
+                ProgressEngine::new(tokio::runtime::Handle::current()),
+            );
+            let job = job.clone();
+            let err_tx = err_tx.clone();
+            let rank = comm.rank();
+            handles.push(tokio::spawn(async move {
+                let r = match job(ctx).await {
+                    Ok(v) => comm.shutdown().await.map(|_| v).map_err(|e| Box::new(e) as BoxError),
+                    Err(e) => {
+                        comm.abort(&e.to_string());
+                        Err(e)
+                    }
+                };
+                r.map_err(|source| {
+                    let e = RankError { rank, source };
+                    let _ = err_tx.send(RankError {
+                        rank,
+                        source: e.source.to_string().into(),
+                    });
+                    e
+                })
+                .map(|v| (rank, v))
+            }));
+        }
+        drop(err_tx);
+        let mut out = Vec::new();
+        let mut any_err = false;
+        for h in handles {
+            match h.await {
+                Ok(Ok(v)) => out.push(v),
+                Ok(Err(_)) => any_err = true,
+                Err(je) => {
+                    any_err = true;
+                    tracing::error!("rank task failed: {je}");
+                }
+            }
+        }
+        if any_err {
+            return Err(err_rx.recv().await.unwrap_or(RankError {
+                rank: 0,
+                source: "a rank's task panicked".into(),
+            }));
+        }
+        Ok(out)
+    })
+}
