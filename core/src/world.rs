@@ -44,6 +44,34 @@ impl WorldSpec {
     }
 }
 
+/// Creates the contexts of the ranks this process hosts (call inside a
+/// multi-threaded tokio runtime; the contexts' progress engine is that
+/// runtime). Every context gets its own `BufferResource` with `limits`
+/// (device memory defaults to none).
+pub async fn contexts(spec: &WorldSpec, limits: MemoryLimits) -> Result<Vec<Context>, CommError> {
+    let comms: Vec<Arc<dyn Communicator>> = match spec {
+        WorldSpec::Local { nranks } => LocalComm::world(*nranks)
+            .into_iter()
+            .map(|c| Arc::new(c) as Arc<dyn Communicator>)
+            .collect(),
+        WorldSpec::Tcp(cfg) => vec![Arc::new(TcpComm::connect(cfg.clone()).await?)],
+    };
+    Ok(comms.into_iter().map(|c| context_for(c, limits)).collect())
+}
+
+/// A context over `comm` with its own `BufferResource` of `limits`, driven
+/// by the current runtime.
+pub fn context_for(comm: Arc<dyn Communicator>, limits: MemoryLimits) -> Context {
+    Context::new(
+        comm,
+        BufferResource::new(MemoryLimits {
+            device: limits.device.or(Some(0)),
+            host: limits.host,
+        }),
+        ProgressEngine::new(tokio::runtime::Handle::current()),
+    )
+}
+
 /// A rank's failure.
 #[derive(Debug, thiserror::Error)]
 #[error("{source}")]
@@ -83,31 +111,19 @@ where
             source: Box::new(e),
         })?;
     rt.block_on(async move {
-        let comms: Vec<Arc<dyn Communicator>> = match spec {
-            WorldSpec::Local { nranks } => LocalComm::world(*nranks)
-                .into_iter()
-                .map(|c| Arc::new(c) as Arc<dyn Communicator>)
-                .collect(),
-            WorldSpec::Tcp(cfg) => {
-                let c = TcpComm::connect(cfg.clone()).await.map_err(|e| RankError {
-                    rank: cfg.rank,
-                    source: Box::new(e),
-                })?;
-                vec![Arc::new(c) as Arc<dyn Communicator>]
-            }
+        let rank = match spec {
+            WorldSpec::Tcp(cfg) => cfg.rank,
+            WorldSpec::Local { .. } => 0,
         };
+        let ctxs = contexts(spec, limits).await.map_err(|e| RankError {
+            rank,
+            source: Box::new(e),
+        })?;
         let job = Arc::new(job);
         let (err_tx, mut err_rx) = tokio::sync::mpsc::unbounded_channel::<RankError>();
         let mut handles = Vec::new();
-        for comm in comms {
-            let ctx = Context::new(
-                comm.clone(),
-                BufferResource::new(MemoryLimits {
-                    device: limits.device.or(Some(0)),
-                    host: limits.host,
-                }),
-                ProgressEngine::new(tokio::runtime::Handle::current()),
-            );
+        for ctx in ctxs {
+            let comm = ctx.comm().clone();
             let job = job.clone();
             let err_tx = err_tx.clone();
             let rank = comm.rank();
@@ -116,6 +132,8 @@ where
                     Ok(v) => comm.shutdown().await.map(|_| v).map_err(|e| Box::new(e) as BoxError),
                     Err(e) => {
                         comm.abort(&e.to_string());
+                        // Lets the abort notice reach the other ranks.
+                        let _ = comm.shutdown().await;
                         Err(e)
                     }
                 };

@@ -1,1 +1,201 @@
-//! placeholder
+//! Shared pieces of braid's integration tests: deterministic payloads that
+//! a receiver can check without a copy of what was sent, message plans, and
+//! the all-pairs exchange job used by both the in-process tests and the
+//! worker processes of the tcp tests.
+
+use std::sync::Arc;
+
+use braid_core::{Buffer, CommError, Communicator, OpId, Rank, Tag};
+
+/// SplitMix64: a tiny, good-enough PRNG so payloads need no extra crate.
+#[derive(Debug, Clone)]
+pub struct SplitMix(pub u64);
+
+impl SplitMix {
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// A value in `0..n` (n > 0).
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n.max(1)
+    }
+}
+
+/// Mixes several numbers into one seed.
+pub fn seed_of(parts: &[u64]) -> u64 {
+    let mut s = SplitMix(0x1234_5678);
+    let mut acc = 0u64;
+    for p in parts {
+        s.0 ^= p.wrapping_mul(0x2545_f491_4f6c_dd1d);
+        acc ^= s.next_u64();
+    }
+    acc
+}
+
+/// `len` pseudo-random bytes determined by `seed`.
+pub fn payload(seed: u64, len: usize) -> Vec<u8> {
+    let mut v = vec![0u8; len];
+    let mut g = SplitMix(seed);
+    let mut chunks = v.chunks_exact_mut(8);
+    for c in &mut chunks {
+        c.copy_from_slice(&g.next_u64().to_le_bytes());
+    }
+    let rest = chunks.into_remainder();
+    let last = g.next_u64().to_le_bytes();
+    let n = rest.len();
+    rest.copy_from_slice(&last[..n]);
+    v
+}
+
+/// Whether `data` is exactly `payload(seed, data.len())`, and if not, the
+/// first differing offset.
+pub fn check_payload(seed: u64, data: &[u8]) -> Result<(), usize> {
+    let mut g = SplitMix(seed);
+    let mut chunks = data.chunks_exact(8);
+    let mut off = 0;
+    for c in &mut chunks {
+        if c != g.next_u64().to_le_bytes() {
+            return Err(off);
+        }
+        off += 8;
+    }
+    let rest = chunks.remainder();
+    let last = g.next_u64().to_le_bytes();
+    if rest != &last[..rest.len()] {
+        return Err(off);
+    }
+    Ok(())
+}
+
+/// Tags an exchange interleaves its messages over.
+pub const EXCHANGE_TAGS: u8 = 3;
+/// Messages per ordered pair of ranks.
+pub const MSGS_PER_PAIR: u64 = 4;
+/// The largest message of an exchange (sent once, from rank 0 to the last
+/// rank).
+pub const MAX_MSG: usize = 64 << 20;
+
+/// The size of message `i` from `src` to `dst` in an exchange of `nranks`.
+/// Sizes spread log-uniformly over 0 B .. 16 MiB, with some empty messages,
+/// and one message of [`MAX_MSG`].
+pub fn exchange_size(seed: u64, nranks: u32, src: Rank, dst: Rank, i: u64) -> usize {
+    if src == 0 && dst == nranks - 1 && i == 1 {
+        return MAX_MSG;
+    }
+    let mut g = SplitMix(seed_of(&[seed, src as u64, dst as u64, i, 1]));
+    match g.below(8) {
+        0 => 0,
+        _ => {
+            let exp = g.below(25);
+            let base = 1u64 << exp;
+            (base + g.below(base)) as usize / 2
+        }
+    }
+}
+
+/// The tag of message `i` of an exchange.
+pub fn exchange_tag(i: u64) -> Tag {
+    Tag::new(OpId(7), (i % EXCHANGE_TAGS as u64) as u8)
+}
+
+/// The seed of the bytes of message `i` from `src` to `dst`.
+pub fn exchange_seed(seed: u64, src: Rank, dst: Rank, i: u64) -> u64 {
+    seed_of(&[seed, src as u64, dst as u64, i, 2])
+}
+
+/// What one rank saw in an exchange.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExchangeSummary {
+    /// Messages received and checked.
+    pub messages: u64,
+    /// Bytes received and checked.
+    pub bytes: u64,
+}
+
+/// The summary a rank should report: computed from the plan alone.
+pub fn expected_summary(seed: u64, nranks: u32, rank: Rank) -> ExchangeSummary {
+    let mut s = ExchangeSummary {
+        messages: 0,
+        bytes: 0,
+    };
+    for src in 0..nranks {
+        for i in 0..MSGS_PER_PAIR {
+            s.messages += 1;
+            s.bytes += exchange_size(seed, nranks, src, rank, i) as u64;
+        }
+    }
+    s
+}
+
+/// Every ordered pair of ranks (self included) exchanges
+/// [`MSGS_PER_PAIR`] messages of planned sizes over interleaved tags. Each
+/// rank checks every byte it receives and the per-(src, tag) order (message
+/// `i`'s bytes are unique to `i`), receiving in an order unlike the sending
+/// order.
+pub async fn exchange(comm: Arc<dyn Communicator>, seed: u64) -> Result<ExchangeSummary, String> {
+    let (rank, n) = (comm.rank(), comm.nranks());
+    let mut sends = Vec::new();
+    for k in 0..n {
+        let dst = (rank + k) % n;
+        for i in 0..MSGS_PER_PAIR {
+            let len = exchange_size(seed, n, rank, dst, i);
+            let data = payload(exchange_seed(seed, rank, dst, i), len);
+            sends.push(comm.send(dst, exchange_tag(i), Buffer::from_vec(data)));
+        }
+    }
+    let mut recvs = Vec::new();
+    for k in 0..n {
+        // Receive from sources in the opposite rotation, tags last-first.
+        let src = (rank + n - k) % n;
+        for t in (0..EXCHANGE_TAGS).rev() {
+            let comm = comm.clone();
+            recvs.push(tokio::spawn(async move {
+                let mut s = ExchangeSummary {
+                    messages: 0,
+                    bytes: 0,
+                };
+                for i in (0..MSGS_PER_PAIR).filter(|i| i % EXCHANGE_TAGS as u64 == t as u64) {
+                    let buf = comm
+                        .recv(src, exchange_tag(i))
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    let want = exchange_size(seed, n, src, rank, i);
+                    if buf.len() != want {
+                        return Err(format!(
+                            "rank {rank}: message {i} from {src}: {} bytes, expected {want}",
+                            buf.len()
+                        ));
+                    }
+                    check_payload(exchange_seed(seed, src, rank, i), buf.as_slice()).map_err(
+                        |off| format!("rank {rank}: message {i} from {src}: byte {off} differs"),
+                    )?;
+                    s.messages += 1;
+                    s.bytes += buf.len() as u64;
+                }
+                Ok::<_, String>(s)
+            }));
+        }
+    }
+    for s in sends {
+        s.await.map_err(|e: CommError| e.to_string())?;
+    }
+    let mut total = ExchangeSummary {
+        messages: 0,
+        bytes: 0,
+    };
+    for r in recvs {
+        let s = r.await.map_err(|e| e.to_string())??;
+        total.messages += s.messages;
+        total.bytes += s.bytes;
+    }
+    Ok(total)
+}
+
+/// Rank counts every multi-rank test covers.
+pub const RANK_COUNTS: [u32; 6] = [1, 2, 3, 4, 5, 8];

@@ -113,7 +113,8 @@ pub trait Communicator: Send + Sync + 'static {
 
     /// Ends the job cleanly: flushes this rank's sends and waits until every
     /// rank has called `shutdown`, so no rank leaves while a peer may still
-    /// need it.
+    /// need it. On a failed communicator it only makes sure this rank's
+    /// failure notices have left, then returns the failure.
     fn shutdown(&self) -> BoxFuture<'static, Result<(), CommError>>;
 
     /// Traffic statistics of this rank.

@@ -163,7 +163,7 @@ struct Shared {
     stats: Arc<Statistics>,
     addrs: OnceLock<Vec<String>>,
     writers: Mutex<Vec<Option<mpsc::UnboundedSender<Outgoing>>>>,
-    control: OnceLock<mpsc::UnboundedSender<Control>>,
+    control: OnceLock<mpsc::UnboundedSender<CtrlItem>>,
     /// Rank 0 only: the control plane's state.
     root_state: OnceLock<Arc<RootState>>,
     all_done: Event,
@@ -187,17 +187,33 @@ impl Shared {
     }
 }
 
+/// What a control writer is asked to do.
+enum CtrlItem {
+    /// Write a message.
+    Msg(Control),
+    /// Answer once everything before it is written.
+    Flush(oneshot::Sender<()>),
+}
+
+/// Waits (at most `limit`) until everything queued on `senders` is written.
+async fn flush_control<'a>(senders: impl Iterator<Item = &'a mpsc::UnboundedSender<CtrlItem>>, limit: Duration) {
+    let mut waits = Vec::new();
+    for s in senders {
+        let (tx, rx) = oneshot::channel();
+        if s.send(CtrlItem::Flush(tx)).is_ok() {
+            waits.push(rx);
+        }
+    }
+    let _ = tokio::time::timeout(limit, futures::future::join_all(waits)).await;
+}
+
 /// Rank 0's view of the control plane.
 struct RootState {
     /// Control senders to ranks 1..n (index = rank; entry 0 unused).
-    senders: Vec<Option<mpsc::UnboundedSender<Control>>>,
+    senders: Vec<Option<mpsc::UnboundedSender<CtrlItem>>>,
     done: Mutex<Vec<bool>>,
     /// Set (on rank 0's own shared state) once every rank is done.
     all_done: Event,
-    /// Control writers that have put AllDone on the wire.
-    flushed: std::sync::atomic::AtomicUsize,
-    /// Set once every control writer has put AllDone on the wire.
-    all_flushed: Event,
 }
 
 impl RootState {
@@ -207,7 +223,7 @@ impl RootState {
                 continue;
             }
             if let Some(s) = s {
-                let _ = s.send(msg.clone());
+                let _ = s.send(CtrlItem::Msg(msg.clone()));
             }
         }
     }
@@ -224,16 +240,6 @@ impl RootState {
         if all && !self.all_done.is_set() {
             self.broadcast(&Control::AllDone, None);
             self.all_done.set();
-            if self.senders.iter().flatten().count() == 0 {
-                self.all_flushed.set();
-            }
-        }
-    }
-
-    fn note_flushed(&self) {
-        let n = self.flushed.fetch_add(1, Ordering::AcqRel) + 1;
-        if n >= self.senders.iter().flatten().count() {
-            self.all_flushed.set();
         }
     }
 
@@ -723,7 +729,7 @@ async fn bootstrap_root(
         let Some((s, _)) = c else { continue };
         let (rd, wr) = s.into_split();
         let (tx, rx) = mpsc::unbounded_channel();
-        let _ = tx.send(Control::Table(table.clone()));
+        let _ = tx.send(CtrlItem::Msg(Control::Table(table.clone())));
         senders.push(Some(tx));
         receivers.push((wr, rx));
         halves.push((r as Rank, rd));
@@ -732,12 +738,10 @@ async fn bootstrap_root(
         senders,
         done: Mutex::new(vec![false; n]),
         all_done: shared.all_done.clone(),
-        flushed: Default::default(),
-        all_flushed: Event::new(),
     });
     let _ = shared.root_state.set(state.clone());
     for (wr, rx) in receivers {
-        tasks.push(tokio::spawn(control_writer(wr, rx, Some(state.clone()))));
+        tasks.push(tokio::spawn(control_writer(wr, rx)));
     }
     for (r, rd) in halves {
         tasks.push(tokio::spawn(root_control_reader(shared.clone(), state.clone(), r, rd)));
@@ -745,21 +749,16 @@ async fn bootstrap_root(
     Ok(())
 }
 
-/// Writes control messages in order. On rank 0, AllDone is the last
-/// message of a connection: the writer reports it flushed and stops.
-async fn control_writer(
-    mut w: tokio::net::tcp::OwnedWriteHalf,
-    mut rx: mpsc::UnboundedReceiver<Control>,
-    root: Option<Arc<RootState>>,
-) {
-    while let Some(m) = rx.recv().await {
-        let ok = m.write(&mut w).await.is_ok();
-        if let (Control::AllDone, Some(state)) = (&m, &root) {
-            state.note_flushed();
-            return;
-        }
-        if !ok {
-            return;
+/// Writes control messages in order and answers flush requests.
+async fn control_writer(mut w: tokio::net::tcp::OwnedWriteHalf, mut rx: mpsc::UnboundedReceiver<CtrlItem>) {
+    let mut broken = false;
+    while let Some(item) = rx.recv().await {
+        match item {
+            CtrlItem::Msg(m) if !broken => broken = m.write(&mut w).await.is_err(),
+            CtrlItem::Msg(_) => {}
+            CtrlItem::Flush(done) => {
+                let _ = done.send(());
+            }
         }
     }
 }
@@ -857,7 +856,7 @@ async fn bootstrap_peer(
     let (rd, wr) = s.into_split();
     let (tx, rx) = mpsc::unbounded_channel();
     let _ = shared.control.set(tx);
-    tasks.push(tokio::spawn(control_writer(wr, rx, None)));
+    tasks.push(tokio::spawn(control_writer(wr, rx)));
     tasks.push(tokio::spawn(peer_control_reader(shared, rd)));
     Ok(())
 }
@@ -953,7 +952,7 @@ impl Communicator for TcpComm {
         if let Some(state) = s.root_state.get() {
             state.broadcast(&msg, None);
         } else if let Some(c) = s.control.get() {
-            let _ = c.send(msg);
+            let _ = c.send(CtrlItem::Msg(msg));
         }
         s.fail(CommError::Aborted {
             rank: s.rank,
@@ -977,6 +976,20 @@ impl Communicator for TcpComm {
             .cloned()
             .collect();
         Box::pin(async move {
+            if shared.failed.is_set() {
+                // Failing: make sure our notices (Abort, Died) reach the
+                // other ranks before this process goes away.
+                let root_state = shared.root_state.get().cloned();
+                let senders: Vec<_> = match &root_state {
+                    Some(st) => st.senders.iter().flatten().cloned().collect(),
+                    None => shared.control.get().cloned().into_iter().collect(),
+                };
+                flush_control(senders.iter(), Duration::from_secs(5)).await;
+                return Err(shared
+                    .mailbox
+                    .failure()
+                    .unwrap_or(CommError::Shutdown { rank: shared.rank }));
+            }
             for w in writers {
                 let (tx, rx) = oneshot::channel();
                 if w.send(Outgoing::Flush(tx)).is_ok() {
@@ -992,15 +1005,16 @@ impl Communicator for TcpComm {
             } else if shared.nranks == 1 {
                 shared.all_done.set();
             } else if let Some(c) = shared.control.get() {
-                let _ = c.send(Control::Done);
+                let _ = c.send(CtrlItem::Msg(Control::Done));
             }
             tokio::select! {
                 _ = shared.all_done.wait() => {}
                 _ = shared.failed.wait() => {}
             }
-            if let (Some(state), false) = (&root_state, shared.failed.is_set()) {
-                // Rank 0 leaves only once every AllDone notice is written.
-                let _ = tokio::time::timeout(shared.timeout, state.all_flushed.wait()).await;
+            if let Some(state) = &root_state {
+                // Rank 0 leaves only once every notice (AllDone, or a
+                // failure) is written.
+                flush_control(state.senders.iter().flatten(), shared.timeout).await;
             }
             match shared.mailbox.failure() {
                 Some(e) => Err(e),

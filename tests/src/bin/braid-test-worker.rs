@@ -1,0 +1,68 @@
+//! Worker process for braid's tcp tests. Started by the tests (through the
+//! launcher or by hand) with the `BRAID_*` rank environment.
+//!
+//! Modes:
+//! - `exchange SEED`: the all-pairs exchange; prints `exchange ok MSGS BYTES`.
+//! - `big BYTES`: rank 0 sends one message of BYTES to rank 1, which checks
+//!   it; prints `big ok BYTES`.
+//! - `wait`: prints `ready`, then waits for a message that never comes; the
+//!   test kills a rank and expects the others to fail naming it.
+
+use std::process::ExitCode;
+
+use braid_core::{Buffer, MemoryLimits, OpId, Tag, WorldSpec};
+use braid_tests::{check_payload, exchange, payload};
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let spec = match WorldSpec::from_env_or_local(1) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let mode = args.first().cloned().unwrap_or_default();
+    let arg: u64 = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(0);
+    let res = braid_core::run_world(&spec, MemoryLimits::UNLIMITED, move |ctx| {
+        let mode = mode.clone();
+        async move {
+            let comm = ctx.comm().clone();
+            match mode.as_str() {
+                "exchange" => {
+                    let s = exchange(comm, arg).await?;
+                    println!("exchange ok {} {}", s.messages, s.bytes);
+                }
+                "big" => {
+                    let tag = Tag::new(OpId(1), 0);
+                    let seed = 42;
+                    if ctx.rank() == 0 {
+                        comm.send(1, tag, Buffer::from_vec(payload(seed, arg as usize))).await?;
+                    } else if ctx.rank() == 1 {
+                        let b = comm.recv(0, tag).await?;
+                        if b.len() as u64 != arg {
+                            return Err(format!("got {} bytes, expected {arg}", b.len()).into());
+                        }
+                        check_payload(seed, b.as_slice())
+                            .map_err(|off| format!("byte {off} differs"))?;
+                        println!("big ok {}", b.len());
+                    }
+                }
+                "wait" => {
+                    println!("ready");
+                    let src = (ctx.rank() + 1) % ctx.nranks();
+                    comm.recv(src, Tag::new(OpId(9), 0)).await?;
+                }
+                other => return Err(format!("unknown mode {other:?}").into()),
+            }
+            Ok(())
+        }
+    });
+    match res {
+        Ok(_) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(3)
+        }
+    }
+}

@@ -1,0 +1,159 @@
+//! Fault tests of the tcp backend: a killed rank, a wrong token, random
+//! bytes on a rank's port.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use braid_core::comm::tcp::wire::{ConnKind, Hello};
+use braid_core::comm::tcp::TcpComm;
+use braid_core::Communicator;
+use braid_tests::{exchange, expected_summary, payload};
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("port")
+        .port()
+}
+
+/// Starts `n` worker ranks in `wait` mode, kills `victim` once all are
+/// ready, and checks every other rank fails within 30 s naming the victim.
+fn killed_rank(n: u32, victim: u32) {
+    let root = format!("127.0.0.1:{}", free_port());
+    let mut children = Vec::new();
+    for r in 0..n {
+        let c = Command::new(env!("CARGO_BIN_EXE_braid-test-worker"))
+            .arg("wait")
+            .env("BRAID_RANK", r.to_string())
+            .env("BRAID_NRANKS", n.to_string())
+            .env("BRAID_ROOT", &root)
+            .env("BRAID_TOKEN", "kill-test")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn");
+        children.push(c);
+    }
+    for c in children.iter_mut() {
+        let mut line = String::new();
+        let out = c.stdout.as_mut().expect("stdout");
+        BufReader::new(out).read_line(&mut line).expect("read");
+        assert_eq!(line.trim(), "ready");
+    }
+    children[victim as usize].kill().expect("kill");
+    let killed_at = Instant::now();
+    for (r, c) in children.iter_mut().enumerate() {
+        if r as u32 == victim {
+            let _ = c.wait();
+            continue;
+        }
+        // Wait with a deadline: a hang is a failure.
+        let status = loop {
+            if let Some(s) = c.try_wait().expect("try_wait") {
+                break s;
+            }
+            if killed_at.elapsed() > Duration::from_secs(30) {
+                let _ = c.kill();
+                panic!("rank {r} still running 30 s after rank {victim} was killed");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let mut err = String::new();
+        c.stderr.as_mut().expect("stderr").read_to_string(&mut err).expect("stderr");
+        assert!(!status.success(), "rank {r} should fail");
+        assert!(
+            err.contains(&format!("peer rank {victim} died")),
+            "rank {r}'s error should name rank {victim}: {err}"
+        );
+    }
+}
+
+#[test]
+fn killed_rank_fails_the_others() {
+    killed_rank(3, 1);
+    killed_rank(4, 0);
+}
+
+fn in_process(n: u32, rt: &tokio::runtime::Runtime) -> Vec<Arc<TcpComm>> {
+    rt.block_on(TcpComm::in_process_world(n))
+        .expect("world")
+        .into_iter()
+        .map(Arc::new)
+        .collect()
+}
+
+fn exchange_all(rt: &tokio::runtime::Runtime, comms: &[Arc<TcpComm>], seed: u64) {
+    let n = comms.len() as u32;
+    rt.block_on(async {
+        let mut hs = Vec::new();
+        for c in comms {
+            let c = c.clone() as Arc<dyn Communicator>;
+            hs.push(tokio::spawn(async move { (c.rank(), exchange(c, seed).await) }));
+        }
+        for h in hs {
+            let (r, res) = h.await.expect("task");
+            assert_eq!(res.expect("exchange"), expected_summary(seed, n, r));
+        }
+    });
+}
+
+#[test]
+fn wrong_token_is_refused_and_job_carries_on() {
+    let rt = runtime();
+    let comms = in_process(3, &rt);
+    let target = comms[1].listen_addr();
+    let mut s = std::net::TcpStream::connect(target).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(20))).expect("timeout");
+    let hello = Hello {
+        kind: ConnKind::Data,
+        token: b"not-the-token".to_vec(),
+        rank: 0,
+        nranks: 3,
+    };
+    s.write_all(&hello.encode()).expect("write");
+    let mut b = [0u8; 1];
+    // The server closes the connection without the ack byte.
+    let got = s.read(&mut b).unwrap_or(0);
+    assert_eq!(got, 0, "a wrong token must not be acknowledged");
+    exchange_all(&rt, &comms, 11);
+    assert_eq!(comms[1].statistics().rejected_connections(), 1);
+    assert_eq!(comms[0].statistics().rejected_connections(), 0);
+}
+
+#[test]
+fn random_bytes_on_a_port_are_an_error_not_a_panic() {
+    let rt = runtime();
+    let comms = in_process(2, &rt);
+    for (i, c) in comms.iter().enumerate() {
+        for k in 0..4u64 {
+            let mut s = std::net::TcpStream::connect(c.listen_addr()).expect("connect");
+            // Random bytes; for k == 0 a hello-looking start that claims a
+            // huge token, to make sure no such allocation happens.
+            let mut junk = payload(k * 31 + i as u64, 4096);
+            if k == 0 {
+                junk[..4].copy_from_slice(b"BRDH");
+                junk[4..6].copy_from_slice(&1u16.to_le_bytes());
+                junk[6] = 1;
+                junk[7..9].copy_from_slice(&u16::MAX.to_le_bytes());
+            }
+            let _ = s.write_all(&junk);
+            let mut b = [0u8; 1];
+            s.set_read_timeout(Some(Duration::from_secs(20))).expect("timeout");
+            assert_eq!(s.read(&mut b).unwrap_or(0), 0);
+        }
+    }
+    exchange_all(&rt, &comms, 12);
+    for c in &comms {
+        assert_eq!(c.statistics().rejected_connections(), 4);
+    }
+}
