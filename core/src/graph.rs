@@ -97,7 +97,11 @@ impl Graph {
             let h = set.spawn(fut.instrument(span));
             names.insert(h.id(), name);
         }
-        let mut first: Option<GraphError> = None;
+        // On the first failure the rest are cancelled and drained. Of the
+        // failures seen by then, the most likely root cause is reported: a
+        // consumer that fails makes its producer see a closed channel an
+        // instant later, and either may be joined first.
+        let mut failures: Vec<(u8, GraphError)> = Vec::new();
         while let Some(res) = set.join_next_with_id().await {
             let (id, err) = match res {
                 Ok((_, Ok(()))) => continue,
@@ -112,23 +116,44 @@ impl Graph {
                     (id, NodeError::Panic(msg))
                 }
             };
-            if first.is_none() {
-                let node = names.get(&id).cloned().unwrap_or_default();
-                let e = GraphError {
+            if failures.is_empty() {
+                set.abort_all();
+            }
+            let node = names.get(&id).cloned().unwrap_or_default();
+            failures.push((
+                err.consequence_rank(),
+                GraphError {
                     rank,
                     node,
                     source: err,
-                };
-                tracing::error!("{e}");
-                set.abort_all();
-                // Ranks blocked on this one must not wait forever.
-                self.ctx.comm().abort(&e.to_string());
-                first = Some(e);
-            }
+                },
+            ));
         }
-        match first {
-            Some(e) => Err(e),
-            None => Ok(()),
+        let Some(pos) = failures
+            .iter()
+            .enumerate()
+            .min_by_key(|(i, (p, _))| (*p, *i))
+            .map(|(i, _)| i)
+        else {
+            return Ok(());
+        };
+        let e = failures.swap_remove(pos).1;
+        tracing::error!("{e}");
+        // Ranks blocked on this one must not wait forever.
+        self.ctx.comm().abort(&e.to_string());
+        Err(e)
+    }
+}
+
+impl NodeError {
+    /// 0 for failures that start trouble, higher for those that usually
+    /// follow from another failure (a peer's abort, a closed channel).
+    fn consequence_rank(&self) -> u8 {
+        match self {
+            NodeError::Panic(_) | NodeError::Other(_) | NodeError::Memory(_) => 0,
+            NodeError::Comm(CommError::Aborted { .. } | CommError::PeerDied { .. }) => 2,
+            NodeError::Comm(_) => 1,
+            NodeError::Channel(_) => 3,
         }
     }
 }

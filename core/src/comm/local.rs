@@ -88,6 +88,11 @@ impl Communicator for LocalComm {
     }
 
     fn abort(&self, reason: &str) {
+        if self.mailbox().failure().is_some() {
+            // Already failed: that failure is what every rank hears.
+            self.world.all_shut.set();
+            return;
+        }
         for (r, mb) in self.world.mailboxes.iter().enumerate() {
             mb.fail(CommError::Aborted {
                 rank: r as Rank,

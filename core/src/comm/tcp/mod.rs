@@ -214,6 +214,9 @@ struct RootState {
     done: Mutex<Vec<bool>>,
     /// Set (on rank 0's own shared state) once every rank is done.
     all_done: Event,
+    /// Whether a failure has been announced; the lock also orders the
+    /// announcement before rank 0's own failure.
+    announced: Mutex<bool>,
 }
 
 impl RootState {
@@ -243,6 +246,19 @@ impl RootState {
         }
     }
 
+    /// Announces the job's first failure to every rank but `except`, then
+    /// fails rank 0 itself. Later failures are not announced: each rank
+    /// reports the first one.
+    fn announce(&self, shared: &Shared, msg: Control, except: Option<Rank>, err: CommError) {
+        let mut a = self.announced.lock().unwrap_or_else(|p| p.into_inner());
+        if *a || shared.mailbox.failure().is_some() {
+            return;
+        }
+        *a = true;
+        self.broadcast(&msg, except);
+        shared.fail(err);
+    }
+
     fn is_done(&self, rank: Rank) -> bool {
         self.done
             .lock()
@@ -261,10 +277,21 @@ pub struct TcpComm {
 }
 
 impl Drop for TcpComm {
+    /// Stops this rank's connection tasks, after giving queued control
+    /// notices (an abort, a death) a moment to reach the other ranks.
     fn drop(&mut self) {
-        for t in &self.tasks {
-            t.abort();
-        }
+        let tasks = std::mem::take(&mut self.tasks);
+        let shared = self.shared.clone();
+        let senders: Vec<_> = match shared.root_state.get() {
+            Some(st) => st.senders.iter().flatten().cloned().collect(),
+            None => shared.control.get().cloned().into_iter().collect(),
+        };
+        let _ = shared.runtime.spawn(async move {
+            flush_control(senders.iter(), Duration::from_secs(2)).await;
+            for t in tasks {
+                t.abort();
+            }
+        });
     }
 }
 
@@ -738,6 +765,7 @@ async fn bootstrap_root(
         senders,
         done: Mutex::new(vec![false; n]),
         all_done: shared.all_done.clone(),
+        announced: Mutex::new(false),
     });
     let _ = shared.root_state.set(state.clone());
     for (wr, rx) in receivers {
@@ -774,18 +802,14 @@ async fn root_control_reader(
         match Control::read(&mut rd).await {
             Ok(Some(Control::Done)) => state.mark_done(peer),
             Ok(Some(Control::Abort { reason, .. })) => {
-                state.broadcast(
-                    &Control::Abort {
-                        origin: peer,
-                        reason: reason.clone(),
-                    },
-                    Some(peer),
-                );
-                shared.fail(CommError::Aborted {
+                // First failure wins: a rank that aborts because it saw an
+                // earlier failure adds nothing.
+                let err = CommError::Aborted {
                     rank: 0,
                     peer,
-                    reason,
-                });
+                    reason: reason.clone(),
+                };
+                state.announce(&shared, Control::Abort { origin: peer, reason }, Some(peer), err);
             }
             Ok(Some(other)) => {
                 tracing::warn!(rank = 0, peer, "unexpected control message {other:?}");
@@ -793,18 +817,12 @@ async fn root_control_reader(
             Ok(None) | Err(_) => {
                 if !state.is_done(peer) {
                     let detail = "its process exited or its connection to rank 0 broke".to_string();
-                    state.broadcast(
-                        &Control::Died {
-                            peer,
-                            detail: detail.clone(),
-                        },
-                        Some(peer),
-                    );
-                    shared.fail(CommError::PeerDied {
+                    let err = CommError::PeerDied {
                         rank: 0,
                         peer,
-                        detail,
-                    });
+                        detail: detail.clone(),
+                    };
+                    state.announce(&shared, Control::Died { peer, detail }, Some(peer), err);
                 }
                 return;
             }
@@ -945,20 +963,27 @@ impl Communicator for TcpComm {
 
     fn abort(&self, reason: &str) {
         let s = &self.shared;
+        if s.mailbox.failure().is_some() {
+            // Already failed: that failure is what every rank hears.
+            return;
+        }
         let msg = Control::Abort {
             origin: s.rank,
             reason: reason.to_string(),
         };
-        if let Some(state) = s.root_state.get() {
-            state.broadcast(&msg, None);
-        } else if let Some(c) = s.control.get() {
-            let _ = c.send(CtrlItem::Msg(msg));
-        }
-        s.fail(CommError::Aborted {
+        let err = CommError::Aborted {
             rank: s.rank,
             peer: s.rank,
             reason: reason.to_string(),
-        });
+        };
+        if let Some(state) = s.root_state.get() {
+            state.announce(s, msg, None, err);
+            return;
+        }
+        if let Some(c) = s.control.get() {
+            let _ = c.send(CtrlItem::Msg(msg));
+        }
+        s.fail(err);
     }
 
     fn failure(&self) -> Option<CommError> {
