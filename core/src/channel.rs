@@ -52,7 +52,10 @@ impl Sender {
             }
         }
         let seq = msg.seq;
-        self.inner.send(msg).await.map_err(|_| ChannelError::Closed)?;
+        self.inner
+            .send(msg)
+            .await
+            .map_err(|_| ChannelError::Closed)?;
         self.last_seq = Some(seq);
         Ok(())
     }
@@ -116,7 +119,7 @@ pub struct Lineariser;
 impl Lineariser {
     /// Makes `n` producer senders (each of `capacity`) that feed `output`
     /// through [`linearise`]; run the returned future to drive it.
-    pub fn new(
+    pub fn producers(
         n: usize,
         capacity: usize,
         output: Sender,
@@ -162,7 +165,7 @@ mod tests {
     #[tokio::test]
     async fn lineariser_orders_interleaved_producers() {
         let (out_tx, mut out_rx) = channel(4);
-        let (mut txs, drive) = Lineariser::new(3, 2, out_tx);
+        let (mut txs, drive) = Lineariser::producers(3, 2, out_tx);
         let driver = tokio::spawn(drive);
         let mut handles = Vec::new();
         for (p, mut tx) in txs.drain(..).enumerate() {

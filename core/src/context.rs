@@ -7,11 +7,11 @@ use std::sync::Arc;
 
 use tokio::task::JoinHandle;
 
+use crate::Rank;
 use crate::comm::Communicator;
 use crate::memory::BufferResource;
 use crate::stats::Statistics;
 use crate::tag::{OpId, OpIdAllocator};
-use crate::Rank;
 
 /// Drives the non-streaming cores of collectives: each core is a task of
 /// this engine that advances its protocol as messages arrive, then runs the
@@ -74,7 +74,11 @@ impl std::fmt::Debug for Context {
 impl Context {
     /// A context over `comm`, accounting memory in `resource`, driving
     /// collectives on `progress`.
-    pub fn new(comm: Arc<dyn Communicator>, resource: Arc<BufferResource>, progress: ProgressEngine) -> Self {
+    pub fn new(
+        comm: Arc<dyn Communicator>,
+        resource: Arc<BufferResource>,
+        progress: ProgressEngine,
+    ) -> Self {
         Context {
             inner: Arc::new(Inner {
                 comm,

@@ -4,8 +4,8 @@
 //! peer. Errors are `Clone` so that one failure (a dead peer, say) can be
 //! handed to every operation that was waiting when it happened.
 
-use crate::tag::Tag;
 use crate::Rank;
+use crate::tag::Tag;
 
 /// A failure of a communicator operation or of the job's transport.
 #[derive(Debug, Clone, thiserror::Error)]

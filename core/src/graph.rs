@@ -13,10 +13,10 @@ use futures::future::BoxFuture;
 use tokio::task::JoinSet;
 use tracing::Instrument;
 
+use crate::Rank;
 use crate::channel::ChannelError;
 use crate::context::Context;
 use crate::error::{CommError, MemoryError};
-use crate::Rank;
 
 /// A boxed error from user code.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;

@@ -13,8 +13,8 @@ use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 use tokio::process::Command;
 use tokio::sync::{mpsc, watch};
 
-use crate::comm::tcp::random_token;
 use crate::Rank;
+use crate::comm::tcp::random_token;
 
 /// What to start.
 #[derive(Debug, Clone)]
@@ -175,10 +175,18 @@ pub async fn launch(spec: LaunchSpec) -> Result<LaunchReport, LaunchError> {
             }
         };
         if let Some(o) = child.stdout.take() {
-            io_tasks.push((rank, false, tokio::spawn(forward(o, rank, false, spec.output))));
+            io_tasks.push((
+                rank,
+                false,
+                tokio::spawn(forward(o, rank, false, spec.output)),
+            ));
         }
         if let Some(e) = child.stderr.take() {
-            io_tasks.push((rank, true, tokio::spawn(forward(e, rank, true, spec.output))));
+            io_tasks.push((
+                rank,
+                true,
+                tokio::spawn(forward(e, rank, true, spec.output)),
+            ));
         }
         let mut kill_rx = kill_rx.clone();
         let done_tx = done_tx.clone();

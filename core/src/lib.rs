@@ -25,7 +25,7 @@ pub mod world;
 /// A rank index, `0..nranks`.
 pub type Rank = u32;
 
-pub use channel::{channel, ChannelError, Receiver, Sender};
+pub use channel::{ChannelError, Receiver, Sender, channel};
 pub use comm::{Backend, Communicator};
 pub use context::{Context, ProgressEngine};
 pub use error::{CommError, MemoryError};
@@ -35,4 +35,4 @@ pub use memory::{Buffer, BufferResource, MemoryLimits, MemoryType, Reservation};
 pub use message::{Message, PackedData, Payload, TableChunk};
 pub use stats::Statistics;
 pub use tag::{OpId, Tag};
-pub use world::{run_world, RankError, WorldSpec};
+pub use world::{RankError, WorldSpec, run_world};

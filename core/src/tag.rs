@@ -114,6 +114,9 @@ mod tests {
     fn allocator_is_sequential() {
         let a = OpIdAllocator::new();
         let ids: Vec<u32> = (0..5).map(|_| a.next().0).collect();
-        assert_eq!(ids, (OpIdAllocator::FIRST..OpIdAllocator::FIRST + 5).collect::<Vec<_>>());
+        assert_eq!(
+            ids,
+            (OpIdAllocator::FIRST..OpIdAllocator::FIRST + 5).collect::<Vec<_>>()
+        );
     }
 }

@@ -4,6 +4,7 @@
 use std::future::Future;
 use std::sync::Arc;
 
+use crate::Rank;
 use crate::comm::local::LocalComm;
 use crate::comm::tcp::{TcpComm, TcpConfig};
 use crate::comm::{Backend, Communicator};
@@ -11,7 +12,6 @@ use crate::context::{Context, ProgressEngine};
 use crate::error::CommError;
 use crate::graph::BoxError;
 use crate::memory::{BufferResource, MemoryLimits};
-use crate::Rank;
 
 /// Which ranks this process runs.
 #[derive(Debug, Clone)]
@@ -129,7 +129,11 @@ where
             let rank = comm.rank();
             handles.push(tokio::spawn(async move {
                 let r = match job(ctx).await {
-                    Ok(v) => comm.shutdown().await.map(|_| v).map_err(|e| Box::new(e) as BoxError),
+                    Ok(v) => comm
+                        .shutdown()
+                        .await
+                        .map(|_| v)
+                        .map_err(|e| Box::new(e) as BoxError),
                     Err(e) => {
                         comm.abort(&e.to_string());
                         // Lets the abort notice reach the other ranks.

@@ -1,14 +1,16 @@
 //! Fault tests of the tcp backend: a killed rank, a wrong token, random
 //! bytes on a rank's port.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail by panicking
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use braid_core::comm::tcp::wire::{ConnKind, Hello};
-use braid_core::comm::tcp::TcpComm;
 use braid_core::Communicator;
+use braid_core::comm::tcp::TcpComm;
+use braid_core::comm::tcp::wire::{ConnKind, Hello};
 use braid_tests::{exchange, expected_summary, payload};
 
 fn runtime() -> tokio::runtime::Runtime {
@@ -69,7 +71,11 @@ fn killed_rank(n: u32, victim: u32) {
             std::thread::sleep(Duration::from_millis(20));
         };
         let mut err = String::new();
-        c.stderr.as_mut().expect("stderr").read_to_string(&mut err).expect("stderr");
+        c.stderr
+            .as_mut()
+            .expect("stderr")
+            .read_to_string(&mut err)
+            .expect("stderr");
         assert!(!status.success(), "rank {r} should fail");
         assert!(
             err.contains(&format!("peer rank {victim} died")),
@@ -98,7 +104,9 @@ fn exchange_all(rt: &tokio::runtime::Runtime, comms: &[Arc<TcpComm>], seed: u64)
         let mut hs = Vec::new();
         for c in comms {
             let c = c.clone() as Arc<dyn Communicator>;
-            hs.push(tokio::spawn(async move { (c.rank(), exchange(c, seed).await) }));
+            hs.push(tokio::spawn(
+                async move { (c.rank(), exchange(c, seed).await) },
+            ));
         }
         for h in hs {
             let (r, res) = h.await.expect("task");
@@ -113,7 +121,8 @@ fn wrong_token_is_refused_and_job_carries_on() {
     let comms = in_process(3, &rt);
     let target = comms[1].listen_addr();
     let mut s = std::net::TcpStream::connect(target).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(20))).expect("timeout");
+    s.set_read_timeout(Some(Duration::from_secs(20)))
+        .expect("timeout");
     let hello = Hello {
         kind: ConnKind::Data,
         token: b"not-the-token".to_vec(),
@@ -148,7 +157,8 @@ fn random_bytes_on_a_port_are_an_error_not_a_panic() {
             }
             let _ = s.write_all(&junk);
             let mut b = [0u8; 1];
-            s.set_read_timeout(Some(Duration::from_secs(20))).expect("timeout");
+            s.set_read_timeout(Some(Duration::from_secs(20)))
+                .expect("timeout");
             assert_eq!(s.read(&mut b).unwrap_or(0), 0);
         }
     }

@@ -3,14 +3,16 @@
 //! the error reported (node and rank named) and no hang; a healthy graph
 //! delivers every message in order. Every rank count, local and tcp.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail by panicking
+
 use std::sync::Arc;
 use std::time::Duration;
 
 use braid_core::comm::tcp::TcpComm;
 use braid_core::world::{context_for, contexts};
 use braid_core::{
-    channel, Buffer, CommError, Communicator, Context, Graph, GraphError, MemoryLimits, Message,
-    NodeError, OpId, PackedData, Tag, WorldSpec,
+    Buffer, CommError, Communicator, Context, Graph, GraphError, MemoryLimits, Message, NodeError,
+    OpId, PackedData, Tag, WorldSpec, channel,
 };
 use braid_tests::RANK_COUNTS;
 
@@ -56,7 +58,10 @@ async fn rank_graph(ctx: Context, sc: Scenario, failing: u32) -> Result<u64, Gra
         let mut expect = 0;
         while let Some(m) = rx.recv().await {
             if m.seq != expect {
-                return Err(NodeError::other(format!("seq {} where {expect} was due", m.seq)));
+                return Err(NodeError::other(format!(
+                    "seq {} where {expect} was due",
+                    m.seq
+                )));
             }
             expect += 1;
             t2.fetch_add(m.seq, std::sync::atomic::Ordering::Relaxed);
@@ -123,19 +128,34 @@ fn check(results: Vec<Result<u64, GraphError>>, sc: Scenario, failing: u32) {
                         }
                         Scenario::PanickingNode => {
                             assert_eq!(e.node, "sink");
-                            assert!(matches!(e.source, NodeError::Panic(ref m) if m.contains("sink panicked")), "{text}");
+                            assert!(
+                                matches!(e.source, NodeError::Panic(ref m) if m.contains("sink panicked")),
+                                "{text}"
+                            );
                         }
                         Scenario::EarlyClosingConsumer => {
                             assert_eq!(e.node, "source");
-                            assert!(matches!(e.source, NodeError::Channel(braid_core::ChannelError::Closed)), "{text}");
+                            assert!(
+                                matches!(
+                                    e.source,
+                                    NodeError::Channel(braid_core::ChannelError::Closed)
+                                ),
+                                "{text}"
+                            );
                         }
                         Scenario::Healthy => unreachable!(),
                     }
                 } else {
                     assert_eq!(e.node, "peer", "rank {r}: {e}");
                     match e.source {
-                        NodeError::Comm(CommError::Aborted { peer, ref reason, .. }) => assert_eq!(peer, failing, "{sc:?} n={} rank {r}: {reason}", failing + 1),
-                        other => panic!("rank {r}: expected an abort by rank {failing}, got {other}"),
+                        NodeError::Comm(CommError::Aborted {
+                            peer, ref reason, ..
+                        }) => {
+                            assert_eq!(peer, failing, "{sc:?} n={} rank {r}: {reason}", failing + 1)
+                        }
+                        other => {
+                            panic!("rank {r}: expected an abort by rank {failing}, got {other}")
+                        }
                     }
                 }
             }
@@ -200,7 +220,12 @@ fn graph_failures_tcp() {
                 let comms = TcpComm::in_process_world(n).await.expect("world");
                 let ctxs = comms
                     .into_iter()
-                    .map(|c| context_for(Arc::new(c) as Arc<dyn Communicator>, MemoryLimits::UNLIMITED))
+                    .map(|c| {
+                        context_for(
+                            Arc::new(c) as Arc<dyn Communicator>,
+                            MemoryLimits::UNLIMITED,
+                        )
+                    })
                     .collect();
                 check(run_all(ctxs, sc).await, sc, n - 1);
             });

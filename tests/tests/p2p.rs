@@ -3,13 +3,15 @@
 //! tags; every byte and the per-(src, tag) order are checked by the
 //! receiver, and the totals are checked here against the plan.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail by panicking
+
 use std::sync::Arc;
 
 use braid_core::comm::local::LocalComm;
 use braid_core::comm::tcp::TcpComm;
-use braid_core::launch::{launch, LaunchSpec, OutputMode};
+use braid_core::launch::{LaunchSpec, OutputMode, launch};
 use braid_core::{Communicator, Rank};
-use braid_tests::{exchange, expected_summary, RANK_COUNTS};
+use braid_tests::{RANK_COUNTS, exchange, expected_summary};
 
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
@@ -86,7 +88,11 @@ fn worker() -> &'static str {
 fn parse_line(out: &str, prefix: &str) -> Option<Vec<u64>> {
     out.lines()
         .find_map(|l| l.strip_prefix(prefix))
-        .map(|rest| rest.split_whitespace().filter_map(|w| w.parse().ok()).collect())
+        .map(|rest| {
+            rest.split_whitespace()
+                .filter_map(|w| w.parse().ok())
+                .collect()
+        })
 }
 
 #[test]
@@ -94,14 +100,22 @@ fn tcp_processes_all_pairs_exchange() {
     let rt = runtime();
     for n in RANK_COUNTS {
         let seed = 5000 + n as u64;
-        let mut spec = LaunchSpec::new(n, worker(), vec!["exchange".into(), seed.to_string().into()]);
+        let mut spec = LaunchSpec::new(
+            n,
+            worker(),
+            vec!["exchange".into(), seed.to_string().into()],
+        );
         spec.output = OutputMode::Captured;
         let report = rt
             .block_on(launch(spec))
             .unwrap_or_else(|e| panic!("{n} ranks: {e:?}"));
         for r in 0..n as Rank {
-            let got = parse_line(&report.stdout[r as usize], "exchange ok ")
-                .unwrap_or_else(|| panic!("rank {r} of {n} printed no summary: {:?}", report.stderr[r as usize]));
+            let got = parse_line(&report.stdout[r as usize], "exchange ok ").unwrap_or_else(|| {
+                panic!(
+                    "rank {r} of {n} printed no summary: {:?}",
+                    report.stderr[r as usize]
+                )
+            });
             let want = expected_summary(seed, n, r);
             assert_eq!(got, vec![want.messages, want.bytes], "rank {r} of {n}");
         }

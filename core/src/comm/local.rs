@@ -7,13 +7,13 @@ use std::sync::Arc;
 use futures::future::BoxFuture;
 
 use super::mailbox::Mailbox;
-use super::{check_rank, Backend, Communicator, RecvFuture};
+use super::{Backend, Communicator, RecvFuture, check_rank};
+use crate::Rank;
 use crate::error::CommError;
 use crate::event::Event;
 use crate::memory::Buffer;
 use crate::stats::Statistics;
 use crate::tag::Tag;
-use crate::Rank;
 
 struct World {
     mailboxes: Vec<Arc<Mailbox>>,

@@ -16,10 +16,10 @@ use std::task::{Context, Poll};
 
 use tokio::sync::oneshot;
 
+use crate::Rank;
 use crate::error::CommError;
 use crate::memory::Buffer;
 use crate::tag::Tag;
-use crate::Rank;
 
 type Key = (Rank, Tag);
 type Waiter = oneshot::Sender<Result<Buffer, CommError>>;
@@ -152,9 +152,9 @@ impl Future for RecvFuture {
         let this = &mut *self;
         match &mut this.state {
             State::Ready(r) => {
-                let r = r.take().unwrap_or_else(|| {
-                    Err(CommError::Shutdown { rank: Rank::MAX })
-                });
+                let r = r
+                    .take()
+                    .unwrap_or_else(|| Err(CommError::Shutdown { rank: Rank::MAX }));
                 this.state = State::Done;
                 Poll::Ready(r)
             }

@@ -23,11 +23,11 @@ use std::fmt;
 
 use futures::future::BoxFuture;
 
+use crate::Rank;
 use crate::error::CommError;
 use crate::memory::{Buffer, Reservation};
 use crate::stats::Statistics;
 use crate::tag::Tag;
-use crate::Rank;
 
 pub use mailbox::RecvFuture;
 

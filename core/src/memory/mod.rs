@@ -8,7 +8,9 @@
 //! buffer is dropped.
 
 mod buffer;
+mod pool;
 mod resource;
 
 pub use buffer::{Buffer, MemoryType};
+pub use pool::BufferPool;
 pub use resource::{BufferResource, MemoryLimits, Reservation};

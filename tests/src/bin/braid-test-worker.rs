@@ -37,7 +37,8 @@ fn main() -> ExitCode {
                     let tag = Tag::new(OpId(1), 0);
                     let seed = 42;
                     if ctx.rank() == 0 {
-                        comm.send(1, tag, Buffer::from_vec(payload(seed, arg as usize))).await?;
+                        comm.send(1, tag, Buffer::from_vec(payload(seed, arg as usize)))
+                            .await?;
                     } else if ctx.rank() == 1 {
                         let b = comm.recv(0, tag).await?;
                         if b.len() as u64 != arg {

@@ -30,34 +30,32 @@
 //! before their receive is posted. Collectives bound what is in flight.
 
 pub mod wire;
+mod writer;
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use bytes::BytesMut;
 use futures::future::BoxFuture;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
-use self::wire::{Control, ConnKind, FrameHeader, Hello, WireError, ACK, FRAME_HEADER_LEN};
+use self::wire::{ACK, ConnKind, Control, FRAME_HEADER_LEN, FrameHeader, Hello, WireError};
+use self::writer::{PeerWriter, Sent};
 use super::mailbox::Mailbox;
-use super::{check_rank, Backend, Communicator, RecvFuture};
+use super::{Backend, Communicator, RecvFuture, check_rank};
+use crate::Rank;
 use crate::error::CommError;
 use crate::event::Event;
-use crate::memory::Buffer;
+use crate::memory::{Buffer, BufferPool};
 use crate::stats::Statistics;
 use crate::tag::Tag;
-use crate::Rank;
 
-/// Payloads up to this size are copied into the batch buffer; larger ones
-/// are written from their own memory.
-const COALESCE_MAX: usize = 64 << 10;
-/// A batch is written once it holds this much.
-const BATCH_BYTES: usize = 1 << 20;
+/// Idle receive memory a rank keeps for reuse.
+const RECV_POOL_BYTES: usize = 1 << 30;
 /// Time a connecting peer has to present its opening.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -118,7 +116,9 @@ impl TcpConfig {
             .parse()
             .map_err(|_| bad(format!("BRAID_RANK={rank_s:?} is not a number")))?;
         if nranks == 0 || rank >= nranks {
-            return Err(bad(format!("BRAID_RANK={rank} is not below BRAID_NRANKS={nranks}")));
+            return Err(bad(format!(
+                "BRAID_RANK={rank} is not below BRAID_NRANKS={nranks}"
+            )));
         }
         let root = get("BRAID_ROOT").ok_or_else(|| bad("BRAID_ROOT is not set".into()))?;
         let token = get("BRAID_TOKEN").ok_or_else(|| bad("BRAID_TOKEN is not set".into()))?;
@@ -143,15 +143,6 @@ impl TcpConfig {
     }
 }
 
-enum Outgoing {
-    Msg {
-        tag: Tag,
-        buf: Buffer,
-        done: oneshot::Sender<Result<(), CommError>>,
-    },
-    Flush(oneshot::Sender<Result<(), CommError>>),
-}
-
 struct Shared {
     rank: Rank,
     nranks: u32,
@@ -162,7 +153,9 @@ struct Shared {
     mailbox: Arc<Mailbox>,
     stats: Arc<Statistics>,
     addrs: OnceLock<Vec<String>>,
-    writers: Mutex<Vec<Option<mpsc::UnboundedSender<Outgoing>>>>,
+    writers: Mutex<Vec<Option<Arc<PeerWriter>>>>,
+    /// Large received messages are allocated from here.
+    pool: Arc<BufferPool>,
     control: OnceLock<mpsc::UnboundedSender<CtrlItem>>,
     /// Rank 0 only: the control plane's state.
     root_state: OnceLock<Arc<RootState>>,
@@ -196,7 +189,10 @@ enum CtrlItem {
 }
 
 /// Waits (at most `limit`) until everything queued on `senders` is written.
-async fn flush_control<'a>(senders: impl Iterator<Item = &'a mpsc::UnboundedSender<CtrlItem>>, limit: Duration) {
+async fn flush_control<'a>(
+    senders: impl Iterator<Item = &'a mpsc::UnboundedSender<CtrlItem>>,
+    limit: Duration,
+) {
     let mut waits = Vec::new();
     for s in senders {
         let (tx, rx) = oneshot::channel();
@@ -286,12 +282,16 @@ impl Drop for TcpComm {
             Some(st) => st.senders.iter().flatten().cloned().collect(),
             None => shared.control.get().cloned().into_iter().collect(),
         };
-        let _ = shared.runtime.spawn(async move {
+        let writers = self.all_writers();
+        drop(shared.runtime.spawn(async move {
             flush_control(senders.iter(), Duration::from_secs(2)).await;
+            for w in writers {
+                w.close();
+            }
             for t in tasks {
                 t.abort();
             }
-        });
+        }));
     }
 }
 
@@ -301,10 +301,12 @@ impl TcpComm {
     pub async fn connect(config: TcpConfig) -> Result<TcpComm, CommError> {
         let listener = if config.rank == 0 {
             let addr = resolve(&config.root, config.rank).await?;
-            TcpListener::bind(addr).await.map_err(|e| CommError::Bootstrap {
-                rank: 0,
-                detail: format!("cannot listen on root address {}: {e}", config.root),
-            })?
+            TcpListener::bind(addr)
+                .await
+                .map_err(|e| CommError::Bootstrap {
+                    rank: 0,
+                    detail: format!("cannot listen on root address {}: {e}", config.root),
+                })?
         } else {
             TcpListener::bind(SocketAddr::new(config.listen, 0))
                 .await
@@ -318,7 +320,10 @@ impl TcpComm {
 
     /// Like [`TcpComm::connect`] with a listener bound already (for rank 0,
     /// the root address; for the others, their data address).
-    pub async fn with_listener(config: TcpConfig, listener: TcpListener) -> Result<TcpComm, CommError> {
+    pub async fn with_listener(
+        config: TcpConfig,
+        listener: TcpListener,
+    ) -> Result<TcpComm, CommError> {
         if config.nranks == 0 || config.rank >= config.nranks {
             return Err(CommError::Bootstrap {
                 rank: config.rank,
@@ -340,6 +345,7 @@ impl TcpComm {
             stats: Arc::new(Statistics::new(config.rank, config.nranks)),
             addrs: OnceLock::new(),
             writers: Mutex::new((0..config.nranks).map(|_| None).collect()),
+            pool: BufferPool::new(RECV_POOL_BYTES),
             control: OnceLock::new(),
             root_state: OnceLock::new(),
             all_done: Event::new(),
@@ -404,17 +410,32 @@ impl TcpComm {
         self.listen_addr
     }
 
-    fn writer(&self, dst: Rank) -> mpsc::UnboundedSender<Outgoing> {
-        let mut w = self.shared.writers.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(Some(tx)) = w.get(dst as usize) {
-            return tx.clone();
+    fn writer(&self, dst: Rank) -> Arc<PeerWriter> {
+        let mut w = self
+            .shared
+            .writers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if let Some(Some(pw)) = w.get(dst as usize) {
+            return pw.clone();
         }
-        let (tx, rx) = mpsc::unbounded_channel();
+        let pw = Arc::new(PeerWriter::new(self.shared.rank, dst));
         self.shared
             .runtime
-            .spawn(writer_task(self.shared.clone(), dst, rx));
-        w[dst as usize] = Some(tx.clone());
-        tx
+            .spawn(connection_task(self.shared.clone(), dst, pw.clone()));
+        w[dst as usize] = Some(pw.clone());
+        pw
+    }
+
+    fn all_writers(&self) -> Vec<Arc<PeerWriter>> {
+        self.shared
+            .writers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .flatten()
+            .cloned()
+            .collect()
     }
 }
 
@@ -450,7 +471,12 @@ async fn resolve(addr: &str, rank: Rank) -> Result<SocketAddr, CommError> {
 
 /// Connects to `addr`, retrying until `timeout` (the peer may not be up yet),
 /// and presents our opening; waits for the ack.
-async fn open(shared: &Shared, addr: &str, kind: ConnKind, peer: Rank) -> Result<TcpStream, CommError> {
+async fn open(
+    shared: &Shared,
+    addr: &str,
+    kind: ConnKind,
+    peer: Rank,
+) -> Result<TcpStream, CommError> {
     let deadline = tokio::time::Instant::now() + shared.timeout;
     let mut last_err = String::new();
     loop {
@@ -497,7 +523,11 @@ async fn open(shared: &Shared, addr: &str, kind: ConnKind, peer: Rank) -> Result
     }
 }
 
-async fn accept_loop(shared: Arc<Shared>, listener: TcpListener, ctrl: mpsc::UnboundedSender<(Rank, TcpStream)>) {
+async fn accept_loop(
+    shared: Arc<Shared>,
+    listener: TcpListener,
+    ctrl: mpsc::UnboundedSender<(Rank, TcpStream)>,
+) {
     loop {
         let (stream, from) = match listener.accept().await {
             Ok(x) => x,
@@ -560,7 +590,7 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 }
 
 async fn reader_task(shared: Arc<Shared>, src: Rank, stream: TcpStream) {
-    let mut r = BufReader::with_capacity(256 << 10, stream);
+    let mut r = BufReader::with_capacity(32 << 10, stream);
     loop {
         let mut hb = [0u8; FRAME_HEADER_LEN];
         match r.read_exact(&mut hb).await {
@@ -585,7 +615,7 @@ async fn reader_task(shared: Arc<Shared>, src: Rank, stream: TcpStream) {
             }
         };
         let len = header.len as usize;
-        let mut buf = BytesMut::with_capacity(len);
+        let mut buf = shared.pool.take(len);
         while buf.len() < len {
             let want = (len - buf.len()) as u64;
             match (&mut r).take(want).read_buf(&mut buf).await {
@@ -607,102 +637,43 @@ async fn reader_task(shared: Arc<Shared>, src: Rank, stream: TcpStream) {
         shared.stats.record_recv(src, len);
         shared
             .mailbox
-            .deliver(src, header.tag, Buffer::from_bytes(buf.freeze()));
+            .deliver(src, header.tag, Buffer::from_bytes(shared.pool.wrap(buf)));
     }
 }
 
-async fn writer_task(shared: Arc<Shared>, dst: Rank, mut rx: mpsc::UnboundedReceiver<Outgoing>) {
-    let fail_all = |rx: &mut mpsc::UnboundedReceiver<Outgoing>, e: CommError| {
-        rx.close();
-        while let Ok(item) = rx.try_recv() {
-            match item {
-                Outgoing::Msg { done, .. } | Outgoing::Flush(done) => {
-                    let _ = done.send(Err(e.clone()));
-                }
-            }
-        }
-    };
+/// Opens the data connection to `dst` and writes `pw`'s frames to it.
+async fn connection_task(shared: Arc<Shared>, dst: Rank, pw: Arc<PeerWriter>) {
     let addr = if dst == 0 {
         shared.root.clone()
     } else {
         match shared.addrs.get().and_then(|a| a.get(dst as usize)) {
             Some(a) => a.clone(),
             None => {
-                let e = shared.bootstrap_err(format!("no address for rank {dst}"));
-                fail_all(&mut rx, e);
+                pw.fail(shared.bootstrap_err(format!("no address for rank {dst}")));
                 return;
             }
         }
     };
-    let mut stream = match open(&shared, &addr, ConnKind::Data, dst).await {
+    let stream = match open(&shared, &addr, ConnKind::Data, dst).await {
         Ok(s) => s,
         Err(e) => {
             shared.fail(e.clone());
-            fail_all(&mut rx, e);
+            pw.fail(e);
             return;
         }
     };
-    let mut batch: Vec<u8> = Vec::with_capacity(BATCH_BYTES + COALESCE_MAX + 64);
-    let mut dones: Vec<oneshot::Sender<Result<(), CommError>>> = Vec::new();
-    while let Some(first) = rx.recv().await {
-        let mut item = Some(first);
-        let mut res: std::io::Result<()> = Ok(());
-        while let Some(it) = item.take() {
-            match it {
-                Outgoing::Msg { tag, buf, done } => {
-                    let h = FrameHeader {
-                        tag,
-                        len: buf.len() as u64,
-                    };
-                    batch.extend_from_slice(&h.encode());
-                    if buf.len() <= COALESCE_MAX {
-                        batch.extend_from_slice(buf.as_slice());
-                    } else {
-                        res = async {
-                            stream.write_all(&batch).await?;
-                            batch.clear();
-                            stream.write_all(buf.as_slice()).await
-                        }
-                        .await;
-                    }
-                    dones.push(done);
-                }
-                Outgoing::Flush(done) => dones.push(done),
-            }
-            if res.is_err() || batch.len() >= BATCH_BYTES {
-                break;
-            }
-            item = rx.try_recv().ok();
-        }
-        if res.is_ok() && !batch.is_empty() {
-            res = stream.write_all(&batch).await;
-            batch.clear();
-        }
-        match res {
-            Ok(()) => {
-                for d in dones.drain(..) {
-                    let _ = d.send(Ok(()));
-                }
-            }
-            Err(e) => {
-                let err = shared
-                    .mailbox
-                    .failure()
-                    .unwrap_or_else(|| CommError::PeerDied {
-                        rank: shared.rank,
-                        peer: dst,
-                        detail: format!("write failed: {e}"),
-                    });
-                for d in dones.drain(..) {
-                    let _ = d.send(Err(err.clone()));
-                }
-                shared.fail(err.clone());
-                fail_all(&mut rx, err);
-                return;
-            }
-        }
+    if let Err(e) = pw.clone().run(stream).await {
+        let err = shared
+            .mailbox
+            .failure()
+            .unwrap_or_else(|| CommError::PeerDied {
+                rank: shared.rank,
+                peer: dst,
+                detail: format!("write failed: {e}"),
+            });
+        pw.fail(err.clone());
+        shared.fail(err);
     }
-    let _ = stream.shutdown().await;
 }
 
 /// Rank 0: waits for every rank's registration, sends the table, then runs
@@ -772,13 +743,21 @@ async fn bootstrap_root(
         tasks.push(tokio::spawn(control_writer(wr, rx)));
     }
     for (r, rd) in halves {
-        tasks.push(tokio::spawn(root_control_reader(shared.clone(), state.clone(), r, rd)));
+        tasks.push(tokio::spawn(root_control_reader(
+            shared.clone(),
+            state.clone(),
+            r,
+            rd,
+        )));
     }
     Ok(())
 }
 
 /// Writes control messages in order and answers flush requests.
-async fn control_writer(mut w: tokio::net::tcp::OwnedWriteHalf, mut rx: mpsc::UnboundedReceiver<CtrlItem>) {
+async fn control_writer(
+    mut w: tokio::net::tcp::OwnedWriteHalf,
+    mut rx: mpsc::UnboundedReceiver<CtrlItem>,
+) {
     let mut broken = false;
     while let Some(item) = rx.recv().await {
         match item {
@@ -809,7 +788,15 @@ async fn root_control_reader(
                     peer,
                     reason: reason.clone(),
                 };
-                state.announce(&shared, Control::Abort { origin: peer, reason }, Some(peer), err);
+                state.announce(
+                    &shared,
+                    Control::Abort {
+                        origin: peer,
+                        reason,
+                    },
+                    Some(peer),
+                    err,
+                );
             }
             Ok(Some(other)) => {
                 tracing::warn!(rank = 0, peer, "unexpected control message {other:?}");
@@ -857,17 +844,19 @@ async fn bootstrap_peer(
                 rank: shared.rank,
                 peer: origin,
                 reason,
-            })
+            });
         }
         Ok(Ok(other)) => {
-            return Err(shared.bootstrap_err(format!("expected the address table from rank 0, got {other:?}")))
+            return Err(shared.bootstrap_err(format!(
+                "expected the address table from rank 0, got {other:?}"
+            )));
         }
         Ok(Err(e)) => return Err(shared.bootstrap_err(format!("reading the address table: {e}"))),
         Err(_) => {
             return Err(shared.bootstrap_err(format!(
                 "timed out after {} s waiting for the other ranks to join",
                 shared.timeout.as_secs()
-            )))
+            )));
         }
     };
     let _ = shared.addrs.set(table);
@@ -936,22 +925,24 @@ impl Communicator for TcpComm {
             self.shared.mailbox.deliver(dst, tag, data);
             return Box::pin(std::future::ready(Ok(())));
         }
-        let (done, rx) = oneshot::channel();
-        let rank = self.shared.rank;
-        let shared = self.shared.clone();
-        if self
-            .writer(dst)
-            .send(Outgoing::Msg { tag, buf: data, done })
-            .is_err()
-        {
-            let e = shared.mailbox.failure().unwrap_or(CommError::Shutdown { rank });
-            return Box::pin(std::future::ready(Err(e)));
+        match self.writer(dst).send(tag, data) {
+            Sent::Done => Box::pin(std::future::ready(Ok(()))),
+            Sent::Failed(e) => {
+                let e = self.shared.mailbox.failure().unwrap_or(e);
+                Box::pin(std::future::ready(Err(e)))
+            }
+            Sent::Queued(rx) => {
+                let shared = self.shared.clone();
+                Box::pin(async move {
+                    rx.await.unwrap_or_else(|_| {
+                        Err(shared
+                            .mailbox
+                            .failure()
+                            .unwrap_or(CommError::Shutdown { rank: shared.rank }))
+                    })
+                })
+            }
         }
-        Box::pin(async move {
-            rx.await.unwrap_or_else(|_| {
-                Err(shared.mailbox.failure().unwrap_or(CommError::Shutdown { rank }))
-            })
-        })
     }
 
     fn recv(&self, src: Rank, tag: Tag) -> RecvFuture {
@@ -992,14 +983,7 @@ impl Communicator for TcpComm {
 
     fn shutdown(&self) -> BoxFuture<'static, Result<(), CommError>> {
         let shared = self.shared.clone();
-        let writers: Vec<_> = shared
-            .writers
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-            .flatten()
-            .cloned()
-            .collect();
+        let writers = self.all_writers();
         Box::pin(async move {
             if shared.failed.is_set() {
                 // Failing: make sure our notices (Abort, Died) reach the
@@ -1016,11 +1000,8 @@ impl Communicator for TcpComm {
                     .unwrap_or(CommError::Shutdown { rank: shared.rank }));
             }
             for w in writers {
-                let (tx, rx) = oneshot::channel();
-                if w.send(Outgoing::Flush(tx)).is_ok() {
-                    if let Ok(Err(e)) = rx.await {
-                        return Err(e);
-                    }
+                if let Ok(Err(e)) = w.flush().await {
+                    return Err(shared.mailbox.failure().unwrap_or(e));
                 }
             }
             shared.shutting_down.store(true, Ordering::Relaxed);

@@ -16,8 +16,8 @@
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-use crate::tag::Tag;
 use crate::Rank;
+use crate::tag::Tag;
 
 /// Magic of the connection opening.
 pub const HELLO_MAGIC: [u8; 4] = *b"BRDH";

@@ -1,0 +1,40 @@
+//! `braid-bench`: benchmark driver. Each subcommand measures braid next to
+//! a baseline measured in the same run and prints a table of ratios.
+//!
+//! - `comm`: point-to-point latency and bandwidth, 2 ranks, local and tcp,
+//!   against a raw tokio TCP socket pair.
+
+mod comm;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// braid benchmark driver.
+#[derive(Debug, Parser)]
+#[command(name = "braid-bench", version)]
+struct Cli {
+    #[command(subcommand)]
+    what: What,
+}
+
+#[derive(Debug, Subcommand)]
+enum What {
+    /// Point-to-point latency (8 B) and bandwidth (1 KiB to 256 MiB).
+    Comm(comm::CommArgs),
+}
+
+fn main() -> ExitCode {
+    braid_examples::init_tracing();
+    let cli = Cli::parse();
+    let res = match cli.what {
+        What::Comm(a) => comm::run(a),
+    };
+    match res {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
