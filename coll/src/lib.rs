@@ -1,1 +1,52 @@
-//! placeholder
+//! braid-coll: collectives over a `Context`'s communicator.
+//!
+//! Each collective is one non-streaming core, started with `start_*` (or an
+//! object's constructor) and an optional completion callback, driven by the
+//! context's progress engine, and waited on with `Handle::wait`; the async
+//! function of the same name is the thin streaming wrapper that awaits an
+//! `Event` set by that callback.
+//!
+//! | collective | algorithm | steps |
+//! |---|---|---|
+//! | [`barrier`] | dissemination | ceil(log2 N) |
+//! | [`broadcast`] | binomial tree | ceil(log2 N) |
+//! | [`AllGather`] / [`allgather`] | direct, streaming inserts | 1 |
+//! | [`allreduce`] | direct reduce-scatter + allgather | 2 |
+//! | [`reduce_scatter`] | direct | 1 |
+//! | [`alltoall`] / [`alltoallv`] | pairwise direct | 1 |
+//! | [`Shuffle`] | direct, streaming inserts, spills | 1 |
+//! | [`HaloExchange`] | neighbours | 1 |
+//! | [`sendrecv`] | one step | 1 |
+//!
+//! Calls that disagree between ranks (kind, element type, count, root,
+//! operator) fail with `CollError::Mismatch` on the rank that notices, which
+//! aborts the job so that every rank fails instead of hanging; no call
+//! returns data built from mismatched calls.
+//!
+//! OpIds: each call takes the next OpId of the context (32-bit counter), so
+//! ids are not reused within 4 billion collectives; a call's messages use
+//! only its own OpId's tags.
+
+pub mod allgather;
+pub mod allreduce;
+pub mod alltoall;
+pub mod barrier;
+pub mod broadcast;
+pub mod error;
+pub mod halo;
+mod handle;
+pub mod sendrecv;
+pub mod shuffle;
+mod wire;
+
+pub use allgather::{allgather, AllGather, ExtractOrder, Gathered};
+pub use allreduce::{allreduce, reduce_scatter, start_allreduce, start_reduce_scatter, ReduceOp};
+pub use alltoall::{alltoall, alltoallv, start_alltoallv, AllToAllvSpec};
+pub use barrier::{barrier, start_barrier};
+pub use braid_kernels::{DType, Element, ReduceKind};
+pub use broadcast::{broadcast, start_broadcast};
+pub use error::{CollError, CollKind};
+pub use halo::{Halo, HaloExchange};
+pub use handle::{Callback, Handle};
+pub use sendrecv::{sendrecv, start_sendrecv};
+pub use shuffle::{PartitionOwner, Shuffle};

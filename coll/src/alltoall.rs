@@ -1,0 +1,187 @@
+//! AllToAll and AllToAllv: every rank sends a (possibly different) slice to
+//! every rank.
+//!
+//! Algorithm: pairwise direct exchange (each rank posts its N-1 sends at
+//! once, then receives from every peer). Cost per rank: (N-1) alpha + the
+//! bytes it sends and receives times beta.
+//!
+//! Counts and offsets are validated against the buffers before anything is
+//! sent; a peer whose count for this rank differs from this rank's
+//! `recv_counts` is a mismatch and fails the job on every rank.
+
+use braid_core::{Context, Tag};
+use braid_kernels::Element;
+
+use crate::error::{CollError, CollKind, Site};
+use crate::handle::{start, streaming, Callback, Handle};
+use crate::wire::{recv_framed, send_framed, typed, vec_to_buffer, Meta};
+
+/// Per-peer element counts and offsets of an AllToAllv.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AllToAllvSpec {
+    /// Elements sent to each rank.
+    pub send_counts: Vec<usize>,
+    /// Where each rank's elements start in the send buffer.
+    pub send_offsets: Vec<usize>,
+    /// Elements received from each rank.
+    pub recv_counts: Vec<usize>,
+    /// Where each rank's elements go in the result.
+    pub recv_offsets: Vec<usize>,
+    /// Length of the result.
+    pub recv_len: usize,
+}
+
+impl AllToAllvSpec {
+    /// Equal blocks of `block` elements to and from each of `n` ranks.
+    pub fn equal(n: usize, block: usize) -> Self {
+        let offs: Vec<usize> = (0..n).map(|i| i * block).collect();
+        AllToAllvSpec {
+            send_counts: vec![block; n],
+            send_offsets: offs.clone(),
+            recv_counts: vec![block; n],
+            recv_offsets: offs,
+            recv_len: n * block,
+        }
+    }
+
+    /// Contiguous layout from counts alone.
+    pub fn from_counts(send_counts: Vec<usize>, recv_counts: Vec<usize>) -> Self {
+        let prefix = |c: &[usize]| {
+            let mut o = Vec::with_capacity(c.len());
+            let mut acc = 0usize;
+            for x in c {
+                o.push(acc);
+                acc = acc.saturating_add(*x);
+            }
+            (o, acc)
+        };
+        let (send_offsets, _) = prefix(&send_counts);
+        let (recv_offsets, recv_len) = prefix(&recv_counts);
+        AllToAllvSpec {
+            send_counts,
+            send_offsets,
+            recv_counts,
+            recv_offsets,
+            recv_len,
+        }
+    }
+
+    fn validate(&self, n: usize, send_len: usize) -> Result<(), String> {
+        for (name, v) in [
+            ("send_counts", &self.send_counts),
+            ("send_offsets", &self.send_offsets),
+            ("recv_counts", &self.recv_counts),
+            ("recv_offsets", &self.recv_offsets),
+        ] {
+            if v.len() != n {
+                return Err(format!("{name} has {} entries for {n} ranks", v.len()));
+            }
+        }
+        for p in 0..n {
+            let end = self.send_offsets[p].checked_add(self.send_counts[p]);
+            if end.is_none_or(|e| e > send_len) {
+                return Err(format!(
+                    "send slice for rank {p} ({} + {}) is outside the send buffer of {send_len}",
+                    self.send_offsets[p], self.send_counts[p]
+                ));
+            }
+            let end = self.recv_offsets[p].checked_add(self.recv_counts[p]);
+            if end.is_none_or(|e| e > self.recv_len) {
+                return Err(format!(
+                    "receive slice for rank {p} ({} + {}) is outside the result of {}",
+                    self.recv_offsets[p], self.recv_counts[p], self.recv_len
+                ));
+            }
+        }
+        let mut regions: Vec<(usize, usize, usize)> = (0..n)
+            .filter(|p| self.recv_counts[*p] > 0)
+            .map(|p| (self.recv_offsets[p], self.recv_offsets[p] + self.recv_counts[p], p))
+            .collect();
+        regions.sort_unstable();
+        for w in regions.windows(2) {
+            if w[1].0 < w[0].1 {
+                return Err(format!(
+                    "receive slices of ranks {} and {} overlap",
+                    w[0].2, w[1].2
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Starts an AllToAllv.
+pub fn start_alltoallv<T: Element>(ctx: &Context, send: Vec<T>, spec: AllToAllvSpec, callback: Option<Callback>) -> Handle<Vec<T>> {
+    let op = ctx.next_op_id();
+    let site = Site {
+        rank: ctx.rank(),
+        coll: CollKind::AllToAll,
+        op,
+    };
+    let comm = ctx.comm().clone();
+    start(ctx, CollKind::AllToAll, op, callback, async move {
+        let n = comm.nranks();
+        let me = site.rank;
+        spec.validate(n as usize, send.len()).map_err(|d| site.invalid(d))?;
+        let sz = std::mem::size_of::<T>();
+        let tag = Tag::new(op, 0);
+        let mut out: Vec<T> = vec![T::zeroed(); spec.recv_len];
+        let (so, sc) = (spec.send_offsets[me as usize], spec.send_counts[me as usize]);
+        if sc != spec.recv_counts[me as usize] {
+            return Err(site.mismatch(me, format!("sends {sc} elements to itself but expects {}", spec.recv_counts[me as usize])));
+        }
+        let ro = spec.recv_offsets[me as usize];
+        out[ro..ro + sc].copy_from_slice(&send[so..so + sc]);
+        let buf = vec_to_buffer(send);
+        let mut sends = Vec::new();
+        for p in (0..n).filter(|p| *p != me) {
+            let (o, c) = (spec.send_offsets[p as usize], spec.send_counts[p as usize]);
+            let meta = Meta::new(CollKind::AllToAll, T::DTYPE).count(c as u64);
+            sends.push(send_framed(comm.as_ref(), site, p, tag, meta, &[], buf.slice(o * sz..(o + c) * sz)));
+        }
+        let recvs = (0..n).filter(|p| *p != me).map(|p| {
+            let comm = comm.clone();
+            async move { Ok::<_, CollError>((p, recv_framed(comm.as_ref(), site, p, tag).await?)) }
+        });
+        for (p, f) in futures::future::try_join_all(recvs).await? {
+            let want = spec.recv_counts[p as usize];
+            if f.meta.dtype != T::DTYPE {
+                return Err(site.mismatch(p, format!("element type {} here, {} on rank {p}", T::DTYPE, f.meta.dtype)));
+            }
+            if f.meta.count != want as u64 {
+                return Err(site.mismatch(p, format!("rank {p} sends {} elements, this rank expects {want}", f.meta.count)));
+            }
+            let x = typed::<T>(&f.data).ok_or_else(|| site.mismatch(p, "bad slice length"))?;
+            let o = spec.recv_offsets[p as usize];
+            out[o..o + want].copy_from_slice(&x);
+        }
+        for s in sends {
+            s.await?;
+        }
+        Ok(out)
+    })
+}
+
+/// AllToAllv: sends `spec.send_counts[p]` elements at `send_offsets[p]` to
+/// each rank p; returns the elements received, laid out by `recv_offsets`.
+pub async fn alltoallv<T: Element>(ctx: &Context, send: Vec<T>, spec: AllToAllvSpec) -> Result<Vec<T>, CollError> {
+    streaming(|cb| start_alltoallv(ctx, send, spec, cb)).await
+}
+
+/// AllToAll: `send` holds N equal blocks; block p goes to rank p; the
+/// result holds the blocks received, in rank order.
+pub async fn alltoall<T: Element>(ctx: &Context, send: Vec<T>) -> Result<Vec<T>, CollError> {
+    let n = ctx.nranks() as usize;
+    if send.len() % n != 0 {
+        let site = Site {
+            rank: ctx.rank(),
+            coll: CollKind::AllToAll,
+            op: ctx.next_op_id(),
+        };
+        let e = site.invalid(format!("{} elements do not split into {n} equal blocks", send.len()));
+        ctx.comm().abort(&e.to_string());
+        return Err(e);
+    }
+    let spec = AllToAllvSpec::equal(n, send.len() / n);
+    alltoallv(ctx, send, spec).await
+}

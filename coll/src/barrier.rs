@@ -1,0 +1,49 @@
+//! Barrier: no rank leaves before every rank has entered.
+//!
+//! Algorithm: dissemination. Round k (k = 0, 1, ... while 2^k < N): send
+//! to rank + 2^k, receive from rank - 2^k (mod N). Cost: ceil(log2 N)
+//! rounds of one empty message: ceil(log2 N) * alpha.
+//!
+//! Reusable: every barrier takes a fresh OpId, so the messages of two
+//! generations can never be confused (each round's tag is (op, k)).
+//! Round 0 is a ring, so a rank that called something else where this rank
+//! called Barrier is caught by the kind check of round 0.
+
+use braid_core::{Buffer, Context, Tag};
+use braid_kernels::DType;
+
+use crate::error::{CollError, CollKind, Site};
+use crate::handle::{start, streaming, Callback, Handle};
+use crate::wire::{recv_framed, send_framed, Meta};
+
+/// Starts a barrier; `callback` runs when it completes.
+pub fn start_barrier(ctx: &Context, callback: Option<Callback>) -> Handle<()> {
+    let op = ctx.next_op_id();
+    let site = Site {
+        rank: ctx.rank(),
+        coll: CollKind::Barrier,
+        op,
+    };
+    let comm = ctx.comm().clone();
+    start(ctx, CollKind::Barrier, op, callback, async move {
+        let n = comm.nranks();
+        let me = site.rank;
+        let mut dist = 1u32;
+        let mut round = 0u8;
+        while dist < n {
+            let tag = Tag::new(op, round);
+            let meta = Meta::new(CollKind::Barrier, DType::Bytes);
+            let send = send_framed(comm.as_ref(), site, (me + dist) % n, tag, meta, &[], Buffer::default());
+            recv_framed(comm.as_ref(), site, (me + n - dist) % n, tag).await?;
+            send.await?;
+            dist *= 2;
+            round += 1;
+        }
+        Ok(())
+    })
+}
+
+/// Waits until every rank has called `barrier`.
+pub async fn barrier(ctx: &Context) -> Result<(), CollError> {
+    streaming(|cb| start_barrier(ctx, cb)).await
+}

@@ -1,0 +1,88 @@
+//! Broadcast: the root's buffer reaches every rank.
+//!
+//! Algorithm: binomial tree rooted at `root` (ranks renumbered relative to
+//! the root). Cost: ceil(log2 N) * (alpha + m * beta); on the local backend
+//! beta is ~0 (buffers are shared, not copied). Every rank also checks its
+//! root against its left neighbour's, so ranks that disagree on the root
+//! fail instead of returning different data.
+
+use braid_core::{Buffer, Context, Rank, Tag};
+use braid_kernels::DType;
+
+use crate::error::{CollError, CollKind, Site};
+use crate::handle::{start, streaming, Callback, Handle};
+use crate::wire::{check_signature, recv_framed, send_framed, Meta, Signature};
+
+/// Starts a broadcast from `root`. The root passes `Some(data)`, the others
+/// `None`; every rank's handle yields the root's buffer.
+pub fn start_broadcast(ctx: &Context, root: Rank, data: Option<Buffer>, callback: Option<Callback>) -> Handle<Buffer> {
+    let op = ctx.next_op_id();
+    let site = Site {
+        rank: ctx.rank(),
+        coll: CollKind::Broadcast,
+        op,
+    };
+    let comm = ctx.comm().clone();
+    start(ctx, CollKind::Broadcast, op, callback, async move {
+        let n = comm.nranks();
+        let me = site.rank;
+        if root >= n {
+            return Err(site.invalid(format!("root {root} is not below nranks {n}")));
+        }
+        if (me == root) != data.is_some() {
+            return Err(site.invalid(if me == root {
+                "the root must pass the data"
+            } else {
+                "only the root passes data"
+            }));
+        }
+        let sig = Signature {
+            dtype: DType::Bytes,
+            aux: root,
+            count: 0,
+        };
+        let check = check_signature(comm.as_ref(), site, sig);
+        let tree = async {
+            let tag = Tag::new(op, 0);
+            let vr = (me + n - root) % n;
+            let mut data = data;
+            let mut mask = 1u32;
+            while mask < n {
+                if vr & mask != 0 {
+                    let parent = (vr - mask + root) % n;
+                    let f = recv_framed(comm.as_ref(), site, parent, tag).await?;
+                    if f.meta.aux != root {
+                        return Err(site.mismatch(parent, format!("root {root} here, {} on rank {parent}", f.meta.aux)));
+                    }
+                    data = Some(f.data);
+                    break;
+                }
+                mask <<= 1;
+            }
+            let data = data.unwrap_or_default();
+            mask >>= 1;
+            let mut sends = Vec::new();
+            while mask > 0 {
+                if vr + mask < n {
+                    let child = (vr + mask + root) % n;
+                    let meta = Meta::new(CollKind::Broadcast, DType::Bytes)
+                        .aux(root)
+                        .count(data.len() as u64);
+                    sends.push(send_framed(comm.as_ref(), site, child, tag, meta, &[], data.clone()));
+                }
+                mask >>= 1;
+            }
+            for s in sends {
+                s.await?;
+            }
+            Ok(data)
+        };
+        let (_, data) = futures::try_join!(check, tree)?;
+        Ok(data)
+    })
+}
+
+/// Broadcasts the root's buffer to every rank.
+pub async fn broadcast(ctx: &Context, root: Rank, data: Option<Buffer>) -> Result<Buffer, CollError> {
+    streaming(|cb| start_broadcast(ctx, root, data, cb)).await
+}

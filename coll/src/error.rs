@@ -1,0 +1,186 @@
+//! Errors of collectives: each names the rank, the collective and its
+//! OpId, and the peer where one is involved.
+
+use std::fmt;
+
+use braid_core::{CommError, MemoryError, OpId, Rank};
+
+/// Which collective.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CollKind {
+    /// Barrier.
+    Barrier,
+    /// Broadcast.
+    Broadcast,
+    /// AllGather.
+    AllGather,
+    /// AllReduce.
+    AllReduce,
+    /// ReduceScatter.
+    ReduceScatter,
+    /// AllToAll and AllToAllv.
+    AllToAll,
+    /// Shuffle.
+    Shuffle,
+    /// HaloExchange.
+    HaloExchange,
+    /// SendRecv.
+    SendRecv,
+}
+
+impl CollKind {
+    /// Wire code.
+    pub const fn code(self) -> u8 {
+        match self {
+            CollKind::Barrier => 1,
+            CollKind::Broadcast => 2,
+            CollKind::AllGather => 3,
+            CollKind::AllReduce => 4,
+            CollKind::ReduceScatter => 5,
+            CollKind::AllToAll => 6,
+            CollKind::Shuffle => 7,
+            CollKind::HaloExchange => 8,
+            CollKind::SendRecv => 9,
+        }
+    }
+
+    /// From a wire code.
+    pub fn from_code(c: u8) -> Option<Self> {
+        use CollKind::*;
+        [Barrier, Broadcast, AllGather, AllReduce, ReduceScatter, AllToAll, Shuffle, HaloExchange, SendRecv]
+            .into_iter()
+            .find(|k| k.code() == c)
+    }
+
+    /// Name used in statistics and errors.
+    pub const fn name(self) -> &'static str {
+        match self {
+            CollKind::Barrier => "barrier",
+            CollKind::Broadcast => "broadcast",
+            CollKind::AllGather => "allgather",
+            CollKind::AllReduce => "allreduce",
+            CollKind::ReduceScatter => "reduce_scatter",
+            CollKind::AllToAll => "alltoall",
+            CollKind::Shuffle => "shuffle",
+            CollKind::HaloExchange => "halo_exchange",
+            CollKind::SendRecv => "sendrecv",
+        }
+    }
+}
+
+impl fmt::Display for CollKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A collective's failure.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum CollError {
+    /// The transport failed (a dead peer, an abort by another rank).
+    #[error("rank {rank}: {coll} ({op}): {source}")]
+    Comm {
+        /// This rank.
+        rank: Rank,
+        /// The collective.
+        coll: CollKind,
+        /// Its OpId.
+        op: OpId,
+        /// The transport's error.
+        #[source]
+        source: CommError,
+    },
+    /// This rank's call and a peer's call disagree (kind, element type,
+    /// count, root, operator); the job is aborted so every rank fails.
+    #[error("rank {rank}: {coll} ({op}): call does not match rank {peer}'s: {detail}")]
+    Mismatch {
+        /// This rank.
+        rank: Rank,
+        /// The collective.
+        coll: CollKind,
+        /// Its OpId.
+        op: OpId,
+        /// The peer whose call differs.
+        peer: Rank,
+        /// What differs.
+        detail: String,
+    },
+    /// The arguments are wrong; nothing was sent.
+    #[error("rank {rank}: {coll}: invalid argument: {detail}")]
+    InvalidArgument {
+        /// This rank.
+        rank: Rank,
+        /// The collective.
+        coll: CollKind,
+        /// What is wrong.
+        detail: String,
+    },
+    /// Memory could not be had, or spilling failed.
+    #[error("rank {rank}: {coll} ({op}): {source}")]
+    Memory {
+        /// This rank.
+        rank: Rank,
+        /// The collective.
+        coll: CollKind,
+        /// Its OpId.
+        op: OpId,
+        /// The memory error.
+        #[source]
+        source: MemoryError,
+    },
+}
+
+impl CollError {
+    /// Whether this error should abort the job: every failure except the
+    /// transport's own (which the other ranks hear about already) leaves
+    /// peers waiting for messages that will never come.
+    pub(crate) fn aborts_job(&self) -> bool {
+        !matches!(self, CollError::Comm { .. })
+    }
+}
+
+/// Identifies one collective call for building errors.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Site {
+    pub rank: Rank,
+    pub coll: CollKind,
+    pub op: OpId,
+}
+
+impl Site {
+    pub fn comm(&self, e: CommError) -> CollError {
+        CollError::Comm {
+            rank: self.rank,
+            coll: self.coll,
+            op: self.op,
+            source: e,
+        }
+    }
+
+    pub fn mismatch(&self, peer: Rank, detail: impl Into<String>) -> CollError {
+        CollError::Mismatch {
+            rank: self.rank,
+            coll: self.coll,
+            op: self.op,
+            peer,
+            detail: detail.into(),
+        }
+    }
+
+    pub fn invalid(&self, detail: impl Into<String>) -> CollError {
+        CollError::InvalidArgument {
+            rank: self.rank,
+            coll: self.coll,
+            detail: detail.into(),
+        }
+    }
+
+    pub fn memory(&self, e: MemoryError) -> CollError {
+        CollError::Memory {
+            rank: self.rank,
+            coll: self.coll,
+            op: self.op,
+            source: e,
+        }
+    }
+}

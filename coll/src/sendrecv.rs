@@ -1,0 +1,37 @@
+//! SendRecv: send to one peer and receive from another in one step (the
+//! step of a ring). Cost: alpha + m * beta, both directions at once.
+
+use braid_core::{Buffer, Context, Rank, Tag};
+use braid_kernels::DType;
+
+use crate::error::{CollError, CollKind, Site};
+use crate::handle::{start, streaming, Callback, Handle};
+use crate::wire::{recv_framed, send_framed, Meta};
+
+/// Starts sending `data` to `dst` while receiving from `src`.
+pub fn start_sendrecv(ctx: &Context, dst: Rank, data: Buffer, src: Rank, callback: Option<Callback>) -> Handle<Buffer> {
+    let op = ctx.next_op_id();
+    let site = Site {
+        rank: ctx.rank(),
+        coll: CollKind::SendRecv,
+        op,
+    };
+    let comm = ctx.comm().clone();
+    start(ctx, CollKind::SendRecv, op, callback, async move {
+        let n = comm.nranks();
+        if dst >= n || src >= n {
+            return Err(site.invalid(format!("peers {dst} and {src} must be below nranks {n}")));
+        }
+        let tag = Tag::new(op, 0);
+        let meta = Meta::new(CollKind::SendRecv, DType::Bytes).count(data.len() as u64);
+        let send = send_framed(comm.as_ref(), site, dst, tag, meta, &[], data);
+        let got = recv_framed(comm.as_ref(), site, src, tag).await?;
+        send.await?;
+        Ok(got.data)
+    })
+}
+
+/// Sends `data` to `dst` and returns what `src` sent this rank.
+pub async fn sendrecv(ctx: &Context, dst: Rank, data: Buffer, src: Rank) -> Result<Buffer, CollError> {
+    streaming(|cb| start_sendrecv(ctx, dst, data, src, cb)).await
+}

@@ -1,0 +1,351 @@
+//! Shuffle: chunks tagged with a partition id go to the rank that owns the
+//! partition; once every rank has finished inserting, each rank extracts
+//! its partitions.
+//!
+//! ```text
+//!   insert(pid, chunk) ──> owner(pid) == me ? store : send to owner(pid)
+//!   insert_finished()  ──> to every peer: FINISH(count of chunks sent it)
+//!   receive loop per peer: store chunks until FINISH, check the count
+//!   done when every peer's FINISH arrived and this rank finished
+//!   extract(pid)       ──> the partition's chunks, by (source rank, seq)
+//! ```
+//!
+//! Memory: every stored chunk is charged to the context's
+//! `BufferResource` (host). A chunk that does not fit under the host limit
+//! is spilled to a file in the temp directory (counted in the statistics'
+//! spilled bytes) and read back on extraction.
+//!
+//! Cost: each chunk crosses the network once: alpha + m * beta per chunk.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use braid_core::{Buffer, BufferResource, Context, Event, MemoryError, MemoryType, PackedData, Rank, Statistics, Tag};
+use braid_kernels::DType;
+use bytes::Bytes;
+use futures::future::BoxFuture;
+
+use crate::error::{CollError, CollKind, Site};
+use crate::handle::{start, Callback, Handle};
+use crate::wire::{recv_framed, send_framed, Meta, FINISH};
+
+/// Which rank owns a partition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PartitionOwner {
+    /// Partition p on rank p mod N.
+    RoundRobin,
+    /// Partitions split into N contiguous ranges, in rank order.
+    Contiguous,
+}
+
+impl PartitionOwner {
+    /// The owner of partition `pid` of `nparts` among `nranks`.
+    pub fn owner(self, pid: u32, nparts: u32, nranks: u32) -> Rank {
+        match self {
+            PartitionOwner::RoundRobin => pid % nranks,
+            PartitionOwner::Contiguous => (pid as u64 * nranks as u64 / nparts.max(1) as u64) as Rank,
+        }
+    }
+}
+
+enum Stored {
+    Mem(PackedData),
+    Spilled { path: PathBuf, metadata: Bytes, len: usize },
+}
+
+struct Store {
+    parts: Mutex<HashMap<u32, Vec<(Rank, u64, Stored)>>>,
+    resource: Arc<BufferResource>,
+    stats: Arc<Statistics>,
+    dir: PathBuf,
+    next_file: AtomicU64,
+}
+
+impl Store {
+    fn put(&self, site: Site, pid: u32, src: Rank, seq: u64, chunk: PackedData) -> Result<(), CollError> {
+        let len = chunk.data.len();
+        let stored = match self.resource.reserve_or_fail(len as u64, &[MemoryType::Host]) {
+            Ok(mut r) => {
+                let data = r.adopt(chunk.data.into_bytes()).map_err(|e| site.memory(e))?;
+                Stored::Mem(PackedData {
+                    metadata: chunk.metadata,
+                    data,
+                })
+            }
+            Err(_) => {
+                std::fs::create_dir_all(&self.dir).map_err(|e| site.memory(MemoryError::Spill(e.to_string())))?;
+                let path = self
+                    .dir
+                    .join(format!("chunk-{}", self.next_file.fetch_add(1, Ordering::Relaxed)));
+                std::fs::write(&path, chunk.data.as_slice())
+                    .map_err(|e| site.memory(MemoryError::Spill(format!("{}: {e}", path.display()))))?;
+                self.stats.record_spill(len as u64);
+                Stored::Spilled {
+                    path,
+                    metadata: chunk.metadata,
+                    len,
+                }
+            }
+        };
+        self.parts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(pid)
+            .or_default()
+            .push((src, seq, stored));
+        Ok(())
+    }
+}
+
+impl Drop for Store {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+#[derive(Default)]
+struct State {
+    sent_to: Vec<u64>,
+    local_seq: u64,
+    finished: bool,
+    sends: Vec<BoxFuture<'static, Result<(), CollError>>>,
+}
+
+/// A shuffle of chunks into `nparts` partitions (one instance per use).
+pub struct Shuffle {
+    site: Site,
+    ctx: Context,
+    nparts: u32,
+    owner: PartitionOwner,
+    state: Arc<Mutex<State>>,
+    store: Arc<Store>,
+    local_done: Event,
+    done: Event,
+    handle: Mutex<Option<Handle<()>>>,
+}
+
+impl Shuffle {
+    /// Starts a shuffle into `nparts` partitions owned as `owner` says;
+    /// `callback` runs once every rank has finished inserting.
+    pub fn new(ctx: &Context, nparts: u32, owner: PartitionOwner, callback: Option<Callback>) -> Self {
+        let op = ctx.next_op_id();
+        let site = Site {
+            rank: ctx.rank(),
+            coll: CollKind::Shuffle,
+            op,
+        };
+        let n = ctx.nranks();
+        let store = Arc::new(Store {
+            parts: Mutex::new(HashMap::new()),
+            resource: ctx.resource().clone(),
+            stats: ctx.statistics().clone(),
+            dir: std::env::temp_dir().join(format!(
+                "braid-spill-{}-r{}-op{}",
+                std::process::id(),
+                site.rank,
+                op.0
+            )),
+            next_file: AtomicU64::new(0),
+        });
+        let state = Arc::new(Mutex::new(State {
+            sent_to: vec![0; n as usize],
+            ..Default::default()
+        }));
+        let local_done = Event::new();
+        let done = Event::new();
+        let comm = ctx.comm().clone();
+        let (st, ld, d2, store2) = (state.clone(), local_done.clone(), done.clone(), store.clone());
+        let cb: Callback = Box::new(move || {
+            if let Some(cb) = callback {
+                cb();
+            }
+            d2.set();
+        });
+        let handle = start(ctx, CollKind::Shuffle, op, Some(cb), async move {
+            let me = site.rank;
+            let tag = Tag::new(op, 0);
+            let recvs = (0..n).filter(|p| *p != me).map(|p| {
+                let comm = comm.clone();
+                let store = store2.clone();
+                async move {
+                    let mut got = 0u64;
+                    loop {
+                        let f = recv_framed(comm.as_ref(), site, p, tag).await?;
+                        if f.meta.flags & FINISH != 0 {
+                            if f.meta.count != got {
+                                return Err(site.mismatch(p, format!("rank {p} says it sent {} chunks, {got} arrived", f.meta.count)));
+                            }
+                            if f.meta.aux != nparts {
+                                return Err(site.mismatch(p, format!("{nparts} partitions here, {} on rank {p}", f.meta.aux)));
+                            }
+                            return Ok::<_, CollError>(());
+                        }
+                        if f.meta.aux >= nparts {
+                            return Err(site.mismatch(p, format!("partition {} from rank {p} is not below {nparts}", f.meta.aux)));
+                        }
+                        got += 1;
+                        store.put(
+                            site,
+                            f.meta.aux,
+                            p,
+                            f.meta.seq,
+                            PackedData {
+                                metadata: f.user_meta,
+                                data: f.data,
+                            },
+                        )?;
+                    }
+                }
+            });
+            futures::future::try_join_all(recvs).await?;
+            ld.wait().await;
+            let sends = std::mem::take(&mut st.lock().unwrap_or_else(|p| p.into_inner()).sends);
+            futures::future::try_join_all(sends).await?;
+            Ok(())
+        });
+        Shuffle {
+            site,
+            ctx: ctx.clone(),
+            nparts,
+            owner,
+            state,
+            store,
+            local_done,
+            done,
+            handle: Mutex::new(Some(handle)),
+        }
+    }
+
+    /// The number of partitions.
+    pub fn num_partitions(&self) -> u32 {
+        self.nparts
+    }
+
+    /// The partitions this rank owns.
+    pub fn local_partitions(&self) -> Vec<u32> {
+        let n = self.ctx.nranks();
+        (0..self.nparts)
+            .filter(|p| self.owner.owner(*p, self.nparts, n) == self.site.rank)
+            .collect()
+    }
+
+    /// Inserts a chunk of partition `pid`; it leaves for its owner now.
+    pub fn insert(&self, pid: u32, chunk: PackedData) -> Result<(), CollError> {
+        if pid >= self.nparts {
+            return Err(self.site.invalid(format!("partition {pid} is not below {}", self.nparts)));
+        }
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if s.finished {
+            return Err(self.site.invalid("insert after insert_finished"));
+        }
+        let seq = s.local_seq;
+        s.local_seq += 1;
+        let dst = self.owner.owner(pid, self.nparts, self.ctx.nranks());
+        if dst == self.site.rank {
+            drop(s);
+            return self.store.put(self.site, pid, dst, seq, chunk);
+        }
+        s.sent_to[dst as usize] += 1;
+        let meta = Meta::new(CollKind::Shuffle, DType::Bytes).aux(pid).seq(seq);
+        let tag = Tag::new(self.site.op, 0);
+        let f = send_framed(self.ctx.comm().as_ref(), self.site, dst, tag, meta, &chunk.metadata, chunk.data);
+        s.sends.push(Box::pin(f));
+        Ok(())
+    }
+
+    /// Says this rank has inserted everything.
+    pub fn insert_finished(&self) -> Result<(), CollError> {
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if s.finished {
+            return Err(self.site.invalid("insert_finished called twice"));
+        }
+        s.finished = true;
+        let comm = self.ctx.comm();
+        for p in (0..comm.nranks()).filter(|p| *p != self.site.rank) {
+            let meta = Meta::new(CollKind::Shuffle, DType::Bytes)
+                .flags(FINISH)
+                .aux(self.nparts)
+                .count(s.sent_to[p as usize]);
+            let tag = Tag::new(self.site.op, 0);
+            let f = send_framed(comm.as_ref(), self.site, p, tag, meta, &[], Buffer::default());
+            s.sends.push(Box::pin(f));
+        }
+        drop(s);
+        self.local_done.set();
+        Ok(())
+    }
+
+    /// Waits until every rank has finished inserting.
+    pub async fn wait(&self) -> Result<(), CollError> {
+        self.done.wait().await;
+        self.result()
+    }
+
+    /// Like [`Shuffle::wait`], blocking the calling thread.
+    pub fn wait_blocking(&self) -> Result<(), CollError> {
+        self.done.wait_blocking();
+        self.result()
+    }
+
+    fn result(&self) -> Result<(), CollError> {
+        let h = self.handle.lock().unwrap_or_else(|p| p.into_inner()).take();
+        match h {
+            Some(h) => {
+                let r = h.take();
+                if let Err(e) = &r {
+                    // Keep the failure for later calls.
+                    *self.handle.lock().unwrap_or_else(|p| p.into_inner()) = None;
+                    return Err(e.clone());
+                }
+                r
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// Waits until every rank has finished inserting, then takes partition
+    /// `pid`'s chunks (owned by this rank), ordered by (source rank, seq).
+    pub async fn extract(&self, pid: u32) -> Result<Vec<PackedData>, CollError> {
+        self.wait().await?;
+        self.take(pid)
+    }
+
+    fn take(&self, pid: u32) -> Result<Vec<PackedData>, CollError> {
+        if pid >= self.nparts {
+            return Err(self.site.invalid(format!("partition {pid} is not below {}", self.nparts)));
+        }
+        let mut chunks = self
+            .store
+            .parts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&pid)
+            .unwrap_or_default();
+        chunks.sort_by_key(|(src, seq, _)| (*src, *seq));
+        let mut out = Vec::with_capacity(chunks.len());
+        for (_, _, s) in chunks {
+            out.push(match s {
+                Stored::Mem(p) => p,
+                Stored::Spilled { path, metadata, len } => {
+                    let bytes = std::fs::read(&path)
+                        .map_err(|e| self.site.memory(MemoryError::Spill(format!("{}: {e}", path.display()))))?;
+                    let _ = std::fs::remove_file(&path);
+                    if bytes.len() != len {
+                        return Err(self.site.memory(MemoryError::Spill(format!(
+                            "{}: read {} bytes back, wrote {len}",
+                            path.display(),
+                            bytes.len()
+                        ))));
+                    }
+                    PackedData {
+                        metadata,
+                        data: Buffer::from_vec(bytes),
+                    }
+                }
+            });
+        }
+        Ok(out)
+    }
+}
