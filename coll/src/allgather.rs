@@ -19,8 +19,8 @@ use braid_kernels::{DType, Element};
 use futures::future::BoxFuture;
 
 use crate::error::{CollError, CollKind, Site};
-use crate::handle::{start, Callback, Handle};
-use crate::wire::{recv_framed, send_framed, typed, vec_to_buffer, Meta, FINISH};
+use crate::handle::{Callback, Handle, start};
+use crate::wire::{FINISH, Meta, recv_framed, send_framed, typed, vec_to_buffer};
 
 /// How extracted chunks are ordered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -97,13 +97,20 @@ impl AllGather {
                     loop {
                         let f = recv_framed(comm.as_ref(), site, p, tag).await?;
                         if f.meta.dtype != dtype {
-                            return Err(site.mismatch(p, format!("element type {dtype} here, {} on rank {p}", f.meta.dtype)));
+                            return Err(site.mismatch(
+                                p,
+                                format!("element type {dtype} here, {} on rank {p}", f.meta.dtype),
+                            ));
                         }
                         if f.meta.flags & FINISH != 0 {
                             if f.meta.count != got.len() as u64 {
                                 return Err(site.mismatch(
                                     p,
-                                    format!("rank {p} says it sent {} chunks, {} arrived", f.meta.count, got.len()),
+                                    format!(
+                                        "rank {p} says it sent {} chunks, {} arrived",
+                                        f.meta.count,
+                                        got.len()
+                                    ),
                                 ));
                             }
                             return Ok::<_, CollError>(got);
@@ -153,7 +160,15 @@ impl AllGather {
             .count(data.data.len() as u64);
         for p in (0..comm.nranks()).filter(|p| *p != self.site.rank) {
             let tag = Tag::new(self.site.op, 0);
-            let f = send_framed(comm.as_ref(), self.site, p, tag, meta, &data.metadata, data.data.clone());
+            let f = send_framed(
+                comm.as_ref(),
+                self.site,
+                p,
+                tag,
+                meta,
+                &data.metadata,
+                data.data.clone(),
+            );
             s.sends.push(Box::pin(f));
         }
         s.inserted += 1;
@@ -178,7 +193,15 @@ impl AllGather {
             .count(s.inserted);
         for p in (0..comm.nranks()).filter(|p| *p != self.site.rank) {
             let tag = Tag::new(self.site.op, 0);
-            let f = send_framed(comm.as_ref(), self.site, p, tag, meta, &[], Default::default());
+            let f = send_framed(
+                comm.as_ref(),
+                self.site,
+                p,
+                tag,
+                meta,
+                &[],
+                Default::default(),
+            );
             s.sends.push(Box::pin(f));
         }
         drop(s);
@@ -224,10 +247,13 @@ pub async fn allgather<T: Element>(ctx: &Context, values: Vec<T>) -> Result<Vec<
     )?;
     ag.insert_finished()?;
     let parts = ag.extract(ExtractOrder::RankSeq).await?;
-    let mut out = Vec::with_capacity(parts.iter().map(|g| g.data.data.len()).sum::<usize>() / std::mem::size_of::<T>().max(1));
+    let mut out = Vec::with_capacity(
+        parts.iter().map(|g| g.data.data.len()).sum::<usize>() / std::mem::size_of::<T>().max(1),
+    );
     for g in parts {
-        let t = typed::<T>(&g.data.data)
-            .ok_or_else(|| site.mismatch(g.rank, "chunk length is not a whole number of elements"))?;
+        let t = typed::<T>(&g.data.data).ok_or_else(|| {
+            site.mismatch(g.rank, "chunk length is not a whole number of elements")
+        })?;
         out.extend_from_slice(&t);
     }
     Ok(out)

@@ -22,8 +22,10 @@ use braid_kernels::reduce::reduce_into;
 use braid_kernels::{Element, ReduceKind};
 
 use crate::error::{CollError, CollKind, Site};
-use crate::handle::{start, streaming, Callback, Handle};
-use crate::wire::{check_signature, recv_framed, send_framed, typed, vec_to_buffer, Meta, Signature};
+use crate::handle::{Callback, Handle, start, streaming};
+use crate::wire::{
+    Meta, Signature, check_signature, recv_framed, send_framed, typed, vec_to_buffer,
+};
 
 /// A user-supplied reduction: `acc[i] = acc[i] (op) x[i]`. It must be the
 /// same function on every rank; it is applied in rank order.
@@ -92,18 +94,31 @@ async fn reduce_my_block<T: Element>(
     let sz = std::mem::size_of::<T>();
     let tag = Tag::new(site.op, 0);
     let buf = vec_to_buffer(data);
-    let meta = Meta::new(site.coll, T::DTYPE).aux(op.code()).count(len as u64);
+    let meta = Meta::new(site.coll, T::DTYPE)
+        .aux(op.code())
+        .count(len as u64);
     let mut sends = Vec::new();
     for p in (0..n).filter(|p| *p != me) {
         let (lo, hi) = block(len, n, p);
-        sends.push(send_framed(comm.as_ref(), site, p, tag, meta, &[], buf.slice(lo * sz..hi * sz)));
+        sends.push(send_framed(
+            comm.as_ref(),
+            site,
+            p,
+            tag,
+            meta,
+            &[],
+            buf.slice(lo * sz..hi * sz),
+        ));
     }
     let (lo, hi) = block(len, n, me);
     let recvs = (0..n).filter(|p| *p != me).map(|p| {
         let comm = comm.clone();
         async move {
             let f = recv_framed(comm.as_ref(), site, p, tag).await?;
-            if f.meta.count != len as u64 || f.meta.dtype != T::DTYPE || f.data.len() != (hi - lo) * sz {
+            if f.meta.count != len as u64
+                || f.meta.dtype != T::DTYPE
+                || f.data.len() != (hi - lo) * sz
+            {
                 return Err(site.mismatch(
                     p,
                     format!(
@@ -142,7 +157,12 @@ async fn reduce_my_block<T: Element>(
 
 /// Starts an AllReduce of `data` with `op`; every rank's handle yields the
 /// same (bit-identical) result.
-pub fn start_allreduce<T: Element>(ctx: &Context, data: Vec<T>, op: ReduceOp<T>, callback: Option<Callback>) -> Handle<Vec<T>> {
+pub fn start_allreduce<T: Element>(
+    ctx: &Context,
+    data: Vec<T>,
+    op: ReduceOp<T>,
+    callback: Option<Callback>,
+) -> Handle<Vec<T>> {
     let opid = ctx.next_op_id();
     let site = Site {
         rank: ctx.rank(),
@@ -167,14 +187,18 @@ pub fn start_allreduce<T: Element>(ctx: &Context, data: Vec<T>, op: ReduceOp<T>,
             }
             let tag = Tag::new(opid, 1);
             let mine_buf = vec_to_buffer(mine);
-            let meta = Meta::new(site.coll, T::DTYPE).aux(op.code()).count(len as u64);
+            let meta = Meta::new(site.coll, T::DTYPE)
+                .aux(op.code())
+                .count(len as u64);
             let sends: Vec<_> = (0..n)
                 .filter(|p| *p != me)
                 .map(|p| send_framed(comm.as_ref(), site, p, tag, meta, &[], mine_buf.clone()))
                 .collect();
             let recvs = (0..n).filter(|p| *p != me).map(|p| {
                 let comm = comm.clone();
-                async move { Ok::<_, CollError>((p, recv_framed(comm.as_ref(), site, p, tag).await?.data)) }
+                async move {
+                    Ok::<_, CollError>((p, recv_framed(comm.as_ref(), site, p, tag).await?.data))
+                }
             });
             let got = futures::future::try_join_all(recvs).await?;
             let mut out: Vec<T> = Vec::with_capacity(len);
@@ -186,7 +210,8 @@ pub fn start_allreduce<T: Element>(ctx: &Context, data: Vec<T>, op: ReduceOp<T>,
             for (p, b) in blocks.into_iter().enumerate() {
                 let b = b.unwrap_or_default();
                 let (lo, hi) = block(len, n, p as u32);
-                let x = typed::<T>(&b).ok_or_else(|| site.mismatch(p as u32, "bad block length"))?;
+                let x =
+                    typed::<T>(&b).ok_or_else(|| site.mismatch(p as u32, "bad block length"))?;
                 if x.len() != hi - lo {
                     return Err(site.mismatch(p as u32, "reduced block has the wrong length"));
                 }
@@ -203,14 +228,23 @@ pub fn start_allreduce<T: Element>(ctx: &Context, data: Vec<T>, op: ReduceOp<T>,
 }
 
 /// Reduces `data` element-wise over all ranks; every rank gets the result.
-pub async fn allreduce<T: Element>(ctx: &Context, data: Vec<T>, op: impl Into<ReduceOp<T>>) -> Result<Vec<T>, CollError> {
+pub async fn allreduce<T: Element>(
+    ctx: &Context,
+    data: Vec<T>,
+    op: impl Into<ReduceOp<T>>,
+) -> Result<Vec<T>, CollError> {
     let op = op.into();
     streaming(|cb| start_allreduce(ctx, data, op, cb)).await
 }
 
 /// Starts a ReduceScatter: `data` has N equal blocks; rank r gets block r
 /// reduced over all ranks.
-pub fn start_reduce_scatter<T: Element>(ctx: &Context, data: Vec<T>, op: ReduceOp<T>, callback: Option<Callback>) -> Handle<Vec<T>> {
+pub fn start_reduce_scatter<T: Element>(
+    ctx: &Context,
+    data: Vec<T>,
+    op: ReduceOp<T>,
+    callback: Option<Callback>,
+) -> Handle<Vec<T>> {
     let opid = ctx.next_op_id();
     let site = Site {
         rank: ctx.rank(),
@@ -239,7 +273,11 @@ pub fn start_reduce_scatter<T: Element>(ctx: &Context, data: Vec<T>, op: ReduceO
 }
 
 /// Reduces N equal blocks over all ranks; rank r gets block r.
-pub async fn reduce_scatter<T: Element>(ctx: &Context, data: Vec<T>, op: impl Into<ReduceOp<T>>) -> Result<Vec<T>, CollError> {
+pub async fn reduce_scatter<T: Element>(
+    ctx: &Context,
+    data: Vec<T>,
+    op: impl Into<ReduceOp<T>>,
+) -> Result<Vec<T>, CollError> {
     let op = op.into();
     streaming(|cb| start_reduce_scatter(ctx, data, op, cb)).await
 }

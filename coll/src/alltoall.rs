@@ -6,15 +6,18 @@
 //! bytes it sends and receives times beta.
 //!
 //! Counts and offsets are validated against the buffers before anything is
-//! sent; a peer whose count for this rank differs from this rank's
-//! `recv_counts` is a mismatch and fails the job on every rank.
+//! sent. Each message carries both counts of its pair (what the sender
+//! sends, and what it expects back), so both ranks of a pair that disagree
+//! notice; then an agreement round (ceil(log2 N) tiny messages) makes every
+//! rank fail if any rank noticed, so no rank returns data from mismatched
+//! calls.
 
 use braid_core::{Context, Tag};
 use braid_kernels::Element;
 
 use crate::error::{CollError, CollKind, Site};
-use crate::handle::{start, streaming, Callback, Handle};
-use crate::wire::{recv_framed, send_framed, typed, vec_to_buffer, Meta};
+use crate::handle::{Callback, Handle, start, streaming};
+use crate::wire::{Meta, agree, recv_framed, send_framed, typed, vec_to_buffer};
 
 /// Per-peer element counts and offsets of an AllToAllv.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -95,7 +98,13 @@ impl AllToAllvSpec {
         }
         let mut regions: Vec<(usize, usize, usize)> = (0..n)
             .filter(|p| self.recv_counts[*p] > 0)
-            .map(|p| (self.recv_offsets[p], self.recv_offsets[p] + self.recv_counts[p], p))
+            .map(|p| {
+                (
+                    self.recv_offsets[p],
+                    self.recv_offsets[p] + self.recv_counts[p],
+                    p,
+                )
+            })
             .collect();
         regions.sort_unstable();
         for w in regions.windows(2) {
@@ -111,7 +120,12 @@ impl AllToAllvSpec {
 }
 
 /// Starts an AllToAllv.
-pub fn start_alltoallv<T: Element>(ctx: &Context, send: Vec<T>, spec: AllToAllvSpec, callback: Option<Callback>) -> Handle<Vec<T>> {
+pub fn start_alltoallv<T: Element>(
+    ctx: &Context,
+    send: Vec<T>,
+    spec: AllToAllvSpec,
+    callback: Option<Callback>,
+) -> Handle<Vec<T>> {
     let op = ctx.next_op_id();
     let site = Site {
         rank: ctx.rank(),
@@ -121,50 +135,118 @@ pub fn start_alltoallv<T: Element>(ctx: &Context, send: Vec<T>, spec: AllToAllvS
     let comm = ctx.comm().clone();
     start(ctx, CollKind::AllToAll, op, callback, async move {
         let n = comm.nranks();
-        let me = site.rank;
-        spec.validate(n as usize, send.len()).map_err(|d| site.invalid(d))?;
-        let sz = std::mem::size_of::<T>();
-        let tag = Tag::new(op, 0);
-        let mut out: Vec<T> = vec![T::zeroed(); spec.recv_len];
-        let (so, sc) = (spec.send_offsets[me as usize], spec.send_counts[me as usize]);
-        if sc != spec.recv_counts[me as usize] {
-            return Err(site.mismatch(me, format!("sends {sc} elements to itself but expects {}", spec.recv_counts[me as usize])));
+        spec.validate(n as usize, send.len())
+            .map_err(|d| site.invalid(d))?;
+        let local = exchange(&comm, site, send, &spec).await;
+        if let Err(e @ CollError::Comm { .. }) = local {
+            return Err(e);
         }
-        let ro = spec.recv_offsets[me as usize];
-        out[ro..ro + sc].copy_from_slice(&send[so..so + sc]);
-        let buf = vec_to_buffer(send);
-        let mut sends = Vec::new();
-        for p in (0..n).filter(|p| *p != me) {
-            let (o, c) = (spec.send_offsets[p as usize], spec.send_counts[p as usize]);
-            let meta = Meta::new(CollKind::AllToAll, T::DTYPE).count(c as u64);
-            sends.push(send_framed(comm.as_ref(), site, p, tag, meta, &[], buf.slice(o * sz..(o + c) * sz)));
-        }
-        let recvs = (0..n).filter(|p| *p != me).map(|p| {
-            let comm = comm.clone();
-            async move { Ok::<_, CollError>((p, recv_framed(comm.as_ref(), site, p, tag).await?)) }
-        });
-        for (p, f) in futures::future::try_join_all(recvs).await? {
-            let want = spec.recv_counts[p as usize];
-            if f.meta.dtype != T::DTYPE {
-                return Err(site.mismatch(p, format!("element type {} here, {} on rank {p}", T::DTYPE, f.meta.dtype)));
+        let (_, hi) = agree(comm.as_ref(), site, [u64::from(local.is_err()), 0]).await?;
+        match local {
+            Err(e) => Err(e),
+            Ok(_) if hi[0] != 0 => {
+                Err(site.disagreement("another rank's per-peer counts disagree with its peer's"))
             }
-            if f.meta.count != want as u64 {
-                return Err(site.mismatch(p, format!("rank {p} sends {} elements, this rank expects {want}", f.meta.count)));
-            }
-            let x = typed::<T>(&f.data).ok_or_else(|| site.mismatch(p, "bad slice length"))?;
-            let o = spec.recv_offsets[p as usize];
-            out[o..o + want].copy_from_slice(&x);
+            Ok(v) => Ok(v),
         }
-        for s in sends {
-            s.await?;
-        }
-        Ok(out)
     })
+}
+
+async fn exchange<T: Element>(
+    comm: &std::sync::Arc<dyn braid_core::Communicator>,
+    site: Site,
+    send: Vec<T>,
+    spec: &AllToAllvSpec,
+) -> Result<Vec<T>, CollError> {
+    let n = comm.nranks();
+    let me = site.rank;
+    let sz = std::mem::size_of::<T>();
+    let tag = Tag::new(site.op, 0);
+    let mut out: Vec<T> = vec![T::zeroed(); spec.recv_len];
+    let (so, sc) = (
+        spec.send_offsets[me as usize],
+        spec.send_counts[me as usize],
+    );
+    if sc != spec.recv_counts[me as usize] {
+        return Err(site.mismatch(
+            me,
+            format!(
+                "sends {sc} elements to itself but expects {}",
+                spec.recv_counts[me as usize]
+            ),
+        ));
+    }
+    let ro = spec.recv_offsets[me as usize];
+    out[ro..ro + sc].copy_from_slice(&send[so..so + sc]);
+    let buf = vec_to_buffer(send);
+    let mut sends = Vec::new();
+    for p in (0..n).filter(|p| *p != me) {
+        let (o, c) = (spec.send_offsets[p as usize], spec.send_counts[p as usize]);
+        // count: what this rank sends p; seq: what it expects from p.
+        let meta = Meta::new(CollKind::AllToAll, T::DTYPE)
+            .count(c as u64)
+            .seq(spec.recv_counts[p as usize] as u64);
+        sends.push(send_framed(
+            comm.as_ref(),
+            site,
+            p,
+            tag,
+            meta,
+            &[],
+            buf.slice(o * sz..(o + c) * sz),
+        ));
+    }
+    let recvs = (0..n).filter(|p| *p != me).map(|p| {
+        let comm = comm.clone();
+        async move { Ok::<_, CollError>((p, recv_framed(comm.as_ref(), site, p, tag).await?)) }
+    });
+    let mut first_err = None;
+    for (p, f) in futures::future::try_join_all(recvs).await? {
+        let want = spec.recv_counts[p as usize];
+        let sent = spec.send_counts[p as usize];
+        let err = if f.meta.dtype != T::DTYPE {
+            Some(format!(
+                "element type {} here, {} on rank {p}",
+                T::DTYPE,
+                f.meta.dtype
+            ))
+        } else if f.meta.count != want as u64 {
+            Some(format!(
+                "rank {p} sends {} elements, this rank expects {want}",
+                f.meta.count
+            ))
+        } else if f.meta.seq != sent as u64 {
+            Some(format!(
+                "this rank sends {sent} elements to rank {p}, which expects {}",
+                f.meta.seq
+            ))
+        } else {
+            None
+        };
+        if let Some(d) = err {
+            first_err.get_or_insert(site.mismatch(p, d));
+            continue;
+        }
+        let x = typed::<T>(&f.data).ok_or_else(|| site.mismatch(p, "bad slice length"))?;
+        let o = spec.recv_offsets[p as usize];
+        out[o..o + want].copy_from_slice(&x);
+    }
+    for s in sends {
+        s.await?;
+    }
+    match first_err {
+        Some(e) => Err(e),
+        None => Ok(out),
+    }
 }
 
 /// AllToAllv: sends `spec.send_counts[p]` elements at `send_offsets[p]` to
 /// each rank p; returns the elements received, laid out by `recv_offsets`.
-pub async fn alltoallv<T: Element>(ctx: &Context, send: Vec<T>, spec: AllToAllvSpec) -> Result<Vec<T>, CollError> {
+pub async fn alltoallv<T: Element>(
+    ctx: &Context,
+    send: Vec<T>,
+    spec: AllToAllvSpec,
+) -> Result<Vec<T>, CollError> {
     streaming(|cb| start_alltoallv(ctx, send, spec, cb)).await
 }
 
@@ -178,7 +260,10 @@ pub async fn alltoall<T: Element>(ctx: &Context, send: Vec<T>) -> Result<Vec<T>,
             coll: CollKind::AllToAll,
             op: ctx.next_op_id(),
         };
-        let e = site.invalid(format!("{} elements do not split into {n} equal blocks", send.len()));
+        let e = site.invalid(format!(
+            "{} elements do not split into {n} equal blocks",
+            send.len()
+        ));
         ctx.comm().abort(&e.to_string());
         return Err(e);
     }

@@ -13,8 +13,8 @@ use braid_core::{Buffer, Context, Tag};
 use braid_kernels::DType;
 
 use crate::error::{CollError, CollKind, Site};
-use crate::handle::{start, streaming, Callback, Handle};
-use crate::wire::{recv_framed, send_framed, Meta};
+use crate::handle::{Callback, Handle, start, streaming};
+use crate::wire::{Meta, recv_framed, send_framed};
 
 /// Starts a barrier; `callback` runs when it completes.
 pub fn start_barrier(ctx: &Context, callback: Option<Callback>) -> Handle<()> {
@@ -33,7 +33,15 @@ pub fn start_barrier(ctx: &Context, callback: Option<Callback>) -> Handle<()> {
         while dist < n {
             let tag = Tag::new(op, round);
             let meta = Meta::new(CollKind::Barrier, DType::Bytes);
-            let send = send_framed(comm.as_ref(), site, (me + dist) % n, tag, meta, &[], Buffer::default());
+            let send = send_framed(
+                comm.as_ref(),
+                site,
+                (me + dist) % n,
+                tag,
+                meta,
+                &[],
+                Buffer::default(),
+            );
             recv_framed(comm.as_ref(), site, (me + n - dist) % n, tag).await?;
             send.await?;
             dist *= 2;

@@ -10,12 +10,17 @@ use braid_core::{Buffer, Context, Rank, Tag};
 use braid_kernels::DType;
 
 use crate::error::{CollError, CollKind, Site};
-use crate::handle::{start, streaming, Callback, Handle};
-use crate::wire::{check_signature, recv_framed, send_framed, Meta, Signature};
+use crate::handle::{Callback, Handle, start, streaming};
+use crate::wire::{Meta, Signature, check_signature, recv_framed, send_framed};
 
 /// Starts a broadcast from `root`. The root passes `Some(data)`, the others
 /// `None`; every rank's handle yields the root's buffer.
-pub fn start_broadcast(ctx: &Context, root: Rank, data: Option<Buffer>, callback: Option<Callback>) -> Handle<Buffer> {
+pub fn start_broadcast(
+    ctx: &Context,
+    root: Rank,
+    data: Option<Buffer>,
+    callback: Option<Callback>,
+) -> Handle<Buffer> {
     let op = ctx.next_op_id();
     let site = Site {
         rank: ctx.rank(),
@@ -52,7 +57,10 @@ pub fn start_broadcast(ctx: &Context, root: Rank, data: Option<Buffer>, callback
                     let parent = (vr - mask + root) % n;
                     let f = recv_framed(comm.as_ref(), site, parent, tag).await?;
                     if f.meta.aux != root {
-                        return Err(site.mismatch(parent, format!("root {root} here, {} on rank {parent}", f.meta.aux)));
+                        return Err(site.mismatch(
+                            parent,
+                            format!("root {root} here, {} on rank {parent}", f.meta.aux),
+                        ));
                     }
                     data = Some(f.data);
                     break;
@@ -68,7 +76,15 @@ pub fn start_broadcast(ctx: &Context, root: Rank, data: Option<Buffer>, callback
                     let meta = Meta::new(CollKind::Broadcast, DType::Bytes)
                         .aux(root)
                         .count(data.len() as u64);
-                    sends.push(send_framed(comm.as_ref(), site, child, tag, meta, &[], data.clone()));
+                    sends.push(send_framed(
+                        comm.as_ref(),
+                        site,
+                        child,
+                        tag,
+                        meta,
+                        &[],
+                        data.clone(),
+                    ));
                 }
                 mask >>= 1;
             }
@@ -83,6 +99,10 @@ pub fn start_broadcast(ctx: &Context, root: Rank, data: Option<Buffer>, callback
 }
 
 /// Broadcasts the root's buffer to every rank.
-pub async fn broadcast(ctx: &Context, root: Rank, data: Option<Buffer>) -> Result<Buffer, CollError> {
+pub async fn broadcast(
+    ctx: &Context,
+    root: Rank,
+    data: Option<Buffer>,
+) -> Result<Buffer, CollError> {
     streaming(|cb| start_broadcast(ctx, root, data, cb)).await
 }

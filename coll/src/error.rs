@@ -47,9 +47,19 @@ impl CollKind {
     /// From a wire code.
     pub fn from_code(c: u8) -> Option<Self> {
         use CollKind::*;
-        [Barrier, Broadcast, AllGather, AllReduce, ReduceScatter, AllToAll, Shuffle, HaloExchange, SendRecv]
-            .into_iter()
-            .find(|k| k.code() == c)
+        [
+            Barrier,
+            Broadcast,
+            AllGather,
+            AllReduce,
+            ReduceScatter,
+            AllToAll,
+            Shuffle,
+            HaloExchange,
+            SendRecv,
+        ]
+        .into_iter()
+        .find(|k| k.code() == c)
     }
 
     /// Name used in statistics and errors.
@@ -90,9 +100,9 @@ pub enum CollError {
         #[source]
         source: CommError,
     },
-    /// This rank's call and a peer's call disagree (kind, element type,
-    /// count, root, operator); the job is aborted so every rank fails.
-    #[error("rank {rank}: {coll} ({op}): call does not match rank {peer}'s: {detail}")]
+    /// This rank's call and other ranks' calls disagree (kind, element
+    /// type, count, root, operator, per-peer counts); every rank fails.
+    #[error("rank {rank}: {coll} ({op}): call does not match {}: {detail}", peer_text(*.peer))]
     Mismatch {
         /// This rank.
         rank: Rank,
@@ -100,8 +110,8 @@ pub enum CollError {
         coll: CollKind,
         /// Its OpId.
         op: OpId,
-        /// The peer whose call differs.
-        peer: Rank,
+        /// The peer whose call differs, when known.
+        peer: Option<Rank>,
         /// What differs.
         detail: String,
     },
@@ -128,6 +138,13 @@ pub enum CollError {
         #[source]
         source: MemoryError,
     },
+}
+
+fn peer_text(peer: Option<Rank>) -> String {
+    match peer {
+        Some(p) => format!("rank {p}'s"),
+        None => "the other ranks' calls".into(),
+    }
 }
 
 impl CollError {
@@ -162,7 +179,17 @@ impl Site {
             rank: self.rank,
             coll: self.coll,
             op: self.op,
-            peer,
+            peer: Some(peer),
+            detail: detail.into(),
+        }
+    }
+
+    pub fn disagreement(&self, detail: impl Into<String>) -> CollError {
+        CollError::Mismatch {
+            rank: self.rank,
+            coll: self.coll,
+            op: self.op,
+            peer: None,
             detail: detail.into(),
         }
     }

@@ -16,8 +16,8 @@ use braid_core::{Context, OpId, PackedData, Tag};
 use braid_kernels::DType;
 
 use crate::error::{CollError, CollKind, Site};
-use crate::handle::{start, streaming, Callback, Handle};
-use crate::wire::{recv_framed, send_framed, Meta};
+use crate::handle::{Callback, Handle, start, streaming};
+use crate::wire::{Meta, recv_framed, send_framed};
 
 /// What a rank got from its neighbours.
 #[derive(Debug, Clone, Default)]
@@ -46,7 +46,12 @@ impl HaloExchange {
 
     /// Starts the exchange. What a rank without a neighbour on one side
     /// passes for that side is dropped.
-    pub fn start(self, send_left: PackedData, send_right: PackedData, callback: Option<Callback>) -> Handle<Halo> {
+    pub fn start(
+        self,
+        send_left: PackedData,
+        send_right: PackedData,
+        callback: Option<Callback>,
+    ) -> Handle<Halo> {
         let op = self.op;
         let site = Site {
             rank: self.ctx.rank(),
@@ -54,53 +59,79 @@ impl HaloExchange {
             op,
         };
         let comm = self.ctx.comm().clone();
-        start(&self.ctx, CollKind::HaloExchange, op, callback, async move {
-            let n = comm.nranks();
-            let me = site.rank;
-            let tag = Tag::new(op, 0);
-            let meta = Meta::new(CollKind::HaloExchange, DType::Bytes);
-            let mut sends = Vec::new();
-            if me > 0 {
-                sends.push(send_framed(comm.as_ref(), site, me - 1, tag, meta, &send_left.metadata, send_left.data));
-            }
-            if me + 1 < n {
-                sends.push(send_framed(comm.as_ref(), site, me + 1, tag, meta, &send_right.metadata, send_right.data));
-            }
-            let left = async {
+        start(
+            &self.ctx,
+            CollKind::HaloExchange,
+            op,
+            callback,
+            async move {
+                let n = comm.nranks();
+                let me = site.rank;
+                let tag = Tag::new(op, 0);
+                let meta = Meta::new(CollKind::HaloExchange, DType::Bytes);
+                let mut sends = Vec::new();
                 if me > 0 {
-                    let f = recv_framed(comm.as_ref(), site, me - 1, tag).await?;
-                    Ok::<_, CollError>(Some(PackedData {
-                        metadata: f.user_meta,
-                        data: f.data,
-                    }))
-                } else {
-                    Ok(None)
+                    sends.push(send_framed(
+                        comm.as_ref(),
+                        site,
+                        me - 1,
+                        tag,
+                        meta,
+                        &send_left.metadata,
+                        send_left.data,
+                    ));
                 }
-            };
-            let right = async {
                 if me + 1 < n {
-                    let f = recv_framed(comm.as_ref(), site, me + 1, tag).await?;
-                    Ok::<_, CollError>(Some(PackedData {
-                        metadata: f.user_meta,
-                        data: f.data,
-                    }))
-                } else {
-                    Ok(None)
+                    sends.push(send_framed(
+                        comm.as_ref(),
+                        site,
+                        me + 1,
+                        tag,
+                        meta,
+                        &send_right.metadata,
+                        send_right.data,
+                    ));
                 }
-            };
-            let (from_left, from_right) = futures::try_join!(left, right)?;
-            for s in sends {
-                s.await?;
-            }
-            Ok(Halo {
-                from_left,
-                from_right,
-            })
-        })
+                let left = async {
+                    if me > 0 {
+                        let f = recv_framed(comm.as_ref(), site, me - 1, tag).await?;
+                        Ok::<_, CollError>(Some(PackedData {
+                            metadata: f.user_meta,
+                            data: f.data,
+                        }))
+                    } else {
+                        Ok(None)
+                    }
+                };
+                let right = async {
+                    if me + 1 < n {
+                        let f = recv_framed(comm.as_ref(), site, me + 1, tag).await?;
+                        Ok::<_, CollError>(Some(PackedData {
+                            metadata: f.user_meta,
+                            data: f.data,
+                        }))
+                    } else {
+                        Ok(None)
+                    }
+                };
+                let (from_left, from_right) = futures::try_join!(left, right)?;
+                for s in sends {
+                    s.await?;
+                }
+                Ok(Halo {
+                    from_left,
+                    from_right,
+                })
+            },
+        )
     }
 
     /// Exchanges with both neighbours.
-    pub async fn exchange(self, send_left: PackedData, send_right: PackedData) -> Result<Halo, CollError> {
+    pub async fn exchange(
+        self,
+        send_left: PackedData,
+        send_right: PackedData,
+    ) -> Result<Halo, CollError> {
         streaming(|cb| self.start(send_left, send_right, cb)).await
     }
 }

@@ -79,7 +79,13 @@ impl<T: Send + 'static> Handle<T> {
 }
 
 /// Starts a collective's protocol on the context's progress engine.
-pub(crate) fn start<T, F>(ctx: &Context, coll: CollKind, op: OpId, callback: Option<Callback>, protocol: F) -> Handle<T>
+pub(crate) fn start<T, F>(
+    ctx: &Context,
+    coll: CollKind,
+    op: OpId,
+    callback: Option<Callback>,
+    protocol: F,
+) -> Handle<T>
 where
     T: Send + 'static,
     F: Future<Output = Result<T, CollError>> + Send + 'static,
@@ -90,7 +96,12 @@ where
     });
     let i2 = inner.clone();
     let ctx2 = ctx.clone();
-    let span = tracing::debug_span!("collective", rank = ctx.rank(), coll = coll.name(), op = op.0);
+    let span = tracing::debug_span!(
+        "collective",
+        rank = ctx.rank(),
+        coll = coll.name(),
+        op = op.0
+    );
     ctx.progress().spawn(tracing::Instrument::instrument(
         async move {
             let t = Instant::now();
@@ -114,7 +125,9 @@ where
 
 /// The streaming form of a collective: starts its core with a callback that
 /// sets an `Event`, awaits the event, returns the result.
-pub(crate) async fn streaming<T: Send + 'static>(start: impl FnOnce(Option<Callback>) -> Handle<T>) -> Result<T, CollError> {
+pub(crate) async fn streaming<T: Send + 'static>(
+    start: impl FnOnce(Option<Callback>) -> Handle<T>,
+) -> Result<T, CollError> {
     let ev = Event::new();
     let e2 = ev.clone();
     let h = start(Some(Box::new(move || e2.set())));

@@ -39,9 +39,9 @@ pub mod sendrecv;
 pub mod shuffle;
 mod wire;
 
-pub use allgather::{allgather, AllGather, ExtractOrder, Gathered};
-pub use allreduce::{allreduce, reduce_scatter, start_allreduce, start_reduce_scatter, ReduceOp};
-pub use alltoall::{alltoall, alltoallv, start_alltoallv, AllToAllvSpec};
+pub use allgather::{AllGather, ExtractOrder, Gathered, allgather};
+pub use allreduce::{ReduceOp, allreduce, reduce_scatter, start_allreduce, start_reduce_scatter};
+pub use alltoall::{AllToAllvSpec, alltoall, alltoallv, start_alltoallv};
 pub use barrier::{barrier, start_barrier};
 pub use braid_kernels::{DType, Element, ReduceKind};
 pub use broadcast::{broadcast, start_broadcast};

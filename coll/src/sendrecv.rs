@@ -5,11 +5,17 @@ use braid_core::{Buffer, Context, Rank, Tag};
 use braid_kernels::DType;
 
 use crate::error::{CollError, CollKind, Site};
-use crate::handle::{start, streaming, Callback, Handle};
-use crate::wire::{recv_framed, send_framed, Meta};
+use crate::handle::{Callback, Handle, start, streaming};
+use crate::wire::{Meta, recv_framed, send_framed};
 
 /// Starts sending `data` to `dst` while receiving from `src`.
-pub fn start_sendrecv(ctx: &Context, dst: Rank, data: Buffer, src: Rank, callback: Option<Callback>) -> Handle<Buffer> {
+pub fn start_sendrecv(
+    ctx: &Context,
+    dst: Rank,
+    data: Buffer,
+    src: Rank,
+    callback: Option<Callback>,
+) -> Handle<Buffer> {
     let op = ctx.next_op_id();
     let site = Site {
         rank: ctx.rank(),
@@ -32,6 +38,11 @@ pub fn start_sendrecv(ctx: &Context, dst: Rank, data: Buffer, src: Rank, callbac
 }
 
 /// Sends `data` to `dst` and returns what `src` sent this rank.
-pub async fn sendrecv(ctx: &Context, dst: Rank, data: Buffer, src: Rank) -> Result<Buffer, CollError> {
+pub async fn sendrecv(
+    ctx: &Context,
+    dst: Rank,
+    data: Buffer,
+    src: Rank,
+) -> Result<Buffer, CollError> {
     streaming(|cb| start_sendrecv(ctx, dst, data, src, cb)).await
 }

@@ -22,14 +22,17 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use braid_core::{Buffer, BufferResource, Context, Event, MemoryError, MemoryType, PackedData, Rank, Statistics, Tag};
+use braid_core::{
+    Buffer, BufferResource, Context, Event, MemoryError, MemoryType, PackedData, Rank, Statistics,
+    Tag,
+};
 use braid_kernels::DType;
 use bytes::Bytes;
 use futures::future::BoxFuture;
 
 use crate::error::{CollError, CollKind, Site};
-use crate::handle::{start, Callback, Handle};
-use crate::wire::{recv_framed, send_framed, Meta, FINISH};
+use crate::handle::{Callback, Handle, start};
+use crate::wire::{FINISH, Meta, recv_framed, send_framed};
 
 /// Which rank owns a partition.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,18 +48,27 @@ impl PartitionOwner {
     pub fn owner(self, pid: u32, nparts: u32, nranks: u32) -> Rank {
         match self {
             PartitionOwner::RoundRobin => pid % nranks,
-            PartitionOwner::Contiguous => (pid as u64 * nranks as u64 / nparts.max(1) as u64) as Rank,
+            PartitionOwner::Contiguous => {
+                (pid as u64 * nranks as u64 / nparts.max(1) as u64) as Rank
+            }
         }
     }
 }
 
 enum Stored {
     Mem(PackedData),
-    Spilled { path: PathBuf, metadata: Bytes, len: usize },
+    Spilled {
+        path: PathBuf,
+        metadata: Bytes,
+        len: usize,
+    },
 }
 
+/// Stored chunks of one partition: (source rank, seq, chunk).
+type Partition = Vec<(Rank, u64, Stored)>;
+
 struct Store {
-    parts: Mutex<HashMap<u32, Vec<(Rank, u64, Stored)>>>,
+    parts: Mutex<HashMap<u32, Partition>>,
     resource: Arc<BufferResource>,
     stats: Arc<Statistics>,
     dir: PathBuf,
@@ -64,23 +76,38 @@ struct Store {
 }
 
 impl Store {
-    fn put(&self, site: Site, pid: u32, src: Rank, seq: u64, chunk: PackedData) -> Result<(), CollError> {
+    fn put(
+        &self,
+        site: Site,
+        pid: u32,
+        src: Rank,
+        seq: u64,
+        chunk: PackedData,
+    ) -> Result<(), CollError> {
         let len = chunk.data.len();
-        let stored = match self.resource.reserve_or_fail(len as u64, &[MemoryType::Host]) {
+        let stored = match self
+            .resource
+            .reserve_or_fail(len as u64, &[MemoryType::Host])
+        {
             Ok(mut r) => {
-                let data = r.adopt(chunk.data.into_bytes()).map_err(|e| site.memory(e))?;
+                let data = r
+                    .adopt(chunk.data.into_bytes())
+                    .map_err(|e| site.memory(e))?;
                 Stored::Mem(PackedData {
                     metadata: chunk.metadata,
                     data,
                 })
             }
             Err(_) => {
-                std::fs::create_dir_all(&self.dir).map_err(|e| site.memory(MemoryError::Spill(e.to_string())))?;
-                let path = self
-                    .dir
-                    .join(format!("chunk-{}", self.next_file.fetch_add(1, Ordering::Relaxed)));
-                std::fs::write(&path, chunk.data.as_slice())
-                    .map_err(|e| site.memory(MemoryError::Spill(format!("{}: {e}", path.display()))))?;
+                std::fs::create_dir_all(&self.dir)
+                    .map_err(|e| site.memory(MemoryError::Spill(e.to_string())))?;
+                let path = self.dir.join(format!(
+                    "chunk-{}",
+                    self.next_file.fetch_add(1, Ordering::Relaxed)
+                ));
+                std::fs::write(&path, chunk.data.as_slice()).map_err(|e| {
+                    site.memory(MemoryError::Spill(format!("{}: {e}", path.display())))
+                })?;
                 self.stats.record_spill(len as u64);
                 Stored::Spilled {
                     path,
@@ -129,7 +156,12 @@ pub struct Shuffle {
 impl Shuffle {
     /// Starts a shuffle into `nparts` partitions owned as `owner` says;
     /// `callback` runs once every rank has finished inserting.
-    pub fn new(ctx: &Context, nparts: u32, owner: PartitionOwner, callback: Option<Callback>) -> Self {
+    pub fn new(
+        ctx: &Context,
+        nparts: u32,
+        owner: PartitionOwner,
+        callback: Option<Callback>,
+    ) -> Self {
         let op = ctx.next_op_id();
         let site = Site {
             rank: ctx.rank(),
@@ -156,7 +188,12 @@ impl Shuffle {
         let local_done = Event::new();
         let done = Event::new();
         let comm = ctx.comm().clone();
-        let (st, ld, d2, store2) = (state.clone(), local_done.clone(), done.clone(), store.clone());
+        let (st, ld, d2, store2) = (
+            state.clone(),
+            local_done.clone(),
+            done.clone(),
+            store.clone(),
+        );
         let cb: Callback = Box::new(move || {
             if let Some(cb) = callback {
                 cb();
@@ -175,15 +212,30 @@ impl Shuffle {
                         let f = recv_framed(comm.as_ref(), site, p, tag).await?;
                         if f.meta.flags & FINISH != 0 {
                             if f.meta.count != got {
-                                return Err(site.mismatch(p, format!("rank {p} says it sent {} chunks, {got} arrived", f.meta.count)));
+                                return Err(site.mismatch(
+                                    p,
+                                    format!(
+                                        "rank {p} says it sent {} chunks, {got} arrived",
+                                        f.meta.count
+                                    ),
+                                ));
                             }
                             if f.meta.aux != nparts {
-                                return Err(site.mismatch(p, format!("{nparts} partitions here, {} on rank {p}", f.meta.aux)));
+                                return Err(site.mismatch(
+                                    p,
+                                    format!("{nparts} partitions here, {} on rank {p}", f.meta.aux),
+                                ));
                             }
                             return Ok::<_, CollError>(());
                         }
                         if f.meta.aux >= nparts {
-                            return Err(site.mismatch(p, format!("partition {} from rank {p} is not below {nparts}", f.meta.aux)));
+                            return Err(site.mismatch(
+                                p,
+                                format!(
+                                    "partition {} from rank {p} is not below {nparts}",
+                                    f.meta.aux
+                                ),
+                            ));
                         }
                         got += 1;
                         store.put(
@@ -234,7 +286,9 @@ impl Shuffle {
     /// Inserts a chunk of partition `pid`; it leaves for its owner now.
     pub fn insert(&self, pid: u32, chunk: PackedData) -> Result<(), CollError> {
         if pid >= self.nparts {
-            return Err(self.site.invalid(format!("partition {pid} is not below {}", self.nparts)));
+            return Err(self
+                .site
+                .invalid(format!("partition {pid} is not below {}", self.nparts)));
         }
         let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
         if s.finished {
@@ -250,7 +304,15 @@ impl Shuffle {
         s.sent_to[dst as usize] += 1;
         let meta = Meta::new(CollKind::Shuffle, DType::Bytes).aux(pid).seq(seq);
         let tag = Tag::new(self.site.op, 0);
-        let f = send_framed(self.ctx.comm().as_ref(), self.site, dst, tag, meta, &chunk.metadata, chunk.data);
+        let f = send_framed(
+            self.ctx.comm().as_ref(),
+            self.site,
+            dst,
+            tag,
+            meta,
+            &chunk.metadata,
+            chunk.data,
+        );
         s.sends.push(Box::pin(f));
         Ok(())
     }
@@ -269,7 +331,15 @@ impl Shuffle {
                 .aux(self.nparts)
                 .count(s.sent_to[p as usize]);
             let tag = Tag::new(self.site.op, 0);
-            let f = send_framed(comm.as_ref(), self.site, p, tag, meta, &[], Buffer::default());
+            let f = send_framed(
+                comm.as_ref(),
+                self.site,
+                p,
+                tag,
+                meta,
+                &[],
+                Buffer::default(),
+            );
             s.sends.push(Box::pin(f));
         }
         drop(s);
@@ -314,7 +384,9 @@ impl Shuffle {
 
     fn take(&self, pid: u32) -> Result<Vec<PackedData>, CollError> {
         if pid >= self.nparts {
-            return Err(self.site.invalid(format!("partition {pid} is not below {}", self.nparts)));
+            return Err(self
+                .site
+                .invalid(format!("partition {pid} is not below {}", self.nparts)));
         }
         let mut chunks = self
             .store
@@ -328,9 +400,15 @@ impl Shuffle {
         for (_, _, s) in chunks {
             out.push(match s {
                 Stored::Mem(p) => p,
-                Stored::Spilled { path, metadata, len } => {
-                    let bytes = std::fs::read(&path)
-                        .map_err(|e| self.site.memory(MemoryError::Spill(format!("{}: {e}", path.display()))))?;
+                Stored::Spilled {
+                    path,
+                    metadata,
+                    len,
+                } => {
+                    let bytes = std::fs::read(&path).map_err(|e| {
+                        self.site
+                            .memory(MemoryError::Spill(format!("{}: {e}", path.display())))
+                    })?;
                     let _ = std::fs::remove_file(&path);
                     if bytes.len() != len {
                         return Err(self.site.memory(MemoryError::Spill(format!(

@@ -28,8 +28,6 @@ pub(crate) const DATA_FOLLOWS: u8 = 1;
 /// Flag: this is a stream's finish marker; `count` is the number of data
 /// messages sent before it.
 pub(crate) const FINISH: u8 = 2;
-/// Stage used by the call-signature check.
-pub(crate) const SIG_STAGE: u8 = 255;
 
 /// The fixed header of a collective's message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -128,8 +126,13 @@ pub(crate) fn send_framed(
     data: Buffer,
 ) -> impl Future<Output = Result<(), CollError>> + Send + 'static {
     let inline = data.len() <= INLINE_MAX;
-    let meta = if inline { meta } else { meta.flags(DATA_FOLLOWS) };
-    let mut head = Vec::with_capacity(META_LEN + user_meta.len() + if inline { data.len() } else { 0 });
+    let meta = if inline {
+        meta
+    } else {
+        meta.flags(DATA_FOLLOWS)
+    };
+    let mut head =
+        Vec::with_capacity(META_LEN + user_meta.len() + if inline { data.len() } else { 0 });
     meta.encode(user_meta.len(), &mut head);
     head.extend_from_slice(user_meta);
     let second = if inline {
@@ -150,7 +153,12 @@ pub(crate) fn send_framed(
 }
 
 /// Receives a framed message from `src` and checks its kind.
-pub(crate) async fn recv_framed(comm: &dyn Communicator, site: Site, src: Rank, tag: Tag) -> Result<Framed, CollError> {
+pub(crate) async fn recv_framed(
+    comm: &dyn Communicator,
+    site: Site,
+    src: Rank,
+    tag: Tag,
+) -> Result<Framed, CollError> {
     let first = comm.recv(src, tag).await.map_err(|e| site.comm(e))?;
     let Some((meta, meta_len)) = Meta::decode(first.as_slice()) else {
         return Err(site.mismatch(src, "received a message that is not a collective frame"));
@@ -158,7 +166,10 @@ pub(crate) async fn recv_framed(comm: &dyn Communicator, site: Site, src: Rank, 
     if meta.kind != site.coll {
         return Err(site.mismatch(
             src,
-            format!("rank {src} called {} where this rank called {}", meta.kind, site.coll),
+            format!(
+                "rank {src} called {} where this rank called {}",
+                meta.kind, site.coll
+            ),
         ));
     }
     let body = META_LEN + meta_len;
@@ -203,7 +214,7 @@ pub(crate) fn typed<T: Element>(b: &Buffer) -> Option<Cow<'_, [T]>> {
     })
 }
 
-/// What a call looks like to its neighbours: the fields every rank must
+/// What a call looks like to the other ranks: the fields every rank must
 /// agree on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Signature {
@@ -214,36 +225,95 @@ pub(crate) struct Signature {
     pub count: u64,
 }
 
-/// Checks that this rank's call matches its left neighbour's (each rank
-/// sends its signature right and checks the one from the left; if any two
-/// ranks differ, some neighbouring pair differs, so some rank notices and
-/// aborts the job). Runs alongside the collective's own messages.
-pub(crate) async fn check_signature(comm: &dyn Communicator, site: Site, sig: Signature) -> Result<(), CollError> {
+/// First stage of the agreement rounds (round k uses `AGREE_STAGE + k`).
+pub(crate) const AGREE_STAGE: u8 = 200;
+
+/// Every rank learns the minimum and maximum of every rank's `value`
+/// (dissemination: round k exchanges with rank +- 2^k; min and max are
+/// idempotent, so overlapping coverage is harmless). Cost: ceil(log2 N)
+/// rounds of one 32-byte message. Returns (min, max), equal on every rank.
+pub(crate) async fn agree(
+    comm: &dyn Communicator,
+    site: Site,
+    value: [u64; 2],
+) -> Result<([u64; 2], [u64; 2]), CollError> {
     let n = comm.nranks();
-    if n == 1 {
+    let me = site.rank;
+    let (mut lo, mut hi) = (value, value);
+    let mut dist = 1u32;
+    let mut round = 0u8;
+    while dist < n {
+        let tag = Tag::new(site.op, AGREE_STAGE + round);
+        let mut body = Vec::with_capacity(32);
+        for w in lo.iter().chain(hi.iter()) {
+            body.extend_from_slice(&w.to_le_bytes());
+        }
+        let meta = Meta::new(site.coll, DType::Bytes);
+        let send = send_framed(
+            comm,
+            site,
+            (me + dist) % n,
+            tag,
+            meta,
+            &body,
+            Buffer::default(),
+        );
+        let src = (me + n - dist) % n;
+        let f = recv_framed(comm, site, src, tag).await?;
+        send.await?;
+        let b = f.user_meta.as_ref();
+        if b.len() != 32 {
+            return Err(site.mismatch(src, "malformed agreement message"));
+        }
+        let w = |i: usize| {
+            let mut x = [0u8; 8];
+            x.copy_from_slice(&b[i * 8..i * 8 + 8]);
+            u64::from_le_bytes(x)
+        };
+        lo = lo.min([w(0), w(1)]);
+        hi = hi.max([w(2), w(3)]);
+        dist *= 2;
+        round += 1;
+    }
+    Ok((lo, hi))
+}
+
+/// Checks that every rank made this call with the same signature; if not,
+/// every rank fails with a mismatch (no rank returns data). Runs alongside
+/// the collective's own messages.
+pub(crate) async fn check_signature(
+    comm: &dyn Communicator,
+    site: Site,
+    sig: Signature,
+) -> Result<(), CollError> {
+    let packed = [(sig.dtype.code() as u64) << 32 | sig.aux as u64, sig.count];
+    let (lo, hi) = agree(comm, site, packed).await?;
+    if lo == hi {
         return Ok(());
     }
-    let me = site.rank;
-    let tag = Tag::new(site.op, SIG_STAGE);
-    let meta = Meta::new(site.coll, sig.dtype).aux(sig.aux).count(sig.count);
-    let send = send_framed(comm, site, (me + 1) % n, tag, meta, &[], Buffer::default());
-    let left = (me + n - 1) % n;
-    let got = recv_framed(comm, site, left, tag).await?;
-    send.await?;
-    let m = got.meta;
-    if m.dtype != sig.dtype {
-        return Err(site.mismatch(left, format!("element type {} here, {} on rank {left}", sig.dtype, m.dtype)));
-    }
-    if m.aux != sig.aux {
+    let dtype = |w: u64| {
+        DType::from_code((w >> 32) as u8)
+            .map(|d| d.to_string())
+            .unwrap_or_default()
+    };
+    let detail = if lo[0] >> 32 != hi[0] >> 32 {
+        format!(
+            "ranks pass different element types ({} and {})",
+            dtype(lo[0]),
+            dtype(hi[0])
+        )
+    } else if lo[0] != hi[0] {
         let what = match site.coll {
-            CollKind::Broadcast => "root",
-            CollKind::AllReduce | CollKind::ReduceScatter => "reduction operator",
-            _ => "parameter",
+            CollKind::Broadcast => "roots",
+            CollKind::AllReduce | CollKind::ReduceScatter => "reduction operators",
+            _ => "parameters",
         };
-        return Err(site.mismatch(left, format!("{what} {} here, {} on rank {left}", sig.aux, m.aux)));
-    }
-    if m.count != sig.count {
-        return Err(site.mismatch(left, format!("count {} here, {} on rank {left}", sig.count, m.count)));
-    }
-    Ok(())
+        format!(
+            "ranks pass different {what} ({} and {})",
+            lo[0] as u32, hi[0] as u32
+        )
+    } else {
+        format!("ranks pass different counts ({} and {})", lo[1], hi[1])
+    };
+    Err(site.disagreement(detail))
 }

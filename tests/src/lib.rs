@@ -199,3 +199,5 @@ pub async fn exchange(comm: Arc<dyn Communicator>, seed: u64) -> Result<Exchange
 
 /// Rank counts every multi-rank test covers.
 pub const RANK_COUNTS: [u32; 6] = [1, 2, 3, 4, 5, 8];
+
+pub mod coll_suite;

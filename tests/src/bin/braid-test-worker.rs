@@ -5,6 +5,7 @@
 //! - `exchange SEED`: the all-pairs exchange; prints `exchange ok MSGS BYTES`.
 //! - `big BYTES`: rank 0 sends one message of BYTES to rank 1, which checks
 //!   it; prints `big ok BYTES`.
+//! - `coll SEED`: the collective suite; prints `coll ok CHECKS`.
 //! - `wait`: prints `ready`, then waits for a message that never comes; the
 //!   test kills a rank and expects the others to fail naming it.
 
@@ -48,6 +49,10 @@ fn main() -> ExitCode {
                             .map_err(|off| format!("byte {off} differs"))?;
                         println!("big ok {}", b.len());
                     }
+                }
+                "coll" => {
+                    let line = braid_tests::coll_suite::run(ctx.clone(), arg).await?;
+                    println!("{line}");
                 }
                 "wait" => {
                     println!("ready");

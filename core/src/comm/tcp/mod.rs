@@ -657,23 +657,32 @@ async fn connection_task(shared: Arc<Shared>, dst: Rank, pw: Arc<PeerWriter>) {
     let stream = match open(&shared, &addr, ConnKind::Data, dst).await {
         Ok(s) => s,
         Err(e) => {
+            let e = root_cause(&shared, e).await;
             shared.fail(e.clone());
             pw.fail(e);
             return;
         }
     };
     if let Err(e) = pw.clone().run(stream).await {
-        let err = shared
-            .mailbox
-            .failure()
-            .unwrap_or_else(|| CommError::PeerDied {
-                rank: shared.rank,
-                peer: dst,
-                detail: format!("write failed: {e}"),
-            });
+        let err = CommError::PeerDied {
+            rank: shared.rank,
+            peer: dst,
+            detail: format!("write failed: {e}"),
+        };
+        let err = root_cause(&shared, err).await;
         pw.fail(err.clone());
         shared.fail(err);
     }
+}
+
+/// A broken data connection is usually the effect of a failure that the
+/// control plane is about to report (a peer aborted, a process died): give
+/// that report a moment to arrive and prefer it, since it names the cause.
+async fn root_cause(shared: &Shared, seen: CommError) -> CommError {
+    if shared.mailbox.failure().is_none() {
+        let _ = tokio::time::timeout(Duration::from_secs(2), shared.failed.wait()).await;
+    }
+    shared.mailbox.failure().unwrap_or(seen)
 }
 
 /// Rank 0: waits for every rank's registration, sends the table, then runs

@@ -1,0 +1,559 @@
+//! The collective test suite one rank runs. Every rank can regenerate every
+//! other rank's inputs from the seed, so each result is checked against a
+//! brute-force reference computed right here, element by element.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use braid_coll::{
+    AllGather, AllToAllvSpec, Element, ExtractOrder, HaloExchange, PartitionOwner, ReduceKind,
+    ReduceOp, Shuffle, allgather, allreduce, alltoall, alltoallv, barrier, broadcast,
+    reduce_scatter, sendrecv,
+};
+use braid_core::{Buffer, Context, PackedData, Rank};
+use bytes::Bytes;
+
+use crate::{SplitMix, check_payload, payload, seed_of};
+
+type R<T> = Result<T, String>;
+
+fn ensure(cond: bool, msg: impl FnOnce() -> String) -> R<()> {
+    if cond { Ok(()) } else { Err(msg()) }
+}
+
+fn e<E: std::fmt::Display>(x: E) -> String {
+    x.to_string()
+}
+
+/// Random test values of an element type.
+pub trait TestValue: Element + Copy {
+    /// A value from 64 random bits.
+    fn from_bits(b: u64) -> Self;
+}
+
+impl TestValue for i32 {
+    fn from_bits(b: u64) -> Self {
+        (b % 2001) as i32 - 1000
+    }
+}
+impl TestValue for i64 {
+    fn from_bits(b: u64) -> Self {
+        (b % 2_000_001) as i64 - 1_000_000
+    }
+}
+impl TestValue for f32 {
+    fn from_bits(b: u64) -> Self {
+        ((b % 2_000_001) as f32 - 1_000_000.0) / 997.0
+    }
+}
+impl TestValue for f64 {
+    fn from_bits(b: u64) -> Self {
+        ((b % 2_000_000_001) as f64 - 1e9) / 1009.0
+    }
+}
+
+/// Rank `r`'s input of `len` values for test `t`.
+pub fn input<T: TestValue>(seed: u64, t: u64, r: Rank, len: usize) -> Vec<T> {
+    let mut g = SplitMix(seed_of(&[seed, t, r as u64]));
+    (0..len).map(|_| T::from_bits(g.next_u64())).collect()
+}
+
+fn bits_eq<T: Element>(a: &[T], b: &[T]) -> bool {
+    bytemuck::cast_slice::<T, u8>(a) == bytemuck::cast_slice::<T, u8>(b)
+}
+
+async fn check_allreduce<T: TestValue>(
+    ctx: &Context,
+    seed: u64,
+    t: u64,
+    len: usize,
+    kind: ReduceKind,
+) -> R<()> {
+    let (me, n) = (ctx.rank(), ctx.nranks());
+    let got = allreduce(ctx, input::<T>(seed, t, me, len), kind)
+        .await
+        .map_err(e)?;
+    // Reference: reduce in rank order, the order the owner of each block uses.
+    let mut want = input::<T>(seed, t, 0, len);
+    for q in 1..n {
+        braid_kernels::reduce::reduce_into(&mut want, &input::<T>(seed, t, q, len), kind);
+    }
+    ensure(bits_eq(&got, &want), || {
+        format!(
+            "rank {me}: allreduce {kind:?} of {len} {} differs from the reference",
+            T::DTYPE
+        )
+    })?;
+    // Bit-identical on every rank: gather everyone's result and compare.
+    let all = allgather(ctx, got.clone()).await.map_err(e)?;
+    for q in 0..n as usize {
+        ensure(bits_eq(&all[q * len..(q + 1) * len], &got), || {
+            format!("rank {me}: allreduce result differs between rank {q} and this rank")
+        })?;
+    }
+    Ok(())
+}
+
+/// Runs every collective check on this rank; returns a one-line summary.
+pub async fn run(ctx: Context, seed: u64) -> R<String> {
+    let (me, n) = (ctx.rank(), ctx.nranks());
+    let mut checks = 0u32;
+
+    // Golden AllGather: out[r*C+i] = r*100+i.
+    const C: usize = 7;
+    let vals: Vec<i64> = (0..C as i64).map(|i| me as i64 * 100 + i).collect();
+    let out = allgather(&ctx, vals).await.map_err(e)?;
+    ensure(out.len() == n as usize * C, || {
+        format!("allgather length {}", out.len())
+    })?;
+    for r in 0..n as usize {
+        for i in 0..C {
+            ensure(out[r * C + i] == (r * 100 + i) as i64, || {
+                format!("allgather out[{}] = {}", r * C + i, out[r * C + i])
+            })?;
+        }
+    }
+    checks += 1;
+
+    // Golden ReduceScatter: data[j] = r*1000 + j; block r, element i sums
+    // to 1000*N(N-1)/2 + N*(r*B+i).
+    const B: usize = 5;
+    let data: Vec<i64> = (0..n as i64 * B as i64)
+        .map(|j| me as i64 * 1000 + j)
+        .collect();
+    let out = reduce_scatter(&ctx, data, ReduceKind::Sum)
+        .await
+        .map_err(e)?;
+    let nn = n as i64;
+    for (i, v) in out.iter().enumerate() {
+        let want = 1000 * nn * (nn - 1) / 2 + nn * (me as i64 * B as i64 + i as i64);
+        ensure(*v == want, || {
+            format!("reduce_scatter block {me}[{i}] = {v}, want {want}")
+        })?;
+    }
+    checks += 1;
+
+    // Random AllReduce over every type and operator, several lengths.
+    let mut t = 100;
+    for len in [0usize, 1, 13, 1000, 65_537] {
+        for kind in [
+            ReduceKind::Sum,
+            ReduceKind::Prod,
+            ReduceKind::Min,
+            ReduceKind::Max,
+        ] {
+            t += 1;
+            check_allreduce::<i32>(&ctx, seed, t, len, kind).await?;
+            check_allreduce::<i64>(&ctx, seed, t, len, kind).await?;
+            check_allreduce::<f32>(&ctx, seed, t, len, kind).await?;
+            check_allreduce::<f64>(&ctx, seed, t, len, kind).await?;
+            checks += 4;
+        }
+    }
+    // A large one (8 MiB of f64).
+    check_allreduce::<f64>(&ctx, seed, 999, 1 << 20, ReduceKind::Sum).await?;
+
+    // A user-supplied, non-commutative operator: acc = 3*acc + x.
+    let op: ReduceOp<i64> = ReduceOp::Custom(Arc::new(|acc: &mut [i64], x: &[i64]| {
+        for (a, b) in acc.iter_mut().zip(x) {
+            *a = a.wrapping_mul(3).wrapping_add(*b);
+        }
+    }));
+    let got = allreduce(&ctx, input::<i64>(seed, 7, me, 333), op)
+        .await
+        .map_err(e)?;
+    let mut want = input::<i64>(seed, 7, 0, 333);
+    for q in 1..n {
+        for (a, b) in want.iter_mut().zip(input::<i64>(seed, 7, q, 333)) {
+            *a = a.wrapping_mul(3).wrapping_add(b);
+        }
+    }
+    ensure(got == want, || "custom-operator allreduce differs".into())?;
+    checks += 1;
+
+    // Broadcast from every root, sizes from 0 B to 1 MiB.
+    for root in 0..n {
+        for (k, size) in [0usize, 5, 20_000, 1 << 20].into_iter().enumerate() {
+            let pseed = seed_of(&[seed, 8, root as u64, k as u64]);
+            let data = (me == root).then(|| Buffer::from_vec(payload(pseed, size)));
+            let got = broadcast(&ctx, root, data).await.map_err(e)?;
+            ensure(
+                got.len() == size && check_payload(pseed, got.as_slice()).is_ok(),
+                || format!("broadcast from {root} of {size} B differs"),
+            )?;
+            checks += 1;
+        }
+    }
+
+    // Streaming AllGather: rank r inserts r % 3 + (r == 1) as usize chunks
+    // (some ranks none), in shuffled seq order, sizes up to 64 KiB.
+    let chunks_of = |r: Rank| -> Vec<(u64, usize)> {
+        let mut g = SplitMix(seed_of(&[seed, 9, r as u64]));
+        let k = (r % 3) as usize + usize::from(r == 1);
+        let mut v: Vec<(u64, usize)> = (0..k)
+            .map(|i| (i as u64 * 10 + g.below(5), g.below(65_536) as usize))
+            .collect();
+        v.reverse();
+        v
+    };
+    let ag = AllGather::new(&ctx, None);
+    for (seq, size) in chunks_of(me) {
+        let s = seed_of(&[seed, 10, me as u64, seq]);
+        ag.insert(
+            seq,
+            PackedData {
+                metadata: Bytes::from(seq.to_le_bytes().to_vec()),
+                data: Buffer::from_vec(payload(s, size)),
+            },
+        )
+        .map_err(e)?;
+    }
+    ag.insert_finished().map_err(e)?;
+    let got = ag.extract(ExtractOrder::RankSeq).await.map_err(e)?;
+    let mut want: Vec<(Rank, u64, usize)> = Vec::new();
+    for r in 0..n {
+        let mut c = chunks_of(r);
+        c.sort();
+        want.extend(c.into_iter().map(|(s, z)| (r, s, z)));
+    }
+    ensure(got.len() == want.len(), || {
+        format!("allgather chunks: {} of {}", got.len(), want.len())
+    })?;
+    for (g, (r, s, z)) in got.iter().zip(&want) {
+        ensure(
+            g.rank == *r && g.seq == *s && g.data.data.len() == *z,
+            || {
+                format!(
+                    "allgather chunk ({}, {}) where ({r}, {s}) was due",
+                    g.rank, g.seq
+                )
+            },
+        )?;
+        ensure(g.data.metadata.as_ref() == s.to_le_bytes(), || {
+            "allgather metadata differs".into()
+        })?;
+        ensure(
+            check_payload(seed_of(&[seed, 10, *r as u64, *s]), g.data.data.as_slice()).is_ok(),
+            || format!("allgather chunk ({r}, {s}) bytes differ"),
+        )?;
+    }
+    checks += 1;
+
+    // AllToAllv with random counts (0..40); element encodes (src, dst, i).
+    let count = |src: Rank, dst: Rank| {
+        (SplitMix(seed_of(&[seed, 11, src as u64, dst as u64])).below(40)) as usize
+    };
+    let send_counts: Vec<usize> = (0..n).map(|d| count(me, d)).collect();
+    let recv_counts: Vec<usize> = (0..n).map(|s| count(s, me)).collect();
+    let mut send = Vec::new();
+    for d in 0..n {
+        for i in 0..count(me, d) {
+            send.push((me as i64) << 40 | (d as i64) << 20 | i as i64);
+        }
+    }
+    let spec = AllToAllvSpec::from_counts(send_counts, recv_counts);
+    let got = alltoallv(&ctx, send, spec).await.map_err(e)?;
+    let mut want = Vec::new();
+    for s in 0..n {
+        for i in 0..count(s, me) {
+            want.push((s as i64) << 40 | (me as i64) << 20 | i as i64);
+        }
+    }
+    ensure(got == want, || "alltoallv result differs".into())?;
+    checks += 1;
+
+    // AllToAll, 3 f32 per peer.
+    let send: Vec<f32> = (0..n * 3).map(|j| (me * 1000 + j) as f32).collect();
+    let got = alltoall(&ctx, send).await.map_err(e)?;
+    let want: Vec<f32> = (0..n)
+        .flat_map(|s| (0..3).map(move |i| (s * 1000 + me * 3 + i) as f32))
+        .collect();
+    ensure(got == want, || "alltoall result differs".into())?;
+    checks += 1;
+
+    // SendRecv around the ring.
+    let ps = |r: Rank| seed_of(&[seed, 12, r as u64]);
+    let got = sendrecv(
+        &ctx,
+        (me + 1) % n,
+        Buffer::from_vec(payload(ps(me), 1000 + me as usize)),
+        (me + n - 1) % n,
+    )
+    .await
+    .map_err(e)?;
+    let left = (me + n - 1) % n;
+    ensure(
+        got.len() == 1000 + left as usize && check_payload(ps(left), got.as_slice()).is_ok(),
+        || "sendrecv payload differs".into(),
+    )?;
+    checks += 1;
+
+    // One HaloExchange, then a loop whose rounds are decided at run time.
+    halo_checks(&ctx, seed).await?;
+    checks += 2;
+
+    // Barrier: rank r arrives r*15 ms late; nobody may leave before the last.
+    let t0 = Instant::now();
+    tokio::time::sleep(Duration::from_millis(15 * me as u64)).await;
+    barrier(&ctx).await.map_err(e)?;
+    let waited = t0.elapsed();
+    ensure(waited >= Duration::from_millis(15 * (n as u64 - 1)), || {
+        format!("rank {me} left the barrier after {waited:?}, before the last rank arrived")
+    })?;
+    checks += 1;
+
+    // Four collectives in flight at once.
+    let (a, b, c, d) = futures::join!(
+        allreduce(&ctx, vec![me as i64 + 1; 100], ReduceKind::Sum),
+        broadcast(
+            &ctx,
+            n - 1,
+            (me == n - 1).then(|| Buffer::from_vec(vec![9u8; 77]))
+        ),
+        allgather(&ctx, vec![me as i32]),
+        barrier(&ctx)
+    );
+    let tri = (n as i64) * (n as i64 + 1) / 2;
+    ensure(a.map_err(e)? == vec![tri; 100], || {
+        "in-flight allreduce".into()
+    })?;
+    ensure(b.map_err(e)?.as_slice() == [9u8; 77], || {
+        "in-flight broadcast".into()
+    })?;
+    ensure(c.map_err(e)? == (0..n as i32).collect::<Vec<_>>(), || {
+        "in-flight allgather".into()
+    })?;
+    d.map_err(e)?;
+    checks += 1;
+
+    // 1000 back-to-back collectives of mixed kinds.
+    for i in 0..1000u64 {
+        match i % 5 {
+            0 => barrier(&ctx).await.map_err(e)?,
+            1 => {
+                let v = allreduce(&ctx, vec![i as i64, me as i64], ReduceKind::Max)
+                    .await
+                    .map_err(e)?;
+                ensure(v == vec![i as i64, n as i64 - 1], || {
+                    format!("back-to-back allreduce {i}")
+                })?;
+            }
+            2 => {
+                let root = (i % n as u64) as Rank;
+                let b = broadcast(
+                    &ctx,
+                    root,
+                    (me == root).then(|| Buffer::from_vec(i.to_le_bytes().to_vec())),
+                )
+                .await
+                .map_err(e)?;
+                ensure(b.as_slice() == i.to_le_bytes(), || {
+                    format!("back-to-back broadcast {i}")
+                })?;
+            }
+            3 => {
+                let v = allgather(&ctx, vec![i as i64 * 10 + me as i64])
+                    .await
+                    .map_err(e)?;
+                ensure(
+                    v == (0..n as i64).map(|r| i as i64 * 10 + r).collect::<Vec<_>>(),
+                    || format!("back-to-back allgather {i}"),
+                )?;
+            }
+            _ => {
+                let b = sendrecv(
+                    &ctx,
+                    (me + 1) % n,
+                    Buffer::from_vec(vec![me as u8; 3]),
+                    (me + n - 1) % n,
+                )
+                .await
+                .map_err(e)?;
+                ensure(b.as_slice() == [((me + n - 1) % n) as u8; 3], || {
+                    format!("back-to-back sendrecv {i}")
+                })?;
+            }
+        }
+    }
+    checks += 1;
+
+    // A blocking wait from a thread that is not a runtime worker.
+    let h = braid_coll::start_allreduce(&ctx, vec![1i32; 10], ReduceKind::Sum.into(), None);
+    let v = tokio::task::spawn_blocking(move || h.wait())
+        .await
+        .map_err(e)?
+        .map_err(e)?;
+    ensure(v == vec![n as i32; 10], || "blocking wait".into())?;
+    checks += 1;
+
+    // Shuffle without a memory limit: nothing spills.
+    shuffle_check(&ctx, seed, 0).await?;
+    checks += 1;
+
+    Ok(format!("coll ok {checks}"))
+}
+
+/// Rank r's chunks for the shuffle check: (pid, seq-independent payload).
+fn shuffle_chunks(
+    seed: u64,
+    salt: u64,
+    r: Rank,
+    nparts: u32,
+    scale: usize,
+) -> Vec<(u32, u64, usize)> {
+    let mut g = SplitMix(seed_of(&[seed, 20, salt, r as u64]));
+    let k = 4 + g.below(8) as usize;
+    (0..k)
+        .map(|i| {
+            (
+                g.below(nparts as u64) as u32,
+                seed_of(&[seed, 21, salt, r as u64, i as u64]),
+                g.below(scale as u64) as usize,
+            )
+        })
+        .collect()
+}
+
+/// Inserts random chunks of 13 partitions; checks each partition this rank
+/// owns holds exactly every rank's chunks of it, in (rank, insertion) order.
+/// Returns the bytes this rank spilled.
+pub async fn shuffle_check(ctx: &Context, seed: u64, salt: u64) -> R<u64> {
+    let (me, n) = (ctx.rank(), ctx.nranks());
+    let nparts = 13;
+    let scale = if salt == 0 { 50_000 } else { 1_000_000 };
+    let spilled_before = ctx.statistics().spilled_bytes();
+    for owner in [PartitionOwner::RoundRobin, PartitionOwner::Contiguous] {
+        let sh = Shuffle::new(ctx, nparts, owner, None);
+        for (pid, s, size) in shuffle_chunks(seed, salt, me, nparts, scale) {
+            sh.insert(
+                pid,
+                PackedData {
+                    metadata: Bytes::from(s.to_le_bytes().to_vec()),
+                    data: Buffer::from_vec(payload(s, size)),
+                },
+            )
+            .map_err(e)?;
+        }
+        sh.insert_finished().map_err(e)?;
+        for pid in sh.local_partitions() {
+            ensure(owner.owner(pid, nparts, n) == me, || {
+                "local partition not owned".into()
+            })?;
+            let got = sh.extract(pid).await.map_err(e)?;
+            let want: Vec<(u64, usize)> = (0..n)
+                .flat_map(|r| shuffle_chunks(seed, salt, r, nparts, scale))
+                .filter(|c| c.0 == pid)
+                .map(|c| (c.1, c.2))
+                .collect();
+            ensure(got.len() == want.len(), || {
+                format!("partition {pid}: {} chunks, want {}", got.len(), want.len())
+            })?;
+            for (g, (s, size)) in got.iter().zip(&want) {
+                ensure(
+                    g.metadata.as_ref() == s.to_le_bytes() && g.data.len() == *size,
+                    || format!("partition {pid}: chunk out of order or wrong size"),
+                )?;
+                ensure(check_payload(*s, g.data.as_slice()).is_ok(), || {
+                    format!("partition {pid}: bytes differ")
+                })?;
+            }
+        }
+    }
+    Ok(ctx.statistics().spilled_bytes() - spilled_before)
+}
+
+async fn halo_checks(ctx: &Context, seed: u64) -> R<()> {
+    let (me, n) = (ctx.rank(), ctx.nranks());
+    let ls = |r: Rank| seed_of(&[seed, 13, r as u64, 0]);
+    let rs = |r: Rank| seed_of(&[seed, 13, r as u64, 1]);
+    let size = |s: u64| (s % 3000) as usize * usize::from(s % 4 != 0);
+    let pk = |s: u64| PackedData {
+        metadata: Bytes::from(s.to_le_bytes().to_vec()),
+        data: Buffer::from_vec(payload(s, size(s))),
+    };
+    let h = HaloExchange::new(ctx)
+        .exchange(pk(ls(me)), pk(rs(me)))
+        .await
+        .map_err(e)?;
+    match (&h.from_left, me) {
+        (None, 0) => {}
+        (Some(p), r) if r > 0 => {
+            let s = rs(r - 1);
+            ensure(
+                p.metadata.as_ref() == s.to_le_bytes()
+                    && check_payload(s, p.data.as_slice()).is_ok()
+                    && p.data.len() == size(s),
+                || "halo from_left differs".into(),
+            )?;
+        }
+        _ => return Err(format!("rank {me}: from_left presence is wrong")),
+    }
+    match (&h.from_right, me + 1 == n) {
+        (None, true) => {}
+        (Some(p), false) => {
+            let s = ls(me + 1);
+            ensure(
+                p.metadata.as_ref() == s.to_le_bytes()
+                    && check_payload(s, p.data.as_slice()).is_ok(),
+                || "halo from_right differs".into(),
+            )?;
+        }
+        _ => return Err(format!("rank {me}: from_right presence is wrong")),
+    }
+
+    // Lookback: each rank holds cnt(r) items (some none); it needs the last
+    // W items of all lower ranks' items. Each round passes right what a rank
+    // has not passed yet; rounds go on while any rank still needs more.
+    const W: usize = 23;
+    let cnt = |r: Rank| {
+        (SplitMix(seed_of(&[seed, 14, r as u64])).below(12)) as usize * usize::from(r % 3 != 1)
+    };
+    let item = |r: Rank, i: usize| (r as i64) << 32 | i as i64;
+    let mine: Vec<i64> = (0..cnt(me)).map(|i| item(me, i)).collect();
+    let mut lookback: Vec<i64> = Vec::new(); // items of lower ranks, in order
+    let mut to_pass: Vec<i64> = mine.clone();
+    let mut rounds = 0;
+    loop {
+        // Pass right: our own rows, then forwarded ones (older first).
+        let out = PackedData {
+            metadata: Bytes::new(),
+            data: Buffer::from_vec(bytemuck::cast_slice(&to_pass).to_vec()),
+        };
+        let h = HaloExchange::new(ctx)
+            .exchange(
+                PackedData {
+                    metadata: Bytes::new(),
+                    data: Buffer::default(),
+                },
+                out,
+            )
+            .await
+            .map_err(e)?;
+        rounds += 1;
+        let got: Vec<i64> = h
+            .from_left
+            .map(|p| bytemuck::pod_collect_to_vec(p.data.as_slice()))
+            .unwrap_or_default();
+        // What arrives this round is older than what we already have.
+        let mut merged = got.clone();
+        merged.extend_from_slice(&lookback);
+        lookback = merged;
+        to_pass = got;
+        let need_more = me > 0 && lookback.len() < W && rounds < me as usize;
+        let any = allreduce(ctx, vec![i32::from(need_more)], ReduceKind::Max)
+            .await
+            .map_err(e)?;
+        if any[0] == 0 {
+            break;
+        }
+    }
+    let all_lower: Vec<i64> = (0..me)
+        .flat_map(|r| (0..cnt(r)).map(move |i| item(r, i)))
+        .collect();
+    let want = &all_lower[all_lower.len().saturating_sub(W)..];
+    let have = &lookback[lookback.len().saturating_sub(W)..];
+    ensure(have == want, || {
+        format!("rank {me}: lookback after {rounds} rounds differs from the reference")
+    })?;
+    Ok(())
+}

@@ -1,0 +1,246 @@
+//! Collectives on every rank count, local and tcp (processes): the suite in
+//! `braid_tests::coll_suite` checks each result against a brute-force
+//! reference. Also: mismatched calls fail on every rank in bounded time, and
+//! a shuffle over the host memory limit spills and stays correct.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail by panicking
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use braid_coll::{AllToAllvSpec, ReduceKind, allreduce, alltoallv, broadcast};
+use braid_core::comm::tcp::TcpComm;
+use braid_core::launch::{LaunchSpec, OutputMode, launch};
+use braid_core::world::{context_for, contexts};
+use braid_core::{Buffer, Communicator, Context, MemoryLimits, WorldSpec};
+use braid_tests::{RANK_COUNTS, coll_suite};
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+async fn local_ctxs(n: u32, limits: MemoryLimits) -> Vec<Context> {
+    contexts(&WorldSpec::Local { nranks: n }, limits)
+        .await
+        .unwrap()
+}
+
+async fn tcp_ctxs(n: u32, limits: MemoryLimits) -> Vec<Context> {
+    TcpComm::in_process_world(n)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|c| context_for(Arc::new(c) as Arc<dyn Communicator>, limits))
+        .collect()
+}
+
+/// Runs `f` on every rank, each with a deadline; returns the results.
+async fn on_all<T, F, Fut>(ctxs: Vec<Context>, f: F) -> Vec<Result<T, String>>
+where
+    F: Fn(Context) -> Fut,
+    Fut: Future<Output = Result<T, String>> + Send + 'static,
+    T: Send + 'static,
+{
+    let hs: Vec<_> = ctxs
+        .into_iter()
+        .map(|c| {
+            let fut = f(c.clone());
+            tokio::spawn(async move {
+                let r = fut.await;
+                // Leave as a rank should: after all are done (or, failing,
+                // once this rank's notices have left).
+                let down = c.comm().shutdown().await;
+                match (r, down) {
+                    (Ok(v), Ok(())) => Ok(v),
+                    (Ok(_), Err(e)) => Err(e.to_string()),
+                    (Err(e), _) => Err(e),
+                }
+            })
+        })
+        .collect();
+    let mut out = Vec::new();
+    for h in hs {
+        let r = tokio::time::timeout(Duration::from_secs(60), h)
+            .await
+            .expect("a rank hung")
+            .expect("rank task");
+        out.push(r);
+    }
+    out
+}
+
+#[test]
+fn suite_local() {
+    let rt = runtime();
+    for n in RANK_COUNTS {
+        rt.block_on(async {
+            let res = on_all(local_ctxs(n, MemoryLimits::UNLIMITED).await, |c| {
+                coll_suite::run(c, 40 + n as u64)
+            })
+            .await;
+            for (r, x) in res.into_iter().enumerate() {
+                let line = x.unwrap_or_else(|e| panic!("{n} ranks, rank {r}: {e}"));
+                assert!(line.starts_with("coll ok"), "{line}");
+            }
+        });
+    }
+}
+
+#[test]
+fn suite_tcp_processes() {
+    let rt = runtime();
+    for n in RANK_COUNTS {
+        let mut spec = LaunchSpec::new(
+            n,
+            env!("CARGO_BIN_EXE_braid-test-worker"),
+            vec!["coll".into(), (60 + n as u64).to_string().into()],
+        );
+        spec.output = OutputMode::Captured;
+        let report = rt
+            .block_on(launch(spec))
+            .unwrap_or_else(|e| panic!("{n} ranks: {e:?}"));
+        let lines: Vec<&str> = report.stdout.iter().map(|s| s.trim()).collect();
+        let first = lines[0];
+        assert!(first.starts_with("coll ok"), "rank 0: {first}");
+        assert!(
+            lines.iter().all(|l| *l == first),
+            "ranks disagree on the checks run: {lines:?}"
+        );
+    }
+}
+
+/// Every rank must fail (no rank returns data) within the deadline.
+fn all_fail(results: Vec<Result<(), String>>, what: &str, n: u32) {
+    for (r, x) in results.into_iter().enumerate() {
+        match x {
+            Ok(()) => panic!("{what}, {n} ranks: rank {r} returned data from mismatched calls"),
+            Err(e) => assert!(
+                e.contains("does not match") || e.contains("aborted"),
+                "{what}, {n} ranks, rank {r}: unclear error: {e}"
+            ),
+        }
+    }
+}
+
+type Case = fn(Context) -> std::pin::Pin<Box<dyn Future<Output = Result<(), String>> + Send>>;
+
+fn mismatch_cases() -> Vec<(&'static str, Case)> {
+    vec![
+        ("allreduce counts", |c| {
+            Box::pin(async move {
+                let len = if c.rank() == 0 { 10 } else { 11 };
+                allreduce(&c, vec![1i64; len], ReduceKind::Sum)
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| e.to_string())
+            })
+        }),
+        ("allreduce dtypes", |c| {
+            Box::pin(async move {
+                if c.rank() == 0 {
+                    allreduce(&c, vec![1i64; 10], ReduceKind::Sum)
+                        .await
+                        .map(|_| ())
+                } else {
+                    allreduce(&c, vec![1f64; 10], ReduceKind::Sum)
+                        .await
+                        .map(|_| ())
+                }
+                .map_err(|e| e.to_string())
+            })
+        }),
+        ("allreduce operators", |c| {
+            Box::pin(async move {
+                let k = if c.rank() == 0 {
+                    ReduceKind::Min
+                } else {
+                    ReduceKind::Max
+                };
+                allreduce(&c, vec![1i32; 10], k)
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| e.to_string())
+            })
+        }),
+        ("broadcast roots", |c| {
+            Box::pin(async move {
+                // Rank 0 thinks rank 0 is the root; the others think rank 1 is.
+                let root = if c.rank() == 0 { 0 } else { 1 };
+                let data = (c.rank() == root).then(|| Buffer::from_vec(vec![c.rank() as u8; 10]));
+                broadcast(&c, root, data)
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| e.to_string())
+            })
+        }),
+        ("alltoallv counts", |c| {
+            Box::pin(async move {
+                let n = c.nranks() as usize;
+                // Every rank sends 2 elements to each peer; the last rank
+                // expects 3 from rank 0.
+                let mut recv = vec![2usize; n];
+                if c.rank() as usize == n - 1 {
+                    recv[0] = 3;
+                }
+                let spec = AllToAllvSpec::from_counts(vec![2; n], recv);
+                alltoallv(&c, vec![7i32; 2 * n], spec)
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| e.to_string())
+            })
+        }),
+    ]
+}
+
+#[test]
+fn mismatched_calls_fail_everywhere() {
+    let rt = runtime();
+    for n in RANK_COUNTS.into_iter().filter(|n| *n >= 2) {
+        for (what, case) in mismatch_cases() {
+            rt.block_on(async {
+                all_fail(
+                    on_all(local_ctxs(n, MemoryLimits::UNLIMITED).await, case).await,
+                    what,
+                    n,
+                );
+                all_fail(
+                    on_all(tcp_ctxs(n, MemoryLimits::UNLIMITED).await, case).await,
+                    what,
+                    n,
+                );
+            });
+        }
+    }
+}
+
+#[test]
+fn shuffle_over_memory_limit_spills() {
+    let rt = runtime();
+    // Each rank inserts up to ~4.4 MB; the host limit is 1 MiB per rank.
+    let limits = MemoryLimits {
+        device: None,
+        host: Some(1 << 20),
+    };
+    for n in [1u32, 3, 4] {
+        for tcp in [false, true] {
+            rt.block_on(async {
+                let ctxs = if tcp {
+                    tcp_ctxs(n, limits).await
+                } else {
+                    local_ctxs(n, limits).await
+                };
+                let res = on_all(ctxs, |c| async move {
+                    coll_suite::shuffle_check(&c, 5, 1).await
+                })
+                .await;
+                let spilled: u64 = res.into_iter().map(|r| r.unwrap()).sum();
+                assert!(spilled > 0, "{n} ranks (tcp: {tcp}): nothing spilled");
+            });
+        }
+    }
+}
