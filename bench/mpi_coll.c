@@ -206,28 +206,10 @@ static void setup(const char *name, size_t req)
     }
 }
 
-int main(int argc, char **argv)
+/* Times one (op, size) point and prints its RESULT line on rank 0. */
+static void run_point(const struct op *op, size_t size, unsigned long long iters)
 {
-    const struct op *op = NULL;
-    unsigned long long size, iters;
-
-    MPI_Init(&argc, &argv);
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    MPI_Comm_size(MPI_COMM_WORLD, &nranks);
-
-    if (argc != 4)
-        usage_exit("expected 3 arguments");
-    for (size_t i = 0; i < sizeof(OPS) / sizeof(OPS[0]); i++)
-        if (!strcmp(argv[1], OPS[i].name))
-            op = &OPS[i];
-    if (!op)
-        usage_exit("unknown OP");
-    if (!parse_ulong(argv[2], &size))
-        usage_exit("SIZE_BYTES must be a non-negative integer");
-    if (!parse_ulong(argv[3], &iters) || iters == 0)
-        usage_exit("ITERS must be a positive integer");
-
-    setup(op->name, (size_t)size);
+    setup(op->name, size);
 
     for (int i = 0; i < WARMUP; i++)
         op->run();
@@ -254,6 +236,45 @@ int main(int argc, char **argv)
     free(rbuf);
     free(counts);
     free(displs);
+    sbuf = rbuf = NULL;
+    counts = displs = NULL;
+}
+
+int main(int argc, char **argv)
+{
+    const struct op *op = NULL;
+    unsigned long long size, iters;
+
+    MPI_Init(&argc, &argv);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &nranks);
+
+    /* mpi_coll OP SIZE ITERS, or mpi_coll OP SIZE:ITERS[,SIZE:ITERS...] */
+    if (argc != 4 && argc != 3)
+        usage_exit("expected OP SIZE ITERS or OP SIZE:ITERS,...");
+    for (size_t i = 0; i < sizeof(OPS) / sizeof(OPS[0]); i++)
+        if (!strcmp(argv[1], OPS[i].name))
+            op = &OPS[i];
+    if (!op)
+        usage_exit("unknown OP");
+    if (argc == 4) {
+        if (!parse_ulong(argv[2], &size))
+            usage_exit("SIZE_BYTES must be a non-negative integer");
+        if (!parse_ulong(argv[3], &iters) || iters == 0)
+            usage_exit("ITERS must be a positive integer");
+        run_point(op, (size_t)size, iters);
+    } else {
+        char *list = argv[2], *save = NULL;
+        for (char *tok = strtok_r(list, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+            char *colon = strchr(tok, ':');
+            if (!colon)
+                usage_exit("expected SIZE:ITERS");
+            *colon = '\0';
+            if (!parse_ulong(tok, &size) || !parse_ulong(colon + 1, &iters) || iters == 0)
+                usage_exit("bad SIZE:ITERS");
+            run_point(op, (size_t)size, iters);
+        }
+    }
     MPI_Finalize();
     return 0;
 }

@@ -23,6 +23,7 @@ use braid_kernels::{Element, ReduceKind};
 
 use crate::error::{CollError, CollKind, Site};
 use crate::handle::{Callback, Handle, start, streaming};
+use crate::wire::Elements;
 use crate::wire::{
     Meta, Signature, check_signature, recv_framed, send_framed, typed, vec_to_buffer,
 };
@@ -85,7 +86,7 @@ fn block(len: usize, n: u32, b: u32) -> (usize, usize) {
 async fn reduce_my_block<T: Element>(
     comm: &Arc<dyn Communicator>,
     site: Site,
-    data: Vec<T>,
+    data: Elements<T>,
     op: &ReduceOp<T>,
 ) -> Result<Vec<T>, CollError> {
     let n = comm.nranks();
@@ -93,7 +94,7 @@ async fn reduce_my_block<T: Element>(
     let len = data.len();
     let sz = std::mem::size_of::<T>();
     let tag = Tag::new(site.op, 0);
-    let buf = vec_to_buffer(data);
+    let buf = data.buffer().clone();
     let meta = Meta::new(site.coll, T::DTYPE)
         .aux(op.code())
         .count(len as u64);
@@ -159,10 +160,11 @@ async fn reduce_my_block<T: Element>(
 /// same (bit-identical) result.
 pub fn start_allreduce<T: Element>(
     ctx: &Context,
-    data: Vec<T>,
+    data: impl Into<Elements<T>>,
     op: ReduceOp<T>,
     callback: Option<Callback>,
 ) -> Handle<Vec<T>> {
+    let data: Elements<T> = data.into();
     let opid = ctx.next_op_id();
     let site = Site {
         rank: ctx.rank(),
@@ -230,10 +232,10 @@ pub fn start_allreduce<T: Element>(
 /// Reduces `data` element-wise over all ranks; every rank gets the result.
 pub async fn allreduce<T: Element>(
     ctx: &Context,
-    data: Vec<T>,
+    data: impl Into<Elements<T>>,
     op: impl Into<ReduceOp<T>>,
 ) -> Result<Vec<T>, CollError> {
-    let op = op.into();
+    let (data, op) = (data.into(), op.into());
     streaming(|cb| start_allreduce(ctx, data, op, cb)).await
 }
 
@@ -241,10 +243,11 @@ pub async fn allreduce<T: Element>(
 /// reduced over all ranks.
 pub fn start_reduce_scatter<T: Element>(
     ctx: &Context,
-    data: Vec<T>,
+    data: impl Into<Elements<T>>,
     op: ReduceOp<T>,
     callback: Option<Callback>,
 ) -> Handle<Vec<T>> {
+    let data: Elements<T> = data.into();
     let opid = ctx.next_op_id();
     let site = Site {
         rank: ctx.rank(),
@@ -275,9 +278,9 @@ pub fn start_reduce_scatter<T: Element>(
 /// Reduces N equal blocks over all ranks; rank r gets block r.
 pub async fn reduce_scatter<T: Element>(
     ctx: &Context,
-    data: Vec<T>,
+    data: impl Into<Elements<T>>,
     op: impl Into<ReduceOp<T>>,
 ) -> Result<Vec<T>, CollError> {
-    let op = op.into();
+    let (data, op) = (data.into(), op.into());
     streaming(|cb| start_reduce_scatter(ctx, data, op, cb)).await
 }

@@ -17,7 +17,8 @@ use braid_kernels::Element;
 
 use crate::error::{CollError, CollKind, Site};
 use crate::handle::{Callback, Handle, start, streaming};
-use crate::wire::{Meta, agree, recv_framed, send_framed, typed, vec_to_buffer};
+use crate::wire::Elements;
+use crate::wire::{Meta, agree, recv_framed, send_framed, typed};
 
 /// Per-peer element counts and offsets of an AllToAllv.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -122,10 +123,11 @@ impl AllToAllvSpec {
 /// Starts an AllToAllv.
 pub fn start_alltoallv<T: Element>(
     ctx: &Context,
-    send: Vec<T>,
+    send: impl Into<Elements<T>>,
     spec: AllToAllvSpec,
     callback: Option<Callback>,
 ) -> Handle<Vec<T>> {
+    let send: Elements<T> = send.into();
     let op = ctx.next_op_id();
     let site = Site {
         rank: ctx.rank(),
@@ -155,7 +157,7 @@ pub fn start_alltoallv<T: Element>(
 async fn exchange<T: Element>(
     comm: &std::sync::Arc<dyn braid_core::Communicator>,
     site: Site,
-    send: Vec<T>,
+    send: Elements<T>,
     spec: &AllToAllvSpec,
 ) -> Result<Vec<T>, CollError> {
     let n = comm.nranks();
@@ -177,8 +179,8 @@ async fn exchange<T: Element>(
         ));
     }
     let ro = spec.recv_offsets[me as usize];
-    out[ro..ro + sc].copy_from_slice(&send[so..so + sc]);
-    let buf = vec_to_buffer(send);
+    out[ro..ro + sc].copy_from_slice(&send.as_slice()[so..so + sc]);
+    let buf = send.buffer().clone();
     let mut sends = Vec::new();
     for p in (0..n).filter(|p| *p != me) {
         let (o, c) = (spec.send_offsets[p as usize], spec.send_counts[p as usize]);
@@ -244,7 +246,7 @@ async fn exchange<T: Element>(
 /// each rank p; returns the elements received, laid out by `recv_offsets`.
 pub async fn alltoallv<T: Element>(
     ctx: &Context,
-    send: Vec<T>,
+    send: impl Into<Elements<T>>,
     spec: AllToAllvSpec,
 ) -> Result<Vec<T>, CollError> {
     streaming(|cb| start_alltoallv(ctx, send, spec, cb)).await
@@ -252,7 +254,11 @@ pub async fn alltoallv<T: Element>(
 
 /// AllToAll: `send` holds N equal blocks; block p goes to rank p; the
 /// result holds the blocks received, in rank order.
-pub async fn alltoall<T: Element>(ctx: &Context, send: Vec<T>) -> Result<Vec<T>, CollError> {
+pub async fn alltoall<T: Element>(
+    ctx: &Context,
+    send: impl Into<Elements<T>>,
+) -> Result<Vec<T>, CollError> {
+    let send: Elements<T> = send.into();
     let n = ctx.nranks() as usize;
     if send.len() % n != 0 {
         let site = Site {

@@ -39,6 +39,8 @@ pub mod sendrecv;
 pub mod shuffle;
 mod wire;
 
+pub use wire::Elements;
+
 pub use allgather::{AllGather, ExtractOrder, Gathered, allgather};
 pub use allreduce::{ReduceOp, allreduce, reduce_scatter, start_allreduce, start_reduce_scatter};
 pub use alltoall::{AllToAllvSpec, alltoall, alltoallv, start_alltoallv};

@@ -197,6 +197,53 @@ impl<T: Element> AsRef<[u8]> for TypedOwner<T> {
     }
 }
 
+/// Elements of one type held in a shared buffer: cloning shares the bytes,
+/// so a caller can hand the same input to many collectives without copies.
+#[derive(Debug)]
+pub struct Elements<T> {
+    buf: Buffer,
+    _t: std::marker::PhantomData<fn() -> T>,
+}
+
+impl<T> Clone for Elements<T> {
+    fn clone(&self) -> Self {
+        Elements {
+            buf: self.buf.clone(),
+            _t: std::marker::PhantomData,
+        }
+    }
+}
+
+impl<T: Element> Elements<T> {
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.buf.len() / std::mem::size_of::<T>()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.buf.is_empty()
+    }
+
+    /// The elements.
+    pub fn as_slice(&self) -> Cow<'_, [T]> {
+        typed(&self.buf).unwrap_or(Cow::Borrowed(&[]))
+    }
+
+    pub(crate) fn buffer(&self) -> &Buffer {
+        &self.buf
+    }
+}
+
+impl<T: Element> From<Vec<T>> for Elements<T> {
+    fn from(v: Vec<T>) -> Self {
+        Elements {
+            buf: vec_to_buffer(v),
+            _t: std::marker::PhantomData,
+        }
+    }
+}
+
 /// A typed vector as a buffer, without copying.
 pub(crate) fn vec_to_buffer<T: Element>(v: Vec<T>) -> Buffer {
     Buffer::from_bytes(Bytes::from_owner(TypedOwner(v)))

@@ -3,7 +3,10 @@
 //!
 //! - `comm`: point-to-point latency and bandwidth, 2 ranks, local and tcp,
 //!   against a raw tokio TCP socket pair.
+//! - `coll`: every collective, 2 and 4 ranks, local and tcp, against
+//!   OpenMPI (shared memory and TCP).
 
+mod coll;
 mod comm;
 
 use std::process::ExitCode;
@@ -22,6 +25,8 @@ struct Cli {
 enum What {
     /// Point-to-point latency (8 B) and bandwidth (1 KiB to 256 MiB).
     Comm(comm::CommArgs),
+    /// Every collective, 8 B to 64 MiB, 2 and 4 ranks, vs OpenMPI.
+    Coll(coll::CollArgs),
 }
 
 fn main() -> ExitCode {
@@ -29,6 +34,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let res = match cli.what {
         What::Comm(a) => comm::run(a),
+        What::Coll(a) => coll::run(a),
     };
     match res {
         Ok(()) => ExitCode::SUCCESS,

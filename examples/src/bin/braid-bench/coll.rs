@@ -1,0 +1,349 @@
+//! Collective benchmark: every collective, 8 B to 64 MiB, 2 and 4 ranks,
+//! braid's local and tcp backends next to OpenMPI (shared memory and TCP)
+//! running the same operations in the same run (`bench/mpi_coll.c`, built
+//! by `bench/install_mpi.sh`, which installs OpenMPI with apt if needed).
+//!
+//! Each point is the time per operation (max over ranks) after 5 warm-up
+//! operations. The ratio columns are MPI time / braid time: above 1 means
+//! braid is faster (for bandwidth rows it is the bandwidth ratio).
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use braid_coll::{
+    AllToAllvSpec, Elements, ReduceKind, allreduce, alltoall, alltoallv, barrier, broadcast,
+    reduce_scatter, sendrecv,
+};
+use braid_core::comm::local::LocalComm;
+use braid_core::comm::tcp::TcpComm;
+use braid_core::world::context_for;
+use braid_core::{BoxError, Buffer, Communicator, Context, MemoryLimits};
+
+/// Options of `braid-bench coll`.
+#[derive(Debug, clap::Args)]
+pub struct CollArgs {
+    /// The MPI baseline binary; built with bench/install_mpi.sh when absent.
+    #[arg(long)]
+    mpi: Option<PathBuf>,
+    /// Message sizes in bytes.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "8,1024,65536,1048576,16777216,67108864"
+    )]
+    sizes: Vec<usize>,
+    /// Rank counts.
+    #[arg(long, value_delimiter = ',', default_value = "2,4")]
+    ranks: Vec<u32>,
+    /// Operations (barrier, bcast, allgather, allreduce, reduce_scatter,
+    /// alltoall, alltoallv, sendrecv).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "barrier,bcast,allgather,allreduce,reduce_scatter,alltoall,alltoallv,sendrecv"
+    )]
+    ops: Vec<String>,
+    /// Bytes moved per point (bounds the iteration count).
+    #[arg(long, default_value_t = 512 << 20)]
+    bytes_per_point: usize,
+}
+
+/// Sizes as the MPI program rounds them, so both sides move the same bytes.
+fn used_bytes(op: &str, size: usize, n: usize) -> usize {
+    match op {
+        "barrier" => 0,
+        "allreduce" => (size / 8 * 8).max(8),
+        "reduce_scatter" => (size / (8 * n) * 8 * n).max(8 * n),
+        "alltoall" | "alltoallv" => (size / n).max(1) * n,
+        _ => size,
+    }
+}
+
+fn iters_for(size: usize, budget: usize) -> usize {
+    (budget / size.max(1)).clamp(5, 1000)
+}
+
+/// One operation on one rank.
+async fn run_op(ctx: &Context, op: &str, size: usize, input: &Input) -> Result<(), BoxError> {
+    let n = ctx.nranks();
+    let me = ctx.rank();
+    match op {
+        "barrier" => barrier(ctx).await?,
+        "bcast" => {
+            broadcast(ctx, 0, (me == 0).then(|| input.bytes.clone())).await?;
+        }
+        "allgather" => {
+            let _ = allgather_bytes(ctx, input.bytes.clone()).await?;
+        }
+        "allreduce" => {
+            allreduce(ctx, input.f64s.clone(), ReduceKind::Sum).await?;
+        }
+        "reduce_scatter" => {
+            reduce_scatter(ctx, input.f64s.clone(), ReduceKind::Sum).await?;
+        }
+        "alltoall" => {
+            alltoall(ctx, input.u8s.clone()).await?;
+        }
+        "alltoallv" => {
+            let per = size / n as usize;
+            alltoallv(
+                ctx,
+                input.u8s.clone(),
+                AllToAllvSpec::equal(n as usize, per),
+            )
+            .await?;
+        }
+        "sendrecv" => {
+            sendrecv(ctx, (me + 1) % n, input.bytes.clone(), (me + n - 1) % n).await?;
+        }
+        other => return Err(format!("unknown op {other}").into()),
+    }
+    Ok(())
+}
+
+async fn allgather_bytes(ctx: &Context, b: Buffer) -> Result<usize, BoxError> {
+    let ag = braid_coll::AllGather::new(ctx, None);
+    ag.insert(
+        0,
+        braid_core::PackedData {
+            metadata: Default::default(),
+            data: b,
+        },
+    )?;
+    ag.insert_finished()?;
+    Ok(ag.extract(braid_coll::ExtractOrder::RankSeq).await?.len())
+}
+
+struct Input {
+    bytes: Buffer,
+    f64s: Elements<f64>,
+    u8s: Elements<u8>,
+}
+
+impl Input {
+    fn new(op: &str, size: usize) -> Self {
+        let f = if matches!(op, "allreduce" | "reduce_scatter") {
+            size / 8
+        } else {
+            0
+        };
+        let u = if matches!(op, "alltoall" | "alltoallv") {
+            size
+        } else {
+            0
+        };
+        Input {
+            bytes: Buffer::from_vec(vec![1u8; size]),
+            f64s: (0..f).map(|i| i as f64).collect::<Vec<_>>().into(),
+            u8s: vec![3u8; u].into(),
+        }
+    }
+}
+
+/// Times `iters` operations on every rank; returns the max over ranks.
+async fn time_braid(
+    ctxs: &[Context],
+    op: &str,
+    size: usize,
+    iters: usize,
+) -> Result<Duration, BoxError> {
+    let mut hs = Vec::new();
+    for ctx in ctxs {
+        let (ctx, op) = (ctx.clone(), op.to_string());
+        hs.push(tokio::spawn(async move {
+            // The MPI program allocates its rank's input once, too.
+            let input = Input::new(&op, size);
+            for _ in 0..5 {
+                run_op(&ctx, &op, size, &input).await?;
+            }
+            barrier(&ctx).await?;
+            let t = Instant::now();
+            for _ in 0..iters {
+                run_op(&ctx, &op, size, &input).await?;
+            }
+            Ok::<_, BoxError>(t.elapsed())
+        }));
+    }
+    let mut worst = Duration::ZERO;
+    for h in hs {
+        worst = worst.max(h.await??);
+    }
+    Ok(worst / iters as u32)
+}
+
+/// Runs the MPI program for every size of one (op, ranks, transport);
+/// returns microseconds per operation by size.
+fn time_mpi(
+    mpi: &PathBuf,
+    op: &str,
+    n: u32,
+    shm: bool,
+    points: &[(usize, usize)],
+) -> Result<Vec<f64>, BoxError> {
+    let list = points
+        .iter()
+        .map(|(s, i)| format!("{s}:{i}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    let btl = if shm { "self,vader" } else { "tcp,self" };
+    let out = Command::new("mpirun")
+        .args([
+            "--allow-run-as-root",
+            "--oversubscribe",
+            "-np",
+            &n.to_string(),
+        ])
+        .args(["--mca", "pml", "ob1", "--mca", "btl", btl])
+        .arg(mpi)
+        .arg(if op == "bcast" { "bcast" } else { op })
+        .arg(&list)
+        .output()?;
+    if !out.status.success() {
+        return Err(format!(
+            "mpirun {op} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+        .into());
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let us: Vec<f64> = text
+        .lines()
+        .filter(|l| l.starts_with("RESULT"))
+        .filter_map(|l| l.split("us_per_iter=").nth(1)?.trim().parse().ok())
+        .collect();
+    if us.len() != points.len() {
+        return Err(format!(
+            "mpirun {op}: expected {} results, got: {text}",
+            points.len()
+        )
+        .into());
+    }
+    Ok(us)
+}
+
+fn mpi_binary(given: &Option<PathBuf>) -> Result<PathBuf, BoxError> {
+    if let Some(p) = given {
+        return Ok(p.clone());
+    }
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../bench/install_mpi.sh");
+    let out = Command::new("bash").arg(&script).output()?;
+    if !out.status.success() {
+        return Err(format!(
+            "{} failed: {}",
+            script.display(),
+            String::from_utf8_lossy(&out.stderr)
+        )
+        .into());
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let last = text.lines().last().unwrap_or_default().trim().to_string();
+    Ok(PathBuf::from(last))
+}
+
+fn size_name(s: usize) -> String {
+    if s >= 1 << 20 {
+        format!("{} MiB", s >> 20)
+    } else if s >= 1 << 10 {
+        format!("{} KiB", s >> 10)
+    } else {
+        format!("{s} B")
+    }
+}
+
+/// Runs the benchmark and prints one table per (operation, ranks).
+pub fn run(args: CollArgs) -> Result<(), BoxError> {
+    let mpi = mpi_binary(&args.mpi)?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    println!(
+        "# braid-bench coll: braid (one process, 2 runtime threads) vs OpenMPI, same machine, same run"
+    );
+    println!();
+    println!(
+        "Times are microseconds per operation (max over ranks). x = MPI time / braid time (> 1: braid faster)."
+    );
+    for &n in &args.ranks {
+        let (local, tcp): (Vec<Context>, Vec<Context>) = rt.block_on(async {
+            let local = LocalComm::world(n)
+                .into_iter()
+                .map(|c| {
+                    context_for(
+                        Arc::new(c) as Arc<dyn Communicator>,
+                        MemoryLimits::UNLIMITED,
+                    )
+                })
+                .collect();
+            let tcp = TcpComm::in_process_world(n)
+                .await?
+                .into_iter()
+                .map(|c| {
+                    context_for(
+                        Arc::new(c) as Arc<dyn Communicator>,
+                        MemoryLimits::UNLIMITED,
+                    )
+                })
+                .collect();
+            Ok::<_, BoxError>((local, tcp))
+        })?;
+        for op in &args.ops {
+            let sizes: Vec<usize> = if op == "barrier" {
+                vec![0]
+            } else {
+                let mut v: Vec<usize> = args
+                    .sizes
+                    .iter()
+                    .map(|s| used_bytes(op, *s, n as usize))
+                    .collect();
+                v.dedup();
+                v
+            };
+            let points: Vec<(usize, usize)> = sizes
+                .iter()
+                .map(|s| (*s, iters_for(*s * n as usize, args.bytes_per_point)))
+                .collect();
+            let shm = time_mpi(&mpi, op, n, true, &points)?;
+            let mtcp = time_mpi(&mpi, op, n, false, &points)?;
+            println!();
+            println!("## {op}, {n} ranks");
+            println!();
+            println!("| size | braid local | MPI shm | x | braid tcp | MPI tcp | x |");
+            println!("|---:|---:|---:|---:|---:|---:|---:|");
+            for (k, (size, iters)) in points.iter().enumerate() {
+                let l = rt
+                    .block_on(time_braid(&local, op, *size, *iters))?
+                    .as_secs_f64()
+                    * 1e6;
+                let t = rt
+                    .block_on(time_braid(&tcp, op, *size, *iters))?
+                    .as_secs_f64()
+                    * 1e6;
+                println!(
+                    "| {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} |",
+                    size_name(*size),
+                    l,
+                    shm[k],
+                    shm[k] / l,
+                    t,
+                    mtcp[k],
+                    mtcp[k] / t
+                );
+            }
+        }
+        rt.block_on(async {
+            let downs: Vec<_> = local
+                .iter()
+                .chain(tcp.iter())
+                .map(|c| c.comm().shutdown())
+                .collect();
+            for r in futures::future::join_all(downs).await {
+                r?;
+            }
+            Ok::<_, BoxError>(())
+        })?;
+    }
+    Ok(())
+}
