@@ -2,7 +2,11 @@
 //!
 //! - [`reduce`]: element types of collectives and the reduction operators
 //!   (sum, prod, min, max, user-supplied) over them.
+//! - [`mod@rolling`]: rolling time-window aggregations (sum, mean, min, max,
+//!   count, std, var) in one O(n) pass over a sorted group.
 
 pub mod reduce;
+pub mod rolling;
 
 pub use reduce::{DType, Element, ReduceKind};
+pub use rolling::{Agg, AggColumn, Closed, RollingError, RollingResult, rolling, rolling_segments};

@@ -1,0 +1,273 @@
+//! `rolling`: the distributed rolling-window aggregation job.
+//!
+//! Reads a table (Parquet or CSV file or directory; or, with no `--input`,
+//! 10 million generated rows), computes `--aggs` over `--values` in windows
+//! of `--window` along `--order` (per `--by` group if given), and writes
+//! every input row plus `<value>_<agg>` columns to `--output` (a directory
+//! with one part per rank, or one file when the path ends in `.parquet` or
+//! `.csv`). Runs on `--ranks` in-process ranks by default.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use arrow_schema::{DataType, TimeUnit};
+use braid_core::{BoxError, MemoryLimits};
+use braid_examples::{init_tracing, run_job, JobArgs, JobOutcome};
+use braid_kernels::rolling::{Agg, Closed};
+use braid_nodes::job::{Output, RollingJob};
+use braid_nodes::rolling::RollingSpec;
+use braid_nodes::sink::{FileFormat, FileSink, SinkTarget};
+use braid_nodes::source::{GeneratorSpec, Source};
+use clap::Parser;
+
+/// Distributed rolling-window aggregation.
+#[derive(Debug, Parser)]
+#[command(name = "rolling", version)]
+struct Cli {
+    #[command(flatten)]
+    job: JobArgs,
+    /// Input: a Parquet or CSV file, or a directory of them. Without it,
+    /// `--rows` rows are generated (columns id, ts, key, v).
+    #[arg(long)]
+    input: Option<PathBuf>,
+    /// Output: a directory (one part file per rank) or a file ending in
+    /// .parquet or .csv. Without it the result is computed and counted only.
+    #[arg(long)]
+    output: Option<PathBuf>,
+    /// The order column (int64 or timestamp).
+    #[arg(long, default_value = "ts")]
+    order: String,
+    /// The group column (optional).
+    #[arg(long)]
+    by: Option<String>,
+    /// Value columns, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "v")]
+    values: Vec<String>,
+    /// Window: an integer in the order column's units, or for timestamp
+    /// columns a duration such as 250ms, 90s, 5m, 1h, 2d.
+    #[arg(long, default_value = "1000")]
+    window: String,
+    /// Which window ends are closed: right, both, left, none.
+    #[arg(long, default_value = "right")]
+    closed: Closed,
+    /// Aggregations, comma-separated: sum, mean, min, max, count, std, var.
+    #[arg(long, value_delimiter = ',', default_value = "sum,mean,min,max,count")]
+    aggs: Vec<Agg>,
+    /// Rows per chunk.
+    #[arg(long, default_value_t = 64 * 1024)]
+    chunk_rows: usize,
+    /// Host memory limit per rank (bytes, or with a unit: 512MiB, 2GB);
+    /// shuffled data over it spills to disk.
+    #[arg(long)]
+    memory_limit: Option<String>,
+    /// Generated rows (without --input).
+    #[arg(long, default_value_t = 10_000_000)]
+    rows: u64,
+    /// Generated distinct keys (without --input).
+    #[arg(long, default_value_t = 100)]
+    keys: u64,
+    /// Generator seed.
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+    /// Generate ts as timestamp[us] instead of int64.
+    #[arg(long)]
+    timestamp: bool,
+}
+
+fn parse_bytes(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let num: f64 = num.parse().map_err(|_| format!("bad memory size {s:?}"))?;
+    let mul: f64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1.0,
+        "k" | "kb" => 1e3,
+        "kib" => 1024.0,
+        "m" | "mb" => 1e6,
+        "mib" => 1024.0 * 1024.0,
+        "g" | "gb" => 1e9,
+        "gib" => 1024.0 * 1024.0 * 1024.0,
+        other => return Err(format!("unknown memory unit {other:?} in {s:?}")),
+    };
+    Ok((num * mul) as u64)
+}
+
+/// The window in the order column's units.
+fn parse_window(s: &str, order_type: &DataType) -> Result<i64, String> {
+    if let Ok(v) = s.trim().parse::<i64>() {
+        if v < 0 {
+            return Err(format!("window must be >= 0, got {v}"));
+        }
+        return Ok(v);
+    }
+    let DataType::Timestamp(unit, _) = order_type else {
+        return Err(format!(
+            "window {s:?} is not an integer; durations need a timestamp order column (this one is {order_type})"
+        ));
+    };
+    let s = s.trim();
+    let split = s
+        .find(|c: char| !c.is_ascii_digit() && c != '-')
+        .ok_or_else(|| format!("bad window {s:?}"))?;
+    let (num, u) = s.split_at(split);
+    let num: i64 = num.parse().map_err(|_| format!("bad window {s:?}"))?;
+    if num < 0 {
+        return Err(format!("window must be >= 0, got {s}"));
+    }
+    let nanos: i128 = match u {
+        "ns" => 1,
+        "us" => 1_000,
+        "ms" => 1_000_000,
+        "s" => 1_000_000_000,
+        "m" => 60_000_000_000,
+        "h" => 3_600_000_000_000,
+        "d" => 86_400_000_000_000,
+        other => return Err(format!("unknown duration unit {other:?} in window {s:?} (ns, us, ms, s, m, h, d)")),
+    };
+    let per_unit: i128 = match unit {
+        TimeUnit::Second => 1_000_000_000,
+        TimeUnit::Millisecond => 1_000_000,
+        TimeUnit::Microsecond => 1_000,
+        TimeUnit::Nanosecond => 1,
+    };
+    i64::try_from(num as i128 * nanos / per_unit).map_err(|_| format!("window {s:?} is too large"))
+}
+
+fn build(cli: &Cli) -> Result<(RollingJob, MemoryLimits, Option<u64>), BoxError> {
+    let source = match &cli.input {
+        Some(p) => {
+            if p.extension().is_some_and(|e| e == "csv") || (p.is_dir() && has_ext(p, "csv") && !has_ext(p, "parquet")) {
+                Source::Csv(p.clone())
+            } else {
+                Source::Parquet(p.clone())
+            }
+        }
+        None => Source::Generator(GeneratorSpec {
+            rows: cli.rows,
+            keys: cli.keys,
+            span: (cli.rows as i64).saturating_mul(10).max(1),
+            seed: cli.seed,
+            null_fraction: 0.05,
+            timestamp: cli.timestamp,
+        }),
+    };
+    let schema = source.schema()?;
+    let order_type = schema
+        .field_with_name(&cli.order)
+        .map(|f| f.data_type().clone())
+        .map_err(|_| format!("input has no column {:?}", cli.order))?;
+    let window = parse_window(&cli.window, &order_type)?;
+    let spec = RollingSpec {
+        order: cli.order.clone(),
+        by: cli.by.clone(),
+        values: cli.values.clone(),
+        window,
+        closed: cli.closed,
+        aggs: cli.aggs.clone(),
+    };
+    let output = match &cli.output {
+        None => Output::Discard,
+        Some(p) => {
+            let format = if p.extension().is_some_and(|e| e == "csv") {
+                FileFormat::Csv
+            } else {
+                FileFormat::Parquet
+            };
+            Output::File(FileSink {
+                format,
+                target: SinkTarget::from_path(p.clone(), format),
+                schema: spec.output_schema(&schema)?,
+            })
+        }
+    };
+    let limits = MemoryLimits {
+        device: None,
+        host: cli.memory_limit.as_deref().map(parse_bytes).transpose()?,
+    };
+    let total = match &source {
+        Source::Generator(g) => Some(g.rows),
+        _ => None,
+    };
+    let job = RollingJob {
+        source,
+        spec,
+        output,
+        chunk_rows: cli.chunk_rows,
+    };
+    job.check()?;
+    Ok((job, limits, total))
+}
+
+fn has_ext(dir: &std::path::Path, ext: &str) -> bool {
+    std::fs::read_dir(dir)
+        .map(|rd| rd.flatten().any(|e| e.path().extension().is_some_and(|x| x == ext)))
+        .unwrap_or(false)
+}
+
+fn main() -> ExitCode {
+    init_tracing();
+    let cli = Cli::parse();
+    let (job, limits, total) = match build(&cli) {
+        Ok(x) => x,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let progress = Arc::new(AtomicU64::new(0));
+    let bar = indicatif::ProgressBar::with_draw_target(total, indicatif::ProgressDrawTarget::stderr());
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{spinner} {elapsed_precise} [{bar:30}] {pos}/{len} rows read")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    let ticker = {
+        let (bar, p) = (bar.clone(), progress.clone());
+        std::thread::spawn(move || {
+            while !bar.is_finished() {
+                bar.set_position(p.load(Ordering::Relaxed));
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        })
+    };
+    let start = Instant::now();
+    let p2 = progress.clone();
+    let res = run_job(&cli.job, limits, move |ctx| {
+        let job = job.clone();
+        let p = p2.clone();
+        async move {
+            let counts = job.run(ctx.clone(), Some(p)).await?;
+            Ok((counts, ctx.statistics().to_string()))
+        }
+    });
+    bar.finish_and_clear();
+    let _ = ticker.join();
+    let secs = start.elapsed().as_secs_f64();
+    match res {
+        Ok(JobOutcome::Ran(per_rank)) => {
+            let rows_in: u64 = per_rank.iter().map(|(_, (c, _))| c.rows_in).sum();
+            let rows_out: u64 = per_rank.iter().map(|(_, (c, _))| c.rows_out).sum();
+            for (r, (c, stats)) in &per_rank {
+                println!("rank {r}: {} rows in, {} rows out", c.rows_in, c.rows_out);
+                print!("{stats}");
+            }
+            println!(
+                "rolling: {rows_in} rows in, {rows_out} rows out, {} ranks ({}), {secs:.3} s, {:.0} rows/s",
+                cli.job.ranks,
+                cli.job.backend,
+                rows_in as f64 / secs.max(1e-9)
+            );
+            ExitCode::SUCCESS
+        }
+        Ok(JobOutcome::Launched) => {
+            println!("rolling: {} tcp ranks finished in {secs:.3} s", cli.job.ranks);
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,139 @@
+//! The rolling-aggregation job as a graph of nodes on each rank:
+//!
+//! ```text
+//!   source ──chunks──> rolling (sort or shuffle, halo, kernel) ──chunks──> sink
+//! ```
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use braid_core::{channel, Context, Graph, NodeError, Payload};
+
+use crate::error::DataError;
+use crate::rolling::{rolling_node, RollingSpec};
+use crate::sink::{CollectSink, FileSink};
+use crate::source::Source;
+
+/// Where the job's output goes.
+#[derive(Debug, Clone)]
+pub enum Output {
+    /// Files.
+    File(FileSink),
+    /// Memory (tests).
+    Collect(CollectSink),
+    /// Nowhere (benchmarks of the computation alone).
+    Discard,
+}
+
+/// The rolling-aggregation job of one rank.
+#[derive(Debug, Clone)]
+pub struct RollingJob {
+    /// Input.
+    pub source: Source,
+    /// What to compute.
+    pub spec: RollingSpec,
+    /// Output.
+    pub output: Output,
+    /// Rows per chunk.
+    pub chunk_rows: usize,
+}
+
+/// Row counts of one rank.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct JobCounts {
+    /// Rows this rank read.
+    pub rows_in: u64,
+    /// Rows this rank wrote.
+    pub rows_out: u64,
+}
+
+impl RollingJob {
+    /// Checks the job on this rank before any work: the input's schema, the
+    /// spec against it, the output's writability.
+    pub fn check(&self) -> Result<(), DataError> {
+        let schema = self.source.schema()?;
+        self.spec.output_schema(&schema)?;
+        if let Output::File(f) = &self.output {
+            f.prepare()?;
+        }
+        Ok(())
+    }
+
+    /// Runs the job on this rank. `progress` counts rows read.
+    pub async fn run(self, ctx: Context, progress: Option<Arc<AtomicU64>>) -> Result<JobCounts, NodeError> {
+        let schema = self.source.schema()?;
+        let out_schema = self.spec.output_schema(&schema)?;
+        let (src_tx, src_rx) = channel(4);
+        let (out_tx, mut out_rx) = channel(4);
+        let rows_in = Arc::new(AtomicU64::new(0));
+        let rows_out = Arc::new(AtomicU64::new(0));
+        let mut g = Graph::new(ctx.clone());
+        {
+            let (ctx, ri, p) = (ctx.clone(), rows_in.clone(), progress.clone());
+            let source = self.source.clone();
+            let chunk = self.chunk_rows;
+            g.add("source", async move {
+                let counter = Arc::new(AtomicU64::new(0));
+                let c2 = counter.clone();
+                let res = source.run(ctx, chunk, src_tx, Some(c2)).await;
+                let n = counter.load(Ordering::Relaxed);
+                ri.store(n, Ordering::Relaxed);
+                if let Some(p) = p {
+                    p.fetch_add(n, Ordering::Relaxed);
+                }
+                res
+            });
+        }
+        g.add(
+            "rolling",
+            rolling_node(ctx.clone(), self.spec.clone(), schema.clone(), self.chunk_rows, src_rx, out_tx),
+        );
+        let ro = rows_out.clone();
+        match self.output {
+            Output::File(mut f) => {
+                f.schema = out_schema;
+                let (count_tx, count_rx) = channel(4);
+                g.add("count", async move {
+                    let mut tx = count_tx;
+                    while let Some(m) = out_rx.recv().await {
+                        if let Payload::Table(t) = &m.payload {
+                            ro.fetch_add(t.num_rows() as u64, Ordering::Relaxed);
+                        }
+                        tx.send(m).await?;
+                    }
+                    Ok::<_, NodeError>(())
+                });
+                g.add("sink", f.run(ctx.clone(), count_rx));
+            }
+            Output::Collect(c) => {
+                let (count_tx, count_rx) = channel(4);
+                g.add("count", async move {
+                    let mut tx = count_tx;
+                    while let Some(m) = out_rx.recv().await {
+                        if let Payload::Table(t) = &m.payload {
+                            ro.fetch_add(t.num_rows() as u64, Ordering::Relaxed);
+                        }
+                        tx.send(m).await?;
+                    }
+                    Ok::<_, NodeError>(())
+                });
+                g.add("sink", c.run(count_rx));
+            }
+            Output::Discard => {
+                g.add("sink", async move {
+                    while let Some(m) = out_rx.recv().await {
+                        if let Payload::Table(t) = &m.payload {
+                            ro.fetch_add(t.num_rows() as u64, Ordering::Relaxed);
+                        }
+                    }
+                    Ok::<_, NodeError>(())
+                });
+            }
+        }
+        g.run().await.map_err(|e| NodeError::Other(Box::new(e)))?;
+        Ok(JobCounts {
+            rows_in: rows_in.load(Ordering::Relaxed),
+            rows_out: rows_out.load(Ordering::Relaxed),
+        })
+    }
+}

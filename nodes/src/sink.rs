@@ -1,0 +1,288 @@
+//! Sinks: nodes that take a stream of chunks and store it.
+//!
+//! Files are first written to a staging area and only moved into place
+//! once every rank has written its part, so a failed job never leaves
+//! output that looks complete:
+//!
+//! ```text
+//!   every rank: write STAGING/part-RRRRR.<ext>
+//!   barrier (all ranks wrote their part; a failure aborts the job here)
+//!   directory output: each rank renames its part into DIR/
+//!   single file:      rank 0 appends the parts in rank order into FILE.tmp,
+//!                     then renames it to FILE
+//!   rank 0 removes STAGING
+//! ```
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use arrow_array::RecordBatch;
+use arrow_schema::SchemaRef;
+use braid_coll::barrier;
+use braid_core::{Context, NodeError, Payload, Receiver};
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use parquet::arrow::ArrowWriter;
+use parquet::basic::Compression;
+use parquet::file::properties::WriterProperties;
+
+use crate::error::{DataError, Result};
+
+/// File format of a sink.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FileFormat {
+    /// Parquet (snappy).
+    Parquet,
+    /// CSV with a header.
+    Csv,
+}
+
+impl FileFormat {
+    fn ext(self) -> &'static str {
+        match self {
+            FileFormat::Parquet => "parquet",
+            FileFormat::Csv => "csv",
+        }
+    }
+}
+
+/// Where a sink writes.
+#[derive(Debug, Clone)]
+pub enum SinkTarget {
+    /// One part file per rank in this directory.
+    Dir(PathBuf),
+    /// One file.
+    File(PathBuf),
+}
+
+impl SinkTarget {
+    /// A file when the path ends in `.<ext>` of the format, else a directory.
+    pub fn from_path(path: PathBuf, format: FileFormat) -> Self {
+        if path.extension().is_some_and(|e| e == format.ext()) {
+            SinkTarget::File(path)
+        } else {
+            SinkTarget::Dir(path)
+        }
+    }
+
+    fn staging(&self) -> PathBuf {
+        match self {
+            SinkTarget::Dir(d) => d.join(".braid-staging"),
+            SinkTarget::File(f) => {
+                let mut s = f.as_os_str().to_owned();
+                s.push(".braid-staging");
+                PathBuf::from(s)
+            }
+        }
+    }
+}
+
+/// A file sink.
+#[derive(Debug, Clone)]
+pub struct FileSink {
+    /// Format.
+    pub format: FileFormat,
+    /// Destination.
+    pub target: SinkTarget,
+    /// Schema of the stream (needed to write a rank's empty part).
+    pub schema: SchemaRef,
+}
+
+enum Writer {
+    Parquet(ArrowWriter<File>),
+    Csv(arrow_csv::Writer<File>),
+}
+
+impl FileSink {
+    /// Checks, before any work, that the destination can be written: makes
+    /// the staging directory. Call on every rank.
+    pub fn prepare(&self) -> Result<()> {
+        let staging = self.target.staging();
+        std::fs::create_dir_all(&staging).map_err(|e| DataError::file(&staging, format!("output is not writable: {e}")))?;
+        if let SinkTarget::File(f) = &self.target {
+            if f.is_dir() {
+                return Err(DataError::file(f, "output file is a directory"));
+            }
+        }
+        Ok(())
+    }
+
+    fn part(&self, rank: u32) -> PathBuf {
+        self.target
+            .staging()
+            .join(format!("part-{rank:05}.{}", self.format.ext()))
+    }
+
+    fn open(&self, path: &Path) -> Result<Writer> {
+        let f = File::create(path).map_err(|e| DataError::file(path, e))?;
+        Ok(match self.format {
+            FileFormat::Parquet => {
+                let props = WriterProperties::builder()
+                    .set_compression(Compression::SNAPPY)
+                    .build();
+                Writer::Parquet(ArrowWriter::try_new(f, self.schema.clone(), Some(props)).map_err(|e| DataError::file(path, e))?)
+            }
+            FileFormat::Csv => Writer::Csv(arrow_csv::WriterBuilder::new().with_header(true).build(f)),
+        })
+    }
+
+    /// Writes every chunk of `input`, then commits (see the module doc).
+    pub async fn run(self, ctx: Context, mut input: Receiver) -> Result<(), NodeError> {
+        let rank = ctx.rank();
+        let part = self.part(rank);
+        let res = self.write_and_commit(&ctx, &mut input, &part).await;
+        if res.is_err() {
+            let _ = std::fs::remove_file(&part);
+            if rank == 0 {
+                let _ = std::fs::remove_dir_all(self.target.staging());
+            }
+        }
+        res
+    }
+
+    async fn write_and_commit(&self, ctx: &Context, input: &mut Receiver, part: &Path) -> Result<(), NodeError> {
+        let mut w = self.open(part)?;
+        while let Some(m) = input.recv().await {
+            let Payload::Table(t) = m.payload else {
+                return Err(NodeError::other("file sink got a non-table message"));
+            };
+            let b = t.into_batch();
+            // Encoding is CPU work: keep it off the runtime's threads.
+            w = tokio::task::spawn_blocking(move || -> Result<Writer> {
+                match &mut w {
+                    Writer::Parquet(pw) => pw.write(&b)?,
+                    Writer::Csv(cw) => cw.write(&b)?,
+                }
+                Ok(w)
+            })
+            .await
+            .map_err(NodeError::other)??;
+        }
+        match w {
+            Writer::Parquet(pw) => {
+                pw.close().map_err(|e| DataError::file(part, e))?;
+            }
+            Writer::Csv(cw) => drop(cw),
+        }
+        barrier(ctx).await.map_err(DataError::from)?;
+        self.commit(ctx, part).await
+    }
+
+    async fn commit(&self, ctx: &Context, part: &Path) -> Result<(), NodeError> {
+        let (rank, n) = (ctx.rank(), ctx.nranks());
+        let staging = self.target.staging();
+        match &self.target {
+            SinkTarget::Dir(dir) => {
+                if rank == 0 {
+                    // Replace an earlier run's parts.
+                    if let Ok(rd) = std::fs::read_dir(dir) {
+                        for e in rd.flatten() {
+                            let name = e.file_name().to_string_lossy().into_owned();
+                            if name.starts_with("part-") && name.ends_with(self.format.ext()) {
+                                let _ = std::fs::remove_file(e.path());
+                            }
+                        }
+                    }
+                }
+                barrier(ctx).await.map_err(DataError::from)?;
+                let dest = dir.join(format!("part-{rank:05}.{}", self.format.ext()));
+                std::fs::rename(part, &dest).map_err(|e| DataError::file(&dest, e))?;
+                barrier(ctx).await.map_err(DataError::from)?;
+                if rank == 0 {
+                    let _ = std::fs::remove_dir_all(&staging);
+                }
+            }
+            SinkTarget::File(file) => {
+                if rank == 0 {
+                    let parts: Vec<PathBuf> = (0..n).map(|r| self.part(r)).collect();
+                    let this = self.clone();
+                    let file = file.clone();
+                    tokio::task::spawn_blocking(move || this.merge(&parts, &file))
+                        .await
+                        .map_err(NodeError::other)??;
+                    let _ = std::fs::remove_dir_all(&staging);
+                }
+                barrier(ctx).await.map_err(DataError::from)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn merge(&self, parts: &[PathBuf], file: &Path) -> Result<()> {
+        let mut tmp = file.as_os_str().to_owned();
+        tmp.push(".tmp");
+        let tmp = PathBuf::from(tmp);
+        let res = (|| -> Result<()> {
+            match self.format {
+                FileFormat::Parquet => {
+                    let mut w = match self.open(&tmp)? {
+                        Writer::Parquet(w) => w,
+                        Writer::Csv(_) => return Err(DataError::Invalid("format mix-up".into())),
+                    };
+                    for p in parts {
+                        let f = File::open(p).map_err(|e| DataError::file(p, e))?;
+                        let reader = ParquetRecordBatchReaderBuilder::try_new(f)
+                            .and_then(|b| b.with_batch_size(64 * 1024).build())
+                            .map_err(|e| DataError::file(p, e))?;
+                        for b in reader {
+                            w.write(&b?).map_err(|e| DataError::file(&tmp, e))?;
+                        }
+                    }
+                    w.close().map_err(|e| DataError::file(&tmp, e))?;
+                }
+                FileFormat::Csv => {
+                    use std::io::{BufRead, BufReader, Write};
+                    let mut out = std::io::BufWriter::new(File::create(&tmp).map_err(|e| DataError::file(&tmp, e))?);
+                    for (i, p) in parts.iter().enumerate() {
+                        let f = BufReader::new(File::open(p).map_err(|e| DataError::file(p, e))?);
+                        for (j, line) in f.split(b'\n').enumerate() {
+                            let line = line.map_err(|e| DataError::file(p, e))?;
+                            // Keep one header: the first part's.
+                            if j == 0 && i > 0 || line.is_empty() {
+                                continue;
+                            }
+                            out.write_all(&line).and_then(|_| out.write_all(b"\n")).map_err(|e| DataError::file(&tmp, e))?;
+                        }
+                    }
+                    out.flush().map_err(|e| DataError::file(&tmp, e))?;
+                }
+            }
+            std::fs::rename(&tmp, file).map_err(|e| DataError::file(file, e))
+        })();
+        if res.is_err() {
+            let _ = std::fs::remove_file(&tmp);
+        }
+        res
+    }
+}
+
+/// Collects a stream into memory (tests, small results).
+#[derive(Debug, Clone, Default)]
+pub struct CollectSink {
+    batches: Arc<Mutex<Vec<RecordBatch>>>,
+}
+
+impl CollectSink {
+    /// An empty collector.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Takes every chunk of `input`.
+    pub async fn run(self, mut input: Receiver) -> Result<(), NodeError> {
+        while let Some(m) = input.recv().await {
+            if let Payload::Table(t) = m.payload {
+                self.batches
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(t.into_batch());
+            }
+        }
+        Ok(())
+    }
+
+    /// What was collected.
+    pub fn batches(&self) -> Vec<RecordBatch> {
+        self.batches.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}

@@ -1,0 +1,272 @@
+//! Sources: nodes that read a table and send it downstream in chunks.
+//!
+//! | source | how the work is split across ranks |
+//! |---|---|
+//! | Parquet (file or directory) | row groups, round-robin over (file, row group) |
+//! | CSV (file or directory) | chunks of `chunk_rows` rows, round-robin |
+//! | in-memory batches | each rank sends the batches it was given |
+//! | generator | rows split evenly; each rank makes its own share |
+//!
+//! Every rank knows the schema (from the file's footer, by inference, or by
+//! construction) even when it gets no rows, so downstream nodes and sinks
+//! can always produce well-typed, possibly empty, output.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use arrow_array::{ArrayRef, Float64Array, Int64Array, RecordBatch, TimestampMicrosecondArray};
+use arrow_schema::{DataType, Field, Schema, SchemaRef, TimeUnit};
+use braid_core::{Context, Message, NodeError, Sender};
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+
+use crate::error::{DataError, Result};
+
+/// The synthetic data of the generator source.
+#[derive(Debug, Clone)]
+pub struct GeneratorSpec {
+    /// Rows over all ranks.
+    pub rows: u64,
+    /// Distinct keys.
+    pub keys: u64,
+    /// `ts` is drawn uniformly from `0..span` (unsorted).
+    pub span: i64,
+    /// Seed.
+    pub seed: u64,
+    /// Fraction of null values in `v`.
+    pub null_fraction: f64,
+    /// Store `ts` as timestamp[us] instead of int64.
+    pub timestamp: bool,
+}
+
+impl GeneratorSpec {
+    /// The generated schema: `id` int64, `ts` int64 or timestamp[us], `key`
+    /// int64, `v` float64 (nullable).
+    pub fn schema(&self) -> SchemaRef {
+        let ts = if self.timestamp {
+            DataType::Timestamp(TimeUnit::Microsecond, None)
+        } else {
+            DataType::Int64
+        };
+        Arc::new(Schema::new(vec![
+            Field::new("id", DataType::Int64, false),
+            Field::new("ts", ts, false),
+            Field::new("key", DataType::Int64, false),
+            Field::new("v", DataType::Float64, true),
+        ]))
+    }
+
+    /// Rows `lo..hi` of the generated table.
+    pub fn batch(&self, lo: u64, hi: u64) -> Result<RecordBatch> {
+        let mix = |x: u64| {
+            let mut z = x.wrapping_add(self.seed.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            z ^ (z >> 31)
+        };
+        let n = (hi - lo) as usize;
+        let mut id = Vec::with_capacity(n);
+        let mut ts = Vec::with_capacity(n);
+        let mut key = Vec::with_capacity(n);
+        let mut v = Vec::with_capacity(n);
+        let span = self.span.max(1) as u64;
+        let keys = self.keys.max(1);
+        let null_cut = (self.null_fraction.clamp(0.0, 1.0) * 1_000_000.0) as u64;
+        for i in lo..hi {
+            let h = mix(i);
+            let h2 = mix(h ^ 0x5555);
+            id.push(i as i64);
+            ts.push((h % span) as i64);
+            key.push(((h >> 20) % keys) as i64);
+            v.push(if (h2 % 1_000_000) < null_cut {
+                None
+            } else {
+                Some(((h2 >> 11) as f64 / (1u64 << 53) as f64) * 200.0 - 100.0)
+            });
+        }
+        let ts: ArrayRef = if self.timestamp {
+            Arc::new(TimestampMicrosecondArray::from(ts))
+        } else {
+            Arc::new(Int64Array::from(ts))
+        };
+        Ok(RecordBatch::try_new(
+            self.schema(),
+            vec![
+                Arc::new(Int64Array::from(id)),
+                ts,
+                Arc::new(Int64Array::from(key)),
+                Arc::new(Float64Array::from(v)),
+            ],
+        )?)
+    }
+}
+
+/// Where a table comes from.
+#[derive(Debug, Clone)]
+pub enum Source {
+    /// A Parquet file, or a directory of them.
+    Parquet(PathBuf),
+    /// A CSV file (with a header), or a directory of them.
+    Csv(PathBuf),
+    /// Batches this rank holds.
+    Memory(SchemaRef, Vec<RecordBatch>),
+    /// Synthetic data.
+    Generator(GeneratorSpec),
+}
+
+fn files_with(path: &Path, ext: &str) -> Result<Vec<PathBuf>> {
+    let meta = std::fs::metadata(path).map_err(|e| DataError::file(path, e))?;
+    if meta.is_file() {
+        return Ok(vec![path.to_path_buf()]);
+    }
+    let mut files: Vec<PathBuf> = std::fs::read_dir(path)
+        .map_err(|e| DataError::file(path, e))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == ext) && p.is_file())
+        .collect();
+    files.sort();
+    if files.is_empty() {
+        return Err(DataError::file(path, format!("directory has no .{ext} files")));
+    }
+    Ok(files)
+}
+
+fn parquet_builder(path: &Path) -> Result<ParquetRecordBatchReaderBuilder<File>> {
+    let f = File::open(path).map_err(|e| DataError::file(path, e))?;
+    ParquetRecordBatchReaderBuilder::try_new(f).map_err(|e| DataError::file(path, e))
+}
+
+fn csv_schema(path: &Path) -> Result<SchemaRef> {
+    let f = File::open(path).map_err(|e| DataError::file(path, e))?;
+    let (schema, _) = arrow_csv::reader::Format::default()
+        .with_header(true)
+        .infer_schema(f, Some(10_000))
+        .map_err(|e| DataError::file(path, e))?;
+    Ok(Arc::new(schema))
+}
+
+impl Source {
+    /// The table's schema (every rank gets the same answer).
+    pub fn schema(&self) -> Result<SchemaRef> {
+        match self {
+            Source::Parquet(p) => {
+                let files = files_with(p, "parquet")?;
+                let first = parquet_builder(&files[0])?.schema().clone();
+                for f in &files[1..] {
+                    let s = parquet_builder(f)?.schema().clone();
+                    if s.fields() != first.fields() {
+                        return Err(DataError::file(f, "schema differs from the first file's"));
+                    }
+                }
+                Ok(first)
+            }
+            Source::Csv(p) => csv_schema(&files_with(p, "csv")?[0]),
+            Source::Memory(s, _) => Ok(s.clone()),
+            Source::Generator(g) => Ok(g.schema()),
+        }
+    }
+
+    /// Reads this rank's share and sends it downstream in chunks of at most
+    /// `chunk_rows` rows; `progress` counts the rows read.
+    pub async fn run(
+        self,
+        ctx: Context,
+        chunk_rows: usize,
+        mut out: Sender,
+        progress: Option<Arc<std::sync::atomic::AtomicU64>>,
+    ) -> Result<(), NodeError> {
+        let (rank, n) = (ctx.rank() as usize, ctx.nranks() as usize);
+        let chunk_rows = chunk_rows.max(1);
+        let mut seq = 0u64;
+        let count = |rows: usize| {
+            if let Some(p) = &progress {
+                p.fetch_add(rows as u64, std::sync::atomic::Ordering::Relaxed);
+            }
+        };
+        match self {
+            Source::Parquet(path) => {
+                let files = files_with(&path, "parquet")?;
+                let mut work = Vec::new();
+                for f in &files {
+                    let groups = parquet_builder(f)?.metadata().num_row_groups();
+                    work.extend((0..groups).map(|g| (f.clone(), g)));
+                }
+                for (k, (f, g)) in work.into_iter().enumerate() {
+                    if k % n != rank {
+                        continue;
+                    }
+                    let batches = tokio::task::spawn_blocking(move || -> Result<Vec<RecordBatch>> {
+                        let reader = parquet_builder(&f)?
+                            .with_row_groups(vec![g])
+                            .with_batch_size(chunk_rows)
+                            .build()
+                            .map_err(|e| DataError::file(&f, e))?;
+                        reader
+                            .map(|b| b.map_err(|e| DataError::file(&f, e)))
+                            .collect()
+                    })
+                    .await
+                    .map_err(NodeError::other)??;
+                    for b in batches {
+                        count(b.num_rows());
+                        out.send(Message::new(seq, b)).await?;
+                        seq += 1;
+                    }
+                }
+            }
+            Source::Csv(path) => {
+                let files = files_with(&path, "csv")?;
+                let schema = csv_schema(&files[0])?;
+                let mut k = 0usize;
+                for f in files {
+                    let (schema, f2) = (schema.clone(), f.clone());
+                    let all = tokio::task::spawn_blocking(move || -> Result<Vec<RecordBatch>> {
+                        let file = File::open(&f2).map_err(|e| DataError::file(&f2, e))?;
+                        let reader = arrow_csv::ReaderBuilder::new(schema)
+                            .with_header(true)
+                            .with_batch_size(chunk_rows)
+                            .build(file)
+                            .map_err(|e| DataError::file(&f2, e))?;
+                        reader.map(|b| b.map_err(|e| DataError::file(&f2, e))).collect()
+                    })
+                    .await
+                    .map_err(NodeError::other)??;
+                    for b in all {
+                        if k % n == rank {
+                            count(b.num_rows());
+                            out.send(Message::new(seq, b)).await?;
+                            seq += 1;
+                        }
+                        k += 1;
+                    }
+                }
+            }
+            Source::Memory(_, batches) => {
+                for b in batches {
+                    let mut off = 0;
+                    while off < b.num_rows() {
+                        let len = chunk_rows.min(b.num_rows() - off);
+                        count(len);
+                        out.send(Message::new(seq, b.slice(off, len))).await?;
+                        seq += 1;
+                        off += len;
+                    }
+                }
+            }
+            Source::Generator(g) => {
+                let lo = g.rows * rank as u64 / n as u64;
+                let hi = g.rows * (rank as u64 + 1) / n as u64;
+                let mut at = lo;
+                while at < hi {
+                    let end = (at + chunk_rows as u64).min(hi);
+                    let b = g.batch(at, end)?;
+                    count(b.num_rows());
+                    out.send(Message::new(seq, b)).await?;
+                    seq += 1;
+                    at = end;
+                }
+            }
+        }
+        Ok(())
+    }
+}

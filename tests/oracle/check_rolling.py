@@ -1,0 +1,501 @@
+#!/usr/bin/env python3
+"""Oracle for braid's `rolling` binary.
+
+Recomputes a rolling-window aggregation independently with DuckDB (SQL window
+functions over RANGE frames) and with Polars (DataFrame.rolling), then compares
+each expected table with braid's Parquet output.
+
+Usage:
+  python3 tests/oracle/check_rolling.py --input IN.parquet --output OUT \
+      --order ts [--by key] --values v1,v2 --window W \
+      --closed right|both|left|none --aggs sum,mean,min,max,count,std,var \
+      [--engines duckdb,polars] [--rtol 1e-6] [--atol 1e-6] [--show N]
+
+OUT is one Parquet file or a directory of `part-*.parquet` files (if the
+directory holds no `part-*.parquet`, every `*.parquet` in it is read).
+
+Semantics (t = the row's order value, w = window, integer in the order
+column's storage unit; timestamps are converted to integer epoch units):
+  closed=right: t-w <  ts <= t      closed=both: t-w <= ts <= t
+  closed=left:  t-w <= ts <  t      closed=none: t-w <  ts <  t
+The window holds rows of the same key (null keys form one group of their
+own), rows with equal ts share one window, nulls in values are skipped,
+count counts non-null values (0 for an empty window), every other agg is null
+when the window holds no non-null value, std/var are sample (ddof=1) and null
+below two values.
+
+Output columns: every input column, plus `<value>_<agg>` for each value/agg.
+Rows are matched on the column `id` when the input has a unique non-null `id`
+column (other input columns are then compared exactly), otherwise on all input
+columns. Output row order does not matter.
+
+Exit status: 0 all engines agree with the output, 1 mismatch (or the output is
+missing/unreadable), 2 usage error.
+
+Needs: pip install duckdb polars pyarrow  (tested with duckdb 2.0.0,
+polars 2.1.0, pyarrow 26.0.1). Self-test: python3 tests/oracle/selftest.py
+"""
+
+import argparse
+import glob
+import os
+import sys
+import time
+
+AGGS = ("sum", "mean", "min", "max", "count", "std", "var")
+CLOSED = ("right", "both", "left", "none")
+ENGINES = ("duckdb", "polars")
+ID_COL = "id"
+
+RID = "__rid"  # row index of the input, internal
+ORD = "__o"  # integer order value, internal
+DUP = "__dup"  # occurrence number among rows with equal join keys
+IN_E = "__in_expected"
+IN_A = "__in_actual"
+ACT = "__act"  # suffix of braid's columns after the join
+
+
+class UsageError(Exception):
+    pass
+
+
+class OutputError(Exception):
+    pass
+
+
+def _import_polars():
+    try:
+        import polars as pl
+    except ImportError as e:  # pragma: no cover
+        raise UsageError(f"polars is required ({e}); pip install polars pyarrow duckdb")
+    return pl
+
+
+# --------------------------------------------------------------------------
+# argument handling
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(
+        description="Check braid rolling-window output against DuckDB and Polars.")
+    p.add_argument("--input", required=True, help="input Parquet file (or directory of parts)")
+    p.add_argument("--output", required=True, help="braid output: Parquet file or directory of part-*.parquet")
+    p.add_argument("--order", required=True, help="order column (integer or timestamp)")
+    p.add_argument("--by", default=None, help="optional group column")
+    p.add_argument("--values", required=True, help="comma-separated value columns")
+    p.add_argument("--window", required=True, type=int, help="window length, >= 0, in order-column units")
+    p.add_argument("--closed", required=True, choices=CLOSED)
+    p.add_argument("--aggs", required=True, help="comma-separated subset of " + ",".join(AGGS))
+    p.add_argument("--engines", default="duckdb,polars", help="comma-separated subset of duckdb,polars")
+    p.add_argument("--rtol", type=float, default=1e-6)
+    p.add_argument("--atol", type=float, default=1e-6)
+    p.add_argument("--show", type=int, default=10, help="mismatching rows to print (default 10)")
+    a = p.parse_args(argv)
+
+    def split(s):
+        return [x.strip() for x in s.split(",") if x.strip()]
+
+    a.values = split(a.values)
+    a.aggs = split(a.aggs)
+    a.engines = split(a.engines)
+    if not a.values:
+        p.error("--values is empty")
+    if not a.aggs:
+        p.error("--aggs is empty")
+    bad = [x for x in a.aggs if x not in AGGS]
+    if bad:
+        p.error(f"unknown aggs {bad}; choose from {','.join(AGGS)}")
+    bad = [x for x in a.engines if x not in ENGINES]
+    if bad or not a.engines:
+        p.error(f"bad --engines {a.engines}; choose from {','.join(ENGINES)}")
+    if len(set(a.values)) != len(a.values) or len(set(a.aggs)) != len(a.aggs):
+        p.error("duplicate entries in --values or --aggs")
+    if a.window < 0:
+        p.error("--window must be >= 0")
+    if a.rtol < 0 or a.atol < 0:
+        p.error("--rtol/--atol must be >= 0")
+    return a
+
+
+def parquet_files(path, what, default_glob):
+    if os.path.isdir(path):
+        files = sorted(glob.glob(os.path.join(path, default_glob)))
+        if not files:
+            files = sorted(glob.glob(os.path.join(path, "*.parquet")))
+        return files
+    if os.path.isfile(path):
+        return [path]
+    raise FileNotFoundError(f"{what} not found: {path}")
+
+
+def read_parquet(pl, files):
+    frames = [pl.read_parquet(f) for f in files]
+    if len(frames) == 1:
+        return frames[0]
+    return pl.concat(frames, how="vertical")
+
+
+# --------------------------------------------------------------------------
+# input preparation
+
+
+class Spec:
+    """Everything both engines need, derived from the arguments and the input."""
+
+    def __init__(self, args, base, pl):
+        self.order = args.order
+        self.by = args.by
+        self.values = args.values
+        self.aggs = args.aggs
+        self.closed = args.closed
+        self.window = args.window
+        self.input_cols = [c for c in base.columns if c != RID]
+        self.agg_cols = [f"{v}_{a}" for v in self.values for a in self.aggs]
+
+        cols = set(self.input_cols)
+        for c in [self.order] + ([self.by] if self.by else []) + self.values:
+            if c not in cols:
+                raise UsageError(f"column {c!r} not in input (columns: {self.input_cols})")
+        for c in self.input_cols:
+            if c.startswith("__"):
+                raise UsageError(f"input column {c!r}: names starting with '__' are reserved by the checker")
+        clash = [c for c in self.agg_cols if c in cols]
+        if clash:
+            raise UsageError(f"aggregate column names clash with input columns: {clash}")
+        if self.by in self.values or self.order in self.values or self.by == self.order:
+            raise UsageError("order, group and value columns must be distinct")
+
+        dt = base.schema[self.order]
+        if dt.is_integer():
+            self.unit = None
+        elif isinstance(dt, pl.Datetime):
+            self.unit = dt.time_unit  # 'ms' | 'us' | 'ns'
+        else:
+            raise UsageError(f"order column {self.order!r} has dtype {dt}; need an integer or a timestamp")
+        if base[self.order].null_count():
+            raise UsageError(f"order column {self.order!r} holds nulls; semantics unspecified")
+        for v in self.values:
+            vdt = base.schema[v]
+            if not (vdt.is_integer() or vdt.is_float()):
+                raise UsageError(f"value column {v!r} has dtype {vdt}; need an integer or float")
+
+        # Window lower bound that already covers every row can be replaced by
+        # "unbounded" without changing the result; avoids t - w overflow in the
+        # engines for huge windows.
+        if base.height:
+            o = base.select(self.ord_expr(pl)).to_series()
+            self.ord_span = int(o.max()) - int(o.min())
+        else:
+            self.ord_span = 0
+        self.unbounded = self.window > self.ord_span
+        self.capped_window = self.ord_span + 1 if self.unbounded else self.window
+
+        w = self.window
+        self.empty = (self.closed in ("right", "left") and w == 0) or (self.closed == "none" and w <= 1)
+
+        ids = base[ID_COL] if ID_COL in cols else None
+        if ids is not None and ids.null_count() == 0 and ids.n_unique() == base.height:
+            self.join_cols = [ID_COL]
+        else:
+            self.join_cols = list(self.input_cols)
+
+    def ord_expr(self, pl):
+        if self.unit is None:
+            return pl.col(self.order).cast(pl.Int64).alias(ORD)
+        return pl.col(self.order).dt.epoch(self.unit).alias(ORD)
+
+    def keys(self):
+        return [self.by] if self.by else []
+
+
+# --------------------------------------------------------------------------
+# engines
+
+
+def qi(name):
+    return '"' + name.replace('"', '""') + '"'
+
+
+def expected_duckdb(spec, base, pl):
+    import duckdb
+
+    con = duckdb.connect()
+    con.execute(f"SET threads TO {os.cpu_count() or 1}")
+    src = base.select([RID, spec.order] + spec.keys() + spec.values)
+    con.register("braid_input", src.to_arrow())
+
+    if spec.unit is None:
+        ord_sql = f"CAST({qi(spec.order)} AS BIGINT)"
+    else:
+        ord_sql = f"epoch_{spec.unit}({qi(spec.order)})"
+
+    w = spec.window
+    if spec.unbounded:
+        lower = "UNBOUNDED PRECEDING"
+    elif spec.closed in ("both", "left"):
+        lower = f"{w} PRECEDING"  # t - w <= ts
+    else:
+        lower = f"{w - 1} PRECEDING"  # t - w < ts  <=>  t - (w-1) <= ts  (integers)
+    upper = "CURRENT ROW" if spec.closed in ("both", "right") else "1 PRECEDING"
+    part = f"PARTITION BY {qi(spec.by)} " if spec.by else ""
+    window = f"({part}ORDER BY {ORD} RANGE BETWEEN {lower} AND {upper})"
+
+    sel = [RID]
+    for v in spec.values:
+        c = qi(v)
+        for a in spec.aggs:
+            out = qi(f"{v}_{a}")
+            if spec.empty:
+                expr = "CAST(0 AS BIGINT)" if a == "count" else "CAST(NULL AS DOUBLE)"
+            else:
+                fn = {
+                    "sum": f"CAST(sum({c}) OVER win AS DOUBLE)",
+                    "mean": f"avg({c}) OVER win",
+                    "min": f"min({c}) OVER win",
+                    "max": f"max({c}) OVER win",
+                    "count": f"count({c}) OVER win",
+                    "std": f"stddev_samp({c}) OVER win",
+                    "var": f"var_samp({c}) OVER win",
+                }[a]
+                expr = fn
+            sel.append(f"{expr} AS {out}")
+    sql = (f"WITH b AS (SELECT *, {ord_sql} AS {ORD} FROM braid_input) "
+           f"SELECT {', '.join(sel)} FROM b")
+    if not spec.empty:
+        sql += f" WINDOW win AS {window}"
+    res = con.sql(sql).pl()
+    con.close()
+    res = res.with_columns(pl.col(RID).cast(base.schema[RID]))
+    return base.join(res, on=RID, how="left")
+
+
+def expected_polars(spec, base, pl):
+    keys = spec.keys()
+    df = base.select(keys + spec.values + [spec.ord_expr(pl)])
+    cnt = {v: f"__cnt_{i}" for i, v in enumerate(spec.values)}
+    exprs = []
+    for v in spec.values:
+        c = pl.col(v)
+        exprs.append(c.count().alias(cnt[v]))
+        for a in spec.aggs:
+            e = {
+                "sum": c.sum(),
+                "mean": c.mean(),
+                "min": c.min(),
+                "max": c.max(),
+                "count": c.count(),
+                "std": c.std(ddof=1),
+                "var": c.var(ddof=1),
+            }[a]
+            exprs.append(e.alias(f"{v}_{a}"))
+
+    if spec.empty:
+        res = df.select(keys + [ORD]).unique().with_columns(
+            [pl.lit(0, pl.Int64).alias(cnt[v]) for v in spec.values]
+            + [(pl.lit(0, pl.Int64) if a == "count" else pl.lit(None, pl.Float64)).alias(f"{v}_{a}")
+               for v in spec.values for a in spec.aggs])
+    elif spec.window == 0:  # closed=both, w=0: only the row's peers (Polars rejects period 0)
+        res = df.group_by(keys + [ORD]).agg(exprs)
+    else:
+        res = (df.sort(keys + [ORD])
+               .rolling(index_column=ORD, period=f"{spec.capped_window}i",
+                        closed=spec.closed, group_by=keys or None)
+               .agg(exprs)
+               .unique(subset=keys + [ORD], keep="any"))
+
+    fixes = []
+    for v in spec.values:
+        n = pl.col(cnt[v])
+        for a in spec.aggs:
+            col = f"{v}_{a}"
+            if a == "count":
+                fixes.append(pl.col(col).cast(pl.Int64))
+            else:
+                need = 2 if a in ("std", "var") else 1
+                fixes.append(pl.when(n >= need).then(pl.col(col)).otherwise(None).alias(col))
+    res = res.with_columns(fixes).drop(list(cnt.values()))
+    left = base.with_columns(spec.ord_expr(pl))
+    out = left.join(res, on=keys + [ORD], how="left", nulls_equal=True).drop(ORD)
+    if out.height != base.height:
+        raise RuntimeError("internal error: polars expected table changed row count")
+    return out
+
+
+# --------------------------------------------------------------------------
+# comparison
+
+
+def check_schema(spec, base, actual, pl):
+    problems = []
+    acols = set(actual.columns)
+    for c in spec.input_cols:
+        if c not in acols:
+            problems.append(f"missing input column {c!r}")
+        elif actual.schema[c] != base.schema[c]:
+            problems.append(f"input column {c!r} has dtype {actual.schema[c]}, input has {base.schema[c]}")
+    for c in spec.agg_cols:
+        if c not in acols:
+            problems.append(f"missing aggregate column {c!r}")
+        else:
+            dt = actual.schema[c]
+            if not (dt.is_integer() or dt.is_float() or dt == pl.Null):
+                problems.append(f"aggregate column {c!r} has non-numeric dtype {dt}")
+    extra = [c for c in actual.columns if c not in set(spec.input_cols) | set(spec.agg_cols)]
+    if extra:
+        problems.append(f"unexpected extra columns {extra}")
+    return problems
+
+
+def fmt(x):
+    if isinstance(x, float):
+        return repr(x)
+    return str(x)
+
+
+def compare(spec, expected, actual, rtol, atol, show, pl):
+    """Returns (ok, lines, stats)."""
+    jc = spec.join_cols
+    other_in = [c for c in spec.input_cols if c not in jc]
+    dup = pl.int_range(pl.len()).over(jc).alias(DUP)
+    e = expected.drop(RID).with_columns(dup, pl.lit(True).alias(IN_E))
+    a = (actual.select(spec.input_cols + spec.agg_cols)
+         .with_columns(dup, pl.lit(True).alias(IN_A))
+         .rename({c: c + ACT for c in other_in + spec.agg_cols}))
+    j = e.join(a, on=jc + [DUP], how="full", nulls_equal=True, coalesce=True)
+
+    lines = []
+    missing = j.filter(pl.col(IN_A).is_null())
+    extra = j.filter(pl.col(IN_E).is_null())
+    both = j.filter(pl.col(IN_E) & pl.col(IN_A))
+    ok = True
+    lines.append(f"rows: expected {expected.height}, output {actual.height}, matched {both.height}")
+    if missing.height:
+        ok = False
+        lines.append(f"{missing.height} expected rows missing from output, e.g.:")
+        for r in missing.select(jc).head(show).iter_rows(named=True):
+            lines.append(f"  {r}")
+    if extra.height:
+        ok = False
+        lines.append(f"{extra.height} output rows not in expected (extra/duplicate/altered key), e.g.:")
+        for r in extra.select(jc).head(show).iter_rows(named=True):
+            lines.append(f"  {r}")
+
+    bad_masks = []
+    max_abs = 0.0
+    max_rel = 0.0
+    for c in other_in:
+        m = ~both[c].eq_missing(both[c + ACT])
+        bad_masks.append((c, m))
+    for c in spec.agg_cols:
+        ev = both[c].cast(pl.Float64)
+        av = both[c + ACT].cast(pl.Float64)
+        nullmis = ev.is_null() != av.is_null()
+        if c.endswith("_count"):
+            valmis = (ev != av).fill_null(False)
+        else:
+            bothnan = (ev.is_nan() & av.is_nan()).fill_null(False)
+            diff = (ev - av).abs()
+            close = ((ev == av) | (diff <= atol + rtol * ev.abs())).fill_null(False)
+            both_nn = ev.is_not_null() & av.is_not_null()
+            valmis = both_nn & ~(close | bothnan)
+            d = diff.filter(both_nn & ~bothnan & (ev != av))
+            if d.len():
+                dmax = d.max()
+                if dmax is not None and dmax == dmax:
+                    max_abs = max(max_abs, dmax)
+                rel = (d / ev.filter(both_nn & ~bothnan & (ev != av)).abs())
+                rel = rel.filter(rel.is_finite())
+                if rel.len():
+                    max_rel = max(max_rel, rel.max())
+        bad_masks.append((c, nullmis | valmis))
+
+    bad_rows = None
+    for c, m in bad_masks:
+        n = int(m.sum())
+        if n:
+            ok = False
+            lines.append(f"column {c!r}: {n} mismatching rows")
+            bad_rows = m if bad_rows is None else (bad_rows | m)
+    if bad_rows is not None:
+        sub = both.filter(bad_rows).head(show)
+        lines.append(f"first {sub.height} mismatching rows:")
+        masks_sub = {c: m.filter(bad_rows).head(show) for c, m in bad_masks}
+        for i, r in enumerate(sub.iter_rows(named=True)):
+            key = {k: r[k] for k in jc}
+            diffs = [f"{c}: expected {fmt(r[c])} got {fmt(r[c + ACT])}"
+                     for c, _ in bad_masks if masks_sub[c][i]]
+            lines.append(f"  {key}  " + "; ".join(diffs))
+    stats = dict(max_abs=max_abs, max_rel=max_rel, rows=both.height)
+    return ok, lines, stats
+
+
+# --------------------------------------------------------------------------
+
+
+def main(argv=None):
+    try:
+        args = parse_args(argv)
+    except SystemExit as e:
+        return 2 if e.code not in (0, None) else 0
+    try:
+        pl = _import_polars()
+        try:
+            in_files = parquet_files(args.input, "input", "*.parquet")
+        except FileNotFoundError as e:
+            raise UsageError(str(e))
+        if not in_files:
+            raise UsageError(f"no parquet files in input directory {args.input}")
+        base = read_parquet(pl, in_files).with_row_index(RID)
+        spec = Spec(args, base, pl)
+    except UsageError as e:
+        print(f"usage error: {e}", file=sys.stderr)
+        return 2
+
+    mode = f"closed={spec.closed} window={spec.window}" + (f" by={spec.by}" if spec.by else " ungrouped")
+    print(f"check_rolling: {base.height} input rows, order={spec.order}"
+          f"{' (timestamp ' + spec.unit + ')' if spec.unit else ''}, {mode}, "
+          f"{len(spec.agg_cols)} agg columns, join on {spec.join_cols if len(spec.join_cols) < 6 else 'all input columns'}")
+
+    try:
+        out_files = parquet_files(args.output, "output", "part-*.parquet")
+        if not out_files:
+            raise OutputError(f"no parquet files in output directory {args.output}")
+        actual = read_parquet(pl, out_files)
+    except (OutputError, FileNotFoundError) as e:
+        print(f"FAIL: {e}")
+        return 1
+    except Exception as e:  # unreadable / inconsistent parts
+        print(f"FAIL: cannot read output {args.output}: {type(e).__name__}: {e}")
+        return 1
+
+    problems = check_schema(spec, base, actual, pl)
+    if problems:
+        print("FAIL: output schema:")
+        for p in problems:
+            print(f"  {p}")
+        return 1
+
+    all_ok = True
+    for eng in args.engines:
+        t0 = time.time()
+        try:
+            exp = (expected_duckdb if eng == "duckdb" else expected_polars)(spec, base, pl)
+        except ImportError as e:
+            print(f"usage error: engine {eng} unavailable: {e}", file=sys.stderr)
+            return 2
+        t1 = time.time()
+        ok, lines, st = compare(spec, exp, actual, args.rtol, args.atol, args.show, pl)
+        t2 = time.time()
+        status = "OK" if ok else "FAIL"
+        print(f"[{eng}] {status}: {st['rows']} rows matched, max abs err {st['max_abs']:.3g}, "
+              f"max rel err {st['max_rel']:.3g} (compute {t1 - t0:.2f}s, compare {t2 - t1:.2f}s)")
+        if not ok:
+            for ln in lines:
+                print(f"  {ln}")
+        all_ok &= ok
+    print("PASS" if all_ok else "FAIL")
+    return 0 if all_ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
