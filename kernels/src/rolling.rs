@@ -378,6 +378,8 @@ fn two_sum(a: f64, b: f64) -> (f64, f64) {
 /// Count / sum / mean / M2 of the non-null values in a window: a
 /// commutative monoid, merged by the two-stacks aggregate.
 trait Moments: Copy {
+    /// Tracks M2 (sample variance); false lets the variance code vanish.
+    const HAS_M2: bool;
     const EMPTY: Self;
     fn push(&mut self, x: f64);
     fn merge(&self, other: &Self) -> Self;
@@ -393,6 +395,7 @@ struct CountM {
 }
 
 impl Moments for CountM {
+    const HAS_M2: bool = false;
     const EMPTY: Self = CountM { n: 0 };
     #[inline(always)]
     fn push(&mut self, _: f64) {
@@ -431,6 +434,7 @@ fn finish_sum(s: f64, c: f64) -> f64 {
 }
 
 impl Moments for SumM {
+    const HAS_M2: bool = false;
     const EMPTY: Self = SumM {
         n: 0,
         s: 0.0,
@@ -482,6 +486,7 @@ struct VarM {
 }
 
 impl Moments for VarM {
+    const HAS_M2: bool = true;
     const EMPTY: Self = VarM {
         n: 0,
         s: 0.0,
@@ -688,7 +693,7 @@ fn run_dispatch(
 #[inline(always)]
 fn sample_var<M: Moments>(m: &M) -> Option<f64> {
     let n = m.count();
-    if n < 2 {
+    if !M::HAS_M2 || n < 2 {
         return None;
     }
     let v = m.m2() / (n - 1) as f64;

@@ -1,0 +1,294 @@
+//! The rolling job against a brute-force reference written here: every rank
+//! count, local and tcp, every closed mode, grouped and ungrouped; windows
+//! covering no rows, about 10 rows, rows on several other ranks, and all the
+//! data; ranks with no rows; all rows with one ts; null values and keys;
+//! unsorted input; int64 and timestamp order columns.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail by panicking
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use arrow_array::{Array, ArrayRef, Float64Array, Int64Array, RecordBatch, TimestampMillisecondArray};
+use arrow_schema::{DataType, Field, Schema, SchemaRef, TimeUnit};
+use braid_core::comm::tcp::TcpComm;
+use braid_core::world::{context_for, contexts};
+use braid_core::{Communicator, Context, MemoryLimits, WorldSpec};
+use braid_kernels::rolling::{Agg, Closed};
+use braid_nodes::job::{Output, RollingJob};
+use braid_nodes::rolling::RollingSpec;
+use braid_nodes::sink::CollectSink;
+use braid_nodes::source::Source;
+use braid_tests::{seed_of, SplitMix, RANK_COUNTS};
+
+#[derive(Debug, Clone, Copy)]
+struct Row {
+    id: i64,
+    ts: i64,
+    key: Option<i64>,
+    v: Option<f64>,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Data {
+    /// Uniform ts, nulls in values and keys.
+    Uniform,
+    /// Every row has the same ts (one rank ends up with all rows).
+    AllEqual,
+    /// Five rows: most ranks have none.
+    Tiny,
+}
+
+fn rows(data: Data, seed: u64) -> (Vec<Row>, i64) {
+    let mut g = SplitMix(seed);
+    let (n, span) = match data {
+        Data::Uniform => (400usize, 4000i64),
+        Data::AllEqual => (60, 1),
+        Data::Tiny => (5, 50),
+    };
+    let rows = (0..n)
+        .map(|i| Row {
+            id: i as i64,
+            ts: match data {
+                Data::AllEqual => 1234,
+                _ => g.below(span as u64) as i64 - span / 3,
+            },
+            key: if g.below(10) == 0 { None } else { Some(g.below(4) as i64) },
+            v: if g.below(8) == 0 { None } else { Some((g.below(2_000_000) as f64 - 1e6) / 1e3) },
+        })
+        .collect();
+    (rows, span)
+}
+
+fn schema(timestamp: bool) -> SchemaRef {
+    let ts = if timestamp {
+        DataType::Timestamp(TimeUnit::Millisecond, None)
+    } else {
+        DataType::Int64
+    };
+    Arc::new(Schema::new(vec![
+        Field::new("id", DataType::Int64, false),
+        Field::new("ts", ts, false),
+        Field::new("key", DataType::Int64, true),
+        Field::new("v", DataType::Float64, true),
+    ]))
+}
+
+fn batch(rows: &[Row], timestamp: bool) -> RecordBatch {
+    let ts: Vec<i64> = rows.iter().map(|r| r.ts).collect();
+    let ts: ArrayRef = if timestamp {
+        Arc::new(TimestampMillisecondArray::from(ts))
+    } else {
+        Arc::new(Int64Array::from(ts))
+    };
+    RecordBatch::try_new(
+        schema(timestamp),
+        vec![
+            Arc::new(Int64Array::from(rows.iter().map(|r| r.id).collect::<Vec<_>>())),
+            ts,
+            Arc::new(Int64Array::from(rows.iter().map(|r| r.key).collect::<Vec<_>>())),
+            Arc::new(Float64Array::from(rows.iter().map(|r| r.v).collect::<Vec<_>>())),
+        ],
+    )
+    .unwrap()
+}
+
+const AGGS: [Agg; 7] = [Agg::Sum, Agg::Mean, Agg::Min, Agg::Max, Agg::Count, Agg::Std, Agg::Var];
+
+fn in_window(t: i64, x: i64, w: i64, closed: Closed) -> bool {
+    let (t, x, w) = (t as i128, x as i128, w as i128);
+    match closed {
+        Closed::Right => t - w < x && x <= t,
+        Closed::Both => t - w <= x && x <= t,
+        Closed::Left => t - w <= x && x < t,
+        Closed::None => t - w < x && x < t,
+    }
+}
+
+/// The expected aggregates of every row, by id, computed directly.
+fn brute(rows: &[Row], grouped: bool, w: i64, closed: Closed) -> HashMap<i64, Vec<Option<f64>>> {
+    let mut out = HashMap::new();
+    for r in rows {
+        let vals: Vec<f64> = rows
+            .iter()
+            .filter(|o| (!grouped || o.key == r.key) && in_window(r.ts, o.ts, w, closed))
+            .filter_map(|o| o.v)
+            .collect();
+        let n = vals.len();
+        let sum: f64 = vals.iter().sum();
+        let mean = sum / n as f64;
+        let var = if n >= 2 {
+            Some(vals.iter().map(|x| (x - mean) * (x - mean)).sum::<f64>() / (n - 1) as f64)
+        } else {
+            None
+        };
+        let some = |x: f64| if n > 0 { Some(x) } else { None };
+        out.insert(
+            r.id,
+            vec![
+                some(sum),
+                some(mean),
+                some(vals.iter().cloned().fold(f64::INFINITY, f64::min)),
+                some(vals.iter().cloned().fold(f64::NEG_INFINITY, f64::max)),
+                Some(n as f64),
+                var.map(f64::sqrt),
+                var,
+            ],
+        );
+    }
+    out
+}
+
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() <= 1e-6 + 1e-9 * b.abs()
+}
+
+async fn run_case(ctxs: &[Context], rows: &[Row], timestamp: bool, grouped: bool, w: i64, closed: Closed, what: &str) {
+    let n = ctxs.len();
+    let spec = RollingSpec {
+        order: "ts".into(),
+        by: grouped.then(|| "key".to_string()),
+        values: vec!["v".into()],
+        window: w,
+        closed,
+        aggs: AGGS.to_vec(),
+    };
+    let mut hs = Vec::new();
+    let mut sinks = Vec::new();
+    for (r, ctx) in ctxs.iter().enumerate() {
+        // Unsorted input, unevenly spread: rank r gets ids = r mod n, and
+        // odd ranks get nothing when n > 2.
+        let mine: Vec<Row> = rows
+            .iter()
+            .filter(|x| {
+                let owner = if n > 2 { (x.id as usize % n.div_ceil(2)) * 2 } else { x.id as usize % n };
+                owner == r
+            })
+            .copied()
+            .collect();
+        let sink = CollectSink::new();
+        sinks.push(sink.clone());
+        let job = RollingJob {
+            source: Source::Memory(schema(timestamp), vec![batch(&mine, timestamp)]),
+            spec: spec.clone(),
+            output: Output::Collect(sink),
+            chunk_rows: 37,
+        };
+        let ctx = ctx.clone();
+        hs.push(tokio::spawn(async move { job.run(ctx, None).await }));
+    }
+    let mut total_in = 0;
+    for h in hs {
+        let c = tokio::time::timeout(Duration::from_secs(60), h)
+            .await
+            .unwrap_or_else(|_| panic!("{what}: a rank hung"))
+            .unwrap()
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        total_in += c.rows_in;
+    }
+    assert_eq!(total_in as usize, rows.len(), "{what}");
+    let want = brute(rows, grouped, w, closed);
+    let mut seen = 0;
+    for s in sinks {
+        for b in s.batches() {
+            let ids = b.column_by_name("id").unwrap().as_any().downcast_ref::<Int64Array>().unwrap().clone();
+            for (k, agg) in AGGS.iter().enumerate() {
+                let col = b.column_by_name(&format!("v_{}", agg.name())).unwrap();
+                let col = arrow_cast_f64(col);
+                for i in 0..b.num_rows() {
+                    let id = ids.value(i);
+                    let exp = want[&id][k];
+                    let got = (!col.is_null(i)).then(|| col.value(i));
+                    match (exp, got) {
+                        (None, None) => {}
+                        (Some(e), Some(g)) if close(g, e) => {}
+                        _ => panic!("{what}: row {id} {}: got {got:?}, want {exp:?}", agg.name()),
+                    }
+                }
+            }
+            seen += b.num_rows();
+        }
+    }
+    assert_eq!(seen, rows.len(), "{what}: every input row once");
+}
+
+fn arrow_cast_f64(a: &ArrayRef) -> Float64Array {
+    match a.as_any().downcast_ref::<Float64Array>() {
+        Some(f) => f.clone(),
+        None => {
+            let i = a.as_any().downcast_ref::<Int64Array>().unwrap();
+            i.iter().map(|x| x.map(|v| v as f64)).collect()
+        }
+    }
+}
+
+async fn matrix(ctxs: Vec<Context>, backend: &str) {
+    let n = ctxs.len();
+    for (d, data) in [Data::Uniform, Data::AllEqual, Data::Tiny].into_iter().enumerate() {
+        let timestamp = d == 1;
+        let (rows, span) = rows(data, seed_of(&[n as u64, d as u64]));
+        // No rows, ~10 rows, several ranks' worth, everything.
+        let windows: Vec<i64> = match data {
+            Data::Uniform => vec![0, span * 10 / rows.len() as i64, span / 2, span * 4],
+            _ => vec![0, 1, span * 4],
+        };
+        for w in windows {
+            for closed in [Closed::Right, Closed::Both, Closed::Left, Closed::None] {
+                for grouped in [false, true] {
+                    let what = format!("{backend} {n} ranks, {data:?}, w={w}, {closed:?}, grouped={grouped}");
+                    run_case(&ctxs, &rows, timestamp, grouped, w, closed, &what).await;
+                }
+            }
+        }
+    }
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
+}
+
+#[test]
+fn rolling_matches_brute_force_local() {
+    let rt = runtime();
+    for n in RANK_COUNTS {
+        rt.block_on(async {
+            let ctxs = contexts(&WorldSpec::Local { nranks: n }, MemoryLimits::UNLIMITED).await.unwrap();
+            matrix(ctxs, "local").await;
+        });
+    }
+}
+
+#[test]
+fn rolling_matches_brute_force_tcp() {
+    let rt = runtime();
+    for n in RANK_COUNTS {
+        rt.block_on(async {
+            let ctxs: Vec<Context> = TcpComm::in_process_world(n)
+                .await
+                .unwrap()
+                .into_iter()
+                .map(|c| context_for(Arc::new(c) as Arc<dyn Communicator>, MemoryLimits::UNLIMITED))
+                .collect();
+            matrix(ctxs.clone(), "tcp").await;
+            let downs: Vec<_> = ctxs.iter().map(|c| c.comm().shutdown()).collect();
+            for d in futures::future::join_all(downs).await {
+                d.unwrap();
+            }
+        });
+    }
+}
+
+#[test]
+fn rolling_under_a_memory_limit_spills_and_matches() {
+    let rt = runtime();
+    rt.block_on(async {
+        let limits = MemoryLimits { device: None, host: Some(4 << 10) };
+        let ctxs = contexts(&WorldSpec::Local { nranks: 3 }, limits).await.unwrap();
+        let (rows, span) = rows(Data::Uniform, 99);
+        run_case(&ctxs, &rows, false, false, span / 20, Closed::Right, "memory limit, ungrouped").await;
+        run_case(&ctxs, &rows, false, true, span / 20, Closed::Both, "memory limit, grouped").await;
+        let spilled: u64 = ctxs.iter().map(|c| c.statistics().spilled_bytes()).sum();
+        assert!(spilled > 0, "nothing spilled under a 4 KiB limit");
+    });
+}
