@@ -138,7 +138,7 @@ impl Graph {
             return Ok(());
         };
         let e = failures.swap_remove(pos).1;
-        tracing::error!("{e}");
+        tracing::debug!("{e}");
         // Ranks blocked on this one must not wait forever.
         self.ctx.comm().abort(&e.to_string());
         Err(e)

@@ -44,7 +44,10 @@ mod tests {
     fn roundtrip() {
         let b = RecordBatch::try_from_iter([
             ("a", Arc::new(Int64Array::from(vec![1, 2, 3])) as _),
-            ("b", Arc::new(Float64Array::from(vec![Some(1.5), None, Some(2.0)])) as _),
+            (
+                "b",
+                Arc::new(Float64Array::from(vec![Some(1.5), None, Some(2.0)])) as _,
+            ),
         ])
         .unwrap();
         let back = unpack(&pack(&b).unwrap()).unwrap();

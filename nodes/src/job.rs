@@ -4,13 +4,13 @@
 //!   source ──chunks──> rolling (sort or shuffle, halo, kernel) ──chunks──> sink
 //! ```
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
-use braid_core::{channel, Context, Graph, NodeError, Payload};
+use braid_core::{Context, Graph, NodeError, Payload, channel};
 
 use crate::error::DataError;
-use crate::rolling::{rolling_node, RollingSpec};
+use crate::rolling::{RollingSpec, rolling_node};
 use crate::sink::{CollectSink, FileSink};
 use crate::source::Source;
 
@@ -60,7 +60,11 @@ impl RollingJob {
     }
 
     /// Runs the job on this rank. `progress` counts rows read.
-    pub async fn run(self, ctx: Context, progress: Option<Arc<AtomicU64>>) -> Result<JobCounts, NodeError> {
+    pub async fn run(
+        self,
+        ctx: Context,
+        progress: Option<Arc<AtomicU64>>,
+    ) -> Result<JobCounts, NodeError> {
         let schema = self.source.schema()?;
         let out_schema = self.spec.output_schema(&schema)?;
         let (src_tx, src_rx) = channel(4);
@@ -86,7 +90,14 @@ impl RollingJob {
         }
         g.add(
             "rolling",
-            rolling_node(ctx.clone(), self.spec.clone(), schema.clone(), self.chunk_rows, src_rx, out_tx),
+            rolling_node(
+                ctx.clone(),
+                self.spec.clone(),
+                schema.clone(),
+                self.chunk_rows,
+                src_rx,
+                out_tx,
+            ),
         );
         let ro = rows_out.clone();
         match self.output {

@@ -30,19 +30,24 @@ pub fn hash_bytes(b: &[u8]) -> u64 {
 
 /// Index of the named column, or a clear error.
 pub fn column_index(batch_schema: &arrow_schema::Schema, name: &str) -> Result<usize> {
-    batch_schema.index_of(name).map_err(|_| DataError::MissingColumn {
-        name: name.to_string(),
-        available: batch_schema
-            .fields()
-            .iter()
-            .map(|f| f.name().as_str())
-            .collect::<Vec<_>>()
-            .join(", "),
-    })
+    batch_schema
+        .index_of(name)
+        .map_err(|_| DataError::MissingColumn {
+            name: name.to_string(),
+            available: batch_schema
+                .fields()
+                .iter()
+                .map(|f| f.name().as_str())
+                .collect::<Vec<_>>()
+                .join(", "),
+        })
 }
 
 /// A row converter for the given key columns with their sort options.
-pub fn converter(batch_schema: &arrow_schema::Schema, keys: &[(usize, SortOptions)]) -> Result<RowConverter> {
+pub fn converter(
+    batch_schema: &arrow_schema::Schema,
+    keys: &[(usize, SortOptions)],
+) -> Result<RowConverter> {
     let fields = keys
         .iter()
         .map(|(i, o)| SortField::new_with_options(batch_schema.field(*i).data_type().clone(), *o))
@@ -51,7 +56,11 @@ pub fn converter(batch_schema: &arrow_schema::Schema, keys: &[(usize, SortOption
 }
 
 /// The key columns of `batch` in row format.
-pub fn key_rows(conv: &RowConverter, batch: &RecordBatch, keys: &[(usize, SortOptions)]) -> Result<Rows> {
+pub fn key_rows(
+    conv: &RowConverter,
+    batch: &RecordBatch,
+    keys: &[(usize, SortOptions)],
+) -> Result<Rows> {
     let cols: Vec<ArrayRef> = keys.iter().map(|(i, _)| batch.column(*i).clone()).collect();
     Ok(conv.convert_columns(&cols)?)
 }
@@ -78,8 +87,15 @@ pub fn split_by(batch: &RecordBatch, dest: &[u32], nparts: usize) -> Result<Vec<
 
 /// Hash partitioning on the key columns: row i goes to
 /// `hash(key_i) % nparts`.
-pub fn hash_partition(batch: &RecordBatch, key_cols: &[usize], nparts: usize) -> Result<Vec<RecordBatch>> {
-    let keys: Vec<(usize, SortOptions)> = key_cols.iter().map(|i| (*i, SortOptions::default())).collect();
+pub fn hash_partition(
+    batch: &RecordBatch,
+    key_cols: &[usize],
+    nparts: usize,
+) -> Result<Vec<RecordBatch>> {
+    let keys: Vec<(usize, SortOptions)> = key_cols
+        .iter()
+        .map(|i| (*i, SortOptions::default()))
+        .collect();
     let conv = converter(batch.schema_ref(), &keys)?;
     let rows = key_rows(&conv, batch, &keys)?;
     let dest: Vec<u32> = (0..rows.num_rows())
@@ -118,8 +134,14 @@ mod tests {
     #[test]
     fn equal_keys_share_a_partition() {
         let b = RecordBatch::try_from_iter([
-            ("k", Arc::new(StringArray::from(vec!["a", "b", "a", "c", "b", "a"])) as ArrayRef),
-            ("v", Arc::new(Int64Array::from(vec![1, 2, 3, 4, 5, 6])) as ArrayRef),
+            (
+                "k",
+                Arc::new(StringArray::from(vec!["a", "b", "a", "c", "b", "a"])) as ArrayRef,
+            ),
+            (
+                "v",
+                Arc::new(Int64Array::from(vec![1, 2, 3, 4, 5, 6])) as ArrayRef,
+            ),
         ])
         .unwrap();
         let parts = hash_partition(&b, &[0], 3).unwrap();
@@ -128,7 +150,10 @@ mod tests {
             let ks = p.column(0).as_any().downcast_ref::<StringArray>().unwrap();
             for k in ["a", "b", "c"] {
                 let here = ks.iter().filter(|x| *x == Some(k)).count();
-                let total = ["a", "b", "a", "c", "b", "a"].iter().filter(|x| **x == k).count();
+                let total = ["a", "b", "a", "c", "b", "a"]
+                    .iter()
+                    .filter(|x| **x == k)
+                    .count();
                 assert!(here == 0 || here == total, "key {k} split");
             }
         }
@@ -136,16 +161,27 @@ mod tests {
 
     #[test]
     fn range_partition_by_splitters() {
-        let b = RecordBatch::try_from_iter([("t", Arc::new(Int64Array::from(vec![5, 1, 9, 5, 3])) as ArrayRef)]).unwrap();
+        let b = RecordBatch::try_from_iter([(
+            "t",
+            Arc::new(Int64Array::from(vec![5, 1, 9, 5, 3])) as ArrayRef,
+        )])
+        .unwrap();
         let keys = [(0usize, SortOptions::default())];
         let conv = converter(b.schema_ref(), &keys).unwrap();
         let split_rows = conv
             .convert_columns(&[Arc::new(Int64Array::from(vec![3, 5])) as ArrayRef])
             .unwrap();
-        let splitters: Vec<Vec<u8>> = (0..2).map(|i| split_rows.row(i).as_ref().to_vec()).collect();
+        let splitters: Vec<Vec<u8>> = (0..2)
+            .map(|i| split_rows.row(i).as_ref().to_vec())
+            .collect();
         let parts = range_partition(&b, &conv, &keys, &splitters).unwrap();
         let vals = |p: &RecordBatch| -> Vec<i64> {
-            p.column(0).as_any().downcast_ref::<Int64Array>().unwrap().values().to_vec()
+            p.column(0)
+                .as_any()
+                .downcast_ref::<Int64Array>()
+                .unwrap()
+                .values()
+                .to_vec()
         };
         assert_eq!(vals(&parts[0]), vec![1, 3]);
         assert_eq!(vals(&parts[1]), vec![5, 5]);

@@ -29,15 +29,15 @@ use std::sync::Arc;
 use arrow_array::{Array, ArrayRef, Float64Array, Int64Array, RecordBatch};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use arrow_select::concat::concat_batches;
-use braid_coll::{allgather, HaloExchange};
+use braid_coll::{HaloExchange, allgather};
 use braid_core::{Context, Message, NodeError, PackedData, Payload, Receiver, Sender};
-use braid_kernels::rolling::{rolling, rolling_segments, Agg, Closed};
+use braid_kernels::rolling::{Agg, Closed, rolling, rolling_segments};
 
 use crate::error::{DataError, Result};
 use crate::ipc::{pack, unpack};
 use crate::partition::column_index;
 use crate::shuffle::hash_shuffle;
-use crate::sort::{local_sort, DistributedSort, SortKey};
+use crate::sort::{DistributedSort, SortKey, local_sort};
 
 /// What to compute.
 #[derive(Debug, Clone)]
@@ -65,7 +65,10 @@ impl RollingSpec {
     /// work) and returns the output schema.
     pub fn output_schema(&self, schema: &Schema) -> Result<SchemaRef> {
         if self.window < 0 {
-            return Err(DataError::Invalid(format!("window must be >= 0, got {}", self.window)));
+            return Err(DataError::Invalid(format!(
+                "window must be >= 0, got {}",
+                self.window
+            )));
         }
         if self.values.is_empty() {
             return Err(DataError::Invalid("no value columns given".into()));
@@ -99,9 +102,15 @@ impl RollingSpec {
             for a in &self.aggs {
                 let name = format!("{v}_{}", a.name());
                 if schema.index_of(&name).is_ok() {
-                    return Err(DataError::Invalid(format!("input already has a column named {name:?}")));
+                    return Err(DataError::Invalid(format!(
+                        "input already has a column named {name:?}"
+                    )));
                 }
-                let dt = if *a == Agg::Count { DataType::Int64 } else { DataType::Float64 };
+                let dt = if *a == Agg::Count {
+                    DataType::Int64
+                } else {
+                    DataType::Float64
+                };
                 fields.push(Arc::new(Field::new(name, dt, *a != Agg::Count)));
             }
         }
@@ -163,7 +172,9 @@ pub async fn rolling_node(
             while let Some(m) = input.recv().await {
                 match m.payload {
                     Payload::Table(t) => batches.push(t.into_batch()),
-                    Payload::Packed(_) => return Err(NodeError::other("rolling got a non-table message")),
+                    Payload::Packed(_) => {
+                        return Err(NodeError::other("rolling got a non-table message"));
+                    }
                 }
             }
             let sorted = DistributedSort::new(vec![SortKey::asc(&spec.order)])
@@ -177,7 +188,9 @@ pub async fn rolling_node(
     let mut seq = 0;
     while off < result.num_rows() {
         let len = chunk_rows.min(result.num_rows() - off);
-        output.send(Message::new(seq, result.slice(off, len))).await?;
+        output
+            .send(Message::new(seq, result.slice(off, len)))
+            .await?;
         seq += 1;
         off += len;
     }
@@ -185,7 +198,11 @@ pub async fn rolling_node(
 }
 
 /// Appends the aggregation columns to `batch`.
-fn with_aggs(batch: &RecordBatch, out_schema: SchemaRef, cols: Vec<ArrayRef>) -> Result<RecordBatch> {
+fn with_aggs(
+    batch: &RecordBatch,
+    out_schema: SchemaRef,
+    cols: Vec<ArrayRef>,
+) -> Result<RecordBatch> {
     let mut all: Vec<ArrayRef> = batch.columns().to_vec();
     all.extend(cols);
     Ok(RecordBatch::try_new(out_schema, all)?)
@@ -193,7 +210,9 @@ fn with_aggs(batch: &RecordBatch, out_schema: SchemaRef, cols: Vec<ArrayRef>) ->
 
 fn agg_array(agg: Agg, values: Vec<f64>, valid: Vec<bool>) -> ArrayRef {
     if agg == Agg::Count {
-        Arc::new(Int64Array::from(values.into_iter().map(|c| c as i64).collect::<Vec<_>>()))
+        Arc::new(Int64Array::from(
+            values.into_iter().map(|c| c as i64).collect::<Vec<_>>(),
+        ))
     } else {
         Arc::new(Float64Array::new(values.into(), Some(valid.into())))
     }
@@ -217,8 +236,16 @@ fn grouped(local: &RecordBatch, spec: &RollingSpec, out_schema: SchemaRef) -> Re
     let mut cols = Vec::new();
     for v in &spec.values {
         let (vals, valid) = value_columns(&sorted, column_index(&schema, v)?)?;
-        let r = rolling_segments(&ts, &vals, valid.as_deref(), &offsets, spec.window, spec.closed, &spec.aggs)
-            .map_err(|e| DataError::Invalid(e.to_string()))?;
+        let r = rolling_segments(
+            &ts,
+            &vals,
+            valid.as_deref(),
+            &offsets,
+            spec.window,
+            spec.closed,
+            &spec.aggs,
+        )
+        .map_err(|e| DataError::Invalid(e.to_string()))?;
         for c in r.columns {
             cols.push(agg_array(c.agg, c.values, c.valid));
         }
@@ -227,13 +254,26 @@ fn grouped(local: &RecordBatch, spec: &RollingSpec, out_schema: SchemaRef) -> Re
 }
 
 /// Ungrouped: `sorted` is this rank's run of the globally sorted table.
-async fn ungrouped(ctx: &Context, sorted: RecordBatch, spec: &RollingSpec, out_schema: SchemaRef) -> Result<RecordBatch> {
+async fn ungrouped(
+    ctx: &Context,
+    sorted: RecordBatch,
+    spec: &RollingSpec,
+    out_schema: SchemaRef,
+) -> Result<RecordBatch> {
     let (me, n) = (ctx.rank() as usize, ctx.nranks() as usize);
     let schema = sorted.schema();
     let oi = column_index(&schema, &spec.order)?;
     let ts = order_values(&sorted, oi, &spec.order)?;
     // 2. Everyone's (rows, min ts, max ts).
-    let info = allgather(ctx, vec![ts.len() as i64, ts.first().copied().unwrap_or(0), ts.last().copied().unwrap_or(0)]).await?;
+    let info = allgather(
+        ctx,
+        vec![
+            ts.len() as i64,
+            ts.first().copied().unwrap_or(0),
+            ts.last().copied().unwrap_or(0),
+        ],
+    )
+    .await?;
     let rows = |r: usize| info[3 * r];
     let tmin = |r: usize| info[3 * r + 1];
     let tmax = |r: usize| info[3 * r + 2];
@@ -246,10 +286,15 @@ async fn ungrouped(ctx: &Context, sorted: RecordBatch, spec: &RollingSpec, out_s
         }
     };
     // What a rank must pass right: rows some rank further right needs.
-    let pass_from = |r: usize| -> Option<i64> { (r + 1..n).filter(|j| rows(*j) > 0).map(need).min() };
+    let pass_from =
+        |r: usize| -> Option<i64> { (r + 1..n).filter(|j| rows(*j) > 0).map(need).min() };
     let rounds = (0..n)
         .filter(|j| rows(*j) > 0)
-        .filter_map(|j| (0..j).find(|k| rows(*k) > 0 && tmax(*k) >= need(j)).map(|k| j - k))
+        .filter_map(|j| {
+            (0..j)
+                .find(|k| rows(*k) > 0 && tmax(*k) >= need(j))
+                .map(|k| j - k)
+        })
         .max()
         .unwrap_or(0);
     // 3. Halo rounds. Ghost batches hold the order and value columns only.
@@ -298,8 +343,16 @@ async fn ungrouped(ctx: &Context, sorted: RecordBatch, spec: &RollingSpec, out_s
         let mut cols = Vec::new();
         for (k, _) in spec2.values.iter().enumerate() {
             let (vals, valid) = value_columns(&all, k + 1)?;
-            let r = rolling(&all_ts, &vals, valid.as_deref(), spec2.window, spec2.closed, &spec2.aggs, emit_from)
-                .map_err(|e| DataError::Invalid(e.to_string()))?;
+            let r = rolling(
+                &all_ts,
+                &vals,
+                valid.as_deref(),
+                spec2.window,
+                spec2.closed,
+                &spec2.aggs,
+                emit_from,
+            )
+            .map_err(|e| DataError::Invalid(e.to_string()))?;
             for c in r.columns {
                 cols.push(agg_array(c.agg, c.values, c.valid));
             }

@@ -14,7 +14,12 @@ use crate::partition::{column_index, hash_partition};
 
 /// Shuffles the chunks arriving on `input` by the hash of `keys`; returns
 /// this rank's share as one batch.
-pub async fn hash_shuffle(ctx: &Context, schema: SchemaRef, keys: &[String], mut input: Receiver) -> Result<RecordBatch> {
+pub async fn hash_shuffle(
+    ctx: &Context,
+    schema: SchemaRef,
+    keys: &[String],
+    mut input: Receiver,
+) -> Result<RecordBatch> {
     let n = ctx.nranks();
     let cols: Vec<usize> = keys
         .iter()
@@ -26,14 +31,21 @@ pub async fn hash_shuffle(ctx: &Context, schema: SchemaRef, keys: &[String], mut
             return Err(DataError::Invalid("shuffle got a non-table message".into()));
         };
         let cols = cols.clone();
-        let parts = tokio::task::spawn_blocking(move || -> Result<Vec<Option<braid_core::PackedData>>> {
-            hash_partition(t.batch(), &cols, n as usize)?
-                .iter()
-                .map(|p| if p.num_rows() == 0 { Ok(None) } else { pack(p).map(Some) })
-                .collect()
-        })
-        .await
-        .map_err(|e| DataError::Invalid(e.to_string()))??;
+        let parts =
+            tokio::task::spawn_blocking(move || -> Result<Vec<Option<braid_core::PackedData>>> {
+                hash_partition(t.batch(), &cols, n as usize)?
+                    .iter()
+                    .map(|p| {
+                        if p.num_rows() == 0 {
+                            Ok(None)
+                        } else {
+                            pack(p).map(Some)
+                        }
+                    })
+                    .collect()
+            })
+            .await
+            .map_err(|e| DataError::Invalid(e.to_string()))??;
         for (dest, p) in parts.into_iter().enumerate() {
             if let Some(p) = p {
                 shuffle.insert(dest as u32, p)?;

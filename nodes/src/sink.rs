@@ -21,8 +21,8 @@ use arrow_array::RecordBatch;
 use arrow_schema::SchemaRef;
 use braid_coll::barrier;
 use braid_core::{Context, NodeError, Payload, Receiver};
-use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::arrow::ArrowWriter;
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::basic::Compression;
 use parquet::file::properties::WriterProperties;
 
@@ -98,7 +98,8 @@ impl FileSink {
     /// the staging directory. Call on every rank.
     pub fn prepare(&self) -> Result<()> {
         let staging = self.target.staging();
-        std::fs::create_dir_all(&staging).map_err(|e| DataError::file(&staging, format!("output is not writable: {e}")))?;
+        std::fs::create_dir_all(&staging)
+            .map_err(|e| DataError::file(&staging, format!("output is not writable: {e}")))?;
         if let SinkTarget::File(f) = &self.target {
             if f.is_dir() {
                 return Err(DataError::file(f, "output file is a directory"));
@@ -120,27 +121,55 @@ impl FileSink {
                 let props = WriterProperties::builder()
                     .set_compression(Compression::SNAPPY)
                     .build();
-                Writer::Parquet(ArrowWriter::try_new(f, self.schema.clone(), Some(props)).map_err(|e| DataError::file(path, e))?)
+                Writer::Parquet(
+                    ArrowWriter::try_new(f, self.schema.clone(), Some(props))
+                        .map_err(|e| DataError::file(path, e))?,
+                )
             }
-            FileFormat::Csv => Writer::Csv(arrow_csv::WriterBuilder::new().with_header(true).build(f)),
+            FileFormat::Csv => {
+                Writer::Csv(arrow_csv::WriterBuilder::new().with_header(true).build(f))
+            }
         })
     }
 
     /// Writes every chunk of `input`, then commits (see the module doc).
-    pub async fn run(self, ctx: Context, mut input: Receiver) -> Result<(), NodeError> {
+    /// If the job fails or this node is cancelled, its staged part (and, on
+    /// rank 0, the staging directory) is removed.
+    pub fn run(
+        self,
+        ctx: Context,
+        mut input: Receiver,
+    ) -> impl std::future::Future<Output = Result<(), NodeError>> + Send + 'static {
         let rank = ctx.rank();
-        let part = self.part(rank);
-        let res = self.write_and_commit(&ctx, &mut input, &part).await;
-        if res.is_err() {
-            let _ = std::fs::remove_file(&part);
-            if rank == 0 {
-                let _ = std::fs::remove_dir_all(self.target.staging());
+        // Created now, not at the first poll: a sink cancelled before it ran
+        // cleans up too.
+        let guard = StagingGuard {
+            part: self.part(rank),
+            staging: (rank == 0).then(|| self.target.staging()),
+            armed: true,
+        };
+        async move {
+            let mut guard = guard;
+            let part = guard.part.clone();
+            let res = self.write_and_commit(&ctx, &mut input, &part).await;
+            if res.is_ok() {
+                guard.armed = false;
             }
+            res
         }
-        res
     }
 
-    async fn write_and_commit(&self, ctx: &Context, input: &mut Receiver, part: &Path) -> Result<(), NodeError> {
+    /// Removes the staging area (after a failure outside the graph).
+    pub fn abandon(&self) {
+        let _ = std::fs::remove_dir_all(self.target.staging());
+    }
+
+    async fn write_and_commit(
+        &self,
+        ctx: &Context,
+        input: &mut Receiver,
+        part: &Path,
+    ) -> Result<(), NodeError> {
         let mut w = self.open(part)?;
         while let Some(m) = input.recv().await {
             let Payload::Table(t) = m.payload else {
@@ -232,7 +261,9 @@ impl FileSink {
                 }
                 FileFormat::Csv => {
                     use std::io::{BufRead, BufReader, Write};
-                    let mut out = std::io::BufWriter::new(File::create(&tmp).map_err(|e| DataError::file(&tmp, e))?);
+                    let mut out = std::io::BufWriter::new(
+                        File::create(&tmp).map_err(|e| DataError::file(&tmp, e))?,
+                    );
                     for (i, p) in parts.iter().enumerate() {
                         let f = BufReader::new(File::open(p).map_err(|e| DataError::file(p, e))?);
                         for (j, line) in f.split(b'\n').enumerate() {
@@ -241,7 +272,9 @@ impl FileSink {
                             if j == 0 && i > 0 || line.is_empty() {
                                 continue;
                             }
-                            out.write_all(&line).and_then(|_| out.write_all(b"\n")).map_err(|e| DataError::file(&tmp, e))?;
+                            out.write_all(&line)
+                                .and_then(|_| out.write_all(b"\n"))
+                                .map_err(|e| DataError::file(&tmp, e))?;
                         }
                     }
                     out.flush().map_err(|e| DataError::file(&tmp, e))?;
@@ -253,6 +286,25 @@ impl FileSink {
             let _ = std::fs::remove_file(&tmp);
         }
         res
+    }
+}
+
+/// Removes a rank's staged part, and on rank 0 the staging directory,
+/// unless the sink committed.
+struct StagingGuard {
+    part: PathBuf,
+    staging: Option<PathBuf>,
+    armed: bool,
+}
+
+impl Drop for StagingGuard {
+    fn drop(&mut self) {
+        if self.armed {
+            let _ = std::fs::remove_file(&self.part);
+            if let Some(s) = &self.staging {
+                let _ = std::fs::remove_dir_all(s);
+            }
+        }
     }
 }
 
@@ -283,6 +335,9 @@ impl CollectSink {
 
     /// What was collected.
     pub fn batches(&self) -> Vec<RecordBatch> {
-        self.batches.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        self.batches
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 }

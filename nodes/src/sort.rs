@@ -17,7 +17,7 @@
 use std::sync::Arc;
 
 use arrow_array::RecordBatch;
-use arrow_ord::sort::{lexsort_to_indices, SortColumn};
+use arrow_ord::sort::{SortColumn, lexsort_to_indices};
 use arrow_schema::{SchemaRef, SortOptions};
 use arrow_select::concat::concat_batches;
 use arrow_select::take::take_record_batch;
@@ -99,14 +99,21 @@ impl DistributedSort {
 
     /// Sorts the table whose local part is `batches`; returns this rank's
     /// sorted partition.
-    pub async fn sort(&self, ctx: &Context, schema: SchemaRef, batches: Vec<RecordBatch>) -> Result<RecordBatch> {
+    pub async fn sort(
+        &self,
+        ctx: &Context,
+        schema: SchemaRef,
+        batches: Vec<RecordBatch>,
+    ) -> Result<RecordBatch> {
         let n = ctx.nranks() as usize;
         let keys = resolve(&schema, &self.keys)?;
         if n == 1 {
             let (schema, sk) = (schema.clone(), self.keys.clone());
-            return tokio::task::spawn_blocking(move || local_sort(&concat_batches(&schema, &batches)?, &sk))
-                .await
-                .map_err(|e| DataError::Invalid(e.to_string()))?;
+            return tokio::task::spawn_blocking(move || {
+                local_sort(&concat_batches(&schema, &batches)?, &sk)
+            })
+            .await
+            .map_err(|e| DataError::Invalid(e.to_string()))?;
         }
         // 1. Sample.
         let conv = Arc::new(converter(&schema, &keys)?);
@@ -164,7 +171,9 @@ impl DistributedSort {
         let splitters: Vec<Vec<u8>> = if samples.is_empty() {
             Vec::new()
         } else {
-            (1..n).map(|k| samples[k * samples.len() / n].clone()).collect()
+            (1..n)
+                .map(|k| samples[k * samples.len() / n].clone())
+                .collect()
         };
         // 3 + 4. Partition, shuffle, sort locally.
         let shuffle = Shuffle::new(ctx, n as u32, PartitionOwner::RoundRobin, None);
@@ -173,7 +182,13 @@ impl DistributedSort {
             let parts = tokio::task::spawn_blocking(move || -> Result<Vec<Option<PackedData>>> {
                 range_partition(&b, &c2, &k2, &s2)?
                     .iter()
-                    .map(|p| if p.num_rows() == 0 { Ok(None) } else { pack(p).map(Some) })
+                    .map(|p| {
+                        if p.num_rows() == 0 {
+                            Ok(None)
+                        } else {
+                            pack(p).map(Some)
+                        }
+                    })
                     .collect()
             })
             .await

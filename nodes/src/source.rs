@@ -126,7 +126,10 @@ fn files_with(path: &Path, ext: &str) -> Result<Vec<PathBuf>> {
         .collect();
     files.sort();
     if files.is_empty() {
-        return Err(DataError::file(path, format!("directory has no .{ext} files")));
+        return Err(DataError::file(
+            path,
+            format!("directory has no .{ext} files"),
+        ));
     }
     Ok(files)
 }
@@ -195,18 +198,19 @@ impl Source {
                     if k % n != rank {
                         continue;
                     }
-                    let batches = tokio::task::spawn_blocking(move || -> Result<Vec<RecordBatch>> {
-                        let reader = parquet_builder(&f)?
-                            .with_row_groups(vec![g])
-                            .with_batch_size(chunk_rows)
-                            .build()
-                            .map_err(|e| DataError::file(&f, e))?;
-                        reader
-                            .map(|b| b.map_err(|e| DataError::file(&f, e)))
-                            .collect()
-                    })
-                    .await
-                    .map_err(NodeError::other)??;
+                    let batches =
+                        tokio::task::spawn_blocking(move || -> Result<Vec<RecordBatch>> {
+                            let reader = parquet_builder(&f)?
+                                .with_row_groups(vec![g])
+                                .with_batch_size(chunk_rows)
+                                .build()
+                                .map_err(|e| DataError::file(&f, e))?;
+                            reader
+                                .map(|b| b.map_err(|e| DataError::file(&f, e)))
+                                .collect()
+                        })
+                        .await
+                        .map_err(NodeError::other)??;
                     for b in batches {
                         count(b.num_rows());
                         out.send(Message::new(seq, b)).await?;
@@ -227,7 +231,9 @@ impl Source {
                             .with_batch_size(chunk_rows)
                             .build(file)
                             .map_err(|e| DataError::file(&f2, e))?;
-                        reader.map(|b| b.map_err(|e| DataError::file(&f2, e))).collect()
+                        reader
+                            .map(|b| b.map_err(|e| DataError::file(&f2, e)))
+                            .collect()
                     })
                     .await
                     .map_err(NodeError::other)??;

@@ -10,7 +10,9 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use arrow_array::{Array, ArrayRef, Float64Array, Int64Array, RecordBatch, TimestampMillisecondArray};
+use arrow_array::{
+    Array, ArrayRef, Float64Array, Int64Array, RecordBatch, TimestampMillisecondArray,
+};
 use arrow_schema::{DataType, Field, Schema, SchemaRef, TimeUnit};
 use braid_core::comm::tcp::TcpComm;
 use braid_core::world::{context_for, contexts};
@@ -20,7 +22,7 @@ use braid_nodes::job::{Output, RollingJob};
 use braid_nodes::rolling::RollingSpec;
 use braid_nodes::sink::CollectSink;
 use braid_nodes::source::Source;
-use braid_tests::{seed_of, SplitMix, RANK_COUNTS};
+use braid_tests::{RANK_COUNTS, SplitMix, seed_of};
 
 #[derive(Debug, Clone, Copy)]
 struct Row {
@@ -54,8 +56,16 @@ fn rows(data: Data, seed: u64) -> (Vec<Row>, i64) {
                 Data::AllEqual => 1234,
                 _ => g.below(span as u64) as i64 - span / 3,
             },
-            key: if g.below(10) == 0 { None } else { Some(g.below(4) as i64) },
-            v: if g.below(8) == 0 { None } else { Some((g.below(2_000_000) as f64 - 1e6) / 1e3) },
+            key: if g.below(10) == 0 {
+                None
+            } else {
+                Some(g.below(4) as i64)
+            },
+            v: if g.below(8) == 0 {
+                None
+            } else {
+                Some((g.below(2_000_000) as f64 - 1e6) / 1e3)
+            },
         })
         .collect();
     (rows, span)
@@ -85,16 +95,30 @@ fn batch(rows: &[Row], timestamp: bool) -> RecordBatch {
     RecordBatch::try_new(
         schema(timestamp),
         vec![
-            Arc::new(Int64Array::from(rows.iter().map(|r| r.id).collect::<Vec<_>>())),
+            Arc::new(Int64Array::from(
+                rows.iter().map(|r| r.id).collect::<Vec<_>>(),
+            )),
             ts,
-            Arc::new(Int64Array::from(rows.iter().map(|r| r.key).collect::<Vec<_>>())),
-            Arc::new(Float64Array::from(rows.iter().map(|r| r.v).collect::<Vec<_>>())),
+            Arc::new(Int64Array::from(
+                rows.iter().map(|r| r.key).collect::<Vec<_>>(),
+            )),
+            Arc::new(Float64Array::from(
+                rows.iter().map(|r| r.v).collect::<Vec<_>>(),
+            )),
         ],
     )
     .unwrap()
 }
 
-const AGGS: [Agg; 7] = [Agg::Sum, Agg::Mean, Agg::Min, Agg::Max, Agg::Count, Agg::Std, Agg::Var];
+const AGGS: [Agg; 7] = [
+    Agg::Sum,
+    Agg::Mean,
+    Agg::Min,
+    Agg::Max,
+    Agg::Count,
+    Agg::Std,
+    Agg::Var,
+];
 
 fn in_window(t: i64, x: i64, w: i64, closed: Closed) -> bool {
     let (t, x, w) = (t as i128, x as i128, w as i128);
@@ -144,7 +168,15 @@ fn close(a: f64, b: f64) -> bool {
     (a - b).abs() <= 1e-6 + 1e-9 * b.abs()
 }
 
-async fn run_case(ctxs: &[Context], rows: &[Row], timestamp: bool, grouped: bool, w: i64, closed: Closed, what: &str) {
+async fn run_case(
+    ctxs: &[Context],
+    rows: &[Row],
+    timestamp: bool,
+    grouped: bool,
+    w: i64,
+    closed: Closed,
+    what: &str,
+) {
     let n = ctxs.len();
     let spec = RollingSpec {
         order: "ts".into(),
@@ -162,7 +194,11 @@ async fn run_case(ctxs: &[Context], rows: &[Row], timestamp: bool, grouped: bool
         let mine: Vec<Row> = rows
             .iter()
             .filter(|x| {
-                let owner = if n > 2 { (x.id as usize % n.div_ceil(2)) * 2 } else { x.id as usize % n };
+                let owner = if n > 2 {
+                    (x.id as usize % n.div_ceil(2)) * 2
+                } else {
+                    x.id as usize % n
+                };
                 owner == r
             })
             .copied()
@@ -192,7 +228,13 @@ async fn run_case(ctxs: &[Context], rows: &[Row], timestamp: bool, grouped: bool
     let mut seen = 0;
     for s in sinks {
         for b in s.batches() {
-            let ids = b.column_by_name("id").unwrap().as_any().downcast_ref::<Int64Array>().unwrap().clone();
+            let ids = b
+                .column_by_name("id")
+                .unwrap()
+                .as_any()
+                .downcast_ref::<Int64Array>()
+                .unwrap()
+                .clone();
             for (k, agg) in AGGS.iter().enumerate() {
                 let col = b.column_by_name(&format!("v_{}", agg.name())).unwrap();
                 let col = arrow_cast_f64(col);
@@ -225,7 +267,10 @@ fn arrow_cast_f64(a: &ArrayRef) -> Float64Array {
 
 async fn matrix(ctxs: Vec<Context>, backend: &str) {
     let n = ctxs.len();
-    for (d, data) in [Data::Uniform, Data::AllEqual, Data::Tiny].into_iter().enumerate() {
+    for (d, data) in [Data::Uniform, Data::AllEqual, Data::Tiny]
+        .into_iter()
+        .enumerate()
+    {
         let timestamp = d == 1;
         let (rows, span) = rows(data, seed_of(&[n as u64, d as u64]));
         // No rows, ~10 rows, several ranks' worth, everything.
@@ -236,7 +281,9 @@ async fn matrix(ctxs: Vec<Context>, backend: &str) {
         for w in windows {
             for closed in [Closed::Right, Closed::Both, Closed::Left, Closed::None] {
                 for grouped in [false, true] {
-                    let what = format!("{backend} {n} ranks, {data:?}, w={w}, {closed:?}, grouped={grouped}");
+                    let what = format!(
+                        "{backend} {n} ranks, {data:?}, w={w}, {closed:?}, grouped={grouped}"
+                    );
                     run_case(&ctxs, &rows, timestamp, grouped, w, closed, &what).await;
                 }
             }
@@ -245,7 +292,11 @@ async fn matrix(ctxs: Vec<Context>, backend: &str) {
 }
 
 fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
 }
 
 #[test]
@@ -253,7 +304,9 @@ fn rolling_matches_brute_force_local() {
     let rt = runtime();
     for n in RANK_COUNTS {
         rt.block_on(async {
-            let ctxs = contexts(&WorldSpec::Local { nranks: n }, MemoryLimits::UNLIMITED).await.unwrap();
+            let ctxs = contexts(&WorldSpec::Local { nranks: n }, MemoryLimits::UNLIMITED)
+                .await
+                .unwrap();
             matrix(ctxs, "local").await;
         });
     }
@@ -268,7 +321,12 @@ fn rolling_matches_brute_force_tcp() {
                 .await
                 .unwrap()
                 .into_iter()
-                .map(|c| context_for(Arc::new(c) as Arc<dyn Communicator>, MemoryLimits::UNLIMITED))
+                .map(|c| {
+                    context_for(
+                        Arc::new(c) as Arc<dyn Communicator>,
+                        MemoryLimits::UNLIMITED,
+                    )
+                })
                 .collect();
             matrix(ctxs.clone(), "tcp").await;
             let downs: Vec<_> = ctxs.iter().map(|c| c.comm().shutdown()).collect();
@@ -283,11 +341,34 @@ fn rolling_matches_brute_force_tcp() {
 fn rolling_under_a_memory_limit_spills_and_matches() {
     let rt = runtime();
     rt.block_on(async {
-        let limits = MemoryLimits { device: None, host: Some(4 << 10) };
-        let ctxs = contexts(&WorldSpec::Local { nranks: 3 }, limits).await.unwrap();
+        let limits = MemoryLimits {
+            device: None,
+            host: Some(4 << 10),
+        };
+        let ctxs = contexts(&WorldSpec::Local { nranks: 3 }, limits)
+            .await
+            .unwrap();
         let (rows, span) = rows(Data::Uniform, 99);
-        run_case(&ctxs, &rows, false, false, span / 20, Closed::Right, "memory limit, ungrouped").await;
-        run_case(&ctxs, &rows, false, true, span / 20, Closed::Both, "memory limit, grouped").await;
+        run_case(
+            &ctxs,
+            &rows,
+            false,
+            false,
+            span / 20,
+            Closed::Right,
+            "memory limit, ungrouped",
+        )
+        .await;
+        run_case(
+            &ctxs,
+            &rows,
+            false,
+            true,
+            span / 20,
+            Closed::Both,
+            "memory limit, grouped",
+        )
+        .await;
         let spilled: u64 = ctxs.iter().map(|c| c.statistics().spilled_bytes()).sum();
         assert!(spilled > 0, "nothing spilled under a 4 KiB limit");
     });

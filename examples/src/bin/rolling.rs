@@ -9,13 +9,13 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use arrow_schema::{DataType, TimeUnit};
 use braid_core::{BoxError, MemoryLimits};
-use braid_examples::{init_tracing, run_job, JobArgs, JobOutcome};
+use braid_examples::{JobArgs, JobOutcome, init_tracing, run_job};
 use braid_kernels::rolling::{Agg, Closed};
 use braid_nodes::job::{Output, RollingJob};
 use braid_nodes::rolling::RollingSpec;
@@ -48,7 +48,7 @@ struct Cli {
     values: Vec<String>,
     /// Window: an integer in the order column's units, or for timestamp
     /// columns a duration such as 250ms, 90s, 5m, 1h, 2d.
-    #[arg(long, default_value = "1000")]
+    #[arg(long, default_value = "1000", allow_hyphen_values = true)]
     window: String,
     /// Which window ends are closed: right, both, left, none.
     #[arg(long, default_value = "right")]
@@ -79,7 +79,9 @@ struct Cli {
 
 fn parse_bytes(s: &str) -> Result<u64, String> {
     let s = s.trim();
-    let split = s.find(|c: char| !c.is_ascii_digit() && c != '.').unwrap_or(s.len());
+    let split = s
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .unwrap_or(s.len());
     let (num, unit) = s.split_at(split);
     let num: f64 = num.parse().map_err(|_| format!("bad memory size {s:?}"))?;
     let mul: f64 = match unit.trim().to_ascii_lowercase().as_str() {
@@ -125,7 +127,11 @@ fn parse_window(s: &str, order_type: &DataType) -> Result<i64, String> {
         "m" => 60_000_000_000,
         "h" => 3_600_000_000_000,
         "d" => 86_400_000_000_000,
-        other => return Err(format!("unknown duration unit {other:?} in window {s:?} (ns, us, ms, s, m, h, d)")),
+        other => {
+            return Err(format!(
+                "unknown duration unit {other:?} in window {s:?} (ns, us, ms, s, m, h, d)"
+            ));
+        }
     };
     let per_unit: i128 = match unit {
         TimeUnit::Second => 1_000_000_000,
@@ -139,7 +145,9 @@ fn parse_window(s: &str, order_type: &DataType) -> Result<i64, String> {
 fn build(cli: &Cli) -> Result<(RollingJob, MemoryLimits, Option<u64>), BoxError> {
     let source = match &cli.input {
         Some(p) => {
-            if p.extension().is_some_and(|e| e == "csv") || (p.is_dir() && has_ext(p, "csv") && !has_ext(p, "parquet")) {
+            if p.extension().is_some_and(|e| e == "csv")
+                || (p.is_dir() && has_ext(p, "csv") && !has_ext(p, "parquet"))
+            {
                 Source::Csv(p.clone())
             } else {
                 Source::Parquet(p.clone())
@@ -203,7 +211,10 @@ fn build(cli: &Cli) -> Result<(RollingJob, MemoryLimits, Option<u64>), BoxError>
 
 fn has_ext(dir: &std::path::Path, ext: &str) -> bool {
     std::fs::read_dir(dir)
-        .map(|rd| rd.flatten().any(|e| e.path().extension().is_some_and(|x| x == ext)))
+        .map(|rd| {
+            rd.flatten()
+                .any(|e| e.path().extension().is_some_and(|x| x == ext))
+        })
         .unwrap_or(false)
 }
 
@@ -218,10 +229,13 @@ fn main() -> ExitCode {
         }
     };
     let progress = Arc::new(AtomicU64::new(0));
-    let bar = indicatif::ProgressBar::with_draw_target(total, indicatif::ProgressDrawTarget::stderr());
+    let bar =
+        indicatif::ProgressBar::with_draw_target(total, indicatif::ProgressDrawTarget::stderr());
     bar.set_style(
-        indicatif::ProgressStyle::with_template("{spinner} {elapsed_precise} [{bar:30}] {pos}/{len} rows read")
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        indicatif::ProgressStyle::with_template(
+            "{spinner} {elapsed_precise} [{bar:30}] {pos}/{len} rows read",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
     let ticker = {
         let (bar, p) = (bar.clone(), progress.clone());
@@ -234,6 +248,10 @@ fn main() -> ExitCode {
     };
     let start = Instant::now();
     let p2 = progress.clone();
+    let sink = match &job.output {
+        Output::File(f) => Some(f.clone()),
+        _ => None,
+    };
     let res = run_job(&cli.job, limits, move |ctx| {
         let job = job.clone();
         let p = p2.clone();
@@ -262,10 +280,16 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Ok(JobOutcome::Launched) => {
-            println!("rolling: {} tcp ranks finished in {secs:.3} s", cli.job.ranks);
+            println!(
+                "rolling: {} tcp ranks finished in {secs:.3} s",
+                cli.job.ranks
+            );
             ExitCode::SUCCESS
         }
         Err(e) => {
+            if let Some(s) = sink {
+                s.abandon();
+            }
             eprintln!("error: {e}");
             ExitCode::FAILURE
         }

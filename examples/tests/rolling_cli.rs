@@ -1,0 +1,275 @@
+//! The `rolling` binary end to end: bad input gives a one-line error, a
+//! non-zero exit and no output that looks complete; the tcp backend runs
+//! the job in processes; and (the oracle test) its Parquet output on a
+//! million generated rows matches DuckDB and Polars for every closed mode,
+//! grouped and ungrouped.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail by panicking
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn rolling() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_rolling"))
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("braid-cli-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// Runs the binary; returns (exit ok, stdout, stderr).
+fn run(args: &[&str]) -> (bool, String, String) {
+    let out = rolling().args(args).output().unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn assert_clean_failure(args: &[&str], output: &Path, needle: &str) {
+    let (ok, _, err) = run(args);
+    assert!(!ok, "{args:?} should fail");
+    let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(
+        lines.len(),
+        1,
+        "{args:?}: expected a one-line error, got:\n{err}"
+    );
+    assert!(
+        lines[0].starts_with("error: ") && lines[0].contains(needle),
+        "{args:?}: {err}"
+    );
+    assert!(
+        !output.exists(),
+        "{args:?}: left output behind at {}",
+        output.display()
+    );
+    let mut staging = output.as_os_str().to_owned();
+    staging.push(".braid-staging");
+    assert!(
+        !PathBuf::from(staging).exists(),
+        "{args:?}: left a staging directory"
+    );
+}
+
+#[test]
+fn bad_input_is_a_clear_error_with_nothing_left_behind() {
+    let d = tmp("bad");
+    // A valid input to start from: the job's own output on generated rows.
+    let good = d.join("good.parquet");
+    let (ok, _, err) = run(&[
+        "--rows",
+        "20000",
+        "--ranks",
+        "2",
+        "--output",
+        good.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    let gs = good.to_str().unwrap();
+    let out = d.join("out.parquet");
+    let os = out.to_str().unwrap();
+    assert_clean_failure(
+        &["--input", gs, "--values", "nope", "--output", os],
+        &out,
+        "no column \"nope\"",
+    );
+    assert_clean_failure(
+        &["--input", gs, "--order", "v", "--output", os],
+        &out,
+        "column \"v\" has type Float64",
+    );
+    assert_clean_failure(
+        &["--input", gs, "--window", "-5", "--output", os],
+        &out,
+        "window must be >= 0",
+    );
+    assert_clean_failure(
+        &["--input", gs, "--window", "5m", "--output", os],
+        &out,
+        "durations need a timestamp",
+    );
+    let missing = d.join("missing.parquet");
+    assert_clean_failure(
+        &["--input", missing.to_str().unwrap(), "--output", os],
+        &out,
+        "missing.parquet",
+    );
+    let bytes = std::fs::read(&good).unwrap();
+    let truncated = d.join("truncated.parquet");
+    std::fs::write(&truncated, &bytes[..bytes.len() / 2]).unwrap();
+    assert_clean_failure(
+        &["--input", truncated.to_str().unwrap(), "--output", os],
+        &out,
+        "truncated.parquet",
+    );
+    // Output under a regular file: not writable.
+    let blocker = d.join("file");
+    std::fs::write(&blocker, b"x").unwrap();
+    let under = blocker.join("out.parquet");
+    assert_clean_failure(
+        &[
+            "--input",
+            gs,
+            "--aggs",
+            "var",
+            "--output",
+            under.to_str().unwrap(),
+        ],
+        &under,
+        "not writable",
+    );
+    // A CSV with nulls in the order column fails during the job; its
+    // staged output is removed.
+    let csv = d.join("nulls.csv");
+    std::fs::write(&csv, "ts,v\n1,1.0\n,2.0\n3,3.0\n").unwrap();
+    assert_clean_failure(
+        &[
+            "--input",
+            csv.to_str().unwrap(),
+            "--ranks",
+            "2",
+            "--output",
+            os,
+        ],
+        &out,
+        "null",
+    );
+}
+
+fn have_oracle() -> bool {
+    Command::new("python3")
+        .args(["-c", "import duckdb, polars, pyarrow"])
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false)
+}
+
+fn check(input: &Path, output: &Path, extra: &[&str], engines: &str) {
+    let oracle = repo().join("tests/oracle/check_rolling.py");
+    let mut args: Vec<String> = vec![
+        oracle.to_str().unwrap().into(),
+        "--input".into(),
+        input.to_str().unwrap().into(),
+        "--output".into(),
+        output.to_str().unwrap().into(),
+        "--engines".into(),
+        engines.into(),
+    ];
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let out = Command::new("python3").args(&args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "oracle disagrees ({extra:?}):\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn oracle_duckdb_and_polars_agree_with_the_job() {
+    assert!(
+        have_oracle() || std::env::var_os("BRAID_SKIP_ORACLE").is_some(),
+        "the oracle test needs python3 with duckdb, polars and pyarrow (pip install duckdb polars pyarrow), \
+         or BRAID_SKIP_ORACLE=1 to skip it"
+    );
+    if !have_oracle() {
+        return;
+    }
+    let d = tmp("oracle");
+    let input = d.join("in.parquet");
+    let generator = repo().join("tests/oracle/gen_input.py");
+    let st = Command::new("python3")
+        .args([generator.to_str().unwrap(), input.to_str().unwrap()])
+        .args([
+            "--rows", "1000000", "--keys", "100", "--span", "10000000", "--seed", "7",
+        ])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let aggs = "sum,mean,min,max,count,std,var";
+    for closed in ["right", "both", "left", "none"] {
+        for grouped in [false, true] {
+            let out = d.join(format!("out-{closed}-{grouped}"));
+            let mut args = vec![
+                "--input",
+                input.to_str().unwrap(),
+                "--output",
+                out.to_str().unwrap(),
+                "--values",
+                "v,w",
+                "--window",
+                "1000",
+                "--closed",
+                closed,
+                "--aggs",
+                aggs,
+                "--ranks",
+                "3",
+            ];
+            if grouped {
+                args.extend(["--by", "key"]);
+            }
+            // One configuration per mode runs over tcp processes.
+            if closed == "left" {
+                args.extend(["--backend", "tcp"]);
+            }
+            let (ok, _, err) = run(&args);
+            assert!(ok, "{args:?}: {err}");
+            let mut extra = vec![
+                "--order", "ts", "--values", "v,w", "--window", "1000", "--closed", closed,
+                "--aggs", aggs,
+            ];
+            if grouped {
+                extra.extend(["--by", "key"]);
+            }
+            check(&input, &out, &extra, "duckdb,polars");
+        }
+    }
+}
+
+#[test]
+fn tcp_backend_runs_the_job_in_processes() {
+    let d = tmp("tcp");
+    let local = d.join("local.parquet");
+    let tcp = d.join("tcp.parquet");
+    let base = [
+        "--rows",
+        "50000",
+        "--by",
+        "key",
+        "--aggs",
+        "sum,count,max",
+        "--window",
+        "5000",
+    ];
+    let (ok, _, err) = run(&[
+        &base[..],
+        &["--ranks", "3", "--output", local.to_str().unwrap()],
+    ]
+    .concat());
+    assert!(ok, "{err}");
+    let (ok, out, err) = run(&[
+        &base[..],
+        &[
+            "--ranks",
+            "3",
+            "--backend",
+            "tcp",
+            "--output",
+            tcp.to_str().unwrap(),
+        ],
+    ]
+    .concat());
+    assert!(ok, "{err}");
+    assert!(out.contains("[rank 2]"), "rank output is prefixed: {out}");
+    assert!(tcp.exists() && local.exists());
+}
