@@ -37,7 +37,7 @@ use crate::error::{DataError, Result};
 use crate::ipc::{pack, unpack};
 use crate::partition::column_index;
 use crate::shuffle::hash_shuffle;
-use crate::sort::{DistributedSort, SortKey, local_sort};
+use crate::sort::{DistributedSort, SortKey, sort_parts};
 
 /// What to compute.
 #[derive(Debug, Clone)]
@@ -157,12 +157,15 @@ pub async fn rolling_node(
     mut output: Sender,
 ) -> Result<(), NodeError> {
     let out_schema = spec.output_schema(&schema)?;
-    let result = match &spec.by {
+    let stats = ctx.statistics().clone();
+    let t = std::time::Instant::now();
+    let prepared = match &spec.by {
         Some(by) => {
             let local = hash_shuffle(&ctx, schema.clone(), std::slice::from_ref(by), input).await?;
+            stats.record_op("rolling: shuffle by key", t.elapsed());
             let spec2 = spec.clone();
-            let s2 = out_schema.clone();
-            tokio::task::spawn_blocking(move || grouped(&local, &spec2, s2))
+            let s1 = schema.clone();
+            tokio::task::spawn_blocking(move || grouped(local, s1, &spec2))
                 .await
                 .map_err(NodeError::other)??
         }
@@ -180,21 +183,43 @@ pub async fn rolling_node(
             let sorted = DistributedSort::new(vec![SortKey::asc(&spec.order)])
                 .sort(&ctx, schema.clone(), batches)
                 .await?;
-            ungrouped(&ctx, sorted, &spec, out_schema.clone()).await?
+            stats.record_op("rolling: distributed sort", t.elapsed());
+            let t = std::time::Instant::now();
+            let p = ungrouped(&ctx, sorted, &spec).await?;
+            stats.record_op("rolling: lookback rounds", t.elapsed());
+            p
         }
     };
-    let chunk_rows = chunk_rows.max(1);
-    let mut off = 0;
+    // The kernel runs chunk by chunk on a blocking thread; chunks stream
+    // downstream as they are made (at most two in flight).
+    let t = std::time::Instant::now();
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<Result<RecordBatch>>(2);
+    let spec2 = spec.clone();
+    let worker = tokio::task::spawn_blocking(move || {
+        emit(prepared, &spec2, out_schema, chunk_rows.max(1), &tx)
+    });
     let mut seq = 0;
-    while off < result.num_rows() {
-        let len = chunk_rows.min(result.num_rows() - off);
-        output
-            .send(Message::new(seq, result.slice(off, len)))
-            .await?;
+    while let Some(b) = rx.recv().await {
+        output.send(Message::new(seq, b?)).await?;
         seq += 1;
-        off += len;
     }
+    worker.await.map_err(NodeError::other)??;
+    stats.record_op("rolling: aggregate and emit", t.elapsed());
     Ok(())
+}
+
+/// A rank's sorted rows and the kernel's inputs.
+struct Prepared {
+    /// This rank's rows, sorted by (group,) order.
+    sorted: RecordBatch,
+    /// Order values of ghost rows, then of `sorted`.
+    ts: Vec<i64>,
+    /// Per value column: values and validity of ghost rows, then `sorted`.
+    vals: Vec<(Vec<f64>, Option<Vec<bool>>)>,
+    /// Number of ghost rows.
+    ghost: usize,
+    /// Grouped: offsets of the groups in `sorted`.
+    groups: Option<Vec<usize>>,
 }
 
 /// Appends the aggregation columns to `batch`.
@@ -218,48 +243,138 @@ fn agg_array(agg: Agg, values: Vec<f64>, valid: Vec<bool>) -> ArrayRef {
     }
 }
 
-/// Grouped: `local` holds whole groups; sort by (group, ts), one kernel
-/// pass per group.
-fn grouped(local: &RecordBatch, spec: &RollingSpec, out_schema: SchemaRef) -> Result<RecordBatch> {
+/// Smallest order value inside the window of a row at `t`.
+fn window_start(t: i64, spec: &RollingSpec) -> i64 {
+    let lo = t.saturating_sub(spec.window);
+    match spec.closed {
+        Closed::Right | Closed::None => lo.saturating_add(1),
+        Closed::Both | Closed::Left => lo,
+    }
+}
+
+/// Runs the kernel chunk by chunk and sends the output chunks.
+///
+/// Ungrouped: a chunk of rows `[s, e)` (never splitting a run of equal ts)
+/// is computed over the rows from the first one its earliest window needs;
+/// a chunk is made at least twice as long as that lookback, so the total
+/// work stays O(n) even when windows span most of the data. Grouped: a
+/// chunk is whole groups.
+fn emit(
+    p: Prepared,
+    spec: &RollingSpec,
+    out_schema: SchemaRef,
+    chunk_rows: usize,
+    tx: &tokio::sync::mpsc::Sender<Result<RecordBatch>>,
+) -> Result<()> {
+    let n = p.sorted.num_rows();
+    let run = |lo: usize,
+               hi: usize,
+               emit_from: usize,
+               offsets: Option<&[usize]>|
+     -> Result<Vec<ArrayRef>> {
+        let mut cols = Vec::new();
+        for (vals, valid) in &p.vals {
+            let valid = valid.as_deref().map(|v| &v[lo..hi]);
+            let r = match offsets {
+                None => rolling(
+                    &p.ts[lo..hi],
+                    &vals[lo..hi],
+                    valid,
+                    spec.window,
+                    spec.closed,
+                    &spec.aggs,
+                    emit_from,
+                ),
+                Some(o) => rolling_segments(
+                    &p.ts[lo..hi],
+                    &vals[lo..hi],
+                    valid,
+                    o,
+                    spec.window,
+                    spec.closed,
+                    &spec.aggs,
+                ),
+            }
+            .map_err(|e| DataError::Invalid(e.to_string()))?;
+            for c in r.columns {
+                cols.push(agg_array(c.agg, c.values, c.valid));
+            }
+        }
+        Ok(cols)
+    };
+    let mut s = 0usize;
+    while s < n {
+        let (e, cols) = match &p.groups {
+            None => {
+                let g0 = p.ghost;
+                let lo =
+                    p.ts.partition_point(|x| *x < window_start(p.ts[g0 + s], spec))
+                        .min(g0 + s);
+                let lookback = g0 + s - lo;
+                let mut e = (s + chunk_rows.max(2 * lookback)).min(n);
+                while e < n && p.ts[g0 + e] == p.ts[g0 + e - 1] {
+                    e += 1;
+                }
+                (e, run(lo, g0 + e, lookback, None)?)
+            }
+            Some(groups) => {
+                // Whole groups, at least chunk_rows rows (or one group).
+                let first = groups.partition_point(|o| *o <= s) - 1;
+                let mut last = first + 1;
+                while last + 1 < groups.len() && groups[last] - s < chunk_rows {
+                    last += 1;
+                }
+                let e = groups[last];
+                let offsets: Vec<usize> = groups[first..=last].iter().map(|o| o - s).collect();
+                (e, run(s, e, 0, Some(&offsets))?)
+            }
+        };
+        let b = with_aggs(&p.sorted.slice(s, e - s), out_schema.clone(), cols)?;
+        if tx.blocking_send(Ok(b)).is_err() {
+            // The node stopped listening (cancelled): stop quietly.
+            return Ok(());
+        }
+        s = e;
+    }
+    Ok(())
+}
+
+/// Grouped: `local` holds whole groups; sort by (group, ts).
+fn grouped(local: Vec<RecordBatch>, schema: SchemaRef, spec: &RollingSpec) -> Result<Prepared> {
     let by = spec.by.clone().unwrap_or_default();
-    let sorted = local_sort(local, &[SortKey::asc(&by), SortKey::asc(&spec.order)])?;
+    let sorted = sort_parts(
+        &schema,
+        local,
+        &[SortKey::asc(&by), SortKey::asc(&spec.order)],
+    )?;
     let schema = sorted.schema();
     let ts = order_values(&sorted, column_index(&schema, &spec.order)?, &spec.order)?;
-    let key = sorted.column(column_index(&schema, &by)?).clone();
-    let ranges = arrow_ord::partition::partition(&[key])?.ranges();
-    let mut offsets = Vec::with_capacity(ranges.len() + 1);
-    offsets.push(0);
-    offsets.extend(ranges.iter().map(|r| r.end));
-    if sorted.num_rows() == 0 {
-        offsets = vec![0, 0];
+    let mut groups = vec![0];
+    if sorted.num_rows() > 0 {
+        let key = sorted.column(column_index(&schema, &by)?).clone();
+        groups.extend(
+            arrow_ord::partition::partition(&[key])?
+                .ranges()
+                .iter()
+                .map(|r| r.end),
+        );
     }
-    let mut cols = Vec::new();
-    for v in &spec.values {
-        let (vals, valid) = value_columns(&sorted, column_index(&schema, v)?)?;
-        let r = rolling_segments(
-            &ts,
-            &vals,
-            valid.as_deref(),
-            &offsets,
-            spec.window,
-            spec.closed,
-            &spec.aggs,
-        )
-        .map_err(|e| DataError::Invalid(e.to_string()))?;
-        for c in r.columns {
-            cols.push(agg_array(c.agg, c.values, c.valid));
-        }
-    }
-    with_aggs(&sorted, out_schema, cols)
+    let vals = spec
+        .values
+        .iter()
+        .map(|v| value_columns(&sorted, column_index(&schema, v)?))
+        .collect::<Result<_>>()?;
+    Ok(Prepared {
+        sorted,
+        ts,
+        vals,
+        ghost: 0,
+        groups: Some(groups),
+    })
 }
 
 /// Ungrouped: `sorted` is this rank's run of the globally sorted table.
-async fn ungrouped(
-    ctx: &Context,
-    sorted: RecordBatch,
-    spec: &RollingSpec,
-    out_schema: SchemaRef,
-) -> Result<RecordBatch> {
+async fn ungrouped(ctx: &Context, sorted: RecordBatch, spec: &RollingSpec) -> Result<Prepared> {
     let (me, n) = (ctx.rank() as usize, ctx.nranks() as usize);
     let schema = sorted.schema();
     let oi = column_index(&schema, &spec.order)?;
@@ -334,32 +449,37 @@ async fn ungrouped(
     }
     // Later rounds hold older rows: put them first.
     ghosts.reverse();
-    ghosts.push(narrow.clone());
-    let all = concat_batches(&narrow_schema, &ghosts)?;
-    let emit_from = all.num_rows() - narrow.num_rows();
-    let spec2 = spec.clone();
-    let cols = tokio::task::spawn_blocking(move || -> Result<Vec<ArrayRef>> {
-        let all_ts = order_values(&all, 0, &spec2.order)?;
-        let mut cols = Vec::new();
-        for (k, _) in spec2.values.iter().enumerate() {
-            let (vals, valid) = value_columns(&all, k + 1)?;
-            let r = rolling(
-                &all_ts,
-                &vals,
-                valid.as_deref(),
-                spec2.window,
-                spec2.closed,
-                &spec2.aggs,
-                emit_from,
-            )
-            .map_err(|e| DataError::Invalid(e.to_string()))?;
-            for c in r.columns {
-                cols.push(agg_array(c.agg, c.values, c.valid));
+    let ghost = ghosts.iter().map(|b| b.num_rows()).sum::<usize>();
+    ghosts.push(narrow);
+    let mut ts = Vec::with_capacity(ghost + sorted.num_rows());
+    for b in &ghosts {
+        ts.extend(order_values(b, 0, &spec.order)?);
+    }
+    let mut vals = Vec::new();
+    for k in 0..spec.values.len() {
+        let mut v_all = Vec::with_capacity(ts.len());
+        let mut valid: Option<Vec<bool>> = None;
+        for b in &ghosts {
+            let (v, ok) = value_columns(b, k + 1)?;
+            match (ok, &mut valid) {
+                (Some(ok), Some(all)) => all.extend(ok),
+                (Some(ok), None) => {
+                    let mut all = vec![true; v_all.len()];
+                    all.extend(ok);
+                    valid = Some(all);
+                }
+                (None, Some(all)) => all.extend(std::iter::repeat_n(true, v.len())),
+                (None, None) => {}
             }
+            v_all.extend(v);
         }
-        Ok(cols)
+        vals.push((v_all, valid));
+    }
+    Ok(Prepared {
+        sorted,
+        ts,
+        vals,
+        ghost,
+        groups: None,
     })
-    .await
-    .map_err(|e| DataError::Invalid(e.to_string()))??;
-    with_aggs(&sorted, out_schema, cols)
 }

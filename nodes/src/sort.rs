@@ -63,20 +63,113 @@ fn resolve(schema: &arrow_schema::Schema, keys: &[SortKey]) -> Result<Vec<(usize
         .collect()
 }
 
-/// Sorts one batch locally by `keys`.
+/// Sorts one batch locally by `keys`. One key: Arrow's sort kernel; several:
+/// a sort of row indices by the keys' row format (one memcmp per
+/// comparison, no per-column dispatch).
 pub fn local_sort(batch: &RecordBatch, keys: &[SortKey]) -> Result<RecordBatch> {
     if batch.num_rows() <= 1 {
         return Ok(batch.clone());
     }
-    let cols = resolve(batch.schema_ref(), keys)?
-        .into_iter()
-        .map(|(i, o)| SortColumn {
-            values: batch.column(i).clone(),
-            options: Some(o),
-        })
-        .collect::<Vec<_>>();
-    let idx = lexsort_to_indices(&cols, None)?;
+    let resolved = resolve(batch.schema_ref(), keys)?;
+    let idx = if resolved.len() == 1 {
+        let cols = resolved
+            .into_iter()
+            .map(|(i, o)| SortColumn {
+                values: batch.column(i).clone(),
+                options: Some(o),
+            })
+            .collect::<Vec<_>>();
+        lexsort_to_indices(&cols, None)?
+    } else {
+        let conv = converter(batch.schema_ref(), &resolved)?;
+        let rows = key_rows(&conv, batch, &resolved)?;
+        let mut ix: Vec<u32> = (0..batch.num_rows() as u32).collect();
+        ix.sort_unstable_by(|a, b| rows.row(*a as usize).cmp(&rows.row(*b as usize)));
+        arrow_array::UInt32Array::from(ix)
+    };
     Ok(take_record_batch(batch, &idx)?)
+}
+
+/// The values of an integer-like column (int64, timestamp, date, smaller
+/// ints) as i64, if it has that type and no nulls.
+pub(crate) fn int_key(a: &arrow_array::ArrayRef) -> Option<std::borrow::Cow<'_, [i64]>> {
+    use arrow_array::Array;
+    use arrow_schema::DataType::*;
+    if a.null_count() > 0 {
+        return None;
+    }
+    match a.data_type() {
+        Int64 | Timestamp(..) | Date64 | Time64(_) | Duration(_) => {
+            let d = a.to_data();
+            let b = d.buffers().first()?;
+            let all: &[i64] = b.typed_data();
+            let v = all.get(d.offset()..d.offset() + d.len())?.to_vec();
+            Some(std::borrow::Cow::Owned(v))
+        }
+        Int8 | Int16 | Int32 | UInt8 | UInt16 | UInt32 | Date32 => {
+            let c = arrow_cast::cast(a, &Int64).ok()?;
+            let v = c
+                .as_any()
+                .downcast_ref::<arrow_array::Int64Array>()?
+                .values()
+                .to_vec();
+            Some(std::borrow::Cow::Owned(v))
+        }
+        _ => None,
+    }
+}
+
+/// Sorts the rows of several batches into one batch without first
+/// concatenating them. Fast path, for one or two ascending integer-like keys
+/// without nulls: a sort of (key, key, batch, row) tuples, then one gather.
+/// Otherwise: concatenate, then [`local_sort`].
+pub fn sort_parts(
+    schema: &SchemaRef,
+    parts: Vec<RecordBatch>,
+    keys: &[SortKey],
+) -> Result<RecordBatch> {
+    if parts.is_empty() {
+        return Ok(RecordBatch::new_empty(schema.clone()));
+    }
+    if (1..=2).contains(&keys.len()) && keys.iter().all(|k| !k.descending) {
+        let cols: Vec<usize> = keys
+            .iter()
+            .map(|k| column_index(schema, &k.column))
+            .collect::<Result<_>>()?;
+        let total: usize = parts.iter().map(|p| p.num_rows()).sum();
+        let mut tuples: Vec<(i64, i64, u32, u32)> = Vec::with_capacity(total);
+        let mut ok = true;
+        for (bi, p) in parts.iter().enumerate() {
+            let k0 = int_key(p.column(cols[0]));
+            let k1 = match cols.get(1) {
+                Some(c) => int_key(p.column(*c)).map(Some),
+                None => Some(None),
+            };
+            let (Some(a), Some(b)) = (k0, k1) else {
+                ok = false;
+                break;
+            };
+            for (ri, x) in a.iter().enumerate() {
+                let y = b.as_ref().map(|b| b[ri]).unwrap_or(0);
+                tuples.push((*x, y, bi as u32, ri as u32));
+            }
+        }
+        if ok {
+            tuples.sort_unstable();
+            let idx: Vec<(usize, usize)> = tuples
+                .iter()
+                .map(|t| (t.2 as usize, t.3 as usize))
+                .collect();
+            drop(tuples);
+            let refs: Vec<&RecordBatch> = parts.iter().collect();
+            return Ok(arrow_select::interleave::interleave_record_batch(
+                &refs, &idx,
+            )?);
+        }
+    }
+    let all = concat_batches(schema, &parts)?;
+    drop(parts);
+    local_sort(&all, keys)
 }
 
 /// A distributed sort by `keys`.
@@ -109,11 +202,9 @@ impl DistributedSort {
         let keys = resolve(&schema, &self.keys)?;
         if n == 1 {
             let (schema, sk) = (schema.clone(), self.keys.clone());
-            return tokio::task::spawn_blocking(move || {
-                local_sort(&concat_batches(&schema, &batches)?, &sk)
-            })
-            .await
-            .map_err(|e| DataError::Invalid(e.to_string()))?;
+            return tokio::task::spawn_blocking(move || sort_parts(&schema, batches, &sk))
+                .await
+                .map_err(|e| DataError::Invalid(e.to_string()))?;
         }
         // 1. Sample.
         let conv = Arc::new(converter(&schema, &keys)?);
@@ -175,12 +266,18 @@ impl DistributedSort {
                 .map(|k| samples[k * samples.len() / n].clone())
                 .collect()
         };
-        // 3 + 4. Partition, shuffle, sort locally.
+        // 3 + 4. Partition, shuffle, sort locally. This rank's own range
+        // stays as batches (no packing, no copy).
+        let me = ctx.rank() as usize;
+        let mut own: Vec<RecordBatch> = Vec::new();
         let shuffle = Shuffle::new(ctx, n as u32, PartitionOwner::RoundRobin, None);
         for b in batches {
             let (c2, k2, s2) = (conv.clone(), keys.clone(), splitters.clone());
-            let parts = tokio::task::spawn_blocking(move || -> Result<Vec<Option<PackedData>>> {
-                range_partition(&b, &c2, &k2, &s2)?
+            type Split = (Vec<Option<PackedData>>, RecordBatch);
+            let (parts, mine) = tokio::task::spawn_blocking(move || -> Result<Split> {
+                let mut split = range_partition(&b, &c2, &k2, &s2)?;
+                let mine = std::mem::replace(&mut split[me], b.slice(0, 0));
+                let packed = split
                     .iter()
                     .map(|p| {
                         if p.num_rows() == 0 {
@@ -189,10 +286,14 @@ impl DistributedSort {
                             pack(p).map(Some)
                         }
                     })
-                    .collect()
+                    .collect::<Result<_>>()?;
+                Ok((packed, mine))
             })
             .await
             .map_err(|e| DataError::Invalid(e.to_string()))??;
+            if mine.num_rows() > 0 {
+                own.push(mine);
+            }
             for (dest, p) in parts.into_iter().enumerate() {
                 if let Some(p) = p {
                     shuffle.insert(dest as u32, p)?;
@@ -201,13 +302,14 @@ impl DistributedSort {
         }
         shuffle.insert_finished()?;
         let mine = shuffle.extract(ctx.rank()).await?;
+        drop(shuffle);
         let sk = self.keys.clone();
         tokio::task::spawn_blocking(move || -> Result<RecordBatch> {
-            let mut parts = Vec::new();
-            for p in &mine {
-                parts.extend(unpack(p)?);
+            let mut parts = own;
+            for p in mine {
+                parts.extend(unpack(&p)?);
             }
-            local_sort(&concat_batches(&schema, &parts)?, &sk)
+            sort_parts(&schema, parts, &sk)
         })
         .await
         .map_err(|e| DataError::Invalid(e.to_string()))?
