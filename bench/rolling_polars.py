@@ -54,7 +54,7 @@ def main():
     rest = [c for c in df.columns if c not in keys]
     out = pl.concat([df.select(rest), out], how="horizontal")
     t2 = time.perf_counter()
-    out.write_parquet(a.output)
+    out.write_parquet(a.output, compression="snappy")
     t3 = time.perf_counter()
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
     print(

@@ -209,6 +209,14 @@ fn build(cli: &Cli) -> Result<(RollingJob, MemoryLimits, Option<u64>), BoxError>
     Ok((job, limits, total))
 }
 
+/// This process's peak resident memory (Linux), in MiB.
+fn peak_rss_mib() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb / 1024)
+}
+
 fn has_ext(dir: &std::path::Path, ext: &str) -> bool {
     std::fs::read_dir(dir)
         .map(|rd| {
@@ -272,10 +280,13 @@ fn main() -> ExitCode {
                 print!("{stats}");
             }
             println!(
-                "rolling: {rows_in} rows in, {rows_out} rows out, {} ranks ({}), {secs:.3} s, {:.0} rows/s",
+                "rolling: {rows_in} rows in, {rows_out} rows out, {} ranks ({}), {secs:.3} s, {:.0} rows/s, peak RSS {} MiB",
                 cli.job.ranks,
                 cli.job.backend,
-                rows_in as f64 / secs.max(1e-9)
+                rows_in as f64 / secs.max(1e-9),
+                peak_rss_mib()
+                    .map(|m| m.to_string())
+                    .unwrap_or_else(|| "?".into())
             );
             ExitCode::SUCCESS
         }

@@ -3,11 +3,13 @@
 //!
 //! - `comm`: point-to-point latency and bandwidth, 2 ranks, local and tcp,
 //!   against a raw tokio TCP socket pair.
+//! - `rolling`: the rolling job against Polars on 10 million rows.
 //! - `coll`: every collective, 2 and 4 ranks, local and tcp, against
 //!   OpenMPI (shared memory and TCP).
 
 mod coll;
 mod comm;
+mod rolling;
 
 use std::process::ExitCode;
 
@@ -27,6 +29,8 @@ enum What {
     Comm(comm::CommArgs),
     /// Every collective, 8 B to 64 MiB, 2 and 4 ranks, vs OpenMPI.
     Coll(coll::CollArgs),
+    /// The rolling job vs Polars, Parquet in and out, 10M rows.
+    Rolling(rolling::RollingArgs),
 }
 
 fn main() -> ExitCode {
@@ -35,6 +39,7 @@ fn main() -> ExitCode {
     let res = match cli.what {
         What::Comm(a) => comm::run(a),
         What::Coll(a) => coll::run(a),
+        What::Rolling(a) => rolling::run(a),
     };
     match res {
         Ok(()) => ExitCode::SUCCESS,

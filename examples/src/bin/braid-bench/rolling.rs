@@ -1,0 +1,181 @@
+//! Rolling-aggregation benchmark: Parquet in, Parquet out, 10 million rows,
+//! grouped and ungrouped, braid's `rolling` job (2 local ranks by default)
+//! next to the same aggregations through Polars (`bench/rolling_polars.py`)
+//! on the same file in the same run. Both write snappy Parquet; times are
+//! whole runs (read, sort, aggregate, write), best of `--reps`; memory is
+//! each process's peak resident set.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+use braid_core::BoxError;
+
+/// Options of `braid-bench rolling`.
+#[derive(Debug, clap::Args)]
+pub struct RollingArgs {
+    /// Rows of the generated input.
+    #[arg(long, default_value_t = 10_000_000)]
+    rows: u64,
+    /// braid ranks.
+    #[arg(long, default_value_t = 2)]
+    ranks: u32,
+    /// Window (order units; the input's ts spans 10 units per row).
+    #[arg(long, default_value_t = 1000)]
+    window: i64,
+    /// Aggregations.
+    #[arg(long, default_value = "sum,mean,min,max,count")]
+    aggs: String,
+    /// Repetitions (the best is kept).
+    #[arg(long, default_value_t = 3)]
+    reps: u32,
+    /// Work directory (input and outputs).
+    #[arg(long, default_value = "target/bench/rolling")]
+    dir: PathBuf,
+}
+
+struct Run {
+    secs: f64,
+    peak_mib: f64,
+}
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn input(args: &RollingArgs) -> Result<PathBuf, BoxError> {
+    std::fs::create_dir_all(&args.dir)?;
+    let path = args.dir.join(format!("input-{}.parquet", args.rows));
+    if !path.exists() {
+        let st = Command::new("python3")
+            .arg(repo().join("tests/oracle/gen_input.py"))
+            .arg(&path)
+            .args(["--rows", &args.rows.to_string(), "--keys", "100"])
+            .args(["--span", &(args.rows * 10).to_string(), "--seed", "1"])
+            .status()?;
+        if !st.success() {
+            return Err(
+                "generating the input failed (needs python3 with pyarrow or polars)".into(),
+            );
+        }
+    }
+    Ok(path)
+}
+
+fn braid(args: &RollingArgs, input: &Path, by: Option<&str>) -> Result<Run, BoxError> {
+    let exe = std::env::current_exe()?.with_file_name("rolling");
+    let out = args.dir.join("braid-out");
+    let mut cmd = Command::new(exe);
+    cmd.arg("--input")
+        .arg(input)
+        .arg("--output")
+        .arg(&out)
+        .args([
+            "--ranks",
+            &args.ranks.to_string(),
+            "--window",
+            &args.window.to_string(),
+        ])
+        .args(["--aggs", &args.aggs]);
+    if let Some(b) = by {
+        cmd.args(["--by", b]);
+    }
+    let t = Instant::now();
+    let o = cmd.output()?;
+    let secs = t.elapsed().as_secs_f64();
+    if !o.status.success() {
+        return Err(format!("rolling failed: {}", String::from_utf8_lossy(&o.stderr)).into());
+    }
+    let text = String::from_utf8_lossy(&o.stdout);
+    let peak = text
+        .split("peak RSS ")
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(f64::NAN);
+    Ok(Run {
+        secs,
+        peak_mib: peak,
+    })
+}
+
+fn polars(args: &RollingArgs, input: &Path, by: Option<&str>) -> Result<(Run, f64), BoxError> {
+    let out = args.dir.join("polars-out.parquet");
+    let mut cmd = Command::new("python3");
+    cmd.arg(repo().join("bench/rolling_polars.py"))
+        .arg("--input")
+        .arg(input)
+        .arg("--output")
+        .arg(&out)
+        .args(["--window", &args.window.to_string(), "--aggs", &args.aggs]);
+    if let Some(b) = by {
+        cmd.args(["--by", b]);
+    }
+    let t = Instant::now();
+    let o = cmd.output()?;
+    let secs = t.elapsed().as_secs_f64();
+    if !o.status.success() {
+        return Err(format!("polars failed: {}", String::from_utf8_lossy(&o.stderr)).into());
+    }
+    let text = String::from_utf8_lossy(&o.stdout);
+    let field = |name: &str| -> f64 {
+        text.split(&format!("{name}="))
+            .nth(1)
+            .and_then(|s| s.split_whitespace().next())
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(f64::NAN)
+    };
+    Ok((
+        Run {
+            secs,
+            peak_mib: field("peak_rss_mb"),
+        },
+        field("compute_s"),
+    ))
+}
+
+/// Runs the benchmark and prints the table.
+pub fn run(args: RollingArgs) -> Result<(), BoxError> {
+    let input = input(&args)?;
+    println!(
+        "# braid-bench rolling: {} rows, window {}, aggs {}, braid {} local ranks vs Polars",
+        args.rows, args.window, args.aggs, args.ranks
+    );
+    println!();
+    println!(
+        "| job | braid s | Polars s | x (Polars s / braid s) | braid peak MiB | Polars peak MiB | Polars compute-only s |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|");
+    for by in [None, Some("key")] {
+        let mut best_b: Option<Run> = None;
+        let mut best_p: Option<(Run, f64)> = None;
+        for _ in 0..args.reps {
+            let b = braid(&args, &input, by)?;
+            if best_b.as_ref().is_none_or(|x| b.secs < x.secs) {
+                best_b = Some(b);
+            }
+            let p = polars(&args, &input, by)?;
+            if best_p.as_ref().is_none_or(|x| p.0.secs < x.0.secs) {
+                best_p = Some(p);
+            }
+        }
+        let (Some(b), Some((p, pc))) = (best_b, best_p) else {
+            return Err("no repetitions".into());
+        };
+        println!(
+            "| {} | {:.2} | {:.2} | {:.2} | {:.0} | {:.0} | {:.2} |",
+            if by.is_some() {
+                "grouped by key (100 keys)"
+            } else {
+                "ungrouped"
+            },
+            b.secs,
+            p.secs,
+            p.secs / b.secs,
+            b.peak_mib,
+            p.peak_mib,
+            pc
+        );
+    }
+    Ok(())
+}
