@@ -34,6 +34,17 @@ pub fn init_tracing() {
         .try_init();
 }
 
+/// A byte count for tables: `8 B`, `64 KiB`, `16 MiB`.
+pub fn size_name(s: usize) -> String {
+    if s >= 1 << 20 {
+        format!("{} MiB", s >> 20)
+    } else if s >= 1 << 10 {
+        format!("{} KiB", s >> 10)
+    } else {
+        format!("{s} B")
+    }
+}
+
 /// What running a job gave this process.
 pub enum JobOutcome<T> {
     /// This process ran ranks (all of them for local, one for tcp); their

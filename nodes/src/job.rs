@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use braid_core::{Context, Graph, NodeError, Payload, channel};
+use braid_core::{Context, Graph, NodeError, Payload, Receiver, Sender, channel};
 
 use crate::error::DataError;
 use crate::rolling::{RollingSpec, rolling_node};
@@ -36,6 +36,23 @@ pub struct RollingJob {
     pub output: Output,
     /// Rows per chunk.
     pub chunk_rows: usize,
+}
+
+/// Forwards `input` to `output` (if any), adding up the rows in `counter`.
+async fn count_rows(
+    mut input: Receiver,
+    mut output: Option<Sender>,
+    counter: Arc<AtomicU64>,
+) -> Result<(), NodeError> {
+    while let Some(m) = input.recv().await {
+        if let Payload::Table(t) = &m.payload {
+            counter.fetch_add(t.num_rows() as u64, Ordering::Relaxed);
+        }
+        if let Some(o) = &mut output {
+            o.send(m).await?;
+        }
+    }
+    Ok(())
 }
 
 /// Row counts of one rank.
@@ -68,7 +85,7 @@ impl RollingJob {
         let schema = self.source.schema()?;
         let out_schema = self.spec.output_schema(&schema)?;
         let (src_tx, src_rx) = channel(4);
-        let (out_tx, mut out_rx) = channel(4);
+        let (out_tx, out_rx) = channel(4);
         let rows_in = Arc::new(AtomicU64::new(0));
         let rows_out = Arc::new(AtomicU64::new(0));
         let mut g = Graph::new(ctx.clone());
@@ -99,47 +116,22 @@ impl RollingJob {
                 out_tx,
             ),
         );
-        let ro = rows_out.clone();
+        // Counts the output rows on their way to the sink.
+        let (count_tx, count_rx) = channel(4);
+        let downstream = match &self.output {
+            Output::Discard => None,
+            _ => Some(count_tx),
+        };
+        g.add("count", count_rows(out_rx, downstream, rows_out.clone()));
         match self.output {
             Output::File(mut f) => {
                 f.schema = out_schema;
-                let (count_tx, count_rx) = channel(4);
-                g.add("count", async move {
-                    let mut tx = count_tx;
-                    while let Some(m) = out_rx.recv().await {
-                        if let Payload::Table(t) = &m.payload {
-                            ro.fetch_add(t.num_rows() as u64, Ordering::Relaxed);
-                        }
-                        tx.send(m).await?;
-                    }
-                    Ok::<_, NodeError>(())
-                });
                 g.add("sink", f.run(ctx.clone(), count_rx));
             }
             Output::Collect(c) => {
-                let (count_tx, count_rx) = channel(4);
-                g.add("count", async move {
-                    let mut tx = count_tx;
-                    while let Some(m) = out_rx.recv().await {
-                        if let Payload::Table(t) = &m.payload {
-                            ro.fetch_add(t.num_rows() as u64, Ordering::Relaxed);
-                        }
-                        tx.send(m).await?;
-                    }
-                    Ok::<_, NodeError>(())
-                });
                 g.add("sink", c.run(count_rx));
             }
-            Output::Discard => {
-                g.add("sink", async move {
-                    while let Some(m) = out_rx.recv().await {
-                        if let Payload::Table(t) = &m.payload {
-                            ro.fetch_add(t.num_rows() as u64, Ordering::Relaxed);
-                        }
-                    }
-                    Ok::<_, NodeError>(())
-                });
-            }
+            Output::Discard => {}
         }
         g.run().await.map_err(|e| NodeError::Other(Box::new(e)))?;
         Ok(JobCounts {

@@ -12,32 +12,45 @@ use crate::error::{DataError, Result};
 use crate::ipc::{pack, unpack};
 use crate::partition::{column_index, hash_partition};
 
-/// Shuffles the chunks arriving on `input` by the hash of `keys`; returns
-/// this rank's share as batches.
-pub async fn hash_shuffle(
-    ctx: &Context,
-    schema: SchemaRef,
-    keys: &[String],
-    mut input: Receiver,
-) -> Result<Vec<RecordBatch>> {
-    let n = ctx.nranks();
-    let me = ctx.rank() as usize;
-    let cols: Vec<usize> = keys
-        .iter()
-        .map(|k| column_index(&schema, k))
-        .collect::<Result<_>>()?;
-    let mut own: Vec<RecordBatch> = Vec::new();
-    let shuffle = Shuffle::new(ctx, n, PartitionOwner::RoundRobin, None);
-    while let Some(m) = input.recv().await {
-        let Payload::Table(t) = m.payload else {
-            return Err(DataError::Invalid("shuffle got a non-table message".into()));
-        };
-        let cols = cols.clone();
+/// A shuffle of record batches to ranks: each batch is split into one part
+/// per rank; other ranks' parts are packed and sent at once, this rank's part
+/// stays as it is.
+pub(crate) struct TableShuffle {
+    ctx: Context,
+    shuffle: Shuffle,
+    own: Vec<RecordBatch>,
+}
+
+impl TableShuffle {
+    /// A new shuffle over the ranks of `ctx`.
+    pub(crate) fn new(ctx: &Context) -> Self {
+        TableShuffle {
+            ctx: ctx.clone(),
+            shuffle: Shuffle::new(ctx, ctx.nranks(), PartitionOwner::RoundRobin, None),
+            own: Vec::new(),
+        }
+    }
+
+    /// Inserts the parts `split` makes (part r goes to rank r); the split
+    /// and the packing run off the runtime's threads.
+    pub(crate) async fn insert<F>(&mut self, split: F) -> Result<()>
+    where
+        F: FnOnce() -> Result<Vec<RecordBatch>> + Send + 'static,
+    {
+        let me = self.ctx.rank() as usize;
         type Split = (Vec<Option<PackedData>>, RecordBatch);
         let (parts, mine) = tokio::task::spawn_blocking(move || -> Result<Split> {
-            let mut split = hash_partition(t.batch(), &cols, n as usize)?;
-            let mine = std::mem::replace(&mut split[me], t.batch().slice(0, 0));
-            let packed = split
+            let mut parts = split()?;
+            let empty = parts.first().map(|p| p.slice(0, 0));
+            let mine = match (parts.get_mut(me), empty) {
+                (Some(m), Some(e)) => std::mem::replace(m, e),
+                _ => {
+                    return Err(DataError::Invalid(
+                        "a split must make one part per rank".into(),
+                    ));
+                }
+            };
+            let packed = parts
                 .iter()
                 .map(|p| {
                     if p.num_rows() == 0 {
@@ -52,24 +65,56 @@ pub async fn hash_shuffle(
         .await
         .map_err(|e| DataError::Invalid(e.to_string()))??;
         if mine.num_rows() > 0 {
-            own.push(mine);
+            self.own.push(mine);
         }
         for (dest, p) in parts.into_iter().enumerate() {
             if let Some(p) = p {
-                shuffle.insert(dest as u32, p)?;
+                self.shuffle.insert(dest as u32, p)?;
             }
         }
+        Ok(())
     }
-    shuffle.insert_finished()?;
-    let mine = shuffle.extract(ctx.rank()).await?;
-    drop(shuffle);
-    tokio::task::spawn_blocking(move || -> Result<Vec<RecordBatch>> {
-        let mut parts = own;
-        for p in mine {
-            parts.extend(unpack(&p)?);
-        }
-        Ok(parts)
-    })
-    .await
-    .map_err(|e| DataError::Invalid(e.to_string()))?
+
+    /// Ends this rank's inserts and returns every part sent to it.
+    pub(crate) async fn finish(self) -> Result<Vec<RecordBatch>> {
+        self.shuffle.insert_finished()?;
+        let mine = self.shuffle.extract(self.ctx.rank()).await?;
+        drop(self.shuffle);
+        let own = self.own;
+        tokio::task::spawn_blocking(move || -> Result<Vec<RecordBatch>> {
+            let mut parts = own;
+            for p in mine {
+                parts.extend(unpack(&p)?);
+            }
+            Ok(parts)
+        })
+        .await
+        .map_err(|e| DataError::Invalid(e.to_string()))?
+    }
+}
+
+/// Shuffles the chunks arriving on `input` by the hash of `keys`; returns
+/// this rank's share as batches.
+pub async fn hash_shuffle(
+    ctx: &Context,
+    schema: SchemaRef,
+    keys: &[String],
+    mut input: Receiver,
+) -> Result<Vec<RecordBatch>> {
+    let n = ctx.nranks() as usize;
+    let cols: Vec<usize> = keys
+        .iter()
+        .map(|k| column_index(&schema, k))
+        .collect::<Result<_>>()?;
+    let mut shuffle = TableShuffle::new(ctx);
+    while let Some(m) = input.recv().await {
+        let Payload::Table(t) = m.payload else {
+            return Err(DataError::Invalid("shuffle got a non-table message".into()));
+        };
+        let cols = cols.clone();
+        shuffle
+            .insert(move || hash_partition(t.batch(), &cols, n))
+            .await?;
+    }
+    shuffle.finish().await
 }

@@ -21,12 +21,12 @@ use arrow_ord::sort::{SortColumn, lexsort_to_indices};
 use arrow_schema::{SchemaRef, SortOptions};
 use arrow_select::concat::concat_batches;
 use arrow_select::take::take_record_batch;
-use braid_coll::{AllGather, ExtractOrder, PartitionOwner, Shuffle};
+use braid_coll::{AllGather, ExtractOrder};
 use braid_core::{Buffer, Context, PackedData};
 
 use crate::error::{DataError, Result};
-use crate::ipc::{pack, unpack};
 use crate::partition::{column_index, converter, key_rows, range_partition};
+use crate::shuffle::TableShuffle;
 
 /// One sort key.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -268,50 +268,17 @@ impl DistributedSort {
         };
         // 3 + 4. Partition, shuffle, sort locally. This rank's own range
         // stays as batches (no packing, no copy).
-        let me = ctx.rank() as usize;
-        let mut own: Vec<RecordBatch> = Vec::new();
-        let shuffle = Shuffle::new(ctx, n as u32, PartitionOwner::RoundRobin, None);
+        let mut shuffle = TableShuffle::new(ctx);
         for b in batches {
             let (c2, k2, s2) = (conv.clone(), keys.clone(), splitters.clone());
-            type Split = (Vec<Option<PackedData>>, RecordBatch);
-            let (parts, mine) = tokio::task::spawn_blocking(move || -> Result<Split> {
-                let mut split = range_partition(&b, &c2, &k2, &s2)?;
-                let mine = std::mem::replace(&mut split[me], b.slice(0, 0));
-                let packed = split
-                    .iter()
-                    .map(|p| {
-                        if p.num_rows() == 0 {
-                            Ok(None)
-                        } else {
-                            pack(p).map(Some)
-                        }
-                    })
-                    .collect::<Result<_>>()?;
-                Ok((packed, mine))
-            })
-            .await
-            .map_err(|e| DataError::Invalid(e.to_string()))??;
-            if mine.num_rows() > 0 {
-                own.push(mine);
-            }
-            for (dest, p) in parts.into_iter().enumerate() {
-                if let Some(p) = p {
-                    shuffle.insert(dest as u32, p)?;
-                }
-            }
+            shuffle
+                .insert(move || range_partition(&b, &c2, &k2, &s2))
+                .await?;
         }
-        shuffle.insert_finished()?;
-        let mine = shuffle.extract(ctx.rank()).await?;
-        drop(shuffle);
+        let parts = shuffle.finish().await?;
         let sk = self.keys.clone();
-        tokio::task::spawn_blocking(move || -> Result<RecordBatch> {
-            let mut parts = own;
-            for p in mine {
-                parts.extend(unpack(&p)?);
-            }
-            sort_parts(&schema, parts, &sk)
-        })
-        .await
-        .map_err(|e| DataError::Invalid(e.to_string()))?
+        tokio::task::spawn_blocking(move || sort_parts(&schema, parts, &sk))
+            .await
+            .map_err(|e| DataError::Invalid(e.to_string()))?
     }
 }

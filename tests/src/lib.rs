@@ -197,6 +197,17 @@ pub async fn exchange(comm: Arc<dyn Communicator>, seed: u64) -> Result<Exchange
     Ok(total)
 }
 
+/// The runtime the tests drive their ranks on (2 worker threads, like CI's
+/// 2 cores).
+#[allow(clippy::expect_used)] // a test cannot run without its runtime
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime")
+}
+
 /// Rank counts every multi-rank test covers.
 pub const RANK_COUNTS: [u32; 6] = [1, 2, 3, 4, 5, 8];
 

@@ -14,15 +14,7 @@ use braid_core::comm::tcp::TcpComm;
 use braid_core::launch::{LaunchSpec, OutputMode, launch};
 use braid_core::world::{context_for, contexts};
 use braid_core::{Buffer, Communicator, Context, MemoryLimits, WorldSpec};
-use braid_tests::{RANK_COUNTS, coll_suite};
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
+use braid_tests::{RANK_COUNTS, coll_suite, runtime};
 
 async fn local_ctxs(n: u32, limits: MemoryLimits) -> Vec<Context> {
     contexts(&WorldSpec::Local { nranks: n }, limits)

@@ -11,15 +11,7 @@ use std::time::{Duration, Instant};
 use braid_core::Communicator;
 use braid_core::comm::tcp::TcpComm;
 use braid_core::comm::tcp::wire::{ConnKind, Hello};
-use braid_tests::{exchange, expected_summary, payload};
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime")
-}
+use braid_tests::{exchange, expected_summary, payload, runtime};
 
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")

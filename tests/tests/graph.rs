@@ -5,6 +5,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail by panicking
 
+use braid_tests::runtime;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -186,14 +187,6 @@ async fn run_all(ctxs: Vec<Context>, sc: Scenario) -> Vec<Result<u64, GraphError
         out.push(r);
     }
     out
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime")
 }
 
 #[test]

@@ -11,15 +11,7 @@ use braid_core::comm::local::LocalComm;
 use braid_core::comm::tcp::TcpComm;
 use braid_core::launch::{LaunchSpec, OutputMode, launch};
 use braid_core::{Communicator, Rank};
-use braid_tests::{RANK_COUNTS, exchange, expected_summary};
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime")
-}
+use braid_tests::{RANK_COUNTS, exchange, expected_summary, runtime};
 
 fn run_exchange(comms: Vec<Arc<dyn Communicator>>, seed: u64) {
     let n = comms.len() as u32;

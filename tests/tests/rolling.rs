@@ -22,7 +22,7 @@ use braid_nodes::job::{Output, RollingJob};
 use braid_nodes::rolling::RollingSpec;
 use braid_nodes::sink::CollectSink;
 use braid_nodes::source::Source;
-use braid_tests::{RANK_COUNTS, SplitMix, seed_of};
+use braid_tests::{RANK_COUNTS, SplitMix, runtime, seed_of};
 
 #[derive(Debug, Clone, Copy)]
 struct Row {
@@ -289,14 +289,6 @@ async fn matrix(ctxs: Vec<Context>, backend: &str) {
             }
         }
     }
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
 }
 
 #[test]

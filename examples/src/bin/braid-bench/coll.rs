@@ -20,6 +20,7 @@ use braid_core::comm::local::LocalComm;
 use braid_core::comm::tcp::TcpComm;
 use braid_core::world::context_for;
 use braid_core::{BoxError, Buffer, Communicator, Context, MemoryLimits};
+use braid_examples::size_name;
 
 /// Options of `braid-bench coll`.
 #[derive(Debug, clap::Args)]
@@ -240,16 +241,6 @@ fn mpi_binary(given: &Option<PathBuf>) -> Result<PathBuf, BoxError> {
     let text = String::from_utf8_lossy(&out.stdout);
     let last = text.lines().last().unwrap_or_default().trim().to_string();
     Ok(PathBuf::from(last))
-}
-
-fn size_name(s: usize) -> String {
-    if s >= 1 << 20 {
-        format!("{} MiB", s >> 20)
-    } else if s >= 1 << 10 {
-        format!("{} KiB", s >> 10)
-    } else {
-        format!("{s} B")
-    }
 }
 
 /// Runs the benchmark and prints one table per (operation, ranks).

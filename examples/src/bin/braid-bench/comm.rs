@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use braid_core::comm::local::LocalComm;
 use braid_core::comm::tcp::TcpComm;
 use braid_core::{BoxError, Buffer, Communicator, OpId, Tag};
+use braid_examples::size_name;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -148,16 +149,6 @@ async fn raw_bandwidth(size: usize, iters: usize) -> Result<Duration, BoxError> 
 
 fn gbps(bytes: usize, d: Duration) -> f64 {
     bytes as f64 / d.as_secs_f64() / 1e9
-}
-
-fn size_name(s: usize) -> String {
-    if s >= 1 << 20 {
-        format!("{} MiB", s >> 20)
-    } else if s >= 1 << 10 {
-        format!("{} KiB", s >> 10)
-    } else {
-        format!("{s} B")
-    }
 }
 
 /// Runs the benchmark and prints the tables.
