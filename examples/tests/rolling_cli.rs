@@ -222,8 +222,25 @@ fn oracle_duckdb_and_polars_agree_with_the_job() {
             if closed == "left" {
                 args.extend(["--backend", "tcp"]);
             }
-            let (ok, _, err) = run(&args);
+            // One runs under a memory limit far below its input: it must
+            // spill and still match the oracles.
+            let limited = closed == "right" && grouped;
+            if limited {
+                args.extend(["--memory-limit", "8MiB"]);
+            }
+            let (ok, stdout, err) = run(&args);
             assert!(ok, "{args:?}: {err}");
+            if limited {
+                let spilled: u64 = stdout
+                    .lines()
+                    .filter_map(|l| l.trim().strip_prefix("spilled bytes: "))
+                    .filter_map(|v| v.trim().parse::<u64>().ok())
+                    .sum();
+                assert!(
+                    spilled > 0,
+                    "nothing spilled under --memory-limit 8MiB:\n{stdout}"
+                );
+            }
             let mut extra = vec![
                 "--order", "ts", "--values", "v,w", "--window", "1000", "--closed", closed,
                 "--aggs", aggs,

@@ -2,7 +2,7 @@
 //!
 //! | source | how the work is split across ranks |
 //! |---|---|
-//! | Parquet (file or directory) | row groups, round-robin over (file, row group) |
+//! | Parquet (file or directory) | row groups (cut into row ranges when there are fewer than ranks), round-robin |
 //! | CSV (file or directory) | chunks of `chunk_rows` rows, round-robin |
 //! | in-memory batches | each rank sends the batches it was given |
 //! | generator | rows split evenly; each rank makes its own share |
@@ -189,19 +189,40 @@ impl Source {
         match self {
             Source::Parquet(path) => {
                 let files = files_with(&path, "parquet")?;
-                let mut work = Vec::new();
+                // Work items are (file, row group, first row, rows). With
+                // fewer row groups than ranks, row groups are cut into row
+                // ranges so every rank reads a share.
+                let mut groups = Vec::new();
                 for f in &files {
-                    let groups = parquet_builder(f)?.metadata().num_row_groups();
-                    work.extend((0..groups).map(|g| (f.clone(), g)));
+                    let b = parquet_builder(f)?;
+                    for (g, rg) in b.metadata().row_groups().iter().enumerate() {
+                        groups.push((f.clone(), g, rg.num_rows().max(0) as usize));
+                    }
                 }
-                for (k, (f, g)) in work.into_iter().enumerate() {
+                let pieces = n.div_ceil(groups.len().max(1)).max(1);
+                let mut work = Vec::new();
+                for (f, g, rows) in groups {
+                    for p in 0..pieces {
+                        let (lo, hi) = (rows * p / pieces, rows * (p + 1) / pieces);
+                        if hi > lo || (p == 0 && rows == 0) {
+                            work.push((f.clone(), g, lo, hi - lo));
+                        }
+                    }
+                }
+                for (k, (f, g, start, len)) in work.into_iter().enumerate() {
                     if k % n != rank {
                         continue;
                     }
                     let batches =
                         tokio::task::spawn_blocking(move || -> Result<Vec<RecordBatch>> {
+                            use parquet::arrow::arrow_reader::{RowSelection, RowSelector};
+                            let selection = RowSelection::from(vec![
+                                RowSelector::skip(start),
+                                RowSelector::select(len),
+                            ]);
                             let reader = parquet_builder(&f)?
                                 .with_row_groups(vec![g])
+                                .with_row_selection(selection)
                                 .with_batch_size(chunk_rows)
                                 .build()
                                 .map_err(|e| DataError::file(&f, e))?;

@@ -271,7 +271,8 @@ async fn matrix(ctxs: Vec<Context>, backend: &str) {
         .into_iter()
         .enumerate()
     {
-        let timestamp = d == 1;
+        // Timestamps for the one-ts data and, on odd rank counts, the rest.
+        let timestamp = d == 1 || n % 2 == 1;
         let (rows, span) = rows(data, seed_of(&[n as u64, d as u64]));
         // No rows, ~10 rows, several ranks' worth, everything.
         let windows: Vec<i64> = match data {

@@ -1,0 +1,195 @@
+//! Distributed sort against a local reference: every rank count, local and
+//! tcp; two keys (one descending, nulls first), many ties. Checks the global
+//! order (within and across ranks), that no key is split across ranks, and
+//! that every row arrives exactly once.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail by panicking
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use arrow_array::{Array, Int64Array, RecordBatch, StringArray};
+use arrow_schema::{DataType, Field, Schema, SchemaRef};
+use braid_core::comm::tcp::TcpComm;
+use braid_core::world::{context_for, contexts};
+use braid_core::{Communicator, Context, MemoryLimits, WorldSpec};
+use braid_nodes::sort::{DistributedSort, SortKey};
+use braid_tests::{RANK_COUNTS, SplitMix, runtime, seed_of};
+
+fn schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![
+        Field::new("id", DataType::Int64, false),
+        Field::new("a", DataType::Utf8, true),
+        Field::new("b", DataType::Int64, true),
+    ]))
+}
+
+/// Rank r's rows: (id, a, b) with few distinct values and nulls.
+fn rows(seed: u64, r: u32, n: u32) -> RecordBatch {
+    let mut g = SplitMix(seed_of(&[seed, r as u64]));
+    let count = if r % 3 == 1 {
+        0
+    } else {
+        50 + g.below(150) as usize
+    };
+    let ids: Vec<i64> = (0..count).map(|i| (r as i64) << 32 | i as i64).collect();
+    let a: Vec<Option<String>> = (0..count)
+        .map(|_| {
+            if g.below(7) == 0 {
+                None
+            } else {
+                Some(format!("k{}", g.below(5)))
+            }
+        })
+        .collect();
+    let b: Vec<Option<i64>> = (0..count)
+        .map(|_| {
+            if g.below(9) == 0 {
+                None
+            } else {
+                Some(g.below(20) as i64 - 10)
+            }
+        })
+        .collect();
+    let _ = n;
+    RecordBatch::try_new(
+        schema(),
+        vec![
+            Arc::new(Int64Array::from(ids)),
+            Arc::new(StringArray::from(a)),
+            Arc::new(Int64Array::from(b)),
+        ],
+    )
+    .unwrap()
+}
+
+type Key = (Option<String>, Option<i64>);
+
+fn keys_of(b: &RecordBatch) -> Vec<(Key, i64)> {
+    let id = b.column(0).as_any().downcast_ref::<Int64Array>().unwrap();
+    let a = b.column(1).as_any().downcast_ref::<StringArray>().unwrap();
+    let bb = b.column(2).as_any().downcast_ref::<Int64Array>().unwrap();
+    (0..b.num_rows())
+        .map(|i| {
+            let ka = (!a.is_null(i)).then(|| a.value(i).to_string());
+            let kb = (!bb.is_null(i)).then(|| bb.value(i));
+            ((ka, kb), id.value(i))
+        })
+        .collect()
+}
+
+/// The order: a ascending with nulls last, then b descending with nulls first.
+fn cmp(x: &Key, y: &Key) -> std::cmp::Ordering {
+    let oa = match (&x.0, &y.0) {
+        (None, None) => std::cmp::Ordering::Equal,
+        (None, Some(_)) => std::cmp::Ordering::Greater,
+        (Some(_), None) => std::cmp::Ordering::Less,
+        (Some(p), Some(q)) => p.cmp(q),
+    };
+    oa.then(match (x.1, y.1) {
+        (None, None) => std::cmp::Ordering::Equal,
+        (None, Some(_)) => std::cmp::Ordering::Less,
+        (Some(_), None) => std::cmp::Ordering::Greater,
+        (Some(p), Some(q)) => q.cmp(&p),
+    })
+}
+
+async fn check(ctxs: Vec<Context>, seed: u64) {
+    let n = ctxs.len() as u32;
+    let sort = DistributedSort::new(vec![
+        SortKey {
+            column: "a".into(),
+            descending: false,
+            nulls_first: false,
+        },
+        SortKey {
+            column: "b".into(),
+            descending: true,
+            nulls_first: true,
+        },
+    ]);
+    let hs: Vec<_> = ctxs
+        .iter()
+        .map(|c| {
+            let (c, s) = (c.clone(), sort.clone());
+            let input = rows(seed, c.rank(), n);
+            tokio::spawn(async move { s.sort(&c, schema(), vec![input]).await })
+        })
+        .collect();
+    let mut per_rank = Vec::new();
+    for h in hs {
+        let b = tokio::time::timeout(Duration::from_secs(60), h)
+            .await
+            .expect("hung")
+            .unwrap()
+            .unwrap();
+        per_rank.push(keys_of(&b));
+    }
+    let mut all: Vec<(Key, i64)> = per_rank.iter().flatten().cloned().collect();
+    for w in all.windows(2) {
+        assert_ne!(
+            cmp(&w[0].0, &w[1].0),
+            std::cmp::Ordering::Greater,
+            "{n} ranks: out of order: {:?} before {:?}",
+            w[0],
+            w[1]
+        );
+    }
+    for r in 0..per_rank.len() {
+        for s in r + 1..per_rank.len() {
+            if let (Some(last), Some(first)) = (per_rank[r].last(), per_rank[s].first()) {
+                assert_ne!(
+                    cmp(&last.0, &first.0),
+                    std::cmp::Ordering::Equal,
+                    "{n} ranks: key {:?} split across ranks {r} and {s}",
+                    last.0
+                );
+            }
+        }
+    }
+    let mut got: Vec<i64> = all.drain(..).map(|x| x.1).collect();
+    got.sort_unstable();
+    let mut want: Vec<i64> = (0..n)
+        .flat_map(|r| keys_of(&rows(seed, r, n)).into_iter().map(|x| x.1))
+        .collect();
+    want.sort_unstable();
+    assert_eq!(got, want, "{n} ranks: every row exactly once");
+}
+
+#[test]
+fn distributed_sort_orders_globally_local() {
+    let rt = runtime();
+    for n in RANK_COUNTS {
+        rt.block_on(async {
+            let ctxs = contexts(&WorldSpec::Local { nranks: n }, MemoryLimits::UNLIMITED)
+                .await
+                .unwrap();
+            check(ctxs, 3 + n as u64).await;
+        });
+    }
+}
+
+#[test]
+fn distributed_sort_orders_globally_tcp() {
+    let rt = runtime();
+    for n in RANK_COUNTS {
+        rt.block_on(async {
+            let ctxs: Vec<Context> = TcpComm::in_process_world(n)
+                .await
+                .unwrap()
+                .into_iter()
+                .map(|c| {
+                    context_for(
+                        Arc::new(c) as Arc<dyn Communicator>,
+                        MemoryLimits::UNLIMITED,
+                    )
+                })
+                .collect();
+            check(ctxs.clone(), 9 + n as u64).await;
+            let downs: Vec<_> = ctxs.iter().map(|c| c.comm().shutdown()).collect();
+            for d in futures::future::join_all(downs).await {
+                d.unwrap();
+            }
+        });
+    }
+}
