@@ -23,12 +23,25 @@ pub enum WorldSpec {
     },
     /// One rank of a tcp job.
     Tcp(TcpConfig),
+    /// This process's rank of an MPI job (started by mpirun or srun).
+    #[cfg(feature = "mpi")]
+    Mpi,
 }
 
 impl WorldSpec {
     /// The tcp rank described by the `BRAID_*` environment if it is set,
     /// else `nranks` local ranks.
+    /// With `BRAID_BACKEND=mpi` (feature `mpi`), the MPI rank.
     pub fn from_env_or_local(nranks: u32) -> Result<WorldSpec, CommError> {
+        if std::env::var("BRAID_BACKEND").is_ok_and(|b| b == "mpi") {
+            #[cfg(feature = "mpi")]
+            return Ok(WorldSpec::Mpi);
+            #[cfg(not(feature = "mpi"))]
+            return Err(CommError::Bootstrap {
+                rank: 0,
+                detail: "BRAID_BACKEND=mpi, but braid was built without the mpi feature".into(),
+            });
+        }
         Ok(match TcpConfig::from_env()? {
             Some(c) => WorldSpec::Tcp(c),
             None => WorldSpec::Local { nranks },
@@ -40,6 +53,8 @@ impl WorldSpec {
         match self {
             WorldSpec::Local { .. } => Backend::Local,
             WorldSpec::Tcp(_) => Backend::Tcp,
+            #[cfg(feature = "mpi")]
+            WorldSpec::Mpi => Backend::Mpi,
         }
     }
 }
@@ -55,6 +70,8 @@ pub async fn contexts(spec: &WorldSpec, limits: MemoryLimits) -> Result<Vec<Cont
             .map(|c| Arc::new(c) as Arc<dyn Communicator>)
             .collect(),
         WorldSpec::Tcp(cfg) => vec![Arc::new(TcpComm::connect(cfg.clone()).await?)],
+        #[cfg(feature = "mpi")]
+        WorldSpec::Mpi => vec![Arc::new(crate::comm::mpi::MpiComm::init()?)],
     };
     Ok(comms.into_iter().map(|c| context_for(c, limits)).collect())
 }
@@ -113,7 +130,7 @@ where
     rt.block_on(async move {
         let rank = match spec {
             WorldSpec::Tcp(cfg) => cfg.rank,
-            WorldSpec::Local { .. } => 0,
+            _ => 0,
         };
         let ctxs = contexts(spec, limits).await.map_err(|e| RankError {
             rank,

@@ -18,8 +18,9 @@ pub struct JobArgs {
     /// Number of ranks.
     #[arg(long, default_value_t = 4)]
     pub ranks: u32,
-    /// How ranks talk: `local` (threads of this process) or `tcp` (one
-    /// process per rank on this host).
+    /// How ranks talk: `local` (threads of this process), `tcp` (one
+    /// process per rank on this host) or `mpi` (ranks started by mpirun or
+    /// srun; needs the `mpi` feature).
     #[arg(long, default_value = "local")]
     pub backend: Backend,
 }
@@ -72,6 +73,12 @@ where
         return Err("--ranks must be at least 1".into());
     }
     let spec = match (args.backend, TcpConfig::from_env()?) {
+        #[cfg(feature = "mpi")]
+        (Backend::Mpi, _) => WorldSpec::Mpi,
+        #[cfg(not(feature = "mpi"))]
+        (Backend::Mpi, _) => {
+            return Err("--backend mpi needs a build with the mpi feature (cargo build --release --features mpi), started by mpirun or srun".into());
+        }
         (_, Some(cfg)) => WorldSpec::Tcp(cfg),
         (Backend::Local, None) => WorldSpec::Local { nranks: args.ranks },
         (Backend::Tcp, None) => {

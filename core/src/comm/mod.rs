@@ -12,11 +12,14 @@
 //! - A dead peer or an abort fails every pending and later operation with an
 //!   error that names that peer.
 //!
-//! Backends: [`local`] (ranks are tasks of one process) and [`tcp`] (one
-//! process per rank).
+//! Backends: [`local`] (ranks are tasks of one process), [`tcp`] (one
+//! process per rank) and, with the `mpi` feature, `mpi` (ranks started by
+//! mpirun or srun).
 
 pub mod local;
 mod mailbox;
+#[cfg(feature = "mpi")]
+pub mod mpi;
 pub mod tcp;
 
 use std::fmt;
@@ -38,6 +41,9 @@ pub enum Backend {
     Local,
     /// One process per rank over TCP.
     Tcp,
+    /// Ranks started by mpirun or srun; MPI carries the bytes (feature
+    /// `mpi`).
+    Mpi,
 }
 
 impl fmt::Display for Backend {
@@ -45,6 +51,7 @@ impl fmt::Display for Backend {
         f.write_str(match self {
             Backend::Local => "local",
             Backend::Tcp => "tcp",
+            Backend::Mpi => "mpi",
         })
     }
 }
@@ -55,7 +62,10 @@ impl std::str::FromStr for Backend {
         match s {
             "local" => Ok(Backend::Local),
             "tcp" => Ok(Backend::Tcp),
-            other => Err(format!("unknown backend {other:?} (expected local or tcp)")),
+            "mpi" => Ok(Backend::Mpi),
+            other => Err(format!(
+                "unknown backend {other:?} (expected local, tcp or mpi)"
+            )),
         }
     }
 }

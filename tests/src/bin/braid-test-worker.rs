@@ -6,7 +6,7 @@
 //! - `big BYTES`: rank 0 sends one message of BYTES to rank 1, which checks
 //!   it; prints `big ok BYTES`.
 //! - `coll SEED`: the collective suite; prints `coll ok CHECKS`.
-//! - `wait`: prints `ready`, then waits for a message that never comes; the
+//! - `wait`: prints `ready PID`, then waits for a message that never comes; the
 //!   test kills a rank and expects the others to fail naming it.
 
 use std::process::ExitCode;
@@ -55,7 +55,7 @@ fn main() -> ExitCode {
                     println!("{line}");
                 }
                 "wait" => {
-                    println!("ready");
+                    println!("ready {}", std::process::id());
                     let src = (ctx.rank() + 1) % ctx.nranks();
                     comm.recv(src, Tag::new(OpId(9), 0)).await?;
                 }

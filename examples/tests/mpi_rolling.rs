@@ -1,0 +1,95 @@
+//! The rolling job under `mpirun` (feature `mpi`) for N in {1, 2, 3, 4, 5,
+//! 8}, grouped and ungrouped, checked against Polars by the oracle script.
+//! Needs OpenMPI and python3 with polars and pyarrow.
+
+#![cfg(feature = "mpi")]
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail by panicking
+
+use std::path::PathBuf;
+use std::process::Command;
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+#[test]
+fn rolling_under_mpirun_matches_the_oracle() {
+    let d = std::env::temp_dir().join(format!("braid-mpi-rolling-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    let input = d.join("in.parquet");
+    let st = Command::new("python3")
+        .arg(repo().join("tests/oracle/gen_input.py"))
+        .arg(&input)
+        .args([
+            "--rows", "100000", "--keys", "20", "--span", "1000000", "--seed", "11",
+        ])
+        .status()
+        .unwrap();
+    assert!(
+        st.success(),
+        "gen_input.py failed (needs python3 with pyarrow or polars)"
+    );
+    for n in [1u32, 2, 3, 4, 5, 8] {
+        for grouped in [false, true] {
+            let out = d.join(format!("out-{n}-{grouped}"));
+            let mut cmd = Command::new("mpirun");
+            cmd.args([
+                "--allow-run-as-root",
+                "--oversubscribe",
+                "-np",
+                &n.to_string(),
+            ])
+            .arg(env!("CARGO_BIN_EXE_rolling"))
+            .args(["--backend", "mpi", "--input"])
+            .arg(&input)
+            .arg("--output")
+            .arg(&out)
+            .args([
+                "--values",
+                "v,w",
+                "--window",
+                "5000",
+                "--closed",
+                "both",
+                "--aggs",
+                "sum,mean,min,max,count,std,var",
+            ]);
+            if grouped {
+                cmd.args(["--by", "key"]);
+            }
+            let o = cmd.output().unwrap();
+            assert!(
+                o.status.success(),
+                "{n} ranks: {}",
+                String::from_utf8_lossy(&o.stderr)
+            );
+            let mut check = Command::new("python3");
+            check
+                .arg(repo().join("tests/oracle/check_rolling.py"))
+                .arg("--input")
+                .arg(&input)
+                .arg("--output")
+                .arg(&out)
+                .args([
+                    "--order", "ts", "--values", "v,w", "--window", "5000", "--closed", "both",
+                ])
+                .args([
+                    "--aggs",
+                    "sum,mean,min,max,count,std,var",
+                    "--engines",
+                    "polars",
+                ]);
+            if grouped {
+                check.args(["--by", "key"]);
+            }
+            let c = check.output().unwrap();
+            assert!(
+                c.status.success(),
+                "{n} ranks, grouped={grouped}: {}\n{}",
+                String::from_utf8_lossy(&c.stdout),
+                String::from_utf8_lossy(&c.stderr)
+            );
+        }
+    }
+}

@@ -1,0 +1,123 @@
+//! The multi-rank suite under `mpirun` (feature `mpi`): point-to-point and
+//! every collective for N in {1, 2, 3, 4, 5, 8}, and a killed rank ending
+//! the job with an error. Needs OpenMPI (`mpirun`) on the PATH.
+
+#![cfg(feature = "mpi")]
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail by panicking
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use braid_tests::{RANK_COUNTS, expected_summary};
+
+fn mpirun(n: u32) -> Command {
+    let mut c = Command::new("mpirun");
+    c.args([
+        "--allow-run-as-root",
+        "--oversubscribe",
+        "-np",
+        &n.to_string(),
+    ])
+    .arg(env!("CARGO_BIN_EXE_braid-test-worker"))
+    .env("BRAID_BACKEND", "mpi");
+    c
+}
+
+fn run(n: u32, args: &[&str]) -> Vec<String> {
+    let out = mpirun(n).args(args).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "mpirun -np {n} {args:?} failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+        .lines()
+        .map(|l| l.trim().to_string())
+        .filter(|l| !l.is_empty())
+        .collect()
+}
+
+#[test]
+fn mpi_all_pairs_exchange() {
+    for n in RANK_COUNTS {
+        let seed = 700 + n as u64;
+        let mut got: Vec<(u64, u64)> = run(n, &["exchange", &seed.to_string()])
+            .iter()
+            .filter_map(|l| l.strip_prefix("exchange ok "))
+            .map(|rest| {
+                let v: Vec<u64> = rest
+                    .split_whitespace()
+                    .map(|w| w.parse().unwrap())
+                    .collect();
+                (v[0], v[1])
+            })
+            .collect();
+        let mut want: Vec<(u64, u64)> = (0..n)
+            .map(|r| {
+                let s = expected_summary(seed, n, r);
+                (s.messages, s.bytes)
+            })
+            .collect();
+        got.sort_unstable();
+        want.sort_unstable();
+        assert_eq!(got, want, "{n} ranks");
+    }
+}
+
+#[test]
+fn mpi_collective_suite() {
+    for n in RANK_COUNTS {
+        let lines: Vec<String> = run(n, &["coll", &(800 + n).to_string()])
+            .into_iter()
+            .filter(|l| l.starts_with("coll"))
+            .collect();
+        assert_eq!(lines.len(), n as usize, "{n} ranks: {lines:?}");
+        assert!(
+            lines
+                .iter()
+                .all(|l| l.starts_with("coll ok") && *l == lines[0]),
+            "{n} ranks: {lines:?}"
+        );
+    }
+}
+
+#[test]
+fn mpi_killed_rank_ends_the_job() {
+    let mut child = mpirun(3)
+        .arg("wait")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut pids = Vec::new();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    while pids.len() < 3 {
+        let mut line = String::new();
+        if out.read_line(&mut line).unwrap() == 0 {
+            break;
+        }
+        if let Some(p) = line.trim().strip_prefix("ready ") {
+            pids.push(p.to_string());
+        }
+    }
+    assert_eq!(pids.len(), 3, "every rank reports ready");
+    let st = Command::new("kill")
+        .args(["-9", &pids[1]])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let t = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if t.elapsed() > Duration::from_secs(30) {
+            let _ = child.kill();
+            panic!("the MPI job still runs 30 s after a rank was killed");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(!status.success(), "the job must fail when a rank is killed");
+}
