@@ -56,9 +56,28 @@ impl BufferPool {
         })
     }
 
+    /// A vector of exactly `len` bytes of unspecified (but initialised)
+    /// content, for a caller that overwrites all of it: a pooled one is
+    /// reused without clearing where it already held that many bytes.
+    pub fn take_filled(&self, len: usize) -> Vec<u8> {
+        let mut v = self.take_raw(len);
+        if v.len() >= len {
+            v.truncate(len);
+        } else {
+            v.resize(len, 0);
+        }
+        v
+    }
+
     /// An empty vector with capacity for at least `len` bytes: a pooled one
     /// of at most twice that capacity if there is one.
     pub fn take(&self, len: usize) -> Vec<u8> {
+        let mut v = self.take_raw(len);
+        v.clear();
+        v
+    }
+
+    fn take_raw(&self, len: usize) -> Vec<u8> {
         if len >= Self::MIN_SIZE {
             let mut f = self.free.lock().unwrap_or_else(|p| p.into_inner());
             let cap = f
@@ -68,12 +87,11 @@ impl BufferPool {
                 .map(|(c, _)| *c);
             if let Some(cap) = cap {
                 if let Some(list) = f.by_cap.get_mut(&cap) {
-                    if let Some(mut v) = list.pop() {
+                    if let Some(v) = list.pop() {
                         if list.is_empty() {
                             f.by_cap.remove(&cap);
                         }
                         f.bytes -= v.capacity();
-                        v.clear();
                         return v;
                     }
                 }

@@ -224,7 +224,8 @@ fn time_mpi(
     Ok(us)
 }
 
-fn mpi_binary(given: &Option<PathBuf>) -> Result<PathBuf, BoxError> {
+/// The MPI baseline program: `given`, or the one bench/install_mpi.sh builds.
+pub(crate) fn mpi_binary(given: &Option<PathBuf>) -> Result<PathBuf, BoxError> {
     if let Some(p) = given {
         return Ok(p.clone());
     }

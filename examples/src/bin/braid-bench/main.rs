@@ -3,12 +3,15 @@
 //!
 //! - `comm`: point-to-point latency and bandwidth, 2 ranks, local and tcp,
 //!   against a raw tokio TCP socket pair.
+//! - `mpi` (feature `mpi`): braid's mpi backend against raw MPI.
 //! - `rolling`: the rolling job against Polars on 10 million rows.
 //! - `coll`: every collective, 2 and 4 ranks, local and tcp, against
 //!   OpenMPI (shared memory and TCP).
 
 mod coll;
 mod comm;
+#[cfg(feature = "mpi")]
+mod mpi;
 mod rolling;
 
 use std::process::ExitCode;
@@ -31,6 +34,13 @@ enum What {
     Coll(coll::CollArgs),
     /// The rolling job vs Polars, Parquet in and out, 10M rows.
     Rolling(rolling::RollingArgs),
+    /// braid's mpi backend vs raw MPI (feature mpi).
+    #[cfg(feature = "mpi")]
+    Mpi(mpi::MpiArgs),
+    /// One rank of the MPI benchmark (run by `mpi` under mpirun).
+    #[cfg(feature = "mpi")]
+    #[command(hide = true)]
+    MpiRank(mpi::MpiRankArgs),
 }
 
 fn main() -> ExitCode {
@@ -40,6 +50,10 @@ fn main() -> ExitCode {
         What::Comm(a) => comm::run(a),
         What::Coll(a) => coll::run(a),
         What::Rolling(a) => rolling::run(a),
+        #[cfg(feature = "mpi")]
+        What::Mpi(a) => mpi::run(a),
+        #[cfg(feature = "mpi")]
+        What::MpiRank(a) => mpi::rank(a),
     };
     match res {
         Ok(()) => ExitCode::SUCCESS,
