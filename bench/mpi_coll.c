@@ -10,7 +10,7 @@
  * the one-way latency (round trip / 2).
  *
  * Usage: mpi_coll OP SIZE_BYTES ITERS
- *   OP: pingpong barrier bcast allgather allreduce reduce_scatter
+ *   OP: pingpong bw barrier bcast allgather allreduce reduce_scatter
  *       alltoall alltoallv sendrecv
  *
  * Build: mpicc -O2 -o mpi_coll mpi_coll.c   (see bench/install_mpi.sh)
@@ -53,6 +53,30 @@ static void fill_doubles(char *buf, size_t n)
 }
 
 /* ---- one function per op; each runs a single iteration ---- */
+
+/* Streaming bandwidth (like osu_bw): rank 0 posts WINDOW sends of SIZE
+ * bytes, rank 1 WINDOW receives; then rank 1 acknowledges with 1 byte. The
+ * reported time is per message (iteration time / WINDOW). */
+#define WINDOW 16
+
+static void op_bw(void)
+{
+    int n = (int)bytes;
+    MPI_Request reqs[WINDOW];
+    char ack = 0;
+    if (rank == 0) {
+        for (int w = 0; w < WINDOW; w++)
+            MPI_Isend(sbuf, n, MPI_BYTE, 1, 1, MPI_COMM_WORLD, &reqs[w]);
+        MPI_Waitall(WINDOW, reqs, MPI_STATUSES_IGNORE);
+        MPI_Recv(&ack, 1, MPI_BYTE, 1, 2, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+    } else if (rank == 1) {
+        /* One receive buffer per window slot, as osu_bw does. */
+        for (int w = 0; w < WINDOW; w++)
+            MPI_Irecv(rbuf + (size_t)w * (size_t)n, n, MPI_BYTE, 0, 1, MPI_COMM_WORLD, &reqs[w]);
+        MPI_Waitall(WINDOW, reqs, MPI_STATUSES_IGNORE);
+        MPI_Send(&ack, 1, MPI_BYTE, 0, 2, MPI_COMM_WORLD);
+    }
+}
 
 static void op_pingpong(void)
 {
@@ -128,7 +152,7 @@ static const struct op OPS[] = {
     {"bcast", op_bcast},         {"allgather", op_allgather},
     {"allreduce", op_allreduce}, {"reduce_scatter", op_reduce_scatter},
     {"alltoall", op_alltoall},   {"alltoallv", op_alltoallv},
-    {"sendrecv", op_sendrecv},
+    {"sendrecv", op_sendrecv},   {"bw", op_bw},
 };
 
 static void usage_exit(const char *msg)
@@ -158,7 +182,7 @@ static void setup(const char *name, size_t req)
     size_t n = (size_t)nranks;
     size_t sn, rn; /* send / receive buffer sizes */
 
-    if (!strcmp(name, "pingpong") && nranks != 2)
+    if ((!strcmp(name, "pingpong") || !strcmp(name, "bw")) && nranks != 2)
         usage_exit("pingpong needs exactly 2 ranks");
 
     if (!strcmp(name, "barrier")) {
@@ -185,6 +209,8 @@ static void setup(const char *name, size_t req)
     rn = bytes;
     if (!strcmp(name, "allgather"))
         rn = bytes * n;
+    else if (!strcmp(name, "bw"))
+        rn = bytes * WINDOW;
     else if (!strcmp(name, "reduce_scatter"))
         rn = bytes / n;
 
@@ -227,6 +253,8 @@ static void run_point(const struct op *op, size_t size, unsigned long long iters
         double us = max_elapsed * 1e6 / (double)iters;
         if (!strcmp(op->name, "pingpong"))
             us /= 2.0; /* one-way */
+        else if (!strcmp(op->name, "bw"))
+            us /= (double)WINDOW; /* per message */
         printf("RESULT op=%s bytes=%zu ranks=%d iters=%llu us_per_iter=%.3f\n",
                op->name, bytes, nranks, iters, us);
         fflush(stdout);

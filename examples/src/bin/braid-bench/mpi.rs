@@ -1,11 +1,12 @@
 //! MPI benchmark (feature `mpi`): braid's `mpi` backend against raw MPI on
-//! the same operation, in the same run: a ping-pong between 2 ranks (one-way
-//! time = round trip / 2, bandwidth = size / one-way time), under the same
-//! OpenMPI transport settings (shared memory, then TCP).
+//! the same operations, in the same run, between 2 ranks, under the same
+//! OpenMPI transport settings (shared memory, then TCP): streaming
+//! bandwidth with 16 messages in flight (as osu_bw), and ping-pong.
 //!
 //! `braid-bench mpi` drives: it runs `mpirun -np 2 braid-bench mpi-rank`
-//! (braid) and `mpirun -np 2 mpi_coll pingpong` (raw MPI, `bench/mpi_coll.c`)
-//! with the same sizes and iteration counts, then prints the table.
+//! (braid) and `mpirun -np 2 mpi_coll bw|pingpong` (raw MPI,
+//! `bench/mpi_coll.c`) with the same sizes and iteration counts, then prints
+//! the tables.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -40,16 +41,58 @@ pub struct MpiArgs {
 /// Options of the hidden per-rank subcommand.
 #[derive(Debug, Clone, clap::Args)]
 pub struct MpiRankArgs {
+    /// `pingpong` or `bw`.
+    #[arg(long)]
+    op: String,
     /// `SIZE:ITERS` pairs.
     #[arg(long, value_delimiter = ',')]
     points: Vec<String>,
 }
 
+/// Messages in flight per iteration of the bandwidth test (as osu_bw and
+/// `bench/mpi_coll.c`'s `bw`).
+const WINDOW: usize = 16;
+
 fn iters_for(size: usize, budget: usize) -> usize {
-    (budget / size.max(1)).clamp(10, 10_000)
+    (budget / size.max(1) / WINDOW).clamp(5, 5_000)
 }
 
-/// One rank of the braid ping-pong (run under mpirun).
+async fn one_iteration(
+    comm: &Arc<dyn Communicator>,
+    op: &str,
+    tag: Tag,
+    ack: Tag,
+    msg: &Buffer,
+) -> Result<(), BoxError> {
+    match (op, comm.rank()) {
+        ("bw", 0) => {
+            let sends: Vec<_> = (0..WINDOW)
+                .map(|_| comm.send(1, tag, msg.clone()))
+                .collect();
+            for s in sends {
+                s.await?;
+            }
+            comm.recv(1, ack).await?;
+        }
+        ("bw", _) => {
+            for _ in 0..WINDOW {
+                comm.recv(0, tag).await?;
+            }
+            comm.send(0, ack, Buffer::from_vec(vec![0])).await?;
+        }
+        (_, 0) => {
+            comm.send(1, tag, msg.clone()).await?;
+            comm.recv(1, tag).await?;
+        }
+        _ => {
+            let m = comm.recv(0, tag).await?;
+            comm.send(0, tag, m).await?;
+        }
+    }
+    Ok(())
+}
+
+/// One rank of the braid side (run under mpirun).
 pub fn rank(args: MpiRankArgs) -> Result<(), BoxError> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
@@ -59,34 +102,27 @@ pub fn rank(args: MpiRankArgs) -> Result<(), BoxError> {
         let comm: Arc<dyn Communicator> = Arc::new(braid_core::comm::mpi::MpiComm::init()?);
         let ctx = context_for(comm.clone(), MemoryLimits::UNLIMITED);
         if ctx.nranks() != 2 {
-            return Err::<(), BoxError>("the MPI ping-pong needs exactly 2 ranks".into());
+            return Err::<(), BoxError>("the MPI benchmark needs exactly 2 ranks".into());
         }
-        let me = ctx.rank();
         for (k, p) in args.points.iter().enumerate() {
             let (s, i) = p.split_once(':').ok_or("points are SIZE:ITERS")?;
             let (size, iters): (usize, usize) = (s.parse()?, i.parse()?);
             let tag = Tag::new(OpId(100 + k as u32), 0);
+            let ack = Tag::new(OpId(100 + k as u32), 1);
             let msg = Buffer::from_vec(vec![1u8; size]);
-            let mut elapsed = 0.0;
-            for round in 0..2 {
-                // Round 0 warms up (connections, buffers).
-                let n = if round == 0 { 5 } else { iters };
-                let t = Instant::now();
-                for _ in 0..n {
-                    if me == 0 {
-                        comm.send(1, tag, msg.clone()).await?;
-                        comm.recv(1, tag).await?;
-                    } else {
-                        let m = comm.recv(0, tag).await?;
-                        comm.send(0, tag, m).await?;
-                    }
-                }
-                elapsed = t.elapsed().as_secs_f64();
+            // 5 warm-up iterations (connections, buffers), then the timed ones.
+            for _ in 0..5 {
+                one_iteration(&comm, &args.op, tag, ack, &msg).await?;
             }
-            if me == 0 {
+            let t = Instant::now();
+            for _ in 0..iters {
+                one_iteration(&comm, &args.op, tag, ack, &msg).await?;
+            }
+            let per = if args.op == "bw" { WINDOW as f64 } else { 2.0 };
+            if ctx.rank() == 0 {
                 println!(
                     "RESULT bytes={size} us_per_iter={:.3}",
-                    elapsed * 1e6 / iters as f64 / 2.0
+                    t.elapsed().as_secs_f64() * 1e6 / iters as f64 / per
                 );
             }
         }
@@ -111,7 +147,7 @@ fn results(out: &std::process::Output, what: &str, n: usize) -> Result<Vec<f64>,
     Ok(v)
 }
 
-/// Runs both sides for each transport and prints the table.
+/// Runs both sides for each transport and operation and prints the tables.
 pub fn run(args: MpiArgs) -> Result<(), BoxError> {
     let mpi = super::coll::mpi_binary(&args.mpi)?;
     let me = std::env::current_exe()?;
@@ -120,69 +156,66 @@ pub fn run(args: MpiArgs) -> Result<(), BoxError> {
         .iter()
         .map(|s| (*s, iters_for(*s, args.bytes_per_point)))
         .collect();
-    let list: Vec<String> = points.iter().map(|(s, i)| format!("{s}:{i}")).collect();
-    println!("# braid-bench mpi: braid's mpi backend vs raw MPI, ping-pong between 2 ranks");
+    let list = points
+        .iter()
+        .map(|(s, i)| format!("{s}:{i}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    println!("# braid-bench mpi: braid's mpi backend vs raw MPI, 2 ranks");
     println!();
     println!(
-        "One-way time in us (round trip / 2), best of --reps runs; x = braid bandwidth / MPI bandwidth."
+        "bw: rank 0 sends {WINDOW} messages back to back, rank 1 receives them and acknowledges (as"
     );
+    println!(
+        "osu_bw); pingpong: one message there and back. Times are us per message, best of --reps"
+    );
+    println!("runs; x = braid bandwidth / MPI bandwidth (= MPI time / braid time).");
     for (name, btl) in [
         ("shared memory (self,vader)", "self,vader"),
         ("tcp (tcp,self)", "tcp,self"),
     ] {
-        let base = |c: &mut Command| {
-            c.args([
-                "--allow-run-as-root",
-                "--oversubscribe",
-                "-np",
-                "2",
-                "--mca",
-                "pml",
-                "ob1",
-                "--mca",
-                "btl",
-                btl,
-            ]);
-        };
-        // Best of `reps` runs of each side, alternating, per point.
-        let mut braid = vec![f64::INFINITY; points.len()];
-        let mut raw = vec![f64::INFINITY; points.len()];
-        for _ in 0..args.reps {
-            let mut b = Command::new("mpirun");
-            base(&mut b);
-            let bo = b
-                .arg(&me)
-                .args(["mpi-rank", "--points", &list.join(",")])
-                .output()?;
-            for (x, y) in braid
-                .iter_mut()
-                .zip(results(&bo, "braid over mpirun", points.len())?)
-            {
-                *x = x.min(y);
+        for op in ["bw", "pingpong"] {
+            let mpirun = || {
+                let mut c = Command::new("mpirun");
+                c.args(["--allow-run-as-root", "--oversubscribe", "-np", "2"])
+                    .args(["--mca", "pml", "ob1", "--mca", "btl", btl]);
+                c
+            };
+            let mut braid = vec![f64::INFINITY; points.len()];
+            let mut raw = vec![f64::INFINITY; points.len()];
+            for _ in 0..args.reps {
+                let bo = mpirun()
+                    .arg(&me)
+                    .args(["mpi-rank", "--op", op, "--points", &list])
+                    .output()?;
+                for (x, y) in braid
+                    .iter_mut()
+                    .zip(results(&bo, "braid over mpirun", points.len())?)
+                {
+                    *x = x.min(y);
+                }
+                let mo = mpirun().arg(&mpi).args([op, &list]).output()?;
+                for (x, y) in raw.iter_mut().zip(results(&mo, "mpi_coll", points.len())?) {
+                    *x = x.min(y);
+                }
             }
-            let mut m = Command::new("mpirun");
-            base(&mut m);
-            let mo = m.arg(&mpi).args(["pingpong", &list.join(",")]).output()?;
-            for (x, y) in raw.iter_mut().zip(results(&mo, "mpi_coll", points.len())?) {
-                *x = x.min(y);
+            println!();
+            println!("## {op}, {name}");
+            println!();
+            println!("| size | braid us | MPI us | braid GB/s | MPI GB/s | x |");
+            println!("|---:|---:|---:|---:|---:|---:|");
+            for (k, (size, _)) in points.iter().enumerate() {
+                let gbs = |us: f64| *size as f64 / us / 1e3;
+                println!(
+                    "| {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} |",
+                    size_name(*size),
+                    braid[k],
+                    raw[k],
+                    gbs(braid[k]),
+                    gbs(raw[k]),
+                    raw[k] / braid[k]
+                );
             }
-        }
-        println!();
-        println!("## {name}");
-        println!();
-        println!("| size | braid us | MPI us | braid GB/s | MPI GB/s | x |");
-        println!("|---:|---:|---:|---:|---:|---:|");
-        for (k, (size, _)) in points.iter().enumerate() {
-            let gbs = |us: f64| *size as f64 / us / 1e3;
-            println!(
-                "| {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} |",
-                size_name(*size),
-                braid[k],
-                raw[k],
-                gbs(braid[k]),
-                gbs(raw[k]),
-                raw[k] / braid[k]
-            );
         }
     }
     Ok(())
