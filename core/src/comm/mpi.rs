@@ -249,7 +249,9 @@ fn progress(
                 Err(req) => shutdown = Some((req, done)),
             }
         }
-        if busy {
+        // Sends in flight need MPI progress (rendezvous): keep polling them
+        // without sleeping.
+        if busy || !pending.is_empty() {
             idle = 0;
         } else {
             idle = idle.saturating_add(1);
