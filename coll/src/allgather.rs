@@ -20,7 +20,7 @@ use futures::future::BoxFuture;
 
 use crate::error::{CollError, CollKind, Site};
 use crate::handle::{Callback, Handle, start};
-use crate::wire::{FINISH, Meta, recv_framed, send_framed, typed, vec_to_buffer};
+use crate::wire::{Meta, recv_stream, send_finish, send_framed, typed, vec_to_buffer};
 
 /// How extracted chunks are ordered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -69,12 +69,8 @@ impl AllGather {
     }
 
     pub(crate) fn with_dtype(ctx: &Context, dtype: DType, callback: Option<Callback>) -> Self {
-        let op = ctx.next_op_id();
-        let site = Site {
-            rank: ctx.rank(),
-            coll: CollKind::AllGather,
-            op,
-        };
+        let site = Site::next(ctx, CollKind::AllGather);
+        let op = site.op;
         let state = Arc::new(Mutex::new(State::default()));
         let local_done = Event::new();
         let done = Event::new();
@@ -94,27 +90,16 @@ impl AllGather {
                 let comm = comm.clone();
                 async move {
                     let mut got = Vec::new();
-                    loop {
-                        let f = recv_framed(comm.as_ref(), site, p, tag).await?;
-                        if f.meta.dtype != dtype {
-                            return Err(site.mismatch(
-                                p,
-                                format!("element type {dtype} here, {} on rank {p}", f.meta.dtype),
-                            ));
+                    let check = |d: DType| {
+                        if d == dtype {
+                            Ok(())
+                        } else {
+                            Err(site
+                                .mismatch(p, format!("element type {dtype} here, {d} on rank {p}")))
                         }
-                        if f.meta.flags & FINISH != 0 {
-                            if f.meta.count != got.len() as u64 {
-                                return Err(site.mismatch(
-                                    p,
-                                    format!(
-                                        "rank {p} says it sent {} chunks, {} arrived",
-                                        f.meta.count,
-                                        got.len()
-                                    ),
-                                ));
-                            }
-                            return Ok::<_, CollError>(got);
-                        }
+                    };
+                    let fin = recv_stream(comm.as_ref(), site, p, tag, |f| {
+                        check(f.meta.dtype)?;
                         got.push(Gathered {
                             rank: p,
                             seq: f.meta.seq,
@@ -123,7 +108,11 @@ impl AllGather {
                                 data: f.data,
                             },
                         });
-                    }
+                        Ok(())
+                    })
+                    .await?;
+                    check(fin.dtype)?;
+                    Ok::<_, CollError>(got)
                 }
             });
             let remote = futures::future::try_join_all(recvs).await?;
@@ -187,23 +176,11 @@ impl AllGather {
             return Err(self.site.invalid("insert_finished called twice"));
         }
         s.finished = true;
-        let comm = self.ctx.comm();
-        let meta = Meta::new(CollKind::AllGather, self.dtype)
-            .flags(FINISH)
-            .count(s.inserted);
-        for p in (0..comm.nranks()).filter(|p| *p != self.site.rank) {
-            let tag = Tag::new(self.site.op, 0);
-            let f = send_framed(
-                comm.as_ref(),
-                self.site,
-                p,
-                tag,
-                meta,
-                &[],
-                Default::default(),
-            );
-            s.sends.push(Box::pin(f));
-        }
+        let meta = Meta::new(CollKind::AllGather, self.dtype);
+        let inserted = s.inserted;
+        let tag = Tag::new(self.site.op, 0);
+        let fin = send_finish(self.ctx.comm().as_ref(), self.site, tag, meta, |_| inserted);
+        s.sends.extend(fin);
         drop(s);
         self.local_done.set();
         Ok(())

@@ -165,12 +165,8 @@ pub fn start_allreduce<T: Element>(
     callback: Option<Callback>,
 ) -> Handle<Vec<T>> {
     let data: Elements<T> = data.into();
-    let opid = ctx.next_op_id();
-    let site = Site {
-        rank: ctx.rank(),
-        coll: CollKind::AllReduce,
-        op: opid,
-    };
+    let site = Site::next(ctx, CollKind::AllReduce);
+    let opid = site.op;
     let comm = ctx.comm().clone();
     start(ctx, CollKind::AllReduce, opid, callback, async move {
         let n = comm.nranks();
@@ -248,12 +244,8 @@ pub fn start_reduce_scatter<T: Element>(
     callback: Option<Callback>,
 ) -> Handle<Vec<T>> {
     let data: Elements<T> = data.into();
-    let opid = ctx.next_op_id();
-    let site = Site {
-        rank: ctx.rank(),
-        coll: CollKind::ReduceScatter,
-        op: opid,
-    };
+    let site = Site::next(ctx, CollKind::ReduceScatter);
+    let opid = site.op;
     let comm = ctx.comm().clone();
     start(ctx, CollKind::ReduceScatter, opid, callback, async move {
         let n = comm.nranks() as usize;

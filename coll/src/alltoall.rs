@@ -128,12 +128,8 @@ pub fn start_alltoallv<T: Element>(
     callback: Option<Callback>,
 ) -> Handle<Vec<T>> {
     let send: Elements<T> = send.into();
-    let op = ctx.next_op_id();
-    let site = Site {
-        rank: ctx.rank(),
-        coll: CollKind::AllToAll,
-        op,
-    };
+    let site = Site::next(ctx, CollKind::AllToAll);
+    let op = site.op;
     let comm = ctx.comm().clone();
     start(ctx, CollKind::AllToAll, op, callback, async move {
         let n = comm.nranks();
@@ -229,7 +225,15 @@ async fn exchange<T: Element>(
             first_err.get_or_insert(site.mismatch(p, d));
             continue;
         }
-        let x = typed::<T>(&f.data).ok_or_else(|| site.mismatch(p, "bad slice length"))?;
+        // The header's count was checked; the data must match it too.
+        let x = typed::<T>(&f.data)
+            .filter(|x| x.len() == want)
+            .ok_or_else(|| {
+                site.mismatch(
+                    p,
+                    format!("rank {p} sent {} bytes for {want} elements", f.data.len()),
+                )
+            })?;
         let o = spec.recv_offsets[p as usize];
         out[o..o + want].copy_from_slice(&x);
     }

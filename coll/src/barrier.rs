@@ -18,12 +18,8 @@ use crate::wire::{Meta, recv_framed, send_framed};
 
 /// Starts a barrier; `callback` runs when it completes.
 pub fn start_barrier(ctx: &Context, callback: Option<Callback>) -> Handle<()> {
-    let op = ctx.next_op_id();
-    let site = Site {
-        rank: ctx.rank(),
-        coll: CollKind::Barrier,
-        op,
-    };
+    let site = Site::next(ctx, CollKind::Barrier);
+    let op = site.op;
     let comm = ctx.comm().clone();
     start(ctx, CollKind::Barrier, op, callback, async move {
         let n = comm.nranks();

@@ -21,12 +21,8 @@ pub fn start_broadcast(
     data: Option<Buffer>,
     callback: Option<Callback>,
 ) -> Handle<Buffer> {
-    let op = ctx.next_op_id();
-    let site = Site {
-        rank: ctx.rank(),
-        coll: CollKind::Broadcast,
-        op,
-    };
+    let site = Site::next(ctx, CollKind::Broadcast);
+    let op = site.op;
     let comm = ctx.comm().clone();
     start(ctx, CollKind::Broadcast, op, callback, async move {
         let n = comm.nranks();

@@ -165,6 +165,15 @@ pub(crate) struct Site {
 }
 
 impl Site {
+    /// The next call of `coll` on this rank: takes the context's next OpId.
+    pub fn next(ctx: &braid_core::Context, coll: CollKind) -> Site {
+        Site {
+            rank: ctx.rank(),
+            coll,
+            op: ctx.next_op_id(),
+        }
+    }
+
     pub fn comm(&self, e: CommError) -> CollError {
         CollError::Comm {
             rank: self.rank,

@@ -16,12 +16,8 @@ pub fn start_sendrecv(
     src: Rank,
     callback: Option<Callback>,
 ) -> Handle<Buffer> {
-    let op = ctx.next_op_id();
-    let site = Site {
-        rank: ctx.rank(),
-        coll: CollKind::SendRecv,
-        op,
-    };
+    let site = Site::next(ctx, CollKind::SendRecv);
+    let op = site.op;
     let comm = ctx.comm().clone();
     start(ctx, CollKind::SendRecv, op, callback, async move {
         let n = comm.nranks();

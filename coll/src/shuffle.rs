@@ -32,7 +32,7 @@ use futures::future::BoxFuture;
 
 use crate::error::{CollError, CollKind, Site};
 use crate::handle::{Callback, Handle, start};
-use crate::wire::{FINISH, Meta, recv_framed, send_framed};
+use crate::wire::{Meta, recv_stream, send_finish, send_framed};
 
 /// Which rank owns a partition.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -162,12 +162,8 @@ impl Shuffle {
         owner: PartitionOwner,
         callback: Option<Callback>,
     ) -> Self {
-        let op = ctx.next_op_id();
-        let site = Site {
-            rank: ctx.rank(),
-            coll: CollKind::Shuffle,
-            op,
-        };
+        let site = Site::next(ctx, CollKind::Shuffle);
+        let op = site.op;
         let n = ctx.nranks();
         let store = Arc::new(Store {
             parts: Mutex::new(HashMap::new()),
@@ -207,27 +203,7 @@ impl Shuffle {
                 let comm = comm.clone();
                 let store = store2.clone();
                 async move {
-                    let mut got = 0u64;
-                    loop {
-                        let f = recv_framed(comm.as_ref(), site, p, tag).await?;
-                        if f.meta.flags & FINISH != 0 {
-                            if f.meta.count != got {
-                                return Err(site.mismatch(
-                                    p,
-                                    format!(
-                                        "rank {p} says it sent {} chunks, {got} arrived",
-                                        f.meta.count
-                                    ),
-                                ));
-                            }
-                            if f.meta.aux != nparts {
-                                return Err(site.mismatch(
-                                    p,
-                                    format!("{nparts} partitions here, {} on rank {p}", f.meta.aux),
-                                ));
-                            }
-                            return Ok::<_, CollError>(());
-                        }
+                    let fin = recv_stream(comm.as_ref(), site, p, tag, |f| {
                         if f.meta.aux >= nparts {
                             return Err(site.mismatch(
                                 p,
@@ -237,18 +213,20 @@ impl Shuffle {
                                 ),
                             ));
                         }
-                        got += 1;
-                        store.put(
-                            site,
-                            f.meta.aux,
+                        let chunk = PackedData {
+                            metadata: f.user_meta,
+                            data: f.data,
+                        };
+                        store.put(site, f.meta.aux, p, f.meta.seq, chunk)
+                    })
+                    .await?;
+                    if fin.aux != nparts {
+                        return Err(site.mismatch(
                             p,
-                            f.meta.seq,
-                            PackedData {
-                                metadata: f.user_meta,
-                                data: f.data,
-                            },
-                        )?;
+                            format!("{nparts} partitions here, {} on rank {p}", fin.aux),
+                        ));
                     }
+                    Ok::<_, CollError>(())
                 }
             });
             futures::future::try_join_all(recvs).await?;
@@ -324,24 +302,13 @@ impl Shuffle {
             return Err(self.site.invalid("insert_finished called twice"));
         }
         s.finished = true;
-        let comm = self.ctx.comm();
-        for p in (0..comm.nranks()).filter(|p| *p != self.site.rank) {
-            let meta = Meta::new(CollKind::Shuffle, DType::Bytes)
-                .flags(FINISH)
-                .aux(self.nparts)
-                .count(s.sent_to[p as usize]);
-            let tag = Tag::new(self.site.op, 0);
-            let f = send_framed(
-                comm.as_ref(),
-                self.site,
-                p,
-                tag,
-                meta,
-                &[],
-                Buffer::default(),
-            );
-            s.sends.push(Box::pin(f));
-        }
+        let meta = Meta::new(CollKind::Shuffle, DType::Bytes).aux(self.nparts);
+        let tag = Tag::new(self.site.op, 0);
+        let sent_to = s.sent_to.clone();
+        let fin = send_finish(self.ctx.comm().as_ref(), self.site, tag, meta, |p| {
+            sent_to[p as usize]
+        });
+        s.sends.extend(fin);
         drop(s);
         self.local_done.set();
         Ok(())

@@ -189,6 +189,55 @@ pub(crate) async fn recv_framed(
     })
 }
 
+/// Receives rank `src`'s stream on `tag`: `each` gets every data frame
+/// until the stream's FINISH marker, whose count must equal the frames that
+/// came (a receive is only posted while more are announced). Returns the
+/// marker's header.
+pub(crate) async fn recv_stream(
+    comm: &dyn Communicator,
+    site: Site,
+    src: Rank,
+    tag: Tag,
+    mut each: impl FnMut(Framed) -> Result<(), CollError>,
+) -> Result<Meta, CollError> {
+    let mut got = 0u64;
+    loop {
+        let f = recv_framed(comm, site, src, tag).await?;
+        if f.meta.flags & FINISH != 0 {
+            if f.meta.count != got {
+                return Err(site.mismatch(
+                    src,
+                    format!(
+                        "rank {src} says it sent {} chunks, {got} arrived",
+                        f.meta.count
+                    ),
+                ));
+            }
+            return Ok(f.meta);
+        }
+        got += 1;
+        each(f)?;
+    }
+}
+
+/// Ends this rank's stream to every other rank: a FINISH marker (`meta`
+/// with the FINISH flag) whose count is `count(peer)`.
+pub(crate) fn send_finish(
+    comm: &dyn Communicator,
+    site: Site,
+    tag: Tag,
+    meta: Meta,
+    count: impl Fn(Rank) -> u64,
+) -> Vec<futures::future::BoxFuture<'static, Result<(), CollError>>> {
+    (0..comm.nranks())
+        .filter(|p| *p != site.rank)
+        .map(|p| {
+            let m = meta.flags(FINISH).count(count(p));
+            Box::pin(send_framed(comm, site, p, tag, m, &[], Buffer::default())) as _
+        })
+        .collect()
+}
+
 struct TypedOwner<T: Element>(Vec<T>);
 
 impl<T: Element> AsRef<[u8]> for TypedOwner<T> {

@@ -208,6 +208,35 @@ pub fn runtime() -> tokio::runtime::Runtime {
         .expect("tokio runtime")
 }
 
+/// The contexts of an `n`-rank tcp job whose ranks all live in this
+/// process (the tcp backend's full code path over loopback). Call inside a
+/// multi-threaded runtime.
+#[allow(clippy::expect_used)] // a test cannot run without its world
+pub async fn tcp_contexts(n: u32, limits: braid_core::MemoryLimits) -> Vec<braid_core::Context> {
+    braid_core::comm::tcp::TcpComm::in_process_world(n)
+        .await
+        .expect("tcp world")
+        .into_iter()
+        .map(|c| braid_core::world::context_for(Arc::new(c) as Arc<dyn Communicator>, limits))
+        .collect()
+}
+
+/// Shuts every rank down cleanly (all ranks at once: shutdown is a
+/// job-wide barrier) and panics on a failure.
+#[allow(clippy::panic)]
+pub async fn shutdown_all(ctxs: &[braid_core::Context]) {
+    let downs: Vec<_> = ctxs.iter().map(|c| c.comm().shutdown()).collect();
+    for (r, d) in futures::future::join_all(downs)
+        .await
+        .into_iter()
+        .enumerate()
+    {
+        if let Err(e) = d {
+            panic!("rank {r}: shutdown failed: {e}");
+        }
+    }
+}
+
 /// Rank counts every multi-rank test covers.
 pub const RANK_COUNTS: [u32; 6] = [1, 2, 3, 4, 5, 8];
 

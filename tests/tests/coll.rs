@@ -6,14 +6,12 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail by panicking
 
 use std::future::Future;
-use std::sync::Arc;
 use std::time::Duration;
 
 use braid_coll::{AllToAllvSpec, ReduceKind, allreduce, alltoallv, broadcast};
-use braid_core::comm::tcp::TcpComm;
 use braid_core::launch::{LaunchSpec, OutputMode, launch};
-use braid_core::world::{context_for, contexts};
-use braid_core::{Buffer, Communicator, Context, MemoryLimits, WorldSpec};
+use braid_core::world::contexts;
+use braid_core::{Buffer, Context, MemoryLimits, WorldSpec};
 use braid_tests::{RANK_COUNTS, coll_suite, runtime};
 
 async fn local_ctxs(n: u32, limits: MemoryLimits) -> Vec<Context> {
@@ -23,12 +21,7 @@ async fn local_ctxs(n: u32, limits: MemoryLimits) -> Vec<Context> {
 }
 
 async fn tcp_ctxs(n: u32, limits: MemoryLimits) -> Vec<Context> {
-    TcpComm::in_process_world(n)
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|c| context_for(Arc::new(c) as Arc<dyn Communicator>, limits))
-        .collect()
+    braid_tests::tcp_contexts(n, limits).await
 }
 
 /// Runs `f` on every rank, each with a deadline; returns the results.

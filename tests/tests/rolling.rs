@@ -14,15 +14,14 @@ use arrow_array::{
     Array, ArrayRef, Float64Array, Int64Array, RecordBatch, TimestampMillisecondArray,
 };
 use arrow_schema::{DataType, Field, Schema, SchemaRef, TimeUnit};
-use braid_core::comm::tcp::TcpComm;
-use braid_core::world::{context_for, contexts};
-use braid_core::{Communicator, Context, MemoryLimits, WorldSpec};
+use braid_core::world::contexts;
+use braid_core::{Context, MemoryLimits, WorldSpec};
 use braid_kernels::rolling::{Agg, Closed};
 use braid_nodes::job::{Output, RollingJob};
 use braid_nodes::rolling::RollingSpec;
 use braid_nodes::sink::CollectSink;
 use braid_nodes::source::Source;
-use braid_tests::{RANK_COUNTS, SplitMix, runtime, seed_of};
+use braid_tests::{RANK_COUNTS, SplitMix, runtime, seed_of, shutdown_all, tcp_contexts};
 
 #[derive(Debug, Clone, Copy)]
 struct Row {
@@ -310,22 +309,9 @@ fn rolling_matches_brute_force_tcp() {
     let rt = runtime();
     for n in RANK_COUNTS {
         rt.block_on(async {
-            let ctxs: Vec<Context> = TcpComm::in_process_world(n)
-                .await
-                .unwrap()
-                .into_iter()
-                .map(|c| {
-                    context_for(
-                        Arc::new(c) as Arc<dyn Communicator>,
-                        MemoryLimits::UNLIMITED,
-                    )
-                })
-                .collect();
+            let ctxs = tcp_contexts(n, MemoryLimits::UNLIMITED).await;
             matrix(ctxs.clone(), "tcp").await;
-            let downs: Vec<_> = ctxs.iter().map(|c| c.comm().shutdown()).collect();
-            for d in futures::future::join_all(downs).await {
-                d.unwrap();
-            }
+            shutdown_all(&ctxs).await;
         });
     }
 }

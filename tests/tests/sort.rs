@@ -10,11 +10,10 @@ use std::time::Duration;
 
 use arrow_array::{Array, Int64Array, RecordBatch, StringArray};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
-use braid_core::comm::tcp::TcpComm;
-use braid_core::world::{context_for, contexts};
-use braid_core::{Communicator, Context, MemoryLimits, WorldSpec};
+use braid_core::world::contexts;
+use braid_core::{Context, MemoryLimits, WorldSpec};
 use braid_nodes::sort::{DistributedSort, SortKey};
-use braid_tests::{RANK_COUNTS, SplitMix, runtime, seed_of};
+use braid_tests::{RANK_COUNTS, SplitMix, runtime, seed_of, shutdown_all, tcp_contexts};
 
 fn schema() -> SchemaRef {
     Arc::new(Schema::new(vec![
@@ -174,22 +173,9 @@ fn distributed_sort_orders_globally_tcp() {
     let rt = runtime();
     for n in RANK_COUNTS {
         rt.block_on(async {
-            let ctxs: Vec<Context> = TcpComm::in_process_world(n)
-                .await
-                .unwrap()
-                .into_iter()
-                .map(|c| {
-                    context_for(
-                        Arc::new(c) as Arc<dyn Communicator>,
-                        MemoryLimits::UNLIMITED,
-                    )
-                })
-                .collect();
+            let ctxs = tcp_contexts(n, MemoryLimits::UNLIMITED).await;
             check(ctxs.clone(), 9 + n as u64).await;
-            let downs: Vec<_> = ctxs.iter().map(|c| c.comm().shutdown()).collect();
-            for d in futures::future::join_all(downs).await {
-                d.unwrap();
-            }
+            shutdown_all(&ctxs).await;
         });
     }
 }
