@@ -28,6 +28,7 @@ struct Inner<T> {
 /// A started collective.
 pub struct Handle<T> {
     inner: Arc<Inner<T>>,
+    rank: braid_core::Rank,
     coll: CollKind,
     op: OpId,
 }
@@ -70,7 +71,7 @@ impl<T: Send + 'static> Handle<T> {
             .take()
             .unwrap_or_else(|| {
                 Err(CollError::InvalidArgument {
-                    rank: u32::MAX,
+                    rank: self.rank,
                     coll: self.coll,
                     detail: "result taken before completion".into(),
                 })
@@ -120,7 +121,12 @@ where
         },
         span,
     ));
-    Handle { inner, coll, op }
+    Handle {
+        inner,
+        rank: ctx.rank(),
+        coll,
+        op,
+    }
 }
 
 /// The streaming form of a collective: starts its core with a callback that

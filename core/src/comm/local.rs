@@ -33,7 +33,7 @@ impl LocalComm {
     /// Creates the `nranks` communicators of a new in-process job.
     pub fn world(nranks: u32) -> Vec<LocalComm> {
         let world = Arc::new(World {
-            mailboxes: (0..nranks).map(|_| Arc::new(Mailbox::default())).collect(),
+            mailboxes: (0..nranks).map(|r| Arc::new(Mailbox::new(r))).collect(),
             stats: (0..nranks)
                 .map(|r| Arc::new(Statistics::new(r, nranks)))
                 .collect(),

@@ -40,9 +40,29 @@ struct Inner {
 #[derive(Default)]
 pub(crate) struct Mailbox {
     inner: Mutex<Inner>,
+    /// The owning rank (named in errors); set once the rank is known.
+    rank: std::sync::atomic::AtomicU32,
 }
 
 impl Mailbox {
+    /// A mailbox of `rank`.
+    pub(crate) fn new(rank: Rank) -> Self {
+        let m = Mailbox::default();
+        m.set_rank(rank);
+        m
+    }
+
+    /// Records the owning rank (MPI learns it after creating the mailbox).
+    pub(crate) fn set_rank(&self, rank: Rank) {
+        self.rank.store(rank, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn shutdown_error(&self) -> CommError {
+        CommError::Shutdown {
+            rank: self.rank.load(std::sync::atomic::Ordering::Relaxed),
+        }
+    }
+
     fn lock(&self) -> MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -165,7 +185,7 @@ impl Future for RecvFuture {
                         Ok(r) => r,
                         Err(_) => Err(mailbox
                             .failure()
-                            .unwrap_or(CommError::Shutdown { rank: Rank::MAX })),
+                            .unwrap_or_else(|| mailbox.shutdown_error())),
                     };
                     this.state = State::Done;
                     Poll::Ready(out)

@@ -142,6 +142,7 @@ fn progress(
     let stats = stats_slot
         .get_or_init(|| Arc::new(Statistics::new(rank, nranks)))
         .clone();
+    mailbox.set_rank(rank);
     let _ = ready.send(Ok((rank, nranks)));
     let pool = BufferPool::new(1 << 30);
     let mut pending: Vec<Pending> = Vec::new();

@@ -341,7 +341,7 @@ impl TcpComm {
             root: config.root.clone(),
             timeout: config.timeout,
             max_message: config.max_message_bytes,
-            mailbox: Arc::new(Mailbox::default()),
+            mailbox: Arc::new(Mailbox::new(config.rank)),
             stats: Arc::new(Statistics::new(config.rank, config.nranks)),
             addrs: OnceLock::new(),
             writers: Mutex::new((0..config.nranks).map(|_| None).collect()),
