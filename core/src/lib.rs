@@ -7,11 +7,14 @@
 //! - [`event`]: the set-once `Event` collectives complete through.
 //! - [`message`], [`channel`], [`graph`]: the streaming layer.
 //! - [`stats`]: per-rank statistics.
+//! - [`cuda`] (feature `cuda`): device buffers, NCCL, CUDA IPC.
 //! - [`world`]: starting ranks; [`launch`]: starting rank processes.
 
 pub mod channel;
 pub mod comm;
 pub mod context;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod error;
 pub mod event;
 pub mod graph;

@@ -13,4 +13,5 @@ mod resource;
 
 pub use buffer::{Buffer, MemoryType};
 pub use pool::BufferPool;
+pub(crate) use resource::Charge;
 pub use resource::{BufferResource, MemoryLimits, Reservation};

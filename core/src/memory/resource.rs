@@ -215,7 +215,7 @@ impl Reservation {
         self.overbooked
     }
 
-    fn take(&mut self, size: u64) -> Result<Arc<Charge>, MemoryError> {
+    pub(crate) fn take(&mut self, size: u64) -> Result<Arc<Charge>, MemoryError> {
         if size > self.size {
             return Err(MemoryError::ReservationExceeded {
                 size,

@@ -1,0 +1,344 @@
+//! `DeviceBuffer`: bytes in device memory, and `Resident`: a chunk that is
+//! on the device or spilled to host.
+//!
+//! Stream ordering: a buffer carries the event of its latest write
+//! (`ready`). Work that reads or writes it first makes its stream wait on
+//! that event, and afterwards records its own event with
+//! [`DeviceBuffer::set_ready`] (a write) or [`DeviceBuffer::note_use`] (a
+//! read). The allocation remembers its last use, so when it is freed and
+//! reused its next user waits for that too.
+
+use std::sync::{Arc, Mutex};
+
+use cudarc::driver::CudaStream;
+use cudarc::driver::result;
+use cudarc::driver::sys::CUdeviceptr;
+
+use super::device::{Gpu, GpuEvent};
+use super::error::{CudaError, DriverResult};
+use crate::memory::{Buffer, MemoryType, Reservation};
+
+/// One allocation; back to its `Gpu`'s free list on drop.
+struct DeviceMem {
+    gpu: Arc<Gpu>,
+    ptr: CUdeviceptr,
+    size: usize,
+    last_use: Mutex<Option<GpuEvent>>,
+    _charge: Option<Arc<crate::memory::Charge>>,
+}
+
+impl Drop for DeviceMem {
+    fn drop(&mut self) {
+        let last = self
+            .last_use
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        self.gpu.give(self.ptr, self.size, last);
+    }
+}
+
+/// Bytes in device memory on one `Gpu`, with the event of their latest
+/// write. Not `Clone`: an output buffer is written in place, so it has one
+/// owner; copy with [`DeviceBuffer::try_clone`].
+pub struct DeviceBuffer {
+    mem: Arc<DeviceMem>,
+    len: usize,
+    ready: Option<GpuEvent>,
+}
+
+impl std::fmt::Debug for DeviceBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceBuffer")
+            .field("gpu", &self.mem.gpu.ordinal())
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+impl DeviceBuffer {
+    /// `len` bytes of uninitialised device memory, not charged to any
+    /// resource.
+    pub fn alloc(gpu: &Arc<Gpu>, len: usize) -> Result<DeviceBuffer, CudaError> {
+        Self::alloc_inner(gpu, len, None)
+    }
+
+    /// `len` bytes charged to a device reservation.
+    pub fn alloc_charged(
+        gpu: &Arc<Gpu>,
+        reservation: &mut Reservation,
+        len: usize,
+    ) -> Result<DeviceBuffer, CudaError> {
+        if reservation.mem_type() != MemoryType::Device {
+            return Err(CudaError::Invalid {
+                rank: gpu.rank(),
+                detail: format!(
+                    "device buffer charged to a {} reservation",
+                    reservation.mem_type()
+                ),
+            });
+        }
+        let charge = reservation
+            .take(len as u64)
+            .map_err(|source| CudaError::Memory {
+                rank: gpu.rank(),
+                source,
+            })?;
+        Self::alloc_inner(gpu, len, Some(charge))
+    }
+
+    fn alloc_inner(
+        gpu: &Arc<Gpu>,
+        len: usize,
+        charge: Option<Arc<crate::memory::Charge>>,
+    ) -> Result<DeviceBuffer, CudaError> {
+        let (ptr, size, last_use) = gpu.take(len)?;
+        Ok(DeviceBuffer {
+            mem: Arc::new(DeviceMem {
+                gpu: gpu.clone(),
+                ptr,
+                size,
+                last_use: Mutex::new(None),
+                _charge: charge,
+            }),
+            len,
+            ready: last_use,
+        })
+    }
+
+    /// A device copy of host bytes (returns once the copy is done).
+    pub fn from_host(gpu: &Arc<Gpu>, bytes: &[u8]) -> Result<DeviceBuffer, CudaError> {
+        let mut b = Self::alloc(gpu, bytes.len())?;
+        if bytes.is_empty() {
+            return Ok(b);
+        }
+        let rank = gpu.rank();
+        let s = gpu.stream();
+        b.wait_on(s)?;
+        // SAFETY: the destination has `bytes.len()` bytes; the stream is
+        // synchronised before `bytes` can go away.
+        unsafe { result::memcpy_htod_async(b.ptr(), bytes, s.cu_stream()) }
+            .on(rank, "cuMemcpyHtoDAsync")?;
+        s.synchronize().on(rank, "cuStreamSynchronize")?;
+        b.ready = None;
+        Ok(b)
+    }
+
+    /// A device copy of a slice of plain values.
+    pub fn from_slice<T: bytemuck::Pod>(
+        gpu: &Arc<Gpu>,
+        v: &[T],
+    ) -> Result<DeviceBuffer, CudaError> {
+        Self::from_host(gpu, bytemuck::cast_slice(v))
+    }
+
+    /// Copies the bytes to host (waits for the latest write first).
+    pub fn to_host(&self) -> Result<Vec<u8>, CudaError> {
+        let mut v = vec![0u8; self.len];
+        self.copy_to_host(&mut v)?;
+        Ok(v)
+    }
+
+    /// The bytes as plain values; the length must be a multiple of the
+    /// value size.
+    pub fn to_vec<T: bytemuck::Pod>(&self) -> Result<Vec<T>, CudaError> {
+        let sz = std::mem::size_of::<T>();
+        if sz == 0 || self.len % sz != 0 {
+            return Err(CudaError::Invalid {
+                rank: self.gpu().rank(),
+                detail: format!(
+                    "{} bytes are not a whole number of {sz}-byte values",
+                    self.len
+                ),
+            });
+        }
+        let mut v = vec![T::zeroed(); self.len / sz];
+        self.copy_to_host(bytemuck::cast_slice_mut(&mut v))?;
+        Ok(v)
+    }
+
+    fn copy_to_host(&self, dst: &mut [u8]) -> Result<(), CudaError> {
+        if dst.is_empty() {
+            return Ok(());
+        }
+        let gpu = self.gpu();
+        let s = gpu.stream();
+        self.wait_on(s)?;
+        // SAFETY: `dst` has `self.len` bytes and outlives the synchronise.
+        unsafe { result::memcpy_dtoh_async(dst, self.ptr(), s.cu_stream()) }
+            .on(gpu.rank(), "cuMemcpyDtoHAsync")?;
+        s.synchronize().on(gpu.rank(), "cuStreamSynchronize")
+    }
+
+    /// A device-to-device copy on the `Gpu`'s stream.
+    pub fn try_clone(&self) -> Result<DeviceBuffer, CudaError> {
+        let gpu = self.gpu().clone();
+        let mut out = Self::alloc(&gpu, self.len)?;
+        out.copy_from(self, gpu.stream())?;
+        Ok(out)
+    }
+
+    /// Copies `src` (same length) into this buffer, ordered on `stream`.
+    pub fn copy_from(
+        &mut self,
+        src: &DeviceBuffer,
+        stream: &Arc<CudaStream>,
+    ) -> Result<(), CudaError> {
+        let rank = self.gpu().rank();
+        if src.len != self.len {
+            return Err(CudaError::Invalid {
+                rank,
+                detail: format!("copy of {} bytes into a {}-byte buffer", src.len, self.len),
+            });
+        }
+        self.wait_on(stream)?;
+        src.wait_on(stream)?;
+        if self.len > 0 {
+            // SAFETY: both ranges are `len` bytes of live allocations.
+            unsafe {
+                result::memcpy_dtod_async(self.ptr(), src.ptr(), self.len, stream.cu_stream())
+            }
+            .on(rank, "cuMemcpyDtoDAsync")?;
+        }
+        let ev = self.gpu().record(stream)?;
+        src.note_use(ev.clone());
+        self.set_ready(ev);
+        Ok(())
+    }
+
+    /// Fills every byte with `value`, ordered on the `Gpu`'s stream (for
+    /// poisoning outputs in tests).
+    pub fn fill(&mut self, value: u8) -> Result<(), CudaError> {
+        let gpu = self.gpu().clone();
+        let s = gpu.stream();
+        self.wait_on(s)?;
+        if self.len > 0 {
+            // SAFETY: `len` bytes of a live allocation.
+            unsafe { result::memset_d8_async(self.ptr(), value, self.len, s.cu_stream()) }
+                .on(gpu.rank(), "cuMemsetD8Async")?;
+        }
+        let ev = gpu.record(s)?;
+        self.set_ready(ev);
+        Ok(())
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the buffer is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The device the memory is on.
+    pub fn gpu(&self) -> &Arc<Gpu> {
+        &self.mem.gpu
+    }
+
+    /// The raw device pointer (valid while the buffer lives).
+    pub fn ptr(&self) -> CUdeviceptr {
+        self.mem.ptr
+    }
+
+    /// The allocation's base pointer and size (for CUDA IPC export).
+    pub fn allocation(&self) -> (CUdeviceptr, usize) {
+        (self.mem.ptr, self.mem.size)
+    }
+
+    /// The event of the latest write, if it may still be pending.
+    pub fn ready(&self) -> Option<&GpuEvent> {
+        self.ready.as_ref()
+    }
+
+    /// Makes `stream` wait for the latest write.
+    pub fn wait_on(&self, stream: &CudaStream) -> Result<(), CudaError> {
+        if let Some(ev) = &self.ready {
+            if !ev.is_complete() {
+                stream
+                    .wait(&ev.0)
+                    .on(self.gpu().rank(), "cuStreamWaitEvent")?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Records a write: `ev` is the new latest write (and last use).
+    pub fn set_ready(&mut self, ev: GpuEvent) {
+        self.note_use(ev.clone());
+        self.ready = Some(ev);
+    }
+
+    /// Marks the buffer written and complete (the caller synchronised).
+    pub fn mark_complete(&mut self) {
+        self.ready = None;
+    }
+
+    /// Records a read: the allocation is not reused before `ev`.
+    pub fn note_use(&self, ev: GpuEvent) {
+        *self.mem.last_use.lock().unwrap_or_else(|p| p.into_inner()) = Some(ev);
+    }
+
+    /// Copies the bytes into a host buffer charged to `reservation` (a host
+    /// reservation), for spilling.
+    pub fn spill(&self, reservation: &mut Reservation) -> Result<Buffer, CudaError> {
+        let rank = self.gpu().rank();
+        let v = self.to_host()?;
+        reservation
+            .adopt(bytes::Bytes::from(v))
+            .map_err(|source| CudaError::Memory { rank, source })
+    }
+}
+
+/// A chunk of bytes that lives on the device or was spilled to host.
+#[derive(Debug)]
+pub enum Resident {
+    /// In device memory.
+    Device(DeviceBuffer),
+    /// Spilled to (or produced on) the host.
+    Host(Buffer),
+}
+
+impl Resident {
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        match self {
+            Resident::Device(d) => d.len(),
+            Resident::Host(h) => h.len(),
+        }
+    }
+
+    /// Whether empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Where the bytes are now.
+    pub fn mem_type(&self) -> MemoryType {
+        match self {
+            Resident::Device(_) => MemoryType::Device,
+            Resident::Host(_) => MemoryType::Host,
+        }
+    }
+
+    /// Moves the bytes to host memory charged to `reservation`; returns how
+    /// many device bytes were freed.
+    pub fn spill(&mut self, reservation: &mut Reservation) -> Result<usize, CudaError> {
+        if let Resident::Device(d) = self {
+            let n = d.len();
+            let h = d.spill(reservation)?;
+            *self = Resident::Host(h);
+            return Ok(n);
+        }
+        Ok(0)
+    }
+
+    /// The bytes on the device (copied back if spilled).
+    pub fn into_device(self, gpu: &Arc<Gpu>) -> Result<DeviceBuffer, CudaError> {
+        match self {
+            Resident::Device(d) => Ok(d),
+            Resident::Host(h) => DeviceBuffer::from_host(gpu, h.as_slice()),
+        }
+    }
+}

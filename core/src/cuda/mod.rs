@@ -1,0 +1,28 @@
+//! The GPU data plane (feature `cuda`): devices, device buffers, the NCCL
+//! communicator and CUDA IPC.
+//!
+//! - [`Gpu`]: one CUDA device as a rank sees it (primary context, a compute
+//!   stream, a pool of plain `cuMemAlloc` allocations).
+//! - [`DeviceBuffer`]: bytes in device memory with the event of their latest
+//!   write; spilling to host ([`Resident`]).
+//! - [`NcclComm`]: an NCCL communicator on its own OS thread, serving
+//!   requests in call order and answering when the enqueued work completes.
+//! - [`ipc`]: CUDA IPC between processes (and threads) of one host, and a
+//!   copy-engine SendRecv over it.
+//!
+//! cudarc is loaded dynamically: a build needs no CUDA, and [`Gpu::count`]
+//! answers 0 on a machine without a driver instead of failing.
+
+mod buffer;
+mod device;
+mod error;
+pub mod ipc;
+mod nccl;
+
+pub use buffer::{DeviceBuffer, Resident};
+pub use device::{Gpu, GpuEvent};
+pub use error::CudaError;
+pub use nccl::{NcclComm, NcclDType, NcclOp, NcclWork, Slot};
+
+/// Re-export of cudarc, so that downstream crates use the same version.
+pub use cudarc;

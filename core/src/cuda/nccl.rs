@@ -1,0 +1,724 @@
+//! `NcclComm`: an NCCL communicator, one rank per GPU, on its own OS thread.
+//!
+//! NCCL forbids concurrent calls on one communicator and cudarc's handle is
+//! neither `Send` nor `Sync`, so the communicator lives on a thread that
+//! takes requests and answers them:
+//!
+//! ```text
+//!  caller (any thread / task)          NCCL thread
+//!  ──────────────────────────          ───────────────────────────────────
+//!  slot()        seq = n  (call order)
+//!  submit(work) ───── Request{seq} ──▶ run requests in seq order:
+//!                                        stream waits on input events
+//!                                        work(&NcclWork) enqueues NCCL calls
+//!                                        record event E, keep buffers alive
+//!                                      poll pending events (cuEventQuery)
+//!  Completion (a future) ◀── Ok(E) ─── E complete → reply
+//! ```
+//!
+//! Ordering: a request's place is fixed when its `Slot` is taken, at call
+//! time, so every rank enqueues its NCCL calls in the order it made them
+//! even when a collective first awaits host-side work (sizes, checks).
+//!
+//! Latency: the thread spins while work is pending or arrived in the last
+//! `SPIN`, and sleeps on the channel otherwise; a reply costs one wake-up
+//! of the awaiting task. Failure: every millisecond while work is pending
+//! the thread checks the host communicator and NCCL's asynchronous error;
+//! on either, or on `abort`, it calls `ncclCommAbort` (which unblocks
+//! kernels waiting for a dead peer) and fails every pending request.
+
+use std::any::Any;
+use std::collections::{BTreeMap, VecDeque};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::task::{Context as TaskContext, Poll};
+use std::time::{Duration, Instant};
+
+use cudarc::driver::CudaStream;
+use cudarc::driver::sys::CUdeviceptr;
+use cudarc::nccl::{result as nres, sys as nsys};
+use tokio::sync::oneshot;
+
+use super::device::{Gpu, GpuEvent};
+use super::error::CudaError;
+use crate::comm::Communicator;
+use crate::context::Context;
+use crate::tag::Tag;
+use crate::{Buffer, Rank};
+
+/// How long the thread keeps spinning after its last piece of work.
+const SPIN: Duration = Duration::from_micros(500);
+/// How often pending work checks for failures.
+const CHECK_EVERY: Duration = Duration::from_millis(1);
+
+/// Element types NCCL moves and reduces.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NcclDType {
+    /// Bytes.
+    U8,
+    /// `i32`.
+    I32,
+    /// `i64`.
+    I64,
+    /// `f32`.
+    F32,
+    /// `f64`.
+    F64,
+}
+
+impl NcclDType {
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            NcclDType::U8 => 1,
+            NcclDType::I32 | NcclDType::F32 => 4,
+            NcclDType::I64 | NcclDType::F64 => 8,
+        }
+    }
+
+    fn raw(self) -> nsys::ncclDataType_t {
+        use nsys::ncclDataType_t::*;
+        match self {
+            NcclDType::U8 => ncclUint8,
+            NcclDType::I32 => ncclInt32,
+            NcclDType::I64 => ncclInt64,
+            NcclDType::F32 => ncclFloat32,
+            NcclDType::F64 => ncclFloat64,
+        }
+    }
+}
+
+/// Reduction operators NCCL has built in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NcclOp {
+    /// Sum.
+    Sum,
+    /// Product.
+    Prod,
+    /// Minimum.
+    Min,
+    /// Maximum.
+    Max,
+}
+
+impl NcclOp {
+    fn raw(self) -> nsys::ncclRedOp_t {
+        use nsys::ncclRedOp_t::*;
+        match self {
+            NcclOp::Sum => ncclSum,
+            NcclOp::Prod => ncclProd,
+            NcclOp::Min => ncclMin,
+            NcclOp::Max => ncclMax,
+        }
+    }
+}
+
+/// What a request's work sees on the NCCL thread: thin, unchecked NCCL
+/// calls on the communicator's stream. Pointers must be valid device
+/// memory of the communicator's GPU for the counts given.
+pub struct NcclWork<'a> {
+    comm: nsys::ncclComm_t,
+    stream: &'a Arc<CudaStream>,
+    rank: Rank,
+    nranks: u32,
+}
+
+type NcclResult = Result<nres::NcclStatus, nres::NcclError>;
+
+impl NcclWork<'_> {
+    /// This rank.
+    pub fn rank(&self) -> Rank {
+        self.rank
+    }
+
+    /// Number of ranks.
+    pub fn nranks(&self) -> u32 {
+        self.nranks
+    }
+
+    /// The communicator's stream.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        self.stream
+    }
+
+    fn s(&self) -> nsys::cudaStream_t {
+        self.stream.cu_stream() as nsys::cudaStream_t
+    }
+
+    fn check(&self, call: &'static str, r: NcclResult) -> Result<(), CudaError> {
+        r.map(|_| ())
+            .map_err(|e| CudaError::nccl(self.rank, call, e))
+    }
+
+    /// `ncclAllReduce`.
+    pub fn all_reduce(
+        &self,
+        send: CUdeviceptr,
+        recv: CUdeviceptr,
+        count: usize,
+        dt: NcclDType,
+        op: NcclOp,
+    ) -> Result<(), CudaError> {
+        // SAFETY: the caller guarantees the pointers and counts.
+        let r = unsafe {
+            nres::all_reduce(
+                send as _,
+                recv as _,
+                count,
+                dt.raw(),
+                op.raw(),
+                self.comm,
+                self.s(),
+            )
+        };
+        self.check("ncclAllReduce", r)
+    }
+
+    /// `ncclBroadcast` (`send` is read on the root only).
+    pub fn broadcast(
+        &self,
+        send: CUdeviceptr,
+        recv: CUdeviceptr,
+        count: usize,
+        dt: NcclDType,
+        root: Rank,
+    ) -> Result<(), CudaError> {
+        // SAFETY: as above.
+        let r = unsafe {
+            nres::broadcast(
+                send as _,
+                recv as _,
+                count,
+                dt.raw(),
+                root as i32,
+                self.comm,
+                self.s(),
+            )
+        };
+        self.check("ncclBroadcast", r)
+    }
+
+    /// `ncclAllGather` (`count` elements per rank).
+    pub fn all_gather(
+        &self,
+        send: CUdeviceptr,
+        recv: CUdeviceptr,
+        count: usize,
+        dt: NcclDType,
+    ) -> Result<(), CudaError> {
+        // SAFETY: as above.
+        let r =
+            unsafe { nres::all_gather(send as _, recv as _, count, dt.raw(), self.comm, self.s()) };
+        self.check("ncclAllGather", r)
+    }
+
+    /// `ncclReduceScatter` (`count` elements per rank received).
+    pub fn reduce_scatter(
+        &self,
+        send: CUdeviceptr,
+        recv: CUdeviceptr,
+        count: usize,
+        dt: NcclDType,
+        op: NcclOp,
+    ) -> Result<(), CudaError> {
+        // SAFETY: as above.
+        let r = unsafe {
+            nres::reduce_scatter(
+                send as _,
+                recv as _,
+                count,
+                dt.raw(),
+                op.raw(),
+                self.comm,
+                self.s(),
+            )
+        };
+        self.check("ncclReduceScatter", r)
+    }
+
+    /// `ncclSend` of `count` elements.
+    pub fn send(
+        &self,
+        ptr: CUdeviceptr,
+        count: usize,
+        dt: NcclDType,
+        peer: Rank,
+    ) -> Result<(), CudaError> {
+        // SAFETY: as above.
+        let r = unsafe { nres::send(ptr as _, count, dt.raw(), peer as i32, self.comm, self.s()) };
+        self.check("ncclSend", r)
+    }
+
+    /// `ncclRecv` of `count` elements.
+    pub fn recv(
+        &self,
+        ptr: CUdeviceptr,
+        count: usize,
+        dt: NcclDType,
+        peer: Rank,
+    ) -> Result<(), CudaError> {
+        // SAFETY: as above.
+        let r = unsafe { nres::recv(ptr as _, count, dt.raw(), peer as i32, self.comm, self.s()) };
+        self.check("ncclRecv", r)
+    }
+
+    /// Runs `f` between `ncclGroupStart` and `ncclGroupEnd` (the group is
+    /// closed even when `f` fails).
+    pub fn group<R>(&self, f: impl FnOnce(&Self) -> Result<R, CudaError>) -> Result<R, CudaError> {
+        self.check("ncclGroupStart", nres::group_start())?;
+        let r = f(self);
+        let end = self.check("ncclGroupEnd", nres::group_end());
+        let r = r?;
+        end?;
+        Ok(r)
+    }
+}
+
+type WorkFn = Box<dyn FnOnce(&NcclWork<'_>) -> Result<(), CudaError> + Send>;
+type Reply = oneshot::Sender<Result<GpuEvent, CudaError>>;
+
+/// Something kept alive until the request's work has completed on the GPU.
+pub type KeepAlive = Box<dyn Any + Send>;
+
+struct Request {
+    work: WorkFn,
+    waits: Vec<GpuEvent>,
+    keep: Vec<KeepAlive>,
+    reply: Reply,
+}
+
+enum Msg {
+    Run(u64, Request),
+    Skip(u64),
+    Abort(String),
+}
+
+struct Shared {
+    tx: Mutex<mpsc::Sender<Msg>>,
+    next_seq: AtomicU64,
+    rank: Rank,
+    nranks: u32,
+    gpu: Arc<Gpu>,
+    thread: Mutex<Option<std::thread::Thread>>,
+}
+
+impl Shared {
+    fn send(&self, m: Msg) {
+        let _ = self.tx.lock().unwrap_or_else(|p| p.into_inner()).send(m);
+        if let Some(t) = self
+            .thread
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+        {
+            t.unpark();
+        }
+    }
+}
+
+/// An NCCL communicator served by its own thread; cheap to clone. The
+/// thread ends (and the communicator is destroyed) when the last clone is
+/// dropped and its work has completed.
+#[derive(Clone)]
+pub struct NcclComm {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for NcclComm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NcclComm")
+            .field("rank", &self.shared.rank)
+            .field("nranks", &self.shared.nranks)
+            .field("gpu", &self.shared.gpu.ordinal())
+            .finish()
+    }
+}
+
+/// A place in the communicator's call order, taken at call time; the
+/// request submitted through it runs after every earlier slot's. Dropping
+/// a slot unused gives its place up.
+pub struct Slot {
+    shared: Arc<Shared>,
+    seq: u64,
+    used: bool,
+}
+
+impl Slot {
+    /// Submits work for this slot: the stream waits on `waits`, then `work`
+    /// enqueues NCCL calls; `keep` lives until the work completes. The
+    /// returned future resolves once the enqueued work has completed.
+    pub fn submit(
+        mut self,
+        waits: Vec<GpuEvent>,
+        keep: Vec<KeepAlive>,
+        work: impl FnOnce(&NcclWork<'_>) -> Result<(), CudaError> + Send + 'static,
+    ) -> Completion {
+        let (tx, rx) = oneshot::channel();
+        self.used = true;
+        self.shared.send(Msg::Run(
+            self.seq,
+            Request {
+                work: Box::new(work),
+                waits,
+                keep,
+                reply: tx,
+            },
+        ));
+        Completion {
+            rx,
+            rank: self.shared.rank,
+        }
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        if !self.used {
+            self.shared.send(Msg::Skip(self.seq));
+        }
+    }
+}
+
+/// Resolves when a submitted request's work has completed on the GPU, with
+/// the (complete) event recorded after it.
+pub struct Completion {
+    rx: oneshot::Receiver<Result<GpuEvent, CudaError>>,
+    rank: Rank,
+}
+
+impl Future for Completion {
+    type Output = Result<GpuEvent, CudaError>;
+    fn poll(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Self::Output> {
+        let rank = self.rank;
+        Pin::new(&mut self.rx).poll(cx).map(|r| {
+            r.unwrap_or_else(|_| {
+                Err(CudaError::Nccl {
+                    rank,
+                    call: "request",
+                    detail: "the NCCL thread ended before the work completed".into(),
+                })
+            })
+        })
+    }
+}
+
+impl Completion {
+    /// Blocks the calling thread until the work completes.
+    pub fn wait_blocking(self) -> Result<GpuEvent, CudaError> {
+        let rank = self.rank;
+        self.rx.blocking_recv().unwrap_or_else(|_| {
+            Err(CudaError::Nccl {
+                rank,
+                call: "request",
+                detail: "the NCCL thread ended before the work completed".into(),
+            })
+        })
+    }
+}
+
+impl NcclComm {
+    /// Creates the communicator of every rank of `ctx` (collective: every
+    /// rank calls it, in the same order relative to other collectives).
+    /// Rank 0 makes the NCCL unique id and sends it over the host
+    /// communicator; each rank then initialises NCCL on a new thread.
+    pub async fn init(ctx: &Context, gpu: Arc<Gpu>) -> Result<NcclComm, CudaError> {
+        let rank = ctx.rank();
+        let nranks = ctx.nranks();
+        let comm = ctx.comm().clone();
+        let tag = Tag::new(ctx.next_op_id(), 0);
+        let id_bytes: Vec<u8> = if rank == 0 {
+            let id =
+                nres::get_uniqueid().map_err(|e| CudaError::nccl(rank, "ncclGetUniqueId", e))?;
+            let bytes: Vec<u8> = id.internal.iter().map(|&c| c as u8).collect();
+            for r in 1..nranks {
+                comm.send(r, tag, Buffer::from_vec(bytes.clone())).await?;
+            }
+            bytes
+        } else {
+            let b = comm.recv(0, tag).await?;
+            b.as_slice().to_vec()
+        };
+        if id_bytes.len() != 128 {
+            return Err(CudaError::Invalid {
+                rank,
+                detail: format!(
+                    "NCCL unique id from rank 0 has {} bytes, not 128",
+                    id_bytes.len()
+                ),
+            });
+        }
+        let mut internal = [0 as std::ffi::c_char; 128];
+        for (d, s) in internal.iter_mut().zip(&id_bytes) {
+            *d = *s as std::ffi::c_char;
+        }
+        let id = nsys::ncclUniqueId { internal };
+
+        let (tx, rx) = mpsc::channel();
+        let shared = Arc::new(Shared {
+            tx: Mutex::new(tx),
+            next_seq: AtomicU64::new(0),
+            rank,
+            nranks,
+            gpu: gpu.clone(),
+            thread: Mutex::new(None),
+        });
+        let (init_tx, init_rx) = oneshot::channel();
+        let host = comm.clone();
+        let handle = std::thread::Builder::new()
+            .name(format!("braid-nccl-{rank}"))
+            .spawn(move || serve(gpu, rank, nranks, id, rx, host, init_tx))
+            .map_err(|e| CudaError::Invalid {
+                rank,
+                detail: format!("cannot start the NCCL thread: {e}"),
+            })?;
+        *shared.thread.lock().unwrap_or_else(|p| p.into_inner()) = Some(handle.thread().clone());
+        // Wait for ncclCommInitRank, watching the host communicator: a rank
+        // that died before joining would otherwise leave us waiting.
+        let mut init_rx = init_rx;
+        loop {
+            tokio::select! {
+                r = &mut init_rx => {
+                    return match r {
+                        Ok(Ok(())) => Ok(NcclComm { shared }),
+                        Ok(Err(e)) => Err(e),
+                        Err(_) => Err(CudaError::Nccl { rank, call: "ncclCommInitRank", detail: "NCCL thread ended".into() }),
+                    };
+                }
+                _ = tokio::time::sleep(Duration::from_millis(10)) => {
+                    if let Some(e) = comm.failure() {
+                        return Err(e.into());
+                    }
+                }
+            }
+        }
+    }
+
+    /// This rank.
+    pub fn rank(&self) -> Rank {
+        self.shared.rank
+    }
+
+    /// Number of ranks.
+    pub fn nranks(&self) -> u32 {
+        self.shared.nranks
+    }
+
+    /// The GPU.
+    pub fn gpu(&self) -> &Arc<Gpu> {
+        &self.shared.gpu
+    }
+
+    /// Takes the next place in the call order.
+    pub fn slot(&self) -> Slot {
+        Slot {
+            shared: self.shared.clone(),
+            seq: self.shared.next_seq.fetch_add(1, Ordering::AcqRel),
+            used: false,
+        }
+    }
+
+    /// Takes the next place and submits `work` to it at once.
+    pub fn submit(
+        &self,
+        waits: Vec<GpuEvent>,
+        keep: Vec<KeepAlive>,
+        work: impl FnOnce(&NcclWork<'_>) -> Result<(), CudaError> + Send + 'static,
+    ) -> Completion {
+        self.slot().submit(waits, keep, work)
+    }
+
+    /// Aborts the communicator: pending and later requests fail.
+    pub fn abort(&self, reason: &str) {
+        self.shared.send(Msg::Abort(reason.to_string()));
+    }
+}
+
+struct Pending {
+    event: GpuEvent,
+    reply: Reply,
+    _keep: Vec<KeepAlive>,
+}
+
+/// The NCCL thread.
+fn serve(
+    gpu: Arc<Gpu>,
+    rank: Rank,
+    nranks: u32,
+    id: nsys::ncclUniqueId,
+    rx: mpsc::Receiver<Msg>,
+    host: Arc<dyn Communicator>,
+    init: oneshot::Sender<Result<(), CudaError>>,
+) {
+    let setup = (|| -> Result<(nsys::ncclComm_t, Arc<CudaStream>), CudaError> {
+        gpu.bind()?;
+        let stream = gpu.new_stream()?;
+        let mut comm: nsys::ncclComm_t = std::ptr::null_mut();
+        // SAFETY: `comm` is written by NCCL; every rank joins with the same id.
+        unsafe { nres::comm_init_rank(&mut comm, nranks as i32, id, rank as i32) }
+            .map_err(|e| CudaError::nccl(rank, "ncclCommInitRank", e))?;
+        Ok((comm, stream))
+    })();
+    let (comm, stream) = match setup {
+        Ok(x) => {
+            let _ = init.send(Ok(()));
+            x
+        }
+        Err(e) => {
+            let _ = init.send(Err(e));
+            return;
+        }
+    };
+    let work = NcclWork {
+        comm,
+        stream: &stream,
+        rank,
+        nranks,
+    };
+    let mut queued: BTreeMap<u64, Option<Request>> = BTreeMap::new();
+    let mut next = 0u64;
+    let mut pending: VecDeque<Pending> = VecDeque::new();
+    let mut aborted: Option<String> = None;
+    let mut closed = false;
+    let mut last_activity = Instant::now();
+    let mut last_check = Instant::now();
+
+    let fail = |reply: Reply, why: &str| {
+        let _ = reply.send(Err(CudaError::Nccl {
+            rank,
+            call: "communicator",
+            detail: format!("aborted: {why}"),
+        }));
+    };
+
+    loop {
+        // 1. Take what has arrived.
+        loop {
+            match rx.try_recv() {
+                Ok(Msg::Run(seq, r)) => {
+                    queued.insert(seq, Some(r));
+                }
+                Ok(Msg::Skip(seq)) => {
+                    queued.insert(seq, None);
+                }
+                Ok(Msg::Abort(why)) => {
+                    if aborted.is_none() {
+                        aborted = Some(why);
+                    }
+                }
+                Err(mpsc::TryRecvError::Empty) => break,
+                Err(mpsc::TryRecvError::Disconnected) => {
+                    closed = true;
+                    break;
+                }
+            }
+            last_activity = Instant::now();
+        }
+        // 2. Failure checks while work is pending.
+        if aborted.is_none() && !pending.is_empty() && last_check.elapsed() >= CHECK_EVERY {
+            last_check = Instant::now();
+            if let Some(e) = host.failure() {
+                aborted = Some(e.to_string());
+            } else {
+                let mut st = nsys::ncclResult_t::ncclSuccess;
+                // SAFETY: a live communicator and an out-parameter.
+                let _ = unsafe { nsys::ncclCommGetAsyncError(comm, &mut st) };
+                if st != nsys::ncclResult_t::ncclSuccess && st != nsys::ncclResult_t::ncclInProgress
+                {
+                    aborted = Some(format!("NCCL asynchronous error {st:?}"));
+                }
+            }
+        }
+        if let Some(why) = &aborted {
+            // SAFETY: abort is the documented way out of hung operations.
+            unsafe {
+                let _ = nsys::ncclCommAbort(comm);
+            }
+            for p in pending.drain(..) {
+                fail(p.reply, why);
+            }
+            for (_, r) in std::mem::take(&mut queued) {
+                if let Some(r) = r {
+                    fail(r.reply, why);
+                }
+            }
+            // Answer everything else that arrives, until every handle is gone.
+            while let Ok(m) = rx.recv() {
+                if let Msg::Run(_, r) = m {
+                    fail(r.reply, why);
+                }
+            }
+            return;
+        }
+        // 3. Run queued requests in call order.
+        while let Some(entry) = queued.remove(&next) {
+            next += 1;
+            let Some(req) = entry else { continue };
+            let r = (|| -> Result<GpuEvent, CudaError> {
+                for ev in &req.waits {
+                    if !ev.is_complete() {
+                        stream
+                            .wait(&ev.0)
+                            .map_err(|e| CudaError::driver(rank, "cuStreamWaitEvent", e))?;
+                    }
+                }
+                (req.work)(&work)?;
+                gpu.record(&stream)
+            })();
+            match r {
+                Ok(event) => pending.push_back(Pending {
+                    event,
+                    reply: req.reply,
+                    _keep: req.keep,
+                }),
+                Err(e) => {
+                    let _ = req.reply.send(Err(e));
+                }
+            }
+            last_activity = Instant::now();
+        }
+        // 4. Answer completed work (one stream: completes in order).
+        while let Some(p) = pending.front() {
+            match p.event.0.try_is_complete() {
+                Ok(true) => {
+                    if let Some(p) = pending.pop_front() {
+                        let _ = p.reply.send(Ok(p.event));
+                    }
+                    last_activity = Instant::now();
+                }
+                Ok(false) => break,
+                Err(e) => {
+                    aborted = Some(CudaError::driver(rank, "cuEventQuery", e).to_string());
+                    break;
+                }
+            }
+        }
+        // 5. Idle: spin for a while, then sleep.
+        if pending.is_empty() && queued.is_empty() {
+            if closed {
+                break;
+            }
+            if last_activity.elapsed() > SPIN {
+                std::thread::park_timeout(Duration::from_millis(50));
+            } else {
+                std::hint::spin_loop();
+            }
+        } else if !pending.is_empty() {
+            std::hint::spin_loop();
+        } else if closed {
+            // Queued work waits for a slot that can no longer come.
+            for (_, r) in std::mem::take(&mut queued) {
+                if let Some(r) = r {
+                    fail(r.reply, "a slot before this request was never filled");
+                }
+            }
+            break;
+        }
+    }
+    // SAFETY: no work is pending; destroy frees the communicator.
+    unsafe {
+        let _ = nsys::ncclCommDestroy(comm);
+    }
+}
