@@ -138,6 +138,31 @@ pub enum CollError {
         #[source]
         source: MemoryError,
     },
+    /// A CUDA or NCCL call failed, or the NCCL communicator was aborted.
+    #[error("rank {rank}: {coll} ({op}): {detail}")]
+    Device {
+        /// This rank.
+        rank: Rank,
+        /// The collective.
+        coll: CollKind,
+        /// Its OpId.
+        op: OpId,
+        /// The CUDA or NCCL error.
+        detail: String,
+    },
+}
+
+impl CollError {
+    /// The rank the error happened on.
+    pub fn rank(&self) -> Rank {
+        match self {
+            CollError::Comm { rank, .. }
+            | CollError::Mismatch { rank, .. }
+            | CollError::InvalidArgument { rank, .. }
+            | CollError::Memory { rank, .. }
+            | CollError::Device { rank, .. } => *rank,
+        }
+    }
 }
 
 fn peer_text(peer: Option<Rank>) -> String {
@@ -208,6 +233,15 @@ impl Site {
             rank: self.rank,
             coll: self.coll,
             detail: detail.into(),
+        }
+    }
+
+    pub fn device(&self, e: impl std::fmt::Display) -> CollError {
+        CollError::Device {
+            rank: self.rank,
+            coll: self.coll,
+            op: self.op,
+            detail: e.to_string(),
         }
     }
 

@@ -32,6 +32,8 @@ pub mod allreduce;
 pub mod alltoall;
 pub mod barrier;
 pub mod broadcast;
+#[cfg(feature = "cuda")]
+pub mod device;
 pub mod error;
 pub mod halo;
 mod handle;

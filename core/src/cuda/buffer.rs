@@ -275,6 +275,12 @@ impl DeviceBuffer {
         self.ready = None;
     }
 
+    /// A handle that keeps the allocation alive (for work still in flight
+    /// after the buffer itself may be dropped).
+    pub fn keep_alive(&self) -> super::nccl::KeepAlive {
+        Box::new(self.mem.clone())
+    }
+
     /// Records a read: the allocation is not reused before `ev`.
     pub fn note_use(&self, ev: GpuEvent) {
         *self.mem.last_use.lock().unwrap_or_else(|p| p.into_inner()) = Some(ev);

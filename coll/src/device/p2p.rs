@@ -1,0 +1,273 @@
+//! SendRecv and HaloExchange on device buffers: grouped `ncclSend` /
+//! `ncclRecv`.
+//!
+//! SendRecv: distinct send and receive peers (ring steps). With checks on,
+//! the sender also tells the receiver its length over the host (one 8-byte
+//! message); a receiver whose buffer has another length fails and aborts
+//! the job, which aborts NCCL on every rank.
+//!
+//! HaloExchange: one object per round, like the host one. Sizes go first
+//! over the host (each rank sends one 8-byte size to each existing
+//! neighbour, 0 when it has nothing), receive buffers are allocated to fit,
+//! then one NCCL group moves the non-empty halves. Its NCCL slot is taken
+//! when the exchange starts, so its place in the call order is fixed even
+//! though it enqueues only after the sizes arrive.
+
+use braid_core::cuda::{DeviceBuffer, GpuEvent, KeepAlive};
+use braid_core::{Buffer, Rank, Tag};
+use braid_kernels::DType;
+
+use super::{Checks, DeviceComm, failed, finish, nccl_dtype, same_gpu};
+use crate::error::{CollError, CollKind, Site};
+use crate::handle::{Callback, Handle, start, streaming};
+
+fn u64_msg(v: u64) -> Buffer {
+    Buffer::from_vec(v.to_le_bytes().to_vec())
+}
+
+fn read_u64(site: &Site, peer: Rank, b: &Buffer) -> Result<u64, CollError> {
+    let s = b.as_slice();
+    let a: [u8; 8] = s
+        .try_into()
+        .map_err(|_| site.mismatch(peer, format!("size message of {} bytes", s.len())))?;
+    Ok(u64::from_le_bytes(a))
+}
+
+/// Core of [`sendrecv`].
+pub fn start_sendrecv(
+    dc: &DeviceComm,
+    send: Option<(&DeviceBuffer, Rank)>,
+    recv: Option<(DeviceBuffer, Rank)>,
+    callback: Option<Callback>,
+) -> Handle<Option<DeviceBuffer>> {
+    let site = Site::next(dc.ctx(), CollKind::SendRecv);
+    let n = dc.nranks();
+    let valid = (|| {
+        for (what, peer) in [
+            ("send", send.map(|s| s.1)),
+            ("recv", recv.as_ref().map(|r| r.1)),
+        ] {
+            if let Some(p) = peer {
+                if p >= n {
+                    return Err(
+                        site.invalid(format!("{what} peer {p} out of range (nranks = {n})"))
+                    );
+                }
+            }
+        }
+        if let Some((b, _)) = send {
+            same_gpu(dc, &site, b)?;
+        }
+        if let Some((b, _)) = &recv {
+            same_gpu(dc, &site, b)?;
+        }
+        Ok(())
+    })();
+    if let Err(e) = valid {
+        return failed(dc, site, e, callback);
+    }
+    let mut waits: Vec<GpuEvent> = Vec::new();
+    let mut keep: Vec<KeepAlive> = Vec::new();
+    let s = send.map(|(b, p)| {
+        waits.extend(b.ready().cloned());
+        keep.push(b.keep_alive());
+        (b.ptr(), b.len(), p)
+    });
+    let r = recv.as_ref().map(|(b, p)| {
+        waits.extend(b.ready().cloned());
+        (b.ptr(), b.len(), *p)
+    });
+    let completion = dc.nccl().slot().submit(waits, keep, move |w| {
+        w.group(|w| {
+            if let Some((ptr, len, p)) = s {
+                if len > 0 {
+                    w.send(ptr, len, nccl_dtype(DType::Bytes), p)?;
+                }
+            }
+            if let Some((ptr, len, p)) = r {
+                if len > 0 {
+                    w.recv(ptr, len, nccl_dtype(DType::Bytes), p)?;
+                }
+            }
+            Ok(())
+        })
+    });
+    let comm = dc.ctx().comm().clone();
+    let on = dc.checks == Checks::Agree;
+    let dc2 = dc.clone();
+    start(dc.ctx(), site.coll, site.op, callback, async move {
+        let tag = Tag::new(site.op, 1);
+        let check = async {
+            if !on {
+                return Ok(());
+            }
+            let sent = s.map(|(_, len, p)| comm.send(p, tag, u64_msg(len as u64)));
+            if let Some((_, len, p)) = r {
+                let m = comm.recv(p, tag).await.map_err(|e| site.comm(e))?;
+                let theirs = read_u64(&site, p, &m)?;
+                if theirs != len as u64 {
+                    return Err(site.mismatch(
+                        p,
+                        format!("rank {p} sends {theirs} bytes, the receive buffer has {len}"),
+                    ));
+                }
+            }
+            if let Some(f) = sent {
+                f.await.map_err(|e| site.comm(e))?;
+            }
+            Ok(())
+        };
+        let ev = finish(&dc2, site, check, completion).await?;
+        Ok(recv.map(|(mut b, _)| {
+            b.set_ready(ev);
+            b
+        }))
+    })
+}
+
+/// Sends `send.0` to rank `send.1` and receives `recv.0` from rank `recv.1`
+/// (either may be absent). Every rank calls it (OpIds advance together);
+/// lengths of a matched send and receive must be equal.
+pub async fn sendrecv(
+    dc: &DeviceComm,
+    send: Option<(&DeviceBuffer, Rank)>,
+    recv: Option<(DeviceBuffer, Rank)>,
+) -> Result<Option<DeviceBuffer>, CollError> {
+    streaming(|cb| start_sendrecv(dc, send, recv, cb)).await
+}
+
+/// What a rank got from its neighbours in one device halo round.
+#[derive(Debug, Default)]
+pub struct DeviceHalo {
+    /// From rank - 1 (its `to_right`); `None` on rank 0; empty when it had
+    /// nothing.
+    pub from_left: Option<DeviceBuffer>,
+    /// From rank + 1 (its `to_left`); `None` on the last rank.
+    pub from_right: Option<DeviceBuffer>,
+}
+
+/// One device halo round; create one per round on every rank in the same
+/// order.
+#[derive(Debug)]
+pub struct DeviceHaloExchange {
+    dc: DeviceComm,
+    site: Site,
+}
+
+impl DeviceHaloExchange {
+    /// A new round (takes the next OpId).
+    pub fn new(dc: &DeviceComm) -> Self {
+        DeviceHaloExchange {
+            dc: dc.clone(),
+            site: Site::next(dc.ctx(), CollKind::HaloExchange),
+        }
+    }
+
+    /// Core: starts the round; `to_left` goes to rank - 1, `to_right` to
+    /// rank + 1 (ignored where that neighbour does not exist).
+    pub fn start(
+        self,
+        to_left: Option<&DeviceBuffer>,
+        to_right: Option<&DeviceBuffer>,
+        callback: Option<Callback>,
+    ) -> Handle<DeviceHalo> {
+        let DeviceHaloExchange { dc, site } = self;
+        let me = dc.rank();
+        let n = dc.nranks();
+        let left = me.checked_sub(1);
+        let right = (me + 1 < n).then_some(me + 1);
+        for b in to_left.iter().chain(to_right.iter()) {
+            if let Err(e) = same_gpu(&dc, &site, b) {
+                return failed(&dc, site, e, callback);
+            }
+        }
+        let slot = dc.nccl().slot();
+        let out = |b: Option<&DeviceBuffer>, nb: Option<Rank>| {
+            nb.and(b)
+                .map(|b| (b.ptr(), b.len(), b.ready().cloned(), b.keep_alive()))
+        };
+        let to_l = out(to_left, left);
+        let to_r = out(to_right, right);
+        let gpu = dc.gpu().clone();
+        let comm = dc.ctx().comm().clone();
+        let dc2 = dc.clone();
+        start(dc.ctx(), site.coll, site.op, callback, async move {
+            let tag = Tag::new(site.op, 1);
+            let len = |x: &Option<(u64, usize, Option<GpuEvent>, KeepAlive)>| {
+                x.as_ref().map_or(0, |t| t.1 as u64)
+            };
+            let mut sends = Vec::new();
+            if let Some(l) = left {
+                sends.push(comm.send(l, tag, u64_msg(len(&to_l))));
+            }
+            if let Some(r) = right {
+                sends.push(comm.send(r, tag, u64_msg(len(&to_r))));
+            }
+            let mut sizes = [None, None];
+            for (i, nb) in [left, right].into_iter().enumerate() {
+                if let Some(p) = nb {
+                    let m = comm.recv(p, tag).await.map_err(|e| site.comm(e))?;
+                    sizes[i] = Some(read_u64(&site, p, &m)? as usize);
+                }
+            }
+            for s in sends {
+                s.await.map_err(|e| site.comm(e))?;
+            }
+            let alloc = |sz: Option<usize>| -> Result<Option<DeviceBuffer>, CollError> {
+                sz.map(|s| DeviceBuffer::alloc(&gpu, s).map_err(|e| site.device(e)))
+                    .transpose()
+            };
+            let mut from_left = alloc(sizes[0])?;
+            let mut from_right = alloc(sizes[1])?;
+            let mut waits = Vec::new();
+            let mut keep = Vec::new();
+            let mut sends_w = Vec::new();
+            for (t, nb) in [(to_l, left), (to_r, right)] {
+                if let (Some((ptr, len, ev, k)), Some(p)) = (t, nb) {
+                    waits.extend(ev);
+                    keep.push(k);
+                    if len > 0 {
+                        sends_w.push((ptr, len, p));
+                    }
+                }
+            }
+            let mut recvs_w = Vec::new();
+            for (b, nb) in [(&from_left, left), (&from_right, right)] {
+                if let (Some(b), Some(p)) = (b, nb) {
+                    waits.extend(b.ready().cloned());
+                    if !b.is_empty() {
+                        recvs_w.push((b.ptr(), b.len(), p));
+                    }
+                }
+            }
+            let completion = slot.submit(waits, keep, move |w| {
+                w.group(|w| {
+                    for &(ptr, len, p) in &sends_w {
+                        w.send(ptr, len, nccl_dtype(DType::Bytes), p)?;
+                    }
+                    for &(ptr, len, p) in &recvs_w {
+                        w.recv(ptr, len, nccl_dtype(DType::Bytes), p)?;
+                    }
+                    Ok(())
+                })
+            });
+            let ev = finish(&dc2, site, async { Ok(()) }, completion).await?;
+            for b in [&mut from_left, &mut from_right].into_iter().flatten() {
+                b.set_ready(ev.clone());
+            }
+            Ok(DeviceHalo {
+                from_left,
+                from_right,
+            })
+        })
+    }
+
+    /// Runs the round and returns what the neighbours sent.
+    pub async fn exchange(
+        self,
+        to_left: Option<&DeviceBuffer>,
+        to_right: Option<&DeviceBuffer>,
+    ) -> Result<DeviceHalo, CollError> {
+        streaming(|cb| self.start(to_left, to_right, cb)).await
+    }
+}

@@ -1,0 +1,259 @@
+//! Shuffle of device chunks: insert (partition, chunk) pairs as they
+//! stream in, finish, then extract whole partitions on their owners.
+//!
+//! ```text
+//!  insert(p, chunk) ... insert(p', chunk')       (kept, or spilled to host
+//!                                                  when over the device limit)
+//!  finish:  1. host: to every peer, the (partition, length) list of the
+//!              chunks it owns (empty list when none)
+//!           2. allocate receive buffers from the lists
+//!           3. NCCL group: every chunk to its owner, in list order
+//!  extract(p): the partition's chunks (own first, then by source rank)
+//! ```
+//!
+//! A rank's own chunks never move. Spilling applies when the context's
+//! `BufferResource` has a non-zero device limit: an inserted or received
+//! chunk that does not fit is copied to host (counted in the statistics'
+//! spilled bytes) and copied back when it is sent or extracted.
+
+use std::collections::BTreeMap;
+
+use braid_core::cuda::{DeviceBuffer, Resident};
+use braid_core::{Buffer, MemoryType, Rank, Reservation, Tag};
+use braid_kernels::DType;
+
+use super::{DeviceComm, finish, nccl_dtype};
+use crate::error::{CollError, CollKind, Site};
+use crate::handle::{Callback, Handle, start, streaming};
+use crate::shuffle::PartitionOwner;
+
+struct Held {
+    data: Resident,
+    _res: Option<Reservation>,
+}
+
+/// A device shuffle in progress; create it on every rank in the same order.
+pub struct DeviceShuffle {
+    dc: DeviceComm,
+    site: Site,
+    nparts: u32,
+    owner: PartitionOwner,
+    chunks: Vec<(u32, Held)>,
+}
+
+impl std::fmt::Debug for DeviceShuffle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceShuffle")
+            .field("op", &self.site.op)
+            .field("nparts", &self.nparts)
+            .field("chunks", &self.chunks.len())
+            .finish()
+    }
+}
+
+/// The partitions a rank owns after a device shuffle.
+#[derive(Default)]
+pub struct DeviceShuffled {
+    parts: BTreeMap<u32, Vec<Held>>,
+    rank: Rank,
+}
+
+impl std::fmt::Debug for DeviceShuffled {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceShuffled")
+            .field("partitions", &self.parts.len())
+            .finish()
+    }
+}
+
+impl DeviceShuffled {
+    /// The partitions that arrived (own partitions with no data are absent).
+    pub fn partitions(&self) -> Vec<u32> {
+        self.parts.keys().copied().collect()
+    }
+
+    /// Takes partition `pid`'s chunks, on the device (spilled ones are
+    /// copied back).
+    pub fn extract(&mut self, pid: u32, dc: &DeviceComm) -> Result<Vec<DeviceBuffer>, CollError> {
+        let site = Site {
+            rank: self.rank,
+            coll: CollKind::Shuffle,
+            op: braid_core::OpId(0),
+        };
+        self.parts
+            .remove(&pid)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|h| h.data.into_device(dc.gpu()).map_err(|e| site.device(e)))
+            .collect()
+    }
+}
+
+/// Charges `len` device bytes; spills `data` when the device limit is
+/// reached (only when the resource has a non-zero device limit).
+fn hold(dc: &DeviceComm, site: &Site, mut data: Resident) -> Result<Held, CollError> {
+    let res = dc.ctx().resource();
+    let limited = matches!(res.limits().device, Some(l) if l > 0);
+    if !limited || data.mem_type() == MemoryType::Host {
+        return Ok(Held { data, _res: None });
+    }
+    let r = res.reserve(data.len() as u64, &[MemoryType::Device]);
+    if r.overbooked() == 0 {
+        return Ok(Held {
+            data,
+            _res: Some(r),
+        });
+    }
+    drop(r);
+    let mut host = res.reserve(data.len() as u64, &[MemoryType::Host]);
+    let n = data.spill(&mut host).map_err(|e| site.device(e))?;
+    dc.ctx().statistics().record_spill(n as u64);
+    Ok(Held { data, _res: None })
+}
+
+impl DeviceShuffle {
+    /// A shuffle of `nparts` partitions owned as `owner` says.
+    pub fn new(dc: &DeviceComm, nparts: u32, owner: PartitionOwner) -> Self {
+        DeviceShuffle {
+            dc: dc.clone(),
+            site: Site::next(dc.ctx(), CollKind::Shuffle),
+            nparts,
+            owner,
+            chunks: Vec::new(),
+        }
+    }
+
+    /// Adds a chunk of partition `pid`.
+    pub fn insert(&mut self, pid: u32, chunk: DeviceBuffer) -> Result<(), CollError> {
+        if pid >= self.nparts {
+            return Err(self.site.invalid(format!(
+                "partition {pid} out of range ({} partitions)",
+                self.nparts
+            )));
+        }
+        let h = hold(&self.dc, &self.site, Resident::Device(chunk))?;
+        self.chunks.push((pid, h));
+        Ok(())
+    }
+
+    /// Core: starts the exchange (no more inserts).
+    pub fn start_finish(self, callback: Option<Callback>) -> Handle<DeviceShuffled> {
+        let DeviceShuffle {
+            dc,
+            site,
+            nparts,
+            owner,
+            chunks,
+        } = self;
+        let slot = dc.nccl().slot();
+        let dc2 = dc.clone();
+        start(dc.ctx(), site.coll, site.op, callback, async move {
+            let dc = dc2;
+            let me = dc.rank();
+            let n = dc.nranks();
+            let comm = dc.ctx().comm().clone();
+            let tag = Tag::new(site.op, 1);
+            let mut mine: BTreeMap<u32, Vec<Held>> = BTreeMap::new();
+            let mut out: Vec<Vec<(u32, Resident)>> = (0..n).map(|_| Vec::new()).collect();
+            for (pid, h) in chunks {
+                let o = owner.owner(pid, nparts, n);
+                if o == me {
+                    mine.entry(pid).or_default().push(h);
+                } else {
+                    out[o as usize].push((pid, h.data));
+                }
+            }
+            // 1. Lists to every peer.
+            let mut sends = Vec::new();
+            for p in (0..n).filter(|&p| p != me) {
+                let mut b = Vec::with_capacity(out[p as usize].len() * 16);
+                for (pid, d) in &out[p as usize] {
+                    b.extend_from_slice(&(*pid as u64).to_le_bytes());
+                    b.extend_from_slice(&(d.len() as u64).to_le_bytes());
+                }
+                sends.push(comm.send(p, tag, Buffer::from_vec(b)));
+            }
+            let mut incoming: Vec<(Rank, u32, DeviceBuffer)> = Vec::new();
+            for q in (0..n).filter(|&q| q != me) {
+                let m = comm.recv(q, tag).await.map_err(|e| site.comm(e))?;
+                let b = m.as_slice();
+                if b.len() % 16 != 0 {
+                    return Err(site.mismatch(q, "malformed shuffle list"));
+                }
+                for c in b.chunks(16) {
+                    let w = |i: usize| {
+                        u64::from_le_bytes(c[i * 8..i * 8 + 8].try_into().unwrap_or([0; 8]))
+                    };
+                    let (pid, len) = (w(0), w(1));
+                    if pid >= nparts as u64 || owner.owner(pid as u32, nparts, n) != me {
+                        return Err(site.mismatch(
+                            q,
+                            format!("rank {q} sends partition {pid}, not owned here"),
+                        ));
+                    }
+                    let buf =
+                        DeviceBuffer::alloc(dc.gpu(), len as usize).map_err(|e| site.device(e))?;
+                    incoming.push((q, pid as u32, buf));
+                }
+            }
+            for s in sends {
+                s.await.map_err(|e| site.comm(e))?;
+            }
+            // 2. Outgoing chunks on the device.
+            let mut outgoing: Vec<(Rank, DeviceBuffer)> = Vec::new();
+            for (p, list) in out.into_iter().enumerate() {
+                for (_, d) in list {
+                    outgoing.push((
+                        p as Rank,
+                        d.into_device(dc.gpu()).map_err(|e| site.device(e))?,
+                    ));
+                }
+            }
+            // 3. One NCCL group.
+            let mut waits = Vec::new();
+            let mut keep = Vec::new();
+            let mut sw = Vec::new();
+            for (p, b) in &outgoing {
+                waits.extend(b.ready().cloned());
+                keep.push(b.keep_alive());
+                if !b.is_empty() {
+                    sw.push((b.ptr(), b.len(), *p));
+                }
+            }
+            let mut rw = Vec::new();
+            for (q, _, b) in &incoming {
+                waits.extend(b.ready().cloned());
+                if !b.is_empty() {
+                    rw.push((b.ptr(), b.len(), *q));
+                }
+            }
+            let completion = slot.submit(waits, keep, move |w| {
+                w.group(|w| {
+                    for &(ptr, len, p) in &sw {
+                        w.send(ptr, len, nccl_dtype(DType::Bytes), p)?;
+                    }
+                    for &(ptr, len, q) in &rw {
+                        w.recv(ptr, len, nccl_dtype(DType::Bytes), q)?;
+                    }
+                    Ok(())
+                })
+            });
+            let ev = finish(&dc, site, async { Ok(()) }, completion).await?;
+            drop(outgoing);
+            for (_, pid, mut b) in incoming {
+                b.set_ready(ev.clone());
+                let h = hold(&dc, &site, Resident::Device(b))?;
+                mine.entry(pid).or_default().push(h);
+            }
+            Ok(DeviceShuffled {
+                parts: mine,
+                rank: me,
+            })
+        })
+    }
+
+    /// Finishes inserting, exchanges, and returns this rank's partitions.
+    pub async fn finish(self) -> Result<DeviceShuffled, CollError> {
+        streaming(|cb| self.start_finish(cb)).await
+    }
+}
