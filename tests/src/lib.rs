@@ -241,3 +241,5 @@ pub async fn shutdown_all(ctxs: &[braid_core::Context]) {
 pub const RANK_COUNTS: [u32; 6] = [1, 2, 3, 4, 5, 8];
 
 pub mod coll_suite;
+#[cfg(feature = "cuda")]
+pub mod gpu_suite;

@@ -428,7 +428,6 @@ impl IpcSendRecv {
             Ok(())
         };
         self.gpu.bind()?;
-        let s = self.stream.cu_stream();
         // Receive side: tell the sender where to copy, then free the slot.
         if let Some((out, src)) = recv {
             check(src)?;
@@ -452,7 +451,7 @@ impl IpcSendRecv {
             out.wait_on(&self.stream)?;
             let free = self.sem_remote(src, n as usize + me as usize)?;
             // SAFETY: `free` is the sender's mapped semaphore word.
-            unsafe { sys::cuStreamWriteValue32_v2(s, free, g, 0) }
+            unsafe { sys::cuStreamWriteValue32_v2(self.stream.cu_stream(), free, g, 0) }
                 .on(me, "cuStreamWriteValue32")?;
         }
         // Send side: wait for the slot, copy, signal.
@@ -483,19 +482,27 @@ impl IpcSendRecv {
             // SAFETY: our own semaphore word; a peer's mapped range of
             // `len` bytes; the peer's mapped semaphore word.
             unsafe {
-                sys::cuStreamWaitValue32_v2(s, free, g, 0).on(me, "cuStreamWaitValue32")?;
+                sys::cuStreamWaitValue32_v2(self.stream.cu_stream(), free, g, 0)
+                    .on(me, "cuStreamWaitValue32")?;
                 if !input.is_empty() {
-                    sys::cuMemcpyDtoDAsync_v2(remote, input.ptr(), input.len(), s)
-                        .on(me, "cuMemcpyDtoDAsync")?;
+                    sys::cuMemcpyDtoDAsync_v2(
+                        remote,
+                        input.ptr(),
+                        input.len(),
+                        self.stream.cu_stream(),
+                    )
+                    .on(me, "cuMemcpyDtoDAsync")?;
                 }
-                sys::cuStreamWriteValue32_v2(s, ready, g, 0).on(me, "cuStreamWriteValue32")?;
+                sys::cuStreamWriteValue32_v2(self.stream.cu_stream(), ready, g, 0)
+                    .on(me, "cuStreamWriteValue32")?;
             }
         }
         if let Some((_, src)) = recv {
             let g = self.recv_gen[src as usize];
             let ready = self.sem_local(src as usize);
             // SAFETY: our own semaphore word.
-            unsafe { sys::cuStreamWaitValue32_v2(s, ready, g, 0) }.on(me, "cuStreamWaitValue32")?;
+            unsafe { sys::cuStreamWaitValue32_v2(self.stream.cu_stream(), ready, g, 0) }
+                .on(me, "cuStreamWaitValue32")?;
         }
         let ev = self.gpu.record(&self.stream)?;
         if let Some((b, _)) = send {

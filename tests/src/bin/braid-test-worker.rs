@@ -6,6 +6,7 @@
 //! - `big BYTES`: rank 0 sends one message of BYTES to rank 1, which checks
 //!   it; prints `big ok BYTES`.
 //! - `coll SEED`: the collective suite; prints `coll ok CHECKS`.
+//! - `gpu SEED` (feature `cuda`): the device suite; prints `gpu ok CHECKS`.
 //! - `wait`: prints `ready PID`, then waits for a message that never comes; the
 //!   test kills a rank and expects the others to fail naming it.
 
@@ -52,6 +53,11 @@ fn main() -> ExitCode {
                 }
                 "coll" => {
                     let line = braid_tests::coll_suite::run(ctx.clone(), arg).await?;
+                    println!("{line}");
+                }
+                #[cfg(feature = "cuda")]
+                "gpu" => {
+                    let line = braid_tests::gpu_suite::run(ctx.clone(), arg).await?;
                     println!("{line}");
                 }
                 "wait" => {

@@ -1,0 +1,98 @@
+//! Device collectives and CUDA IPC (feature `cuda`), against CPU
+//! references: ranks as threads of one process and as tcp processes, for
+//! every rank count the host's GPUs allow (one rank per GPU). Without a GPU
+//! every test says it skipped and passes.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::{Duration, Instant};
+
+use braid_core::cuda::Gpu;
+use braid_core::launch::{LaunchSpec, OutputMode, launch};
+use braid_core::{MemoryLimits, WorldSpec};
+use braid_tests::{RANK_COUNTS, gpu_suite, runtime};
+
+/// Rank counts this host can run, one rank per GPU.
+fn counts() -> Vec<u32> {
+    let g = Gpu::count() as u32;
+    if g == 0 {
+        eprintln!("skipped: no CUDA device on this host");
+    }
+    RANK_COUNTS.iter().copied().filter(|&n| n <= g).collect()
+}
+
+fn worker() -> String {
+    std::env::var("BRAID_TEST_WORKER")
+        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_braid-test-worker").to_string())
+}
+
+#[test]
+fn suite_threads() {
+    for n in counts() {
+        let spec = WorldSpec::Local { nranks: n };
+        let t = Instant::now();
+        let res = braid_core::run_world(&spec, MemoryLimits::UNLIMITED, move |ctx| async move {
+            gpu_suite::run(ctx, 7 + n as u64).await.map_err(Into::into)
+        })
+        .unwrap_or_else(|e| panic!("{n} ranks as threads: {e}"));
+        for (r, line) in &res {
+            assert!(line.starts_with("gpu ok"), "rank {r}: {line}");
+            assert_eq!(line, &res[0].1, "ranks ran different checks");
+        }
+        eprintln!("threads, {n} ranks: {} in {:?}", res[0].1, t.elapsed());
+    }
+}
+
+#[test]
+fn suite_processes() {
+    let rt = runtime();
+    for n in counts() {
+        let mut spec = LaunchSpec::new(
+            n,
+            worker(),
+            vec!["gpu".into(), (20 + n as u64).to_string().into()],
+        );
+        spec.output = OutputMode::Captured;
+        let t = Instant::now();
+        let report = rt
+            .block_on(launch(spec))
+            .unwrap_or_else(|e| panic!("{n} ranks as processes: {e:?}"));
+        let lines: Vec<&str> = report.stdout.iter().map(|s| s.trim()).collect();
+        assert!(lines[0].starts_with("gpu ok"), "rank 0: {}", lines[0]);
+        assert!(
+            lines.iter().all(|l| *l == lines[0]),
+            "ranks disagree: {lines:?}"
+        );
+        eprintln!("processes, {n} ranks: {} in {:?}", lines[0], t.elapsed());
+    }
+}
+
+#[test]
+fn mismatches_fail_every_rank() {
+    for n in counts().into_iter().filter(|&n| n >= 2) {
+        for case in 0..3u32 {
+            let spec = WorldSpec::Local { nranks: n };
+            let t = Instant::now();
+            let res =
+                braid_core::run_world(&spec, MemoryLimits::UNLIMITED, move |ctx| async move {
+                    gpu_suite::mismatch(ctx, case).await.map_err(Into::into)
+                });
+            let err = match res {
+                Ok(_) => panic!("case {case}, {n} ranks: mismatched calls succeeded"),
+                Err(e) => e.to_string(),
+            };
+            assert!(
+                err.contains("does not match") || err.contains("aborted"),
+                "case {case}, {n} ranks: unclear error: {err}"
+            );
+            assert!(
+                t.elapsed() < Duration::from_secs(60),
+                "case {case}: took {:?}",
+                t.elapsed()
+            );
+            eprintln!(
+                "mismatch case {case}, {n} ranks: failed in {:?}: {err}",
+                t.elapsed()
+            );
+        }
+    }
+}
