@@ -429,6 +429,13 @@ impl NcclComm {
         let nranks = ctx.nranks();
         let comm = ctx.comm().clone();
         let tag = Tag::new(ctx.next_op_id(), 0);
+        // SAFETY: only probes whether the library can be loaded.
+        if !unsafe { nsys::is_culib_present() } {
+            return Err(CudaError::NoDevice {
+                rank,
+                detail: "libnccl could not be loaded (is it on LD_LIBRARY_PATH?)".into(),
+            });
+        }
         let id_bytes: Vec<u8> = if rank == 0 {
             let id =
                 nres::get_uniqueid().map_err(|e| CudaError::nccl(rank, "ncclGetUniqueId", e))?;

@@ -5,11 +5,15 @@
 //!   against a raw tokio TCP socket pair.
 //! - `mpi` (feature `mpi`): braid's mpi backend against raw MPI.
 //! - `rolling`: the rolling job against Polars on 10 million rows.
+//! - `gpu` (feature `cuda`): device collectives against raw NCCL, and the
+//!   copy-engine IPC SendRecv against NCCL send/recv.
 //! - `coll`: every collective, 2 and 4 ranks, local and tcp, against
 //!   OpenMPI (shared memory and TCP).
 
 mod coll;
 mod comm;
+#[cfg(feature = "cuda")]
+mod gpu;
 #[cfg(feature = "mpi")]
 mod mpi;
 mod rolling;
@@ -34,6 +38,9 @@ enum What {
     Coll(coll::CollArgs),
     /// The rolling job vs Polars, Parquet in and out, 10M rows.
     Rolling(rolling::RollingArgs),
+    /// Device collectives vs raw NCCL, 1 KiB to 1 GiB (feature cuda).
+    #[cfg(feature = "cuda")]
+    Gpu(gpu::GpuArgs),
     /// braid's mpi backend vs raw MPI (feature mpi).
     #[cfg(feature = "mpi")]
     Mpi(mpi::MpiArgs),
@@ -50,6 +57,8 @@ fn main() -> ExitCode {
         What::Comm(a) => comm::run(a),
         What::Coll(a) => coll::run(a),
         What::Rolling(a) => rolling::run(a),
+        #[cfg(feature = "cuda")]
+        What::Gpu(a) => gpu::run(a),
         #[cfg(feature = "mpi")]
         What::Mpi(a) => mpi::run(a),
         #[cfg(feature = "mpi")]

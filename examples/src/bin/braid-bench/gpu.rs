@@ -1,0 +1,516 @@
+//! GPU benchmark (feature `cuda`): every device collective, 1 KiB to 1 GiB,
+//! one rank per GPU, next to the same NCCL calls made raw in the same run,
+//! and the copy-engine IPC SendRecv next to NCCL send/recv.
+//!
+//! Per point (after warm-up, times are the max over ranks):
+//! - `raw`: K NCCL calls enqueued back to back on the NCCL thread, timed
+//!   with CUDA events (what nccl-tests reports).
+//! - `raw sync`: each raw call followed by a stream synchronise, timed on
+//!   the host (the latency a caller that waits for each result sees).
+//! - `braid`: K calls of the core API started back to back, then all
+//!   awaited (pipelined, comparable to `raw`).
+//! - `braid await`: each call awaited before the next (the streaming
+//!   wrapper; comparable to `raw sync`).
+//!
+//! busbw follows nccl-tests: algbw = size / time; allreduce x 2(n-1)/n;
+//! allgather, reduce_scatter, alltoall(v) x (n-1)/n; broadcast, sendrecv,
+//! halo x 1. `size` is the largest buffer of the call (allgather: the
+//! output; reduce_scatter: the input), as in nccl-tests.
+
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use braid_coll::device::{self as dev, Checks, DeviceAllToAllv, DeviceComm, DeviceHaloExchange};
+use braid_coll::{DType, Handle, ReduceKind};
+use braid_core::cuda::ipc::IpcSendRecv;
+use braid_core::cuda::{CudaError, DeviceBuffer, Gpu, NcclDType, NcclOp, NcclWork};
+use braid_core::{BoxError, Context, Event, MemoryLimits};
+use braid_examples::{JobArgs, JobOutcome, run_job, size_name};
+
+/// Options of `braid-bench gpu`.
+#[derive(Debug, clap::Args)]
+pub struct GpuArgs {
+    #[command(flatten)]
+    job: JobArgs,
+    /// Smallest size in bytes.
+    #[arg(long, default_value_t = 1 << 10)]
+    min: usize,
+    /// Largest size in bytes.
+    #[arg(long, default_value_t = 1 << 30)]
+    max: usize,
+    /// Size step factor.
+    #[arg(long, default_value_t = 4)]
+    step: usize,
+    /// Collectives: allreduce, allgather, reduce_scatter, broadcast,
+    /// alltoall, alltoallv, sendrecv, halo, ipc.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "allreduce,allgather,reduce_scatter,broadcast,alltoall,alltoallv,sendrecv,halo,ipc"
+    )]
+    colls: Vec<String>,
+    /// Bytes moved per point (bounds the iteration count).
+    #[arg(long, default_value_t = 8 << 30)]
+    bytes_per_point: usize,
+    /// Skip the host agreement checks (`Checks::Off`).
+    #[arg(long)]
+    no_checks: bool,
+}
+
+/// One measured point (microseconds per call).
+#[derive(Debug, Clone, Copy, Default)]
+struct Point {
+    raw: f64,
+    raw_sync: f64,
+    braid: f64,
+    braid_await: f64,
+}
+
+fn bus_factor(coll: &str, n: usize) -> f64 {
+    let n = n as f64;
+    match coll {
+        "allreduce" => 2.0 * (n - 1.0) / n,
+        "allgather" | "reduce_scatter" | "alltoall" | "alltoallv" => (n - 1.0) / n,
+        _ => 1.0,
+    }
+}
+
+/// (input bytes, output bytes) for a call of `size`.
+fn shapes(coll: &str, size: usize, n: usize) -> (usize, usize) {
+    match coll {
+        "allgather" => (size / n, size),
+        "reduce_scatter" => (size, size / n),
+        _ => (size, size),
+    }
+}
+
+/// Rounds `size` down to a multiple of 4n (element size x ranks).
+fn round(size: usize, n: usize) -> usize {
+    (size / (4 * n) * 4 * n).max(4 * n)
+}
+
+/// The raw NCCL calls of one operation.
+fn raw_call(
+    coll: &str,
+    w: &NcclWork<'_>,
+    input: u64,
+    output: u64,
+    inlen: usize,
+    outlen: usize,
+) -> Result<(), CudaError> {
+    let n = w.nranks();
+    let me = w.rank();
+    let right = (me + 1) % n;
+    let left = (me + n - 1) % n;
+    match coll {
+        "allreduce" => w.all_reduce(input, output, inlen / 4, NcclDType::F32, NcclOp::Sum),
+        "allgather" => w.all_gather(input, output, inlen, NcclDType::U8),
+        "reduce_scatter" => {
+            w.reduce_scatter(input, output, outlen / 4, NcclDType::F32, NcclOp::Sum)
+        }
+        "broadcast" => w.broadcast(output, output, outlen, NcclDType::U8, 0),
+        "alltoall" | "alltoallv" => {
+            let blk = inlen / n as usize;
+            w.group(|w| {
+                for p in 0..n {
+                    let off = (p as usize * blk) as u64;
+                    w.send(input + off, blk, NcclDType::U8, p)?;
+                    w.recv(output + off, blk, NcclDType::U8, p)?;
+                }
+                Ok(())
+            })
+        }
+        "sendrecv" | "ipc" => w.group(|w| {
+            w.send(input, inlen, NcclDType::U8, right)?;
+            w.recv(output, outlen, NcclDType::U8, left)
+        }),
+        "halo" => w.group(|w| {
+            if me > 0 {
+                w.send(input, inlen, NcclDType::U8, me - 1)?;
+                w.recv(output, outlen, NcclDType::U8, me - 1)?;
+            }
+            if me + 1 < n {
+                w.send(input, inlen, NcclDType::U8, me + 1)?;
+                w.recv(output, outlen, NcclDType::U8, me + 1)?;
+            }
+            Ok(())
+        }),
+        other => Err(CudaError::Invalid {
+            rank: me,
+            detail: format!("unknown collective {other}"),
+        }),
+    }
+}
+
+/// Raw NCCL: `iters` calls back to back (event-timed) and `iters` calls each
+/// synchronised (host-timed). Returns microseconds per call for both.
+async fn raw(
+    dc: &DeviceComm,
+    coll: &'static str,
+    input: &DeviceBuffer,
+    output: &DeviceBuffer,
+    iters: usize,
+) -> Result<(f64, f64), BoxError> {
+    let (i, o, il, ol) = (input.ptr(), output.ptr(), input.len(), output.len());
+    let gpu = dc.gpu().clone();
+    let out = Arc::new(Mutex::new((0.0f64, 0.0f64)));
+    let out2 = out.clone();
+    let done = dc.nccl().submit(
+        vec![],
+        vec![input.keep_alive(), output.keep_alive()],
+        move |w| {
+            let rank = w.rank();
+            let drv = |e| CudaError::Invalid {
+                rank,
+                detail: format!("event: {e:?}"),
+            };
+            let start = gpu.context().new_event(None).map_err(drv)?;
+            let end = gpu.context().new_event(None).map_err(drv)?;
+            raw_call(coll, w, i, o, il, ol)?; // warm-up
+            start.record(w.stream()).map_err(drv)?;
+            for _ in 0..iters {
+                raw_call(coll, w, i, o, il, ol)?;
+            }
+            end.record(w.stream()).map_err(drv)?;
+            end.synchronize().map_err(drv)?;
+            let ms = start.elapsed_ms(&end).map_err(drv)? as f64;
+            let t = Instant::now();
+            for _ in 0..iters {
+                raw_call(coll, w, i, o, il, ol)?;
+                w.stream().synchronize().map_err(drv)?;
+            }
+            let sync_us = t.elapsed().as_secs_f64() * 1e6 / iters as f64;
+            *out2.lock().unwrap_or_else(|p| p.into_inner()) = (ms * 1e3 / iters as f64, sync_us);
+            Ok(())
+        },
+    );
+    done.await?;
+    let r = *out.lock().unwrap_or_else(|p| p.into_inner());
+    Ok(r)
+}
+
+/// A started braid call (SendRecv hands back an `Option`).
+enum Started {
+    Buf(Handle<DeviceBuffer>),
+    Opt(Handle<Option<DeviceBuffer>>),
+}
+
+impl Started {
+    fn take(self) -> Result<DeviceBuffer, BoxError> {
+        match self {
+            Started::Buf(h) => Ok(h.take()?),
+            Started::Opt(h) => h.take()?.ok_or_else(|| "no output".into()),
+        }
+    }
+
+    fn wait(self) -> Result<DeviceBuffer, BoxError> {
+        match self {
+            Started::Buf(h) => Ok(h.wait()?),
+            Started::Opt(h) => h.wait()?.ok_or_else(|| "no output".into()),
+        }
+    }
+}
+
+/// Starts one braid call.
+fn start_one(
+    dc: &DeviceComm,
+    coll: &str,
+    input: &DeviceBuffer,
+    output: DeviceBuffer,
+    cb: Option<braid_coll::Callback>,
+) -> Started {
+    use Started::Buf;
+    let n = dc.nranks();
+    let me = dc.rank();
+    match coll {
+        "allreduce" => Buf(dev::start_allreduce(
+            dc,
+            input,
+            output,
+            DType::F32,
+            ReduceKind::Sum,
+            cb,
+        )),
+        "allgather" => Buf(dev::start_allgather(dc, input, output, cb)),
+        "reduce_scatter" => Buf(dev::start_reduce_scatter(
+            dc,
+            input,
+            output,
+            DType::F32,
+            ReduceKind::Sum,
+            cb,
+        )),
+        "broadcast" => Buf(dev::start_broadcast(dc, output, 0, cb)),
+        "alltoall" => Buf(dev::start_alltoall(dc, input, output, cb)),
+        "alltoallv" => {
+            let blk = input.len() / n as usize;
+            let spec = DeviceAllToAllv::packed(vec![blk; n as usize], vec![blk; n as usize]);
+            Buf(dev::start_alltoallv(dc, input, output, spec, cb))
+        }
+        _ => {
+            // sendrecv: a ring step.
+            let right = (me + 1) % n;
+            let left = (me + n - 1) % n;
+            Started::Opt(dev::start_sendrecv(
+                dc,
+                Some((input, right)),
+                Some((output, left)),
+                cb,
+            ))
+        }
+    }
+}
+
+async fn braid(
+    dc: &DeviceComm,
+    coll: &str,
+    input: &DeviceBuffer,
+    outlen: usize,
+    iters: usize,
+) -> Result<(f64, f64), BoxError> {
+    let gpu = dc.gpu().clone();
+    if coll == "halo" {
+        let mut t_await = 0.0;
+        for pass in 0..2 {
+            let t = Instant::now();
+            let mut hs = Vec::new();
+            for _ in 0..iters {
+                let ev = Event::new();
+                let e2 = ev.clone();
+                let h = DeviceHaloExchange::new(dc).start(
+                    Some(input),
+                    Some(input),
+                    Some(Box::new(move || e2.set())),
+                );
+                if pass == 1 {
+                    ev.wait().await;
+                    h.take()?;
+                } else {
+                    hs.push((ev, h));
+                }
+            }
+            for (ev, h) in hs {
+                ev.wait().await;
+                h.take()?;
+            }
+            let us = t.elapsed().as_secs_f64() * 1e6 / iters as f64;
+            if pass == 0 {
+                t_await = us;
+            } else {
+                return Ok((t_await, us));
+            }
+        }
+        return Ok((t_await, t_await));
+    }
+    // Warm-up.
+    let out = DeviceBuffer::alloc(&gpu, outlen)?;
+    let w = start_one(dc, coll, input, out, None);
+    tokio::task::block_in_place(|| w.wait())?;
+    // Pipelined.
+    let outs: Vec<DeviceBuffer> = (0..iters)
+        .map(|_| DeviceBuffer::alloc(&gpu, outlen))
+        .collect::<Result<_, _>>()?;
+    let t = Instant::now();
+    let mut hs = Vec::with_capacity(iters);
+    for out in outs {
+        let ev = Event::new();
+        let e2 = ev.clone();
+        hs.push((
+            ev,
+            start_one(dc, coll, input, out, Some(Box::new(move || e2.set()))),
+        ));
+    }
+    let mut keep = None;
+    for (ev, h) in hs {
+        ev.wait().await;
+        keep = Some(h.take()?);
+    }
+    let piped = t.elapsed().as_secs_f64() * 1e6 / iters as f64;
+    // Awaited one by one, reusing one output.
+    let mut out = keep.ok_or("no output")?;
+    let t = Instant::now();
+    for _ in 0..iters {
+        let ev = Event::new();
+        let e2 = ev.clone();
+        let h = start_one(dc, coll, input, out, Some(Box::new(move || e2.set())));
+        ev.wait().await;
+        out = h.take()?;
+    }
+    let awaited = t.elapsed().as_secs_f64() * 1e6 / iters as f64;
+    Ok((piped, awaited))
+}
+
+async fn ipc_braid(
+    ctx: &Context,
+    ipc: &mut IpcSendRecv,
+    input: &DeviceBuffer,
+    outlen: usize,
+    iters: usize,
+) -> Result<(f64, f64), BoxError> {
+    let n = ctx.nranks();
+    let me = ctx.rank();
+    let right = (me + 1) % n;
+    let left = (me + n - 1) % n;
+    let gpu = input.gpu().clone();
+    let mut out = DeviceBuffer::alloc(&gpu, outlen)?;
+    out = ipc
+        .sendrecv(Some((input, right)), Some((out, left)))
+        .await?
+        .ok_or("no output")?;
+    // Pipelined: enqueue all steps into the same buffer, wait for the last.
+    let t = Instant::now();
+    let mut last = None;
+    for _ in 0..iters {
+        last = Some(
+            ipc.enqueue(Some((input, right)), Some((&out, left)))
+                .await?,
+        );
+    }
+    if let Some(ev) = last {
+        braid_core::cuda::ipc::wait_event(&ev).await;
+    }
+    let piped = t.elapsed().as_secs_f64() * 1e6 / iters as f64;
+    let t = Instant::now();
+    for _ in 0..iters {
+        out = ipc
+            .sendrecv(Some((input, right)), Some((out, left)))
+            .await?
+            .ok_or("no output")?;
+    }
+    let awaited = t.elapsed().as_secs_f64() * 1e6 / iters as f64;
+    Ok((piped, awaited))
+}
+
+/// Runs the benchmark.
+pub fn run(a: GpuArgs) -> Result<(), BoxError> {
+    let colls: Vec<&'static str> = a
+        .colls
+        .iter()
+        .map(|c| -> Result<&'static str, BoxError> {
+            const ALL: [&str; 9] = [
+                "allreduce",
+                "allgather",
+                "reduce_scatter",
+                "broadcast",
+                "alltoall",
+                "alltoallv",
+                "sendrecv",
+                "halo",
+                "ipc",
+            ];
+            ALL.iter()
+                .copied()
+                .find(|x| x == c)
+                .ok_or_else(|| format!("unknown collective {c}").into())
+        })
+        .collect::<Result<_, _>>()?;
+    let mut sizes = Vec::new();
+    let mut s = a.min.max(4);
+    while s <= a.max {
+        sizes.push(s);
+        s = s.saturating_mul(a.step.max(2));
+    }
+    let budget = a.bytes_per_point;
+    let checks = if a.no_checks {
+        Checks::Off
+    } else {
+        Checks::Agree
+    };
+    let gpus = Gpu::count();
+    let out = run_job(&a.job, MemoryLimits::UNLIMITED, move |ctx| {
+        let colls = colls.clone();
+        let sizes = sizes.clone();
+        async move {
+            let n = ctx.nranks() as usize;
+            let gpu = Gpu::for_rank(ctx.rank())?;
+            let dc = DeviceComm::new(&ctx, gpu.clone())
+                .await?
+                .with_checks(checks);
+            let mut ipc = IpcSendRecv::new(&ctx, gpu.clone()).await?;
+            let mut rows: Vec<(String, usize, Point)> = Vec::new();
+            for &coll in &colls {
+                for &size in &sizes {
+                    let size = round(size, n);
+                    let (inlen, outlen) = shapes(coll, size, n);
+                    let iters = (budget / size).clamp(5, 200);
+                    let mut input = DeviceBuffer::alloc(&gpu, inlen)?;
+                    input.fill(0x3c)?;
+                    let mut output = DeviceBuffer::alloc(&gpu, outlen)?;
+                    output.fill(0)?;
+                    braid_coll::barrier(&ctx).await?;
+                    let (raw_t, raw_sync) = raw(&dc, coll, &input, &output, iters).await?;
+                    braid_coll::barrier(&ctx).await?;
+                    let (b, ba) = if coll == "ipc" {
+                        ipc_braid(&ctx, &mut ipc, &input, outlen, iters).await?
+                    } else {
+                        braid(&dc, coll, &input, outlen, iters).await?
+                    };
+                    let mx =
+                        braid_coll::allreduce(&ctx, vec![raw_t, raw_sync, b, ba], ReduceKind::Max)
+                            .await?;
+                    rows.push((
+                        coll.to_string(),
+                        size,
+                        Point {
+                            raw: mx[0],
+                            raw_sync: mx[1],
+                            braid: mx[2],
+                            braid_await: mx[3],
+                        },
+                    ));
+                }
+            }
+            Ok((rows, gpu.context().name().unwrap_or_default()))
+        }
+    })?;
+    let JobOutcome::Ran(results) = out else {
+        return Ok(());
+    };
+    let Some((rank, (rows, name))) = results.into_iter().next() else {
+        return Ok(());
+    };
+    if rank != 0 {
+        return Ok(());
+    }
+    let n = a.job.ranks as usize;
+    println!(
+        "braid-bench gpu: {n} ranks ({:?} backend), {name}, {gpus} GPU(s) visible; checks {}",
+        a.job.backend,
+        if a.no_checks { "off" } else { "on" }
+    );
+    println!(
+        "times in us per call (max over ranks); busbw in GB/s; ratio = braid busbw / raw busbw; added = braid await - raw sync"
+    );
+    println!(
+        "{:<15} {:>9} {:>10} {:>10} {:>10} {:>11} {:>9} {:>9} {:>7} {:>8}",
+        "coll",
+        "size",
+        "raw",
+        "raw sync",
+        "braid",
+        "braid await",
+        "raw bw",
+        "braid bw",
+        "ratio",
+        "added"
+    );
+    for (coll, size, p) in rows {
+        let f = bus_factor(&coll, n);
+        let bw = |us: f64| size as f64 / (us * 1e-6) / 1e9 * f;
+        let baseline = if coll == "ipc" { "nccl" } else { "" };
+        println!(
+            "{:<15} {:>9} {:>10.2} {:>10.2} {:>10.2} {:>11.2} {:>9.2} {:>9.2} {:>7.3} {:>8.2} {baseline}",
+            coll,
+            size_name(size),
+            p.raw,
+            p.raw_sync,
+            p.braid,
+            p.braid_await,
+            bw(p.raw),
+            bw(p.braid),
+            bw(p.braid) / bw(p.raw),
+            p.braid_await - p.raw_sync
+        );
+    }
+    Ok(())
+}
