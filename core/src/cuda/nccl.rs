@@ -297,17 +297,20 @@ enum Msg {
 }
 
 struct Shared {
-    tx: Mutex<mpsc::Sender<Msg>>,
+    tx: Mutex<Option<mpsc::Sender<Msg>>>,
     next_seq: AtomicU64,
     rank: Rank,
     nranks: u32,
     gpu: Arc<Gpu>,
     thread: Mutex<Option<std::thread::Thread>>,
+    join: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
 impl Shared {
     fn send(&self, m: Msg) {
-        let _ = self.tx.lock().unwrap_or_else(|p| p.into_inner()).send(m);
+        if let Some(tx) = self.tx.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
+            let _ = tx.send(m);
+        }
         if let Some(t) = self
             .thread
             .lock()
@@ -315,6 +318,22 @@ impl Shared {
             .as_ref()
         {
             t.unpark();
+        }
+    }
+}
+
+impl Drop for Shared {
+    /// The last handle is gone: close the channel and wait for the thread
+    /// to finish its work and destroy the communicator, so that no NCCL or
+    /// CUDA call runs while the process exits.
+    fn drop(&mut self) {
+        self.tx.get_mut().unwrap_or_else(|p| p.into_inner()).take();
+        let join = self.join.get_mut().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(j) = join {
+            j.thread().unpark();
+            if j.thread().id() != std::thread::current().id() {
+                let _ = j.join();
+            }
         }
     }
 }
@@ -465,12 +484,13 @@ impl NcclComm {
 
         let (tx, rx) = mpsc::channel();
         let shared = Arc::new(Shared {
-            tx: Mutex::new(tx),
+            tx: Mutex::new(Some(tx)),
             next_seq: AtomicU64::new(0),
             rank,
             nranks,
             gpu: gpu.clone(),
             thread: Mutex::new(None),
+            join: Mutex::new(None),
         });
         let (init_tx, init_rx) = oneshot::channel();
         let host = comm.clone();
@@ -482,6 +502,7 @@ impl NcclComm {
                 detail: format!("cannot start the NCCL thread: {e}"),
             })?;
         *shared.thread.lock().unwrap_or_else(|p| p.into_inner()) = Some(handle.thread().clone());
+        *shared.join.lock().unwrap_or_else(|p| p.into_inner()) = Some(handle);
         // Wait for ncclCommInitRank, watching the host communicator: a rank
         // that died before joining would otherwise leave us waiting.
         let mut init_rx = init_rx;

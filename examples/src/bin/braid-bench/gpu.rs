@@ -22,6 +22,7 @@ use std::time::Instant;
 
 use braid_coll::device::{self as dev, Checks, DeviceAllToAllv, DeviceComm, DeviceHaloExchange};
 use braid_coll::{DType, Handle, ReduceKind};
+use braid_core::cuda::cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT;
 use braid_core::cuda::ipc::IpcSendRecv;
 use braid_core::cuda::{CudaError, DeviceBuffer, Gpu, NcclDType, NcclOp, NcclWork};
 use braid_core::{BoxError, Context, Event, MemoryLimits};
@@ -164,8 +165,8 @@ async fn raw(
                 rank,
                 detail: format!("event: {e:?}"),
             };
-            let start = gpu.context().new_event(None).map_err(drv)?;
-            let end = gpu.context().new_event(None).map_err(drv)?;
+            let start = gpu.context().new_event(Some(CU_EVENT_DEFAULT)).map_err(drv)?;
+            let end = gpu.context().new_event(Some(CU_EVENT_DEFAULT)).map_err(drv)?;
             raw_call(coll, w, i, o, il, ol)?; // warm-up
             start.record(w.stream()).map_err(drv)?;
             for _ in 0..iters {
