@@ -129,6 +129,87 @@ where
     }
 }
 
+/// Completes a handle made by [`manual`] from wherever the work finishes
+/// (a callback on another thread, say), without a task of its own.
+pub(crate) struct Finisher<T> {
+    inner: Arc<Inner<T>>,
+    ctx: Context,
+    coll: CollKind,
+    callback: Option<Callback>,
+    started: Instant,
+}
+
+impl<T> Finisher<T> {
+    /// Records the statistics, aborts the job on an error that requires it,
+    /// stores the result, runs the callback and sets the handle's event.
+    pub(crate) fn finish(self, r: Result<T, CollError>) {
+        self.ctx
+            .statistics()
+            .record_op(self.coll.name(), self.started.elapsed());
+        if let Err(e) = &r {
+            if e.aborts_job() {
+                self.ctx.comm().abort(&e.to_string());
+            }
+        }
+        *self.inner.result.lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
+        if let Some(cb) = self.callback {
+            cb();
+        }
+        self.inner.done.set();
+    }
+}
+
+/// A handle whose completion is driven by hand through its `Finisher`.
+pub(crate) fn manual<T>(
+    ctx: &Context,
+    coll: CollKind,
+    op: OpId,
+    callback: Option<Callback>,
+) -> (Handle<T>, Finisher<T>) {
+    let inner = Arc::new(Inner {
+        done: Event::new(),
+        result: Mutex::new(None),
+    });
+    (
+        Handle {
+            inner: inner.clone(),
+            rank: ctx.rank(),
+            coll,
+            op,
+        },
+        Finisher {
+            inner,
+            ctx: ctx.clone(),
+            coll,
+            callback,
+            started: Instant::now(),
+        },
+    )
+}
+
+/// Like [`streaming`], but the awaiting task keeps polling (yielding to
+/// other tasks) for up to `spin` before it sleeps on the event: a wake-up
+/// from another thread costs a parked worker several microseconds, which
+/// matters for collectives that complete in tens of microseconds (device
+/// collectives).
+pub(crate) async fn streaming_spin<T: Send + 'static>(
+    spin: std::time::Duration,
+    start: impl FnOnce(Option<Callback>) -> Handle<T>,
+) -> Result<T, CollError> {
+    let ev = Event::new();
+    let e2 = ev.clone();
+    let h = start(Some(Box::new(move || e2.set())));
+    let t = Instant::now();
+    while !ev.is_set() {
+        if t.elapsed() > spin {
+            ev.wait().await;
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    h.take()
+}
+
 /// The streaming form of a collective: starts its core with a callback that
 /// sets an `Event`, awaits the event, returns the result.
 pub(crate) async fn streaming<T: Send + 'static>(

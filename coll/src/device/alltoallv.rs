@@ -13,9 +13,9 @@ use braid_core::cuda::DeviceBuffer;
 use braid_core::{Buffer, Communicator, Tag};
 use braid_kernels::DType;
 
-use super::{Checks, DeviceComm, failed, finish, nccl_dtype, same_gpu};
+use super::{Checks, DeviceComm, failed, nccl_dtype, run_with, same_gpu, streaming};
 use crate::error::{CollError, CollKind, Site};
-use crate::handle::{Callback, Handle, start, streaming};
+use crate::handle::{Callback, Handle};
 use crate::wire::agree;
 
 /// Per-peer byte counts and offsets of one AllToAllv.
@@ -165,49 +165,53 @@ pub fn start_alltoallv(
         .cloned()
         .collect();
     let s2 = spec.clone();
-    let completion = dc
-        .nccl()
-        .slot()
-        .submit(waits, vec![input.keep_alive()], move |w| {
-            w.group(|w| {
-                for p in 0..w.nranks() {
-                    let i = p as usize;
-                    if s2.send_counts[i] > 0 {
-                        w.send(
-                            src + s2.send_offsets[i] as u64,
-                            s2.send_counts[i],
-                            nccl_dtype(DType::Bytes),
-                            p,
-                        )?;
-                    }
-                    if s2.recv_counts[i] > 0 {
-                        w.recv(
-                            dst + s2.recv_offsets[i] as u64,
-                            s2.recv_counts[i],
-                            nccl_dtype(DType::Bytes),
-                            p,
-                        )?;
-                    }
+    let work = move |w: &braid_core::cuda::NcclWork<'_>| {
+        w.group(|w| {
+            for p in 0..w.nranks() {
+                let i = p as usize;
+                if s2.send_counts[i] > 0 {
+                    w.send(
+                        src + s2.send_offsets[i] as u64,
+                        s2.send_counts[i],
+                        nccl_dtype(DType::Bytes),
+                        p,
+                    )?;
                 }
-                Ok(())
-            })
-        });
-    let comm = dc.ctx().comm().clone();
-    let on = dc.checks == Checks::Agree && n > 1;
-    let dc2 = dc.clone();
-    let mut output = output;
-    start(dc.ctx(), site.coll, site.op, callback, async move {
-        let check = async move {
-            if on {
-                pair_check(comm, site, spec.send_counts, spec.recv_counts).await
-            } else {
-                Ok(())
+                if s2.recv_counts[i] > 0 {
+                    w.recv(
+                        dst + s2.recv_offsets[i] as u64,
+                        s2.recv_counts[i],
+                        nccl_dtype(DType::Bytes),
+                        p,
+                    )?;
+                }
             }
-        };
-        let ev = finish(&dc2, site, check, completion).await?;
-        output.set_ready(ev);
-        Ok(output)
-    })
+            Ok(())
+        })
+    };
+    let on = dc.checks == Checks::Agree && n > 1;
+    let check = on.then(|| {
+        pair_check(
+            dc.ctx().comm().clone(),
+            site,
+            spec.send_counts,
+            spec.recv_counts,
+        )
+    });
+    let mut output = output;
+    run_with(
+        dc,
+        site,
+        check,
+        waits,
+        vec![input.keep_alive()],
+        work,
+        move |ev| {
+            output.set_ready(ev);
+            output
+        },
+        callback,
+    )
 }
 
 /// AllToAllv: `send_counts[p]` bytes at `send_offsets[p]` of `input` go to

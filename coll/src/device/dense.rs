@@ -9,9 +9,9 @@ use braid_core::Rank;
 use braid_core::cuda::{DeviceBuffer, GpuEvent};
 use braid_kernels::{DType, ReduceKind};
 
-use super::{DeviceComm, failed, nccl_dtype, nccl_op, run, same_gpu};
+use super::{DeviceComm, failed, nccl_dtype, nccl_op, run, same_gpu, streaming};
 use crate::error::{CollError, CollKind, Site};
-use crate::handle::{Callback, Handle, streaming};
+use crate::handle::{Callback, Handle};
 use crate::wire::Signature;
 
 fn elements(site: &Site, what: &str, len: usize, dtype: DType) -> Result<usize, CollError> {

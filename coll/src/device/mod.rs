@@ -32,7 +32,8 @@ mod p2p;
 mod shuffle;
 
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, Mutex};
 
 use braid_core::Context;
 use braid_core::cuda::{
@@ -42,7 +43,7 @@ use braid_core::cuda::{
 use braid_kernels::{DType, ReduceKind};
 
 use crate::error::{CollError, Site};
-use crate::handle::{Callback, Handle, start};
+use crate::handle::{Callback, Finisher, Handle, manual, start};
 use crate::wire::{Signature, check_signature};
 
 pub use alltoallv::{DeviceAllToAllv, alltoallv, start_alltoallv};
@@ -190,9 +191,20 @@ pub(crate) fn signature_check(
     }
 }
 
-/// Starts a device collective whose NCCL work is known at call time:
-/// takes the slot and submits now, then spawns the task that awaits the
-/// check and the completion and builds the result.
+/// How long a streaming wrapper keeps polling before it sleeps (see
+/// `handle::streaming_spin`): covers the collectives whose latency a
+/// wake-up would dominate.
+pub(crate) const SPIN: std::time::Duration = std::time::Duration::from_millis(1);
+
+/// The streaming form of a device collective.
+pub(crate) async fn streaming<T: Send + 'static>(
+    start: impl FnOnce(Option<Callback>) -> Handle<T>,
+) -> Result<T, CollError> {
+    crate::handle::streaming_spin(SPIN, start).await
+}
+
+/// Starts a device collective whose NCCL work is known at call time, with
+/// the signature check.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn run<T: Send + 'static>(
     dc: &DeviceComm,
@@ -204,13 +216,104 @@ pub(crate) fn run<T: Send + 'static>(
     done: impl FnOnce(GpuEvent) -> T + Send + 'static,
     callback: Option<Callback>,
 ) -> Handle<T> {
-    let completion = dc.nccl.slot().submit(waits, keep, work);
+    let checked = dc.checks == Checks::Agree && dc.nranks() > 1;
     let check = signature_check(dc, site, sig);
-    let dc2 = dc.clone();
-    start(&dc.ctx, site.coll, site.op, callback, async move {
-        let ev = finish(&dc2, site, check, completion).await?;
-        Ok(done(ev))
-    })
+    run_with(
+        dc,
+        site,
+        checked.then_some(check),
+        waits,
+        keep,
+        work,
+        done,
+        callback,
+    )
+}
+
+/// What a device collective waits for: its NCCL work and, when checks are
+/// on, its host check. Whichever arrives last completes the handle, on its
+/// own thread (the NCCL thread or the check's task): no task sits in
+/// between, so a completion reaches the caller with one wake-up.
+struct Join<T> {
+    remaining: AtomicU8,
+    site: Site,
+    check: Mutex<Option<Result<(), CollError>>>,
+    nccl: Mutex<Option<Result<GpuEvent, CudaError>>>,
+    finish: Mutex<Option<(Finisher<T>, Done<T>)>>,
+}
+
+type Done<T> = Box<dyn FnOnce(GpuEvent) -> T + Send>;
+
+impl<T> Join<T> {
+    fn arrive(&self) {
+        if self.remaining.fetch_sub(1, Ordering::AcqRel) != 1 {
+            return;
+        }
+        let Some((fin, done)) = self.finish.lock().unwrap_or_else(|p| p.into_inner()).take() else {
+            return;
+        };
+        let check = self.check.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let nccl = self.nccl.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let site = self.site;
+        let r = match (check, nccl) {
+            (Some(Err(e)), _) => Err(e),
+            (_, Some(Ok(ev))) => Ok(done(ev)),
+            (_, Some(Err(CudaError::Comm(e)))) => Err(site.comm(e)),
+            (_, Some(Err(e))) => Err(site.device(e)),
+            (_, None) => Err(site.device("the NCCL work was never answered")),
+        };
+        fin.finish(r);
+    }
+}
+
+/// Starts a device collective whose NCCL work is known at call time: takes
+/// its slot and submits now (so every rank enqueues in call order), runs
+/// `check` (if any) alongside; a failed check aborts NCCL so that the work
+/// cannot hang.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn run_with<T: Send + 'static, C>(
+    dc: &DeviceComm,
+    site: Site,
+    check: Option<C>,
+    waits: Vec<GpuEvent>,
+    keep: Vec<KeepAlive>,
+    work: impl FnOnce(&NcclWork<'_>) -> Result<(), CudaError> + Send + 'static,
+    done: impl FnOnce(GpuEvent) -> T + Send + 'static,
+    callback: Option<Callback>,
+) -> Handle<T>
+where
+    C: Future<Output = Result<(), CollError>> + Send + 'static,
+{
+    let (handle, fin) = manual(&dc.ctx, site.coll, site.op, callback);
+    let join = Arc::new(Join {
+        remaining: AtomicU8::new(if check.is_some() { 2 } else { 1 }),
+        site,
+        check: Mutex::new(None),
+        nccl: Mutex::new(None),
+        finish: Mutex::new(Some((fin, Box::new(done) as Done<T>))),
+    });
+    let j = join.clone();
+    dc.nccl.slot().submit_then(
+        waits,
+        keep,
+        work,
+        Box::new(move |r| {
+            *j.nccl.lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
+            j.arrive();
+        }),
+    );
+    if let Some(check) = check {
+        let nccl = dc.nccl.clone();
+        dc.ctx.progress().spawn(async move {
+            let r = check.await;
+            if let Err(e) = &r {
+                nccl.abort(&e.to_string());
+            }
+            *join.check.lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
+            join.arrive();
+        });
+    }
+    handle
 }
 
 /// Starts a collective that fails at once (bad arguments): the slot is

@@ -17,9 +17,9 @@ use braid_core::cuda::{DeviceBuffer, GpuEvent, KeepAlive};
 use braid_core::{Buffer, Rank, Tag};
 use braid_kernels::DType;
 
-use super::{Checks, DeviceComm, failed, finish, nccl_dtype, same_gpu};
+use super::{Checks, DeviceComm, failed, finish, nccl_dtype, run_with, same_gpu, streaming};
 use crate::error::{CollError, CollKind, Site};
-use crate::handle::{Callback, Handle, start, streaming};
+use crate::handle::{Callback, Handle, start};
 
 fn u64_msg(v: u64) -> Buffer {
     Buffer::from_vec(v.to_le_bytes().to_vec())
@@ -77,7 +77,7 @@ pub fn start_sendrecv(
         waits.extend(b.ready().cloned());
         (b.ptr(), b.len(), *p)
     });
-    let completion = dc.nccl().slot().submit(waits, keep, move |w| {
+    let work = move |w: &braid_core::cuda::NcclWork<'_>| {
         w.group(|w| {
             if let Some((ptr, len, p)) = s {
                 if len > 0 {
@@ -91,38 +91,41 @@ pub fn start_sendrecv(
             }
             Ok(())
         })
-    });
+    };
     let comm = dc.ctx().comm().clone();
-    let on = dc.checks == Checks::Agree;
-    let dc2 = dc.clone();
-    start(dc.ctx(), site.coll, site.op, callback, async move {
+    let check = (dc.checks == Checks::Agree).then_some(async move {
         let tag = Tag::new(site.op, 1);
-        let check = async {
-            if !on {
-                return Ok(());
+        let sent = s.map(|(_, len, p)| comm.send(p, tag, u64_msg(len as u64)));
+        if let Some((_, len, p)) = r {
+            let m = comm.recv(p, tag).await.map_err(|e| site.comm(e))?;
+            let theirs = read_u64(&site, p, &m)?;
+            if theirs != len as u64 {
+                return Err(site.mismatch(
+                    p,
+                    format!("rank {p} sends {theirs} bytes, the receive buffer has {len}"),
+                ));
             }
-            let sent = s.map(|(_, len, p)| comm.send(p, tag, u64_msg(len as u64)));
-            if let Some((_, len, p)) = r {
-                let m = comm.recv(p, tag).await.map_err(|e| site.comm(e))?;
-                let theirs = read_u64(&site, p, &m)?;
-                if theirs != len as u64 {
-                    return Err(site.mismatch(
-                        p,
-                        format!("rank {p} sends {theirs} bytes, the receive buffer has {len}"),
-                    ));
-                }
-            }
-            if let Some(f) = sent {
-                f.await.map_err(|e| site.comm(e))?;
-            }
-            Ok(())
-        };
-        let ev = finish(&dc2, site, check, completion).await?;
-        Ok(recv.map(|(mut b, _)| {
-            b.set_ready(ev);
-            b
-        }))
-    })
+        }
+        if let Some(f) = sent {
+            f.await.map_err(|e| site.comm(e))?;
+        }
+        Ok(())
+    });
+    run_with(
+        dc,
+        site,
+        check,
+        waits,
+        keep,
+        work,
+        move |ev| {
+            recv.map(|(mut b, _)| {
+                b.set_ready(ev);
+                b
+            })
+        },
+        callback,
+    )
 }
 
 /// Sends `send.0` to rank `send.1` and receives `recv.0` from rank `recv.1`

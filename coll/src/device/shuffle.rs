@@ -22,9 +22,9 @@ use braid_core::cuda::{DeviceBuffer, Resident};
 use braid_core::{Buffer, MemoryType, Rank, Reservation, Tag};
 use braid_kernels::DType;
 
-use super::{DeviceComm, finish, nccl_dtype};
+use super::{DeviceComm, finish, nccl_dtype, streaming};
 use crate::error::{CollError, CollKind, Site};
-use crate::handle::{Callback, Handle, start, streaming};
+use crate::handle::{Callback, Handle, start};
 use crate::shuffle::PartitionOwner;
 
 struct Held {

@@ -515,16 +515,16 @@ impl IpcSendRecv {
     }
 }
 
-/// Awaits a CUDA event without blocking a runtime worker: polls it, with
-/// short sleeps that grow while it is pending.
+/// Awaits a CUDA event without blocking a runtime worker: polls it,
+/// yielding to other tasks between polls, for up to 20 ms, then every
+/// millisecond (the timer's resolution).
 pub async fn wait_event(ev: &GpuEvent) {
-    let mut spins = 0u32;
+    let t = std::time::Instant::now();
     while !ev.is_complete() {
-        if spins < 64 {
-            spins += 1;
+        if t.elapsed() < std::time::Duration::from_millis(20) {
             tokio::task::yield_now().await;
         } else {
-            tokio::time::sleep(std::time::Duration::from_micros(50)).await;
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
         }
     }
 }

@@ -278,7 +278,26 @@ impl NcclWork<'_> {
 }
 
 type WorkFn = Box<dyn FnOnce(&NcclWork<'_>) -> Result<(), CudaError> + Send>;
-type Reply = oneshot::Sender<Result<GpuEvent, CudaError>>;
+/// Run on the NCCL thread when a request's work has completed (or failed);
+/// keep it short: it delays the next request.
+pub type OnDone = Box<dyn FnOnce(Result<GpuEvent, CudaError>) + Send>;
+
+/// How a request is answered.
+enum Reply {
+    Future(oneshot::Sender<Result<GpuEvent, CudaError>>),
+    Call(OnDone),
+}
+
+impl Reply {
+    fn send(self, r: Result<GpuEvent, CudaError>) {
+        match self {
+            Reply::Future(tx) => {
+                let _ = tx.send(r);
+            }
+            Reply::Call(f) => f(r),
+        }
+    }
+}
 
 /// Something kept alive until the request's work has completed on the GPU.
 pub type KeepAlive = Box<dyn Any + Send>;
@@ -328,7 +347,11 @@ impl Drop for Shared {
     /// CUDA call runs while the process exits.
     fn drop(&mut self) {
         self.tx.get_mut().unwrap_or_else(|p| p.into_inner()).take();
-        let join = self.join.get_mut().unwrap_or_else(|p| p.into_inner()).take();
+        let join = self
+            .join
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
         if let Some(j) = join {
             j.thread().unpark();
             if j.thread().id() != std::thread::current().id() {
@@ -370,26 +393,41 @@ impl Slot {
     /// enqueues NCCL calls; `keep` lives until the work completes. The
     /// returned future resolves once the enqueued work has completed.
     pub fn submit(
-        mut self,
+        self,
         waits: Vec<GpuEvent>,
         keep: Vec<KeepAlive>,
         work: impl FnOnce(&NcclWork<'_>) -> Result<(), CudaError> + Send + 'static,
     ) -> Completion {
         let (tx, rx) = oneshot::channel();
+        let rank = self.shared.rank;
+        self.send(waits, keep, Box::new(work), Reply::Future(tx));
+        Completion { rx, rank }
+    }
+
+    /// Like [`Slot::submit`], but `on_done` is called on the NCCL thread
+    /// when the work completes, instead of waking a future: the lowest
+    /// latency way to learn of completion.
+    pub fn submit_then(
+        self,
+        waits: Vec<GpuEvent>,
+        keep: Vec<KeepAlive>,
+        work: impl FnOnce(&NcclWork<'_>) -> Result<(), CudaError> + Send + 'static,
+        on_done: OnDone,
+    ) {
+        self.send(waits, keep, Box::new(work), Reply::Call(on_done));
+    }
+
+    fn send(mut self, waits: Vec<GpuEvent>, keep: Vec<KeepAlive>, work: WorkFn, reply: Reply) {
         self.used = true;
         self.shared.send(Msg::Run(
             self.seq,
             Request {
-                work: Box::new(work),
+                work,
                 waits,
                 keep,
-                reply: tx,
+                reply,
             },
         ));
-        Completion {
-            rx,
-            rank: self.shared.rank,
-        }
     }
 }
 
@@ -614,7 +652,7 @@ fn serve(
     let mut last_check = Instant::now();
 
     let fail = |reply: Reply, why: &str| {
-        let _ = reply.send(Err(CudaError::Nccl {
+        reply.send(Err(CudaError::Nccl {
             rank,
             call: "communicator",
             detail: format!("aborted: {why}"),
@@ -701,9 +739,7 @@ fn serve(
                     reply: req.reply,
                     _keep: req.keep,
                 }),
-                Err(e) => {
-                    let _ = req.reply.send(Err(e));
-                }
+                Err(e) => req.reply.send(Err(e)),
             }
             last_activity = Instant::now();
         }
@@ -712,7 +748,7 @@ fn serve(
             match p.event.0.try_is_complete() {
                 Ok(true) => {
                     if let Some(p) = pending.pop_front() {
-                        let _ = p.reply.send(Ok(p.event));
+                        p.reply.send(Ok(p.event));
                     }
                     last_activity = Instant::now();
                 }

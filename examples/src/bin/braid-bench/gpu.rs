@@ -165,8 +165,14 @@ async fn raw(
                 rank,
                 detail: format!("event: {e:?}"),
             };
-            let start = gpu.context().new_event(Some(CU_EVENT_DEFAULT)).map_err(drv)?;
-            let end = gpu.context().new_event(Some(CU_EVENT_DEFAULT)).map_err(drv)?;
+            let start = gpu
+                .context()
+                .new_event(Some(CU_EVENT_DEFAULT))
+                .map_err(drv)?;
+            let end = gpu
+                .context()
+                .new_event(Some(CU_EVENT_DEFAULT))
+                .map_err(drv)?;
             raw_call(coll, w, i, o, il, ol)?; // warm-up
             start.record(w.stream()).map_err(drv)?;
             for _ in 0..iters {
@@ -321,14 +327,15 @@ async fn braid(
             start_one(dc, coll, input, out, Some(Box::new(move || e2.set()))),
         ));
     }
-    let mut keep = None;
+    let mut done = Vec::with_capacity(iters);
     for (ev, h) in hs {
         ev.wait().await;
-        keep = Some(h.take()?);
+        done.push(h.take()?);
     }
     let piped = t.elapsed().as_secs_f64() * 1e6 / iters as f64;
-    // Awaited one by one, reusing one output.
-    let mut out = keep.ok_or("no output")?;
+    // Outputs go back to the pool outside the timed region.
+    let mut out = done.pop().ok_or("no output")?;
+    drop(done);
     let t = Instant::now();
     for _ in 0..iters {
         let ev = Event::new();
@@ -459,6 +466,8 @@ pub fn run(a: GpuArgs) -> Result<(), BoxError> {
                             braid_await: mx[3],
                         },
                     ));
+                    drop((input, output));
+                    gpu.trim();
                 }
             }
             Ok((rows, gpu.context().name().unwrap_or_default()))
