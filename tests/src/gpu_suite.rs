@@ -479,7 +479,10 @@ pub async fn run(ctx: Context, seed: u64) -> R<String> {
 /// Mismatched calls: every rank must fail (no data), in bounded time.
 pub async fn mismatch(ctx: Context, case: u32) -> R<()> {
     let gpu = Gpu::for_rank(ctx.rank()).map_err(e)?;
-    let dc = DeviceComm::new(&ctx, gpu.clone()).await.map_err(e)?;
+    let dc = tokio::time::timeout(Duration::from_secs(60), DeviceComm::new(&ctx, gpu.clone()))
+        .await
+        .map_err(|_| "timed out creating the NCCL communicator")?
+        .map_err(e)?;
     let me = ctx.rank();
     let fut = async {
         match case {

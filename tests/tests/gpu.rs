@@ -68,8 +68,13 @@ fn suite_processes() {
 
 #[test]
 fn mismatches_fail_every_rank() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_writer(std::io::stderr)
+        .try_init();
     for n in counts().into_iter().filter(|&n| n >= 2) {
         for case in 0..3u32 {
+            eprintln!("mismatch case {case}, {n} ranks: start");
             let spec = WorldSpec::Local { nranks: n };
             let t = Instant::now();
             let res =

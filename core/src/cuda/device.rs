@@ -20,9 +20,40 @@ use crate::Rank;
 /// Free-list granularity: allocations are rounded up to this many bytes.
 const GRANULE: usize = 512;
 
+/// Free CUDA events of one device (creating one costs a driver call).
+type EventPool = Arc<Mutex<Vec<CudaEvent>>>;
+
+/// A CUDA event that goes back to its device's pool when dropped.
+#[derive(Debug)]
+pub(crate) struct PooledEvent {
+    ev: Option<CudaEvent>,
+    pool: EventPool,
+}
+
+impl std::ops::Deref for PooledEvent {
+    type Target = CudaEvent;
+    fn deref(&self) -> &CudaEvent {
+        // Always Some until drop.
+        self.ev
+            .as_ref()
+            .unwrap_or_else(|| unreachable!("event taken before drop"))
+    }
+}
+
+impl Drop for PooledEvent {
+    fn drop(&mut self) {
+        if let Some(ev) = self.ev.take() {
+            let mut p = self.pool.lock().unwrap_or_else(|p| p.into_inner());
+            if p.len() < 1024 {
+                p.push(ev);
+            }
+        }
+    }
+}
+
 /// A point in a CUDA stream; complete once the stream's work before it ran.
 #[derive(Debug, Clone)]
-pub struct GpuEvent(pub(crate) Arc<CudaEvent>);
+pub struct GpuEvent(pub(crate) Arc<PooledEvent>);
 
 impl GpuEvent {
     /// Whether the work before the event has completed.
@@ -36,7 +67,7 @@ impl GpuEvent {
     }
 
     /// The cudarc event.
-    pub fn cuda(&self) -> &Arc<CudaEvent> {
+    pub fn cuda(&self) -> &CudaEvent {
         &self.0
     }
 }
@@ -58,6 +89,7 @@ pub struct Gpu {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
     free: Mutex<FreeList>,
+    events: EventPool,
     /// Most bytes kept in the free list; beyond it frees go to the driver.
     keep_bytes: usize,
 }
@@ -101,6 +133,7 @@ impl Gpu {
             ctx,
             stream,
             free: Mutex::new(FreeList::default()),
+            events: Arc::new(Mutex::new(Vec::new())),
             keep_bytes: total / 4,
         }))
     }
@@ -160,14 +193,22 @@ impl Gpu {
         self.ctx.bind_to_thread().on(self.rank, "cuCtxSetCurrent")
     }
 
-    /// Records an event on `stream` (timing disabled: cheaper).
+    /// Records an event on `stream` (timing disabled: cheaper; events are
+    /// pooled).
     pub fn record(&self, stream: &CudaStream) -> Result<GpuEvent, CudaError> {
-        let ev = self
-            .ctx
-            .new_event(Some(CUevent_flags::CU_EVENT_DISABLE_TIMING))
-            .on(self.rank, "cuEventCreate")?;
+        let pooled = self.events.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        let ev = match pooled {
+            Some(ev) => ev,
+            None => self
+                .ctx
+                .new_event(Some(CUevent_flags::CU_EVENT_DISABLE_TIMING))
+                .on(self.rank, "cuEventCreate")?,
+        };
         ev.record(stream).on(self.rank, "cuEventRecord")?;
-        Ok(GpuEvent(Arc::new(ev)))
+        Ok(GpuEvent(Arc::new(PooledEvent {
+            ev: Some(ev),
+            pool: self.events.clone(),
+        })))
     }
 
     /// Takes `len` bytes (rounded up to the granule) from the free list or

@@ -53,6 +53,8 @@ use crate::{Buffer, Rank};
 const SPIN: Duration = Duration::from_micros(500);
 /// How often pending work checks for failures.
 const CHECK_EVERY: Duration = Duration::from_millis(1);
+/// How long dropping the last handle waits for the thread to finish.
+const EXIT_WAIT: Duration = Duration::from_secs(10);
 
 /// Element types NCCL moves and reduces.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -322,7 +324,7 @@ struct Shared {
     nranks: u32,
     gpu: Arc<Gpu>,
     thread: Mutex<Option<std::thread::Thread>>,
-    join: Mutex<Option<std::thread::JoinHandle<()>>>,
+    exited: Mutex<Option<mpsc::Receiver<()>>>,
 }
 
 impl Shared {
@@ -342,20 +344,34 @@ impl Shared {
 }
 
 impl Drop for Shared {
-    /// The last handle is gone: close the channel and wait for the thread
-    /// to finish its work and destroy the communicator, so that no NCCL or
-    /// CUDA call runs while the process exits.
+    /// The last handle is gone: close the channel and wait (at most
+    /// `EXIT_WAIT`) for the thread to finish its work and destroy the
+    /// communicator, so that no NCCL or CUDA call runs while the process
+    /// exits.
     fn drop(&mut self) {
         self.tx.get_mut().unwrap_or_else(|p| p.into_inner()).take();
-        let join = self
-            .join
+        let exited = self
+            .exited
             .get_mut()
             .unwrap_or_else(|p| p.into_inner())
             .take();
-        if let Some(j) = join {
-            j.thread().unpark();
-            if j.thread().id() != std::thread::current().id() {
-                let _ = j.join();
+        if let Some(t) = self
+            .thread
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+        {
+            if t.id() == std::thread::current().id() {
+                return;
+            }
+            t.unpark();
+        }
+        if let Some(rx) = exited {
+            if rx.recv_timeout(EXIT_WAIT).is_err() {
+                tracing::warn!(
+                    rank = self.rank,
+                    "NCCL thread did not exit in {EXIT_WAIT:?}"
+                );
             }
         }
     }
@@ -521,6 +537,7 @@ impl NcclComm {
         let id = nsys::ncclUniqueId { internal };
 
         let (tx, rx) = mpsc::channel();
+        let (exited_tx, exited_rx) = mpsc::channel::<()>();
         let shared = Arc::new(Shared {
             tx: Mutex::new(Some(tx)),
             next_seq: AtomicU64::new(0),
@@ -528,19 +545,21 @@ impl NcclComm {
             nranks,
             gpu: gpu.clone(),
             thread: Mutex::new(None),
-            join: Mutex::new(None),
+            exited: Mutex::new(Some(exited_rx)),
         });
         let (init_tx, init_rx) = oneshot::channel();
         let host = comm.clone();
         let handle = std::thread::Builder::new()
             .name(format!("braid-nccl-{rank}"))
-            .spawn(move || serve(gpu, rank, nranks, id, rx, host, init_tx))
+            .spawn(move || {
+                serve(gpu, rank, nranks, id, rx, host, init_tx);
+                let _ = exited_tx.send(());
+            })
             .map_err(|e| CudaError::Invalid {
                 rank,
                 detail: format!("cannot start the NCCL thread: {e}"),
             })?;
         *shared.thread.lock().unwrap_or_else(|p| p.into_inner()) = Some(handle.thread().clone());
-        *shared.join.lock().unwrap_or_else(|p| p.into_inner()) = Some(handle);
         // Wait for ncclCommInitRank, watching the host communicator: a rank
         // that died before joining would otherwise leave us waiting.
         let mut init_rx = init_rx;
@@ -698,6 +717,11 @@ fn serve(
             }
         }
         if let Some(why) = &aborted {
+            tracing::debug!(
+                rank,
+                pending = pending.len(),
+                "aborting NCCL communicator: {why}"
+            );
             // SAFETY: abort is the documented way out of hung operations.
             unsafe {
                 let _ = nsys::ncclCommAbort(comm);
@@ -711,11 +735,13 @@ fn serve(
                 }
             }
             // Answer everything else that arrives, until every handle is gone.
+            tracing::debug!(rank, "NCCL communicator aborted");
             while let Ok(m) = rx.recv() {
                 if let Msg::Run(_, r) = m {
                     fail(r.reply, why);
                 }
             }
+            tracing::debug!(rank, "NCCL thread exits after abort");
             return;
         }
         // 3. Run queued requests in call order.
