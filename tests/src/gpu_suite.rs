@@ -476,6 +476,23 @@ pub async fn run(ctx: Context, seed: u64) -> R<String> {
     Ok(format!("gpu ok {checks}"))
 }
 
+/// The device shuffle under a device memory limit far below what it holds:
+/// chunks spill to host and come back intact. Returns the bytes spilled.
+pub async fn shuffle_spill(ctx: Context, seed: u64) -> R<u64> {
+    let gpu = Gpu::for_rank(ctx.rank()).map_err(e)?;
+    let dc = DeviceComm::new(&ctx, gpu).await.map_err(e)?;
+    let before = ctx.statistics().spilled_bytes();
+    check_shuffle(&dc, seed, 900).await?;
+    let spilled = ctx.statistics().spilled_bytes() - before;
+    ensure(spilled > 0, || {
+        format!(
+            "rank {}: nothing spilled under the device limit",
+            ctx.rank()
+        )
+    })?;
+    Ok(spilled)
+}
+
 /// Mismatched calls: every rank must fail (no data), in bounded time.
 pub async fn mismatch(ctx: Context, case: u32) -> R<()> {
     let gpu = Gpu::for_rank(ctx.rank()).map_err(e)?;

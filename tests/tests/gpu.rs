@@ -15,7 +15,10 @@ use braid_tests::{RANK_COUNTS, gpu_suite, runtime};
 fn counts() -> Vec<u32> {
     let g = Gpu::count() as u32;
     if g == 0 {
-        eprintln!("skipped: no CUDA device on this host");
+        // Straight to stderr: the harness does not capture this, so the
+        // skip shows in a normal `cargo test` run.
+        use std::io::Write;
+        let _ = writeln!(std::io::stderr(), "gpu tests skipped: no CUDA device on this host");
     }
     RANK_COUNTS.iter().copied().filter(|&n| n <= g).collect()
 }
@@ -99,5 +102,27 @@ fn mismatches_fail_every_rank() {
                 t.elapsed()
             );
         }
+    }
+}
+
+#[test]
+fn shuffle_spills_over_the_device_limit() {
+    for n in counts() {
+        let spec = WorldSpec::Local { nranks: n };
+        let limits = MemoryLimits {
+            device: Some(256 << 10),
+            host: None,
+        };
+        let res = braid_core::run_world(&spec, limits, move |ctx| async move {
+            gpu_suite::shuffle_spill(ctx, 31).await.map_err(Into::into)
+        })
+        .unwrap_or_else(|e| panic!("{n} ranks: {e}"));
+        for (r, spilled) in &res {
+            assert!(*spilled > 0, "rank {r} spilled nothing");
+        }
+        eprintln!(
+            "shuffle under a 256 KiB device limit, {n} ranks: spilled {:?}",
+            res
+        );
     }
 }

@@ -6,11 +6,12 @@
 //! - `raw`: K NCCL calls enqueued back to back on the NCCL thread, timed
 //!   with CUDA events (what nccl-tests reports).
 //! - `raw sync`: each raw call followed by a stream synchronise, timed on
-//!   the host (the latency a caller that waits for each result sees).
+//!   the host (the latency a caller that waits for each result sees);
+//!   the median over calls.
 //! - `braid`: K calls of the core API started back to back, then all
 //!   awaited (pipelined, comparable to `raw`).
 //! - `braid await`: each call awaited before the next (the streaming
-//!   wrapper; comparable to `raw sync`).
+//!   wrapper; comparable to `raw sync`); the median over calls.
 //!
 //! busbw follows nccl-tests: algbw = size / time; allreduce x 2(n-1)/n;
 //! allgather, reduce_scatter, alltoall(v) x (n-1)/n; broadcast, sendrecv,
@@ -65,6 +66,12 @@ struct Point {
     raw_sync: f64,
     braid: f64,
     braid_await: f64,
+}
+
+/// The median of per-call times (robust against the odd descheduled call).
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
 }
 
 fn bus_factor(coll: &str, n: usize) -> f64 {
@@ -181,12 +188,14 @@ async fn raw(
             end.record(w.stream()).map_err(drv)?;
             end.synchronize().map_err(drv)?;
             let ms = start.elapsed_ms(&end).map_err(drv)? as f64;
-            let t = Instant::now();
+            let mut per = Vec::with_capacity(iters);
             for _ in 0..iters {
+                let t = Instant::now();
                 raw_call(coll, w, i, o, il, ol)?;
                 w.stream().synchronize().map_err(drv)?;
+                per.push(t.elapsed().as_secs_f64() * 1e6);
             }
-            let sync_us = t.elapsed().as_secs_f64() * 1e6 / iters as f64;
+            let sync_us = median(per);
             *out2.lock().unwrap_or_else(|p| p.into_inner()) = (ms * 1e3 / iters as f64, sync_us);
             Ok(())
         },
@@ -313,12 +322,15 @@ async fn braid(
         for pass in 0..2 {
             let t = Instant::now();
             let mut hs = Vec::new();
+            let mut per = Vec::with_capacity(iters);
             for _ in 0..iters {
                 if pass == 1 {
                     // The streaming wrapper, each round awaited.
+                    let t1 = Instant::now();
                     DeviceHaloExchange::new(dc)
                         .exchange(Some(input), Some(input))
                         .await?;
+                    per.push(t1.elapsed().as_secs_f64() * 1e6);
                     continue;
                 }
                 let ev = Event::new();
@@ -338,7 +350,7 @@ async fn braid(
             if pass == 0 {
                 t_await = us;
             } else {
-                return Ok((t_await, us));
+                return Ok((t_await, median(per)));
             }
         }
         return Ok((t_await, t_await));
@@ -370,11 +382,13 @@ async fn braid(
     // Outputs go back to the pool outside the timed region.
     let mut out = done.pop().ok_or("no output")?;
     drop(done);
-    let t = Instant::now();
+    let mut per = Vec::with_capacity(iters);
     for _ in 0..iters {
+        let t = Instant::now();
         out = await_one(dc, coll, input, out).await?;
+        per.push(t.elapsed().as_secs_f64() * 1e6);
     }
-    let awaited = t.elapsed().as_secs_f64() * 1e6 / iters as f64;
+    let awaited = median(per);
     Ok((piped, awaited))
 }
 
@@ -408,14 +422,16 @@ async fn ipc_braid(
         braid_core::cuda::ipc::wait_event(&ev).await;
     }
     let piped = t.elapsed().as_secs_f64() * 1e6 / iters as f64;
-    let t = Instant::now();
+    let mut per = Vec::with_capacity(iters);
     for _ in 0..iters {
+        let t = Instant::now();
         out = ipc
             .sendrecv(Some((input, right)), Some((out, left)))
             .await?
             .ok_or("no output")?;
+        per.push(t.elapsed().as_secs_f64() * 1e6);
     }
-    let awaited = t.elapsed().as_secs_f64() * 1e6 / iters as f64;
+    let awaited = median(per);
     Ok((piped, awaited))
 }
 
@@ -519,7 +535,7 @@ pub fn run(a: GpuArgs) -> Result<(), BoxError> {
         if a.no_checks { "off" } else { "on" }
     );
     println!(
-        "times in us per call (max over ranks); busbw in GB/s; ratio = braid busbw / raw busbw; added = braid await - raw sync"
+        "times in us per call (max over ranks; raw sync and braid await are medians of single calls); busbw in GB/s; ratio = braid busbw / raw busbw; added = braid await - raw sync"
     );
     println!(
         "{:<15} {:>9} {:>10} {:>10} {:>10} {:>11} {:>9} {:>9} {:>7} {:>8}",
