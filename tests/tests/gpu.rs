@@ -18,9 +18,28 @@ fn counts() -> Vec<u32> {
         // Straight to stderr: the harness does not capture this, so the
         // skip shows in a normal `cargo test` run.
         use std::io::Write;
-        let _ = writeln!(std::io::stderr(), "gpu tests skipped: no CUDA device on this host");
+        let _ = writeln!(
+            std::io::stderr(),
+            "gpu tests skipped: no CUDA device on this host"
+        );
     }
     RANK_COUNTS.iter().copied().filter(|&n| n <= g).collect()
+}
+
+/// A fresh seed per run (`BRAID_TEST_SEED` repeats one); printed so that a
+/// failure can be reproduced.
+fn seed() -> u64 {
+    let s = std::env::var("BRAID_TEST_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(1)
+        });
+    eprintln!("seed {s} (BRAID_TEST_SEED={s} repeats this run)");
+    s
 }
 
 fn worker() -> String {
@@ -31,10 +50,11 @@ fn worker() -> String {
 #[test]
 fn suite_threads() {
     for n in counts() {
+        let seed = seed();
         let spec = WorldSpec::Local { nranks: n };
         let t = Instant::now();
         let res = braid_core::run_world(&spec, MemoryLimits::UNLIMITED, move |ctx| async move {
-            gpu_suite::run(ctx, 7 + n as u64).await.map_err(Into::into)
+            gpu_suite::run(ctx, seed).await.map_err(Into::into)
         })
         .unwrap_or_else(|e| panic!("{n} ranks as threads: {e}"));
         for (r, line) in &res {
@@ -49,11 +69,7 @@ fn suite_threads() {
 fn suite_processes() {
     let rt = runtime();
     for n in counts() {
-        let mut spec = LaunchSpec::new(
-            n,
-            worker(),
-            vec!["gpu".into(), (20 + n as u64).to_string().into()],
-        );
+        let mut spec = LaunchSpec::new(n, worker(), vec!["gpu".into(), seed().to_string().into()]);
         spec.output = OutputMode::Captured;
         let t = Instant::now();
         let report = rt
@@ -108,13 +124,16 @@ fn mismatches_fail_every_rank() {
 #[test]
 fn shuffle_spills_over_the_device_limit() {
     for n in counts() {
+        let seed = seed();
         let spec = WorldSpec::Local { nranks: n };
         let limits = MemoryLimits {
             device: Some(256 << 10),
             host: None,
         };
         let res = braid_core::run_world(&spec, limits, move |ctx| async move {
-            gpu_suite::shuffle_spill(ctx, 31).await.map_err(Into::into)
+            gpu_suite::shuffle_spill(ctx, seed)
+                .await
+                .map_err(Into::into)
         })
         .unwrap_or_else(|e| panic!("{n} ranks: {e}"));
         for (r, spilled) in &res {

@@ -8,8 +8,8 @@
 //! - `raw sync`: each raw call followed by a stream synchronise, timed on
 //!   the host (the latency a caller that waits for each result sees);
 //!   the median over calls.
-//! - `braid`: K calls of the core API started back to back, then all
-//!   awaited (pipelined, comparable to `raw`).
+//! - `braid`: K calls of the core API, up to 4 in flight, each output
+//!   reused once its call completes (pipelined, comparable to `raw`).
 //! - `braid await`: each call awaited before the next (the streaming
 //!   wrapper; comparable to `raw sync`); the median over calls.
 //!
@@ -359,29 +359,37 @@ async fn braid(
     let out = DeviceBuffer::alloc(&gpu, outlen)?;
     let w = start_one(dc, coll, input, out, None);
     tokio::task::block_in_place(|| w.wait())?;
-    // Pipelined.
-    let outs: Vec<DeviceBuffer> = (0..iters)
+    // Pipelined: up to WINDOW calls in flight, outputs recycled as calls
+    // complete (the pattern of a streaming producer; bounded memory).
+    const WINDOW: usize = 4;
+    let mut free: Vec<DeviceBuffer> = (0..WINDOW.min(iters))
         .map(|_| DeviceBuffer::alloc(&gpu, outlen))
         .collect::<Result<_, _>>()?;
     let t = Instant::now();
-    let mut hs = Vec::with_capacity(iters);
-    for out in outs {
+    let mut inflight = std::collections::VecDeque::with_capacity(WINDOW);
+    for _ in 0..iters {
+        let out = match free.pop() {
+            Some(o) => o,
+            None => {
+                let (ev, h): (Event, Started) = inflight.pop_front().ok_or("window empty")?;
+                ev.wait().await;
+                h.take()?
+            }
+        };
         let ev = Event::new();
         let e2 = ev.clone();
-        hs.push((
+        inflight.push_back((
             ev,
             start_one(dc, coll, input, out, Some(Box::new(move || e2.set()))),
         ));
     }
-    let mut done = Vec::with_capacity(iters);
-    for (ev, h) in hs {
+    for (ev, h) in inflight {
         ev.wait().await;
-        done.push(h.take()?);
+        free.push(h.take()?);
     }
     let piped = t.elapsed().as_secs_f64() * 1e6 / iters as f64;
-    // Outputs go back to the pool outside the timed region.
-    let mut out = done.pop().ok_or("no output")?;
-    drop(done);
+    let mut out = free.pop().ok_or("no output")?;
+    drop(free);
     let mut per = Vec::with_capacity(iters);
     for _ in 0..iters {
         let t = Instant::now();
