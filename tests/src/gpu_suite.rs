@@ -307,7 +307,32 @@ async fn check_halo(dc: &DeviceComm, seed: u64, t: u64) -> R<u64> {
             })?;
         }
     }
-    Ok(1)
+    // The sized round: receive buffers of the known lengths, poisoned.
+    let fl = if me > 0 {
+        Some(poisoned(&gpu, size(me - 1, 1))?)
+    } else {
+        None
+    };
+    let fr = if me + 1 < n {
+        Some(poisoned(&gpu, size(me + 1, 0))?)
+    } else {
+        None
+    };
+    let h = DeviceHaloExchange::new(dc)
+        .exchange_sized(l.as_ref(), r.as_ref(), fl, fr)
+        .await
+        .map_err(e)?;
+    if let Some(b) = h.from_left {
+        ensure(b.to_host().map_err(e)? == expect(me - 1, 1), || {
+            format!("rank {me}: sized halo from the left differs")
+        })?;
+    }
+    if let Some(b) = h.from_right {
+        ensure(b.to_host().map_err(e)? == expect(me + 1, 0), || {
+            format!("rank {me}: sized halo from the right differs")
+        })?;
+    }
+    Ok(2)
 }
 
 async fn check_shuffle(dc: &DeviceComm, seed: u64, t: u64) -> R<u64> {

@@ -273,4 +273,123 @@ impl DeviceHaloExchange {
     ) -> Result<DeviceHalo, CollError> {
         streaming(|cb| self.start(to_left, to_right, cb)).await
     }
+
+    /// Core of the sized round: the caller knows how much each neighbour
+    /// sends and passes receive buffers of those lengths (`None` where the
+    /// neighbour does not exist), so no size round is needed and the round
+    /// costs what a SendRecv costs. With checks on, the lengths are
+    /// verified against the neighbours' over the host, alongside.
+    pub fn start_sized(
+        self,
+        to_left: Option<&DeviceBuffer>,
+        to_right: Option<&DeviceBuffer>,
+        from_left: Option<DeviceBuffer>,
+        from_right: Option<DeviceBuffer>,
+        callback: Option<Callback>,
+    ) -> Handle<DeviceHalo> {
+        let DeviceHaloExchange { dc, site } = self;
+        let me = dc.rank();
+        let n = dc.nranks();
+        let left = me.checked_sub(1);
+        let right = (me + 1 < n).then_some(me + 1);
+        let bufs = to_left.iter().chain(to_right.iter()).copied();
+        let valid = (|| {
+            for b in bufs.chain(from_left.iter()).chain(from_right.iter()) {
+                same_gpu(&dc, &site, b)?;
+            }
+            if from_left.is_some() != left.is_some() || from_right.is_some() != right.is_some() {
+                return Err(site.invalid(
+                    "receive buffers must be given exactly for the neighbours that exist",
+                ));
+            }
+            Ok(())
+        })();
+        if let Err(e) = valid {
+            return failed(&dc, site, e, callback);
+        }
+        let mut waits: Vec<GpuEvent> = Vec::new();
+        let mut keep: Vec<KeepAlive> = Vec::new();
+        let mut sends = Vec::new();
+        for (b, nb) in [(to_left, left), (to_right, right)] {
+            if let Some(p) = nb {
+                let len = b.map_or(0, |b| b.len());
+                if let Some(b) = b {
+                    waits.extend(b.ready().cloned());
+                    keep.push(b.keep_alive());
+                }
+                sends.push((b.map_or(0, |b| b.ptr()), len, p));
+            }
+        }
+        let mut recvs = Vec::new();
+        for (b, nb) in [(&from_left, left), (&from_right, right)] {
+            if let (Some(b), Some(p)) = (b, nb) {
+                waits.extend(b.ready().cloned());
+                recvs.push((b.ptr(), b.len(), p));
+            }
+        }
+        let (s2, r2) = (sends.clone(), recvs.clone());
+        let work = move |w: &braid_core::cuda::NcclWork<'_>| {
+            w.group(|w| {
+                for &(ptr, len, p) in s2.iter().filter(|s| s.1 > 0) {
+                    w.send(ptr, len, nccl_dtype(DType::Bytes), p)?;
+                }
+                for &(ptr, len, p) in r2.iter().filter(|r| r.1 > 0) {
+                    w.recv(ptr, len, nccl_dtype(DType::Bytes), p)?;
+                }
+                Ok(())
+            })
+        };
+        let comm = dc.ctx().comm().clone();
+        let check = (dc.checks == Checks::Agree && n > 1).then_some(async move {
+            let tag = Tag::new(site.op, 1);
+            let sent: Vec<_> = sends
+                .iter()
+                .map(|&(_, len, p)| comm.send(p, tag, u64_msg(len as u64)))
+                .collect();
+            for &(_, len, p) in &recvs {
+                let m = comm.recv(p, tag).await.map_err(|e| site.comm(e))?;
+                let theirs = read_u64(&site, p, &m)?;
+                if theirs != len as u64 {
+                    return Err(site.mismatch(
+                        p,
+                        format!("rank {p} sends {theirs} bytes, the receive buffer has {len}"),
+                    ));
+                }
+            }
+            for f in sent {
+                f.await.map_err(|e| site.comm(e))?;
+            }
+            Ok(())
+        });
+        run_with(
+            &dc,
+            site,
+            check,
+            waits,
+            keep,
+            work,
+            move |ev| {
+                let mut h = DeviceHalo {
+                    from_left,
+                    from_right,
+                };
+                for b in [&mut h.from_left, &mut h.from_right].into_iter().flatten() {
+                    b.set_ready(ev.clone());
+                }
+                h
+            },
+            callback,
+        )
+    }
+
+    /// Runs a sized round (see [`DeviceHaloExchange::start_sized`]).
+    pub async fn exchange_sized(
+        self,
+        to_left: Option<&DeviceBuffer>,
+        to_right: Option<&DeviceBuffer>,
+        from_left: Option<DeviceBuffer>,
+        from_right: Option<DeviceBuffer>,
+    ) -> Result<DeviceHalo, CollError> {
+        streaming(|cb| self.start_sized(to_left, to_right, from_left, from_right, cb)).await
+    }
 }

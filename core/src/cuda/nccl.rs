@@ -31,7 +31,7 @@ use std::any::Any;
 use std::collections::{BTreeMap, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::task::{Context as TaskContext, Poll};
@@ -126,6 +126,58 @@ pub struct NcclWork<'a> {
     stream: &'a Arc<CudaStream>,
     rank: Rank,
     nranks: u32,
+    watch: Watch<'a>,
+}
+
+/// What a wait for NCCL watches so that it can give up: the abort flag
+/// (set by `NcclComm::abort` from any thread) and the host communicator.
+#[derive(Clone, Copy)]
+struct Watch<'a> {
+    flag: &'a AtomicBool,
+    host: &'a dyn Communicator,
+    rank: Rank,
+}
+
+impl Watch<'_> {
+    /// Polls the (non-blocking) communicator until its pending call has
+    /// settled: `Ok` once it has, an error if it failed or if the job is
+    /// aborting meanwhile (the caller then aborts the communicator).
+    fn settle(&self, comm: nsys::ncclComm_t, call: &'static str) -> Result<(), CudaError> {
+        let mut last_check = Instant::now();
+        loop {
+            let mut st = nsys::ncclResult_t::ncclSuccess;
+            // SAFETY: a live communicator and an out-parameter.
+            let r = unsafe { nsys::ncclCommGetAsyncError(comm, &mut st) };
+            if r != nsys::ncclResult_t::ncclSuccess {
+                st = r;
+            }
+            match st {
+                nsys::ncclResult_t::ncclSuccess => return Ok(()),
+                nsys::ncclResult_t::ncclInProgress => {}
+                e => {
+                    return Err(CudaError::Nccl {
+                        rank: self.rank,
+                        call,
+                        detail: format!("{e:?}"),
+                    });
+                }
+            }
+            if self.flag.load(Ordering::Acquire) {
+                return Err(CudaError::Nccl {
+                    rank: self.rank,
+                    call,
+                    detail: "aborted while the call was in progress".into(),
+                });
+            }
+            if last_check.elapsed() >= CHECK_EVERY {
+                last_check = Instant::now();
+                if let Some(e) = self.host.failure() {
+                    return Err(e.into());
+                }
+            }
+            std::thread::yield_now();
+        }
+    }
 }
 
 type NcclResult = Result<nres::NcclStatus, nres::NcclError>;
@@ -150,9 +202,14 @@ impl NcclWork<'_> {
         self.stream.cu_stream() as nsys::cudaStream_t
     }
 
+    /// Maps a call's result; a call left in progress (non-blocking
+    /// communicator) is waited for until it settles.
     fn check(&self, call: &'static str, r: NcclResult) -> Result<(), CudaError> {
-        r.map(|_| ())
-            .map_err(|e| CudaError::nccl(self.rank, call, e))
+        match r {
+            Ok(nres::NcclStatus::InProgress) => self.watch.settle(self.comm, call),
+            Ok(_) => Ok(()),
+            Err(e) => Err(CudaError::nccl(self.rank, call, e)),
+        }
     }
 
     /// `ncclAllReduce`.
@@ -325,6 +382,8 @@ struct Shared {
     gpu: Arc<Gpu>,
     thread: Mutex<Option<std::thread::Thread>>,
     exited: Mutex<Option<mpsc::Receiver<()>>>,
+    /// Set by `abort`: a call waiting for NCCL gives up.
+    flag: Arc<AtomicBool>,
 }
 
 impl Shared {
@@ -538,6 +597,7 @@ impl NcclComm {
 
         let (tx, rx) = mpsc::channel();
         let (exited_tx, exited_rx) = mpsc::channel::<()>();
+        let flag = Arc::new(AtomicBool::new(false));
         let shared = Arc::new(Shared {
             tx: Mutex::new(Some(tx)),
             next_seq: AtomicU64::new(0),
@@ -546,13 +606,15 @@ impl NcclComm {
             gpu: gpu.clone(),
             thread: Mutex::new(None),
             exited: Mutex::new(Some(exited_rx)),
+            flag: flag.clone(),
         });
         let (init_tx, init_rx) = oneshot::channel();
         let host = comm.clone();
+        let thread_flag = flag.clone();
         let handle = std::thread::Builder::new()
             .name(format!("braid-nccl-{rank}"))
             .spawn(move || {
-                serve(gpu, rank, nranks, id, rx, host, init_tx);
+                serve(gpu, rank, nranks, id, rx, host, init_tx, thread_flag);
                 let _ = exited_tx.send(());
             })
             .map_err(|e| CudaError::Invalid {
@@ -617,6 +679,7 @@ impl NcclComm {
 
     /// Aborts the communicator: pending and later requests fail.
     pub fn abort(&self, reason: &str) {
+        self.shared.flag.store(true, Ordering::Release);
         self.shared.send(Msg::Abort(reason.to_string()));
     }
 }
@@ -627,7 +690,39 @@ struct Pending {
     _keep: Vec<KeepAlive>,
 }
 
+/// A non-blocking communicator's configuration (NCCL_CONFIG_INITIALIZER
+/// with `blocking = 0`), laid out as NCCL 2.28 expects: calls return at
+/// once and are polled, so that an abort can always interrupt a wait.
+fn nonblocking_config() -> nsys::ncclConfig_t {
+    const UNDEF: i32 = i32::MIN;
+    // SAFETY: a plain C struct of integers and pointers; every field is
+    // set below.
+    let mut c: nsys::ncclConfig_t = unsafe { std::mem::zeroed() };
+    c.size = std::mem::offset_of!(nsys::ncclConfig_t, graphUsageMode);
+    c.magic = 0xcafe_beef;
+    c.version = 22800;
+    c.blocking = 0;
+    c.cgaClusterSize = UNDEF;
+    c.minCTAs = UNDEF;
+    c.maxCTAs = UNDEF;
+    c.netName = std::ptr::null();
+    c.splitShare = UNDEF;
+    c.trafficClass = UNDEF;
+    c.commName = std::ptr::null();
+    c.collnetEnable = UNDEF;
+    c.CTAPolicy = UNDEF;
+    c.shrinkShare = UNDEF;
+    c.nvlsCTAs = UNDEF;
+    c.nChannelsPerNetPeer = UNDEF;
+    c.nvlinkCentricSched = UNDEF;
+    c.graphUsageMode = UNDEF;
+    c.numRmaCtx = UNDEF;
+    c.maxP2pPeers = UNDEF;
+    c
+}
+
 /// The NCCL thread.
+#[allow(clippy::too_many_arguments)]
 fn serve(
     gpu: Arc<Gpu>,
     rank: Rank,
@@ -636,31 +731,56 @@ fn serve(
     rx: mpsc::Receiver<Msg>,
     host: Arc<dyn Communicator>,
     init: oneshot::Sender<Result<(), CudaError>>,
+    flag: Arc<AtomicBool>,
 ) {
-    let setup = (|| -> Result<(nsys::ncclComm_t, Arc<CudaStream>), CudaError> {
+    let watch = Watch {
+        flag: &flag,
+        host: host.as_ref(),
+        rank,
+    };
+    let mut comm: nsys::ncclComm_t = std::ptr::null_mut();
+    let setup = (|| -> Result<Arc<CudaStream>, CudaError> {
         gpu.bind()?;
         let stream = gpu.new_stream()?;
-        let mut comm: nsys::ncclComm_t = std::ptr::null_mut();
-        // SAFETY: `comm` is written by NCCL; every rank joins with the same id.
-        unsafe { nres::comm_init_rank(&mut comm, nranks as i32, id, rank as i32) }
-            .map_err(|e| CudaError::nccl(rank, "ncclCommInitRank", e))?;
-        Ok((comm, stream))
+        let mut cfg = nonblocking_config();
+        // SAFETY: `comm` is written by NCCL; every rank joins with the same
+        // id; `cfg` is a complete configuration.
+        let r = unsafe {
+            nsys::ncclCommInitRankConfig(&mut comm, nranks as i32, id, rank as i32, &mut cfg)
+        };
+        match r {
+            nsys::ncclResult_t::ncclSuccess => {}
+            nsys::ncclResult_t::ncclInProgress => watch.settle(comm, "ncclCommInitRankConfig")?,
+            e => {
+                return Err(CudaError::Nccl {
+                    rank,
+                    call: "ncclCommInitRankConfig",
+                    detail: format!("{e:?}"),
+                });
+            }
+        }
+        Ok(stream)
     })();
     let (comm, stream) = match setup {
-        Ok(x) => {
-            let _ = init.send(Ok(()));
-            x
-        }
+        Ok(stream) => (comm, stream),
         Err(e) => {
+            if !comm.is_null() {
+                // SAFETY: abort frees a communicator whose init failed.
+                unsafe {
+                    let _ = nsys::ncclCommAbort(comm);
+                }
+            }
             let _ = init.send(Err(e));
             return;
         }
     };
+    let _ = init.send(Ok(()));
     let work = NcclWork {
         comm,
         stream: &stream,
         rank,
         nranks,
+        watch,
     };
     let mut queued: BTreeMap<u64, Option<Request>> = BTreeMap::new();
     let mut next = 0u64;
@@ -745,7 +865,10 @@ fn serve(
             return;
         }
         // 3. Run queued requests in call order.
-        while let Some(entry) = queued.remove(&next) {
+        while aborted.is_none() {
+            let Some(entry) = queued.remove(&next) else {
+                break;
+            };
             next += 1;
             let Some(req) = entry else { continue };
             let r = (|| -> Result<GpuEvent, CudaError> {
@@ -765,7 +888,14 @@ fn serve(
                     reply: req.reply,
                     _keep: req.keep,
                 }),
-                Err(e) => req.reply.send(Err(e)),
+                Err(e) => {
+                    // A failed NCCL call leaves the communicator unusable;
+                    // everything after it fails the same way.
+                    if !matches!(e, CudaError::Invalid { .. }) && aborted.is_none() {
+                        aborted = Some(e.to_string());
+                    }
+                    req.reply.send(Err(e));
+                }
             }
             last_activity = Instant::now();
         }

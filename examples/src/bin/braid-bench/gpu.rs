@@ -44,11 +44,11 @@ pub struct GpuArgs {
     #[arg(long, default_value_t = 4)]
     step: usize,
     /// Collectives: allreduce, allgather, reduce_scatter, broadcast,
-    /// alltoall, alltoallv, sendrecv, halo, ipc.
+    /// alltoall, alltoallv, sendrecv, halo, halo_sized, ipc.
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "allreduce,allgather,reduce_scatter,broadcast,alltoall,alltoallv,sendrecv,halo,ipc"
+        default_value = "allreduce,allgather,reduce_scatter,broadcast,alltoall,alltoallv,sendrecv,halo,halo_sized,ipc"
     )]
     colls: Vec<String>,
     /// Bytes moved per point (bounds the iteration count).
@@ -132,7 +132,7 @@ fn raw_call(
             w.send(input, inlen, NcclDType::U8, right)?;
             w.recv(output, outlen, NcclDType::U8, left)
         }),
-        "halo" => w.group(|w| {
+        "halo" | "halo_sized" => w.group(|w| {
             if me > 0 {
                 w.send(input, inlen, NcclDType::U8, me - 1)?;
                 w.recv(output, outlen, NcclDType::U8, me - 1)?;
@@ -277,6 +277,78 @@ fn start_one(
     }
 }
 
+/// Halo rounds with both neighbours, `input` to each: pipelined (up to 4
+/// rounds in flight, receive buffers recycled) and awaited one by one.
+/// `sized`: receive sizes are known (no size round).
+async fn halo(
+    dc: &DeviceComm,
+    sized: bool,
+    input: &DeviceBuffer,
+    iters: usize,
+) -> Result<(f64, f64), BoxError> {
+    const WINDOW: usize = 4;
+    let gpu = dc.gpu().clone();
+    let me = dc.rank();
+    let n = dc.nranks();
+    let bufs = |cond: bool| -> Result<Option<DeviceBuffer>, BoxError> {
+        Ok(if cond {
+            Some(DeviceBuffer::alloc(&gpu, input.len())?)
+        } else {
+            None
+        })
+    };
+    let start = |recv: (Option<DeviceBuffer>, Option<DeviceBuffer>), cb| {
+        let x = DeviceHaloExchange::new(dc);
+        if sized {
+            x.start_sized(Some(input), Some(input), recv.0, recv.1, cb)
+        } else {
+            x.start(Some(input), Some(input), cb)
+        }
+    };
+    let mut free: Vec<(Option<DeviceBuffer>, Option<DeviceBuffer>)> = (0..WINDOW)
+        .map(|_| Ok((bufs(me > 0)?, bufs(me + 1 < n)?)))
+        .collect::<Result<_, BoxError>>()?;
+    let t = Instant::now();
+    let mut inflight = std::collections::VecDeque::with_capacity(WINDOW);
+    for _ in 0..iters {
+        let recv = match free.pop() {
+            Some(r) => r,
+            None => {
+                let (ev, h): (Event, Handle<braid_coll::device::DeviceHalo>) =
+                    inflight.pop_front().ok_or("window empty")?;
+                ev.wait().await;
+                let h = h.take()?;
+                (h.from_left, h.from_right)
+            }
+        };
+        let ev = Event::new();
+        let e2 = ev.clone();
+        inflight.push_back((ev, start(recv, Some(Box::new(move || e2.set())))));
+    }
+    for (ev, h) in inflight {
+        ev.wait().await;
+        let h = h.take()?;
+        free.push((h.from_left, h.from_right));
+    }
+    let piped = t.elapsed().as_secs_f64() * 1e6 / iters as f64;
+    let mut recv = free.pop().ok_or("no buffers")?;
+    drop(free);
+    let mut per = Vec::with_capacity(iters);
+    for _ in 0..iters {
+        let t = Instant::now();
+        let x = DeviceHaloExchange::new(dc);
+        let h = if sized {
+            x.exchange_sized(Some(input), Some(input), recv.0, recv.1)
+                .await?
+        } else {
+            x.exchange(Some(input), Some(input)).await?
+        };
+        per.push(t.elapsed().as_secs_f64() * 1e6);
+        recv = (h.from_left, h.from_right);
+    }
+    Ok((piped, median(per)))
+}
+
 /// One braid call through its streaming wrapper.
 async fn await_one(
     dc: &DeviceComm,
@@ -317,43 +389,8 @@ async fn braid(
     iters: usize,
 ) -> Result<(f64, f64), BoxError> {
     let gpu = dc.gpu().clone();
-    if coll == "halo" {
-        let mut t_await = 0.0;
-        for pass in 0..2 {
-            let t = Instant::now();
-            let mut hs = Vec::new();
-            let mut per = Vec::with_capacity(iters);
-            for _ in 0..iters {
-                if pass == 1 {
-                    // The streaming wrapper, each round awaited.
-                    let t1 = Instant::now();
-                    DeviceHaloExchange::new(dc)
-                        .exchange(Some(input), Some(input))
-                        .await?;
-                    per.push(t1.elapsed().as_secs_f64() * 1e6);
-                    continue;
-                }
-                let ev = Event::new();
-                let e2 = ev.clone();
-                let h = DeviceHaloExchange::new(dc).start(
-                    Some(input),
-                    Some(input),
-                    Some(Box::new(move || e2.set())),
-                );
-                hs.push((ev, h));
-            }
-            for (ev, h) in hs {
-                ev.wait().await;
-                h.take()?;
-            }
-            let us = t.elapsed().as_secs_f64() * 1e6 / iters as f64;
-            if pass == 0 {
-                t_await = us;
-            } else {
-                return Ok((t_await, median(per)));
-            }
-        }
-        return Ok((t_await, t_await));
+    if coll == "halo" || coll == "halo_sized" {
+        return halo(dc, coll == "halo_sized", input, iters).await;
     }
     // Warm-up.
     let out = DeviceBuffer::alloc(&gpu, outlen)?;
@@ -449,7 +486,7 @@ pub fn run(a: GpuArgs) -> Result<(), BoxError> {
         .colls
         .iter()
         .map(|c| -> Result<&'static str, BoxError> {
-            const ALL: [&str; 9] = [
+            const ALL: [&str; 10] = [
                 "allreduce",
                 "allgather",
                 "reduce_scatter",
@@ -458,6 +495,7 @@ pub fn run(a: GpuArgs) -> Result<(), BoxError> {
                 "alltoallv",
                 "sendrecv",
                 "halo",
+                "halo_sized",
                 "ipc",
             ];
             ALL.iter()
