@@ -11,7 +11,7 @@ use braid_coll::device::{
 };
 use braid_coll::{DType, Element, PartitionOwner, ReduceKind};
 use braid_core::cuda::ipc::IpcSendRecv;
-use braid_core::cuda::{DeviceBuffer, Gpu};
+use braid_core::cuda::{DeviceBuffer, Gpu, NcclMode};
 use braid_core::{Context, Rank};
 
 use crate::coll_suite::{TestValue, input};
@@ -519,12 +519,15 @@ pub async fn shuffle_spill(ctx: Context, seed: u64) -> R<u64> {
 }
 
 /// Mismatched calls: every rank must fail (no data), in bounded time.
-pub async fn mismatch(ctx: Context, case: u32) -> R<()> {
+pub async fn mismatch(ctx: Context, case: u32, mode: NcclMode) -> R<()> {
     let gpu = Gpu::for_rank(ctx.rank()).map_err(e)?;
-    let dc = tokio::time::timeout(Duration::from_secs(60), DeviceComm::new(&ctx, gpu.clone()))
-        .await
-        .map_err(|_| "timed out creating the NCCL communicator")?
-        .map_err(e)?;
+    let dc = tokio::time::timeout(
+        Duration::from_secs(60),
+        DeviceComm::new_with(&ctx, gpu.clone(), mode),
+    )
+    .await
+    .map_err(|_| "timed out creating the NCCL communicator")?
+    .map_err(e)?;
     let me = ctx.rank();
     let fut = async {
         match case {

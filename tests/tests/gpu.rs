@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use braid_core::cuda::Gpu;
+use braid_core::cuda::{Gpu, NcclMode};
 use braid_core::launch::{LaunchSpec, OutputMode, launch};
 use braid_core::{MemoryLimits, WorldSpec};
 use braid_tests::{RANK_COUNTS, gpu_suite, runtime};
@@ -92,31 +92,35 @@ fn mismatches_fail_every_rank() {
         .with_writer(std::io::stderr)
         .try_init();
     for n in counts().into_iter().filter(|&n| n >= 2) {
-        for case in 0..3u32 {
-            eprintln!("mismatch case {case}, {n} ranks: start");
-            let spec = WorldSpec::Local { nranks: n };
-            let t = Instant::now();
-            let res =
-                braid_core::run_world(&spec, MemoryLimits::UNLIMITED, move |ctx| async move {
-                    gpu_suite::mismatch(ctx, case).await.map_err(Into::into)
-                });
-            let err = match res {
-                Ok(_) => panic!("case {case}, {n} ranks: mismatched calls succeeded"),
-                Err(e) => e.to_string(),
-            };
-            assert!(
-                err.contains("does not match") || err.contains("aborted"),
-                "case {case}, {n} ranks: unclear error: {err}"
-            );
-            assert!(
-                t.elapsed() < Duration::from_secs(60),
-                "case {case}: took {:?}",
-                t.elapsed()
-            );
-            eprintln!(
-                "mismatch case {case}, {n} ranks: failed in {:?}: {err}",
-                t.elapsed()
-            );
+        for mode in [NcclMode::Blocking, NcclMode::NonBlocking] {
+            for case in 0..3u32 {
+                eprintln!("mismatch case {case}, {n} ranks, {mode:?}: start");
+                let spec = WorldSpec::Local { nranks: n };
+                let t = Instant::now();
+                let res =
+                    braid_core::run_world(&spec, MemoryLimits::UNLIMITED, move |ctx| async move {
+                        gpu_suite::mismatch(ctx, case, mode)
+                            .await
+                            .map_err(Into::into)
+                    });
+                let err = match res {
+                    Ok(_) => panic!("case {case}, {n} ranks, {mode:?}: mismatched calls succeeded"),
+                    Err(e) => e.to_string(),
+                };
+                assert!(
+                    err.contains("does not match") || err.contains("aborted"),
+                    "case {case}, {n} ranks, {mode:?}: unclear error: {err}"
+                );
+                assert!(
+                    t.elapsed() < Duration::from_secs(60),
+                    "case {case}, {mode:?}: took {:?}",
+                    t.elapsed()
+                );
+                eprintln!(
+                    "mismatch case {case}, {n} ranks, {mode:?}: failed in {:?}: {err}",
+                    t.elapsed()
+                );
+            }
         }
     }
 }

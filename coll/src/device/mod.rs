@@ -37,8 +37,8 @@ use std::sync::{Arc, Mutex};
 
 use braid_core::Context;
 use braid_core::cuda::{
-    Completion, CudaError, DeviceBuffer, Gpu, GpuEvent, KeepAlive, NcclComm, NcclDType, NcclOp,
-    NcclWork,
+    Completion, CudaError, DeviceBuffer, Gpu, GpuEvent, KeepAlive, NcclComm, NcclDType, NcclMode,
+    NcclOp, NcclWork,
 };
 use braid_kernels::{DType, ReduceKind};
 
@@ -76,7 +76,16 @@ impl DeviceComm {
     /// Collective over `ctx`: creates the NCCL communicator on `gpu` (the
     /// unique id travels over the host communicator).
     pub async fn new(ctx: &Context, gpu: Arc<Gpu>) -> Result<DeviceComm, CudaError> {
-        let nccl = NcclComm::init(ctx, gpu).await?;
+        Self::new_with(ctx, gpu, NcclMode::default()).await
+    }
+
+    /// Like [`DeviceComm::new`], with the NCCL communicator in `mode`.
+    pub async fn new_with(
+        ctx: &Context,
+        gpu: Arc<Gpu>,
+        mode: NcclMode,
+    ) -> Result<DeviceComm, CudaError> {
+        let nccl = NcclComm::init_with(ctx, gpu, mode).await?;
         Ok(DeviceComm {
             ctx: ctx.clone(),
             nccl,

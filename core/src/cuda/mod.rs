@@ -22,7 +22,9 @@ mod nccl;
 pub use buffer::{DeviceBuffer, Resident};
 pub use device::{Gpu, GpuEvent};
 pub use error::CudaError;
-pub use nccl::{Completion, KeepAlive, NcclComm, NcclDType, NcclOp, NcclWork, OnDone, Slot};
+pub use nccl::{
+    Completion, KeepAlive, NcclComm, NcclDType, NcclMode, NcclOp, NcclWork, OnDone, Slot,
+};
 
 /// Re-export of cudarc, so that downstream crates use the same version.
 pub use cudarc;

@@ -557,6 +557,15 @@ impl NcclComm {
     /// Rank 0 makes the NCCL unique id and sends it over the host
     /// communicator; each rank then initialises NCCL on a new thread.
     pub async fn init(ctx: &Context, gpu: Arc<Gpu>) -> Result<NcclComm, CudaError> {
+        Self::init_with(ctx, gpu, NcclMode::default()).await
+    }
+
+    /// Like [`NcclComm::init`], in the given mode.
+    pub async fn init_with(
+        ctx: &Context,
+        gpu: Arc<Gpu>,
+        mode: NcclMode,
+    ) -> Result<NcclComm, CudaError> {
         let rank = ctx.rank();
         let nranks = ctx.nranks();
         let comm = ctx.comm().clone();
@@ -614,7 +623,7 @@ impl NcclComm {
         let handle = std::thread::Builder::new()
             .name(format!("braid-nccl-{rank}"))
             .spawn(move || {
-                serve(gpu, rank, nranks, id, rx, host, init_tx, thread_flag);
+                serve(gpu, rank, nranks, id, rx, host, init_tx, thread_flag, mode);
                 let _ = exited_tx.send(());
             })
             .map_err(|e| CudaError::Invalid {
@@ -690,10 +699,56 @@ struct Pending {
     _keep: Vec<KeepAlive>,
 }
 
-/// A non-blocking communicator's configuration (NCCL_CONFIG_INITIALIZER
-/// with `blocking = 0`), laid out as NCCL 2.28 expects: calls return at
-/// once and are polled, so that an abort can always interrupt a wait.
-fn nonblocking_config() -> nsys::ncclConfig_t {
+/// How the NCCL communicator's calls behave on the host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum NcclMode {
+    /// Calls return once their work is enqueued (NCCL's default; the
+    /// fastest: about 10 us per small collective on NVLink). Connections
+    /// to every peer are set up by a warm-up right after init, so a later
+    /// call never waits on the host for a peer: a mismatched call hangs on
+    /// the GPU only, where `ncclCommAbort` ends it. A rank that dies before
+    /// joining init is noticed through the host communicator, but the init
+    /// call itself cannot be interrupted.
+    #[default]
+    Blocking,
+    /// Every call returns at once and is polled (`blocking = 0`): any wait
+    /// can be interrupted, init included. NCCL launches through a
+    /// background thread in this mode, which costs tens of microseconds
+    /// per call.
+    NonBlocking,
+}
+
+/// Sets up the connections every later call uses (ring and tree for the
+/// collectives, point-to-point with every peer), so that no call made
+/// later blocks the host waiting for a peer.
+fn warm_up(w: &NcclWork<'_>, gpu: &Arc<Gpu>) -> Result<(), CudaError> {
+    let n = w.nranks();
+    let big = 4 << 20;
+    // Two disjoint regions: `a` (big bytes) and `b` (big bytes).
+    let buf = super::DeviceBuffer::alloc(gpu, 2 * big)?;
+    let (a, b) = (buf.ptr(), buf.ptr() + big as u64);
+    for count in [8usize, big] {
+        w.all_reduce(a, a, count / 4, NcclDType::F32, NcclOp::Sum)?;
+        w.broadcast(a, a, count, NcclDType::U8, 0)?;
+    }
+    let per = big / n as usize / 4 * 4;
+    w.all_gather(b, a, per, NcclDType::U8)?;
+    w.reduce_scatter(a, b, per / 4, NcclDType::F32, NcclOp::Sum)?;
+    w.group(|w| {
+        for p in 0..n {
+            w.send(a, 64, NcclDType::U8, p)?;
+            w.recv(b, 64, NcclDType::U8, p)?;
+        }
+        Ok(())
+    })?;
+    w.stream()
+        .synchronize()
+        .map_err(|e| CudaError::driver(w.rank(), "cuStreamSynchronize", e))
+}
+
+/// The communicator's configuration (NCCL_CONFIG_INITIALIZER with the
+/// mode's `blocking`), laid out as NCCL 2.28 expects.
+fn config(mode: NcclMode) -> nsys::ncclConfig_t {
     const UNDEF: i32 = i32::MIN;
     // SAFETY: a plain C struct of integers and pointers; every field is
     // set below.
@@ -701,7 +756,7 @@ fn nonblocking_config() -> nsys::ncclConfig_t {
     c.size = std::mem::offset_of!(nsys::ncclConfig_t, graphUsageMode);
     c.magic = 0xcafe_beef;
     c.version = 22800;
-    c.blocking = 0;
+    c.blocking = i32::from(mode == NcclMode::Blocking);
     c.cgaClusterSize = UNDEF;
     c.minCTAs = UNDEF;
     c.maxCTAs = UNDEF;
@@ -732,6 +787,7 @@ fn serve(
     host: Arc<dyn Communicator>,
     init: oneshot::Sender<Result<(), CudaError>>,
     flag: Arc<AtomicBool>,
+    mode: NcclMode,
 ) {
     let watch = Watch {
         flag: &flag,
@@ -742,7 +798,7 @@ fn serve(
     let setup = (|| -> Result<Arc<CudaStream>, CudaError> {
         gpu.bind()?;
         let stream = gpu.new_stream()?;
-        let mut cfg = nonblocking_config();
+        let mut cfg = config(mode);
         // SAFETY: `comm` is written by NCCL; every rank joins with the same
         // id; `cfg` is a complete configuration.
         let r = unsafe {
@@ -774,7 +830,6 @@ fn serve(
             return;
         }
     };
-    let _ = init.send(Ok(()));
     let work = NcclWork {
         comm,
         stream: &stream,
@@ -782,6 +837,17 @@ fn serve(
         nranks,
         watch,
     };
+    if mode == NcclMode::Blocking {
+        if let Err(e) = warm_up(&work, &gpu) {
+            // SAFETY: abort frees a communicator that cannot be used.
+            unsafe {
+                let _ = nsys::ncclCommAbort(comm);
+            }
+            let _ = init.send(Err(e));
+            return;
+        }
+    }
+    let _ = init.send(Ok(()));
     let mut queued: BTreeMap<u64, Option<Request>> = BTreeMap::new();
     let mut next = 0u64;
     let mut pending: VecDeque<Pending> = VecDeque::new();

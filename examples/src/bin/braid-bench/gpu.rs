@@ -25,7 +25,7 @@ use braid_coll::device::{self as dev, Checks, DeviceAllToAllv, DeviceComm, Devic
 use braid_coll::{DType, Handle, ReduceKind};
 use braid_core::cuda::cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT;
 use braid_core::cuda::ipc::IpcSendRecv;
-use braid_core::cuda::{CudaError, DeviceBuffer, Gpu, NcclDType, NcclOp, NcclWork};
+use braid_core::cuda::{CudaError, DeviceBuffer, Gpu, NcclDType, NcclMode, NcclOp, NcclWork};
 use braid_core::{BoxError, Context, Event, MemoryLimits};
 use braid_examples::{JobArgs, JobOutcome, run_job, size_name};
 
@@ -57,6 +57,9 @@ pub struct GpuArgs {
     /// Skip the host agreement checks (`Checks::Off`).
     #[arg(long)]
     no_checks: bool,
+    /// Use a non-blocking NCCL communicator (`NcclMode::NonBlocking`).
+    #[arg(long)]
+    nonblocking: bool,
 }
 
 /// One measured point (microseconds per call).
@@ -511,6 +514,11 @@ pub fn run(a: GpuArgs) -> Result<(), BoxError> {
         s = s.saturating_mul(a.step.max(2));
     }
     let budget = a.bytes_per_point;
+    let mode = if a.nonblocking {
+        NcclMode::NonBlocking
+    } else {
+        NcclMode::Blocking
+    };
     let checks = if a.no_checks {
         Checks::Off
     } else {
@@ -523,7 +531,7 @@ pub fn run(a: GpuArgs) -> Result<(), BoxError> {
         async move {
             let n = ctx.nranks() as usize;
             let gpu = Gpu::for_rank(ctx.rank())?;
-            let dc = DeviceComm::new(&ctx, gpu.clone())
+            let dc = DeviceComm::new_with(&ctx, gpu.clone(), mode)
                 .await?
                 .with_checks(checks);
             let mut ipc = IpcSendRecv::new(&ctx, gpu.clone()).await?;
@@ -576,9 +584,14 @@ pub fn run(a: GpuArgs) -> Result<(), BoxError> {
     }
     let n = a.job.ranks as usize;
     println!(
-        "braid-bench gpu: {n} ranks ({:?} backend), {name}, {gpus} GPU(s) visible; checks {}",
+        "braid-bench gpu: {n} ranks ({:?} backend), {name}, {gpus} GPU(s) visible; checks {}; NCCL {:?}",
         a.job.backend,
-        if a.no_checks { "off" } else { "on" }
+        if a.no_checks { "off" } else { "on" },
+        if a.nonblocking {
+            NcclMode::NonBlocking
+        } else {
+            NcclMode::Blocking
+        }
     );
     println!(
         "times in us per call (max over ranks; raw sync and braid await are medians of single calls); busbw in GB/s; ratio = braid busbw / raw busbw; added = braid await - raw sync"
