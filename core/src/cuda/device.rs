@@ -28,6 +28,8 @@ type EventPool = Arc<Mutex<Vec<CudaEvent>>>;
 pub(crate) struct PooledEvent {
     ev: Option<CudaEvent>,
     pool: EventPool,
+    /// Seen complete once: later checks need no driver call.
+    done: std::sync::atomic::AtomicBool,
 }
 
 impl std::ops::Deref for PooledEvent {
@@ -56,9 +58,32 @@ impl Drop for PooledEvent {
 pub struct GpuEvent(pub(crate) Arc<PooledEvent>);
 
 impl GpuEvent {
-    /// Whether the work before the event has completed.
+    /// Whether the work before the event has completed (remembered once
+    /// seen, so repeated checks of a completed event cost nothing).
     pub fn is_complete(&self) -> bool {
-        self.0.is_complete()
+        use std::sync::atomic::Ordering;
+        if self.0.done.load(Ordering::Acquire) {
+            return true;
+        }
+        let c = self.0.is_complete();
+        if c {
+            self.0.done.store(true, Ordering::Release);
+        }
+        c
+    }
+
+    /// Whether the work has completed, as a `Result` (a failed query is a
+    /// CUDA error, not "pending").
+    pub fn try_is_complete(&self, rank: Rank) -> Result<bool, CudaError> {
+        use std::sync::atomic::Ordering;
+        if self.0.done.load(Ordering::Acquire) {
+            return Ok(true);
+        }
+        let c = self.0.try_is_complete().on(rank, "cuEventQuery")?;
+        if c {
+            self.0.done.store(true, Ordering::Release);
+        }
+        Ok(c)
     }
 
     /// Blocks the calling thread until the event completes.
@@ -208,6 +233,7 @@ impl Gpu {
         Ok(GpuEvent(Arc::new(PooledEvent {
             ev: Some(ev),
             pool: self.events.clone(),
+            done: std::sync::atomic::AtomicBool::new(false),
         })))
     }
 

@@ -967,7 +967,7 @@ fn serve(
         }
         // 4. Answer completed work (one stream: completes in order).
         while let Some(p) = pending.front() {
-            match p.event.0.try_is_complete() {
+            match p.event.try_is_complete(rank) {
                 Ok(true) => {
                     if let Some(p) = pending.pop_front() {
                         p.reply.send(Ok(p.event));
@@ -976,7 +976,7 @@ fn serve(
                 }
                 Ok(false) => break,
                 Err(e) => {
-                    aborted = Some(CudaError::driver(rank, "cuEventQuery", e).to_string());
+                    aborted = Some(e.to_string());
                     break;
                 }
             }
