@@ -200,13 +200,9 @@ pub(crate) async fn streaming_spin<T: Send + 'static>(
     let e2 = ev.clone();
     let h = start(Some(Box::new(move || e2.set())));
     let t = Instant::now();
-    // A short pure spin first (the completion usually lands within it and
-    // a yield costs a pass through the scheduler), then yielding polls,
-    // then sleep on the event.
-    let hot = spin.min(std::time::Duration::from_micros(50));
-    while !ev.is_set() && t.elapsed() < hot {
-        std::hint::spin_loop();
-    }
+    // Yielding polls, then sleep on the event. (No pure spin: it would
+    // hold this worker, and a task spawned from it, such as the call's own
+    // check, waits in the worker's LIFO slot until the spin ends.)
     while !ev.is_set() {
         if t.elapsed() > spin {
             ev.wait().await;
