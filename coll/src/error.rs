@@ -236,6 +236,7 @@ impl Site {
         }
     }
 
+    #[cfg(feature = "cuda")]
     pub fn device(&self, e: impl std::fmt::Display) -> CollError {
         CollError::Device {
             rank: self.rank,

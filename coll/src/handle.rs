@@ -129,6 +129,7 @@ where
     }
 }
 
+#[cfg(feature = "cuda")]
 /// Completes a handle made by [`manual`] from wherever the work finishes
 /// (a callback on another thread, say), without a task of its own.
 pub(crate) struct Finisher<T> {
@@ -139,6 +140,7 @@ pub(crate) struct Finisher<T> {
     started: Instant,
 }
 
+#[cfg(feature = "cuda")]
 impl<T> Finisher<T> {
     /// Records the statistics, aborts the job on an error that requires it,
     /// stores the result, runs the callback and sets the handle's event.
@@ -159,6 +161,7 @@ impl<T> Finisher<T> {
     }
 }
 
+#[cfg(feature = "cuda")]
 /// A handle whose completion is driven by hand through its `Finisher`.
 pub(crate) fn manual<T>(
     ctx: &Context,
@@ -187,6 +190,7 @@ pub(crate) fn manual<T>(
     )
 }
 
+#[cfg(feature = "cuda")]
 /// Like [`streaming`], but the awaiting task keeps polling (yielding to
 /// other tasks) for up to `spin` before it sleeps on the event: a wake-up
 /// from another thread costs a parked worker several microseconds, which

@@ -374,6 +374,71 @@ pub(crate) async fn agree(
     Ok((lo, hi))
 }
 
+/// First stage of the gather rounds (round k uses `GATHER_STAGE + k`).
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub(crate) const GATHER_STAGE: u8 = 224;
+
+/// Every rank learns every rank's `mine` (a few words each): Bruck-style
+/// dissemination, round k sends everything known so far to rank - 2^k and
+/// receives from rank + 2^k. Cost: ceil(log2 N) rounds; the messages carry
+/// up to N entries, so use it for small per-rank data (counts, flags).
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub(crate) async fn gather_all(
+    comm: &dyn Communicator,
+    site: Site,
+    mine: Vec<u64>,
+) -> Result<Vec<Vec<u64>>, CollError> {
+    let n = comm.nranks();
+    let me = site.rank;
+    let mut known: Vec<Option<Vec<u64>>> = vec![None; n as usize];
+    known[me as usize] = Some(mine);
+    let mut dist = 1u32;
+    let mut round = 0u8;
+    while dist < n {
+        let tag = Tag::new(site.op, GATHER_STAGE + round);
+        let mut body = Vec::new();
+        for (r, v) in known.iter().enumerate() {
+            if let Some(v) = v {
+                body.extend_from_slice(&(r as u64).to_le_bytes());
+                body.extend_from_slice(&(v.len() as u64).to_le_bytes());
+                for w in v {
+                    body.extend_from_slice(&w.to_le_bytes());
+                }
+            }
+        }
+        let send = comm.send((me + n - dist) % n, tag, Buffer::from_vec(body));
+        let src = (me + dist) % n;
+        let got = comm.recv(src, tag).await.map_err(|e| site.comm(e))?;
+        send.await.map_err(|e| site.comm(e))?;
+        let words: Vec<u64> = got
+            .as_slice()
+            .chunks(8)
+            .map(|c| {
+                let mut x = [0u8; 8];
+                x[..c.len()].copy_from_slice(c);
+                u64::from_le_bytes(x)
+            })
+            .collect();
+        let mut i = 0;
+        while i + 2 <= words.len() {
+            let (r, len) = (words[i] as usize, words[i + 1] as usize);
+            let end = i + 2 + len;
+            if r >= n as usize || end > words.len() {
+                return Err(site.mismatch(src, "malformed gather message"));
+            }
+            known[r].get_or_insert_with(|| words[i + 2..end].to_vec());
+            i = end;
+        }
+        dist *= 2;
+        round += 1;
+    }
+    known
+        .into_iter()
+        .enumerate()
+        .map(|(r, v)| v.ok_or_else(|| site.mismatch(r as Rank, "no entry gathered")))
+        .collect()
+}
+
 /// Checks that every rank made this call with the same signature; if not,
 /// every rank fails with a mismatch (no rank returns data). Runs alongside
 /// the collective's own messages.
@@ -412,4 +477,46 @@ pub(crate) async fn check_signature(
         format!("ranks pass different counts ({} and {})", lo[1], hi[1])
     };
     Err(site.disagreement(detail))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+    use braid_core::OpId;
+    use braid_core::comm::local::LocalComm;
+
+    /// Every rank learns every rank's words, for every rank count.
+    #[test]
+    fn gather_all_gives_every_rank_everything() {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        for n in [1u32, 2, 3, 4, 5, 8] {
+            let comms = LocalComm::world(n);
+            let want: Vec<Vec<u64>> = (0..n as u64)
+                .map(|r| (0..r % 3 + 1).map(|i| r * 1000 + i).collect())
+                .collect();
+            let tasks: Vec<_> = comms
+                .into_iter()
+                .map(|c| {
+                    let mine = want[c.rank() as usize].clone();
+                    rt.spawn(async move {
+                        let site = Site {
+                            rank: c.rank(),
+                            coll: CollKind::AllToAll,
+                            op: OpId(7),
+                        };
+                        gather_all(&c, site, mine).await
+                    })
+                })
+                .collect();
+            for t in tasks {
+                let got = rt.block_on(t).unwrap().unwrap();
+                assert_eq!(got, want, "{n} ranks");
+            }
+        }
+    }
 }

@@ -2,21 +2,22 @@
 //! validated against the buffers before anything is enqueued, then one
 //! group of `ncclSend`/`ncclRecv` (NCCL has no AllToAllv).
 //!
-//! With checks on, each rank also tells every peer how much it sends to and
-//! expects from it (one 16-byte host message per peer) and all ranks agree
-//! on whether every pair matched; a mismatch aborts NCCL and fails every
-//! rank instead of leaving a receive waiting for bytes that never come.
+//! With checks on, every rank gathers every rank's send and receive counts
+//! over the host (ceil(log2 N) rounds of small messages, alongside the NCCL
+//! work) and checks every pair; all ranks see the same counts, so all reach
+//! the same verdict. A mismatch aborts NCCL and fails every rank instead of
+//! leaving a receive waiting for bytes that never come.
 
 use std::sync::Arc;
 
+use braid_core::Communicator;
 use braid_core::cuda::DeviceBuffer;
-use braid_core::{Buffer, Communicator, Tag};
 use braid_kernels::DType;
 
 use super::{Checks, DeviceComm, failed, nccl_dtype, run_with, same_gpu, streaming};
 use crate::error::{CollError, CollKind, Site};
 use crate::handle::{Callback, Handle};
-use crate::wire::agree;
+use crate::wire::gather_all;
 
 /// Per-peer byte counts and offsets of one AllToAllv.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -88,53 +89,41 @@ impl DeviceAllToAllv {
     }
 }
 
-/// Checks every pair's counts with the peers; all ranks agree on the
-/// outcome.
+/// Checks every pair's counts: every rank gathers every rank's send and
+/// receive counts (one dissemination, ceil(log2 N) rounds), so every rank
+/// sees the same matrix and reaches the same verdict without a second
+/// round.
 async fn pair_check(
     comm: Arc<dyn Communicator>,
     site: Site,
     send: Vec<usize>,
     recv: Vec<usize>,
 ) -> Result<(), CollError> {
-    let me = site.rank;
-    let n = comm.nranks();
-    let tag = Tag::new(site.op, 1);
-    let mut sends = Vec::new();
-    for p in (0..n).filter(|&p| p != me) {
-        let mut b = Vec::with_capacity(16);
-        b.extend_from_slice(&(send[p as usize] as u64).to_le_bytes());
-        b.extend_from_slice(&(recv[p as usize] as u64).to_le_bytes());
-        sends.push(comm.send(p, tag, Buffer::from_vec(b)));
-    }
-    let mut bad: Option<CollError> = None;
-    for q in (0..n).filter(|&q| q != me) {
-        let m = comm.recv(q, tag).await.map_err(|e| site.comm(e))?;
-        let b = m.as_slice();
-        if b.len() != 16 {
-            bad.get_or_insert(site.mismatch(q, "malformed count message"));
-            continue;
-        }
-        let w = |i: usize| u64::from_le_bytes(b[i * 8..i * 8 + 8].try_into().unwrap_or([0; 8]));
-        let (they_send, they_recv) = (w(0), w(1));
-        if they_send != recv[q as usize] as u64 || they_recv != send[q as usize] as u64 {
-            bad.get_or_insert(site.mismatch(
-                q,
-                format!(
-                    "rank {q} sends {they_send} and expects {they_recv} bytes; this rank expects {} and sends {}",
-                    recv[q as usize], send[q as usize]
-                ),
+    let n = send.len();
+    let mine: Vec<u64> = send.iter().chain(recv.iter()).map(|&c| c as u64).collect();
+    let all = gather_all(comm.as_ref(), site, mine).await?;
+    for (p, row) in all.iter().enumerate() {
+        if row.len() != 2 * n {
+            return Err(site.mismatch(
+                p as u32,
+                format!("rank {p} passed counts for {} ranks", row.len() / 2),
             ));
         }
     }
-    for s in sends {
-        s.await.map_err(|e| site.comm(e))?;
-    }
-    let (_, hi) = agree(comm.as_ref(), site, [u64::from(bad.is_some()), 0]).await?;
-    if let Some(e) = bad {
-        return Err(e);
-    }
-    if hi[0] != 0 {
-        return Err(site.disagreement("AllToAllv counts of other ranks disagree"));
+    for (p, row) in all.iter().enumerate() {
+        for (q, theirs) in all.iter().enumerate() {
+            let (sent, expected) = (row[q], theirs[n + p]);
+            if sent != expected {
+                let detail =
+                    format!("rank {p} sends {sent} bytes to rank {q}, which expects {expected}");
+                let me = site.rank as usize;
+                return Err(if p == me {
+                    site.mismatch(q as u32, detail)
+                } else {
+                    site.mismatch(p as u32, detail)
+                });
+            }
+        }
     }
     Ok(())
 }

@@ -13,5 +13,6 @@ mod resource;
 
 pub use buffer::{Buffer, MemoryType};
 pub use pool::BufferPool;
+#[cfg(feature = "cuda")]
 pub(crate) use resource::Charge;
 pub use resource::{BufferResource, MemoryLimits, Reservation};
