@@ -4,7 +4,11 @@
 //!   (sum, prod, min, max, user-supplied) over them.
 //! - [`mod@rolling`]: rolling time-window aggregations (sum, mean, min, max,
 //!   count, std, var) in one O(n) pass over a sorted group.
+//! - [`gpu`] (feature `cuda`): NVRTC-compiled GPU kernels (gather, hash
+//!   partition, order keys, radix sort).
 
+#[cfg(feature = "cuda")]
+pub mod gpu;
 pub mod reduce;
 pub mod rolling;
 

@@ -13,6 +13,8 @@ use braid_tests::{RANK_COUNTS, gpu_suite, runtime};
 
 /// Rank counts this host can run, one rank per GPU.
 fn counts() -> Vec<u32> {
+    // Every device allocation starts poisoned: unwritten outputs show.
+    braid_core::cuda::poison_new_allocations(true);
     let g = Gpu::count() as u32;
     if g == 0 {
         // Straight to stderr: the harness does not capture this, so the

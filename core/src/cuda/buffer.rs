@@ -18,6 +18,25 @@ use super::device::{Gpu, GpuEvent};
 use super::error::{CudaError, DriverResult};
 use crate::memory::{Buffer, MemoryType, Reservation};
 
+/// The byte new allocations are filled with when `BRAID_POISON_DEVICE` is
+/// set: tests set it so that an output a kernel or collective leaves
+/// unwritten shows up as wrong values, not as stale right ones.
+pub const POISON: u8 = 0xA5;
+
+static POISON_ON: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Fills every new device allocation with [`POISON`] from now on (tests
+/// call it; `BRAID_POISON_DEVICE=1` does the same for a whole process).
+pub fn poison_new_allocations(on: bool) {
+    POISON_ON.store(on, std::sync::atomic::Ordering::Relaxed);
+}
+
+fn poison_enabled() -> bool {
+    static ENV: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    POISON_ON.load(std::sync::atomic::Ordering::Relaxed)
+        || *ENV.get_or_init(|| std::env::var_os("BRAID_POISON_DEVICE").is_some_and(|v| v != "0"))
+}
+
 /// One allocation; back to its `Gpu`'s free list on drop.
 struct DeviceMem {
     gpu: Arc<Gpu>,
@@ -93,7 +112,7 @@ impl DeviceBuffer {
         charge: Option<Arc<crate::memory::Charge>>,
     ) -> Result<DeviceBuffer, CudaError> {
         let (ptr, size, last_use) = gpu.take(len)?;
-        Ok(DeviceBuffer {
+        let mut b = DeviceBuffer {
             mem: Arc::new(DeviceMem {
                 gpu: gpu.clone(),
                 ptr,
@@ -103,7 +122,11 @@ impl DeviceBuffer {
             }),
             len,
             ready: last_use,
-        })
+        };
+        if poison_enabled() {
+            b.fill(POISON)?;
+        }
+        Ok(b)
     }
 
     /// A device copy of host bytes (returns once the copy is done).

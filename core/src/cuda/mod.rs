@@ -19,7 +19,7 @@ mod error;
 pub mod ipc;
 mod nccl;
 
-pub use buffer::{DeviceBuffer, Resident};
+pub use buffer::{DeviceBuffer, POISON, Resident, poison_new_allocations};
 pub use device::{Gpu, GpuEvent};
 pub use error::CudaError;
 pub use nccl::{

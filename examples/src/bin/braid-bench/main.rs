@@ -14,6 +14,8 @@ mod coll;
 mod comm;
 #[cfg(feature = "cuda")]
 mod gpu;
+#[cfg(feature = "cuda")]
+mod gpu_sort;
 #[cfg(feature = "mpi")]
 mod mpi;
 mod rolling;
@@ -41,6 +43,9 @@ enum What {
     /// Device collectives vs raw NCCL, 1 KiB to 1 GiB (feature cuda).
     #[cfg(feature = "cuda")]
     Gpu(gpu::GpuArgs),
+    /// GPU radix sort of 100M i64 keys (feature cuda; compare bench/torch_sort.py).
+    #[cfg(feature = "cuda")]
+    GpuSort(gpu_sort::GpuSortArgs),
     /// braid's mpi backend vs raw MPI (feature mpi).
     #[cfg(feature = "mpi")]
     Mpi(mpi::MpiArgs),
@@ -59,6 +64,8 @@ fn main() -> ExitCode {
         What::Rolling(a) => rolling::run(a),
         #[cfg(feature = "cuda")]
         What::Gpu(a) => gpu::run(a),
+        #[cfg(feature = "cuda")]
+        What::GpuSort(a) => gpu_sort::run(a),
         #[cfg(feature = "mpi")]
         What::Mpi(a) => mpi::run(a),
         #[cfg(feature = "mpi")]

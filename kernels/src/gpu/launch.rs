@@ -1,0 +1,167 @@
+//! The compiled module cache and launch helpers.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use braid_core::cuda::cudarc::driver::{CudaFunction, CudaModule, LaunchConfig};
+use braid_core::cuda::cudarc::nvrtc::{CompileOptions, compile_ptx_with_opts};
+use braid_core::cuda::{CudaError, Gpu};
+
+/// The CUDA C source of every kernel.
+const SOURCE: &str = include_str!("kernels.cu");
+
+/// Failures of compiling or launching kernels.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum KernelError {
+    /// NVRTC could not compile the kernels (or is not installed).
+    #[error("rank {rank}: compiling GPU kernels failed: {detail}")]
+    Compile {
+        /// The rank.
+        rank: u32,
+        /// NVRTC's log.
+        detail: String,
+    },
+    /// A CUDA call failed.
+    #[error(transparent)]
+    Cuda(#[from] CudaError),
+    /// Bad arguments; nothing was launched.
+    #[error("rank {rank}: {kernel}: {detail}")]
+    Invalid {
+        /// The rank.
+        rank: u32,
+        /// The kernel.
+        kernel: &'static str,
+        /// What is wrong.
+        detail: String,
+    },
+}
+
+/// The kernels compiled for one device.
+pub struct Kernels {
+    _module: Arc<CudaModule>,
+    funcs: HashMap<&'static str, CudaFunction>,
+}
+
+/// Every kernel entry point in `kernels.cu`.
+const ENTRY_POINTS: &[&str] = &[
+    "gather_u8",
+    "gather_u32",
+    "gather_u64",
+    "hash_partition_i64",
+    "order_key_i64",
+    "order_key_f64",
+    "radix_histogram",
+    "radix_scan",
+    "radix_scatter",
+    "iota_u32",
+];
+
+type Cache = Mutex<HashMap<usize, Arc<Kernels>>>;
+
+fn cache() -> &'static Cache {
+    static CACHE: OnceLock<Cache> = OnceLock::new();
+    CACHE.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+impl Kernels {
+    /// The kernels for `gpu`'s device, compiled on first use (NVRTC) and
+    /// cached for the life of the process.
+    pub fn get(gpu: &Gpu) -> Result<Arc<Kernels>, KernelError> {
+        let ordinal = gpu.ordinal();
+        if let Some(k) = cache()
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&ordinal)
+        {
+            return Ok(k.clone());
+        }
+        let rank = gpu.rank();
+        // SAFETY: only probes whether the library can be loaded.
+        if !unsafe { braid_core::cuda::cudarc::nvrtc::sys::is_culib_present() } {
+            return Err(KernelError::Compile {
+                rank,
+                detail: "libnvrtc could not be loaded (is it on LD_LIBRARY_PATH?)".into(),
+            });
+        }
+        let (major, minor) =
+            gpu.context()
+                .compute_capability()
+                .map_err(|e| KernelError::Compile {
+                    rank,
+                    detail: format!("compute capability: {e:?}"),
+                })?;
+        let opts = CompileOptions {
+            options: vec![
+                format!("--gpu-architecture=sm_{major}{minor}"),
+                "-std=c++17".into(),
+            ],
+            ..Default::default()
+        };
+        let ptx = compile_ptx_with_opts(SOURCE, opts).map_err(|e| KernelError::Compile {
+            rank,
+            detail: format!("{e:?}"),
+        })?;
+        let module = gpu
+            .context()
+            .load_module(ptx)
+            .map_err(|e| KernelError::Compile {
+                rank,
+                detail: format!("loading the module: {e:?}"),
+            })?;
+        let mut funcs = HashMap::new();
+        for &name in ENTRY_POINTS {
+            let f = module
+                .load_function(name)
+                .map_err(|e| KernelError::Compile {
+                    rank,
+                    detail: format!("entry point {name}: {e:?}"),
+                })?;
+            funcs.insert(name, f);
+        }
+        let k = Arc::new(Kernels {
+            _module: module,
+            funcs,
+        });
+        cache()
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(ordinal, k.clone());
+        Ok(k)
+    }
+
+    /// An entry point.
+    pub(crate) fn func(&self, rank: u32, name: &'static str) -> Result<&CudaFunction, KernelError> {
+        self.funcs.get(name).ok_or(KernelError::Invalid {
+            rank,
+            kernel: name,
+            detail: "no such entry point".into(),
+        })
+    }
+}
+
+/// Threads per block for the element-wise kernels.
+pub(crate) const BLOCK: u32 = 256;
+
+/// A 1-D launch covering `n` elements (at least one block).
+pub(crate) fn grid(n: usize) -> LaunchConfig {
+    let blocks = n.div_ceil(BLOCK as usize).clamp(1, 1 << 30) as u32;
+    LaunchConfig {
+        grid_dim: (blocks, 1, 1),
+        block_dim: (BLOCK, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// Maps a launch failure.
+pub(crate) fn launched<T>(
+    rank: u32,
+    r: Result<T, braid_core::cuda::cudarc::driver::DriverError>,
+) -> Result<(), KernelError> {
+    r.map(|_| ()).map_err(|e| {
+        KernelError::Cuda(CudaError::Driver {
+            rank,
+            call: "cuLaunchKernel",
+            detail: format!("{e:?}"),
+        })
+    })
+}

@@ -1,0 +1,160 @@
+//! Element-wise kernels: gather, hash partition, order keys.
+
+use std::sync::Arc;
+
+use braid_core::cuda::cudarc::driver::PushKernelArg;
+use braid_core::cuda::{DeviceBuffer, Gpu};
+
+use super::launch::{KernelError, Kernels, grid, launched};
+
+fn invalid(gpu: &Gpu, kernel: &'static str, detail: String) -> KernelError {
+    KernelError::Invalid {
+        rank: gpu.rank(),
+        kernel,
+        detail,
+    }
+}
+
+/// Runs after the inputs' latest writes and marks the outputs written, on
+/// the `Gpu`'s stream.
+pub(crate) fn wait_inputs(gpu: &Gpu, inputs: &[&DeviceBuffer]) -> Result<(), KernelError> {
+    for b in inputs {
+        b.wait_on(gpu.stream())?;
+    }
+    Ok(())
+}
+
+/// Records the work just enqueued: inputs read, outputs written.
+pub(crate) fn mark_written(
+    gpu: &Gpu,
+    inputs: &[&DeviceBuffer],
+    outputs: &mut [&mut DeviceBuffer],
+) -> Result<(), KernelError> {
+    let ev = gpu.record(gpu.stream())?;
+    for b in inputs {
+        b.note_use(ev.clone());
+    }
+    for b in outputs.iter_mut() {
+        b.set_ready(ev.clone());
+    }
+    Ok(())
+}
+
+/// `out[i] = input[idx[i]]` for elements of `width` bytes (1, 4 or 8);
+/// `idx` holds u32 indices, all below the input's element count (checked by
+/// the kernel's caller contract: indices come from a permutation).
+pub fn gather(
+    gpu: &Arc<Gpu>,
+    input: &DeviceBuffer,
+    width: usize,
+    idx: &DeviceBuffer,
+) -> Result<DeviceBuffer, KernelError> {
+    let name = match width {
+        1 => "gather_u8",
+        4 => "gather_u32",
+        8 => "gather_u64",
+        w => {
+            return Err(invalid(
+                gpu,
+                "gather",
+                format!("element width {w} (1, 4 or 8)"),
+            ));
+        }
+    };
+    if input.len() % width != 0 || idx.len() % 4 != 0 {
+        return Err(invalid(
+            gpu,
+            "gather",
+            format!(
+                "{} input bytes / {} index bytes are not whole elements",
+                input.len(),
+                idx.len()
+            ),
+        ));
+    }
+    let n = (idx.len() / 4) as u64;
+    let mut out = DeviceBuffer::alloc(gpu, n as usize * width)?;
+    if n == 0 {
+        return Ok(out);
+    }
+    let k = Kernels::get(gpu)?;
+    let f = k.func(gpu.rank(), name)?;
+    wait_inputs(gpu, &[input, idx, &out])?;
+    let (i, x, o) = (input.ptr(), idx.ptr(), out.ptr());
+    let mut b = gpu.stream().launch_builder(f);
+    b.arg(&i).arg(&x).arg(&o).arg(&n);
+    // SAFETY: pointers to live buffers of the checked lengths.
+    launched(gpu.rank(), unsafe { b.launch(grid(n as usize)) })?;
+    mark_written(gpu, &[input, idx], &mut [&mut out])?;
+    Ok(out)
+}
+
+/// Partition ids (u32, `mix64(key) % nparts`) of i64 keys, and the number
+/// of keys per partition (u32).
+pub fn hash_partition(
+    gpu: &Arc<Gpu>,
+    keys: &DeviceBuffer,
+    nparts: u32,
+) -> Result<(DeviceBuffer, DeviceBuffer), KernelError> {
+    if nparts == 0 || keys.len() % 8 != 0 {
+        return Err(invalid(
+            gpu,
+            "hash_partition",
+            format!("{nparts} partitions of {} key bytes", keys.len()),
+        ));
+    }
+    let n = (keys.len() / 8) as u64;
+    let mut part = DeviceBuffer::alloc(gpu, n as usize * 4)?;
+    let mut counts = DeviceBuffer::alloc(gpu, nparts as usize * 4)?;
+    counts.fill(0)?;
+    if n > 0 {
+        let k = Kernels::get(gpu)?;
+        let f = k.func(gpu.rank(), "hash_partition_i64")?;
+        wait_inputs(gpu, &[keys, &part, &counts])?;
+        let (kp, pp, cp) = (keys.ptr(), part.ptr(), counts.ptr());
+        let mut b = gpu.stream().launch_builder(f);
+        b.arg(&kp).arg(&n).arg(&nparts).arg(&pp).arg(&cp);
+        // SAFETY: as above.
+        launched(gpu.rank(), unsafe { b.launch(grid(n as usize)) })?;
+    }
+    mark_written(gpu, &[keys], &mut [&mut part, &mut counts])?;
+    Ok((part, counts))
+}
+
+fn order_key(
+    gpu: &Arc<Gpu>,
+    input: &DeviceBuffer,
+    name: &'static str,
+) -> Result<DeviceBuffer, KernelError> {
+    if input.len() % 8 != 0 {
+        return Err(invalid(
+            gpu,
+            name,
+            format!("{} bytes are not whole 8-byte values", input.len()),
+        ));
+    }
+    let n = (input.len() / 8) as u64;
+    let mut out = DeviceBuffer::alloc(gpu, input.len())?;
+    if n > 0 {
+        let k = Kernels::get(gpu)?;
+        let f = k.func(gpu.rank(), name)?;
+        wait_inputs(gpu, &[input, &out])?;
+        let (i, o) = (input.ptr(), out.ptr());
+        let mut b = gpu.stream().launch_builder(f);
+        b.arg(&i).arg(&o).arg(&n);
+        // SAFETY: as above.
+        launched(gpu.rank(), unsafe { b.launch(grid(n as usize)) })?;
+    }
+    mark_written(gpu, &[input], &mut [&mut out])?;
+    Ok(out)
+}
+
+/// u64 keys whose unsigned order is the i64 values' order.
+pub fn order_key_i64(gpu: &Arc<Gpu>, input: &DeviceBuffer) -> Result<DeviceBuffer, KernelError> {
+    order_key(gpu, input, "order_key_i64")
+}
+
+/// u64 keys whose unsigned order is the f64 values' order (NaNs last).
+pub fn order_key_f64(gpu: &Arc<Gpu>, input: &DeviceBuffer) -> Result<DeviceBuffer, KernelError> {
+    order_key(gpu, input, "order_key_f64")
+}
