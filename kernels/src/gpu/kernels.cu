@@ -65,27 +65,29 @@ extern "C" __global__ void order_key_f64(const double* in, u64* out, u64 n) {
 // ---------------------------------------------------------------------------
 // LSD radix sort, 8-bit digits, stable. One pass = histogram, scan, scatter.
 //
-//   radix_histogram: block b counts the digits of its range; hist[d * B + b]
+//   radix_histogram: block b counts the digits of its tile; hist[d * B + b]
 //   radix_scan:      exclusive scan of hist (digit-major), one block
-//   radix_scatter:   block b places its range's elements at hist[d * B + b]
+//   radix_scatter:   block b places its tile's elements at hist[d * B + b]
 //                    onwards, in input order within each digit (stable)
 //
-// Block b owns the contiguous range [b * per_block, (b + 1) * per_block);
-// B is a few blocks per multiprocessor, so the histogram stays small (256 B
-// counters) and one block scans it quickly.
+// A tile is RADIX_THREADS * RADIX_ITEMS consecutive elements.
 // ---------------------------------------------------------------------------
 
 #define RADIX_THREADS 256
+#define RADIX_ITEMS 16
+#define RADIX_TILE (RADIX_THREADS * RADIX_ITEMS)
 #define RADIX_WARPS (RADIX_THREADS / 32)
 
-extern "C" __global__ void radix_histogram(const u64* keys, u64 n, u32 shift, u32* hist, u32 nblocks, u64 per_block) {
+extern "C" __global__ void radix_histogram(const u64* keys, u64 n, u32 shift, u32* hist, u32 nblocks) {
     __shared__ u32 counts[256];
     counts[threadIdx.x] = 0;
     __syncthreads();
-    u64 lo = (u64)blockIdx.x * per_block;
-    u64 hi = lo + per_block < n ? lo + per_block : n;
-    for (u64 i = lo + threadIdx.x; i < hi; i += RADIX_THREADS) {
-        atomicAdd(&counts[(u32)(keys[i] >> shift) & 0xFF], 1u);
+    u64 base = (u64)blockIdx.x * RADIX_TILE;
+    for (u32 k = 0; k < RADIX_ITEMS; k++) {
+        u64 i = base + (u64)k * RADIX_THREADS + threadIdx.x;
+        if (i < n) {
+            atomicAdd(&counts[(u32)(keys[i] >> shift) & 0xFF], 1u);
+        }
     }
     __syncthreads();
     hist[(u64)threadIdx.x * nblocks + blockIdx.x] = counts[threadIdx.x];
@@ -119,22 +121,19 @@ extern "C" __global__ void radix_scan(u32* data, u64 len) {
 }
 
 extern "C" __global__ void radix_scatter(const u64* keys, const u32* vals, u64 n, u32 shift,
-                                         const u32* offsets, u32 nblocks, u64 per_block,
-                                         u64* keys_out, u32* vals_out) {
-    __shared__ u32 next[256];                // next output position per digit
+                                         const u32* offsets, u32 nblocks, u64* keys_out, u32* vals_out) {
+    __shared__ u32 next[256];              // next output position per digit
     __shared__ u32 wcount[RADIX_WARPS][256]; // per-warp digit counts of one round
     u32 t = threadIdx.x;
     u32 lane = t & 31;
     u32 warp = t >> 5;
     next[t] = offsets[(u64)t * nblocks + blockIdx.x];
-    u64 lo = (u64)blockIdx.x * per_block;
-    u64 hi = lo + per_block < n ? lo + per_block : n;
-    // Rounds of RADIX_THREADS consecutive elements, in order: stable.
-    for (u64 r = lo; r < hi; r += RADIX_THREADS) {
+    u64 base = (u64)blockIdx.x * RADIX_TILE;
+    for (u32 k = 0; k < RADIX_ITEMS; k++) {
         for (u32 w = 0; w < RADIX_WARPS; w++) wcount[w][t] = 0;
         __syncthreads();
-        u64 i = r + t;
-        bool live = i < hi;
+        u64 i = base + (u64)k * RADIX_THREADS + t;
+        bool live = i < n;
         u64 key = live ? keys[i] : 0;
         // Dead lanes take digit 256 (out of range) so they match only each other.
         u32 d = live ? ((u32)(key >> shift) & 0xFF) : 256u;

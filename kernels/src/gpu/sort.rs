@@ -1,12 +1,10 @@
 //! Stable LSD radix sort of u64 keys with a u32 payload permutation.
 //!
 //! Eight passes of 8 bits (histogram, scan, stable scatter; see
-//! `kernels.cu`); each of a few blocks per multiprocessor sorts a
-//! contiguous range, so the per-(digit, block) histogram stays small. A pass
-//! whose digit is the same for every key is skipped (the histogram says
-//! so), which saves most passes for keys that share their high bytes
-//! (timestamps). Memory: keys and permutation twice, plus 256 counters per
-//! block.
+//! `kernels.cu`); a pass whose digit is the same for every key is skipped
+//! (the histogram says so), which saves most passes for keys that share
+//! their high bytes (timestamps). Memory: keys and permutation twice, plus
+//! 256 counters per tile of 4096 keys.
 
 use std::sync::Arc;
 
@@ -16,10 +14,7 @@ use braid_core::cuda::{DeviceBuffer, Gpu};
 use super::launch::{KernelError, Kernels, launched};
 use super::ops::{mark_written, wait_inputs};
 
-/// Smallest range a block sorts (below it, fewer blocks are used).
-const MIN_PER_BLOCK: usize = 4096;
-/// Blocks per multiprocessor.
-const BLOCKS_PER_SM: usize = 4;
+const TILE: usize = 256 * 16;
 
 /// Sorts `keys` (u64, ascending, stable) and applies the same moves to
 /// `perm` (u32; pass 0..n for the sorting permutation). Returns the sorted
@@ -52,13 +47,7 @@ pub fn radix_sort(
     let hist_f = k.func(rank, "radix_histogram")?;
     let scan_f = k.func(rank, "radix_scan")?;
     let scatter_f = k.func(rank, "radix_scatter")?;
-    let sms = gpu
-        .context()
-        .attribute(braid_core::cuda::cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
-        .map(|c| c.max(1) as usize)
-        .unwrap_or(132);
-    let nblocks = n.div_ceil(MIN_PER_BLOCK).clamp(1, sms * BLOCKS_PER_SM) as u32;
-    let per_block = n.div_ceil(nblocks as usize) as u64;
+    let nblocks = n.div_ceil(TILE) as u32;
     let hist_len = 256 * nblocks as u64;
     let hist = DeviceBuffer::alloc(gpu, hist_len as usize * 4)?;
     let (mut ka, mut pa) = (keys, perm);
@@ -82,12 +71,7 @@ pub fn radix_sort(
         let shift = pass * 8;
         let (kp, hp) = (ka.ptr(), hist.ptr());
         let mut b = s.launch_builder(hist_f);
-        b.arg(&kp)
-            .arg(&n64)
-            .arg(&shift)
-            .arg(&hp)
-            .arg(&nblocks)
-            .arg(&per_block);
+        b.arg(&kp).arg(&n64).arg(&shift).arg(&hp).arg(&nblocks);
         // SAFETY: live buffers of the checked sizes.
         launched(rank, unsafe { b.launch(tiles) })?;
         // Skip a pass whose digit is the same for every key.
