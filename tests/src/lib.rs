@@ -240,6 +240,22 @@ pub async fn shutdown_all(ctxs: &[braid_core::Context]) {
 /// Rank counts every multi-rank test covers.
 pub const RANK_COUNTS: [u32; 6] = [1, 2, 3, 4, 5, 8];
 
+/// A fresh seed per run (`BRAID_TEST_SEED` repeats one), printed so that
+/// a failure can be reproduced.
+pub fn fresh_seed() -> u64 {
+    let s = std::env::var("BRAID_TEST_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(1)
+        });
+    eprintln!("seed {s} (BRAID_TEST_SEED={s} repeats this run)");
+    s
+}
+
 pub mod coll_suite;
 #[cfg(feature = "cuda")]
 pub mod gpu_suite;

@@ -28,22 +28,6 @@ fn counts() -> Vec<u32> {
     RANK_COUNTS.iter().copied().filter(|&n| n <= g).collect()
 }
 
-/// A fresh seed per run (`BRAID_TEST_SEED` repeats one); printed so that a
-/// failure can be reproduced.
-fn seed() -> u64 {
-    let s = std::env::var("BRAID_TEST_SEED")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_nanos() as u64)
-                .unwrap_or(1)
-        });
-    eprintln!("seed {s} (BRAID_TEST_SEED={s} repeats this run)");
-    s
-}
-
 fn worker() -> String {
     std::env::var("BRAID_TEST_WORKER")
         .unwrap_or_else(|_| env!("CARGO_BIN_EXE_braid-test-worker").to_string())
@@ -52,7 +36,7 @@ fn worker() -> String {
 #[test]
 fn suite_threads() {
     for n in counts() {
-        let seed = seed();
+        let seed = braid_tests::fresh_seed();
         let spec = WorldSpec::Local { nranks: n };
         let t = Instant::now();
         let res = braid_core::run_world(&spec, MemoryLimits::UNLIMITED, move |ctx| async move {
@@ -71,7 +55,11 @@ fn suite_threads() {
 fn suite_processes() {
     let rt = runtime();
     for n in counts() {
-        let mut spec = LaunchSpec::new(n, worker(), vec!["gpu".into(), seed().to_string().into()]);
+        let mut spec = LaunchSpec::new(
+            n,
+            worker(),
+            vec!["gpu".into(), braid_tests::fresh_seed().to_string().into()],
+        );
         spec.output = OutputMode::Captured;
         let t = Instant::now();
         let report = rt
@@ -130,7 +118,7 @@ fn mismatches_fail_every_rank() {
 #[test]
 fn shuffle_spills_over_the_device_limit() {
     for n in counts() {
-        let seed = seed();
+        let seed = braid_tests::fresh_seed();
         let spec = WorldSpec::Local { nranks: n };
         let limits = MemoryLimits {
             device: Some(256 << 10),

@@ -25,20 +25,6 @@ fn gpu() -> Option<Arc<Gpu>> {
     Some(Gpu::for_rank(0).unwrap())
 }
 
-fn seed() -> u64 {
-    let s = std::env::var("BRAID_TEST_SEED")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_nanos() as u64)
-                .unwrap_or(1)
-        });
-    eprintln!("seed {s}");
-    s
-}
-
 fn mix64(mut z: u64) -> u64 {
     z = (z ^ (z >> 30)).wrapping_mul(0xbf58476d1ce4e5b9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94d049bb133111eb);
@@ -48,7 +34,7 @@ fn mix64(mut z: u64) -> u64 {
 #[test]
 fn gather_matches_cpu() {
     let Some(gpu) = gpu() else { return };
-    let mut g = SplitMix(seed());
+    let mut g = SplitMix(braid_tests::fresh_seed());
     for &n in &SIZES {
         let m = n.max(1) * 2 + 3;
         let idx: Vec<u32> = (0..n).map(|_| g.below(m as u64) as u32).collect();
@@ -95,7 +81,7 @@ fn gather_matches_cpu() {
 #[test]
 fn hash_partition_matches_cpu() {
     let Some(gpu) = gpu() else { return };
-    let mut g = SplitMix(seed());
+    let mut g = SplitMix(braid_tests::fresh_seed());
     for &n in &SIZES {
         for nparts in [1u32, 2, 3, 8, 1000] {
             let keys: Vec<i64> = (0..n)
@@ -141,7 +127,7 @@ fn check_sort(gpu: &Arc<Gpu>, keys: DeviceBuffer, host_order: &[u64], what: &str
 #[test]
 fn radix_sort_i64_matches_cpu() {
     let Some(gpu) = gpu() else { return };
-    let mut g = SplitMix(seed());
+    let mut g = SplitMix(braid_tests::fresh_seed());
     for &n in &SIZES {
         // Wide values, narrow values (many ties: stability), and extremes.
         for shape in 0..3 {
@@ -167,7 +153,7 @@ fn radix_sort_i64_matches_cpu() {
 #[test]
 fn radix_sort_f64_matches_cpu() {
     let Some(gpu) = gpu() else { return };
-    let mut g = SplitMix(seed());
+    let mut g = SplitMix(braid_tests::fresh_seed());
     let special = [
         0.0,
         -0.0,

@@ -6,7 +6,7 @@
 //! Lengths are in bytes and are validated before anything is enqueued.
 
 use braid_core::Rank;
-use braid_core::cuda::{DeviceBuffer, GpuEvent};
+use braid_core::cuda::{CudaError, DeviceBuffer, NcclWork};
 use braid_kernels::{DType, ReduceKind};
 
 use super::{DeviceComm, failed, nccl_dtype, nccl_op, run, same_gpu, streaming};
@@ -24,10 +24,82 @@ fn elements(site: &Site, what: &str, len: usize, dtype: DType) -> Result<usize, 
     Ok(len / sz)
 }
 
-fn written(mut out: DeviceBuffer) -> impl FnOnce(GpuEvent) -> DeviceBuffer {
-    move |ev| {
-        out.set_ready(ev);
-        out
+/// What a one-call collective enqueues: the NCCL call on (input pointer,
+/// output pointer, element count).
+type Call = fn(&NcclWork<'_>, u64, u64, usize, DType, ReduceKind, Rank) -> Result<(), CudaError>;
+
+/// The arguments of one call, as validated.
+struct Shape {
+    /// Element count the NCCL call takes.
+    count: usize,
+    /// What every rank must agree on.
+    sig: Signature,
+}
+
+/// The shared body of the one-call collectives: validate (buffers on the
+/// communicator's GPU, then `shape`), then enqueue `call` after the
+/// buffers' latest writes, keep the input alive until it completes, and
+/// hand the output back written.
+#[allow(clippy::too_many_arguments)]
+fn one_call(
+    dc: &DeviceComm,
+    coll: CollKind,
+    input: Option<&DeviceBuffer>,
+    output: DeviceBuffer,
+    shape: impl FnOnce(&Site) -> Result<Shape, CollError>,
+    call: Call,
+    (dtype, op, root): (DType, ReduceKind, Rank),
+    callback: Option<Callback>,
+) -> Handle<DeviceBuffer> {
+    let site = Site::next(dc.ctx(), coll);
+    let valid = (|| {
+        if let Some(i) = input {
+            same_gpu(dc, &site, i)?;
+        }
+        same_gpu(dc, &site, &output)?;
+        shape(&site)
+    })();
+    let Shape { count, sig } = match valid {
+        Ok(s) => s,
+        Err(e) => return failed(dc, site, e, callback),
+    };
+    let dst = output.ptr();
+    let src = input.map_or(dst, |i| i.ptr());
+    let waits = input
+        .and_then(|i| i.ready())
+        .into_iter()
+        .chain(output.ready())
+        .cloned()
+        .collect();
+    let keep = input.map(|i| i.keep_alive()).into_iter().collect();
+    let mut output = output;
+    run(
+        dc,
+        site,
+        sig,
+        waits,
+        keep,
+        move |w| call(w, src, dst, count, dtype, op, root),
+        move |ev| {
+            output.set_ready(ev);
+            output
+        },
+        callback,
+    )
+}
+
+fn numeric(site: &Site, dtype: DType) -> Result<(), CollError> {
+    if dtype == DType::Bytes {
+        return Err(site.invalid(format!("{} needs a numeric element type", site.coll)));
+    }
+    Ok(())
+}
+
+fn bytes_sig(count: usize, aux: u32) -> Signature {
+    Signature {
+        dtype: DType::Bytes,
+        aux,
+        count: count as u64,
     }
 }
 
@@ -39,32 +111,23 @@ pub fn start_broadcast(
     root: Rank,
     callback: Option<Callback>,
 ) -> Handle<DeviceBuffer> {
-    let site = Site::next(dc.ctx(), CollKind::Broadcast);
-    if root >= dc.nranks() {
-        let e = site.invalid(format!(
-            "root {root} out of range (nranks = {})",
-            dc.nranks()
-        ));
-        return failed(dc, site, e, callback);
-    }
-    if let Err(e) = same_gpu(dc, &site, &buf) {
-        return failed(dc, site, e, callback);
-    }
-    let sig = Signature {
-        dtype: DType::Bytes,
-        aux: root,
-        count: buf.len() as u64,
-    };
-    let (ptr, len) = (buf.ptr(), buf.len());
-    let waits = buf.ready().cloned().into_iter().collect();
-    run(
+    let (n, len) = (dc.nranks(), buf.len());
+    one_call(
         dc,
-        site,
-        sig,
-        waits,
-        vec![],
-        move |w| w.broadcast(ptr, ptr, len, nccl_dtype(DType::Bytes), root),
-        written(buf),
+        CollKind::Broadcast,
+        None,
+        buf,
+        |site| {
+            if root >= n {
+                return Err(site.invalid(format!("root {root} out of range (nranks = {n})")));
+            }
+            Ok(Shape {
+                count: len,
+                sig: bytes_sig(len, root),
+            })
+        },
+        |w, _, dst, count, _, _, root| w.broadcast(dst, dst, count, nccl_dtype(DType::Bytes), root),
+        (DType::Bytes, ReduceKind::Sum, root),
         callback,
     )
 }
@@ -86,44 +149,26 @@ pub fn start_allgather(
     output: DeviceBuffer,
     callback: Option<Callback>,
 ) -> Handle<DeviceBuffer> {
-    let site = Site::next(dc.ctx(), CollKind::AllGather);
     let n = dc.nranks() as usize;
-    let check = (|| {
-        same_gpu(dc, &site, input)?;
-        same_gpu(dc, &site, &output)?;
-        if input.len().checked_mul(n) != Some(output.len()) {
-            return Err(site.invalid(format!(
-                "output has {} bytes, expected {} ranks x {} bytes",
-                output.len(),
-                n,
-                input.len()
-            )));
-        }
-        Ok(())
-    })();
-    if let Err(e) = check {
-        return failed(dc, site, e, callback);
-    }
-    let sig = Signature {
-        dtype: DType::Bytes,
-        aux: 0,
-        count: input.len() as u64,
-    };
-    let (src, dst, len) = (input.ptr(), output.ptr(), input.len());
-    let waits = input
-        .ready()
-        .into_iter()
-        .chain(output.ready())
-        .cloned()
-        .collect();
-    run(
+    let (il, ol) = (input.len(), output.len());
+    one_call(
         dc,
-        site,
-        sig,
-        waits,
-        vec![input.keep_alive()],
-        move |w| w.all_gather(src, dst, len, nccl_dtype(DType::Bytes)),
-        written(output),
+        CollKind::AllGather,
+        Some(input),
+        output,
+        |site| {
+            if il.checked_mul(n) != Some(ol) {
+                return Err(site.invalid(format!(
+                    "output has {ol} bytes, expected {n} ranks x {il} bytes"
+                )));
+            }
+            Ok(Shape {
+                count: il,
+                sig: bytes_sig(il, 0),
+            })
+        },
+        |w, src, dst, count, _, _, _| w.all_gather(src, dst, count, nccl_dtype(DType::Bytes)),
+        (DType::Bytes, ReduceKind::Sum, 0),
         callback,
     )
 }
@@ -146,46 +191,29 @@ pub fn start_allreduce(
     op: ReduceKind,
     callback: Option<Callback>,
 ) -> Handle<DeviceBuffer> {
-    let site = Site::next(dc.ctx(), CollKind::AllReduce);
-    let check = (|| {
-        same_gpu(dc, &site, input)?;
-        same_gpu(dc, &site, &output)?;
-        if dtype == DType::Bytes {
-            return Err(site.invalid("AllReduce needs a numeric element type"));
-        }
-        if input.len() != output.len() {
-            return Err(site.invalid(format!(
-                "input has {} bytes, output {}",
-                input.len(),
-                output.len()
-            )));
-        }
-        elements(&site, "input", input.len(), dtype)
-    })();
-    let count = match check {
-        Ok(c) => c,
-        Err(e) => return failed(dc, site, e, callback),
-    };
-    let sig = Signature {
-        dtype,
-        aux: op as u32,
-        count: count as u64,
-    };
-    let (src, dst) = (input.ptr(), output.ptr());
-    let waits = input
-        .ready()
-        .into_iter()
-        .chain(output.ready())
-        .cloned()
-        .collect();
-    run(
+    let (il, ol) = (input.len(), output.len());
+    one_call(
         dc,
-        site,
-        sig,
-        waits,
-        vec![input.keep_alive()],
-        move |w| w.all_reduce(src, dst, count, nccl_dtype(dtype), nccl_op(op)),
-        written(output),
+        CollKind::AllReduce,
+        Some(input),
+        output,
+        |site| {
+            numeric(site, dtype)?;
+            if il != ol {
+                return Err(site.invalid(format!("input has {il} bytes, output {ol}")));
+            }
+            let count = elements(site, "input", il, dtype)?;
+            let sig = Signature {
+                dtype,
+                aux: op as u32,
+                count: count as u64,
+            };
+            Ok(Shape { count, sig })
+        },
+        |w, src, dst, count, dtype, op, _| {
+            w.all_reduce(src, dst, count, nccl_dtype(dtype), nccl_op(op))
+        },
+        (dtype, op, 0),
         callback,
     )
 }
@@ -211,48 +239,32 @@ pub fn start_reduce_scatter(
     op: ReduceKind,
     callback: Option<Callback>,
 ) -> Handle<DeviceBuffer> {
-    let site = Site::next(dc.ctx(), CollKind::ReduceScatter);
     let n = dc.nranks() as usize;
-    let check = (|| {
-        same_gpu(dc, &site, input)?;
-        same_gpu(dc, &site, &output)?;
-        if dtype == DType::Bytes {
-            return Err(site.invalid("ReduceScatter needs a numeric element type"));
-        }
-        if output.len().checked_mul(n) != Some(input.len()) {
-            return Err(site.invalid(format!(
-                "input has {} bytes, expected {} ranks x {} output bytes",
-                input.len(),
-                n,
-                output.len()
-            )));
-        }
-        elements(&site, "output", output.len(), dtype)
-    })();
-    let count = match check {
-        Ok(c) => c,
-        Err(e) => return failed(dc, site, e, callback),
-    };
-    let sig = Signature {
-        dtype,
-        aux: op as u32,
-        count: count as u64,
-    };
-    let (src, dst) = (input.ptr(), output.ptr());
-    let waits = input
-        .ready()
-        .into_iter()
-        .chain(output.ready())
-        .cloned()
-        .collect();
-    run(
+    let (il, ol) = (input.len(), output.len());
+    one_call(
         dc,
-        site,
-        sig,
-        waits,
-        vec![input.keep_alive()],
-        move |w| w.reduce_scatter(src, dst, count, nccl_dtype(dtype), nccl_op(op)),
-        written(output),
+        CollKind::ReduceScatter,
+        Some(input),
+        output,
+        |site| {
+            numeric(site, dtype)?;
+            if ol.checked_mul(n) != Some(il) {
+                return Err(site.invalid(format!(
+                    "input has {il} bytes, expected {n} ranks x {ol} output bytes"
+                )));
+            }
+            let count = elements(site, "output", ol, dtype)?;
+            let sig = Signature {
+                dtype,
+                aux: op as u32,
+                count: count as u64,
+            };
+            Ok(Shape { count, sig })
+        },
+        |w, src, dst, count, dtype, op, _| {
+            w.reduce_scatter(src, dst, count, nccl_dtype(dtype), nccl_op(op))
+        },
+        (dtype, op, 0),
         callback,
     )
 }
@@ -276,43 +288,25 @@ pub fn start_alltoall(
     output: DeviceBuffer,
     callback: Option<Callback>,
 ) -> Handle<DeviceBuffer> {
-    let site = Site::next(dc.ctx(), CollKind::AllToAll);
     let n = dc.nranks() as usize;
-    let check = (|| {
-        same_gpu(dc, &site, input)?;
-        same_gpu(dc, &site, &output)?;
-        if input.len() != output.len() || input.len() % n != 0 {
-            return Err(site.invalid(format!(
-                "input ({} bytes) and output ({} bytes) must be equal and a multiple of {n} ranks",
-                input.len(),
-                output.len()
-            )));
-        }
-        Ok(input.len() / n)
-    })();
-    let block = match check {
-        Ok(b) => b,
-        Err(e) => return failed(dc, site, e, callback),
-    };
-    let sig = Signature {
-        dtype: DType::Bytes,
-        aux: 0,
-        count: block as u64,
-    };
-    let (src, dst) = (input.ptr(), output.ptr());
-    let waits = input
-        .ready()
-        .into_iter()
-        .chain(output.ready())
-        .cloned()
-        .collect();
-    run(
+    let (il, ol) = (input.len(), output.len());
+    one_call(
         dc,
-        site,
-        sig,
-        waits,
-        vec![input.keep_alive()],
-        move |w| {
+        CollKind::AllToAll,
+        Some(input),
+        output,
+        |site| {
+            if il != ol || il % n != 0 {
+                return Err(site.invalid(format!(
+                    "input ({il} bytes) and output ({ol} bytes) must be equal and a multiple of {n} ranks"
+                )));
+            }
+            Ok(Shape {
+                count: il / n,
+                sig: bytes_sig(il / n, 0),
+            })
+        },
+        |w, src, dst, block, _, _, _| {
             w.group(|w| {
                 for p in 0..w.nranks() {
                     let off = (p as usize * block) as u64;
@@ -322,7 +316,7 @@ pub fn start_alltoall(
                 Ok(())
             })
         },
-        written(output),
+        (DType::Bytes, ReduceKind::Sum, 0),
         callback,
     )
 }
