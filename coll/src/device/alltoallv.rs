@@ -147,12 +147,8 @@ pub fn start_alltoallv(
         return failed(dc, site, e, callback);
     }
     let (src, dst) = (input.ptr(), output.ptr());
-    let waits = input
-        .ready()
-        .into_iter()
-        .chain(output.ready())
-        .cloned()
-        .collect();
+    let mut waits: Vec<_> = input.ready().into_iter().cloned().collect();
+    waits.extend(output.write_waits());
     let s2 = spec.clone();
     let work = move |w: &braid_core::cuda::NcclWork<'_>| {
         w.group(|w| {

@@ -65,12 +65,8 @@ fn one_call(
     };
     let dst = output.ptr();
     let src = input.map_or(dst, |i| i.ptr());
-    let waits = input
-        .and_then(|i| i.ready())
-        .into_iter()
-        .chain(output.ready())
-        .cloned()
-        .collect();
+    let mut waits: Vec<_> = input.and_then(|i| i.ready()).into_iter().cloned().collect();
+    waits.extend(output.write_waits());
     let keep = input.map(|i| i.keep_alive()).into_iter().collect();
     let mut output = output;
     run(

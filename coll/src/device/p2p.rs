@@ -74,7 +74,7 @@ pub fn start_sendrecv(
         (b.ptr(), b.len(), p)
     });
     let r = recv.as_ref().map(|(b, p)| {
-        waits.extend(b.ready().cloned());
+        waits.extend(b.write_waits());
         (b.ptr(), b.len(), *p)
     });
     let work = move |w: &braid_core::cuda::NcclWork<'_>| {
@@ -237,7 +237,7 @@ impl DeviceHaloExchange {
             let mut recvs_w = Vec::new();
             for (b, nb) in [(&from_left, left), (&from_right, right)] {
                 if let (Some(b), Some(p)) = (b, nb) {
-                    waits.extend(b.ready().cloned());
+                    waits.extend(b.write_waits());
                     if !b.is_empty() {
                         recvs_w.push((b.ptr(), b.len(), p));
                     }
@@ -323,7 +323,7 @@ impl DeviceHaloExchange {
         let mut recvs = Vec::new();
         for (b, nb) in [(&from_left, left), (&from_right, right)] {
             if let (Some(b), Some(p)) = (b, nb) {
-                waits.extend(b.ready().cloned());
+                waits.extend(b.write_waits());
                 recvs.push((b.ptr(), b.len(), p));
             }
         }

@@ -222,7 +222,7 @@ impl DeviceShuffle {
             }
             let mut rw = Vec::new();
             for (q, _, b) in &incoming {
-                waits.extend(b.ready().cloned());
+                waits.extend(b.write_waits());
                 if !b.is_empty() {
                     rw.push((b.ptr(), b.len(), *q));
                 }

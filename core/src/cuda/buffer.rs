@@ -42,18 +42,16 @@ struct DeviceMem {
     gpu: Arc<Gpu>,
     ptr: CUdeviceptr,
     size: usize,
-    last_use: Mutex<Option<GpuEvent>>,
+    /// Work that may still read or write the allocation (pruned as it
+    /// completes); a writer and the next owner wait for all of it.
+    uses: Mutex<Vec<GpuEvent>>,
     _charge: Option<Arc<crate::memory::Charge>>,
 }
 
 impl Drop for DeviceMem {
     fn drop(&mut self) {
-        let last = self
-            .last_use
-            .get_mut()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
-        self.gpu.give(self.ptr, self.size, last);
+        let uses = std::mem::take(self.uses.get_mut().unwrap_or_else(|p| p.into_inner()));
+        self.gpu.give(self.ptr, self.size, uses);
     }
 }
 
@@ -111,17 +109,18 @@ impl DeviceBuffer {
         len: usize,
         charge: Option<Arc<crate::memory::Charge>>,
     ) -> Result<DeviceBuffer, CudaError> {
-        let (ptr, size, last_use) = gpu.take(len)?;
+        let (ptr, size, uses) = gpu.take(len)?;
         let mut b = DeviceBuffer {
             mem: Arc::new(DeviceMem {
                 gpu: gpu.clone(),
                 ptr,
                 size,
-                last_use: Mutex::new(None),
+                // The previous owner's work: waited for before any write.
+                uses: Mutex::new(uses),
                 _charge: charge,
             }),
             len,
-            ready: last_use,
+            ready: None,
         };
         if poison_enabled() {
             b.fill(POISON)?;
@@ -137,7 +136,8 @@ impl DeviceBuffer {
         }
         let rank = gpu.rank();
         let s = gpu.stream();
-        b.wait_on(s)?;
+        gpu.bind()?;
+        b.wait_writable(s)?;
         // SAFETY: the destination has `bytes.len()` bytes; the stream is
         // synchronised before `bytes` can go away.
         unsafe { result::memcpy_htod_async(b.ptr(), bytes, s.cu_stream()) }
@@ -186,6 +186,7 @@ impl DeviceBuffer {
         }
         let gpu = self.gpu();
         let s = gpu.stream();
+        gpu.bind()?;
         self.wait_on(s)?;
         // SAFETY: `dst` has `self.len` bytes and outlives the synchronise.
         unsafe { result::memcpy_dtoh_async(dst, self.ptr(), s.cu_stream()) }
@@ -214,7 +215,8 @@ impl DeviceBuffer {
                 detail: format!("copy of {} bytes into a {}-byte buffer", src.len, self.len),
             });
         }
-        self.wait_on(stream)?;
+        self.gpu().bind()?;
+        self.wait_writable(stream)?;
         src.wait_on(stream)?;
         if self.len > 0 {
             // SAFETY: both ranges are `len` bytes of live allocations.
@@ -234,7 +236,8 @@ impl DeviceBuffer {
     pub fn fill(&mut self, value: u8) -> Result<(), CudaError> {
         let gpu = self.gpu().clone();
         let s = gpu.stream();
-        self.wait_on(s)?;
+        gpu.bind()?;
+        self.wait_writable(s)?;
         if self.len > 0 {
             // SAFETY: `len` bytes of a live allocation.
             unsafe { result::memset_d8_async(self.ptr(), value, self.len, s.cu_stream()) }
@@ -275,16 +278,41 @@ impl DeviceBuffer {
         self.ready.as_ref()
     }
 
-    /// Makes `stream` wait for the latest write.
+    /// Makes `stream` wait for the latest write (enough to read).
     pub fn wait_on(&self, stream: &CudaStream) -> Result<(), CudaError> {
         if let Some(ev) = &self.ready {
             if !ev.is_complete() {
                 stream
-                    .wait(&ev.0)
+                    .wait(ev.cuda())
                     .on(self.gpu().rank(), "cuStreamWaitEvent")?;
             }
         }
         Ok(())
+    }
+
+    /// Makes `stream` wait for every outstanding read and write (needed
+    /// before writing: a read on another stream may still be running).
+    pub fn wait_writable(&self, stream: &CudaStream) -> Result<(), CudaError> {
+        for ev in self.write_waits() {
+            stream
+                .wait(ev.cuda())
+                .on(self.gpu().rank(), "cuStreamWaitEvent")?;
+        }
+        Ok(())
+    }
+
+    /// The events a writer must wait for: the latest write and every use
+    /// that may still be running.
+    pub fn write_waits(&self) -> Vec<GpuEvent> {
+        let mut v: Vec<GpuEvent> = self
+            .ready
+            .iter()
+            .filter(|e| !e.is_complete())
+            .cloned()
+            .collect();
+        let uses = self.mem.uses.lock().unwrap_or_else(|p| p.into_inner());
+        v.extend(uses.iter().filter(|e| !e.is_complete()).cloned());
+        v
     }
 
     /// Records a write: `ev` is the new latest write (and last use).
@@ -306,7 +334,9 @@ impl DeviceBuffer {
 
     /// Records a read: the allocation is not reused before `ev`.
     pub fn note_use(&self, ev: GpuEvent) {
-        *self.mem.last_use.lock().unwrap_or_else(|p| p.into_inner()) = Some(ev);
+        let mut uses = self.mem.uses.lock().unwrap_or_else(|p| p.into_inner());
+        uses.retain(|e| !e.is_complete());
+        uses.push(ev);
     }
 
     /// Copies the bytes into a host buffer charged to `reservation` (a host

@@ -99,7 +99,7 @@ impl GpuEvent {
 
 struct Pooled {
     ptr: CUdeviceptr,
-    last_use: Option<GpuEvent>,
+    uses: Vec<GpuEvent>,
 }
 
 #[derive(Default)]
@@ -243,32 +243,39 @@ impl Gpu {
     pub(crate) fn take(
         &self,
         len: usize,
-    ) -> Result<(CUdeviceptr, usize, Option<GpuEvent>), CudaError> {
-        let size = len.max(1).div_ceil(GRANULE) * GRANULE;
+    ) -> Result<(CUdeviceptr, usize, Vec<GpuEvent>), CudaError> {
+        let size = len
+            .max(1)
+            .div_ceil(GRANULE)
+            .checked_mul(GRANULE)
+            .ok_or_else(|| CudaError::Invalid {
+                rank: self.rank,
+                detail: format!("a device buffer of {len} bytes"),
+            })?;
         {
             let mut fl = self.free.lock().unwrap_or_else(|p| p.into_inner());
             if let Some(p) = fl.by_size.get_mut(&size).and_then(|v| v.pop()) {
                 fl.bytes -= size;
-                return Ok((p.ptr, size, p.last_use));
+                return Ok((p.ptr, size, p.uses));
             }
         }
         self.bind()?;
         // SAFETY: a plain allocation in the bound context.
         match unsafe { result::malloc_sync(size) } {
-            Ok(ptr) => Ok((ptr, size, None)),
+            Ok(ptr) => Ok((ptr, size, Vec::new())),
             Err(_) => {
                 // Out of memory: give the free list back and try once more.
                 self.trim();
                 // SAFETY: as above.
                 let ptr = unsafe { result::malloc_sync(size) }.on(self.rank, "cuMemAlloc")?;
-                Ok((ptr, size, None))
+                Ok((ptr, size, Vec::new()))
             }
         }
     }
 
     /// Returns an allocation to the free list (or the driver when the list
     /// is full).
-    pub(crate) fn give(&self, ptr: CUdeviceptr, size: usize, last_use: Option<GpuEvent>) {
+    pub(crate) fn give(&self, ptr: CUdeviceptr, size: usize, uses: Vec<GpuEvent>) {
         {
             let mut fl = self.free.lock().unwrap_or_else(|p| p.into_inner());
             if fl.bytes + size <= self.keep_bytes {
@@ -276,15 +283,15 @@ impl Gpu {
                 fl.by_size
                     .entry(size)
                     .or_default()
-                    .push(Pooled { ptr, last_use });
+                    .push(Pooled { ptr, uses });
                 return;
             }
         }
-        self.free_now(ptr, last_use);
+        self.free_now(ptr, uses);
     }
 
-    fn free_now(&self, ptr: CUdeviceptr, last_use: Option<GpuEvent>) {
-        if let Some(ev) = last_use {
+    fn free_now(&self, ptr: CUdeviceptr, uses: Vec<GpuEvent>) {
+        for ev in uses {
             let _ = ev.0.synchronize();
         }
         if self.bind().is_ok() {
@@ -302,7 +309,7 @@ impl Gpu {
             fl.by_size.drain().flat_map(|(_, v)| v).collect()
         };
         for p in all {
-            self.free_now(p.ptr, p.last_use);
+            self.free_now(p.ptr, p.uses);
         }
     }
 

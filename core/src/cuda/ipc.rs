@@ -139,6 +139,13 @@ impl Drop for Mapped {
     }
 }
 
+fn bad_offset(rank: Rank, peer: Rank) -> CudaError {
+    CudaError::Invalid {
+        rank,
+        detail: format!("IPC descriptor from rank {peer} has an offset past the address space"),
+    }
+}
+
 /// Imported peer allocations, keyed by (peer, handle).
 pub struct IpcCache {
     gpu: Arc<Gpu>,
@@ -171,7 +178,10 @@ impl IpcCache {
     pub fn import(&mut self, peer: Rank, desc: &IpcDesc) -> Result<CUdeviceptr, CudaError> {
         let rank = self.gpu.rank();
         if let Some(m) = self.map.get(&(peer, desc.handle)) {
-            return Ok(m.ptr + desc.offset);
+            return m
+                .ptr
+                .checked_add(desc.offset)
+                .ok_or_else(|| bad_offset(rank, peer));
         }
         self.gpu.bind()?;
         let m = if desc.pid == std::process::id() {
@@ -205,7 +215,10 @@ impl IpcCache {
                 gpu: self.gpu.clone(),
             }
         };
-        let ptr = m.ptr + desc.offset;
+        let ptr = m
+            .ptr
+            .checked_add(desc.offset)
+            .ok_or_else(|| bad_offset(rank, peer))?;
         self.map.insert((peer, desc.handle), Arc::new(m));
         Ok(ptr)
     }
@@ -344,8 +357,6 @@ pub struct IpcSendRecv {
     /// Next generation per destination (sends) and per source (receives).
     send_gen: Vec<u32>,
     recv_gen: Vec<u32>,
-    /// Our exported receive buffers, by allocation base.
-    exported: HashMap<CUdeviceptr, IpcDesc>,
 }
 
 impl IpcSendRecv {
@@ -370,7 +381,6 @@ impl IpcSendRecv {
             peers,
             send_gen: vec![0; n],
             recv_gen: vec![0; n],
-            exported: HashMap::new(),
         })
     }
 
@@ -400,7 +410,20 @@ impl IpcSendRecv {
         let ev = self
             .enqueue(send, recv.as_ref().map(|(b, r)| (b, *r)))
             .await?;
-        wait_event(&ev).await;
+        let rank = self.gpu.rank();
+        // Wait for the copies, watching the host: a peer that died leaves
+        // the semaphore wait on the stream unanswered.
+        let t = std::time::Instant::now();
+        while !ev.try_is_complete(rank)? {
+            if let Some(e) = self.comm.failure() {
+                return Err(e.into());
+            }
+            if t.elapsed() < std::time::Duration::from_millis(20) {
+                tokio::task::yield_now().await;
+            } else {
+                tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+            }
+        }
         Ok(recv.map(|(mut b, _)| {
             b.set_ready(ev.clone());
             b
@@ -433,22 +456,14 @@ impl IpcSendRecv {
             check(src)?;
             self.recv_gen[src as usize] += 1;
             let g = self.recv_gen[src as usize];
-            let (base, _) = out.allocation();
-            let mut desc = match self.exported.get(&base) {
-                Some(d) => *d,
-                None => {
-                    let d = IpcDesc::export(out, 0)?;
-                    self.exported.insert(base, d);
-                    d
-                }
-            };
-            desc.offset = out.ptr() - base;
-            desc.len = out.len() as u64;
-            desc.seq = g as u64;
+            // Exported afresh each step (one cheap driver call): a handle
+            // cached by address could outlive its allocation, and a new
+            // allocation at the same address has a new handle.
+            let desc = IpcDesc::export(out, g as u64)?;
             self.comm
                 .send(src, tag, Buffer::from_vec(desc.to_bytes()))
                 .await?;
-            out.wait_on(&self.stream)?;
+            out.wait_writable(&self.stream)?;
             let free = self.sem_remote(src, n as usize + me as usize)?;
             // SAFETY: `free` is the sender's mapped semaphore word.
             unsafe { sys::cuStreamWriteValue32_v2(self.stream.cu_stream(), free, g, 0) }
@@ -517,14 +532,16 @@ impl IpcSendRecv {
 
 /// Awaits a CUDA event without blocking a runtime worker: polls it,
 /// yielding to other tasks between polls, for up to 20 ms, then every
-/// millisecond (the timer's resolution).
-pub async fn wait_event(ev: &GpuEvent) {
+/// millisecond (the timer's resolution). A failed query (a device error)
+/// is returned, not taken for "pending".
+pub async fn wait_event(ev: &GpuEvent, rank: Rank) -> Result<(), CudaError> {
     let t = std::time::Instant::now();
-    while !ev.is_complete() {
+    while !ev.try_is_complete(rank)? {
         if t.elapsed() < std::time::Duration::from_millis(20) {
             tokio::task::yield_now().await;
         } else {
             tokio::time::sleep(std::time::Duration::from_millis(1)).await;
         }
     }
+    Ok(())
 }

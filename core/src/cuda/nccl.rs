@@ -353,7 +353,14 @@ impl Reply {
             Reply::Future(tx) => {
                 let _ = tx.send(r);
             }
-            Reply::Call(f) => f(r),
+            Reply::Call(f) => {
+                // A panicking completion (a user callback) must not end the
+                // thread that serves every other request.
+                let call = std::panic::AssertUnwindSafe(move || f(r));
+                if std::panic::catch_unwind(call).is_err() {
+                    tracing::error!("a completion callback panicked on the NCCL thread");
+                }
+            }
         }
     }
 }
@@ -912,6 +919,9 @@ fn serve(
             unsafe {
                 let _ = nsys::ncclCommAbort(comm);
             }
+            // Let what was enqueued finish (or fail) before the buffers the
+            // pending requests hold go back to the pool.
+            let _ = stream.synchronize();
             for p in pending.drain(..) {
                 fail(p.reply, why);
             }
@@ -945,7 +955,15 @@ fn serve(
                             .map_err(|e| CudaError::driver(rank, "cuStreamWaitEvent", e))?;
                     }
                 }
-                (req.work)(&work)?;
+                // A panicking request must not take the thread (and every
+                // later request) with it.
+                let w = std::panic::AssertUnwindSafe(|| (req.work)(&work));
+                std::panic::catch_unwind(w).unwrap_or_else(|_| {
+                    Err(CudaError::Invalid {
+                        rank,
+                        detail: "a request's work panicked on the NCCL thread".into(),
+                    })
+                })?;
                 gpu.record(&stream)
             })();
             match r {
@@ -993,7 +1011,12 @@ fn serve(
             }
         } else if !pending.is_empty() {
             std::hint::spin_loop();
-        } else if closed {
+        } else if !closed {
+            // Requests wait for an earlier slot still being filled (a halo
+            // waiting for its sizes): sleep briefly instead of spinning; a
+            // submit unparks the thread.
+            std::thread::park_timeout(Duration::from_micros(200));
+        } else {
             // Queued work waits for a slot that can no longer come.
             for (_, r) in std::mem::take(&mut queued) {
                 if let Some(r) = r {
