@@ -19,6 +19,11 @@
 //! | [`sendrecv`], [`DeviceHaloExchange`] | grouped ncclSend/ncclRecv | S |
 //! | [`DeviceShuffle`] | sizes on host, grouped ncclSend/ncclRecv | |
 //!
+//! Buffers: an input is read by the GPU until the call's handle completes,
+//! so (as with MPI's send buffers) do not write it before then; an output
+//! is handed back written. A call waits for its output's outstanding reads
+//! and writes and its inputs' latest writes before its NCCL work starts.
+//!
 //! Checks: with [`Checks::Agree`] (the default) every call also runs the
 //! host-side agreement round of the host collectives (kind, type, count,
 //! root, operator; AllToAllv's and SendRecv's per-pair sizes), alongside
