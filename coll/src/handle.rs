@@ -138,13 +138,21 @@ pub(crate) struct Finisher<T> {
     coll: CollKind,
     callback: Option<Callback>,
     started: Instant,
+    /// Set by `finish`; a finisher dropped without it fails its handle.
+    finished: bool,
+    op: OpId,
 }
 
 #[cfg(feature = "cuda")]
 impl<T> Finisher<T> {
     /// Records the statistics, aborts the job on an error that requires it,
     /// stores the result, runs the callback and sets the handle's event.
-    pub(crate) fn finish(self, r: Result<T, CollError>) {
+    pub(crate) fn finish(mut self, r: Result<T, CollError>) {
+        self.finished = true;
+        self.complete(r);
+    }
+
+    fn complete(&mut self, r: Result<T, CollError>) {
         self.ctx
             .statistics()
             .record_op(self.coll.name(), self.started.elapsed());
@@ -154,10 +162,28 @@ impl<T> Finisher<T> {
             }
         }
         *self.inner.result.lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
-        if let Some(cb) = self.callback {
+        if let Some(cb) = self.callback.take() {
             cb();
         }
         self.inner.done.set();
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl<T> Drop for Finisher<T> {
+    /// Dropped without finishing (the work that owned it panicked or was
+    /// lost): the handle fails instead of waiting forever.
+    fn drop(&mut self) {
+        if !self.finished {
+            self.finished = true;
+            let e = CollError::Device {
+                rank: self.ctx.rank(),
+                coll: self.coll,
+                op: self.op,
+                detail: "the operation was dropped before it completed".into(),
+            };
+            self.complete(Err(e));
+        }
     }
 }
 
@@ -186,6 +212,8 @@ pub(crate) fn manual<T>(
             coll,
             callback,
             started: Instant::now(),
+            finished: false,
+            op,
         },
     )
 }
