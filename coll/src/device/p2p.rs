@@ -149,6 +149,12 @@ pub struct DeviceHalo {
     pub from_right: Option<DeviceBuffer>,
 }
 
+/// Rank - 1 and rank + 1 where they exist.
+fn neighbours(dc: &DeviceComm) -> (Option<Rank>, Option<Rank>) {
+    let (me, n) = (dc.rank(), dc.nranks());
+    (me.checked_sub(1), (me + 1 < n).then_some(me + 1))
+}
+
 /// One device halo round; create one per round on every rank in the same
 /// order.
 #[derive(Debug)]
@@ -175,10 +181,7 @@ impl DeviceHaloExchange {
         callback: Option<Callback>,
     ) -> Handle<DeviceHalo> {
         let DeviceHaloExchange { dc, site } = self;
-        let me = dc.rank();
-        let n = dc.nranks();
-        let left = me.checked_sub(1);
-        let right = (me + 1 < n).then_some(me + 1);
+        let (left, right) = neighbours(&dc);
         for b in to_left.iter().chain(to_right.iter()) {
             if let Err(e) = same_gpu(&dc, &site, b) {
                 return failed(&dc, site, e, callback);
@@ -288,10 +291,7 @@ impl DeviceHaloExchange {
         callback: Option<Callback>,
     ) -> Handle<DeviceHalo> {
         let DeviceHaloExchange { dc, site } = self;
-        let me = dc.rank();
-        let n = dc.nranks();
-        let left = me.checked_sub(1);
-        let right = (me + 1 < n).then_some(me + 1);
+        let (left, right) = neighbours(&dc);
         let bufs = to_left.iter().chain(to_right.iter()).copied();
         let valid = (|| {
             for b in bufs.chain(from_left.iter()).chain(from_right.iter()) {
@@ -340,7 +340,7 @@ impl DeviceHaloExchange {
             })
         };
         let comm = dc.ctx().comm().clone();
-        let check = (dc.checks == Checks::Agree && n > 1).then_some(async move {
+        let check = (dc.checks == Checks::Agree && dc.nranks() > 1).then_some(async move {
             let tag = Tag::new(site.op, 1);
             let sent: Vec<_> = sends
                 .iter()

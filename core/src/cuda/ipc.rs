@@ -411,19 +411,9 @@ impl IpcSendRecv {
             .enqueue(send, recv.as_ref().map(|(b, r)| (b, *r)))
             .await?;
         let rank = self.gpu.rank();
-        // Wait for the copies, watching the host: a peer that died leaves
-        // the semaphore wait on the stream unanswered.
-        let t = std::time::Instant::now();
-        while !ev.try_is_complete(rank)? {
-            if let Some(e) = self.comm.failure() {
-                return Err(e.into());
-            }
-            if t.elapsed() < std::time::Duration::from_millis(20) {
-                tokio::task::yield_now().await;
-            } else {
-                tokio::time::sleep(std::time::Duration::from_millis(1)).await;
-            }
-        }
+        // Watch the host: a peer that died leaves the semaphore wait on the
+        // stream unanswered.
+        wait_event(&ev, rank, Some(self.comm.as_ref())).await?;
         Ok(recv.map(|(mut b, _)| {
             b.set_ready(ev.clone());
             b
@@ -533,10 +523,18 @@ impl IpcSendRecv {
 /// Awaits a CUDA event without blocking a runtime worker: polls it,
 /// yielding to other tasks between polls, for up to 20 ms, then every
 /// millisecond (the timer's resolution). A failed query (a device error)
-/// is returned, not taken for "pending".
-pub async fn wait_event(ev: &GpuEvent, rank: Rank) -> Result<(), CudaError> {
+/// is returned, not taken for "pending"; with `watch`, so is a failure of
+/// that communicator (a dead peer whose signal will never come).
+pub async fn wait_event(
+    ev: &GpuEvent,
+    rank: Rank,
+    watch: Option<&dyn Communicator>,
+) -> Result<(), CudaError> {
     let t = std::time::Instant::now();
     while !ev.try_is_complete(rank)? {
+        if let Some(e) = watch.and_then(|c| c.failure()) {
+            return Err(e.into());
+        }
         if t.elapsed() < std::time::Duration::from_millis(20) {
             tokio::task::yield_now().await;
         } else {

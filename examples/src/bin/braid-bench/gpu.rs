@@ -468,7 +468,7 @@ async fn ipc_braid(
         );
     }
     if let Some(ev) = last {
-        braid_core::cuda::ipc::wait_event(&ev, ctx.rank()).await?;
+        braid_core::cuda::ipc::wait_event(&ev, ctx.rank(), Some(ctx.comm().as_ref())).await?;
     }
     let piped = t.elapsed().as_secs_f64() * 1e6 / iters as f64;
     let mut per = Vec::with_capacity(iters);
