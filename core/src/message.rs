@@ -32,6 +32,9 @@ pub enum Payload {
     /// Packed bytes with a small metadata header (a serialised chunk, a
     /// partition of a shuffle).
     Packed(PackedData),
+    /// A table chunk in device memory (feature `cuda`).
+    #[cfg(feature = "cuda")]
+    Device(crate::cuda::DeviceTable),
 }
 
 impl Payload {
@@ -40,6 +43,8 @@ impl Payload {
         match self {
             Payload::Table(t) => t.batch.get_array_memory_size(),
             Payload::Packed(p) => p.metadata.len() + p.data.len(),
+            #[cfg(feature = "cuda")]
+            Payload::Device(t) => t.size_bytes(),
         }
     }
 
@@ -48,6 +53,18 @@ impl Payload {
         match self {
             Payload::Table(_) => MemoryType::Host,
             Payload::Packed(p) => p.data.mem_type(),
+            #[cfg(feature = "cuda")]
+            Payload::Device(_) => MemoryType::Device,
+        }
+    }
+
+    /// Rows of a table payload (host or device); `None` for packed bytes.
+    pub fn num_rows(&self) -> Option<usize> {
+        match self {
+            Payload::Table(t) => Some(t.num_rows()),
+            Payload::Packed(_) => None,
+            #[cfg(feature = "cuda")]
+            Payload::Device(t) => Some(t.num_rows()),
         }
     }
 }

@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use braid_core::{Context, Graph, NodeError, Payload, Receiver, Sender, channel};
+use braid_core::{Context, Graph, NodeError, Receiver, Sender, channel};
 
 use crate::error::DataError;
 use crate::rolling::{RollingSpec, rolling_node};
@@ -25,6 +25,17 @@ pub enum Output {
     Discard,
 }
 
+/// Where the job computes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Device {
+    /// On the host (Arrow kernels).
+    #[default]
+    Cpu,
+    /// On one GPU per rank (feature `cuda`): device chunks, NVRTC kernels,
+    /// NCCL collectives.
+    Gpu,
+}
+
 /// The rolling-aggregation job of one rank.
 #[derive(Debug, Clone)]
 pub struct RollingJob {
@@ -36,6 +47,8 @@ pub struct RollingJob {
     pub output: Output,
     /// Rows per chunk.
     pub chunk_rows: usize,
+    /// Where the rolling node computes.
+    pub device: Device,
 }
 
 /// Forwards `input` to `output` (if any), adding up the rows in `counter`.
@@ -45,8 +58,8 @@ async fn count_rows(
     counter: Arc<AtomicU64>,
 ) -> Result<(), NodeError> {
     while let Some(m) = input.recv().await {
-        if let Payload::Table(t) = &m.payload {
-            counter.fetch_add(t.num_rows() as u64, Ordering::Relaxed);
+        if let Some(rows) = m.payload.num_rows() {
+            counter.fetch_add(rows as u64, Ordering::Relaxed);
         }
         if let Some(o) = &mut output {
             o.send(m).await?;
@@ -70,6 +83,14 @@ impl RollingJob {
     pub fn check(&self) -> Result<(), DataError> {
         let schema = self.source.schema()?;
         self.spec.output_schema(&schema)?;
+        if self.device == Device::Gpu {
+            #[cfg(feature = "cuda")]
+            crate::gpu::check_gpu_spec(&self.spec, &schema)?;
+            #[cfg(not(feature = "cuda"))]
+            return Err(DataError::Invalid(
+                "--device gpu needs a build with the `cuda` feature".into(),
+            ));
+        }
         if let Output::File(f) = &self.output {
             f.prepare()?;
         }
@@ -105,17 +126,51 @@ impl RollingJob {
                 res
             });
         }
-        g.add(
-            "rolling",
-            rolling_node(
-                ctx.clone(),
-                self.spec.clone(),
-                schema.clone(),
-                self.chunk_rows,
-                src_rx,
-                out_tx,
-            ),
-        );
+        match self.device {
+            Device::Cpu => {
+                g.add(
+                    "rolling",
+                    rolling_node(
+                        ctx.clone(),
+                        self.spec.clone(),
+                        schema.clone(),
+                        self.chunk_rows,
+                        src_rx,
+                        out_tx,
+                    ),
+                );
+            }
+            #[cfg(feature = "cuda")]
+            Device::Gpu => {
+                use braid_core::cuda::Gpu;
+                let gpu = Gpu::for_rank(ctx.rank()).map_err(NodeError::other)?;
+                let dc = braid_coll::device::DeviceComm::new(&ctx, gpu.clone())
+                    .await
+                    .map_err(NodeError::other)?;
+                let (dev_tx, dev_rx) = channel(4);
+                let (res_tx, res_rx) = channel(4);
+                g.add("to_device", crate::gpu::to_device(gpu, src_rx, dev_tx));
+                g.add(
+                    "gpu_rolling",
+                    crate::gpu::gpu_rolling_node(
+                        dc,
+                        self.spec.clone(),
+                        schema.clone(),
+                        self.chunk_rows,
+                        dev_rx,
+                        res_tx,
+                    ),
+                );
+                g.add("to_host", crate::gpu::to_host(res_rx, out_tx));
+            }
+            #[cfg(not(feature = "cuda"))]
+            Device::Gpu => {
+                drop((src_rx, out_tx));
+                return Err(NodeError::other(
+                    "--device gpu needs a build with the `cuda` feature",
+                ));
+            }
+        }
         // Counts the output rows on their way to the sink.
         let (count_tx, count_rx) = channel(4);
         let downstream = match &self.output {

@@ -11,6 +11,8 @@
 //! - [`job`]: the rolling-aggregation job as a graph.
 
 pub mod error;
+#[cfg(feature = "cuda")]
+pub mod gpu;
 pub mod ipc;
 pub mod job;
 pub mod partition;

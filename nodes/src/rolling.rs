@@ -175,7 +175,7 @@ pub async fn rolling_node(
             while let Some(m) = input.recv().await {
                 match m.payload {
                     Payload::Table(t) => batches.push(t.into_batch()),
-                    Payload::Packed(_) => {
+                    _ => {
                         return Err(NodeError::other("rolling got a non-table message"));
                     }
                 }

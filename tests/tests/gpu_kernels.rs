@@ -7,7 +7,11 @@
 use std::sync::Arc;
 
 use braid_core::cuda::{DeviceBuffer, Gpu};
-use braid_kernels::gpu::{gather, hash_partition, order_key_f64, order_key_i64, radix_sort};
+use braid_kernels::gpu::{
+    NumType, RollingInput, cast_to_f64, cast_to_i64, gather, hash_partition, lower_bound,
+    order_key_f64, order_key_i64, radix_sort, rolling,
+};
+use braid_kernels::rolling::{Agg, Closed, rolling as cpu_rolling, rolling_segments};
 use braid_tests::SplitMix;
 
 const SIZES: [usize; 9] = [0, 1, 2, 255, 257, 4095, 4097, 100_003, 3_000_001];
@@ -199,4 +203,293 @@ fn radix_sort_f64_matches_cpu() {
         }
         check_sort(&gpu, keys, &host_keys, "f64");
     }
+}
+
+/// Sorted random order values with ties and gaps.
+fn sorted_ts(g: &mut SplitMix, n: usize) -> Vec<i64> {
+    let mut t = g.below(1000) as i64 - 500;
+    (0..n)
+        .map(|_| {
+            t += g.below(4) as i64; // 0: a tie
+            t
+        })
+        .collect()
+}
+
+/// Compares a GPU aggregation column with the CPU kernel's.
+fn check_agg(
+    gpu_col: &braid_kernels::gpu::GpuAggColumn,
+    cpu: &braid_kernels::rolling::AggColumn,
+    what: &str,
+) {
+    assert_eq!(gpu_col.agg, cpu.agg, "{what}");
+    let n = cpu.len();
+    if cpu.agg == Agg::Count {
+        let got: Vec<i64> = gpu_col.values.to_vec().unwrap();
+        assert_eq!(got, cpu.counts().unwrap(), "{what}: counts");
+        return;
+    }
+    let vals: Vec<f64> = gpu_col.values.to_vec().unwrap();
+    let ok = gpu_col.valid.as_ref().unwrap().to_host().unwrap();
+    assert_eq!(vals.len(), n, "{what}: rows");
+    for i in 0..n {
+        assert_eq!(ok[i] != 0, cpu.valid[i], "{what}: validity of row {i}");
+        if cpu.valid[i] {
+            let (a, b) = (vals[i], cpu.values[i]);
+            let tol = 1e-9 * (1.0 + b.abs());
+            assert!(
+                (a - b).abs() <= tol || (a.is_nan() && b.is_nan()),
+                "{what}: row {i}: gpu {a} cpu {b}"
+            );
+        }
+    }
+}
+
+#[test]
+fn rolling_matches_cpu() {
+    let Some(gpu) = gpu() else { return };
+    let mut g = SplitMix(braid_tests::fresh_seed());
+    let aggs = Agg::ALL;
+    for &n in &[
+        0usize, 1, 2, 31, 32, 33, 1023, 1025, 4097, 100_003, 1_000_001,
+    ] {
+        for closed in [Closed::Right, Closed::Both, Closed::Left, Closed::None] {
+            let window = [0i64, 1, 3, 40, 1 << 40][g.below(5) as usize];
+            let ts = sorted_ts(&mut g, n);
+            let v: Vec<f64> = (0..n)
+                .map(|_| (g.below(20_001) as f64 - 10_000.0) / 7.0)
+                .collect();
+            let nulls = g.below(2) == 0;
+            let valid: Vec<bool> = (0..n).map(|_| !nulls || g.below(10) != 0).collect();
+            let emit_from = if n == 0 {
+                0
+            } else {
+                g.below(n as u64 / 4 + 1) as usize
+            };
+            let what = format!(
+                "n = {n}, {closed:?}, window {window}, nulls {nulls}, emit from {emit_from}"
+            );
+            let d_ts = DeviceBuffer::from_slice(&gpu, &ts).unwrap();
+            let d_v = DeviceBuffer::from_slice(&gpu, &v).unwrap();
+            let ok: Vec<u8> = valid.iter().map(|b| u8::from(*b)).collect();
+            let d_ok = DeviceBuffer::from_host(&gpu, &ok).unwrap();
+            let input = RollingInput {
+                ts: &d_ts,
+                key: None,
+                values: &d_v,
+                valid: nulls.then_some(&d_ok),
+                emit_from,
+            };
+            let got = rolling(&gpu, input, window, closed, &aggs).unwrap();
+            let want = cpu_rolling(
+                &ts,
+                &v,
+                nulls.then_some(&valid[..]),
+                window,
+                closed,
+                &aggs,
+                emit_from,
+            )
+            .unwrap();
+            for (a, b) in got.iter().zip(&want.columns) {
+                check_agg(a, b, &what);
+            }
+        }
+    }
+}
+
+#[test]
+fn rolling_grouped_matches_cpu() {
+    let Some(gpu) = gpu() else { return };
+    let mut g = SplitMix(braid_tests::fresh_seed());
+    let aggs = [
+        Agg::Var,
+        Agg::Count,
+        Agg::Sum,
+        Agg::Min,
+        Agg::Max,
+        Agg::Mean,
+        Agg::Std,
+        Agg::Sum,
+    ];
+    for &n in &[1usize, 2, 33, 4097, 100_003, 1_000_001] {
+        for closed in [Closed::Right, Closed::Both, Closed::Left, Closed::None] {
+            let window = [0i64, 2, 25, 1 << 40][g.below(4) as usize];
+            // Groups of random length, keys ascending (with gaps).
+            let mut key = Vec::with_capacity(n);
+            let mut offsets = vec![0usize];
+            let mut k = g.below(100) as i64 - 50;
+            while key.len() < n {
+                let most = if g.below(2) == 0 { 5 } else { 3000 };
+                let len = (1 + g.below(most) as usize).min(n - key.len());
+                key.extend(std::iter::repeat_n(k, len));
+                offsets.push(key.len());
+                k += 1 + g.below(3) as i64;
+            }
+            let mut ts = Vec::with_capacity(n);
+            for w in offsets.windows(2) {
+                ts.extend(sorted_ts(&mut g, w[1] - w[0]));
+            }
+            let v: Vec<f64> = (0..n)
+                .map(|_| g.below(1000) as f64 * 0.25 - 100.0)
+                .collect();
+            let valid: Vec<bool> = (0..n).map(|_| g.below(7) != 0).collect();
+            let what = format!(
+                "grouped n = {n}, {} groups, {closed:?}, window {window}",
+                offsets.len() - 1
+            );
+            let d_ts = DeviceBuffer::from_slice(&gpu, &ts).unwrap();
+            let d_key = DeviceBuffer::from_slice(&gpu, &key).unwrap();
+            let d_v = DeviceBuffer::from_slice(&gpu, &v).unwrap();
+            let ok: Vec<u8> = valid.iter().map(|b| u8::from(*b)).collect();
+            let d_ok = DeviceBuffer::from_host(&gpu, &ok).unwrap();
+            let input = RollingInput {
+                ts: &d_ts,
+                key: Some(&d_key),
+                values: &d_v,
+                valid: Some(&d_ok),
+                emit_from: 0,
+            };
+            let got = rolling(&gpu, input, window, closed, &aggs).unwrap();
+            let want =
+                rolling_segments(&ts, &v, Some(&valid), &offsets, window, closed, &aggs).unwrap();
+            assert_eq!(got.len(), aggs.len());
+            for (a, b) in got.iter().zip(&want.columns) {
+                check_agg(a, b, &what);
+            }
+        }
+    }
+}
+
+#[test]
+fn casts_and_lower_bound_match_cpu() {
+    let Some(gpu) = gpu() else { return };
+    let mut g = SplitMix(braid_tests::fresh_seed());
+    for &n in &SIZES[..8] {
+        let v: Vec<i32> = (0..n).map(|_| g.next_u64() as i32).collect();
+        let d = DeviceBuffer::from_slice(&gpu, &v).unwrap();
+        let f: Vec<f64> = cast_to_f64(&gpu, &d, NumType::I32)
+            .unwrap()
+            .to_vec()
+            .unwrap();
+        assert_eq!(
+            f,
+            v.iter().map(|x| *x as f64).collect::<Vec<_>>(),
+            "i32 -> f64, n = {n}"
+        );
+        let i: Vec<i64> = cast_to_i64(&gpu, &d, NumType::I32)
+            .unwrap()
+            .to_vec()
+            .unwrap();
+        assert_eq!(
+            i,
+            v.iter().map(|x| *x as i64).collect::<Vec<_>>(),
+            "i32 -> i64, n = {n}"
+        );
+        let u: Vec<u16> = (0..n).map(|_| g.next_u64() as u16).collect();
+        let d = DeviceBuffer::from_slice(&gpu, &u).unwrap();
+        let i: Vec<i64> = cast_to_i64(&gpu, &d, NumType::U16)
+            .unwrap()
+            .to_vec()
+            .unwrap();
+        assert_eq!(
+            i,
+            u.iter().map(|x| *x as i64).collect::<Vec<_>>(),
+            "u16 -> i64, n = {n}"
+        );
+        let x: Vec<f32> = (0..n).map(|_| g.next_u64() as i32 as f32 / 3.0).collect();
+        let d = DeviceBuffer::from_slice(&gpu, &x).unwrap();
+        let f: Vec<f64> = cast_to_f64(&gpu, &d, NumType::F32)
+            .unwrap()
+            .to_vec()
+            .unwrap();
+        assert_eq!(
+            f,
+            x.iter().map(|x| *x as f64).collect::<Vec<_>>(),
+            "f32 -> f64, n = {n}"
+        );
+        // lower_bound against partition_point.
+        let mut s: Vec<u64> = (0..n).map(|_| g.below(1000)).collect();
+        s.sort_unstable();
+        let q: Vec<u64> = (0..37).map(|_| g.below(1100)).collect();
+        let got: Vec<u64> = lower_bound(
+            &gpu,
+            &DeviceBuffer::from_slice(&gpu, &s).unwrap(),
+            &DeviceBuffer::from_slice(&gpu, &q).unwrap(),
+        )
+        .unwrap()
+        .to_vec()
+        .unwrap();
+        let want: Vec<u64> = q
+            .iter()
+            .map(|x| s.partition_point(|y| y < x) as u64)
+            .collect();
+        assert_eq!(got, want, "lower_bound, n = {n}");
+    }
+}
+
+#[test]
+fn device_table_round_trips() {
+    use arrow_array::{Array, BooleanArray, Float32Array, Int16Array, Int64Array, RecordBatch};
+    use arrow_schema::{DataType, Field, Schema};
+    use braid_core::cuda::DeviceTable;
+    let Some(gpu) = gpu() else { return };
+    let mut g = SplitMix(braid_tests::fresh_seed());
+    for &n in &[0usize, 1, 7, 1000, 100_003] {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("a", DataType::Int64, false),
+            Field::new("b", DataType::Float32, true),
+            Field::new("c", DataType::Int16, true),
+            Field::new("d", DataType::Boolean, true),
+        ]));
+        let a = Int64Array::from((0..n).map(|_| g.next_u64() as i64).collect::<Vec<_>>());
+        let b = Float32Array::from(
+            (0..n)
+                .map(|_| (g.below(3) > 0).then(|| g.below(100) as f32))
+                .collect::<Vec<_>>(),
+        );
+        let c = Int16Array::from(
+            (0..n)
+                .map(|_| (g.below(5) > 0).then(|| g.next_u64() as i16))
+                .collect::<Vec<_>>(),
+        );
+        let d = BooleanArray::from(
+            (0..n)
+                .map(|_| (g.below(4) > 0).then(|| g.below(2) == 0))
+                .collect::<Vec<_>>(),
+        );
+        let batch = RecordBatch::try_new(
+            schema.clone(),
+            vec![Arc::new(a), Arc::new(b), Arc::new(c), Arc::new(d)],
+        )
+        .unwrap();
+        // A sliced batch (offsets inside the Arrow buffers) too.
+        let off = n / 3;
+        for input in [batch.clone(), batch.slice(off, n - off)] {
+            let t = DeviceTable::from_batch(&gpu, &input).unwrap();
+            assert_eq!(t.to_batch().unwrap(), input, "round trip, n = {n}");
+            let packed = t.pack(&gpu).unwrap();
+            let back = DeviceTable::unpack(&gpu, schema.clone(), &packed).unwrap();
+            assert_eq!(back.to_batch().unwrap(), input, "pack/unpack, n = {n}");
+            let k = input.num_rows() / 2;
+            let s = t.slice(&gpu, k, input.num_rows() - k).unwrap();
+            assert_eq!(
+                s.to_batch().unwrap(),
+                input.slice(k, input.num_rows() - k),
+                "slice, n = {n}"
+            );
+            let _ = s.to_batch().unwrap().column(0).len();
+        }
+    }
+    // Strings have no device form: a clear error.
+    let schema = Arc::new(Schema::new(vec![Field::new("s", DataType::Utf8, false)]));
+    let batch = RecordBatch::try_new(
+        schema,
+        vec![Arc::new(arrow_array::StringArray::from(vec!["x"]))],
+    )
+    .unwrap();
+    let e = DeviceTable::from_batch(&gpu, &batch)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("\"s\""), "{e}");
 }

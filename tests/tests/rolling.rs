@@ -209,6 +209,7 @@ async fn run_case(
             spec: spec.clone(),
             output: Output::Collect(sink),
             chunk_rows: 37,
+            device: braid_nodes::job::Device::Cpu,
         };
         let ctx = ctx.clone();
         hs.push(tokio::spawn(async move { job.run(ctx, None).await }));

@@ -181,17 +181,7 @@ impl DeviceBuffer {
     }
 
     fn copy_to_host(&self, dst: &mut [u8]) -> Result<(), CudaError> {
-        if dst.is_empty() {
-            return Ok(());
-        }
-        let gpu = self.gpu();
-        let s = gpu.stream();
-        gpu.bind()?;
-        self.wait_on(s)?;
-        // SAFETY: `dst` has `self.len` bytes and outlives the synchronise.
-        unsafe { result::memcpy_dtoh_async(dst, self.ptr(), s.cu_stream()) }
-            .on(gpu.rank(), "cuMemcpyDtoHAsync")?;
-        s.synchronize().on(gpu.rank(), "cuStreamSynchronize")
+        self.read_at(0, dst)
     }
 
     /// A device-to-device copy on the `Gpu`'s stream.
@@ -228,6 +218,79 @@ impl DeviceBuffer {
         let ev = self.gpu().record(stream)?;
         src.note_use(ev.clone());
         self.set_ready(ev);
+        Ok(())
+    }
+
+    /// Copies `len` bytes of `src` from `src_off` into this buffer at
+    /// `dst_off`, on the `Gpu`'s stream (slicing, concatenating and packing
+    /// columns). Both ranges are checked.
+    pub fn copy_region(
+        &mut self,
+        dst_off: usize,
+        src: &DeviceBuffer,
+        src_off: usize,
+        len: usize,
+    ) -> Result<(), CudaError> {
+        let gpu = self.gpu().clone();
+        let rank = gpu.rank();
+        let fits = |off: usize, total: usize| off.checked_add(len).is_some_and(|e| e <= total);
+        if !fits(dst_off, self.len) || !fits(src_off, src.len) {
+            return Err(CudaError::Invalid {
+                rank,
+                detail: format!(
+                    "copy of {len} bytes from offset {src_off} of a {}-byte buffer to offset \
+                     {dst_off} of a {}-byte buffer",
+                    src.len, self.len
+                ),
+            });
+        }
+        if len == 0 {
+            return Ok(());
+        }
+        let s = gpu.stream();
+        gpu.bind()?;
+        self.wait_writable(s)?;
+        src.wait_on(s)?;
+        // SAFETY: both ranges lie inside live allocations (checked above).
+        unsafe {
+            result::memcpy_dtod_async(
+                self.ptr() + dst_off as u64,
+                src.ptr() + src_off as u64,
+                len,
+                s.cu_stream(),
+            )
+        }
+        .on(rank, "cuMemcpyDtoDAsync")?;
+        let ev = gpu.record(s)?;
+        src.note_use(ev.clone());
+        self.set_ready(ev);
+        Ok(())
+    }
+
+    /// Reads `dst.len()` bytes from `offset` to the host (waits for them).
+    pub fn read_at(&self, offset: usize, dst: &mut [u8]) -> Result<(), CudaError> {
+        if offset.checked_add(dst.len()).is_none_or(|e| e > self.len) {
+            return Err(CudaError::Invalid {
+                rank: self.gpu().rank(),
+                detail: format!(
+                    "read of {} bytes at offset {offset} of a {}-byte buffer",
+                    dst.len(),
+                    self.len
+                ),
+            });
+        }
+        if dst.is_empty() {
+            return Ok(());
+        }
+        let gpu = self.gpu();
+        let s = gpu.stream();
+        gpu.bind()?;
+        self.wait_on(s)?;
+        // SAFETY: the range lies inside the allocation; `dst` outlives the
+        // synchronise below.
+        unsafe { result::memcpy_dtoh_async(dst, self.ptr() + offset as u64, s.cu_stream()) }
+            .on(gpu.rank(), "cuMemcpyDtoHAsync")?;
+        s.synchronize().on(gpu.rank(), "cuStreamSynchronize")?;
         Ok(())
     }
 

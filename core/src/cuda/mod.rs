@@ -7,6 +7,8 @@
 //!   write; spilling to host ([`Resident`]).
 //! - [`NcclComm`]: an NCCL communicator on its own OS thread, serving
 //!   requests in call order and answering when the enqueued work completes.
+//! - [`DeviceTable`]: a table chunk with its columns in device memory,
+//!   converted from and to Arrow on the host.
 //! - [`ipc`]: CUDA IPC between processes (and threads) of one host, and a
 //!   copy-engine SendRecv over it.
 //!
@@ -18,6 +20,7 @@ mod device;
 mod error;
 pub mod ipc;
 mod nccl;
+mod table;
 
 pub use buffer::{DeviceBuffer, POISON, Resident, poison_new_allocations};
 pub use device::{Gpu, GpuEvent};
@@ -25,6 +28,7 @@ pub use error::CudaError;
 pub use nccl::{
     Completion, KeepAlive, NcclComm, NcclDType, NcclMode, NcclOp, NcclWork, OnDone, Slot,
 };
+pub use table::{DeviceColumn, DeviceTable, device_width};
 
 /// Re-export of cudarc, so that downstream crates use the same version.
 pub use cudarc;

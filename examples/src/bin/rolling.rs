@@ -17,7 +17,7 @@ use arrow_schema::{DataType, TimeUnit};
 use braid_core::{BoxError, MemoryLimits};
 use braid_examples::{JobArgs, JobOutcome, init_tracing, run_job};
 use braid_kernels::rolling::{Agg, Closed};
-use braid_nodes::job::{Output, RollingJob};
+use braid_nodes::job::{Device, Output, RollingJob};
 use braid_nodes::rolling::RollingSpec;
 use braid_nodes::sink::{FileFormat, FileSink, SinkTarget};
 use braid_nodes::source::{GeneratorSpec, Source};
@@ -75,6 +75,18 @@ struct Cli {
     /// Generate ts as timestamp[us] instead of int64.
     #[arg(long)]
     timestamp: bool,
+    /// Where to compute: cpu, or gpu (one GPU per rank; needs a build with
+    /// `--features cuda` and as many GPUs as ranks).
+    #[arg(long, default_value = "cpu", value_parser = parse_device)]
+    device: Device,
+}
+
+fn parse_device(s: &str) -> Result<Device, String> {
+    match s.to_ascii_lowercase().as_str() {
+        "cpu" => Ok(Device::Cpu),
+        "gpu" => Ok(Device::Gpu),
+        _ => Err(format!("unknown device {s:?} (cpu or gpu)")),
+    }
 }
 
 fn parse_bytes(s: &str) -> Result<u64, String> {
@@ -204,6 +216,7 @@ fn build(cli: &Cli) -> Result<(RollingJob, MemoryLimits, Option<u64>), BoxError>
         spec,
         output,
         chunk_rows: cli.chunk_rows,
+        device: cli.device,
     };
     job.check()?;
     Ok((job, limits, total))

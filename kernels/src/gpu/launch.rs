@@ -45,14 +45,23 @@ pub struct Kernels {
 /// Every kernel entry point in `kernels.cu`.
 const ENTRY_POINTS: &[&str] = &[
     "gather_u8",
+    "gather_u16",
     "gather_u32",
     "gather_u64",
     "hash_partition_i64",
     "order_key_i64",
     "order_key_f64",
+    "u64_min_max",
     "radix_histogram",
-    "radix_scan",
+    "radix_row_totals",
+    "radix_scan_digits",
     "radix_scatter",
+    "lower_bound_u64",
+    "cast_to_f64",
+    "cast_to_i64",
+    "roll_level_rows",
+    "roll_level_up",
+    "rolling_window",
     "iota_u32",
 ];
 

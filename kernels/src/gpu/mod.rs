@@ -8,14 +8,21 @@
 //!
 //! | kernel | what | cost |
 //! |---|---|---|
-//! | [`gather`] | `out[i] = in[idx[i]]`, 1/4/8-byte elements | one read of idx, one gather, one write |
+//! | [`gather`] | `out[i] = in[idx[i]]`, 1/2/4/8-byte elements | one read of idx, one gather, one write |
 //! | [`hash_partition`] | partition id per i64 key and counts per partition | one read, atomics on N counters |
-//! | [`radix_sort`] | stable LSD radix sort of u64 keys with a u32 permutation | 8 passes over keys + permutation |
+//! | [`radix_sort`] | stable LSD radix sort of u64 keys with a u32 permutation | per needed byte: keys read twice, keys + permutation written once |
+//! | [`lower_bound`] | first index >= each query in sorted u64 | a binary search per query |
+//! | [`cast_to_f64`], [`cast_to_i64`] | numeric columns to f64 / integer columns to i64 | one read, one write |
+//! | [`rolling`] | time-window sum/mean/min/max/count/std/var over sorted rows, grouped or not | O(log w) search + O(32 log_32 w) merges per row |
 
+mod cast;
 mod launch;
 mod ops;
+mod rolling;
 mod sort;
 
+pub use cast::{NumType, cast_to_f64, cast_to_i64};
 pub use launch::{KernelError, Kernels};
-pub use ops::{gather, hash_partition, order_key_f64, order_key_i64};
+pub use ops::{gather, hash_partition, iota, lower_bound, order_key_f64, order_key_i64};
+pub use rolling::{GpuAggColumn, RollingInput, rolling};
 pub use sort::radix_sort;

@@ -40,7 +40,7 @@ pub(crate) fn mark_written(
     Ok(())
 }
 
-/// `out[i] = input[idx[i]]` for elements of `width` bytes (1, 4 or 8);
+/// `out[i] = input[idx[i]]` for elements of `width` bytes (1, 2, 4 or 8);
 /// `idx` holds u32 indices, all below the input's element count (checked by
 /// the kernel's caller contract: indices come from a permutation).
 pub fn gather(
@@ -51,13 +51,14 @@ pub fn gather(
 ) -> Result<DeviceBuffer, KernelError> {
     let name = match width {
         1 => "gather_u8",
+        2 => "gather_u16",
         4 => "gather_u32",
         8 => "gather_u64",
         w => {
             return Err(invalid(
                 gpu,
                 "gather",
-                format!("element width {w} (1, 4 or 8)"),
+                format!("element width {w} (1, 2, 4 or 8)"),
             ));
         }
     };
@@ -157,4 +158,62 @@ pub fn order_key_i64(gpu: &Arc<Gpu>, input: &DeviceBuffer) -> Result<DeviceBuffe
 /// u64 keys whose unsigned order is the f64 values' order (NaNs last).
 pub fn order_key_f64(gpu: &Arc<Gpu>, input: &DeviceBuffer) -> Result<DeviceBuffer, KernelError> {
     order_key(gpu, input, "order_key_f64")
+}
+
+/// For each query q: the first index of `sorted` (ascending u64) whose
+/// value is >= q. Returns one u64 per query.
+pub fn lower_bound(
+    gpu: &Arc<Gpu>,
+    sorted: &DeviceBuffer,
+    queries: &DeviceBuffer,
+) -> Result<DeviceBuffer, KernelError> {
+    if sorted.len() % 8 != 0 || queries.len() % 8 != 0 {
+        return Err(invalid(
+            gpu,
+            "lower_bound",
+            format!(
+                "{} sorted bytes / {} query bytes are not whole u64",
+                sorted.len(),
+                queries.len()
+            ),
+        ));
+    }
+    let (n, m) = ((sorted.len() / 8) as u64, (queries.len() / 8) as u64);
+    let mut out = DeviceBuffer::alloc(gpu, queries.len())?;
+    if m > 0 {
+        let k = Kernels::get(gpu)?;
+        let f = k.func(gpu.rank(), "lower_bound_u64")?;
+        wait_inputs(gpu, &[sorted, queries, &out])?;
+        let (sp, qp, op) = (sorted.ptr(), queries.ptr(), out.ptr());
+        let mut b = gpu.stream().launch_builder(f);
+        b.arg(&sp).arg(&n).arg(&qp).arg(&m).arg(&op);
+        // SAFETY: live buffers of the checked lengths.
+        launched(gpu.rank(), unsafe { b.launch(grid(m as usize)) })?;
+    }
+    mark_written(gpu, &[sorted, queries], &mut [&mut out])?;
+    Ok(out)
+}
+
+/// `0, 1, ..., n - 1` as u32 (the identity permutation a sort starts from).
+pub fn iota(gpu: &Arc<Gpu>, n: usize) -> Result<DeviceBuffer, KernelError> {
+    if n > u32::MAX as usize {
+        return Err(invalid(
+            gpu,
+            "iota",
+            format!("{n} elements (at most 2^32 - 1)"),
+        ));
+    }
+    let mut out = DeviceBuffer::alloc(gpu, n * 4)?;
+    if n > 0 {
+        let k = Kernels::get(gpu)?;
+        let f = k.func(gpu.rank(), "iota_u32")?;
+        wait_inputs(gpu, &[&out])?;
+        let (o, n64) = (out.ptr(), n as u64);
+        let mut b = gpu.stream().launch_builder(f);
+        b.arg(&o).arg(&n64);
+        // SAFETY: `n` u32 out.
+        launched(gpu.rank(), unsafe { b.launch(grid(n)) })?;
+    }
+    mark_written(gpu, &[], &mut [&mut out])?;
+    Ok(out)
 }

@@ -1,17 +1,25 @@
 //! Stable LSD radix sort of u64 keys with a u32 payload permutation.
 //!
-//! Eight passes of 8 bits (histogram, scan, stable scatter; see
-//! `kernels.cu`); a pass whose digit is the same for every key is skipped
-//! (the histogram says so), which saves most passes for keys that share
-//! their high bytes (timestamps). Memory: keys and permutation twice, plus
-//! 256 counters per tile of 4096 keys.
+//! ```text
+//!   u64_min_max          one read: bytes above the highest one where min
+//!                        and max differ are the same in every key: skipped
+//!   per remaining pass:  radix_histogram -> radix_row_totals
+//!                        -> radix_scan_digits -> radix_scatter
+//! ```
+//!
+//! Cost per pass: keys read twice, keys and payload written once; the
+//! scatter ranks each 4096-key tile in shared memory and writes it in digit
+//! order, so its writes are runs of consecutive addresses, not one
+//! transaction per key. Timestamps share their high bytes, so their sorts
+//! skip most passes. Memory: keys and payload twice, 256 counters per tile.
+//! One device-to-host copy of 16 bytes (min and max) per sort.
 
 use std::sync::Arc;
 
 use braid_core::cuda::cudarc::driver::{LaunchConfig, PushKernelArg};
 use braid_core::cuda::{DeviceBuffer, Gpu};
 
-use super::launch::{KernelError, Kernels, launched};
+use super::launch::{KernelError, Kernels, grid, launched};
 use super::ops::{mark_written, wait_inputs};
 
 const TILE: usize = 256 * 16;
@@ -44,69 +52,67 @@ pub fn radix_sort(
         return Ok((keys, perm));
     }
     let k = Kernels::get(gpu)?;
+    let minmax_f = k.func(rank, "u64_min_max")?;
     let hist_f = k.func(rank, "radix_histogram")?;
-    let scan_f = k.func(rank, "radix_scan")?;
+    let totals_f = k.func(rank, "radix_row_totals")?;
+    let scan_f = k.func(rank, "radix_scan_digits")?;
     let scatter_f = k.func(rank, "radix_scatter")?;
     let nblocks = n.div_ceil(TILE) as u32;
-    let hist_len = 256 * nblocks as u64;
-    let hist = DeviceBuffer::alloc(gpu, hist_len as usize * 4)?;
+    let hist = DeviceBuffer::alloc(gpu, 256 * nblocks as usize * 4)?;
+    let totals = DeviceBuffer::alloc(gpu, 256 * 4)?;
+    let mut range = DeviceBuffer::from_slice(gpu, &[u64::MAX, 0u64])?;
     let (mut ka, mut pa) = (keys, perm);
     let mut kb = DeviceBuffer::alloc(gpu, n * 8)?;
     let mut pb = DeviceBuffer::alloc(gpu, n * 4)?;
-    wait_inputs(gpu, &[&ka, &pa, &kb, &pb, &hist])?;
+    wait_inputs(gpu, &[&ka, &pa, &kb, &pb, &hist, &totals, &range])?;
     let s = gpu.stream();
     let n64 = n as u64;
+    // Bytes above the highest one where min and max differ are shared by
+    // every key: their passes would move nothing.
+    {
+        let (kp, rp) = (ka.ptr(), range.ptr());
+        let mut cfg = grid(n);
+        cfg.grid_dim.0 = cfg.grid_dim.0.min(2048);
+        let mut b = s.launch_builder(minmax_f);
+        b.arg(&kp).arg(&n64).arg(&rp);
+        // SAFETY: live buffers of the checked sizes.
+        launched(rank, unsafe { b.launch(cfg) })?;
+    }
+    let ev = gpu.record(s)?;
+    range.set_ready(ev.clone());
+    ka.note_use(ev);
+    let mm: Vec<u64> = range.to_vec()?;
+    let differ = mm[0] ^ mm[1];
+    let passes = if differ == 0 {
+        0
+    } else {
+        (64 - differ.leading_zeros()).div_ceil(8)
+    };
     let tiles = LaunchConfig {
         grid_dim: (nblocks, 1, 1),
         block_dim: (256, 1, 1),
         shared_mem_bytes: 0,
     };
-    let one = LaunchConfig {
-        grid_dim: (1, 1, 1),
+    let per_digit = LaunchConfig {
+        grid_dim: (256, 1, 1),
         block_dim: (1024, 1, 1),
         shared_mem_bytes: 0,
     };
-    let mut counts = vec![0u32; hist_len as usize];
-    for pass in 0..8u32 {
+    for pass in 0..passes {
         let shift = pass * 8;
-        let (kp, hp) = (ka.ptr(), hist.ptr());
+        let (kp, hp, tp) = (ka.ptr(), hist.ptr(), totals.ptr());
         let mut b = s.launch_builder(hist_f);
         b.arg(&kp).arg(&n64).arg(&shift).arg(&hp).arg(&nblocks);
         // SAFETY: live buffers of the checked sizes.
         launched(rank, unsafe { b.launch(tiles) })?;
-        // Skip a pass whose digit is the same for every key.
-        // SAFETY: `counts` has `hist_len` u32 and is synchronised below.
-        unsafe {
-            braid_core::cuda::cudarc::driver::result::memcpy_dtoh_async(
-                &mut counts[..],
-                hp,
-                s.cu_stream(),
-            )
-        }
-        .map_err(|e| {
-            KernelError::Cuda(braid_core::cuda::CudaError::Driver {
-                rank,
-                call: "cuMemcpyDtoHAsync",
-                detail: format!("{e:?}"),
-            })
-        })?;
-        s.synchronize().map_err(|e| {
-            KernelError::Cuda(braid_core::cuda::CudaError::Driver {
-                rank,
-                call: "cuStreamSynchronize",
-                detail: format!("{e:?}"),
-            })
-        })?;
-        let trivial = counts
-            .chunks(nblocks as usize)
-            .any(|digit| digit.iter().map(|&c| c as u64).sum::<u64>() == n64);
-        if trivial {
-            continue;
-        }
-        let mut b = s.launch_builder(scan_f);
-        b.arg(&hp).arg(&hist_len);
+        let mut b = s.launch_builder(totals_f);
+        b.arg(&hp).arg(&nblocks).arg(&tp);
         // SAFETY: as above.
-        launched(rank, unsafe { b.launch(one) })?;
+        launched(rank, unsafe { b.launch(per_digit) })?;
+        let mut b = s.launch_builder(scan_f);
+        b.arg(&hp).arg(&nblocks).arg(&tp);
+        // SAFETY: as above.
+        launched(rank, unsafe { b.launch(per_digit) })?;
         let (vp, ko, vo) = (pa.ptr(), kb.ptr(), pb.ptr());
         let mut b = s.launch_builder(scatter_f);
         b.arg(&kp)
@@ -122,6 +128,6 @@ pub fn radix_sort(
         std::mem::swap(&mut ka, &mut kb);
         std::mem::swap(&mut pa, &mut pb);
     }
-    mark_written(gpu, &[&hist, &kb, &pb], &mut [&mut ka, &mut pa])?;
+    mark_written(gpu, &[&hist, &kb, &pb, &totals], &mut [&mut ka, &mut pa])?;
     Ok((ka, pa))
 }

@@ -7,6 +7,8 @@
 //! - `rolling`: the rolling job against Polars on 10 million rows.
 //! - `gpu` (feature `cuda`): device collectives against raw NCCL, and the
 //!   copy-engine IPC SendRecv against NCCL send/recv.
+//! - `gpu-sort`, `gpu-rolling` (feature `cuda`): the radix sort (compare
+//!   `bench/torch_sort.py`) and the rolling kernel against a device copy.
 //! - `coll`: every collective, 2 and 4 ranks, local and tcp, against
 //!   OpenMPI (shared memory and TCP).
 
@@ -14,6 +16,8 @@ mod coll;
 mod comm;
 #[cfg(feature = "cuda")]
 mod gpu;
+#[cfg(feature = "cuda")]
+mod gpu_rolling;
 #[cfg(feature = "cuda")]
 mod gpu_sort;
 #[cfg(feature = "mpi")]
@@ -46,6 +50,9 @@ enum What {
     /// GPU radix sort of 100M i64 keys (feature cuda; compare bench/torch_sort.py).
     #[cfg(feature = "cuda")]
     GpuSort(gpu_sort::GpuSortArgs),
+    /// GPU rolling kernel vs device-to-device copy bandwidth (feature cuda).
+    #[cfg(feature = "cuda")]
+    GpuRolling(gpu_rolling::GpuRollingArgs),
     /// braid's mpi backend vs raw MPI (feature mpi).
     #[cfg(feature = "mpi")]
     Mpi(mpi::MpiArgs),
@@ -66,6 +73,8 @@ fn main() -> ExitCode {
         What::Gpu(a) => gpu::run(a),
         #[cfg(feature = "cuda")]
         What::GpuSort(a) => gpu_sort::run(a),
+        #[cfg(feature = "cuda")]
+        What::GpuRolling(a) => gpu_rolling::run(a),
         #[cfg(feature = "mpi")]
         What::Mpi(a) => mpi::run(a),
         #[cfg(feature = "mpi")]

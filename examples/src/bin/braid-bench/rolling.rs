@@ -29,6 +29,10 @@ pub struct RollingArgs {
     /// Repetitions (the best is kept).
     #[arg(long, default_value_t = 3)]
     reps: u32,
+    /// Also run the job on GPUs (`rolling --device gpu`, one GPU per rank;
+    /// needs a `cuda` build).
+    #[arg(long)]
+    gpu: bool,
     /// Work directory (input and outputs).
     #[arg(long, default_value = "target/bench/rolling")]
     dir: PathBuf,
@@ -62,7 +66,12 @@ fn input(args: &RollingArgs) -> Result<PathBuf, BoxError> {
     Ok(path)
 }
 
-fn braid(args: &RollingArgs, input: &Path, by: Option<&str>) -> Result<Run, BoxError> {
+fn braid(
+    args: &RollingArgs,
+    input: &Path,
+    by: Option<&str>,
+    device: &str,
+) -> Result<Run, BoxError> {
     let exe = std::env::current_exe()?.with_file_name("rolling");
     let out = args.dir.join("braid-out");
     let mut cmd = Command::new(exe);
@@ -76,7 +85,7 @@ fn braid(args: &RollingArgs, input: &Path, by: Option<&str>) -> Result<Run, BoxE
             "--window",
             &args.window.to_string(),
         ])
-        .args(["--aggs", &args.aggs]);
+        .args(["--aggs", &args.aggs, "--device", device]);
     if let Some(b) = by {
         cmd.args(["--by", b]);
     }
@@ -134,6 +143,22 @@ fn polars(args: &RollingArgs, input: &Path, by: Option<&str>) -> Result<(Run, f6
     ))
 }
 
+/// Best (fastest) of `reps` runs.
+fn best<T>(
+    reps: u32,
+    secs: impl Fn(&T) -> f64,
+    mut f: impl FnMut() -> Result<T, BoxError>,
+) -> Result<T, BoxError> {
+    let mut best: Option<T> = None;
+    for _ in 0..reps.max(1) {
+        let r = f()?;
+        if best.as_ref().is_none_or(|b| secs(&r) < secs(b)) {
+            best = Some(r);
+        }
+    }
+    best.ok_or_else(|| "no repetitions".into())
+}
+
 /// Runs the benchmark and prints the table.
 pub fn run(args: RollingArgs) -> Result<(), BoxError> {
     let input = input(&args)?;
@@ -142,40 +167,59 @@ pub fn run(args: RollingArgs) -> Result<(), BoxError> {
         args.rows, args.window, args.aggs, args.ranks
     );
     println!();
-    println!(
-        "| job | braid s | Polars s | x (Polars s / braid s) | braid peak MiB | Polars peak MiB | Polars compute-only s |"
-    );
-    println!("|---|---:|---:|---:|---:|---:|---:|");
-    for by in [None, Some("key")] {
-        let mut best_b: Option<Run> = None;
-        let mut best_p: Option<(Run, f64)> = None;
-        for _ in 0..args.reps {
-            let b = braid(&args, &input, by)?;
-            if best_b.as_ref().is_none_or(|x| b.secs < x.secs) {
-                best_b = Some(b);
-            }
-            let p = polars(&args, &input, by)?;
-            if best_p.as_ref().is_none_or(|x| p.0.secs < x.0.secs) {
-                best_p = Some(p);
-            }
-        }
-        let (Some(b), Some((p, pc))) = (best_b, best_p) else {
-            return Err("no repetitions".into());
-        };
+    if args.gpu {
         println!(
-            "| {} | {:.2} | {:.2} | {:.2} | {:.0} | {:.0} | {:.2} |",
-            if by.is_some() {
-                "grouped by key (100 keys)"
-            } else {
-                "ungrouped"
-            },
-            b.secs,
-            p.secs,
-            p.secs / b.secs,
-            b.peak_mib,
-            p.peak_mib,
-            pc
+            "| job | braid cpu s | braid gpu s | Polars s | x (cpu s / gpu s) | x (Polars s / gpu s) | gpu peak host MiB |"
         );
+        println!("|---|---:|---:|---:|---:|---:|---:|");
+    } else {
+        println!(
+            "| job | braid s | Polars s | x (Polars s / braid s) | braid peak MiB | Polars peak MiB | Polars compute-only s |"
+        );
+        println!("|---|---:|---:|---:|---:|---:|---:|");
+    }
+    for by in [None, Some("key")] {
+        let name = if by.is_some() {
+            "grouped by key (100 keys)"
+        } else {
+            "ungrouped"
+        };
+        let b = best(
+            args.reps,
+            |r: &Run| r.secs,
+            || braid(&args, &input, by, "cpu"),
+        )?;
+        let (p, pc) = best(
+            args.reps,
+            |r: &(Run, f64)| r.0.secs,
+            || polars(&args, &input, by),
+        )?;
+        if args.gpu {
+            let g = best(
+                args.reps,
+                |r: &Run| r.secs,
+                || braid(&args, &input, by, "gpu"),
+            )?;
+            println!(
+                "| {name} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.0} |",
+                b.secs,
+                g.secs,
+                p.secs,
+                b.secs / g.secs,
+                p.secs / g.secs,
+                g.peak_mib
+            );
+        } else {
+            println!(
+                "| {name} | {:.2} | {:.2} | {:.2} | {:.0} | {:.0} | {:.2} |",
+                b.secs,
+                p.secs,
+                p.secs / b.secs,
+                b.peak_mib,
+                p.peak_mib,
+                pc
+            );
+        }
     }
     Ok(())
 }

@@ -1,0 +1,112 @@
+//! GPU rolling-kernel benchmark (feature `cuda`): the rolling kernel over
+//! N sorted rows (all seven aggregations of one f64 column) next to a
+//! device-to-device copy measured in the same run, both as bytes read plus
+//! written per second. The kernel's bytes: ts and value read (16 B/row),
+//! seven outputs written (7 x 8 B) plus six validity bytes per row.
+
+use std::time::Instant;
+
+use braid_core::BoxError;
+use braid_core::cuda::{DeviceBuffer, Gpu};
+use braid_kernels::gpu::{RollingInput, rolling};
+use braid_kernels::rolling::{Agg, Closed};
+
+/// Options of `braid-bench gpu-rolling`.
+#[derive(Debug, clap::Args)]
+pub struct GpuRollingArgs {
+    /// Rows.
+    #[arg(long, default_value_t = 100_000_000)]
+    n: usize,
+    /// Window in ts units; ts grows by 0..=3 per row (1.5 on average), so
+    /// the default holds about 43 rows.
+    #[arg(long, default_value_t = 64)]
+    window: i64,
+    /// Timed repetitions (after one warm-up).
+    #[arg(long, default_value_t = 5)]
+    reps: usize,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Runs the benchmark on device 0.
+pub fn run(a: GpuRollingArgs) -> Result<(), BoxError> {
+    let gpu = Gpu::for_rank(0)?;
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    let mut next = || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let mut t = 0i64;
+    let ts: Vec<i64> = (0..a.n)
+        .map(|_| {
+            t += (next() % 4) as i64;
+            t
+        })
+        .collect();
+    let v: Vec<f64> = (0..a.n)
+        .map(|_| (next() % 1_000_000) as f64 / 1000.0)
+        .collect();
+    let d_ts = DeviceBuffer::from_slice(&gpu, &ts)?;
+    let d_v = DeviceBuffer::from_slice(&gpu, &v)?;
+    drop((ts, v));
+    let aggs = Agg::ALL;
+    let mut kernel = Vec::new();
+    for rep in 0..=a.reps {
+        gpu.stream().synchronize()?;
+        let t0 = Instant::now();
+        let input = RollingInput {
+            ts: &d_ts,
+            key: None,
+            values: &d_v,
+            valid: None,
+            emit_from: 0,
+        };
+        let out = rolling(&gpu, input, a.window, Closed::Right, &aggs)?;
+        gpu.stream().synchronize()?;
+        if rep > 0 {
+            kernel.push(t0.elapsed().as_secs_f64());
+        }
+        drop(out);
+    }
+    // The copy: 1 GiB device to device, read + written.
+    let size = 1usize << 30;
+    let src = DeviceBuffer::alloc(&gpu, size)?;
+    let mut dst = DeviceBuffer::alloc(&gpu, size)?;
+    let mut copy = Vec::new();
+    for rep in 0..=a.reps {
+        gpu.stream().synchronize()?;
+        let t0 = Instant::now();
+        dst.copy_from(&src, gpu.stream())?;
+        gpu.stream().synchronize()?;
+        if rep > 0 {
+            copy.push(t0.elapsed().as_secs_f64());
+        }
+    }
+    let bytes = a.n as f64 * (16.0 + 7.0 * 8.0 + 6.0);
+    let k = median(kernel);
+    let c = median(copy);
+    let kb = bytes / k / 1e9;
+    let cb = 2.0 * size as f64 / c / 1e9;
+    println!(
+        "# braid-bench gpu-rolling on {}: {} rows, window {} (~{:.0} rows), 7 aggregations of one f64 column",
+        gpu.context().name().unwrap_or_default(),
+        a.n,
+        a.window,
+        a.window as f64 / 1.5
+    );
+    println!();
+    println!("| what | median ms | GB/s (read + written) | ratio to copy |");
+    println!("|---|---:|---:|---:|");
+    println!("| D2D copy, 1 GiB | {:.2} | {cb:.0} | 1.00 |", c * 1e3);
+    println!(
+        "| rolling kernel (levels + windows) | {:.2} | {kb:.0} | {:.2} |",
+        k * 1e3,
+        kb / cb
+    );
+    Ok(())
+}

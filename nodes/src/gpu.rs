@@ -1,0 +1,550 @@
+//! The rolling job on GPUs (feature `cuda`): one rank per GPU, chunks as
+//! [`DeviceTable`]s, the device collectives for every byte that moves.
+//!
+//! ```text
+//!   source ─host─> to_device ─device─> gpu_rolling ─device─> to_host ─host─> sink
+//!
+//!   gpu_rolling, ungrouped:
+//!     1. radix sort by ts; sample splitters (AllGather of 64 ts per rank
+//!        over the host); AllToAllv of every column; radix sort again
+//!        (equal ts share a splitter side, so they stay on one rank)
+//!     2. AllGather of (rows, min ts, max ts); HaloExchange rounds of packed
+//!        (ts, values, validity) suffixes, as on the CPU path
+//!     3. the rolling kernel over ghost rows ++ own rows
+//!   gpu_rolling, grouped:
+//!     1. hash partition of the key; AllToAllv of every column
+//!     2. radix sort by (key, ts) (two stable passes: ts, then key)
+//!     3. the rolling kernel with the key column (windows stop at a key)
+//! ```
+//!
+//! The output has the CPU job's rows and columns (the row order within a
+//! rank may differ). Variable-width columns (strings) have no device form:
+//! the job says which column before any work. Memory: the rank's rows, a
+//! sorted copy and the kernel's outputs on the device at once.
+
+use std::sync::Arc;
+
+use arrow_schema::{DataType, Field, Schema, SchemaRef};
+use braid_coll::allgather;
+use braid_coll::device::{DeviceAllToAllv, DeviceComm, DeviceHaloExchange, alltoallv};
+use braid_core::cuda::{DeviceBuffer, DeviceColumn, DeviceTable, Gpu};
+use braid_core::{Message, NodeError, Payload, Receiver, Sender};
+use braid_kernels::gpu::{
+    NumType, RollingInput, cast_to_f64, cast_to_i64, gather, hash_partition, iota, lower_bound,
+    order_key_i64, radix_sort, rolling,
+};
+use braid_kernels::rolling::Closed;
+
+use crate::error::DataError;
+use crate::partition::column_index;
+use crate::rolling::RollingSpec;
+
+/// Any failure of the GPU path, as a node error.
+fn fail(e: impl std::fmt::Display) -> NodeError {
+    NodeError::other(e.to_string())
+}
+
+/// The kernels' name for an Arrow numeric type.
+fn num_type(t: &DataType) -> Option<NumType> {
+    Some(match t {
+        DataType::Int8 => NumType::I8,
+        DataType::Int16 => NumType::I16,
+        DataType::Int32 | DataType::Date32 | DataType::Time32(_) => NumType::I32,
+        DataType::Int64
+        | DataType::Timestamp(..)
+        | DataType::Date64
+        | DataType::Time64(_)
+        | DataType::Duration(_) => NumType::I64,
+        DataType::UInt8 => NumType::U8,
+        DataType::UInt16 => NumType::U16,
+        DataType::UInt32 => NumType::U32,
+        DataType::UInt64 => NumType::U64,
+        DataType::Float32 => NumType::F32,
+        DataType::Float64 => NumType::F64,
+        _ => return None,
+    })
+}
+
+/// Checks that the GPU job can run `spec` on `schema` (before any work).
+pub fn check_gpu_spec(spec: &RollingSpec, schema: &Schema) -> Result<(), DataError> {
+    for f in schema.fields() {
+        if braid_core::cuda::device_width(f.data_type()).is_none() {
+            return Err(DataError::Invalid(format!(
+                "--device gpu: column {:?} of type {} has no device form (fixed-width types only)",
+                f.name(),
+                f.data_type()
+            )));
+        }
+    }
+    for v in &spec.values {
+        let t = schema.field(column_index(schema, v)?).data_type();
+        if num_type(t).is_none() {
+            return Err(DataError::WrongType {
+                name: v.clone(),
+                found: t.to_string(),
+                expected: "a numeric type of 8 to 64 bits (on the GPU)".into(),
+            });
+        }
+    }
+    if let Some(by) = &spec.by {
+        let t = schema.field(column_index(schema, by)?).data_type();
+        if !num_type(t).is_some_and(NumType::is_integer) {
+            return Err(DataError::WrongType {
+                name: by.clone(),
+                found: t.to_string(),
+                expected: "an integer type (on the GPU)".into(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Copies host chunks to the device (device chunks pass through).
+pub async fn to_device(
+    gpu: Arc<Gpu>,
+    mut input: Receiver,
+    mut output: Sender,
+) -> Result<(), NodeError> {
+    while let Some(m) = input.recv().await {
+        let payload = match m.payload {
+            Payload::Table(t) => {
+                Payload::Device(DeviceTable::from_batch(&gpu, t.batch()).map_err(fail)?)
+            }
+            p => p,
+        };
+        output.send(Message::new(m.seq, payload)).await?;
+    }
+    Ok(())
+}
+
+/// Copies device chunks to the host (host chunks pass through).
+pub async fn to_host(mut input: Receiver, mut output: Sender) -> Result<(), NodeError> {
+    while let Some(m) = input.recv().await {
+        let payload = match m.payload {
+            Payload::Device(t) => Payload::from(t.to_batch().map_err(fail)?),
+            p => p,
+        };
+        output.send(Message::new(m.seq, payload)).await?;
+    }
+    Ok(())
+}
+
+/// Every column of `t` reordered by `perm` (u32 row indices).
+fn gather_table(
+    gpu: &Arc<Gpu>,
+    t: &DeviceTable,
+    perm: &DeviceBuffer,
+) -> Result<DeviceTable, NodeError> {
+    let rows = perm.len() / 4;
+    let mut cols = Vec::with_capacity(t.columns().len());
+    for (f, c) in t.schema().fields().iter().zip(t.columns()) {
+        let w = braid_core::cuda::device_width(f.data_type()).unwrap_or(0);
+        let data = gather(gpu, &c.data, w, perm).map_err(fail)?;
+        let valid = match &c.valid {
+            Some(v) => Some(gather(gpu, v, 1, perm).map_err(fail)?),
+            None => None,
+        };
+        cols.push(DeviceColumn { data, valid });
+    }
+    DeviceTable::new(gpu, t.schema().clone(), cols, rows).map_err(fail)
+}
+
+/// The sorting permutation of i64 values (stable), continuing from `perm`
+/// (the rows' current order) when given.
+fn sort_perm_i64(
+    gpu: &Arc<Gpu>,
+    values: &DeviceBuffer,
+    perm: Option<DeviceBuffer>,
+) -> Result<(DeviceBuffer, DeviceBuffer), NodeError> {
+    let n = values.len() / 8;
+    let (keys, perm) = match perm {
+        None => (
+            order_key_i64(gpu, values).map_err(fail)?,
+            iota(gpu, n).map_err(fail)?,
+        ),
+        Some(p) => {
+            let v = gather(gpu, values, 8, &p).map_err(fail)?;
+            (order_key_i64(gpu, &v).map_err(fail)?, p)
+        }
+    };
+    radix_sort(gpu, keys, perm).map_err(fail)
+}
+
+/// Reads one i64 at row `i` of an i64 column.
+fn read_i64(buf: &DeviceBuffer, i: usize) -> Result<i64, NodeError> {
+    let mut b = [0u8; 8];
+    buf.read_at(i * 8, &mut b).map_err(fail)?;
+    Ok(i64::from_le_bytes(b))
+}
+
+/// Sends rows `[bounds[p], bounds[p + 1])` of `t` to rank p (every column
+/// through one device AllToAllv) and returns what every rank sent here, in
+/// rank order.
+async fn exchange_rows(
+    dc: &DeviceComm,
+    t: &DeviceTable,
+    bounds: &[usize],
+) -> Result<DeviceTable, NodeError> {
+    let gpu = dc.gpu().clone();
+    let ctx = dc.ctx();
+    let n = dc.nranks() as usize;
+    let me = dc.rank() as usize;
+    // Row counts to every rank and which columns have nulls, from everyone.
+    let ncols = t.columns().len();
+    let mut mine: Vec<i64> = (0..n).map(|p| (bounds[p + 1] - bounds[p]) as i64).collect();
+    mine.extend(t.columns().iter().map(|c| i64::from(c.valid.is_some())));
+    let all = allgather(ctx, mine).await.map_err(fail)?;
+    let row = n + ncols;
+    let recv_rows: Vec<usize> = (0..n).map(|q| all[q * row + me] as usize).collect();
+    let total: usize = recv_rows.iter().sum();
+    let mut cols = Vec::with_capacity(ncols);
+    for (ci, (f, c)) in t.schema().fields().iter().zip(t.columns()).enumerate() {
+        let w = braid_core::cuda::device_width(f.data_type()).unwrap_or(0);
+        let spec = DeviceAllToAllv::packed(
+            (0..n).map(|p| (bounds[p + 1] - bounds[p]) * w).collect(),
+            recv_rows.iter().map(|r| r * w).collect(),
+        );
+        let out = DeviceBuffer::alloc(&gpu, total * w).map_err(fail)?;
+        let data = alltoallv(dc, &c.data, out, spec).await.map_err(fail)?;
+        let any_nulls = (0..n).any(|q| all[q * row + n + ci] != 0);
+        let valid = if any_nulls {
+            let ones;
+            let src = match &c.valid {
+                Some(v) => v,
+                None => {
+                    let mut b = DeviceBuffer::alloc(&gpu, t.num_rows()).map_err(fail)?;
+                    b.fill(1).map_err(fail)?;
+                    ones = b;
+                    &ones
+                }
+            };
+            let spec = DeviceAllToAllv::packed(
+                (0..n).map(|p| bounds[p + 1] - bounds[p]).collect(),
+                recv_rows.clone(),
+            );
+            let out = DeviceBuffer::alloc(&gpu, total).map_err(fail)?;
+            Some(alltoallv(dc, src, out, spec).await.map_err(fail)?)
+        } else {
+            None
+        };
+        cols.push(DeviceColumn { data, valid });
+    }
+    DeviceTable::new(&gpu, t.schema().clone(), cols, total).map_err(fail)
+}
+
+/// Samples per rank for the splitters of the distributed sort.
+const SAMPLES: usize = 64;
+
+/// Ungrouped step 1: this rank's run of the table globally sorted by the
+/// order column, with its sorted order keys (u64).
+async fn global_sort(
+    dc: &DeviceComm,
+    t: DeviceTable,
+    oi: usize,
+) -> Result<(DeviceTable, DeviceBuffer), NodeError> {
+    let gpu = dc.gpu().clone();
+    let (keys, perm) = sort_perm_i64(&gpu, &t.columns()[oi].data, None)?;
+    let sorted = gather_table(&gpu, &t, &perm)?;
+    drop(t);
+    let n = dc.nranks() as usize;
+    if n == 1 {
+        return Ok((sorted, keys));
+    }
+    let rows = sorted.num_rows();
+    let ts = &sorted.columns()[oi].data;
+    let mut samples = Vec::new();
+    if rows > 0 {
+        for j in 0..SAMPLES.min(rows) {
+            samples.push(read_i64(ts, j * rows / SAMPLES.min(rows))?);
+        }
+    }
+    let mut all = allgather(dc.ctx(), vec![samples.len() as i64])
+        .await
+        .map_err(fail)?;
+    let counts: Vec<usize> = all.drain(..).map(|c| c as usize).collect();
+    // Pad to the largest sample count so the gather is regular.
+    let most = counts.iter().copied().max().unwrap_or(0);
+    let mut padded = samples.clone();
+    padded.resize(most, 0);
+    let gathered = allgather(dc.ctx(), padded).await.map_err(fail)?;
+    let mut pool: Vec<i64> = Vec::new();
+    for (r, c) in counts.iter().enumerate() {
+        pool.extend_from_slice(&gathered[r * most..r * most + c]);
+    }
+    pool.sort_unstable();
+    let splitters: Vec<u64> = (1..n)
+        .map(|k| {
+            let x = pool.get(k * pool.len() / n).copied().unwrap_or(i64::MAX);
+            (x as u64) ^ (1 << 63)
+        })
+        .collect();
+    let q = DeviceBuffer::from_slice(&gpu, &splitters).map_err(fail)?;
+    let cut: Vec<u64> = lower_bound(&gpu, &keys, &q)
+        .map_err(fail)?
+        .to_vec()
+        .map_err(fail)?;
+    let mut bounds = vec![0usize];
+    bounds.extend(cut.iter().map(|c| *c as usize));
+    bounds.push(rows);
+    let got = exchange_rows(dc, &sorted, &bounds).await?;
+    drop(sorted);
+    let (keys, perm) = sort_perm_i64(&gpu, &got.columns()[oi].data, None)?;
+    Ok((gather_table(&gpu, &got, &perm)?, keys))
+}
+
+/// The kernel's inputs of one rank: order values, then per value column
+/// (f64 values, validity), all on the device; rows `0..ghost` are lookback.
+struct Narrow {
+    table: DeviceTable,
+    ghost: usize,
+}
+
+/// The narrow table (ts, then each value as f64) of `t`.
+fn narrow(
+    gpu: &Arc<Gpu>,
+    t: &DeviceTable,
+    spec: &RollingSpec,
+    oi: usize,
+) -> Result<DeviceTable, NodeError> {
+    let schema = t.schema();
+    let mut fields = vec![Field::new("ts", DataType::Int64, false)];
+    let mut cols = vec![DeviceColumn {
+        data: t.columns()[oi].data.try_clone().map_err(fail)?,
+        valid: None,
+    }];
+    for v in &spec.values {
+        let i = column_index(schema, v)?;
+        let ty = num_type(schema.field(i).data_type())
+            .ok_or_else(|| fail(format!("value column {v:?} is not numeric")))?;
+        let c = &t.columns()[i];
+        fields.push(Field::new(v, DataType::Float64, true));
+        cols.push(DeviceColumn {
+            data: cast_to_f64(gpu, &c.data, ty).map_err(fail)?,
+            valid: c
+                .valid
+                .as_ref()
+                .map(|b| b.try_clone())
+                .transpose()
+                .map_err(fail)?,
+        });
+    }
+    DeviceTable::new(gpu, Arc::new(Schema::new(fields)), cols, t.num_rows()).map_err(fail)
+}
+
+/// Ungrouped step 2: the lookback rows from lower ranks (HaloExchange
+/// rounds, the same plan as the CPU path's).
+async fn lookback(
+    dc: &DeviceComm,
+    own: DeviceTable,
+    keys: &DeviceBuffer,
+    spec: &RollingSpec,
+) -> Result<Narrow, NodeError> {
+    let gpu = dc.gpu().clone();
+    let (me, n) = (dc.rank() as usize, dc.nranks() as usize);
+    let rows_me = own.num_rows();
+    let ts = &own.columns()[0].data;
+    let (first, last) = if rows_me > 0 {
+        (read_i64(ts, 0)?, read_i64(ts, rows_me - 1)?)
+    } else {
+        (0, 0)
+    };
+    let info = allgather(dc.ctx(), vec![rows_me as i64, first, last])
+        .await
+        .map_err(fail)?;
+    let rows = |r: usize| info[3 * r];
+    let tmin = |r: usize| info[3 * r + 1];
+    let tmax = |r: usize| info[3 * r + 2];
+    let need = |r: usize| -> i64 {
+        let lo = tmin(r).saturating_sub(spec.window);
+        match spec.closed {
+            Closed::Right | Closed::None => lo.saturating_add(1),
+            Closed::Both | Closed::Left => lo,
+        }
+    };
+    let pass_from =
+        |r: usize| -> Option<i64> { (r + 1..n).filter(|j| rows(*j) > 0).map(need).min() };
+    let rounds = (0..n)
+        .filter(|j| rows(*j) > 0)
+        .filter_map(|j| {
+            (0..j)
+                .find(|k| rows(*k) > 0 && tmax(*k) >= need(j))
+                .map(|k| j - k)
+        })
+        .max()
+        .unwrap_or(0);
+    // Rows of a sorted narrow table (with its u64 order keys) from `from`.
+    let suffix =
+        |t: &DeviceTable, k: &DeviceBuffer, from: Option<i64>| -> Result<DeviceTable, NodeError> {
+            let start = match from {
+                None => t.num_rows(),
+                Some(x) => {
+                    let q =
+                        DeviceBuffer::from_slice(&gpu, &[(x as u64) ^ (1 << 63)]).map_err(fail)?;
+                    let at: Vec<u64> = lower_bound(&gpu, k, &q)
+                        .map_err(fail)?
+                        .to_vec()
+                        .map_err(fail)?;
+                    at[0] as usize
+                }
+            };
+            t.slice(&gpu, start, t.num_rows() - start).map_err(fail)
+        };
+    let schema = own.schema().clone();
+    let mut to_pass = suffix(&own, keys, pass_from(me))?;
+    let mut ghosts: Vec<DeviceTable> = Vec::new();
+    for _ in 0..rounds {
+        let out = to_pass.pack(&gpu).map_err(fail)?;
+        let halo = DeviceHaloExchange::new(dc)
+            .exchange(None, Some(&out))
+            .await
+            .map_err(fail)?;
+        let got = match halo.from_left {
+            Some(b) if !b.is_empty() => {
+                DeviceTable::unpack(&gpu, schema.clone(), &b).map_err(fail)?
+            }
+            _ => own.slice(&gpu, 0, 0).map_err(fail)?,
+        };
+        let got_keys = order_key_i64(&gpu, &got.columns()[0].data).map_err(fail)?;
+        if rows(me) > 0 {
+            ghosts.push(suffix(&got, &got_keys, Some(need(me)))?);
+        }
+        to_pass = suffix(&got, &got_keys, pass_from(me))?;
+    }
+    // Later rounds hold older rows: put them first.
+    ghosts.reverse();
+    let ghost: usize = ghosts.iter().map(DeviceTable::num_rows).sum();
+    let mut parts: Vec<(&DeviceTable, usize, usize)> =
+        ghosts.iter().map(|g| (g, 0, g.num_rows())).collect();
+    parts.push((&own, 0, rows_me));
+    let table = DeviceTable::concat_ranges(&gpu, schema, &parts).map_err(fail)?;
+    Ok(Narrow { table, ghost })
+}
+
+/// Runs the rolling aggregation on the device: takes device (or host)
+/// chunks on `input`, sends device chunks of the output on `output`.
+pub async fn gpu_rolling_node(
+    dc: DeviceComm,
+    spec: RollingSpec,
+    schema: SchemaRef,
+    chunk_rows: usize,
+    mut input: Receiver,
+    mut output: Sender,
+) -> Result<(), NodeError> {
+    let out_schema = spec.output_schema(&schema)?;
+    check_gpu_spec(&spec, &schema)?;
+    let gpu = dc.gpu().clone();
+    let stats = dc.ctx().statistics().clone();
+    let t0 = std::time::Instant::now();
+    let mut chunks = Vec::new();
+    while let Some(m) = input.recv().await {
+        match m.payload {
+            Payload::Device(t) => chunks.push(t),
+            Payload::Table(t) => {
+                chunks.push(DeviceTable::from_batch(&gpu, t.batch()).map_err(fail)?)
+            }
+            Payload::Packed(_) => return Err(fail("gpu rolling got a non-table message")),
+        }
+    }
+    let parts: Vec<(&DeviceTable, usize, usize)> =
+        chunks.iter().map(|c| (c, 0, c.num_rows())).collect();
+    let table = DeviceTable::concat_ranges(&gpu, schema.clone(), &parts).map_err(fail)?;
+    drop(chunks);
+    let oi = column_index(&schema, &spec.order)?;
+    if table.columns()[oi].valid.is_some() {
+        return Err(
+            DataError::Invalid(format!("order column {:?} has null values", spec.order)).into(),
+        );
+    }
+    let (sorted, narrow_t, key, ghost) = match &spec.by {
+        None => {
+            let (sorted, keys) = global_sort(&dc, table, oi).await?;
+            stats.record_op("gpu rolling: distributed sort", t0.elapsed());
+            let t1 = std::time::Instant::now();
+            let nt = narrow(&gpu, &sorted, &spec, oi)?;
+            let Narrow { table, ghost } = lookback(&dc, nt, &keys, &spec).await?;
+            stats.record_op("gpu rolling: lookback rounds", t1.elapsed());
+            (sorted, table, None, ghost)
+        }
+        Some(by) => {
+            let ki = column_index(&schema, by)?;
+            let kty = num_type(schema.field(ki).data_type())
+                .filter(|t| t.is_integer())
+                .ok_or_else(|| fail(format!("group column {by:?} is not an integer column")))?;
+            if table.columns()[ki].valid.is_some() {
+                return Err(DataError::Invalid(format!(
+                    "group column {by:?} has null values (not supported on the GPU)"
+                ))
+                .into());
+            }
+            let n = dc.nranks();
+            let table = if n > 1 {
+                let key = cast_to_i64(&gpu, &table.columns()[ki].data, kty).map_err(fail)?;
+                let (part, counts) = hash_partition(&gpu, &key, n).map_err(fail)?;
+                let part64 = cast_to_i64(&gpu, &part, NumType::U32).map_err(fail)?;
+                let (_, perm) =
+                    radix_sort(&gpu, part64, iota(&gpu, table.num_rows()).map_err(fail)?)
+                        .map_err(fail)?;
+                let by_dest = gather_table(&gpu, &table, &perm)?;
+                drop(table);
+                let counts: Vec<u32> = counts.to_vec().map_err(fail)?;
+                let mut bounds = vec![0usize];
+                for c in counts {
+                    bounds.push(bounds[bounds.len() - 1] + c as usize);
+                }
+                exchange_rows(&dc, &by_dest, &bounds).await?
+            } else {
+                table
+            };
+            stats.record_op("gpu rolling: shuffle by key", t0.elapsed());
+            let key = cast_to_i64(&gpu, &table.columns()[ki].data, kty).map_err(fail)?;
+            let (_, p1) = sort_perm_i64(&gpu, &table.columns()[oi].data, None)?;
+            let (_, p2) = sort_perm_i64(&gpu, &key, Some(p1))?;
+            let sorted = gather_table(&gpu, &table, &p2)?;
+            let key = gather(&gpu, &key, 8, &p2).map_err(fail)?;
+            let nt = narrow(&gpu, &sorted, &spec, oi)?;
+            (sorted, nt, Some(key), 0)
+        }
+    };
+    // The kernel, one value column at a time; outputs stay on the device.
+    let t2 = std::time::Instant::now();
+    let mut agg_cols: Vec<DeviceColumn> = Vec::new();
+    for vi in 0..spec.values.len() {
+        let c = &narrow_t.columns()[vi + 1];
+        let input = RollingInput {
+            ts: &narrow_t.columns()[0].data,
+            key: key.as_ref(),
+            values: &c.data,
+            valid: c.valid.as_ref(),
+            emit_from: ghost,
+        };
+        for col in rolling(&gpu, input, spec.window, spec.closed, &spec.aggs).map_err(fail)? {
+            agg_cols.push(DeviceColumn {
+                data: col.values,
+                valid: col.valid,
+            });
+        }
+    }
+    drop(narrow_t);
+    let rows = sorted.num_rows();
+    let mut cols = sorted.into_columns().map_err(fail)?;
+    cols.extend(agg_cols);
+    let out = DeviceTable::new(&gpu, out_schema, cols, rows).map_err(fail)?;
+    let chunk = chunk_rows.max(1);
+    let mut seq = 0;
+    let mut s = 0;
+    while s < rows {
+        let e = (s + chunk).min(rows);
+        let part = if s == 0 && e == rows {
+            out.clone()
+        } else {
+            out.slice(&gpu, s, e - s).map_err(fail)?
+        };
+        output
+            .send(Message::new(seq, Payload::Device(part)))
+            .await?;
+        seq += 1;
+        s = e;
+    }
+    stats.record_op("gpu rolling: aggregate and emit", t2.elapsed());
+    Ok(())
+}

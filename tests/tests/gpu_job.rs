@@ -1,0 +1,175 @@
+//! The rolling job on GPUs (`Device::Gpu`) against the CPU job on the same
+//! fresh random data: every closed mode, grouped and ungrouped, several
+//! windows (none, a few rows, most of the data), an i32 value column next
+//! to an f64 one with nulls, unsorted input spread unevenly (a rank with
+//! no rows), ties in ts; 1 GPU and, where the host has them, 2 and more
+//! (one rank per GPU, ranks as threads). Without a GPU the test says it
+//! skipped and passes.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use arrow_array::{Array, Float64Array, Int32Array, Int64Array, RecordBatch};
+use arrow_schema::{DataType, Field, Schema, SchemaRef};
+use braid_core::cuda::Gpu;
+use braid_core::{MemoryLimits, WorldSpec};
+use braid_kernels::rolling::{Agg, Closed};
+use braid_nodes::job::{Device, Output, RollingJob};
+use braid_nodes::rolling::RollingSpec;
+use braid_nodes::sink::CollectSink;
+use braid_nodes::source::Source;
+use braid_tests::{RANK_COUNTS, SplitMix};
+
+fn schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![
+        Field::new("id", DataType::Int64, false),
+        Field::new("ts", DataType::Int64, false),
+        Field::new("key", DataType::Int64, false),
+        Field::new("v", DataType::Float64, true),
+        Field::new("w", DataType::Int32, false),
+    ]))
+}
+
+/// Rank `r`'s share of `rows` rows of seed `seed` (ids `r mod n`; rank 1
+/// of 3 or more gets none).
+fn share(seed: u64, rows: usize, span: u64, r: usize, n: usize) -> RecordBatch {
+    let mut g = SplitMix(seed);
+    let (mut id, mut ts, mut key, mut v, mut w) = (vec![], vec![], vec![], vec![], vec![]);
+    for i in 0..rows {
+        let t = g.below(span) as i64 - 1000;
+        let k = g.below(7) as i64 - 3;
+        let x = (g.below(10) != 0).then(|| g.below(100_000) as f64 / 8.0 - 5000.0);
+        let y = g.below(2000) as i32 - 1000;
+        let owner = if n > 2 && i % n == 1 { 0 } else { i % n };
+        if owner == r {
+            id.push(i as i64);
+            ts.push(t);
+            key.push(k);
+            v.push(x);
+            w.push(y);
+        }
+    }
+    RecordBatch::try_new(
+        schema(),
+        vec![
+            Arc::new(Int64Array::from(id)),
+            Arc::new(Int64Array::from(ts)),
+            Arc::new(Int64Array::from(key)),
+            Arc::new(Float64Array::from(v)),
+            Arc::new(Int32Array::from(w)),
+        ],
+    )
+    .unwrap()
+}
+
+type Out = HashMap<i64, Vec<Option<f64>>>;
+
+fn run(n: u32, device: Device, spec: &RollingSpec, seed: u64, rows: usize, span: u64) -> Out {
+    let spec = spec.clone();
+    let res = braid_core::run_world(
+        &WorldSpec::Local { nranks: n },
+        MemoryLimits::UNLIMITED,
+        move |ctx| {
+            let spec = spec.clone();
+            async move {
+                let r = ctx.rank() as usize;
+                let sink = CollectSink::new();
+                let job = RollingJob {
+                    source: Source::Memory(schema(), vec![share(seed, rows, span, r, n as usize)]),
+                    spec,
+                    output: Output::Collect(sink.clone()),
+                    chunk_rows: 1000,
+                    device,
+                };
+                job.check()?;
+                job.run(ctx, None).await?;
+                Ok(sink.batches())
+            }
+        },
+    )
+    .unwrap_or_else(|e| panic!("{device:?}, {n} ranks: {e}"));
+    let mut out = Out::new();
+    for (_, batches) in res {
+        for b in batches {
+            let ids = b
+                .column_by_name("id")
+                .unwrap()
+                .as_any()
+                .downcast_ref::<Int64Array>()
+                .unwrap()
+                .clone();
+            let first = schema().fields().len();
+            for i in 0..b.num_rows() {
+                let vals = (first..b.num_columns())
+                    .map(|c| {
+                        let a = arrow_cast::cast(b.column(c), &DataType::Float64).unwrap();
+                        let a = a.as_any().downcast_ref::<Float64Array>().unwrap().clone();
+                        (!a.is_null(i)).then(|| a.value(i))
+                    })
+                    .collect();
+                assert!(
+                    out.insert(ids.value(i), vals).is_none(),
+                    "row {} twice",
+                    ids.value(i)
+                );
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn gpu_job_equals_cpu_job() {
+    braid_core::cuda::poison_new_allocations(true);
+    let gpus = Gpu::count() as u32;
+    if gpus == 0 {
+        use std::io::Write;
+        let _ = writeln!(
+            std::io::stderr(),
+            "gpu job test skipped: no CUDA device on this host"
+        );
+        return;
+    }
+    let mut g = SplitMix(braid_tests::fresh_seed());
+    for n in RANK_COUNTS.iter().copied().filter(|&n| n <= gpus) {
+        for grouped in [false, true] {
+            for closed in [Closed::Right, Closed::Both, Closed::Left, Closed::None] {
+                for (rows, span, window) in [
+                    (20_000usize, 50_000u64, 40i64),
+                    (3_000, 200, 0),
+                    (5_000, 3_000, 100_000),
+                    (200, 1, 5),
+                ] {
+                    let seed = g.next_u64();
+                    let spec = RollingSpec {
+                        order: "ts".into(),
+                        by: grouped.then(|| "key".to_string()),
+                        values: vec!["v".into(), "w".into()],
+                        window,
+                        closed,
+                        aggs: Agg::ALL.to_vec(),
+                    };
+                    let what = format!(
+                        "{n} GPUs, grouped {grouped}, {closed:?}, {rows} rows over {span}, window {window}, seed {seed}"
+                    );
+                    let cpu = run(n, Device::Cpu, &spec, seed, rows, span);
+                    let gpu = run(n, Device::Gpu, &spec, seed, rows, span);
+                    assert_eq!(cpu.len(), rows, "{what}: cpu rows");
+                    assert_eq!(gpu.len(), rows, "{what}: gpu rows");
+                    for (id, want) in &cpu {
+                        let got = &gpu[id];
+                        for (c, (a, b)) in got.iter().zip(want).enumerate() {
+                            match (a, b) {
+                                (None, None) => {}
+                                (Some(x), Some(y)) if (x - y).abs() <= 1e-9 * (1.0 + y.abs()) => {}
+                                _ => panic!("{what}: row {id} column {c}: gpu {a:?}, cpu {b:?}"),
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        eprintln!("gpu job = cpu job on {n} GPUs");
+    }
+}
