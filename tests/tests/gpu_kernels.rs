@@ -253,11 +253,37 @@ fn rolling_matches_cpu() {
     for &n in &[
         0usize, 1, 2, 31, 32, 33, 1023, 1025, 4097, 100_003, 1_000_001,
     ] {
-        for closed in [Closed::Right, Closed::Both, Closed::Left, Closed::None] {
-            let window = [0i64, 1, 3, 40, 1 << 40][g.below(5) as usize];
-            let ts = sorted_ts(&mut g, n);
+        for (c, closed) in [Closed::Right, Closed::Both, Closed::Left, Closed::None]
+            .into_iter()
+            .enumerate()
+        {
+            // Shapes: short windows (the shared-memory pass), windows over
+            // everything, long runs of one ts (past a tile), NaN values
+            // (the last three go to the general pass).
+            let shape = (c + n) % 4;
+            let window = match shape {
+                1 => 1 << 40,
+                _ => [0i64, 1, 3, 40, 700][g.below(5) as usize],
+            };
+            let ts = if shape == 2 {
+                let mut t = 0i64;
+                (0..n)
+                    .map(|_| {
+                        t += i64::from(g.below(300) == 0);
+                        t
+                    })
+                    .collect()
+            } else {
+                sorted_ts(&mut g, n)
+            };
             let v: Vec<f64> = (0..n)
-                .map(|_| (g.below(20_001) as f64 - 10_000.0) / 7.0)
+                .map(|_| {
+                    if shape == 3 && g.below(5000) == 0 {
+                        f64::NAN
+                    } else {
+                        (g.below(20_001) as f64 - 10_000.0) / 7.0
+                    }
+                })
                 .collect();
             let nulls = g.below(2) == 0;
             let valid: Vec<bool> = (0..n).map(|_| !nulls || g.below(10) != 0).collect();
@@ -267,7 +293,7 @@ fn rolling_matches_cpu() {
                 g.below(n as u64 / 4 + 1) as usize
             };
             let what = format!(
-                "n = {n}, {closed:?}, window {window}, nulls {nulls}, emit from {emit_from}"
+                "n = {n}, shape {shape}, {closed:?}, window {window}, nulls {nulls}, emit from {emit_from}"
             );
             let d_ts = DeviceBuffer::from_slice(&gpu, &ts).unwrap();
             let d_v = DeviceBuffer::from_slice(&gpu, &v).unwrap();

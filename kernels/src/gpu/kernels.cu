@@ -498,12 +498,33 @@ __device__ __forceinline__ i64 sat_sub(i64 a, i64 b) {  // b >= 0
     return a < (i64)0x8000000000000000LL + b ? (i64)0x8000000000000000LL : a - b;
 }
 
+// Writes row r's outputs: slots per the ptrs table below.
+__device__ __forceinline__ void roll_write(const u64* ptrs, u64 r, double cnt, double sum, double mean,
+                                           double mn, double mx, double var) {
+    if (var < 0) var = 0;
+    double outv[7] = {sum, mean, mn, mx, 0, sqrt(var), var};
+    bool ok[7] = {cnt > 0, cnt > 0, cnt > 0, cnt > 0, true, cnt >= 2, cnt >= 2};
+#pragma unroll
+    for (u32 slot = 0; slot < 7; slot++) {
+        if (!ptrs[8 + slot]) continue;
+        if (slot == 4) {
+            ((i64*)ptrs[8 + slot])[r] = (i64)cnt;
+        } else {
+            ((double*)ptrs[8 + slot])[r] = ok[slot] ? outv[slot] : 0.0;
+        }
+        if (ptrs[15 + slot]) ((u8*)ptrs[15 + slot])[r] = ok[slot] ? 1 : 0;
+    }
+}
+
 // ptrs: [0, 8) level pointers (level L at ptrs[L], L >= 1), [8, 15) output
 // values per slot, [15, 22) output validity per slot (null: not wanted).
+// The general path: every output row of the tiles flagged in `only` (all
+// rows when `only` is null).
 extern "C" __global__ void rolling_window(const i64* ts, const i64* key, const double* v, const u8* valid,
                                           u64 n, u64 emit_from, i64 window, u32 closed,
-                                          const u64* ptrs, u32 nlevels) {
+                                          const u64* ptrs, u32 nlevels, const u32* only) {
     GRID_STRIDE(r, n - emit_from) {
+        if (only && !only[r / ROLL_TILE]) continue;
         u64 i = emit_from + r;
         i64 t = ts[i];
         i64 k = key ? key[i] : 0;
@@ -549,17 +570,431 @@ extern "C" __global__ void rolling_window(const i64* ts, const i64* key, const d
         }
         double cnt = a.n, s = finish_sum(a.sum, a.comp);
         double var = cnt >= 2 ? (a.s2 - a.s1 * a.s1 / cnt) / (cnt - 1) : 0;
-        if (var < 0) var = 0;
-        double outv[7] = {s, cnt > 0 ? s / cnt : 0, a.mn, a.mx, 0, sqrt(var), var};
-        bool ok[7] = {cnt > 0, cnt > 0, cnt > 0, cnt > 0, true, cnt >= 2, cnt >= 2};
-        for (u32 slot = 0; slot < 7; slot++) {
-            if (!ptrs[8 + slot]) continue;
-            if (slot == 4) {
-                ((i64*)ptrs[8 + slot])[r] = (i64)cnt;
-            } else {
-                ((double*)ptrs[8 + slot])[r] = ok[slot] ? outv[slot] : 0.0;
-            }
-            if (ptrs[15 + slot]) ((u8*)ptrs[15 + slot])[r] = ok[slot] ? 1 : 0;
+        roll_write(ptrs, r, cnt, s, cnt > 0 ? s / cnt : 0, a.mn, a.mx, var);
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The fast path: one block per tile of ROLL_TILE output rows, everything in
+// shared memory, one read of the inputs and one write of the outputs.
+//
+//   shared region:  [ halo (up to ROLL_OFF rows) | tile rows | ROLL_EXTRA ]
+//                    loaded 64 rows first, all of it if the first row's
+//                    window reaches further back
+//   exclusive prefix sums over the region, in double-double: valid count,
+//   sum of x, sum of x^2 (exact products); a window's count, sum and
+//   moments are differences of two prefixes, accurate to ~2^-100 of the
+//   region's magnitude; min/max loop over the window's values in shared
+//   memory (nulls stored as NaN, which fmin/fmax skip).
+//
+// A tile whose windows reach past the region (long windows, long runs of
+// one ts) or that holds a NaN or infinity is flagged and left to the
+// general path (rolling_window with `only`).
+// ---------------------------------------------------------------------------
+
+#define ROLL_TILE 256
+#define ROLL_EXTRA 64
+#define ROLL_CAP 1024
+#define ROLL_OFF (ROLL_CAP - ROLL_TILE - ROLL_EXTRA)
+#define ROLL_FIRST_HALO 64
+
+struct DD {
+    double hi, lo;
+};
+
+__device__ __forceinline__ DD dd_add(DD a, DD b) {
+    double s, e;
+    two_sum(a.hi, b.hi, &s, &e);
+    e += a.lo + b.lo;
+    double h = s + e;
+    DD r;
+    r.hi = h;
+    r.lo = e - (h - s);
+    return r;
+}
+
+__device__ __forceinline__ DD dd_sub(DD a, DD b) {
+    DD nb;
+    nb.hi = -b.hi;
+    nb.lo = -b.lo;
+    return dd_add(a, nb);
+}
+
+__device__ __forceinline__ DD dd_prod(double a, double b) {
+    DD r;
+    r.hi = a * b;
+    r.lo = fma(a, b, -r.hi);
+    return r;
+}
+
+__device__ __forceinline__ DD dd_mul(DD a, DD b) {
+    double p = a.hi * b.hi;
+    double e = fma(a.hi, b.hi, -p);
+    e += a.hi * b.lo + a.lo * b.hi;
+    DD r;
+    r.hi = p + e;
+    r.lo = e - (r.hi - p);
+    return r;
+}
+
+__device__ __forceinline__ DD dd_div(DD a, double b) {
+    double q1 = a.hi / b;
+    DD rem = dd_sub(a, dd_prod(q1, b));
+    double q2 = rem.hi / b;
+    DD r;
+    r.hi = q1 + q2;
+    r.lo = q2 - (r.hi - q1);
+    return r;
+}
+
+__device__ __forceinline__ DD dd_shfl_up(DD v, u32 o) {
+    DD r;
+    r.hi = __shfl_up_sync(0xFFFFFFFFu, v.hi, o);
+    r.lo = __shfl_up_sync(0xFFFFFFFFu, v.lo, o);
+    return r;
+}
+
+extern "C" __global__ void __launch_bounds__(ROLL_TILE)
+rolling_tile(const i64* ts, const i64* key, const double* v, const u8* valid,
+             u64 n, u64 emit_from, i64 window, u32 closed,
+             const u64* ptrs, u32* flags, u32* flagged) {
+    extern __shared__ double smem[];
+    double* s_x = smem;                                  // ROLL_CAP
+    DD* s_p1 = (DD*)(s_x + ROLL_CAP);                    // ROLL_CAP + 1
+    DD* s_p2 = s_p1 + (ROLL_CAP + 1);                    // ROLL_CAP + 1
+    i64* s_ts = (i64*)(s_p2 + (ROLL_CAP + 1));           // ROLL_CAP
+    u32* s_c = (u32*)(s_ts + ROLL_CAP);                  // ROLL_CAP + 1
+    i64* s_key = key ? (i64*)(s_c + ROLL_CAP + 2) : 0;   // ROLL_CAP (if grouped)
+    __shared__ DD w_p1[ROLL_TILE / 32], w_p2[ROLL_TILE / 32];
+    __shared__ u32 w_c[ROLL_TILE / 32];
+    __shared__ u32 s_halo;
+
+    u32 t = threadIdx.x, lane = t & 31, warp = t >> 5;
+    u64 a = emit_from + (u64)blockIdx.x * ROLL_TILE;     // first output row
+    u64 b = a + ROLL_TILE < n ? a + ROLL_TILE : n;        // end of output rows
+    u64 e = b + ROLL_EXTRA < n ? b + ROLL_EXTRA : n;      // end of the region
+    bool incl_hi = closed <= 1;
+    bool incl_lo = closed == 1 || closed == 2;
+
+    // 1. Tile rows and the first halo guess; then the whole halo if the
+    //    first row's window reaches further back.
+    u64 h = a < ROLL_FIRST_HALO ? a : ROLL_FIRST_HALO;
+    u64 lo_row = a - h;
+    for (u32 pass = 0; pass < 2; pass++) {
+        u64 hi_row = pass == 0 ? e : lo_row;  // pass 1: only the new halo rows
+        u64 from = a - h;
+        for (u64 j = from + t; j < hi_row; j += ROLL_TILE) {
+            u32 k = (u32)(ROLL_OFF + j - a);
+            bool ok = !valid || valid[j];
+            s_ts[k] = ts[j];
+            if (key) s_key[k] = key[j];
+            s_x[k] = ok ? v[j] : ROLL_NAN;
+            s_c[k] = ok ? 1u : 0u;
         }
+        lo_row = from;
+        __syncthreads();
+        if (t == 0) {
+            // Does row a's window start after the first loaded row?
+            u32 f = (u32)(ROLL_OFF - h);
+            i64 t0 = s_ts[ROLL_OFF];
+            i64 k0 = key ? s_key[ROLL_OFF] : 0;
+            i64 st = sat_sub(t0, window);
+            bool more = false;
+            if (h < a && (incl_lo || st != t0)) {
+                if (!incl_lo) st += 1;
+                more = !roll_before(s_ts, s_key, f, k0, st);
+            }
+            s_halo = more ? 1u : 0u;
+        }
+        __syncthreads();
+        if (!s_halo) break;
+        u64 full = a < ROLL_OFF ? a : ROLL_OFF;
+        if (pass == 1 || full == h) {
+            // The window starts before anything this block can hold.
+            if (t == 0) {
+                flags[blockIdx.x] = 1;
+                atomicAdd(flagged, 1u);
+            }
+            return;
+        }
+        h = full;
+    }
+    u32 base = (u32)(ROLL_OFF - h);       // region index of row a - h
+    u32 m = (u32)(ROLL_OFF + (e - a)) - base;  // region rows
+    // 2. Exclusive prefixes over the region [base, base + m).
+    bool bad = false;
+    u32 chunk = (m + ROLL_TILE - 1) / ROLL_TILE;
+    u32 c0 = base + t * chunk, c1 = c0 + chunk < base + m ? c0 + chunk : base + m;
+    u32 cnt = 0;
+    DD p1 = {0, 0}, p2 = {0, 0};
+    for (u32 k = c0; k < c1; k++) {
+        double x = s_x[k];
+        if (s_c[k]) {
+            if (!(x - x == 0.0)) bad = true;  // NaN or infinity
+            cnt += 1;
+            DD dx = {x, 0};
+            p1 = dd_add(p1, dx);
+            p2 = dd_add(p2, dd_prod(x, x));
+        }
+    }
+    // Block exclusive scan of (cnt, p1, p2).
+    u32 ic = cnt;
+    DD i1 = p1, i2 = p2;
+#pragma unroll
+    for (u32 o = 1; o < 32; o <<= 1) {
+        u32 yc = __shfl_up_sync(0xFFFFFFFFu, ic, o);
+        DD y1 = dd_shfl_up(i1, o), y2 = dd_shfl_up(i2, o);
+        if (lane >= o) {
+            ic += yc;
+            i1 = dd_add(i1, y1);
+            i2 = dd_add(i2, y2);
+        }
+    }
+    if (lane == 31) {
+        w_c[warp] = ic;
+        w_p1[warp] = i1;
+        w_p2[warp] = i2;
+    }
+    if (__syncthreads_or(bad)) {
+        if (t == 0) {
+            flags[blockIdx.x] = 1;
+            atomicAdd(flagged, 1u);
+        }
+        return;
+    }
+    // Exclusive within the warp: the inclusive value of the lane before.
+    u32 rc = __shfl_up_sync(0xFFFFFFFFu, ic, 1);
+    DD r1 = dd_shfl_up(i1, 1), r2 = dd_shfl_up(i2, 1);
+    if (lane == 0) {
+        rc = 0;
+        r1.hi = 0; r1.lo = 0;
+        r2.hi = 0; r2.lo = 0;
+    }
+    for (u32 w = 0; w < warp; w++) {
+        rc += w_c[w];
+        r1 = dd_add(r1, w_p1[w]);
+        r2 = dd_add(r2, w_p2[w]);
+    }
+    // Prefix index k - base + 1 holds rows [base, k]; index 0 is empty.
+    __syncthreads();  // s_c is rewritten below (as prefix counts)
+    u32 cc[8];
+    // Up to chunk <= ROLL_CAP / ROLL_TILE = 4 rows per thread.
+    for (u32 k = c0; k < c1; k++) cc[k - c0] = s_c[k];
+    __syncthreads();
+    if (t == 0) {
+        s_c[base] = 0;
+        s_p1[base].hi = 0; s_p1[base].lo = 0;
+        s_p2[base].hi = 0; s_p2[base].lo = 0;
+    }
+    for (u32 k = c0; k < c1; k++) {
+        if (cc[k - c0]) {
+            double x = s_x[k];
+            rc += 1;
+            DD dx = {x, 0};
+            r1 = dd_add(r1, dx);
+            r2 = dd_add(r2, dd_prod(x, x));
+        }
+        s_c[k + 1] = rc;
+        s_p1[k + 1] = r1;
+        s_p2[k + 1] = r2;
+    }
+    __syncthreads();
+    // 3. One output row per thread.
+    u64 i = a + t;
+    bool over = false;
+    if (i < b) {
+        u32 ri = (u32)(ROLL_OFF + (i - a)) - base;    // region-relative
+        const i64* rts = s_ts + base;
+        const i64* rkey = key ? s_key + base : 0;
+        i64 ti = rts[ri];
+        i64 ki = key ? rkey[ri] : 0;
+        u32 hi = incl_hi ? (u32)roll_upper(rts, rkey, m, ri, ki, ti) : (u32)roll_lower(rts, rkey, ri, ki, ti);
+        if (hi == m && e < n) over = true;           // ties past the region
+        i64 st = sat_sub(ti, window);
+        bool empty = false;
+        if (!incl_lo) {
+            if (st == ti) empty = true;
+            else st += 1;
+        }
+        u32 lo = empty ? hi : (u32)roll_lower(rts, rkey, ri, ki, st);
+        if (!over) {
+            double c = 0, sum = 0, mean = 0, mn = ROLL_NAN, mx = ROLL_NAN, var = 0;
+            if (lo < hi) {
+                c = (double)(s_c[base + hi] - s_c[base + lo]);
+                DD s1 = dd_sub(s_p1[base + hi], s_p1[base + lo]);
+                sum = s1.hi;
+                if (c > 0) {
+                    DD q = dd_div(s1, c);
+                    mean = q.hi;
+                    if (c >= 2) {
+                        DD s2 = dd_sub(s_p2[base + hi], s_p2[base + lo]);
+                        DD m2 = dd_sub(s2, dd_mul(s1, q));
+                        var = m2.hi / (c - 1);
+                    }
+                }
+                if (ptrs[8 + 2] || ptrs[8 + 3]) {
+                    for (u32 k = lo; k < hi; k++) {
+                        double x = s_x[base + k];
+                        mn = fmin(mn, x);
+                        mx = fmax(mx, x);
+                    }
+                }
+            }
+            roll_write(ptrs, i - emit_from, c, sum, mean, mn, mx, var);
+        }
+    }
+    if (__syncthreads_or(over) && t == 0) {
+        flags[blockIdx.x] = 1;
+        atomicAdd(flagged, 1u);
+    }
+}
+
+// ---------------------------------------------------------------------------
+// NVLink SendRecv: SMs copy through staging slots in the receiver's memory.
+//
+//   sender S, block b (of NV_BLOCKS)         receiver R, block b
+//   b = 0: R.hdr_in[S][seq & 1] = {seq, len}  b = 0: S.hdr_back[R][seq & 1] = {seq, len}
+//   wait own hdr_back[R] = seq; lengths equal  wait own hdr_in[S] = seq; lengths equal
+//   chunk c = b, b + NB, ... (NV_SLOT bytes), its g-th through block b:
+//     slot = g % NS, round = g / NS + 1
+//     wait own free[R][b][slot] >= round - 1
+//     copy chunk -> R.staging[S][b][slot]     wait own ready[S][b][slot] >= round
+//     fence; R.ready[S][b][slot] = round       copy staging slot -> out
+//                                              fence; S.free[R][b][slot] = round
+//
+// Chunk counts per (peer, block) persist in device memory between calls.
+// The length handshake costs one one-way NVLink latency and turns a
+// mismatched call into an error (err = 1) on both sides, never a hang; a
+// peer that never comes turns into err = 2 after 10 s.
+// ---------------------------------------------------------------------------
+
+#define NV_BLOCKS 32
+#define NV_SLOTS 4
+#define NV_SLOT (64 * 1024)
+#define NV_THREADS 512
+#define NV_TIMEOUT_NS 10000000000ULL
+
+__device__ __forceinline__ u64 nv_now() {
+    u64 t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+// Spins until *p >= v (wrap-safe); false on timeout or error.
+__device__ bool nv_wait(volatile u32* p, u32 v, volatile u32* err) {
+    u64 start = nv_now();
+    while ((int)(*p - v) < 0) {
+        if (*err) return false;
+        if (nv_now() - start > NV_TIMEOUT_NS) {
+            *err = 2;
+            return false;
+        }
+        __nanosleep(64);
+    }
+    return true;
+}
+
+// Header: words {seq, len lo, len hi, unused} per parity.
+__device__ void nv_hdr_put(volatile u32* h, u32 seq, u64 len) {
+    volatile u32* w = h + 4 * (seq & 1);
+    w[1] = (u32)len;
+    w[2] = (u32)(len >> 32);
+    __threadfence_system();
+    w[0] = seq;
+}
+
+__device__ bool nv_hdr_check(volatile u32* h, u32 seq, u64 len, volatile u32* err) {
+    volatile u32* w = h + 4 * (seq & 1);
+    u64 start = nv_now();
+    while (w[0] != seq) {
+        if (*err) return false;
+        if (nv_now() - start > NV_TIMEOUT_NS) {
+            *err = 2;
+            return false;
+        }
+        __nanosleep(64);
+    }
+    __threadfence_system();
+    u64 theirs = (u64)w[1] | ((u64)w[2] << 32);
+    if (theirs != len) {
+        *err = 1;
+        return false;
+    }
+    return true;
+}
+
+__device__ __forceinline__ void nv_copy(u8* dst, const u8* src, u64 len, bool from_peer_writes) {
+    u64 vec = len / 16;
+    const uint4* s = (const uint4*)src;
+    uint4* d = (uint4*)dst;
+    for (u64 i = threadIdx.x; i < vec; i += blockDim.x) {
+        uint4 x = from_peer_writes ? __ldcg(s + i) : s[i];
+        d[i] = x;
+    }
+    for (u64 i = vec * 16 + threadIdx.x; i < len; i += blockDim.x) {
+        dst[i] = from_peer_writes ? __ldcg(src + i) : src[i];
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(NV_THREADS)
+nvlink_sendrecv(const u8* send, u64 send_len, u8* r_staging, u32* r_hdr_in, u32* r_ready,
+                u32* l_free, u32* l_hdr_back, u32* send_cnt, u32 send_seq,
+                u8* recv, u64 recv_len, const u8* l_staging, u32* l_hdr_in, u32* l_ready,
+                u32* r_free, u32* r_hdr_back, u32* recv_cnt, u32 recv_seq, u32* err) {
+    __shared__ u32 s_ok, s_base;
+    volatile u32* verr = err;
+    u32 t = threadIdx.x;
+    bool sending = blockIdx.x < NV_BLOCKS;
+    u32 b = sending ? blockIdx.x : blockIdx.x - NV_BLOCKS;
+    if (sending ? r_staging == 0 : l_staging == 0) return;
+    u64 len = sending ? send_len : recv_len;
+    if (t == 0) {
+        bool ok;
+        if (sending) {
+            if (b == 0) nv_hdr_put(r_hdr_in, send_seq, send_len);
+            ok = nv_hdr_check(l_hdr_back, send_seq, send_len, verr);
+        } else {
+            if (b == 0) nv_hdr_put(r_hdr_back, recv_seq, recv_len);
+            ok = nv_hdr_check(l_hdr_in, recv_seq, recv_len, verr);
+        }
+        s_ok = ok ? 1u : 0u;
+        s_base = sending ? send_cnt[b] : recv_cnt[b];
+    }
+    __syncthreads();
+    if (!s_ok) return;
+    u64 chunks = (len + NV_SLOT - 1) / NV_SLOT;
+    u32 k = 0;
+    for (u64 c = b; c < chunks; c += NV_BLOCKS, k++) {
+        u32 g = s_base + k;
+        u32 slot = b * NV_SLOTS + g % NV_SLOTS;
+        u32 round = g / NV_SLOTS + 1;
+        u64 off = c * NV_SLOT;
+        u64 n = len - off < NV_SLOT ? len - off : NV_SLOT;
+        if (sending) {
+            if (t == 0) s_ok = nv_wait((volatile u32*)&l_free[slot], round - 1, verr) ? 1u : 0u;
+            __syncthreads();
+            if (!s_ok) return;
+            nv_copy(r_staging + (u64)slot * NV_SLOT, send + off, n, false);
+            __threadfence_system();
+            __syncthreads();
+            if (t == 0) ((volatile u32*)r_ready)[slot] = round;
+        } else {
+            if (t == 0) {
+                s_ok = nv_wait((volatile u32*)&l_ready[slot], round, verr) ? 1u : 0u;
+                __threadfence();
+            }
+            __syncthreads();
+            if (!s_ok) return;
+            nv_copy(recv + off, l_staging + (u64)slot * NV_SLOT, n, true);
+            __syncthreads();
+            if (t == 0) {
+                __threadfence_system();
+                ((volatile u32*)r_free)[slot] = round;
+            }
+        }
+    }
+    if (t == 0) {
+        if (sending) send_cnt[b] = s_base + k;
+        else recv_cnt[b] = s_base + k;
     }
 }

@@ -62,6 +62,8 @@ const ENTRY_POINTS: &[&str] = &[
     "roll_level_rows",
     "roll_level_up",
     "rolling_window",
+    "rolling_tile",
+    "nvlink_sendrecv",
     "iota_u32",
 ];
 

@@ -13,16 +13,19 @@
 //! | [`radix_sort`] | stable LSD radix sort of u64 keys with a u32 permutation | per needed byte: keys read twice, keys + permutation written once |
 //! | [`lower_bound`] | first index >= each query in sorted u64 | a binary search per query |
 //! | [`cast_to_f64`], [`cast_to_i64`] | numeric columns to f64 / integer columns to i64 | one read, one write |
+//! | [`NvlinkSendRecv`] | SendRecv by SMs through staging slots in the peer's memory | NVLink writes + a local copy per chunk |
 //! | [`rolling`] | time-window sum/mean/min/max/count/std/var over sorted rows, grouped or not | O(log w) search + O(32 log_32 w) merges per row |
 
 mod cast;
 mod launch;
+mod nvlink;
 mod ops;
 mod rolling;
 mod sort;
 
 pub use cast::{NumType, cast_to_f64, cast_to_i64};
 pub use launch::{KernelError, Kernels};
+pub use nvlink::NvlinkSendRecv;
 pub use ops::{gather, hash_partition, iota, lower_bound, order_key_f64, order_key_i64};
 pub use rolling::{GpuAggColumn, RollingInput, rolling};
 pub use sort::radix_sort;

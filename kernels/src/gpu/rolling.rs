@@ -2,23 +2,33 @@
 //! the CPU kernel ([`crate::rolling`]): same windows for every [`Closed`]
 //! mode, nulls skipped, sample std/var, null for an empty window (count 0).
 //!
+//! Two passes (see `kernels.cu`):
+//!
 //! ```text
-//!   levels:  level 1 = aggregates of 32 rows, level L = of 32 level L-1
-//!            entries (n/32 + n/1024 + ... entries, 56 bytes each)
-//!   query:   one thread per output row: gallop to the window [lo, hi),
-//!            then merge at most 2 * 31 entries per level
+//!   tiles:    one block per 256 output rows; the rows and the lookback
+//!             its windows need (up to 704 rows) in shared memory;
+//!             double-double prefix sums of count, x and x^2 give each
+//!             window's sum and moments as a difference of two prefixes;
+//!             min/max loop over the window in shared memory.
+//!             One read of the inputs, one write of the outputs.
+//!   general:  only for tiles the first pass flags (a window longer than
+//!             the shared region, a long run of one ts, a NaN or an
+//!             infinity): level 1 = aggregates of 32 rows, level L = of 32
+//!             level L-1 entries; one thread per row gallops to its window
+//!             and merges at most 2 * 31 entries per level.
 //! ```
 //!
-//! Cost: O(log w) to find a window and O(32 log_32 w) merges per row, so a
-//! window that spans most of the data costs no more than a few hundred
-//! merges per row; the partial aggregates are only merged (compensated
-//! sum, shifted moments), never subtracted. Rows sorted by (key, ts) with a
-//! key column make every group its own series: a window never crosses a
-//! key boundary.
+//! Cost: the first pass is bound by memory bandwidth for windows of up to
+//! a few hundred rows; the general pass costs O(log w) to find a window
+//! and O(32 log_32 w) merges per row, whatever the window. Neither
+//! subtracts running sums (prefixes are exact to ~2^-100 of the region's
+//! magnitude; partial aggregates are only merged). Rows sorted by (key,
+//! ts) with a key column make every group its own series: a window never
+//! crosses a key boundary.
 
 use std::sync::Arc;
 
-use braid_core::cuda::cudarc::driver::PushKernelArg;
+use braid_core::cuda::cudarc::driver::{LaunchConfig, PushKernelArg};
 use braid_core::cuda::{DeviceBuffer, Gpu};
 
 use super::launch::{KernelError, Kernels, grid, launched};
@@ -31,6 +41,206 @@ const FAN: usize = 32;
 const ENTRY: usize = 56;
 /// Levels the query kernel can hold, level 0 (rows) included.
 const MAX_LEVELS: usize = 8;
+/// Output rows per block of the shared-memory pass (`ROLL_TILE`).
+const TILE: usize = 256;
+/// Rows a block's shared memory holds (`ROLL_CAP`).
+const CAP: usize = 1024;
+
+/// The shared memory `rolling_tile` needs: per row value, two
+/// double-double prefixes, ts, count (and key when grouped).
+fn tile_shared_bytes(grouped: bool) -> usize {
+    CAP * 8 + 2 * (CAP + 1) * 16 + CAP * 8 + (CAP + 2) * 4 + if grouped { CAP * 8 } else { 0 }
+}
+
+/// One call's launches.
+struct Pass<'a> {
+    gpu: &'a Arc<Gpu>,
+    input: RollingInput<'a>,
+    window: i64,
+    closed: u32,
+    ptrs: &'a DeviceBuffer,
+}
+
+impl Pass<'_> {
+    fn args(&self) -> (u64, u64, u64, u64, u64, u64) {
+        let i = &self.input;
+        (
+            i.ts.ptr(),
+            i.key.map_or(0, |b| b.ptr()),
+            i.values.ptr(),
+            i.valid.map_or(0, |b| b.ptr()),
+            (i.ts.len() / 8) as u64,
+            i.emit_from as u64,
+        )
+    }
+
+    /// Marks the launch just enqueued: inputs read, outputs written.
+    fn mark(
+        &self,
+        reads: &[&DeviceBuffer],
+        written: &mut [&mut DeviceBuffer],
+    ) -> Result<(), KernelError> {
+        let ev = self.gpu.record(self.gpu.stream())?;
+        for b in reads {
+            b.note_use(ev.clone());
+        }
+        for b in written.iter_mut() {
+            b.set_ready(ev.clone());
+        }
+        Ok(())
+    }
+
+    /// The shared-memory pass over every tile; flags the tiles it leaves.
+    fn tiles(
+        &self,
+        reads: &[&DeviceBuffer],
+        written: &mut [&mut DeviceBuffer],
+        flags: &mut DeviceBuffer,
+        flagged: &mut DeviceBuffer,
+        tiles: usize,
+    ) -> Result<(), KernelError> {
+        let rank = self.gpu.rank();
+        let k = Kernels::get(self.gpu)?;
+        let f = k.func(rank, "rolling_tile")?;
+        let shared = tile_shared_bytes(self.input.key.is_some());
+        f.set_attribute(
+            braid_core::cuda::cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            shared as i32,
+        )
+        .map_err(|e| {
+            KernelError::Cuda(braid_core::cuda::CudaError::Driver {
+                rank,
+                call: "cuFuncSetAttribute",
+                detail: format!("{e:?}"),
+            })
+        })?;
+        let mut all: Vec<&DeviceBuffer> = reads.to_vec();
+        all.extend(written.iter().map(|b| &**b));
+        all.push(flags);
+        all.push(flagged);
+        wait_inputs(self.gpu, &all)?;
+        let (tp, kp, vp, okp, n, e) = self.args();
+        let (fp, cp) = (flags.ptr(), flagged.ptr());
+        let pp = self.ptrs.ptr();
+        let mut b = self.gpu.stream().launch_builder(f);
+        b.arg(&tp)
+            .arg(&kp)
+            .arg(&vp)
+            .arg(&okp)
+            .arg(&n)
+            .arg(&e)
+            .arg(&self.window)
+            .arg(&self.closed)
+            .arg(&pp)
+            .arg(&fp)
+            .arg(&cp);
+        let cfg = LaunchConfig {
+            grid_dim: (tiles as u32, 1, 1),
+            block_dim: (TILE as u32, 1, 1),
+            shared_mem_bytes: shared as u32,
+        };
+        // SAFETY: every pointer is a live buffer of the checked sizes; the
+        // tile count covers the output rows; shared memory as declared.
+        launched(rank, unsafe { b.launch(cfg) })?;
+        self.mark(reads, written)?;
+        let ev = self.gpu.record(self.gpu.stream())?;
+        flags.set_ready(ev.clone());
+        flagged.set_ready(ev);
+        Ok(())
+    }
+
+    /// The level entries of the general pass (levels 1..).
+    fn levels(&self) -> Result<Vec<DeviceBuffer>, KernelError> {
+        let (gpu, rank) = (self.gpu, self.gpu.rank());
+        let k = Kernels::get(gpu)?;
+        let n = self.input.ts.len() / 8;
+        let mut levels: Vec<DeviceBuffer> = Vec::new();
+        let mut size = FAN;
+        while n / size >= 1 && levels.len() + 1 < MAX_LEVELS {
+            let m = n / size;
+            let mut out = DeviceBuffer::alloc(gpu, m * ENTRY)?;
+            let m64 = m as u64;
+            let op = out.ptr();
+            match levels.last() {
+                None => {
+                    let f = k.func(rank, "roll_level_rows")?;
+                    let mut ins = vec![self.input.values, &out];
+                    ins.extend(self.input.valid);
+                    wait_inputs(gpu, &ins)?;
+                    let (vp, okp) = (
+                        self.input.values.ptr(),
+                        self.input.valid.map_or(0, |v| v.ptr()),
+                    );
+                    let mut b = gpu.stream().launch_builder(f);
+                    b.arg(&vp).arg(&okp).arg(&op).arg(&m64);
+                    // SAFETY: `m * 32 <= n` rows in, `m` entries out.
+                    launched(rank, unsafe { b.launch(grid(m)) })?;
+                }
+                Some(prev) => {
+                    let f = k.func(rank, "roll_level_up")?;
+                    wait_inputs(gpu, &[prev, &out])?;
+                    let pp = prev.ptr();
+                    let mut b = gpu.stream().launch_builder(f);
+                    b.arg(&pp).arg(&op).arg(&m64);
+                    // SAFETY: `m * 32` entries of the previous level in.
+                    launched(rank, unsafe { b.launch(grid(m)) })?;
+                }
+            }
+            mark_written(gpu, &[], &mut [&mut out])?;
+            levels.push(out);
+            size *= FAN;
+        }
+        Ok(levels)
+    }
+
+    /// The general pass over the flagged tiles.
+    fn general(
+        &self,
+        reads: &[&DeviceBuffer],
+        levels: &[DeviceBuffer],
+        flags: &DeviceBuffer,
+        written: &mut [&mut DeviceBuffer],
+    ) -> Result<(), KernelError> {
+        let (gpu, rank) = (self.gpu, self.gpu.rank());
+        let k = Kernels::get(gpu)?;
+        let mut lp = [0u64; MAX_LEVELS];
+        for (l, b) in levels.iter().enumerate() {
+            lp[l + 1] = b.ptr();
+        }
+        // The level pointers go in front of the output pointers.
+        let mut table: Vec<u64> = self.ptrs.to_vec()?;
+        table[..MAX_LEVELS].copy_from_slice(&lp);
+        let d_table = DeviceBuffer::from_slice(gpu, &table)?;
+        let mut all: Vec<&DeviceBuffer> = reads.to_vec();
+        all.extend(levels.iter());
+        all.push(flags);
+        all.push(&d_table);
+        all.extend(written.iter().map(|b| &**b));
+        wait_inputs(gpu, &all)?;
+        let f = k.func(rank, "rolling_window")?;
+        let (tp, kp, vp, okp, n, e) = self.args();
+        let (pp, nl, fp) = (d_table.ptr(), levels.len() as u32 + 1, flags.ptr());
+        let mut b = gpu.stream().launch_builder(f);
+        b.arg(&tp)
+            .arg(&kp)
+            .arg(&vp)
+            .arg(&okp)
+            .arg(&n)
+            .arg(&e)
+            .arg(&self.window)
+            .arg(&self.closed)
+            .arg(&pp)
+            .arg(&nl)
+            .arg(&fp);
+        // SAFETY: as in `tiles`; level buffers hold n / 32^L entries.
+        launched(rank, unsafe { b.launch(grid((n - e) as usize)) })?;
+        let mut reads2: Vec<&DeviceBuffer> = reads.to_vec();
+        reads2.extend(levels.iter());
+        reads2.push(flags);
+        reads2.push(&d_table);
+        self.mark(&reads2, written)
+    }
+}
 
 /// The rows of one rolling computation, all on one device.
 #[derive(Debug, Clone, Copy)]
@@ -135,103 +345,41 @@ pub fn rolling(
         }
     }
     if rows > 0 {
-        let k = Kernels::get(gpu)?;
-        // Levels 1.. (level 0 is the rows).
-        let mut levels: Vec<DeviceBuffer> = Vec::new();
-        let mut size = FAN;
-        while n / size >= 1 && levels.len() + 1 < MAX_LEVELS {
-            let m = n / size;
-            let mut out = DeviceBuffer::alloc(gpu, m * ENTRY)?;
-            let m64 = m as u64;
-            let op = out.ptr();
-            match levels.last() {
-                None => {
-                    let f = k.func(rank, "roll_level_rows")?;
-                    let mut ins = vec![input.values, &out];
-                    ins.extend(input.valid);
-                    wait_inputs(gpu, &ins)?;
-                    let (vp, okp) = (input.values.ptr(), input.valid.map_or(0, |v| v.ptr()));
-                    let mut b = gpu.stream().launch_builder(f);
-                    b.arg(&vp).arg(&okp).arg(&op).arg(&m64);
-                    // SAFETY: `m * 32 <= n` rows in, `m` entries out.
-                    launched(rank, unsafe { b.launch(grid(m)) })?;
-                }
-                Some(prev) => {
-                    let f = k.func(rank, "roll_level_up")?;
-                    wait_inputs(gpu, &[prev, &out])?;
-                    let pp = prev.ptr();
-                    let mut b = gpu.stream().launch_builder(f);
-                    b.arg(&pp).arg(&op).arg(&m64);
-                    // SAFETY: `m * 32` entries of the previous level in.
-                    launched(rank, unsafe { b.launch(grid(m)) })?;
-                }
-            }
-            mark_written(gpu, &[], &mut [&mut out])?;
-            levels.push(out);
-            size *= FAN;
-        }
         let mut ptrs = [0u64; 22];
-        for (l, b) in levels.iter().enumerate() {
-            ptrs[l + 1] = b.ptr();
-        }
         for (s, o) in outs.iter().enumerate() {
             if let Some((v, ok)) = o {
                 ptrs[8 + s] = v.ptr();
                 ptrs[15 + s] = ok.as_ref().map_or(0, |b| b.ptr());
             }
         }
-        let d_ptrs = DeviceBuffer::from_slice(gpu, &ptrs)?;
-        let mut ins: Vec<&DeviceBuffer> = vec![input.ts, input.values, &d_ptrs];
-        ins.extend(input.key);
-        ins.extend(input.valid);
-        ins.extend(levels.iter());
-        for (v, ok) in outs.iter().flatten() {
-            ins.push(v);
-            ins.extend(ok.as_ref());
-        }
-        wait_inputs(gpu, &ins)?;
-        let f = k.func(rank, "rolling_window")?;
-        let (tp, kp, vp, okp) = (
-            input.ts.ptr(),
-            input.key.map_or(0, |b| b.ptr()),
-            input.values.ptr(),
-            input.valid.map_or(0, |b| b.ptr()),
-        );
-        let (n64, e64, cl, pp, nl) = (
-            n as u64,
-            input.emit_from as u64,
-            code(closed),
-            d_ptrs.ptr(),
-            levels.len() as u32 + 1,
-        );
-        let mut b = gpu.stream().launch_builder(f);
-        b.arg(&tp)
-            .arg(&kp)
-            .arg(&vp)
-            .arg(&okp)
-            .arg(&n64)
-            .arg(&e64)
-            .arg(&window)
-            .arg(&cl)
-            .arg(&pp)
-            .arg(&nl);
-        // SAFETY: every pointer in `ptrs` is a live buffer of the sizes
-        // allocated above; row inputs have `n` rows (checked).
-        launched(rank, unsafe { b.launch(grid(rows)) })?;
-        let ev = gpu.record(gpu.stream())?;
-        for b in [input.ts, input.values, &d_ptrs]
-            .into_iter()
-            .chain(input.key)
-            .chain(input.valid)
-            .chain(levels.iter())
-        {
-            b.note_use(ev.clone());
-        }
+        let mut written: Vec<&mut DeviceBuffer> = Vec::new();
         for (v, ok) in outs.iter_mut().flatten() {
-            v.set_ready(ev.clone());
+            written.push(v);
             if let Some(ok) = ok {
-                ok.set_ready(ev.clone());
+                written.push(ok);
             }
+        }
+        let tiles = rows.div_ceil(TILE);
+        let mut flags = DeviceBuffer::alloc(gpu, tiles * 4)?;
+        flags.fill(0)?;
+        let mut flagged = DeviceBuffer::alloc(gpu, 4)?;
+        flagged.fill(0)?;
+        let d_ptrs = DeviceBuffer::from_slice(gpu, &ptrs)?;
+        let mut reads: Vec<&DeviceBuffer> = vec![input.ts, input.values, &d_ptrs];
+        reads.extend(input.key);
+        reads.extend(input.valid);
+        let pass = Pass {
+            gpu,
+            input,
+            window,
+            closed: code(closed),
+            ptrs: &d_ptrs,
+        };
+        pass.tiles(&reads, &mut written, &mut flags, &mut flagged, tiles)?;
+        let n_flagged: Vec<u32> = flagged.to_vec()?;
+        if n_flagged[0] > 0 {
+            let levels = pass.levels()?;
+            pass.general(&reads, &levels, &flags, &mut written)?;
         }
     }
     // One column per requested aggregation, in the order asked.

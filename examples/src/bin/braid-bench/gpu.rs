@@ -1,6 +1,7 @@
 //! GPU benchmark (feature `cuda`): every device collective, 1 KiB to 1 GiB,
 //! one rank per GPU, next to the same NCCL calls made raw in the same run,
-//! and the copy-engine IPC SendRecv next to NCCL send/recv.
+//! and the copy-engine IPC SendRecv (`ipc`) and the SM-driven NVLink
+//! SendRecv (`nvlink`) next to NCCL send/recv.
 //!
 //! Per point (after warm-up; raw and braid are measured alternately twice
 //! and each keeps its best; times are the max over ranks):
@@ -29,6 +30,7 @@ use braid_core::cuda::ipc::IpcSendRecv;
 use braid_core::cuda::{CudaError, DeviceBuffer, Gpu, NcclDType, NcclMode, NcclOp, NcclWork};
 use braid_core::{BoxError, Context, Event, MemoryLimits};
 use braid_examples::{JobArgs, JobOutcome, run_job, size_name};
+use braid_kernels::gpu::NvlinkSendRecv;
 
 /// Options of `braid-bench gpu`.
 #[derive(Debug, clap::Args)]
@@ -45,7 +47,7 @@ pub struct GpuArgs {
     #[arg(long, default_value_t = 4)]
     step: usize,
     /// Collectives: allreduce, allgather, reduce_scatter, broadcast,
-    /// alltoall, alltoallv, sendrecv, halo, halo_sized, ipc.
+    /// alltoall, alltoallv, sendrecv, halo, halo_sized, ipc, nvlink.
     #[arg(
         long,
         value_delimiter = ',',
@@ -132,7 +134,7 @@ fn raw_call(
                 Ok(())
             })
         }
-        "sendrecv" | "ipc" => w.group(|w| {
+        "sendrecv" | "ipc" | "nvlink" => w.group(|w| {
             w.send(input, inlen, NcclDType::U8, right)?;
             w.recv(output, outlen, NcclDType::U8, left)
         }),
@@ -484,13 +486,51 @@ async fn ipc_braid(
     Ok((piped, awaited))
 }
 
+/// The SM-driven NVLink SendRecv, ring step: pipelined (all steps
+/// enqueued, the last awaited) and awaited one by one.
+async fn nvlink_braid(
+    ctx: &Context,
+    nv: &mut NvlinkSendRecv,
+    input: &DeviceBuffer,
+    outlen: usize,
+    iters: usize,
+) -> Result<(f64, f64), BoxError> {
+    let n = ctx.nranks();
+    let me = ctx.rank();
+    let right = (me + 1) % n;
+    let left = (me + n - 1) % n;
+    let gpu = input.gpu().clone();
+    let mut out = DeviceBuffer::alloc(&gpu, outlen)?;
+    nv.sendrecv(Some((input, right)), Some((&mut out, left)))
+        .await?;
+    let t = Instant::now();
+    let mut last = None;
+    for _ in 0..iters {
+        last = Some(nv.enqueue(Some((input, right)), Some((&mut out, left)))?);
+    }
+    if let Some(ev) = last {
+        braid_core::cuda::ipc::wait_event(&ev, ctx.rank(), Some(ctx.comm().as_ref())).await?;
+        nv.check()?;
+    }
+    let piped = t.elapsed().as_secs_f64() * 1e6 / iters as f64;
+    let mut per = Vec::with_capacity(iters);
+    for _ in 0..iters {
+        let t = Instant::now();
+        nv.sendrecv(Some((input, right)), Some((&mut out, left)))
+            .await?;
+        per.push(t.elapsed().as_secs_f64() * 1e6);
+    }
+    let awaited = median(per);
+    Ok((piped, awaited))
+}
+
 /// Runs the benchmark.
 pub fn run(a: GpuArgs) -> Result<(), BoxError> {
     let colls: Vec<&'static str> = a
         .colls
         .iter()
         .map(|c| -> Result<&'static str, BoxError> {
-            const ALL: [&str; 10] = [
+            const ALL: [&str; 11] = [
                 "allreduce",
                 "allgather",
                 "reduce_scatter",
@@ -501,6 +541,7 @@ pub fn run(a: GpuArgs) -> Result<(), BoxError> {
                 "halo",
                 "halo_sized",
                 "ipc",
+                "nvlink",
             ];
             ALL.iter()
                 .copied()
@@ -536,6 +577,11 @@ pub fn run(a: GpuArgs) -> Result<(), BoxError> {
                 .await?
                 .with_checks(checks);
             let mut ipc = IpcSendRecv::new(&ctx, gpu.clone()).await?;
+            let mut nv = if colls.contains(&"nvlink") {
+                Some(NvlinkSendRecv::new(&ctx, gpu.clone()).await?)
+            } else {
+                None
+            };
             let mut rows: Vec<(String, usize, Point)> = Vec::new();
             for &coll in &colls {
                 for &size in &sizes {
@@ -556,6 +602,8 @@ pub fn run(a: GpuArgs) -> Result<(), BoxError> {
                         braid_coll::barrier(&ctx).await?;
                         let (x, xa) = if coll == "ipc" {
                             ipc_braid(&ctx, &mut ipc, &input, outlen, iters).await?
+                        } else if let (Some(nv), "nvlink") = (nv.as_mut(), coll) {
+                            nvlink_braid(&ctx, nv, &input, outlen, iters).await?
                         } else {
                             braid(&dc, coll, &input, outlen, iters).await?
                         };
@@ -623,7 +671,11 @@ pub fn run(a: GpuArgs) -> Result<(), BoxError> {
     for (coll, size, p) in rows {
         let f = bus_factor(&coll, n);
         let bw = |us: f64| size as f64 / (us * 1e-6) / 1e9 * f;
-        let baseline = if coll == "ipc" { "nccl" } else { "" };
+        let baseline = if coll == "ipc" || coll == "nvlink" {
+            "nccl"
+        } else {
+            ""
+        };
         println!(
             "{:<15} {:>9} {:>10.2} {:>10.2} {:>10.2} {:>11.2} {:>9.2} {:>9.2} {:>7.3} {:>8.2} {baseline}",
             coll,
