@@ -344,6 +344,11 @@ extern "C" __global__ void cast_to_i64(const void* in, u32 ty, i64* out, u64 n) 
 // ---------------------------------------------------------------------------
 
 #define ROLL_FAN 32
+#define ROLL_TILE 256  // output rows per block of the tile pass
+#define ROLL_EXTRA 64
+#define ROLL_CAP 1024
+#define ROLL_OFF (ROLL_CAP - ROLL_TILE - ROLL_EXTRA)
+#define ROLL_FIRST_HALO 64
 #define ROLL_MAX_LEVELS 8
 #define ROLL_NAN __longlong_as_double(0x7ff8000000000000LL)
 
@@ -592,11 +597,6 @@ extern "C" __global__ void rolling_window(const i64* ts, const i64* key, const d
 // general path (rolling_window with `only`).
 // ---------------------------------------------------------------------------
 
-#define ROLL_TILE 256
-#define ROLL_EXTRA 64
-#define ROLL_CAP 1024
-#define ROLL_OFF (ROLL_CAP - ROLL_TILE - ROLL_EXTRA)
-#define ROLL_FIRST_HALO 64
 
 struct DD {
     double hi, lo;
