@@ -344,7 +344,8 @@ extern "C" __global__ void cast_to_i64(const void* in, u32 ty, i64* out, u64 n) 
 // ---------------------------------------------------------------------------
 
 #define ROLL_FAN 32
-#define ROLL_TILE 256  // output rows per block of the tile pass
+#define ROLL_TILE 512  // output rows per block of the tile pass
+#define ROLL_THREADS 256  // threads per block of the tile pass (2 rows each)
 #define ROLL_EXTRA 64
 #define ROLL_CAP 1024
 #define ROLL_OFF (ROLL_CAP - ROLL_TILE - ROLL_EXTRA)
@@ -654,7 +655,7 @@ __device__ __forceinline__ DD dd_shfl_up(DD v, u32 o) {
     return r;
 }
 
-extern "C" __global__ void __launch_bounds__(ROLL_TILE)
+extern "C" __global__ void __launch_bounds__(ROLL_THREADS)
 rolling_tile(const i64* ts, const i64* key, const double* v, const u8* valid,
              u64 n, u64 emit_from, i64 window, u32 closed,
              const u64* ptrs, u32* flags, u32* flagged) {
@@ -665,8 +666,8 @@ rolling_tile(const i64* ts, const i64* key, const double* v, const u8* valid,
     i64* s_ts = (i64*)(s_p2 + (ROLL_CAP + 1));           // ROLL_CAP
     u32* s_c = (u32*)(s_ts + ROLL_CAP);                  // ROLL_CAP + 1
     i64* s_key = key ? (i64*)(s_c + ROLL_CAP + 2) : 0;   // ROLL_CAP (if grouped)
-    __shared__ DD w_p1[ROLL_TILE / 32], w_p2[ROLL_TILE / 32];
-    __shared__ u32 w_c[ROLL_TILE / 32];
+    __shared__ DD w_p1[ROLL_THREADS / 32], w_p2[ROLL_THREADS / 32];
+    __shared__ u32 w_c[ROLL_THREADS / 32];
     __shared__ u32 s_halo;
 
     u32 t = threadIdx.x, lane = t & 31, warp = t >> 5;
@@ -683,7 +684,7 @@ rolling_tile(const i64* ts, const i64* key, const double* v, const u8* valid,
     for (u32 pass = 0; pass < 2; pass++) {
         u64 hi_row = pass == 0 ? e : lo_row;  // pass 1: only the new halo rows
         u64 from = a - h;
-        for (u64 j = from + t; j < hi_row; j += ROLL_TILE) {
+        for (u64 j = from + t; j < hi_row; j += ROLL_THREADS) {
             u32 k = (u32)(ROLL_OFF + j - a);
             bool ok = !valid || valid[j];
             s_ts[k] = ts[j];
@@ -723,7 +724,7 @@ rolling_tile(const i64* ts, const i64* key, const double* v, const u8* valid,
     u32 m = (u32)(ROLL_OFF + (e - a)) - base;  // region rows
     // 2. Exclusive prefixes over the region [base, base + m).
     bool bad = false;
-    u32 chunk = (m + ROLL_TILE - 1) / ROLL_TILE;
+    u32 chunk = (m + ROLL_THREADS - 1) / ROLL_THREADS;
     u32 c0 = base + t * chunk, c1 = c0 + chunk < base + m ? c0 + chunk : base + m;
     u32 cnt = 0;
     DD p1 = {0, 0}, p2 = {0, 0};
@@ -778,7 +779,7 @@ rolling_tile(const i64* ts, const i64* key, const double* v, const u8* valid,
     // Prefix index k - base + 1 holds rows [base, k]; index 0 is empty.
     __syncthreads();  // s_c is rewritten below (as prefix counts)
     u32 cc[8];
-    // Up to chunk <= ROLL_CAP / ROLL_TILE = 4 rows per thread.
+    // Up to chunk <= ROLL_CAP / ROLL_THREADS = 4 rows per thread.
     for (u32 k = c0; k < c1; k++) cc[k - c0] = s_c[k];
     __syncthreads();
     if (t == 0) {
@@ -799,10 +800,9 @@ rolling_tile(const i64* ts, const i64* key, const double* v, const u8* valid,
         s_p2[k + 1] = r2;
     }
     __syncthreads();
-    // 3. One output row per thread.
-    u64 i = a + t;
+    // 3. Output rows t, t + ROLL_THREADS, ... of the tile.
     bool over = false;
-    if (i < b) {
+    for (u64 i = a + t; i < b; i += ROLL_THREADS) {
         u32 ri = (u32)(ROLL_OFF + (i - a)) - base;    // region-relative
         const i64* rts = s_ts + base;
         const i64* rkey = key ? s_key + base : 0;
@@ -817,31 +817,30 @@ rolling_tile(const i64* ts, const i64* key, const double* v, const u8* valid,
             else st += 1;
         }
         u32 lo = empty ? hi : (u32)roll_lower(rts, rkey, ri, ki, st);
-        if (!over) {
-            double c = 0, sum = 0, mean = 0, mn = ROLL_NAN, mx = ROLL_NAN, var = 0;
-            if (lo < hi) {
-                c = (double)(s_c[base + hi] - s_c[base + lo]);
-                DD s1 = dd_sub(s_p1[base + hi], s_p1[base + lo]);
-                sum = s1.hi;
-                if (c > 0) {
-                    DD q = dd_div(s1, c);
-                    mean = q.hi;
-                    if (c >= 2) {
-                        DD s2 = dd_sub(s_p2[base + hi], s_p2[base + lo]);
-                        DD m2 = dd_sub(s2, dd_mul(s1, q));
-                        var = m2.hi / (c - 1);
-                    }
-                }
-                if (ptrs[8 + 2] || ptrs[8 + 3]) {
-                    for (u32 k = lo; k < hi; k++) {
-                        double x = s_x[base + k];
-                        mn = fmin(mn, x);
-                        mx = fmax(mx, x);
-                    }
+        if (over) continue;
+        double c = 0, sum = 0, mean = 0, mn = ROLL_NAN, mx = ROLL_NAN, var = 0;
+        if (lo < hi) {
+            c = (double)(s_c[base + hi] - s_c[base + lo]);
+            DD s1 = dd_sub(s_p1[base + hi], s_p1[base + lo]);
+            sum = s1.hi;
+            if (c > 0) {
+                DD q = dd_div(s1, c);
+                mean = q.hi;
+                if (c >= 2) {
+                    DD s2 = dd_sub(s_p2[base + hi], s_p2[base + lo]);
+                    DD m2 = dd_sub(s2, dd_mul(s1, q));
+                    var = m2.hi / (c - 1);
                 }
             }
-            roll_write(ptrs, i - emit_from, c, sum, mean, mn, mx, var);
+            if (ptrs[8 + 2] || ptrs[8 + 3]) {
+                for (u32 k = lo; k < hi; k++) {
+                    double x = s_x[base + k];
+                    mn = fmin(mn, x);
+                    mx = fmax(mx, x);
+                }
+            }
         }
+        roll_write(ptrs, i - emit_from, c, sum, mean, mn, mx, var);
     }
     if (__syncthreads_or(over) && t == 0) {
         flags[blockIdx.x] = 1;
@@ -868,7 +867,7 @@ rolling_tile(const i64* ts, const i64* key, const double* v, const u8* valid,
 // peer that never comes turns into err = 2 after 10 s.
 // ---------------------------------------------------------------------------
 
-#define NV_BLOCKS 32
+#define NV_BLOCKS 64
 #define NV_SLOTS 4
 #define NV_SLOT (64 * 1024)
 #define NV_THREADS 512
@@ -923,16 +922,24 @@ __device__ bool nv_hdr_check(volatile u32* h, u32 seq, u64 len, volatile u32* er
     return true;
 }
 
+// Copies len bytes, 16 at a time with 4 loads in flight per thread.
 __device__ __forceinline__ void nv_copy(u8* dst, const u8* src, u64 len, bool from_peer_writes) {
     u64 vec = len / 16;
     const uint4* s = (const uint4*)src;
     uint4* d = (uint4*)dst;
-    for (u64 i = threadIdx.x; i < vec; i += blockDim.x) {
-        uint4 x = from_peer_writes ? __ldcg(s + i) : s[i];
-        d[i] = x;
+    u64 i = threadIdx.x;
+    for (; i + 3 * blockDim.x < vec; i += 4 * blockDim.x) {
+        uint4 x[4];
+#pragma unroll
+        for (u32 u = 0; u < 4; u++) x[u] = from_peer_writes ? __ldcg(s + i + u * blockDim.x) : s[i + u * blockDim.x];
+#pragma unroll
+        for (u32 u = 0; u < 4; u++) d[i + u * blockDim.x] = x[u];
     }
-    for (u64 i = vec * 16 + threadIdx.x; i < len; i += blockDim.x) {
-        dst[i] = from_peer_writes ? __ldcg(src + i) : src[i];
+    for (; i < vec; i += blockDim.x) {
+        d[i] = from_peer_writes ? __ldcg(s + i) : s[i];
+    }
+    for (u64 j = vec * 16 + threadIdx.x; j < len; j += blockDim.x) {
+        dst[j] = from_peer_writes ? __ldcg(src + j) : src[j];
     }
 }
 

@@ -7,8 +7,8 @@
 //! Against the copy engine ([`braid_core::cuda::ipc::IpcSendRecv`]) it
 //! needs no host message per step (the staging slots are mapped once), and
 //! it overlaps the sender's NVLink writes with the receiver's local copies
-//! chunk by chunk. Cost: 32 sending and 32 receiving blocks while a call
-//! runs; 8 MiB of staging per source rank; one one-way NVLink latency for
+//! chunk by chunk. Cost: 64 sending and 64 receiving blocks while a call
+//! runs; 16 MiB of staging per source rank; one one-way NVLink latency for
 //! the length handshake. A failed call (lengths that differ, a peer that
 //! never comes within 10 s) leaves the object unusable.
 
@@ -22,7 +22,7 @@ use braid_core::{Communicator, Context};
 use super::launch::{KernelError, Kernels, launched};
 
 /// Blocks per direction (`NV_BLOCKS`).
-const BLOCKS: usize = 32;
+const BLOCKS: usize = 64;
 /// Slots per block (`NV_SLOTS`).
 const SLOTS: usize = 4;
 /// Bytes per slot (`NV_SLOT`).

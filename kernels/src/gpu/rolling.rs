@@ -5,8 +5,8 @@
 //! Two passes (see `kernels.cu`):
 //!
 //! ```text
-//!   tiles:    one block per 256 output rows; the rows and the lookback
-//!             its windows need (up to 704 rows) in shared memory;
+//!   tiles:    one block per 512 output rows; the rows and the lookback
+//!             its windows need (up to 448 rows) in shared memory;
 //!             double-double prefix sums of count, x and x^2 give each
 //!             window's sum and moments as a difference of two prefixes;
 //!             min/max loop over the window in shared memory.
@@ -42,7 +42,9 @@ const ENTRY: usize = 56;
 /// Levels the query kernel can hold, level 0 (rows) included.
 const MAX_LEVELS: usize = 8;
 /// Output rows per block of the shared-memory pass (`ROLL_TILE`).
-const TILE: usize = 256;
+const TILE: usize = 512;
+/// Threads per block of the shared-memory pass (`ROLL_THREADS`).
+const TILE_THREADS: u32 = 256;
 /// Rows a block's shared memory holds (`ROLL_CAP`).
 const CAP: usize = 1024;
 
@@ -136,7 +138,7 @@ impl Pass<'_> {
             .arg(&cp);
         let cfg = LaunchConfig {
             grid_dim: (tiles as u32, 1, 1),
-            block_dim: (TILE as u32, 1, 1),
+            block_dim: (TILE_THREADS, 1, 1),
             shared_mem_bytes: shared as u32,
         };
         // SAFETY: every pointer is a live buffer of the checked sizes; the
