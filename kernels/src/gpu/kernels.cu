@@ -868,8 +868,8 @@ rolling_tile(const i64* ts, const i64* key, const double* v, const u8* valid,
 // ---------------------------------------------------------------------------
 
 #define NV_BLOCKS 64
-#define NV_SLOTS 4
-#define NV_SLOT (64 * 1024)
+#define NV_SLOTS 2
+#define NV_SLOT (128 * 1024)
 #define NV_THREADS 512
 #define NV_TIMEOUT_NS 10000000000ULL
 
@@ -982,9 +982,13 @@ nvlink_sendrecv(const u8* send, u64 send_len, u8* r_staging, u32* r_hdr_in, u32*
             __syncthreads();
             if (!s_ok) return;
             nv_copy(r_staging + (u64)slot * NV_SLOT, send + off, n, false);
-            __threadfence_system();
+            // The barrier makes every thread's stores visible to thread 0;
+            // its system fence (cumulative) orders them before the flag.
             __syncthreads();
-            if (t == 0) ((volatile u32*)r_ready)[slot] = round;
+            if (t == 0) {
+                __threadfence_system();
+                ((volatile u32*)r_ready)[slot] = round;
+            }
         } else {
             if (t == 0) {
                 s_ok = nv_wait((volatile u32*)&l_ready[slot], round, verr) ? 1u : 0u;

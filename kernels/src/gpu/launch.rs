@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use braid_core::cuda::cudarc::driver::{CudaFunction, CudaModule, LaunchConfig};
-use braid_core::cuda::cudarc::nvrtc::{CompileOptions, compile_ptx_with_opts};
+use braid_core::cuda::cudarc::nvrtc::{CompileOptions, Ptx, compile_ptx_with_opts};
 use braid_core::cuda::{CudaError, Gpu};
 
 /// The CUDA C source of every kernel.
@@ -69,6 +69,52 @@ const ENTRY_POINTS: &[&str] = &[
 
 type Cache = Mutex<HashMap<usize, Arc<Kernels>>>;
 
+/// Where compiled PTX is kept between processes: `BRAID_KERNEL_CACHE`, or
+/// `$XDG_CACHE_HOME/braid`, or `$HOME/.cache/braid`; `None` when none is
+/// set or `BRAID_KERNEL_CACHE` is empty (no disk cache). NVRTC takes about
+/// a second for `kernels.cu`; a cached file loads in microseconds (the
+/// driver caches its own PTX-to-binary step).
+fn ptx_cache_dir() -> Option<std::path::PathBuf> {
+    if let Some(d) = std::env::var_os("BRAID_KERNEL_CACHE") {
+        return (!d.is_empty()).then(|| d.into());
+    }
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(std::path::PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| std::path::Path::new(&h).join(".cache")))?;
+    Some(base.join("braid"))
+}
+
+/// The cache file of the kernels compiled with `options` (FNV-1a of the
+/// source and the options: a changed source is a new file).
+fn ptx_path(options: &[String]) -> Option<std::path::PathBuf> {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in SOURCE.bytes().chain(options.join(" ").bytes()) {
+        h = (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    Some(ptx_cache_dir()?.join(format!("kernels-{h:016x}.ptx")))
+}
+
+fn cached_ptx(options: &[String]) -> Option<Ptx> {
+    let text = std::fs::read_to_string(ptx_path(options)?).ok()?;
+    text.contains(".entry").then(|| Ptx::from_src(text))
+}
+
+/// Writes the PTX to the cache (atomically: a temporary file, renamed);
+/// failures only cost the next process a compile.
+fn store_ptx(options: &[String], ptx: &Ptx) {
+    let Some(path) = ptx_path(options) else {
+        return;
+    };
+    let Some(dir) = path.parent() else { return };
+    if std::fs::create_dir_all(dir).is_err() {
+        return;
+    }
+    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    if std::fs::write(&tmp, ptx.to_src()).is_ok() && std::fs::rename(&tmp, &path).is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+}
+
 fn cache() -> &'static Cache {
     static CACHE: OnceLock<Cache> = OnceLock::new();
     CACHE.get_or_init(|| Mutex::new(HashMap::new()))
@@ -108,10 +154,19 @@ impl Kernels {
             ],
             ..Default::default()
         };
-        let ptx = compile_ptx_with_opts(SOURCE, opts).map_err(|e| KernelError::Compile {
-            rank,
-            detail: format!("{e:?}"),
-        })?;
+        let ptx = match cached_ptx(&opts.options) {
+            Some(p) => p,
+            None => {
+                let ptx = compile_ptx_with_opts(SOURCE, opts.clone()).map_err(|e| {
+                    KernelError::Compile {
+                        rank,
+                        detail: format!("{e:?}"),
+                    }
+                })?;
+                store_ptx(&opts.options, &ptx);
+                ptx
+            }
+        };
         let module = gpu
             .context()
             .load_module(ptx)

@@ -23,10 +23,11 @@ use super::launch::{KernelError, Kernels, launched};
 
 /// Blocks per direction (`NV_BLOCKS`).
 const BLOCKS: usize = 64;
-/// Slots per block (`NV_SLOTS`).
-const SLOTS: usize = 4;
+/// Slots per block (`NV_SLOTS`): the sender fills one while the receiver
+/// drains the other.
+const SLOTS: usize = 2;
 /// Bytes per slot (`NV_SLOT`).
-const SLOT: usize = 64 * 1024;
+const SLOT: usize = 128 * 1024;
 /// Threads per block (`NV_THREADS`).
 const THREADS: u32 = 512;
 
