@@ -428,13 +428,9 @@ pub async fn gpu_rolling_node(
     schema: SchemaRef,
     chunk_rows: usize,
     mut input: Receiver,
-    mut output: Sender,
+    output: Sender,
 ) -> Result<(), NodeError> {
-    let out_schema = spec.output_schema(&schema)?;
-    check_gpu_spec(&spec, &schema)?;
     let gpu = dc.gpu().clone();
-    let stats = dc.ctx().statistics().clone();
-    let t0 = std::time::Instant::now();
     let mut chunks = Vec::new();
     while let Some(m) = input.recv().await {
         match m.payload {
@@ -445,6 +441,75 @@ pub async fn gpu_rolling_node(
             Payload::Packed(_) => return Err(fail("gpu rolling got a non-table message")),
         }
     }
+    rolling_tables(dc, spec, schema, chunk_rows, chunks, output).await
+}
+
+/// The rolling job's GPU node: opens this rank's GPU and the NCCL
+/// communicator (and compiles or loads the kernels) while the host chunks
+/// stream in, so that start-up overlaps reading the input; then copies
+/// the chunks to the device and runs [`gpu_rolling_node`]'s work.
+pub async fn gpu_rolling_job_node(
+    ctx: braid_core::Context,
+    spec: RollingSpec,
+    schema: SchemaRef,
+    chunk_rows: usize,
+    mut input: Receiver,
+    output: Sender,
+) -> Result<(), NodeError> {
+    check_gpu_spec(&spec, &schema)?;
+    let stats = ctx.statistics().clone();
+    let init = async {
+        let t = std::time::Instant::now();
+        let rank = ctx.rank();
+        let gpu = tokio::task::spawn_blocking(move || Gpu::for_rank(rank))
+            .await
+            .map_err(NodeError::other)?
+            .map_err(fail)?;
+        let dc = DeviceComm::new(&ctx, gpu.clone()).await.map_err(fail)?;
+        let g2 = gpu.clone();
+        tokio::task::spawn_blocking(move || braid_kernels::gpu::Kernels::get(&g2))
+            .await
+            .map_err(NodeError::other)?
+            .map_err(fail)?;
+        stats.record_op("gpu: device, NCCL and kernels ready", t.elapsed());
+        Ok::<_, NodeError>(dc)
+    };
+    let collect = async {
+        let mut host = Vec::new();
+        while let Some(m) = input.recv().await {
+            match m.payload {
+                Payload::Table(t) => host.push(t.into_batch()),
+                Payload::Device(t) => host.push(t.to_batch().map_err(fail)?),
+                Payload::Packed(_) => return Err(fail("gpu rolling got a non-table message")),
+            }
+        }
+        Ok(host)
+    };
+    let (dc, host) = futures::try_join!(init, collect)?;
+    let gpu = dc.gpu().clone();
+    let chunks = host
+        .iter()
+        .map(|b| DeviceTable::from_batch(&gpu, b))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(fail)?;
+    drop(host);
+    rolling_tables(dc, spec, schema, chunk_rows, chunks, output).await
+}
+
+/// The GPU rolling computation over this rank's device chunks.
+async fn rolling_tables(
+    dc: DeviceComm,
+    spec: RollingSpec,
+    schema: SchemaRef,
+    chunk_rows: usize,
+    chunks: Vec<DeviceTable>,
+    mut output: Sender,
+) -> Result<(), NodeError> {
+    let out_schema = spec.output_schema(&schema)?;
+    check_gpu_spec(&spec, &schema)?;
+    let gpu = dc.gpu().clone();
+    let stats = dc.ctx().statistics().clone();
+    let t0 = std::time::Instant::now();
     let parts: Vec<(&DeviceTable, usize, usize)> =
         chunks.iter().map(|c| (c, 0, c.num_rows())).collect();
     let table = DeviceTable::concat_ranges(&gpu, schema.clone(), &parts).map_err(fail)?;

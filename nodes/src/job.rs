@@ -142,29 +142,16 @@ impl RollingJob {
             }
             #[cfg(feature = "cuda")]
             Device::Gpu => {
-                use braid_core::cuda::Gpu;
-                let t = std::time::Instant::now();
-                let gpu = Gpu::for_rank(ctx.rank()).map_err(NodeError::other)?;
-                let dc = braid_coll::device::DeviceComm::new(&ctx, gpu.clone())
-                    .await
-                    .map_err(NodeError::other)?;
-                ctx.statistics()
-                    .record_op("gpu: context and NCCL init", t.elapsed());
-                let t = std::time::Instant::now();
-                braid_kernels::gpu::Kernels::get(&gpu).map_err(NodeError::other)?;
-                ctx.statistics()
-                    .record_op("gpu: kernels (NVRTC or disk cache)", t.elapsed());
-                let (dev_tx, dev_rx) = channel(4);
+                // The GPU starts up inside the node, while the source reads.
                 let (res_tx, res_rx) = channel(4);
-                g.add("to_device", crate::gpu::to_device(gpu, src_rx, dev_tx));
                 g.add(
                     "gpu_rolling",
-                    crate::gpu::gpu_rolling_node(
-                        dc,
+                    crate::gpu::gpu_rolling_job_node(
+                        ctx.clone(),
                         self.spec.clone(),
                         schema.clone(),
                         self.chunk_rows,
-                        dev_rx,
+                        src_rx,
                         res_tx,
                     ),
                 );

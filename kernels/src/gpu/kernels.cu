@@ -722,7 +722,11 @@ rolling_tile(const i64* ts, const i64* key, const double* v, const u8* valid,
     }
     u32 base = (u32)(ROLL_OFF - h);       // region index of row a - h
     u32 m = (u32)(ROLL_OFF + (e - a)) - base;  // region rows
-    // 2. Exclusive prefixes over the region [base, base + m).
+    // 2. Exclusive prefixes over the region [base, base + m), of what the
+    //    requested aggregations need (the same on every thread).
+    bool need1 = ptrs[8] || ptrs[9] || ptrs[13] || ptrs[14];   // sum, mean, std, var
+    bool need2 = ptrs[13] || ptrs[14];                          // std, var
+    bool need_mm = ptrs[10] || ptrs[11];                        // min, max
     bool bad = false;
     u32 chunk = (m + ROLL_THREADS - 1) / ROLL_THREADS;
     u32 c0 = base + t * chunk, c1 = c0 + chunk < base + m ? c0 + chunk : base + m;
@@ -731,11 +735,13 @@ rolling_tile(const i64* ts, const i64* key, const double* v, const u8* valid,
     for (u32 k = c0; k < c1; k++) {
         double x = s_x[k];
         if (s_c[k]) {
-            if (!(x - x == 0.0)) bad = true;  // NaN or infinity
             cnt += 1;
-            DD dx = {x, 0};
-            p1 = dd_add(p1, dx);
-            p2 = dd_add(p2, dd_prod(x, x));
+            if (need1) {
+                if (!(x - x == 0.0)) bad = true;  // NaN or infinity
+                DD dx = {x, 0};
+                p1 = dd_add(p1, dx);
+                if (need2) p2 = dd_add(p2, dd_prod(x, x));
+            }
         }
     }
     // Block exclusive scan of (cnt, p1, p2).
@@ -744,12 +750,15 @@ rolling_tile(const i64* ts, const i64* key, const double* v, const u8* valid,
 #pragma unroll
     for (u32 o = 1; o < 32; o <<= 1) {
         u32 yc = __shfl_up_sync(0xFFFFFFFFu, ic, o);
-        DD y1 = dd_shfl_up(i1, o), y2 = dd_shfl_up(i2, o);
-        if (lane >= o) {
-            ic += yc;
-            i1 = dd_add(i1, y1);
-            i2 = dd_add(i2, y2);
+        if (need1) {
+            DD y1 = dd_shfl_up(i1, o);
+            if (lane >= o) i1 = dd_add(i1, y1);
         }
+        if (need2) {
+            DD y2 = dd_shfl_up(i2, o);
+            if (lane >= o) i2 = dd_add(i2, y2);
+        }
+        if (lane >= o) ic += yc;
     }
     if (lane == 31) {
         w_c[warp] = ic;
@@ -773,8 +782,8 @@ rolling_tile(const i64* ts, const i64* key, const double* v, const u8* valid,
     }
     for (u32 w = 0; w < warp; w++) {
         rc += w_c[w];
-        r1 = dd_add(r1, w_p1[w]);
-        r2 = dd_add(r2, w_p2[w]);
+        if (need1) r1 = dd_add(r1, w_p1[w]);
+        if (need2) r2 = dd_add(r2, w_p2[w]);
     }
     // Prefix index k - base + 1 holds rows [base, k]; index 0 is empty.
     __syncthreads();  // s_c is rewritten below (as prefix counts)
@@ -791,53 +800,85 @@ rolling_tile(const i64* ts, const i64* key, const double* v, const u8* valid,
         if (cc[k - c0]) {
             double x = s_x[k];
             rc += 1;
-            DD dx = {x, 0};
-            r1 = dd_add(r1, dx);
-            r2 = dd_add(r2, dd_prod(x, x));
+            if (need1) {
+                DD dx = {x, 0};
+                r1 = dd_add(r1, dx);
+                if (need2) r2 = dd_add(r2, dd_prod(x, x));
+            }
         }
         s_c[k + 1] = rc;
-        s_p1[k + 1] = r1;
-        s_p2[k + 1] = r2;
+        if (need1) s_p1[k + 1] = r1;
+        if (need2) s_p2[k + 1] = r2;
     }
     __syncthreads();
-    // 3. Output rows t, t + ROLL_THREADS, ... of the tile.
+    // 3. Output rows t, t + ROLL_THREADS, ... of the tile. A warp's rows
+    //    are consecutive and windows only move right, so lane 0 gallops to
+    //    its window start and the other lanes search from there.
     bool over = false;
-    for (u64 i = a + t; i < b; i += ROLL_THREADS) {
-        u32 ri = (u32)(ROLL_OFF + (i - a)) - base;    // region-relative
-        const i64* rts = s_ts + base;
-        const i64* rkey = key ? s_key + base : 0;
-        i64 ti = rts[ri];
-        i64 ki = key ? rkey[ri] : 0;
-        u32 hi = incl_hi ? (u32)roll_upper(rts, rkey, m, ri, ki, ti) : (u32)roll_lower(rts, rkey, ri, ki, ti);
-        if (hi == m && e < n) over = true;           // ties past the region
+    const i64* rts = s_ts + base;
+    const i64* rkey = key ? s_key + base : 0;
+    for (u32 q = 0; q < ROLL_TILE / ROLL_THREADS; q++) {
+        u64 i = a + t + (u64)q * ROLL_THREADS;
+        bool act = i < b;
+        u32 ri = act ? (u32)(ROLL_OFF + (i - a)) - base : 0;
+        i64 ti = act ? rts[ri] : 0;
+        i64 ki = act && key ? rkey[ri] : 0;
         i64 st = sat_sub(ti, window);
         bool empty = false;
         if (!incl_lo) {
             if (st == ti) empty = true;
             else st += 1;
         }
-        u32 lo = empty ? hi : (u32)roll_lower(rts, rkey, ri, ki, st);
+        u32 lo0 = 0;
+        if (lane == 0 && act && !empty) lo0 = (u32)roll_lower(rts, rkey, ri, ki, st);
+        lo0 = __shfl_sync(0xFFFFFFFFu, lo0, 0);
+        if (!act) continue;
+        u32 hi = incl_hi ? (u32)roll_upper(rts, rkey, m, ri, ki, ti) : (u32)roll_lower(rts, rkey, ri, ki, ti);
+        if (hi == m && e < n) over = true;           // ties past the region
+        u32 lo = hi;
+        if (!empty) {
+            // First j in [lo0, ri] with !before(j); !before(ri) holds.
+            u32 x = lo0, y = ri;
+            while (x < y) {
+                u32 mid = x + (y - x) / 2;
+                if (roll_before(rts, rkey, mid, ki, st)) x = mid + 1; else y = mid;
+            }
+            lo = x;
+        }
         if (over) continue;
         double c = 0, sum = 0, mean = 0, mn = ROLL_NAN, mx = ROLL_NAN, var = 0;
         if (lo < hi) {
             c = (double)(s_c[base + hi] - s_c[base + lo]);
-            DD s1 = dd_sub(s_p1[base + hi], s_p1[base + lo]);
-            sum = s1.hi;
-            if (c > 0) {
-                DD q = dd_div(s1, c);
-                mean = q.hi;
-                if (c >= 2) {
-                    DD s2 = dd_sub(s_p2[base + hi], s_p2[base + lo]);
-                    DD m2 = dd_sub(s2, dd_mul(s1, q));
-                    var = m2.hi / (c - 1);
+            if (need1) {
+                DD s1 = dd_sub(s_p1[base + hi], s_p1[base + lo]);
+                sum = s1.hi;
+                if (c > 0) {
+                    DD qm = dd_div(s1, c);
+                    mean = qm.hi;
+                    if (need2 && c >= 2) {
+                        DD s2 = dd_sub(s_p2[base + hi], s_p2[base + lo]);
+                        DD m2 = dd_sub(s2, dd_mul(s1, qm));
+                        var = m2.hi / (c - 1);
+                    }
                 }
             }
-            if (ptrs[8 + 2] || ptrs[8 + 3]) {
-                for (u32 k = lo; k < hi; k++) {
-                    double x = s_x[base + k];
-                    mn = fmin(mn, x);
-                    mx = fmax(mx, x);
+            if (need_mm) {
+                // Four independent chains (NaN marks a null: fmin skips it).
+                const double* xs = s_x + base;
+                double a0 = ROLL_NAN, a1 = ROLL_NAN, a2 = ROLL_NAN, a3 = ROLL_NAN;
+                double b0 = ROLL_NAN, b1 = ROLL_NAN, b2 = ROLL_NAN, b3 = ROLL_NAN;
+                u32 k = lo;
+                for (; k + 4 <= hi; k += 4) {
+                    double x0 = xs[k], x1 = xs[k + 1], x2 = xs[k + 2], x3 = xs[k + 3];
+                    a0 = fmin(a0, x0); a1 = fmin(a1, x1); a2 = fmin(a2, x2); a3 = fmin(a3, x3);
+                    b0 = fmax(b0, x0); b1 = fmax(b1, x1); b2 = fmax(b2, x2); b3 = fmax(b3, x3);
                 }
+                for (; k < hi; k++) {
+                    a0 = fmin(a0, xs[k]);
+                    b0 = fmax(b0, xs[k]);
+                }
+                mn = fmin(fmin(a0, a1), fmin(a2, a3));
+                mx = fmax(fmax(b0, b1), fmax(b2, b3));
             }
         }
         roll_write(ptrs, i - emit_from, c, sum, mean, mn, mx, var);
@@ -851,7 +892,7 @@ rolling_tile(const i64* ts, const i64* key, const double* v, const u8* valid,
 // ---------------------------------------------------------------------------
 // NVLink SendRecv: SMs copy through staging slots in the receiver's memory.
 //
-//   sender S, block b (of NV_BLOCKS)         receiver R, block b
+//   sender S, block b (of NV_BLOCKS, a launch parameter)         receiver R, block b
 //   b = 0: R.hdr_in[S][seq & 1] = {seq, len}  b = 0: S.hdr_back[R][seq & 1] = {seq, len}
 //   wait own hdr_back[R] = seq; lengths equal  wait own hdr_in[S] = seq; lengths equal
 //   chunk c = b, b + NB, ... (NV_SLOT bytes), its g-th through block b:
@@ -867,7 +908,6 @@ rolling_tile(const i64* ts, const i64* key, const double* v, const u8* valid,
 // peer that never comes turns into err = 2 after 10 s.
 // ---------------------------------------------------------------------------
 
-#define NV_BLOCKS 64
 #define NV_SLOTS 2
 #define NV_SLOT (128 * 1024)
 #define NV_THREADS 512
@@ -947,7 +987,7 @@ extern "C" __global__ void __launch_bounds__(NV_THREADS)
 nvlink_sendrecv(const u8* send, u64 send_len, u8* r_staging, u32* r_hdr_in, u32* r_ready,
                 u32* l_free, u32* l_hdr_back, u32* send_cnt, u32 send_seq,
                 u8* recv, u64 recv_len, const u8* l_staging, u32* l_hdr_in, u32* l_ready,
-                u32* r_free, u32* r_hdr_back, u32* recv_cnt, u32 recv_seq, u32* err) {
+                u32* r_free, u32* r_hdr_back, u32* recv_cnt, u32 recv_seq, u32* err, u32 NV_BLOCKS) {
     __shared__ u32 s_ok, s_base;
     volatile u32* verr = err;
     u32 t = threadIdx.x;

@@ -18,7 +18,7 @@
 
 mod cast;
 mod launch;
-mod nvlink;
+pub mod nvlink;
 mod ops;
 mod rolling;
 mod sort;

@@ -7,8 +7,8 @@
 //! Against the copy engine ([`braid_core::cuda::ipc::IpcSendRecv`]) it
 //! needs no host message per step (the staging slots are mapped once), and
 //! it overlaps the sender's NVLink writes with the receiver's local copies
-//! chunk by chunk. Cost: 64 sending and 64 receiving blocks while a call
-//! runs; 16 MiB of staging per source rank; one one-way NVLink latency for
+//! chunk by chunk. Cost: 64 sending and 64 receiving blocks (by default)
+//! while a call runs; 16 MiB of staging per source rank; one one-way NVLink latency for
 //! the length handshake. A failed call (lengths that differ, a peer that
 //! never comes within 10 s) leaves the object unusable.
 
@@ -21,8 +21,8 @@ use braid_core::{Communicator, Context};
 
 use super::launch::{KernelError, Kernels, launched};
 
-/// Blocks per direction (`NV_BLOCKS`).
-const BLOCKS: usize = 64;
+/// Blocks per direction by default.
+pub const DEFAULT_BLOCKS: usize = 64;
 /// Slots per block (`NV_SLOTS`): the sender fills one while the receiver
 /// drains the other.
 const SLOTS: usize = 2;
@@ -31,9 +31,11 @@ const SLOT: usize = 128 * 1024;
 /// Threads per block (`NV_THREADS`).
 const THREADS: u32 = 512;
 
-/// Word offsets into a rank's flag buffer (n ranks).
+/// Word offsets into a rank's flag buffer (n ranks, `blocks` blocks per
+/// direction).
 struct Layout {
     n: usize,
+    blocks: usize,
 }
 
 impl Layout {
@@ -44,19 +46,19 @@ impl Layout {
         8 * self.n + 8 * dst
     }
     fn ready(&self, src: usize) -> usize {
-        16 * self.n + src * BLOCKS * SLOTS
+        16 * self.n + src * self.blocks * SLOTS
     }
     fn free(&self, dst: usize) -> usize {
-        16 * self.n + (self.n + dst) * BLOCKS * SLOTS
+        16 * self.n + (self.n + dst) * self.blocks * SLOTS
     }
     fn send_cnt(&self, dst: usize) -> usize {
-        16 * self.n + 2 * self.n * BLOCKS * SLOTS + dst * BLOCKS
+        16 * self.n + 2 * self.n * self.blocks * SLOTS + dst * self.blocks
     }
     fn recv_cnt(&self, src: usize) -> usize {
-        16 * self.n + 2 * self.n * BLOCKS * SLOTS + (self.n + src) * BLOCKS
+        16 * self.n + 2 * self.n * self.blocks * SLOTS + (self.n + src) * self.blocks
     }
     fn err(&self) -> usize {
-        16 * self.n + 2 * self.n * BLOCKS * SLOTS + 2 * self.n * BLOCKS
+        16 * self.n + 2 * self.n * self.blocks * SLOTS + 2 * self.n * self.blocks
     }
     fn words(&self) -> usize {
         self.err() + 1
@@ -85,10 +87,29 @@ fn cuda(rank: u32, call: &'static str) -> impl Fn(String) -> KernelError {
 impl NvlinkSendRecv {
     /// Collective: allocates this rank's staging slots and flags and maps
     /// every peer's (CUDA IPC, or pointers between threads of a process).
+    /// [`DEFAULT_BLOCKS`] blocks per direction.
     pub async fn new(ctx: &Context, gpu: Arc<Gpu>) -> Result<NvlinkSendRecv, KernelError> {
+        Self::with_blocks(ctx, gpu, DEFAULT_BLOCKS).await
+    }
+
+    /// Like [`NvlinkSendRecv::new`] with `blocks` (1 to 256) blocks per
+    /// direction; every rank must pass the same number. More blocks move
+    /// more bytes at once over NVLink and hold more SMs while a call runs.
+    pub async fn with_blocks(
+        ctx: &Context,
+        gpu: Arc<Gpu>,
+        blocks: usize,
+    ) -> Result<NvlinkSendRecv, KernelError> {
+        if !(1..=256).contains(&blocks) {
+            return Err(KernelError::Invalid {
+                rank: gpu.rank(),
+                kernel: "nvlink_sendrecv",
+                detail: format!("{blocks} blocks per direction (1 to 256)"),
+            });
+        }
         let n = ctx.nranks() as usize;
-        let layout = Layout { n };
-        let staging = DeviceBuffer::alloc(&gpu, n * BLOCKS * SLOTS * SLOT)?;
+        let layout = Layout { n, blocks };
+        let staging = DeviceBuffer::alloc(&gpu, n * blocks * SLOTS * SLOT)?;
         let mut flags = DeviceBuffer::alloc(&gpu, layout.words() * 4)?;
         flags.fill(0)?;
         gpu.stream()
@@ -153,7 +174,7 @@ impl NvlinkSendRecv {
         let me = rank as usize;
         let base = self.flags.ptr();
         let word = |i: usize| base + 4 * i as u64;
-        let region = (BLOCKS * SLOTS * SLOT) as u64;
+        let region = (l.blocks * SLOTS * SLOT) as u64;
         // Send side.
         let (
             mut sp,
@@ -207,6 +228,7 @@ impl NvlinkSendRecv {
             r_seq = self.recv_seq[s];
         }
         let err = word(l.err());
+        let nb = l.blocks as u32;
         self.gpu.bind()?;
         if let Some((b, _)) = &send {
             b.wait_on(&self.stream)?;
@@ -235,9 +257,10 @@ impl NvlinkSendRecv {
             .arg(&r_back)
             .arg(&r_cnt)
             .arg(&r_seq)
-            .arg(&err);
+            .arg(&err)
+            .arg(&nb);
         let cfg = LaunchConfig {
-            grid_dim: (2 * BLOCKS as u32, 1, 1),
+            grid_dim: (2 * nb, 1, 1),
             block_dim: (THREADS, 1, 1),
             shared_mem_bytes: 0,
         };

@@ -578,7 +578,11 @@ pub fn run(a: GpuArgs) -> Result<(), BoxError> {
                 .with_checks(checks);
             let mut ipc = IpcSendRecv::new(&ctx, gpu.clone()).await?;
             let mut nv = if colls.contains(&"nvlink") {
-                Some(NvlinkSendRecv::new(&ctx, gpu.clone()).await?)
+                let blocks = std::env::var("BRAID_NVLINK_BLOCKS")
+                    .ok()
+                    .and_then(|b| b.parse().ok())
+                    .unwrap_or(braid_kernels::gpu::nvlink::DEFAULT_BLOCKS);
+                Some(NvlinkSendRecv::with_blocks(&ctx, gpu.clone(), blocks).await?)
             } else {
                 None
             };
