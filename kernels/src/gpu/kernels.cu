@@ -220,7 +220,14 @@ radix_scatter(const u64* keys, const u32* vals, u64 n, u32 shift,
         key[k] = live ? keys[i] : 0;
         u32 d = live ? ((u32)(key[k] >> shift) & 0xFF) : 256u;
         dig[k] = d;
-        u32 peers = __match_any_sync(0xFFFFFFFFu, d);
+        // Lanes with the same digit (9 bits: dead lanes have digit 256),
+        // from one ballot per bit (cheaper than match.any).
+        u32 peers = 0xFFFFFFFFu;
+#pragma unroll
+        for (u32 bit = 0; bit < 9; bit++) {
+            u32 on = __ballot_sync(0xFFFFFFFFu, (d >> bit) & 1u);
+            peers &= ((d >> bit) & 1u) ? on : ~on;
+        }
         u32 lower = peers & ((1u << lane) - 1u);
         u32 old = live ? wcount[warp][d] : 0;
         __syncwarp();
@@ -655,7 +662,7 @@ __device__ __forceinline__ DD dd_shfl_up(DD v, u32 o) {
     return r;
 }
 
-extern "C" __global__ void __launch_bounds__(ROLL_THREADS)
+extern "C" __global__ void __launch_bounds__(ROLL_THREADS, 4)
 rolling_tile(const i64* ts, const i64* key, const double* v, const u8* valid,
              u64 n, u64 emit_from, i64 window, u32 closed,
              const u64* ptrs, u32* flags, u32* flagged) {
@@ -895,7 +902,8 @@ rolling_tile(const i64* ts, const i64* key, const double* v, const u8* valid,
 //   sender S, block b (of NV_BLOCKS, a launch parameter)         receiver R, block b
 //   b = 0: R.hdr_in[S][seq & 1] = {seq, len}  b = 0: S.hdr_back[R][seq & 1] = {seq, len}
 //   wait own hdr_back[R] = seq; lengths equal  wait own hdr_in[S] = seq; lengths equal
-//   chunk c = b, b + NB, ... (NV_SLOT bytes), its g-th through block b:
+//   chunk c = b, b + NB, ... (`chunk` bytes, at most NV_SLOT), its g-th
+//   through block b:
 //     slot = g % NS, round = g / NS + 1
 //     wait own free[R][b][slot] >= round - 1
 //     copy chunk -> R.staging[S][b][slot]     wait own ready[S][b][slot] >= round
@@ -909,7 +917,7 @@ rolling_tile(const i64* ts, const i64* key, const double* v, const u8* valid,
 // ---------------------------------------------------------------------------
 
 #define NV_SLOTS 2
-#define NV_SLOT (128 * 1024)
+#define NV_SLOT (256 * 1024)  // slot capacity; the chunk size is a parameter
 #define NV_THREADS 512
 #define NV_TIMEOUT_NS 10000000000ULL
 
@@ -987,7 +995,8 @@ extern "C" __global__ void __launch_bounds__(NV_THREADS)
 nvlink_sendrecv(const u8* send, u64 send_len, u8* r_staging, u32* r_hdr_in, u32* r_ready,
                 u32* l_free, u32* l_hdr_back, u32* send_cnt, u32 send_seq,
                 u8* recv, u64 recv_len, const u8* l_staging, u32* l_hdr_in, u32* l_ready,
-                u32* r_free, u32* r_hdr_back, u32* recv_cnt, u32 recv_seq, u32* err, u32 NV_BLOCKS) {
+                u32* r_free, u32* r_hdr_back, u32* recv_cnt, u32 recv_seq, u32* err, u32 NV_BLOCKS,
+                u64 send_chunk, u64 recv_chunk) {
     __shared__ u32 s_ok, s_base;
     volatile u32* verr = err;
     u32 t = threadIdx.x;
@@ -1009,14 +1018,15 @@ nvlink_sendrecv(const u8* send, u64 send_len, u8* r_staging, u32* r_hdr_in, u32*
     }
     __syncthreads();
     if (!s_ok) return;
-    u64 chunks = (len + NV_SLOT - 1) / NV_SLOT;
+    u64 chunk = sending ? send_chunk : recv_chunk;  // equal on both ends of a pair
+    u64 chunks = (len + chunk - 1) / chunk;
     u32 k = 0;
     for (u64 c = b; c < chunks; c += NV_BLOCKS, k++) {
         u32 g = s_base + k;
         u32 slot = b * NV_SLOTS + g % NV_SLOTS;
         u32 round = g / NV_SLOTS + 1;
-        u64 off = c * NV_SLOT;
-        u64 n = len - off < NV_SLOT ? len - off : NV_SLOT;
+        u64 off = c * chunk;
+        u64 n = len - off < chunk ? len - off : chunk;
         if (sending) {
             if (t == 0) s_ok = nv_wait((volatile u32*)&l_free[slot], round - 1, verr) ? 1u : 0u;
             __syncthreads();

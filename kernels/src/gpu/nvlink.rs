@@ -8,7 +8,7 @@
 //! needs no host message per step (the staging slots are mapped once), and
 //! it overlaps the sender's NVLink writes with the receiver's local copies
 //! chunk by chunk. Cost: 64 sending and 64 receiving blocks (by default)
-//! while a call runs; 16 MiB of staging per source rank; one one-way NVLink latency for
+//! while a call runs; 32 MiB of staging per source rank; one one-way NVLink latency for
 //! the length handshake. A failed call (lengths that differ, a peer that
 //! never comes within 10 s) leaves the object unusable.
 
@@ -26,8 +26,19 @@ pub const DEFAULT_BLOCKS: usize = 64;
 /// Slots per block (`NV_SLOTS`): the sender fills one while the receiver
 /// drains the other.
 const SLOTS: usize = 2;
-/// Bytes per slot (`NV_SLOT`).
-const SLOT: usize = 128 * 1024;
+/// Bytes per slot (`NV_SLOT`): the largest chunk.
+const SLOT: usize = 256 * 1024;
+/// The smallest chunk (below it the per-chunk handshake dominates).
+const MIN_CHUNK: usize = 64 * 1024;
+
+/// Chunk size for `len` bytes over `blocks` blocks: about two chunks per
+/// block (every block busy, a slot to fill while the other drains), from
+/// 64 KiB to the 256 KiB slot, a multiple of 16 bytes. Both sides compute
+/// it from the same length (the handshake checks the lengths first).
+fn chunk_for(len: usize, blocks: usize) -> u64 {
+    let c = (len / (2 * blocks)).clamp(MIN_CHUNK, SLOT);
+    (c / 16 * 16) as u64
+}
 /// Threads per block (`NV_THREADS`).
 const THREADS: u32 = 512;
 
@@ -229,6 +240,10 @@ impl NvlinkSendRecv {
         }
         let err = word(l.err());
         let nb = l.blocks as u32;
+        let (send_chunk, recv_chunk) = (
+            chunk_for(sl as usize, l.blocks),
+            chunk_for(rl as usize, l.blocks),
+        );
         self.gpu.bind()?;
         if let Some((b, _)) = &send {
             b.wait_on(&self.stream)?;
@@ -258,7 +273,9 @@ impl NvlinkSendRecv {
             .arg(&r_cnt)
             .arg(&r_seq)
             .arg(&err)
-            .arg(&nb);
+            .arg(&nb)
+            .arg(&send_chunk)
+            .arg(&recv_chunk);
         let cfg = LaunchConfig {
             grid_dim: (2 * nb, 1, 1),
             block_dim: (THREADS, 1, 1),
