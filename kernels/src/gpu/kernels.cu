@@ -899,7 +899,7 @@ rolling_tile(const i64* ts, const i64* key, const double* v, const u8* valid,
 // ---------------------------------------------------------------------------
 // NVLink SendRecv: SMs copy through staging slots in the receiver's memory.
 //
-//   sender S, block b (of NV_BLOCKS, a launch parameter)         receiver R, block b
+//   sender S, block b (of NV_BLOCKS; NV_BLOCKS, NV_SLOTS, NV_SLOT are launch parameters)         receiver R, block b
 //   b = 0: R.hdr_in[S][seq & 1] = {seq, len}  b = 0: S.hdr_back[R][seq & 1] = {seq, len}
 //   wait own hdr_back[R] = seq; lengths equal  wait own hdr_in[S] = seq; lengths equal
 //   chunk c = b, b + NB, ... (`chunk` bytes, at most NV_SLOT), its g-th
@@ -916,8 +916,6 @@ rolling_tile(const i64* ts, const i64* key, const double* v, const u8* valid,
 // peer that never comes turns into err = 2 after 10 s.
 // ---------------------------------------------------------------------------
 
-#define NV_SLOTS 2
-#define NV_SLOT (256 * 1024)  // slot capacity; the chunk size is a parameter
 #define NV_THREADS 512
 #define NV_TIMEOUT_NS 10000000000ULL
 
@@ -996,7 +994,7 @@ nvlink_sendrecv(const u8* send, u64 send_len, u8* r_staging, u32* r_hdr_in, u32*
                 u32* l_free, u32* l_hdr_back, u32* send_cnt, u32 send_seq,
                 u8* recv, u64 recv_len, const u8* l_staging, u32* l_hdr_in, u32* l_ready,
                 u32* r_free, u32* r_hdr_back, u32* recv_cnt, u32 recv_seq, u32* err, u32 NV_BLOCKS,
-                u64 send_chunk, u64 recv_chunk) {
+                u32 NV_SLOTS, u64 NV_SLOT, u64 send_chunk, u64 recv_chunk) {
     __shared__ u32 s_ok, s_base;
     volatile u32* verr = err;
     u32 t = threadIdx.x;

@@ -18,14 +18,14 @@
 
 mod cast;
 mod launch;
-pub mod nvlink;
+mod nvlink;
 mod ops;
 mod rolling;
 mod sort;
 
 pub use cast::{NumType, cast_to_f64, cast_to_i64};
 pub use launch::{KernelError, Kernels};
-pub use nvlink::NvlinkSendRecv;
+pub use nvlink::{NvlinkConfig, NvlinkSendRecv};
 pub use ops::{gather, hash_partition, iota, lower_bound, order_key_f64, order_key_i64};
 pub use rolling::{GpuAggColumn, RollingInput, rolling};
 pub use sort::radix_sort;

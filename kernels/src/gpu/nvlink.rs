@@ -7,8 +7,8 @@
 //! Against the copy engine ([`braid_core::cuda::ipc::IpcSendRecv`]) it
 //! needs no host message per step (the staging slots are mapped once), and
 //! it overlaps the sender's NVLink writes with the receiver's local copies
-//! chunk by chunk. Cost: 64 sending and 64 receiving blocks (by default)
-//! while a call runs; 32 MiB of staging per source rank; one one-way NVLink latency for
+//! chunk by chunk. Cost (default [`NvlinkConfig`]): 64 sending and 64
+//! receiving blocks while a call runs; 32 MiB of staging per source rank; one one-way NVLink latency for
 //! the length handshake. A failed call (lengths that differ, a peer that
 //! never comes within 10 s) leaves the object unusable.
 
@@ -21,23 +21,40 @@ use braid_core::{Communicator, Context};
 
 use super::launch::{KernelError, Kernels, launched};
 
-/// Blocks per direction by default.
-pub const DEFAULT_BLOCKS: usize = 64;
-/// Slots per block (`NV_SLOTS`): the sender fills one while the receiver
-/// drains the other.
-const SLOTS: usize = 2;
-/// Bytes per slot (`NV_SLOT`): the largest chunk.
-const SLOT: usize = 256 * 1024;
 /// The smallest chunk (below it the per-chunk handshake dominates).
 const MIN_CHUNK: usize = 64 * 1024;
 
-/// Chunk size for `len` bytes over `blocks` blocks: about two chunks per
-/// block (every block busy, a slot to fill while the other drains), from
-/// 64 KiB to the 256 KiB slot, a multiple of 16 bytes. Both sides compute
-/// it from the same length (the handshake checks the lengths first).
-fn chunk_for(len: usize, blocks: usize) -> u64 {
-    let c = (len / (2 * blocks)).clamp(MIN_CHUNK, SLOT);
-    (c / 16 * 16) as u64
+/// The shape of an [`NvlinkSendRecv`]; every rank must use the same.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NvlinkConfig {
+    /// Blocks per direction (1 to 256): more move more bytes at once and
+    /// hold more SMs while a call runs.
+    pub blocks: usize,
+    /// Staging slots per block (2 to 16): the sender runs up to
+    /// `slots - 1` chunks ahead of the receiver.
+    pub slots: usize,
+    /// Bytes per slot (64 KiB to 4 MiB, a multiple of 16): the largest
+    /// chunk. Staging per source rank: blocks x slots x slot_bytes.
+    pub slot_bytes: usize,
+}
+
+impl Default for NvlinkConfig {
+    /// 64 blocks, 2 slots of 256 KiB (32 MiB of staging per source rank).
+    fn default() -> Self {
+        NvlinkConfig {
+            blocks: 64,
+            slots: 2,
+            slot_bytes: 256 * 1024,
+        }
+    }
+}
+
+/// Chunk size for `len` bytes: about two chunks per block (every block
+/// busy), from 64 KiB to the slot, a multiple of 16 bytes. Both sides
+/// compute it from the same length (the handshake checks the lengths).
+fn chunk_for(len: usize, c: &NvlinkConfig) -> u64 {
+    let x = (len / (2 * c.blocks)).clamp(MIN_CHUNK.min(c.slot_bytes), c.slot_bytes);
+    (x / 16 * 16) as u64
 }
 /// Threads per block (`NV_THREADS`).
 const THREADS: u32 = 512;
@@ -47,6 +64,7 @@ const THREADS: u32 = 512;
 struct Layout {
     n: usize,
     blocks: usize,
+    slots: usize,
 }
 
 impl Layout {
@@ -57,19 +75,19 @@ impl Layout {
         8 * self.n + 8 * dst
     }
     fn ready(&self, src: usize) -> usize {
-        16 * self.n + src * self.blocks * SLOTS
+        16 * self.n + src * self.blocks * self.slots
     }
     fn free(&self, dst: usize) -> usize {
-        16 * self.n + (self.n + dst) * self.blocks * SLOTS
+        16 * self.n + (self.n + dst) * self.blocks * self.slots
     }
     fn send_cnt(&self, dst: usize) -> usize {
-        16 * self.n + 2 * self.n * self.blocks * SLOTS + dst * self.blocks
+        16 * self.n + 2 * self.n * self.blocks * self.slots + dst * self.blocks
     }
     fn recv_cnt(&self, src: usize) -> usize {
-        16 * self.n + 2 * self.n * self.blocks * SLOTS + (self.n + src) * self.blocks
+        16 * self.n + 2 * self.n * self.blocks * self.slots + (self.n + src) * self.blocks
     }
     fn err(&self) -> usize {
-        16 * self.n + 2 * self.n * self.blocks * SLOTS + 2 * self.n * self.blocks
+        16 * self.n + 2 * self.n * self.blocks * self.slots + 2 * self.n * self.blocks
     }
     fn words(&self) -> usize {
         self.err() + 1
@@ -83,6 +101,7 @@ pub struct NvlinkSendRecv {
     gpu: Arc<Gpu>,
     stream: Arc<CudaStream>,
     layout: Layout,
+    config: NvlinkConfig,
     staging: DeviceBuffer,
     flags: DeviceBuffer,
     peers: IpcPeers,
@@ -98,29 +117,39 @@ fn cuda(rank: u32, call: &'static str) -> impl Fn(String) -> KernelError {
 impl NvlinkSendRecv {
     /// Collective: allocates this rank's staging slots and flags and maps
     /// every peer's (CUDA IPC, or pointers between threads of a process).
-    /// [`DEFAULT_BLOCKS`] blocks per direction.
+    /// The [`NvlinkConfig::default`] shape.
     pub async fn new(ctx: &Context, gpu: Arc<Gpu>) -> Result<NvlinkSendRecv, KernelError> {
-        Self::with_blocks(ctx, gpu, DEFAULT_BLOCKS).await
+        Self::with_config(ctx, gpu, NvlinkConfig::default()).await
     }
 
-    /// Like [`NvlinkSendRecv::new`] with `blocks` (1 to 256) blocks per
-    /// direction; every rank must pass the same number. More blocks move
-    /// more bytes at once over NVLink and hold more SMs while a call runs.
-    pub async fn with_blocks(
+    /// Like [`NvlinkSendRecv::new`] with the shape `config` (the same on
+    /// every rank).
+    pub async fn with_config(
         ctx: &Context,
         gpu: Arc<Gpu>,
-        blocks: usize,
+        config: NvlinkConfig,
     ) -> Result<NvlinkSendRecv, KernelError> {
-        if !(1..=256).contains(&blocks) {
+        let c = config;
+        if !(1..=256).contains(&c.blocks)
+            || !(2..=16).contains(&c.slots)
+            || !(64 * 1024..=4 << 20).contains(&c.slot_bytes)
+            || c.slot_bytes % 16 != 0
+        {
             return Err(KernelError::Invalid {
                 rank: gpu.rank(),
                 kernel: "nvlink_sendrecv",
-                detail: format!("{blocks} blocks per direction (1 to 256)"),
+                detail: format!(
+                    "{c:?} (blocks 1 to 256, slots 2 to 16, slot bytes 64 KiB to 4 MiB in 16s)"
+                ),
             });
         }
         let n = ctx.nranks() as usize;
-        let layout = Layout { n, blocks };
-        let staging = DeviceBuffer::alloc(&gpu, n * blocks * SLOTS * SLOT)?;
+        let layout = Layout {
+            n,
+            blocks: c.blocks,
+            slots: c.slots,
+        };
+        let staging = DeviceBuffer::alloc(&gpu, n * c.blocks * c.slots * c.slot_bytes)?;
         let mut flags = DeviceBuffer::alloc(&gpu, layout.words() * 4)?;
         flags.fill(0)?;
         gpu.stream()
@@ -135,6 +164,7 @@ impl NvlinkSendRecv {
             gpu,
             stream,
             layout,
+            config: c,
             staging,
             flags,
             peers,
@@ -185,7 +215,8 @@ impl NvlinkSendRecv {
         let me = rank as usize;
         let base = self.flags.ptr();
         let word = |i: usize| base + 4 * i as u64;
-        let region = (l.blocks * SLOTS * SLOT) as u64;
+        let cfgn = self.config;
+        let region = (cfgn.blocks * cfgn.slots * cfgn.slot_bytes) as u64;
         // Send side.
         let (
             mut sp,
@@ -240,10 +271,9 @@ impl NvlinkSendRecv {
         }
         let err = word(l.err());
         let nb = l.blocks as u32;
-        let (send_chunk, recv_chunk) = (
-            chunk_for(sl as usize, l.blocks),
-            chunk_for(rl as usize, l.blocks),
-        );
+        let (send_chunk, recv_chunk) =
+            (chunk_for(sl as usize, &cfgn), chunk_for(rl as usize, &cfgn));
+        let (ns, sb) = (cfgn.slots as u32, cfgn.slot_bytes as u64);
         self.gpu.bind()?;
         if let Some((b, _)) = &send {
             b.wait_on(&self.stream)?;
@@ -274,6 +304,8 @@ impl NvlinkSendRecv {
             .arg(&r_seq)
             .arg(&err)
             .arg(&nb)
+            .arg(&ns)
+            .arg(&sb)
             .arg(&send_chunk)
             .arg(&recv_chunk);
         let cfg = LaunchConfig {

@@ -30,7 +30,7 @@ use braid_core::cuda::ipc::IpcSendRecv;
 use braid_core::cuda::{CudaError, DeviceBuffer, Gpu, NcclDType, NcclMode, NcclOp, NcclWork};
 use braid_core::{BoxError, Context, Event, MemoryLimits};
 use braid_examples::{JobArgs, JobOutcome, run_job, size_name};
-use braid_kernels::gpu::NvlinkSendRecv;
+use braid_kernels::gpu::{NvlinkConfig, NvlinkSendRecv};
 
 /// Options of `braid-bench gpu`.
 #[derive(Debug, clap::Args)]
@@ -578,11 +578,15 @@ pub fn run(a: GpuArgs) -> Result<(), BoxError> {
                 .with_checks(checks);
             let mut ipc = IpcSendRecv::new(&ctx, gpu.clone()).await?;
             let mut nv = if colls.contains(&"nvlink") {
-                let blocks = std::env::var("BRAID_NVLINK_BLOCKS")
-                    .ok()
-                    .and_then(|b| b.parse().ok())
-                    .unwrap_or(braid_kernels::gpu::nvlink::DEFAULT_BLOCKS);
-                Some(NvlinkSendRecv::with_blocks(&ctx, gpu.clone(), blocks).await?)
+                // BRAID_NVLINK_BLOCKS / _SLOTS / _SLOT_KIB override the shape.
+                let env = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<usize>().ok());
+                let d = NvlinkConfig::default();
+                let config = NvlinkConfig {
+                    blocks: env("BRAID_NVLINK_BLOCKS").unwrap_or(d.blocks),
+                    slots: env("BRAID_NVLINK_SLOTS").unwrap_or(d.slots),
+                    slot_bytes: env("BRAID_NVLINK_SLOT_KIB").map_or(d.slot_bytes, |k| k * 1024),
+                };
+                Some(NvlinkSendRecv::with_config(&ctx, gpu.clone(), config).await?)
             } else {
                 None
             };

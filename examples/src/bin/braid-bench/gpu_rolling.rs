@@ -21,7 +21,7 @@ pub struct GpuRollingArgs {
     /// the default holds about 43 rows.
     #[arg(long, default_value_t = 64)]
     window: i64,
-    /// Timed repetitions (after one warm-up).
+    /// Timed repetitions (after one warm-up; at least 1).
     #[arg(long, default_value_t = 5)]
     reps: usize,
 }
@@ -56,7 +56,7 @@ pub fn run(a: GpuRollingArgs) -> Result<(), BoxError> {
     drop((ts, v));
     let aggs = Agg::ALL;
     let mut kernel = Vec::new();
-    for rep in 0..=a.reps {
+    for rep in 0..=a.reps.max(1) {
         gpu.stream().synchronize()?;
         let t0 = Instant::now();
         let input = RollingInput {
@@ -78,7 +78,7 @@ pub fn run(a: GpuRollingArgs) -> Result<(), BoxError> {
     let src = DeviceBuffer::alloc(&gpu, size)?;
     let mut dst = DeviceBuffer::alloc(&gpu, size)?;
     let mut copy = Vec::new();
-    for rep in 0..=a.reps {
+    for rep in 0..=a.reps.max(1) {
         gpu.stream().synchronize()?;
         let t0 = Instant::now();
         dst.copy_from(&src, gpu.stream())?;

@@ -15,7 +15,7 @@ pub struct GpuSortArgs {
     /// Number of keys.
     #[arg(long, default_value_t = 100_000_000)]
     n: usize,
-    /// Timed repetitions (after one warm-up).
+    /// Timed repetitions (after one warm-up; at least 1).
     #[arg(long, default_value_t = 5)]
     reps: usize,
 }
@@ -36,7 +36,7 @@ pub fn run(a: GpuSortArgs) -> Result<(), BoxError> {
     let d_keys = DeviceBuffer::from_slice(&gpu, &keys)?;
     let d_perm = DeviceBuffer::from_slice(&gpu, &perm)?;
     let mut times = Vec::new();
-    for rep in 0..=a.reps {
+    for rep in 0..=a.reps.max(1) {
         let k = d_keys.try_clone()?;
         let p = d_perm.try_clone()?;
         gpu.stream().synchronize()?;
