@@ -3,13 +3,14 @@
 //! around the 16-byte vector width and the 64 KiB slot, checked byte for
 //! byte against what the left neighbour sent; more steps than staging
 //! slots (chunk counters carry over between calls); a length mismatch ends
-//! in an error on both ranks, not a hang. One rank per GPU, as threads;
+//! in an error on both ranks, not a hang. Staging at the receiver (push)
+//! and at the sender (pull). One rank per GPU, as threads;
 //! skipped (with a message) below 2 GPUs.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use braid_core::cuda::{DeviceBuffer, Gpu};
 use braid_core::{MemoryLimits, WorldSpec};
-use braid_kernels::gpu::NvlinkSendRecv;
+use braid_kernels::gpu::{NvlinkConfig, NvlinkSendRecv, Staging};
 use braid_tests::{RANK_COUNTS, payload};
 
 const SIZES: [usize; 10] = [
@@ -46,7 +47,18 @@ fn nvlink_ring_steps_deliver() {
                 let me = ctx.rank();
                 let (right, left) = ((me + 1) % n, (me + n - 1) % n);
                 let gpu = Gpu::for_rank(me)?;
-                let mut nv = NvlinkSendRecv::new(&ctx, gpu.clone()).await?;
+                // Both staging places; small slots in the second, so that
+                // one call takes many chunks per block.
+                for config in [
+                    NvlinkConfig::default(),
+                    NvlinkConfig {
+                        blocks: 7,
+                        slots: 3,
+                        slot_bytes: 64 * 1024,
+                        staging: Staging::AtSender,
+                    },
+                ] {
+                let mut nv = NvlinkSendRecv::with_config(&ctx, gpu.clone(), config).await?;
                 for round in 0..3u64 {
                     for (i, &size) in SIZES.iter().enumerate() {
                         let s = seed ^ (round << 40) ^ ((i as u64) << 20);
@@ -80,6 +92,7 @@ fn nvlink_ring_steps_deliver() {
                         Err(e) if e.to_string().contains("length differs") => {}
                         other => return Err(format!("rank {me}: mismatch gave {other:?}").into()),
                     }
+                }
                 }
                 Ok(())
             },

@@ -24,6 +24,17 @@ use super::launch::{KernelError, Kernels, launched};
 /// The smallest chunk (below it the per-chunk handshake dominates).
 const MIN_CHUNK: usize = 64 * 1024;
 
+/// Whose memory holds the staging slots between a sender and a receiver.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Staging {
+    /// The receiver's: the sender writes over NVLink, the receiver copies
+    /// locally (push).
+    AtReceiver,
+    /// The sender's: the sender copies locally, the receiver reads over
+    /// NVLink (pull).
+    AtSender,
+}
+
 /// The shape of an [`NvlinkSendRecv`]; every rank must use the same.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct NvlinkConfig {
@@ -34,8 +45,11 @@ pub struct NvlinkConfig {
     /// `slots - 1` chunks ahead of the receiver.
     pub slots: usize,
     /// Bytes per slot (64 KiB to 4 MiB, a multiple of 16): the largest
-    /// chunk. Staging per source rank: blocks x slots x slot_bytes.
+    /// chunk. Staging per peer: blocks x slots x slot_bytes.
     pub slot_bytes: usize,
+    /// Where the slots are (the flags are the same either way: `ready` in
+    /// the receiver's memory, `free` in the sender's).
+    pub staging: Staging,
 }
 
 impl Default for NvlinkConfig {
@@ -45,6 +59,7 @@ impl Default for NvlinkConfig {
             blocks: 64,
             slots: 2,
             slot_bytes: 256 * 1024,
+            staging: Staging::AtReceiver,
         }
     }
 }
@@ -234,7 +249,10 @@ impl NvlinkSendRecv {
             self.send_seq[d] = self.send_seq[d].wrapping_add(1);
             sp = b.ptr();
             sl = b.len() as u64;
-            r_st = self.remote(*dst, 0)? + me as u64 * region;
+            r_st = match cfgn.staging {
+                Staging::AtReceiver => self.remote(*dst, 0)? + me as u64 * region,
+                Staging::AtSender => self.staging.ptr() + d as u64 * region,
+            };
             let rf = self.remote(*dst, 1)?;
             r_hdr = rf + 4 * l.hdr_in(me) as u64;
             r_ready = rf + 4 * l.ready(me) as u64;
@@ -260,7 +278,10 @@ impl NvlinkSendRecv {
             self.recv_seq[s] = self.recv_seq[s].wrapping_add(1);
             rp = b.ptr();
             rl = b.len() as u64;
-            l_st = self.staging.ptr() + s as u64 * region;
+            l_st = match cfgn.staging {
+                Staging::AtReceiver => self.staging.ptr() + s as u64 * region,
+                Staging::AtSender => self.remote(*src, 0)? + me as u64 * region,
+            };
             l_hdr = word(l.hdr_in(s));
             l_ready = word(l.ready(s));
             let rf = self.remote(*src, 1)?;

@@ -30,7 +30,7 @@ use braid_core::cuda::ipc::IpcSendRecv;
 use braid_core::cuda::{CudaError, DeviceBuffer, Gpu, NcclDType, NcclMode, NcclOp, NcclWork};
 use braid_core::{BoxError, Context, Event, MemoryLimits};
 use braid_examples::{JobArgs, JobOutcome, run_job, size_name};
-use braid_kernels::gpu::{NvlinkConfig, NvlinkSendRecv};
+use braid_kernels::gpu::{NvlinkConfig, NvlinkSendRecv, Staging};
 
 /// Options of `braid-bench gpu`.
 #[derive(Debug, clap::Args)]
@@ -578,13 +578,18 @@ pub fn run(a: GpuArgs) -> Result<(), BoxError> {
                 .with_checks(checks);
             let mut ipc = IpcSendRecv::new(&ctx, gpu.clone()).await?;
             let mut nv = if colls.contains(&"nvlink") {
-                // BRAID_NVLINK_BLOCKS / _SLOTS / _SLOT_KIB override the shape.
+                // BRAID_NVLINK_BLOCKS / _SLOTS / _SLOT_KIB / _PULL override the shape.
                 let env = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<usize>().ok());
                 let d = NvlinkConfig::default();
                 let config = NvlinkConfig {
                     blocks: env("BRAID_NVLINK_BLOCKS").unwrap_or(d.blocks),
                     slots: env("BRAID_NVLINK_SLOTS").unwrap_or(d.slots),
                     slot_bytes: env("BRAID_NVLINK_SLOT_KIB").map_or(d.slot_bytes, |k| k * 1024),
+                    staging: match env("BRAID_NVLINK_PULL") {
+                        Some(1) => Staging::AtSender,
+                        Some(_) => Staging::AtReceiver,
+                        None => d.staging,
+                    },
                 };
                 Some(NvlinkSendRecv::with_config(&ctx, gpu.clone(), config).await?)
             } else {
