@@ -127,6 +127,31 @@ fn bad_input_is_a_clear_error_with_nothing_left_behind() {
         &under,
         "not writable",
     );
+    // The GPU path: without the `cuda` feature a clear error up front;
+    // with it, strings are refused before any work (they have no device
+    // form) whether or not this host has a GPU.
+    let csv_s = d.join("strings.csv");
+    std::fs::write(&csv_s, "ts,v,name\n1,1.0,a\n2,2.0,b\n").unwrap();
+    let needle = if cfg!(feature = "cuda") {
+        "no device form"
+    } else {
+        "needs a build with the `cuda` feature"
+    };
+    assert_clean_failure(
+        &[
+            "--input",
+            csv_s.to_str().unwrap(),
+            "--device",
+            "gpu",
+            "--output",
+            os,
+        ],
+        &out,
+        needle,
+    );
+    let (ok, _, err) = run(&["--device", "tpu", "--output", os]);
+    assert!(!ok && err.contains("unknown device \"tpu\""), "{err}");
+    assert!(!out.exists());
     // A CSV with nulls in the order column fails during the job; its
     // staged output is removed.
     let csv = d.join("nulls.csv");
