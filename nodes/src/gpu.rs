@@ -33,7 +33,6 @@ use braid_kernels::gpu::{
     NumType, RollingInput, cast_to_f64, cast_to_i64, gather, hash_partition, iota, lower_bound,
     order_key_i64, radix_sort, rolling,
 };
-use braid_kernels::rolling::Closed;
 
 use crate::error::DataError;
 use crate::partition::column_index;
@@ -354,13 +353,7 @@ async fn lookback(
     let rows = |r: usize| info[3 * r];
     let tmin = |r: usize| info[3 * r + 1];
     let tmax = |r: usize| info[3 * r + 2];
-    let need = |r: usize| -> i64 {
-        let lo = tmin(r).saturating_sub(spec.window);
-        match spec.closed {
-            Closed::Right | Closed::None => lo.saturating_add(1),
-            Closed::Both | Closed::Left => lo,
-        }
-    };
+    let need = |r: usize| -> i64 { crate::rolling::window_start(tmin(r), spec) };
     let pass_from =
         |r: usize| -> Option<i64> { (r + 1..n).filter(|j| rows(*j) > 0).map(need).min() };
     let rounds = (0..n)

@@ -243,12 +243,15 @@ fn agg_array(agg: Agg, values: Vec<f64>, valid: Vec<bool>) -> ArrayRef {
     }
 }
 
-/// Smallest order value inside the window of a row at `t`.
-fn window_start(t: i64, spec: &RollingSpec) -> i64 {
-    let lo = t.saturating_sub(spec.window);
-    match spec.closed {
-        Closed::Right | Closed::None => lo.saturating_add(1),
-        Closed::Both | Closed::Left => lo,
+/// Smallest order value inside the window of a row at `t`. When `t - w`
+/// is below `i64::MIN` the window has no lower cut (as in the kernel).
+pub(crate) fn window_start(t: i64, spec: &RollingSpec) -> i64 {
+    match t.checked_sub(spec.window) {
+        None => i64::MIN,
+        Some(lo) => match spec.closed {
+            Closed::Right | Closed::None => lo.saturating_add(1),
+            Closed::Both | Closed::Left => lo,
+        },
     }
 }
 
@@ -393,13 +396,7 @@ async fn ungrouped(ctx: &Context, sorted: RecordBatch, spec: &RollingSpec) -> Re
     let tmin = |r: usize| info[3 * r + 1];
     let tmax = |r: usize| info[3 * r + 2];
     // Smallest ts rank r's first window needs (inclusive).
-    let need = |r: usize| -> i64 {
-        let lo = tmin(r).saturating_sub(spec.window);
-        match spec.closed {
-            Closed::Right | Closed::None => lo.saturating_add(1),
-            Closed::Both | Closed::Left => lo,
-        }
-    };
+    let need = |r: usize| -> i64 { window_start(tmin(r), spec) };
     // What a rank must pass right: rows some rank further right needs.
     let pass_from =
         |r: usize| -> Option<i64> { (r + 1..n).filter(|j| rows(*j) > 0).map(need).min() };
@@ -482,4 +479,36 @@ async fn ungrouped(ctx: &Context, sorted: RecordBatch, spec: &RollingSpec) -> Re
         ghost,
         groups: None,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(window: i64, closed: Closed) -> RollingSpec {
+        RollingSpec {
+            order: "ts".into(),
+            by: None,
+            values: vec!["v".into()],
+            window,
+            closed,
+            aggs: vec![Agg::Count],
+        }
+    }
+
+    #[test]
+    fn window_start_has_no_lower_cut_below_i64_min() {
+        // t - w below i64::MIN: every row up to t is inside (as the kernel says).
+        for c in [Closed::Right, Closed::Both, Closed::Left, Closed::None] {
+            assert_eq!(window_start(i64::MIN + 1, &spec(2, c)), i64::MIN, "{c:?}");
+        }
+        // t - w exactly i64::MIN: right/none exclude it, both/left keep it.
+        assert_eq!(
+            window_start(i64::MIN + 2, &spec(2, Closed::Right)),
+            i64::MIN + 1
+        );
+        assert_eq!(window_start(i64::MIN + 2, &spec(2, Closed::Both)), i64::MIN);
+        assert_eq!(window_start(10, &spec(3, Closed::None)), 8);
+        assert_eq!(window_start(10, &spec(3, Closed::Left)), 7);
+    }
 }

@@ -519,3 +519,37 @@ fn device_table_round_trips() {
         .to_string();
     assert!(e.contains("\"s\""), "{e}");
 }
+
+#[test]
+fn rolling_edges_match_cpu() {
+    let Some(gpu) = gpu() else { return };
+    // Order values at i64::MIN (t - w below it: no lower cut), huge values
+    // (x^2 overflows: the general pass), and magnitudes far apart.
+    let cases: Vec<(Vec<i64>, Vec<f64>, i64)> = vec![
+        (
+            vec![i64::MIN, i64::MIN, i64::MIN + 1, i64::MIN + 3, 0, i64::MAX],
+            vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0],
+            2,
+        ),
+        (vec![1, 2, 3, 4], vec![2e154, 2e154, -3e154, 1.0], 5),
+        (vec![1, 2, 3, 4, 5], vec![1e300, 1.0, 1e-20, 3.0, 1e-20], 1),
+    ];
+    for (ts, v, window) in cases {
+        for closed in [Closed::Right, Closed::Both, Closed::Left, Closed::None] {
+            let d_ts = DeviceBuffer::from_slice(&gpu, &ts).unwrap();
+            let d_v = DeviceBuffer::from_slice(&gpu, &v).unwrap();
+            let input = RollingInput {
+                ts: &d_ts,
+                key: None,
+                values: &d_v,
+                valid: None,
+                emit_from: 0,
+            };
+            let got = rolling(&gpu, input, window, closed, &Agg::ALL).unwrap();
+            let want = cpu_rolling(&ts, &v, None, window, closed, &Agg::ALL, 0).unwrap();
+            for (a, b) in got.iter().zip(&want.columns) {
+                check_agg(a, b, &format!("{ts:?} {v:?} window {window} {closed:?}"));
+            }
+        }
+    }
+}

@@ -507,8 +507,19 @@ __device__ u64 roll_upper(const i64* ts, const i64* key, u64 n, u64 i, i64 k, i6
     return lo;
 }
 
-__device__ __forceinline__ i64 sat_sub(i64 a, i64 b) {  // b >= 0
-    return a < (i64)0x8000000000000000LL + b ? (i64)0x8000000000000000LL : a - b;
+// The smallest ts inside the window of a row at t (window >= 0); *empty
+// when no row can be inside (window 0 with the lower end open). When
+// t - window is below i64::MIN there is no lower cut at all.
+__device__ __forceinline__ i64 roll_start(i64 t, i64 window, bool incl_lo, bool* empty) {
+    const i64 MIN = (i64)0x8000000000000000LL;
+    *empty = false;
+    if (t < MIN + window) return MIN;
+    i64 st = t - window;
+    if (!incl_lo) {
+        if (st == t) *empty = true;
+        else st += 1;
+    }
+    return st;
 }
 
 // Writes row r's outputs: slots per the ptrs table below.
@@ -544,12 +555,8 @@ extern "C" __global__ void rolling_window(const i64* ts, const i64* key, const d
         bool incl_hi = closed <= 1;
         bool incl_lo = closed == 1 || closed == 2;
         u64 hi = incl_hi ? roll_upper(ts, key, n, i, k, t) : roll_lower(ts, key, i, k, t);
-        i64 start = sat_sub(t, window);
-        bool empty = false;
-        if (!incl_lo) {
-            if (start == t) empty = true;  // window 0, open below: nothing
-            else start += 1;
-        }
+        bool empty;
+        i64 start = roll_start(t, window, incl_lo, &empty);
         u64 lo = empty ? hi : roll_lower(ts, key, i, k, start);
         RollAcc a;
         a.n = 0; a.sum = 0; a.comp = 0; a.K = 0; a.s1 = 0; a.s2 = 0;
@@ -601,8 +608,9 @@ extern "C" __global__ void rolling_window(const i64* ts, const i64* key, const d
 //   memory (nulls stored as NaN, which fmin/fmax skip).
 //
 // A tile whose windows reach past the region (long windows, long runs of
-// one ts) or that holds a NaN or infinity is flagged and left to the
-// general path (rolling_window with `only`).
+// one ts), or that holds a NaN, an infinity, a value above 1e150, or values
+// more than 2^40 apart in magnitude (prefix precision), is flagged and left
+// to the general path (rolling_window with `only`).
 // ---------------------------------------------------------------------------
 
 
@@ -676,6 +684,7 @@ rolling_tile(const i64* ts, const i64* key, const double* v, const u8* valid,
     __shared__ DD w_p1[ROLL_THREADS / 32], w_p2[ROLL_THREADS / 32];
     __shared__ u32 w_c[ROLL_THREADS / 32];
     __shared__ u32 s_halo;
+    __shared__ unsigned long long s_amax, s_amin;  // |x| bit patterns (order-preserving)
 
     u32 t = threadIdx.x, lane = t & 31, warp = t >> 5;
     u64 a = emit_from + (u64)blockIdx.x * ROLL_TILE;     // first output row
@@ -706,12 +715,10 @@ rolling_tile(const i64* ts, const i64* key, const double* v, const u8* valid,
             u32 f = (u32)(ROLL_OFF - h);
             i64 t0 = s_ts[ROLL_OFF];
             i64 k0 = key ? s_key[ROLL_OFF] : 0;
-            i64 st = sat_sub(t0, window);
+            bool empty0;
+            i64 st = roll_start(t0, window, incl_lo, &empty0);
             bool more = false;
-            if (h < a && (incl_lo || st != t0)) {
-                if (!incl_lo) st += 1;
-                more = !roll_before(s_ts, s_key, f, k0, st);
-            }
+            if (h < a && !empty0) more = !roll_before(s_ts, s_key, f, k0, st);
             s_halo = more ? 1u : 0u;
         }
         __syncthreads();
@@ -739,12 +746,18 @@ rolling_tile(const i64* ts, const i64* key, const double* v, const u8* valid,
     u32 c0 = base + t * chunk, c1 = c0 + chunk < base + m ? c0 + chunk : base + m;
     u32 cnt = 0;
     DD p1 = {0, 0}, p2 = {0, 0};
+    double amax = 0, amin = 1e308;
     for (u32 k = c0; k < c1; k++) {
         double x = s_x[k];
         if (s_c[k]) {
             cnt += 1;
             if (need1) {
-                if (!(x - x == 0.0)) bad = true;  // NaN or infinity
+                // NaN, infinity, or magnitudes the prefixes cannot hold
+                // exactly enough: the general pass takes the tile.
+                double ax = fabs(x);
+                if (!(ax <= 1e150)) bad = true;
+                if (ax > amax) amax = ax;
+                if (ax > 0 && ax < amin) amin = ax;
                 DD dx = {x, 0};
                 p1 = dd_add(p1, dx);
                 if (need2) p2 = dd_add(p2, dd_prod(x, x));
@@ -772,6 +785,18 @@ rolling_tile(const i64* ts, const i64* key, const double* v, const u8* valid,
         w_p1[warp] = i1;
         w_p2[warp] = i2;
     }
+    // Prefix errors are ~2^-100 of the region's largest values: a window of
+    // values 2^40 times smaller would lose digits the CPU keeps.
+    if (t == 0) { s_amax = 0; s_amin = 0x7FEFFFFFFFFFFFFFULL; }
+    __syncthreads();
+    if (need1 && amax > 0) {
+        atomicMax(&s_amax, (unsigned long long)__double_as_longlong(amax));
+        atomicMin(&s_amin, (unsigned long long)__double_as_longlong(amin));
+    }
+    __syncthreads();
+    if (need1 && s_amax > 0 &&
+        __longlong_as_double((long long)s_amax) > 1099511627776.0 * __longlong_as_double((long long)s_amin))
+        bad = true;
     if (__syncthreads_or(bad)) {
         if (t == 0) {
             flags[blockIdx.x] = 1;
@@ -830,12 +855,8 @@ rolling_tile(const i64* ts, const i64* key, const double* v, const u8* valid,
         u32 ri = act ? (u32)(ROLL_OFF + (i - a)) - base : 0;
         i64 ti = act ? rts[ri] : 0;
         i64 ki = act && key ? rkey[ri] : 0;
-        i64 st = sat_sub(ti, window);
-        bool empty = false;
-        if (!incl_lo) {
-            if (st == ti) empty = true;
-            else st += 1;
-        }
+        bool empty;
+        i64 st = roll_start(ti, window, incl_lo, &empty);
         u32 lo0 = 0;
         if (lane == 0 && act && !empty) lo0 = (u32)roll_lower(rts, rkey, ri, ki, st);
         lo0 = __shfl_sync(0xFFFFFFFFu, lo0, 0);

@@ -158,6 +158,34 @@ impl NvlinkSendRecv {
                 ),
             });
         }
+        // Every block of a call must be resident at once (senders wait on
+        // the peer's receivers): keep the grid within half the GPU.
+        {
+            let rank = gpu.rank();
+            let k = Kernels::get(&gpu)?;
+            let f = k.func(rank, "nvlink_sendrecv")?;
+            let per_sm = f
+                .occupancy_max_active_blocks_per_multiprocessor(THREADS, 0, None)
+                .map_err(|e| {
+                    cuda(rank, "cuOccupancyMaxActiveBlocksPerMultiprocessor")(format!("{e:?}"))
+                })?;
+            let sms = gpu
+                .context()
+                .attribute(braid_core::cuda::cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+                .map_err(|e| cuda(rank, "cuDeviceGetAttribute")(format!("{e:?}")))?;
+            let room = per_sm as usize * sms.max(0) as usize / 2;
+            if 2 * c.blocks > room {
+                return Err(KernelError::Invalid {
+                    rank,
+                    kernel: "nvlink_sendrecv",
+                    detail: format!(
+                        "{} blocks per direction: {} resident blocks needed, room for {room} (half of {sms} SMs x {per_sm})",
+                        c.blocks,
+                        2 * c.blocks
+                    ),
+                });
+            }
+        }
         let n = ctx.nranks() as usize;
         let layout = Layout {
             n,
@@ -207,6 +235,20 @@ impl NvlinkSendRecv {
     /// once it completes. See [`NvlinkSendRecv::sendrecv`] for a checked
     /// wait.
     pub fn enqueue(
+        &mut self,
+        send: Option<(&DeviceBuffer, u32)>,
+        recv: Option<(&mut DeviceBuffer, u32)>,
+    ) -> Result<GpuEvent, KernelError> {
+        // A failure after the step numbers moved leaves this rank out of
+        // step with its peers: the object is unusable from then on.
+        let r = self.enqueue_inner(send, recv);
+        if r.is_err() {
+            self.failed = true;
+        }
+        r
+    }
+
+    fn enqueue_inner(
         &mut self,
         send: Option<(&DeviceBuffer, u32)>,
         recv: Option<(&mut DeviceBuffer, u32)>,

@@ -15,11 +15,13 @@ fn invalid(gpu: &Gpu, kernel: &'static str, detail: String) -> KernelError {
     }
 }
 
-/// Runs after the inputs' latest writes and marks the outputs written, on
-/// the `Gpu`'s stream.
-pub(crate) fn wait_inputs(gpu: &Gpu, inputs: &[&DeviceBuffer]) -> Result<(), KernelError> {
-    for b in inputs {
-        b.wait_on(gpu.stream())?;
+/// Orders the `Gpu`'s stream after every outstanding use of `buffers`
+/// (inputs and outputs alike): an output, even a fresh one from the pool,
+/// may still be read by work on another stream; for an input this waits a
+/// little more than its latest write, which costs only overlap.
+pub(crate) fn wait_inputs(gpu: &Gpu, buffers: &[&DeviceBuffer]) -> Result<(), KernelError> {
+    for b in buffers {
+        b.wait_writable(gpu.stream())?;
     }
     Ok(())
 }
