@@ -590,6 +590,9 @@ extern "C" __global__ void rolling_window(const i64* ts, const i64* key, const d
         }
         double cnt = a.n, s = finish_sum(a.sum, a.comp);
         double var = cnt >= 2 ? (a.s2 - a.s1 * a.s1 / cnt) / (cnt - 1) : 0;
+        // Finite values whose squared deviations overflow: the variance is
+        // +inf (as on the CPU), not inf - inf.
+        if (cnt >= 2 && a.s2 > 1.7976931348623157e308 && a.s1 - a.s1 == 0.0) var = a.s2;
         roll_write(ptrs, r, cnt, s, cnt > 0 ? s / cnt : 0, a.mn, a.mx, var);
     }
 }
