@@ -238,7 +238,7 @@ fn check_agg(
             let (a, b) = (vals[i], cpu.values[i]);
             let tol = 1e-9 * (1.0 + b.abs());
             assert!(
-                (a - b).abs() <= tol || (a.is_nan() && b.is_nan()),
+                a == b || (a - b).abs() <= tol || (a.is_nan() && b.is_nan()),
                 "{what}: row {i}: gpu {a} cpu {b}"
             );
         }
