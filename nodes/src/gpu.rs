@@ -194,8 +194,22 @@ async fn exchange_rows(
     mine.extend(t.columns().iter().map(|c| i64::from(c.valid.is_some())));
     let all = allgather(ctx, mine).await.map_err(fail)?;
     let row = n + ncols;
-    let recv_rows: Vec<usize> = (0..n).map(|q| all[q * row + me] as usize).collect();
-    let total: usize = recv_rows.iter().sum();
+    // Counts come from peers: checked, so a bad one is an error naming
+    // the peer, not a wrapped size.
+    let recv_rows: Vec<usize> = (0..n)
+        .map(|q| {
+            usize::try_from(all[q * row + me]).map_err(|_| {
+                fail(format!(
+                    "rank {me}: rank {q} announced {} rows",
+                    all[q * row + me]
+                ))
+            })
+        })
+        .collect::<Result<_, _>>()?;
+    let total = recv_rows
+        .iter()
+        .try_fold(0usize, |a, r| a.checked_add(*r))
+        .ok_or_else(|| fail(format!("rank {me}: received row counts overflow")))?;
     let mut cols = Vec::with_capacity(ncols);
     for (ci, (f, c)) in t.schema().fields().iter().zip(t.columns()).enumerate() {
         let w = braid_core::cuda::device_width(f.data_type()).unwrap_or(0);
@@ -260,7 +274,10 @@ async fn global_sort(
     let mut all = allgather(dc.ctx(), vec![samples.len() as i64])
         .await
         .map_err(fail)?;
-    let counts: Vec<usize> = all.drain(..).map(|c| c as usize).collect();
+    let counts: Vec<usize> = all
+        .drain(..)
+        .map(|c| usize::try_from(c).unwrap_or(0).min(SAMPLES))
+        .collect();
     // Pad to the largest sample count so the gather is regular.
     let most = counts.iter().copied().max().unwrap_or(0);
     let mut padded = samples.clone();
@@ -350,21 +367,10 @@ async fn lookback(
     let info = allgather(dc.ctx(), vec![rows_me as i64, first, last])
         .await
         .map_err(fail)?;
-    let rows = |r: usize| info[3 * r];
-    let tmin = |r: usize| info[3 * r + 1];
-    let tmax = |r: usize| info[3 * r + 2];
-    let need = |r: usize| -> i64 { crate::rolling::window_start(tmin(r), spec) };
-    let pass_from =
-        |r: usize| -> Option<i64> { (r + 1..n).filter(|j| rows(*j) > 0).map(need).min() };
-    let rounds = (0..n)
-        .filter(|j| rows(*j) > 0)
-        .filter_map(|j| {
-            (0..j)
-                .find(|k| rows(*k) > 0 && tmax(*k) >= need(j))
-                .map(|k| j - k)
-        })
-        .max()
-        .unwrap_or(0);
+    let plan = crate::rolling::HaloPlan::new(&info, n, spec);
+    let (rounds, rows) = (plan.rounds, |r: usize| plan.rows(r));
+    let need = |r: usize| plan.need(r);
+    let pass_from = |r: usize| plan.pass_from(r);
     // Rows of a sorted narrow table (with its u64 order keys) from `from`.
     let suffix =
         |t: &DeviceTable, k: &DeviceBuffer, from: Option<i64>| -> Result<DeviceTable, NodeError> {

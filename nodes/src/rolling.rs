@@ -255,6 +255,58 @@ pub(crate) fn window_start(t: i64, spec: &RollingSpec) -> i64 {
     }
 }
 
+/// The lookback plan of the ungrouped job, from every rank's (rows, min
+/// ts, max ts) as gathered (3 values per rank): what each rank needs and
+/// passes right, and how many HaloExchange rounds reach every need. The
+/// CPU and GPU paths both follow it, so every rank runs the same rounds.
+pub(crate) struct HaloPlan<'a> {
+    info: &'a [i64],
+    n: usize,
+    spec: &'a RollingSpec,
+    /// HaloExchange rounds every rank runs.
+    pub(crate) rounds: usize,
+}
+
+impl<'a> HaloPlan<'a> {
+    pub(crate) fn new(info: &'a [i64], n: usize, spec: &'a RollingSpec) -> Self {
+        let mut p = HaloPlan {
+            info,
+            n,
+            spec,
+            rounds: 0,
+        };
+        // Rank j's need reaches back to the first lower rank holding it.
+        p.rounds = (0..n)
+            .filter(|j| p.rows(*j) > 0)
+            .filter_map(|j| {
+                (0..j)
+                    .find(|k| p.rows(*k) > 0 && p.info[3 * k + 2] >= p.need(j))
+                    .map(|k| j - k)
+            })
+            .max()
+            .unwrap_or(0);
+        p
+    }
+
+    /// Rows of rank r.
+    pub(crate) fn rows(&self, r: usize) -> i64 {
+        self.info[3 * r]
+    }
+
+    /// Smallest ts rank r's first window needs (inclusive).
+    pub(crate) fn need(&self, r: usize) -> i64 {
+        window_start(self.info[3 * r + 1], self.spec)
+    }
+
+    /// What rank r must pass right: rows some rank further right needs.
+    pub(crate) fn pass_from(&self, r: usize) -> Option<i64> {
+        (r + 1..self.n)
+            .filter(|j| self.rows(*j) > 0)
+            .map(|j| self.need(j))
+            .min()
+    }
+}
+
 /// Runs the kernel chunk by chunk and sends the output chunks.
 ///
 /// Ungrouped: a chunk of rows `[s, e)` (never splitting a run of equal ts)
@@ -392,23 +444,10 @@ async fn ungrouped(ctx: &Context, sorted: RecordBatch, spec: &RollingSpec) -> Re
         ],
     )
     .await?;
-    let rows = |r: usize| info[3 * r];
-    let tmin = |r: usize| info[3 * r + 1];
-    let tmax = |r: usize| info[3 * r + 2];
-    // Smallest ts rank r's first window needs (inclusive).
-    let need = |r: usize| -> i64 { window_start(tmin(r), spec) };
-    // What a rank must pass right: rows some rank further right needs.
-    let pass_from =
-        |r: usize| -> Option<i64> { (r + 1..n).filter(|j| rows(*j) > 0).map(need).min() };
-    let rounds = (0..n)
-        .filter(|j| rows(*j) > 0)
-        .filter_map(|j| {
-            (0..j)
-                .find(|k| rows(*k) > 0 && tmax(*k) >= need(j))
-                .map(|k| j - k)
-        })
-        .max()
-        .unwrap_or(0);
+    let plan = HaloPlan::new(&info, n, spec);
+    let (rounds, rows) = (plan.rounds, |r: usize| plan.rows(r));
+    let need = |r: usize| plan.need(r);
+    let pass_from = |r: usize| plan.pass_from(r);
     // 3. Halo rounds. Ghost batches hold the order and value columns only.
     let mut keep_cols = vec![oi];
     for v in &spec.values {
