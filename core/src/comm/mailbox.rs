@@ -118,6 +118,7 @@ impl Mailbox {
                 rx,
                 mailbox: self.clone(),
                 key: (src, tag),
+                driver: None,
             },
         }
     }
@@ -142,12 +143,47 @@ impl Mailbox {
     }
 }
 
+/// Progress a waiting operation can make by itself: a backend whose
+/// transport must be polled (MPI) runs a pass from the waiting task rather
+/// than hand every message over from another thread (a thread hand-off
+/// costs microseconds per message and, on a busy host, a core).
+pub(crate) trait Drive: Send + Sync {
+    /// Runs one progress pass unless another thread is running one; returns
+    /// whether a task that has waited `waited` should poll again at once
+    /// (spin) rather than sleep until it is woken.
+    fn drive(&self, waited: std::time::Duration) -> bool;
+}
+
+/// A waiting operation's driver and when it started waiting.
+pub(crate) struct Driver {
+    drive: Arc<dyn Drive>,
+    since: Option<std::time::Instant>,
+}
+
+impl Driver {
+    pub(crate) fn new(drive: Arc<dyn Drive>) -> Self {
+        Driver { drive, since: None }
+    }
+
+    /// Drives once; on `true` the caller re-polls at once (it has already
+    /// asked to be woken).
+    pub(crate) fn spin(&mut self, cx: &mut Context<'_>) -> bool {
+        let since = *self.since.get_or_insert_with(std::time::Instant::now);
+        let spin = self.drive.drive(since.elapsed());
+        if spin {
+            cx.waker().wake_by_ref();
+        }
+        spin
+    }
+}
+
 enum State {
     Ready(Option<Result<Buffer, CommError>>),
     Waiting {
         rx: oneshot::Receiver<Result<Buffer, CommError>>,
         mailbox: Arc<Mailbox>,
         key: Key,
+        driver: Option<Driver>,
     },
     Done,
 }
@@ -162,6 +198,14 @@ impl RecvFuture {
         RecvFuture {
             state: State::Ready(Some(r)),
         }
+    }
+
+    /// While waiting, the receive runs `drive`'s progress passes itself.
+    pub(crate) fn driven_by(mut self, drive: Arc<dyn Drive>) -> Self {
+        if let State::Waiting { driver, .. } = &mut self.state {
+            *driver = Some(Driver::new(drive));
+        }
+        self
     }
 }
 
@@ -178,19 +222,32 @@ impl Future for RecvFuture {
                 this.state = State::Done;
                 Poll::Ready(r)
             }
-            State::Waiting { rx, mailbox, .. } => match Pin::new(rx).poll(cx) {
-                Poll::Pending => Poll::Pending,
-                Poll::Ready(r) => {
-                    let out = match r {
-                        Ok(r) => r,
-                        Err(_) => Err(mailbox
-                            .failure()
-                            .unwrap_or_else(|| mailbox.shutdown_error())),
-                    };
-                    this.state = State::Done;
-                    Poll::Ready(out)
+            State::Waiting {
+                rx,
+                mailbox,
+                driver,
+                ..
+            } => {
+                let mut r = Pin::new(&mut *rx).poll(cx);
+                if r.is_pending() {
+                    // A driven receive runs a pass (which may deliver its
+                    // message) and looks again.
+                    if let Some(d) = driver {
+                        d.spin(cx);
+                        r = Pin::new(&mut *rx).poll(cx);
+                    }
                 }
-            },
+                let Poll::Ready(r) = r else {
+                    return Poll::Pending;
+                };
+                let out = r.unwrap_or_else(|_| {
+                    Err(mailbox
+                        .failure()
+                        .unwrap_or_else(|| mailbox.shutdown_error()))
+                });
+                this.state = State::Done;
+                Poll::Ready(out)
+            }
             State::Done => Poll::Pending,
         }
     }
@@ -198,7 +255,10 @@ impl Future for RecvFuture {
 
 impl Drop for RecvFuture {
     fn drop(&mut self) {
-        if let State::Waiting { rx, mailbox, key } = &mut self.state {
+        if let State::Waiting {
+            rx, mailbox, key, ..
+        } = &mut self.state
+        {
             rx.close();
             if let Ok(Ok(buf)) = rx.try_recv() {
                 mailbox.deliver_at(key.0, key.1, buf, true);

@@ -1,16 +1,31 @@
 //! The `mpi` backend (feature `mpi`): ranks started by `mpirun` or `srun`,
 //! bytes carried by MPI nonblocking point-to-point.
 //!
-//! MPI is driven by one progress thread per process, which initialises MPI
-//! (`MPI_THREAD_FUNNELED`: only that thread calls MPI) and loops:
+//! All MPI state lives in one `Engine` behind a mutex; a progress *pass*
+//! (one lock hold) does everything there is to do:
 //!
 //! ```text
-//!   take new requests (sends, flushes, abort, shutdown) from async callers
-//!   post each send with MPI_Isend; test outstanding sends; answer callers
-//!   MPI_Improbe(any source, any tag) -> MPI_Mrecv into a fresh (pooled)
-//!   buffer -> the mailbox (per (src, tag) order: MPI does not overtake)
-//!   spin while there is traffic, then back off to short sleeps when idle
+//!   take queued requests (sends, flushes, abort, shutdown); MPI_Isend each send
+//!   MPI_Test outstanding sends; answer their callers
+//!   MPI_Improbe(any source, any tag) -> MPI_Imrecv into a fresh (pooled)
+//!   buffer; MPI_Test the receives in flight; completed ones -> the
+//!   mailbox (per (src, tag) in match order: MPI does not overtake)
 //! ```
+//!
+//! Who runs passes: with `MPI_THREAD_SERIALIZED` (what every common MPI
+//! gives) the waiting tasks themselves. `send` posts its `MPI_Isend` at
+//! once when the engine is free, and a pending receive or send polls a pass
+//! each time it is polled, re-polling at once (spinning, like MPI's own
+//! blocking calls) for up to `SPIN`, then sleeping until woken. A progress
+//! thread, which called `MPI_Init_thread` and will call `MPI_Finalize`,
+//! runs passes only while no task has run one for `HANDOFF`: traffic
+//! needs no thread hand-off, and a rank that computes still answers its
+//! peers. With a lower threading level only the progress thread touches
+//! MPI (`MPI_THREAD_FUNNELED`), and waiting tasks sleep until it delivers.
+//!
+//! Cost model: a message costs its MPI time plus one mailbox hand-off
+//! (a few hundred ns in the same thread); a thread hand-off (several us)
+//! happens only when no task is waiting.
 //!
 //! Tags: MPI tags are `int` and implementations guarantee as little as
 //! 2^15; braid uses `(op mod 2^20) << 8 | stage` (< 2^28, which MPICH and
@@ -21,17 +36,20 @@
 //! a rank that dies makes the MPI runtime end the others (mpirun, srun), so
 //! a job never hangs on a dead rank.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc;
-use std::time::Duration;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, mpsc};
+use std::task::{Context as TaskContext, Poll};
+use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
 use mpi::request::{Request, StaticScope};
+use mpi::topology::SimpleCommunicator;
 use mpi::traits::{Communicator as _, CommunicatorCollectives, Destination, Equivalence, Source};
 use tokio::sync::oneshot;
 
-use super::mailbox::Mailbox;
+use super::mailbox::{Drive, Driver, Mailbox};
 use super::{Backend, Communicator, RecvFuture, check_rank};
 use crate::Rank;
 use crate::error::CommError;
@@ -56,6 +74,11 @@ fn from_mpi_tag(t: i32) -> Tag {
     Tag::new(OpId(t >> 8), (t & 0xff) as u8)
 }
 
+/// How long a waiting task keeps polling before it sleeps until woken.
+const SPIN: Duration = Duration::from_millis(2);
+/// The progress thread runs passes once no task has run one for this long.
+const HANDOFF: Duration = Duration::from_micros(100);
+
 enum Req {
     Send {
         dst: Rank,
@@ -68,14 +91,13 @@ enum Req {
     Shutdown(oneshot::Sender<()>),
 }
 
-/// One rank of a job started by an MPI launcher.
-pub struct MpiComm {
-    rank: Rank,
-    nranks: u32,
-    mailbox: Arc<Mailbox>,
-    stats: Arc<Statistics>,
-    tx: mpsc::Sender<Req>,
-    closed: Arc<AtomicBool>,
+/// Which threads may call MPI (from the threading level MPI provides).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Driving {
+    /// `MPI_THREAD_SERIALIZED` or better: any thread, one at a time.
+    AnyThread,
+    /// Only the progress thread.
+    ProgressThread,
 }
 
 struct Pending {
@@ -85,76 +107,58 @@ struct Pending {
     done: oneshot::Sender<Result<(), CommError>>,
 }
 
-impl MpiComm {
-    /// Initialises MPI on a progress thread and joins MPI_COMM_WORLD.
-    /// Call once per process.
-    pub fn init() -> Result<MpiComm, CommError> {
-        let (tx, rx) = mpsc::channel::<Req>();
-        let (ready_tx, ready_rx) = mpsc::channel::<Result<(Rank, u32), String>>();
-        let mailbox = Arc::new(Mailbox::default());
-        let mb = mailbox.clone();
-        let closed = Arc::new(AtomicBool::new(false));
-        let cl = closed.clone();
-        let stats_slot: Arc<std::sync::OnceLock<Arc<Statistics>>> = Arc::default();
-        let ss = stats_slot.clone();
-        std::thread::Builder::new()
-            .name("braid-mpi".into())
-            .spawn(move || progress(rx, ready_tx, mb, ss, cl))
-            .map_err(|e| CommError::Bootstrap {
-                rank: 0,
-                detail: format!("cannot start the MPI progress thread: {e}"),
-            })?;
-        let (rank, nranks) = ready_rx
-            .recv()
-            .map_err(|_| CommError::Bootstrap {
-                rank: 0,
-                detail: "the MPI progress thread died during MPI_Init".into(),
-            })?
-            .map_err(|detail| CommError::Bootstrap { rank: 0, detail })?;
-        let stats = stats_slot
-            .get_or_init(|| Arc::new(Statistics::new(rank, nranks)))
-            .clone();
-        Ok(MpiComm {
-            rank,
-            nranks,
-            mailbox,
-            stats,
-            tx,
-            closed,
-        })
-    }
+/// A message matched by `MPI_Improbe` whose `MPI_Imrecv` is in flight.
+///
+/// Receiving nonblocking lets every matched message progress at once (a
+/// window of large rendezvous messages moves as with preposted receives)
+/// instead of one blocking `MPI_Mrecv` after another.
+struct Incoming {
+    /// `None` once complete (the bytes then wait for delivery order).
+    req: Option<Request<'static, [u8], StaticScope>>,
+    /// Owns the bytes `req` writes; never touched until `req` completes.
+    buf: Vec<u8>,
+    src: Rank,
+    tag: Tag,
 }
 
-/// The progress thread: owns MPI for the life of the process's job.
-fn progress(
-    rx: mpsc::Receiver<Req>,
-    ready: mpsc::Sender<Result<(Rank, u32), String>>,
+/// Everything that calls MPI; one pass at a time (the mutex serialises
+/// the calls, as `MPI_THREAD_SERIALIZED` requires).
+struct Engine {
+    world: SimpleCommunicator,
+    rank: Rank,
+    requests: mpsc::Receiver<Req>,
+    pending: Vec<Pending>,
+    /// Receives in match order; delivered in that order per (source, tag).
+    incoming: Vec<Incoming>,
+    flushes: Vec<oneshot::Sender<()>>,
+    shutdown_asked: Option<oneshot::Sender<()>>,
+    barrier: Option<(Request<'static, ()>, oneshot::Sender<()>)>,
+    /// Shutdown's barrier completed: the progress thread finalises and
+    /// answers; no pass calls MPI any more.
+    finished: Option<oneshot::Sender<()>>,
+    /// MPI is finalised (or every handle is gone): passes do nothing.
+    gone: bool,
+    pool: Arc<BufferPool>,
     mailbox: Arc<Mailbox>,
-    stats_slot: Arc<std::sync::OnceLock<Arc<Statistics>>>,
-    closed: Arc<AtomicBool>,
-) {
-    let Some((universe, _)) = mpi::initialize_with_threading(mpi::Threading::Funneled) else {
-        let _ = ready.send(Err("MPI is already initialised in this process".into()));
-        return;
-    };
-    let world = universe.world();
-    let (rank, nranks) = (world.rank() as Rank, world.size() as u32);
-    let stats = stats_slot
-        .get_or_init(|| Arc::new(Statistics::new(rank, nranks)))
-        .clone();
-    mailbox.set_rank(rank);
-    let _ = ready.send(Ok((rank, nranks)));
-    let pool = BufferPool::new(1 << 30);
-    let mut pending: Vec<Pending> = Vec::new();
-    let mut flushes: Vec<oneshot::Sender<()>> = Vec::new();
-    let mut shutdown: Option<(Request<'static, ()>, oneshot::Sender<()>)> = None;
-    let mut shutdown_asked: Option<oneshot::Sender<()>> = None;
-    let mut idle = 0u32;
-    loop {
+    stats: Arc<Statistics>,
+}
+
+// SAFETY: MPI handles are plain values that MPI lets any thread use under
+// `MPI_THREAD_SERIALIZED` as long as no two calls overlap; the engine is
+// only reached through `Shared::engine`'s mutex, and with a lower
+// threading level only the progress thread takes that mutex to call MPI.
+unsafe impl Send for Engine {}
+
+impl Engine {
+    /// One progress pass; returns whether anything happened.
+    fn pass(&mut self) -> bool {
+        if self.gone || self.finished.is_some() {
+            return false;
+        }
         let mut busy = false;
         // 1. New requests.
         loop {
-            match rx.try_recv() {
+            match self.requests.try_recv() {
                 Ok(Req::Send {
                     dst,
                     tag,
@@ -162,97 +166,344 @@ fn progress(
                     done,
                 }) => {
                     busy = true;
-                    // SAFETY: the slice points into `buf`, which `Pending`
-                    // keeps alive (and unmoved: `Bytes` data is on the heap)
-                    // until MPI reports the send complete.
-                    let data: &'static [u8] =
-                        unsafe { std::slice::from_raw_parts(buf.as_slice().as_ptr(), buf.len()) };
-                    let req = world.process_at_rank(dst as i32).immediate_send_with_tag(
-                        StaticScope,
-                        data,
-                        mpi_tag(tag),
-                    );
-                    pending.push(Pending {
-                        req,
-                        _buf: buf,
-                        done,
-                    });
+                    self.post(dst, tag, buf, done);
                 }
-                Ok(Req::Flush(done)) => flushes.push(done),
+                Ok(Req::Flush(done)) => self.flushes.push(done),
                 Ok(Req::Abort(reason)) => {
-                    eprintln!("rank {rank}: aborting the MPI job: {reason}");
-                    world.abort(1);
+                    eprintln!("rank {}: aborting the MPI job: {reason}", self.rank);
+                    self.world.abort(1);
                 }
-                Ok(Req::Shutdown(done)) => shutdown_asked = Some(done),
+                Ok(Req::Shutdown(done)) => self.shutdown_asked = Some(done),
                 Err(mpsc::TryRecvError::Empty) => break,
                 Err(mpsc::TryRecvError::Disconnected) => {
                     // Every handle is gone without a shutdown: leave MPI as
                     // it is (the process is ending).
-                    return;
+                    self.gone = true;
+                    return false;
                 }
             }
         }
         // 2. Outstanding sends.
         let mut i = 0;
-        while i < pending.len() {
-            let p = pending.swap_remove(i);
+        while i < self.pending.len() {
+            let p = self.pending.swap_remove(i);
             match p.req.test() {
                 Ok(_) => {
                     busy = true;
                     let _ = p.done.send(Ok(()));
                 }
                 Err(req) => {
-                    pending.push(Pending { req, ..p });
-                    let last = pending.len() - 1;
-                    pending.swap(i, last);
+                    self.pending.push(Pending { req, ..p });
+                    let last = self.pending.len() - 1;
+                    self.pending.swap(i, last);
                     i += 1;
                 }
             }
         }
-        if pending.is_empty() {
-            for f in flushes.drain(..) {
+        if self.pending.is_empty() {
+            for f in self.flushes.drain(..) {
                 let _ = f.send(());
             }
         }
-        // 3. Incoming messages.
-        while let Some((msg, status)) = world.any_process().immediate_matched_probe() {
+        // 3. Incoming messages: match and start receiving every arrived
+        // message, then hand over the completed ones.
+        while let Some((msg, status)) = self.world.any_process().immediate_matched_probe() {
             busy = true;
             let len = status.count(u8::equivalent_datatype()).max(0) as usize;
             // MPI overwrites every byte: a reused buffer needs no clearing.
-            let mut v = pool.take_filled(len);
-            let st = msg.matched_receive_into(&mut v[..]);
-            let src = st.source_rank() as Rank;
-            stats.record_recv(src, len);
-            mailbox.deliver(
-                src,
-                from_mpi_tag(st.tag()),
-                Buffer::from_bytes(pool.wrap(v)),
-            );
+            let mut buf = self.pool.take_filled(len);
+            // SAFETY: the slice points into `buf`'s heap block, which
+            // `Incoming` owns, never reads, resizes or drops before the
+            // request completes (moving the Vec does not move the block).
+            let data: &'static mut [u8] =
+                unsafe { std::slice::from_raw_parts_mut(buf.as_mut_ptr(), len) };
+            let req = msg.immediate_matched_receive_into(StaticScope, data);
+            self.incoming.push(Incoming {
+                req: Some(req),
+                buf,
+                src: status.source_rank() as Rank,
+                tag: from_mpi_tag(status.tag()),
+            });
         }
+        busy |= self.receive_completed();
         // 4. Shutdown: once our sends are out, a nonblocking barrier (we keep
         // receiving meanwhile, so no peer's large send can stall).
-        if pending.is_empty() {
-            if let Some(done) = shutdown_asked.take() {
-                shutdown = Some((world.immediate_barrier(), done));
+        if self.pending.is_empty() {
+            if let Some(done) = self.shutdown_asked.take() {
+                self.barrier = Some((self.world.immediate_barrier(), done));
             }
         }
-        if let Some((req, done)) = shutdown.take() {
+        // A receive still in flight finishes before MPI is finalised.
+        if let Some((req, done)) = self.barrier.take_if(|_| self.incoming.is_empty()) {
             match req.test() {
-                Ok(_) => {
-                    closed.store(true, Ordering::Release);
-                    drop(rx);
-                    // MPI_Finalize before answering: the process may end as
-                    // soon as shutdown returns.
-                    drop(universe);
-                    let _ = done.send(());
-                    return;
-                }
-                Err(req) => shutdown = Some((req, done)),
+                Ok(_) => self.finished = Some(done),
+                Err(req) => self.barrier = Some((req, done)),
             }
         }
-        // Sends in flight need MPI progress (rendezvous): keep polling them
-        // without sleeping.
-        if busy || !pending.is_empty() {
+        busy || !self.pending.is_empty() || !self.incoming.is_empty()
+    }
+
+    /// Tests the receives in flight and delivers each completed message
+    /// whose earlier messages of the same (source, tag) are delivered
+    /// (MPI matches in send order; completion order may differ).
+    fn receive_completed(&mut self) -> bool {
+        let mut busy = false;
+        for inc in &mut self.incoming {
+            if let Some(req) = inc.req.take() {
+                match req.test() {
+                    Ok(_) => busy = true,
+                    Err(req) => inc.req = Some(req),
+                }
+            }
+        }
+        if !busy {
+            return false;
+        }
+        let mut blocked: Vec<(Rank, Tag)> = Vec::new();
+        let mut i = 0;
+        while i < self.incoming.len() {
+            let inc = &self.incoming[i];
+            let key = (inc.src, inc.tag);
+            if inc.req.is_some() || blocked.contains(&key) {
+                blocked.push(key);
+                i += 1;
+                continue;
+            }
+            let inc = self.incoming.remove(i);
+            self.stats.record_recv(inc.src, inc.buf.len());
+            self.mailbox.deliver(
+                inc.src,
+                inc.tag,
+                Buffer::from_bytes(self.pool.wrap(inc.buf)),
+            );
+        }
+        busy
+    }
+
+    /// Posts one send.
+    fn post(
+        &mut self,
+        dst: Rank,
+        tag: Tag,
+        buf: Buffer,
+        done: oneshot::Sender<Result<(), CommError>>,
+    ) {
+        // SAFETY: the slice points into `buf`, which `Pending` keeps alive
+        // (and unmoved: `Bytes` data is on the heap) until MPI reports the
+        // send complete.
+        let data: &'static [u8] =
+            unsafe { std::slice::from_raw_parts(buf.as_slice().as_ptr(), buf.len()) };
+        let req = self
+            .world
+            .process_at_rank(dst as i32)
+            .immediate_send_with_tag(StaticScope, data, mpi_tag(tag));
+        self.pending.push(Pending {
+            req,
+            _buf: buf,
+            done,
+        });
+    }
+}
+
+/// What the communicator, its waiting operations and the progress thread
+/// share.
+struct Shared {
+    engine: Mutex<Engine>,
+    driving: Driving,
+    /// When a task last ran a pass (ns since `epoch`).
+    last_driven: AtomicU64,
+    epoch: Instant,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Engine> {
+        self.engine.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The engine if no pass is running (and tasks may drive).
+    fn try_engine(&self) -> Option<MutexGuard<'_, Engine>> {
+        if self.driving != Driving::AnyThread {
+            return None;
+        }
+        match self.engine.try_lock() {
+            Ok(g) => Some(g),
+            Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        }
+    }
+
+    fn now_ns(&self) -> u64 {
+        self.epoch.elapsed().as_nanos() as u64
+    }
+
+    fn driven_recently(&self) -> bool {
+        let last = self.last_driven.load(Ordering::Relaxed);
+        self.now_ns().saturating_sub(last) < HANDOFF.as_nanos() as u64
+    }
+}
+
+impl Drive for Shared {
+    fn drive(&self, waited: Duration) -> bool {
+        if self.driving != Driving::AnyThread {
+            return false;
+        }
+        let spin = waited < SPIN;
+        if spin {
+            self.last_driven.store(self.now_ns(), Ordering::Relaxed);
+        }
+        if let Some(mut e) = self.try_engine() {
+            e.pass();
+        }
+        spin
+    }
+}
+
+/// One rank of a job started by an MPI launcher.
+pub struct MpiComm {
+    rank: Rank,
+    nranks: u32,
+    mailbox: Arc<Mailbox>,
+    stats: Arc<Statistics>,
+    tx: mpsc::Sender<Req>,
+    shared: Arc<Shared>,
+}
+
+impl MpiComm {
+    /// Initialises MPI on a progress thread and joins MPI_COMM_WORLD.
+    /// Call once per process.
+    pub fn init() -> Result<MpiComm, CommError> {
+        let (tx, rx) = mpsc::channel::<Req>();
+        let (ready_tx, ready_rx) = mpsc::channel::<Result<Arc<Shared>, String>>();
+        let mailbox = Arc::new(Mailbox::default());
+        let mb = mailbox.clone();
+        std::thread::Builder::new()
+            .name("braid-mpi".into())
+            .spawn(move || progress(rx, ready_tx, mb))
+            .map_err(|e| CommError::Bootstrap {
+                rank: 0,
+                detail: format!("cannot start the MPI progress thread: {e}"),
+            })?;
+        let shared = ready_rx
+            .recv()
+            .map_err(|_| CommError::Bootstrap {
+                rank: 0,
+                detail: "the MPI progress thread died during MPI_Init".into(),
+            })?
+            .map_err(|detail| CommError::Bootstrap { rank: 0, detail })?;
+        let (rank, nranks, stats) = {
+            let e = shared.lock();
+            (e.rank, e.world.size() as u32, e.stats.clone())
+        };
+        Ok(MpiComm {
+            rank,
+            nranks,
+            mailbox,
+            stats,
+            tx,
+            shared,
+        })
+    }
+
+    /// A future that resolves when `rx` is answered, running passes while
+    /// it waits.
+    fn completion(&self, rx: oneshot::Receiver<Result<(), CommError>>) -> SendFuture {
+        SendFuture {
+            rx,
+            driver: Driver::new(self.shared.clone()),
+            rank: self.rank,
+        }
+    }
+}
+
+/// A send's completion; polls passes while it waits (see the module doc).
+struct SendFuture {
+    rx: oneshot::Receiver<Result<(), CommError>>,
+    driver: Driver,
+    rank: Rank,
+}
+
+impl Future for SendFuture {
+    type Output = Result<(), CommError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Self::Output> {
+        let this = &mut *self;
+        let mut r = Pin::new(&mut this.rx).poll(cx);
+        if r.is_pending() {
+            this.driver.spin(cx);
+            r = Pin::new(&mut this.rx).poll(cx);
+        }
+        let rank = this.rank;
+        r.map(|x| x.unwrap_or(Err(CommError::Shutdown { rank })))
+    }
+}
+
+/// The progress thread: initialises and finalises MPI, and runs passes
+/// while no task does.
+fn progress(
+    rx: mpsc::Receiver<Req>,
+    ready: mpsc::Sender<Result<Arc<Shared>, String>>,
+    mailbox: Arc<Mailbox>,
+) {
+    let Some((universe, level)) = mpi::initialize_with_threading(mpi::Threading::Serialized) else {
+        let _ = ready.send(Err("MPI is already initialised in this process".into()));
+        return;
+    };
+    let driving = match level {
+        mpi::Threading::Serialized | mpi::Threading::Multiple => Driving::AnyThread,
+        _ => Driving::ProgressThread,
+    };
+    let world = universe.world();
+    let (rank, nranks) = (world.rank() as Rank, world.size() as u32);
+    mailbox.set_rank(rank);
+    let shared = Arc::new(Shared {
+        engine: Mutex::new(Engine {
+            world,
+            rank,
+            requests: rx,
+            pending: Vec::new(),
+            incoming: Vec::new(),
+            flushes: Vec::new(),
+            shutdown_asked: None,
+            barrier: None,
+            finished: None,
+            gone: false,
+            pool: BufferPool::new(1 << 30),
+            mailbox,
+            stats: Arc::new(Statistics::new(rank, nranks)),
+        }),
+        driving,
+        last_driven: AtomicU64::new(0),
+        epoch: Instant::now(),
+    });
+    let _ = ready.send(Ok(shared.clone()));
+    drop(ready);
+    let mut idle = 0u32;
+    loop {
+        let busy = {
+            let mut e = shared.lock();
+            if let Some(done) = e.finished.take() {
+                e.gone = true;
+                drop(e);
+                // MPI_Finalize (on this thread, which initialised MPI)
+                // before answering: the process may end as soon as
+                // shutdown returns.
+                drop(universe);
+                let _ = done.send(());
+                return;
+            }
+            if e.gone {
+                return;
+            }
+            if shared.driven_recently() {
+                drop(e);
+                std::thread::sleep(HANDOFF / 2);
+                continue;
+            }
+            e.pass()
+        };
+        // Sends in flight need MPI progress (rendezvous): keep polling
+        // without sleeping while there is traffic.
+        if busy {
             idle = 0;
         } else {
             idle = idle.saturating_add(1);
@@ -283,35 +534,45 @@ impl Communicator for MpiComm {
             return Box::pin(std::future::ready(Err(e)));
         }
         let rank = self.rank;
-        if self.closed.load(Ordering::Acquire) {
-            return Box::pin(std::future::ready(Err(CommError::Shutdown { rank })));
-        }
         self.stats.record_send(dst, data.len());
         let (done, rx) = oneshot::channel();
-        if self
-            .tx
-            .send(Req::Send {
-                dst,
-                tag: reduced(tag),
-                buf: data,
-                done,
-            })
-            .is_err()
-        {
+        let req = Req::Send {
+            dst,
+            tag: reduced(tag),
+            buf: data,
+            done,
+        };
+        // Post at once when the engine is free: queued requests first (a
+        // pass takes them in order), so per (dst, tag) order holds.
+        if let Some(mut e) = self.shared.try_engine() {
+            if e.gone || e.finished.is_some() {
+                return Box::pin(std::future::ready(Err(CommError::Shutdown { rank })));
+            }
+            if self.tx.send(req).is_err() {
+                return Box::pin(std::future::ready(Err(CommError::Shutdown { rank })));
+            }
+            e.pass();
+        } else if self.tx.send(req).is_err() {
             return Box::pin(std::future::ready(Err(CommError::Shutdown { rank })));
         }
-        Box::pin(async move { rx.await.unwrap_or(Err(CommError::Shutdown { rank })) })
+        Box::pin(self.completion(rx))
     }
 
     fn recv(&self, src: Rank, tag: Tag) -> RecvFuture {
         if let Err(e) = check_rank(self.rank, src, self.nranks) {
             return RecvFuture::ready(Err(e));
         }
-        self.mailbox.recv(src, reduced(tag))
+        self.mailbox
+            .recv(src, reduced(tag))
+            .driven_by(self.shared.clone())
     }
 
     fn abort(&self, reason: &str) {
         let _ = self.tx.send(Req::Abort(reason.to_string()));
+        if self.shared.driving == Driving::AnyThread {
+            // MPI_Abort from here, now (it does not return).
+            self.shared.lock().pass();
+        }
         // MPI_Abort ends this process too; give it a moment.
         std::thread::sleep(Duration::from_secs(5));
     }
