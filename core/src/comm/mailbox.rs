@@ -161,6 +161,8 @@ pub(crate) struct Driver {
 }
 
 impl Driver {
+    // Only the mpi backend drives its transport from waiting tasks.
+    #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
     pub(crate) fn new(drive: Arc<dyn Drive>) -> Self {
         Driver { drive, since: None }
     }
@@ -201,6 +203,8 @@ impl RecvFuture {
     }
 
     /// While waiting, the receive runs `drive`'s progress passes itself.
+    // Only the mpi backend drives its transport from waiting tasks.
+    #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
     pub(crate) fn driven_by(mut self, drive: Arc<dyn Drive>) -> Self {
         if let State::Waiting { driver, .. } = &mut self.state {
             *driver = Some(Driver::new(drive));
