@@ -654,7 +654,24 @@ async fn connection_task(shared: Arc<Shared>, dst: Rank, pw: Arc<PeerWriter>) {
             }
         }
     };
-    let stream = match open(&shared, &addr, ConnKind::Data, dst).await {
+    // Once this rank has failed, nothing more goes out: waiting on a
+    // connection (a peer that already left stops listening) or on a peer
+    // that stopped reading would hold the sender until the connect timeout.
+    let failed = || async {
+        shared.failed.wait().await;
+        shared
+            .mailbox
+            .failure()
+            .unwrap_or(CommError::Shutdown { rank: shared.rank })
+    };
+    let opened = tokio::select! {
+        r = open(&shared, &addr, ConnKind::Data, dst) => r,
+        e = failed() => {
+            pw.fail(e);
+            return;
+        }
+    };
+    let stream = match opened {
         Ok(s) => s,
         Err(e) => {
             let e = root_cause(&shared, e).await;
@@ -663,7 +680,14 @@ async fn connection_task(shared: Arc<Shared>, dst: Rank, pw: Arc<PeerWriter>) {
             return;
         }
     };
-    if let Err(e) = pw.clone().run(stream).await {
+    let ran = tokio::select! {
+        r = pw.clone().run(stream) => r,
+        e = failed() => {
+            pw.fail(e);
+            return;
+        }
+    };
+    if let Err(e) = ran {
         let err = CommError::PeerDied {
             rank: shared.rank,
             peer: dst,
