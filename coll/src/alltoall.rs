@@ -5,6 +5,11 @@
 //! once, then receives from every peer). Cost per rank: (N-1) alpha + the
 //! bytes it sends and receives times beta.
 //!
+//! Two result forms over one core: [`alltoallv`] lays the received parts
+//! out in one vector (one copy of what is received); [`alltoallv_parts`]
+//! returns them per source rank as they arrived (between in-process ranks
+//! a part is the sender's own buffer: no copy at all).
+//!
 //! Counts and offsets are validated against the buffers before anything is
 //! sent. Each message carries both counts of its pair (what the sender
 //! sends, and what it expects back), so both ranks of a pair that disagree
@@ -18,7 +23,7 @@ use braid_kernels::Element;
 use crate::error::{CollError, CollKind, Site};
 use crate::handle::{Callback, Handle, start, streaming};
 use crate::wire::Elements;
-use crate::wire::{Meta, agree, recv_framed, send_framed, typed};
+use crate::wire::{Meta, agree, recv_framed, send_framed};
 
 /// Per-peer element counts and offsets of an AllToAllv.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -120,14 +125,47 @@ impl AllToAllvSpec {
     }
 }
 
-/// Starts an AllToAllv.
+/// Starts an AllToAllv whose result is laid out by `spec.recv_offsets`
+/// in one vector (one copy of every received element).
 pub fn start_alltoallv<T: Element>(
     ctx: &Context,
     send: impl Into<Elements<T>>,
     spec: AllToAllvSpec,
     callback: Option<Callback>,
 ) -> Handle<Vec<T>> {
-    let send: Elements<T> = send.into();
+    start_parts(ctx, send.into(), spec, callback, |parts, spec| {
+        let mut out: Vec<T> = vec![T::zeroed(); spec.recv_len];
+        for (p, part) in parts.iter().enumerate() {
+            let o = spec.recv_offsets[p];
+            out[o..o + part.len()].copy_from_slice(&part.as_slice());
+        }
+        out
+    })
+}
+
+/// Starts an AllToAllv whose result is one [`Elements`] per source rank,
+/// in rank order: no copy at all between in-process ranks, and none of
+/// received bytes over a network (what a consumer that works per peer,
+/// such as a shuffle, wants). `spec.recv_offsets` and `recv_len` are
+/// validated but do not shape the result.
+pub fn start_alltoallv_parts<T: Element>(
+    ctx: &Context,
+    send: impl Into<Elements<T>>,
+    spec: AllToAllvSpec,
+    callback: Option<Callback>,
+) -> Handle<Vec<Elements<T>>> {
+    start_parts(ctx, send.into(), spec, callback, |parts, _| parts)
+}
+
+/// The one AllToAllv core: validate, exchange per-peer parts, agree that
+/// every pair matched; `finish` shapes the result.
+fn start_parts<T: Element, R: Send + 'static>(
+    ctx: &Context,
+    send: Elements<T>,
+    spec: AllToAllvSpec,
+    callback: Option<Callback>,
+    finish: impl FnOnce(Vec<Elements<T>>, &AllToAllvSpec) -> R + Send + 'static,
+) -> Handle<R> {
     let site = Site::next(ctx, CollKind::AllToAll);
     let op = site.op;
     let comm = ctx.comm().clone();
@@ -145,22 +183,24 @@ pub fn start_alltoallv<T: Element>(
             Ok(_) if hi[0] != 0 => {
                 Err(site.disagreement("another rank's per-peer counts disagree with its peer's"))
             }
-            Ok(v) => Ok(v),
+            Ok(parts) => Ok(finish(parts, &spec)),
         }
     })
 }
 
+/// Sends every peer its slice and receives every peer's, checking each
+/// pair's counts and element type; returns the parts by source rank (this
+/// rank's own part is a slice of `send`).
 async fn exchange<T: Element>(
     comm: &std::sync::Arc<dyn braid_core::Communicator>,
     site: Site,
     send: Elements<T>,
     spec: &AllToAllvSpec,
-) -> Result<Vec<T>, CollError> {
+) -> Result<Vec<Elements<T>>, CollError> {
     let n = comm.nranks();
     let me = site.rank;
     let sz = std::mem::size_of::<T>();
     let tag = Tag::new(site.op, 0);
-    let mut out: Vec<T> = vec![T::zeroed(); spec.recv_len];
     let (so, sc) = (
         spec.send_offsets[me as usize],
         spec.send_counts[me as usize],
@@ -174,8 +214,8 @@ async fn exchange<T: Element>(
             ),
         ));
     }
-    let ro = spec.recv_offsets[me as usize];
-    out[ro..ro + sc].copy_from_slice(&send.as_slice()[so..so + sc]);
+    let mut parts: Vec<Option<Elements<T>>> = (0..n).map(|_| None).collect();
+    parts[me as usize] = Some(send.slice(so, sc));
     let buf = send.buffer().clone();
     let mut sends = Vec::new();
     for p in (0..n).filter(|p| *p != me) {
@@ -218,32 +258,33 @@ async fn exchange<T: Element>(
                 "this rank sends {sent} elements to rank {p}, which expects {}",
                 f.meta.seq
             ))
+        } else if f.data.len() != want * sz {
+            // The header's count was checked; the data must match it too.
+            Some(format!(
+                "rank {p} sent {} bytes for {want} elements",
+                f.data.len()
+            ))
         } else {
             None
         };
-        if let Some(d) = err {
-            first_err.get_or_insert(site.mismatch(p, d));
-            continue;
+        match err {
+            Some(d) => {
+                first_err.get_or_insert(site.mismatch(p, d));
+            }
+            None => parts[p as usize] = Some(Elements::from_buffer(f.data)),
         }
-        // The header's count was checked; the data must match it too.
-        let x = typed::<T>(&f.data)
-            .filter(|x| x.len() == want)
-            .ok_or_else(|| {
-                site.mismatch(
-                    p,
-                    format!("rank {p} sent {} bytes for {want} elements", f.data.len()),
-                )
-            })?;
-        let o = spec.recv_offsets[p as usize];
-        out[o..o + want].copy_from_slice(&x);
     }
     for s in sends {
         s.await?;
     }
-    match first_err {
-        Some(e) => Err(e),
-        None => Ok(out),
+    if let Some(e) = first_err {
+        return Err(e);
     }
+    parts
+        .into_iter()
+        .enumerate()
+        .map(|(p, x)| x.ok_or_else(|| site.mismatch(p as u32, "no part received")))
+        .collect()
 }
 
 /// AllToAllv: sends `spec.send_counts[p]` elements at `send_offsets[p]` to
@@ -254,6 +295,16 @@ pub async fn alltoallv<T: Element>(
     spec: AllToAllvSpec,
 ) -> Result<Vec<T>, CollError> {
     streaming(|cb| start_alltoallv(ctx, send, spec, cb)).await
+}
+
+/// AllToAllv with the result as one [`Elements`] per source rank (see
+/// [`start_alltoallv_parts`]): zero-copy between in-process ranks.
+pub async fn alltoallv_parts<T: Element>(
+    ctx: &Context,
+    send: impl Into<Elements<T>>,
+    spec: AllToAllvSpec,
+) -> Result<Vec<Elements<T>>, CollError> {
+    streaming(|cb| start_alltoallv_parts(ctx, send, spec, cb)).await
 }
 
 /// AllToAll: `send` holds N equal blocks; block p goes to rank p; the

@@ -45,7 +45,9 @@ pub use wire::Elements;
 
 pub use allgather::{AllGather, ExtractOrder, Gathered, allgather};
 pub use allreduce::{ReduceOp, allreduce, reduce_scatter, start_allreduce, start_reduce_scatter};
-pub use alltoall::{AllToAllvSpec, alltoall, alltoallv, start_alltoallv};
+pub use alltoall::{
+    AllToAllvSpec, alltoall, alltoallv, alltoallv_parts, start_alltoallv, start_alltoallv_parts,
+};
 pub use barrier::{barrier, start_barrier};
 pub use braid_kernels::{DType, Element, ReduceKind};
 pub use broadcast::{broadcast, start_broadcast};

@@ -282,6 +282,24 @@ impl<T: Element> Elements<T> {
     pub(crate) fn buffer(&self) -> &Buffer {
         &self.buf
     }
+
+    /// Elements `[from, from + len)`, sharing the bytes.
+    pub(crate) fn slice(&self, from: usize, len: usize) -> Self {
+        let sz = std::mem::size_of::<T>();
+        Elements {
+            buf: self.buf.slice(from * sz..(from + len) * sz),
+            _t: std::marker::PhantomData,
+        }
+    }
+
+    /// A received buffer whose length the caller checked is a multiple of
+    /// the element size.
+    pub(crate) fn from_buffer(buf: Buffer) -> Self {
+        Elements {
+            buf,
+            _t: std::marker::PhantomData,
+        }
+    }
 }
 
 impl<T: Element> From<Vec<T>> for Elements<T> {

@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use braid_coll::{
     AllGather, AllToAllvSpec, Element, ExtractOrder, HaloExchange, PartitionOwner, ReduceKind,
-    ReduceOp, Shuffle, allgather, allreduce, alltoall, alltoallv, barrier, broadcast,
-    reduce_scatter, sendrecv,
+    ReduceOp, Shuffle, allgather, allreduce, alltoall, alltoallv, alltoallv_parts, barrier,
+    broadcast, reduce_scatter, sendrecv,
 };
 use braid_core::{Buffer, Context, PackedData, Rank};
 use bytes::Bytes;
@@ -252,14 +252,27 @@ pub async fn run(ctx: Context, seed: u64) -> R<String> {
         }
     }
     let spec = AllToAllvSpec::from_counts(send_counts, recv_counts);
-    let got = alltoallv(&ctx, send, spec).await.map_err(e)?;
-    let mut want = Vec::new();
-    for s in 0..n {
-        for i in 0..count(s, me) {
-            want.push((s as i64) << 40 | (me as i64) << 20 | i as i64);
-        }
-    }
+    let got = alltoallv(&ctx, send.clone(), spec.clone())
+        .await
+        .map_err(e)?;
+    let from = |s: Rank| -> Vec<i64> {
+        (0..count(s, me))
+            .map(|i| (s as i64) << 40 | (me as i64) << 20 | i as i64)
+            .collect()
+    };
+    let want: Vec<i64> = (0..n).flat_map(from).collect();
     ensure(got == want, || "alltoallv result differs".into())?;
+    checks += 1;
+    // The same exchange, one part per source rank.
+    let parts = alltoallv_parts(&ctx, send, spec).await.map_err(e)?;
+    ensure(parts.len() == n as usize, || {
+        format!("alltoallv_parts: {} parts for {n} ranks", parts.len())
+    })?;
+    for (s, part) in parts.iter().enumerate() {
+        ensure(*part.as_slice() == *from(s as Rank), || {
+            format!("alltoallv_parts: the part from rank {s} differs")
+        })?;
+    }
     checks += 1;
 
     // AllToAll, 3 f32 per peer.

@@ -13,8 +13,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use braid_coll::{
-    AllToAllvSpec, Elements, ReduceKind, allreduce, alltoall, alltoallv, barrier, broadcast,
-    reduce_scatter, sendrecv,
+    AllToAllvSpec, Elements, ReduceKind, allreduce, alltoall, alltoallv, alltoallv_parts, barrier,
+    broadcast, reduce_scatter, sendrecv,
 };
 use braid_core::comm::local::LocalComm;
 use braid_core::comm::tcp::TcpComm;
@@ -39,16 +39,23 @@ pub struct CollArgs {
     #[arg(long, value_delimiter = ',', default_value = "2,4")]
     ranks: Vec<u32>,
     /// Operations (barrier, bcast, allgather, allreduce, reduce_scatter,
-    /// alltoall, alltoallv, sendrecv).
+    /// alltoall, alltoallv, alltoallv_parts, sendrecv). `alltoallv_parts`
+    /// is braid's per-source-rank result form (no copy in one process),
+    /// against MPI's alltoallv.
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "barrier,bcast,allgather,allreduce,reduce_scatter,alltoall,alltoallv,sendrecv"
+        default_value = "barrier,bcast,allgather,allreduce,reduce_scatter,alltoall,alltoallv,alltoallv_parts,sendrecv"
     )]
     ops: Vec<String>,
     /// Bytes moved per point (bounds the iteration count).
     #[arg(long, default_value_t = 512 << 20)]
     bytes_per_point: usize,
+    /// Runtime worker threads that carry braid's ranks; 0 runs every rank
+    /// on one current-thread runtime (no cross-thread wake-ups: the lowest
+    /// latency for in-process ranks, one core for all compute).
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
 }
 
 /// Sizes as the MPI program rounds them, so both sides move the same bytes.
@@ -57,7 +64,7 @@ fn used_bytes(op: &str, size: usize, n: usize) -> usize {
         "barrier" => 0,
         "allreduce" => (size / 8 * 8).max(8),
         "reduce_scatter" => (size / (8 * n) * 8 * n).max(8 * n),
-        "alltoall" | "alltoallv" => (size / n).max(1) * n,
+        "alltoall" | "alltoallv" | "alltoallv_parts" => (size / n).max(1) * n,
         _ => size,
     }
 }
@@ -90,6 +97,15 @@ async fn run_op(ctx: &Context, op: &str, size: usize, input: &Input) -> Result<(
         "alltoallv" => {
             let per = size / n as usize;
             alltoallv(
+                ctx,
+                input.u8s.clone(),
+                AllToAllvSpec::equal(n as usize, per),
+            )
+            .await?;
+        }
+        "alltoallv_parts" => {
+            let per = size / n as usize;
+            alltoallv_parts(
                 ctx,
                 input.u8s.clone(),
                 AllToAllvSpec::equal(n as usize, per),
@@ -130,7 +146,7 @@ impl Input {
         } else {
             0
         };
-        let u = if matches!(op, "alltoall" | "alltoallv") {
+        let u = if matches!(op, "alltoall" | "alltoallv" | "alltoallv_parts") {
             size
         } else {
             0
@@ -198,7 +214,10 @@ fn time_mpi(
         ])
         .args(["--mca", "pml", "ob1", "--mca", "btl", btl])
         .arg(mpi)
-        .arg(if op == "bcast" { "bcast" } else { op })
+        .arg(match op {
+            "alltoallv_parts" => "alltoallv",
+            other => other,
+        })
         .arg(&list)
         .output()?;
     if !out.status.success() {
@@ -247,12 +266,21 @@ pub(crate) fn mpi_binary(given: &Option<PathBuf>) -> Result<PathBuf, BoxError> {
 /// Runs the benchmark and prints one table per (operation, ranks).
 pub fn run(args: CollArgs) -> Result<(), BoxError> {
     let mpi = mpi_binary(&args.mpi)?;
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
+    let rt = match args.threads {
+        0 => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?,
+        t => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(t)
+            .enable_all()
+            .build()?,
+    };
+    let threads = match args.threads {
+        0 => "one current-thread runtime".to_string(),
+        t => format!("{t} runtime threads"),
+    };
     println!(
-        "# braid-bench coll: braid (one process, 2 runtime threads) vs OpenMPI, same machine, same run"
+        "# braid-bench coll: braid (one process, {threads}) vs OpenMPI, same machine, same run"
     );
     println!();
     println!(
