@@ -14,6 +14,12 @@
 //! Cost: 2 steps; per rank 2 (N-1)/N * L * beta moved and (N-1)/N * L
 //! reduction work (gamma): bandwidth-optimal like a ring, with 2 steps of
 //! latency instead of 2 (N-1).
+//!
+//! Mismatched calls need no separate agreement round: every phase-1 frame
+//! carries its sender's (element type, operator, count), so every block
+//! owner sees every rank's signature. If any two ranks differ, each owner
+//! differs from at least one of them and fails; no rank can finish without
+//! every owner's phase-2 block, so no rank returns data.
 
 use std::sync::Arc;
 
@@ -24,9 +30,7 @@ use braid_kernels::{Element, ReduceKind};
 use crate::error::{CollError, CollKind, Site};
 use crate::handle::{Callback, Handle, start, streaming};
 use crate::wire::Elements;
-use crate::wire::{
-    Meta, Signature, check_signature, recv_framed, send_framed, typed, vec_to_buffer,
-};
+use crate::wire::{Meta, Signature, recv_framed, send_framed, typed, vec_to_buffer};
 
 /// A user-supplied reduction: `acc[i] = acc[i] (op) x[i]`. It must be the
 /// same function on every rank; it is applied in rank order.
@@ -98,6 +102,11 @@ async fn reduce_my_block<T: Element>(
     let meta = Meta::new(site.coll, T::DTYPE)
         .aux(op.code())
         .count(len as u64);
+    let mine = Signature {
+        dtype: T::DTYPE,
+        aux: op.code(),
+        count: len as u64,
+    };
     let mut sends = Vec::new();
     for p in (0..n).filter(|p| *p != me) {
         let (lo, hi) = block(len, n, p);
@@ -116,19 +125,18 @@ async fn reduce_my_block<T: Element>(
         let comm = comm.clone();
         async move {
             let f = recv_framed(comm.as_ref(), site, p, tag).await?;
-            if f.meta.count != len as u64
-                || f.meta.dtype != T::DTYPE
-                || f.data.len() != (hi - lo) * sz
-            {
+            let theirs = Signature {
+                dtype: f.meta.dtype,
+                aux: f.meta.aux,
+                count: f.meta.count,
+            };
+            if let Some(d) = mine.differs(site.coll, theirs) {
+                return Err(site.mismatch(p, d));
+            }
+            if f.data.len() != (hi - lo) * sz {
                 return Err(site.mismatch(
                     p,
-                    format!(
-                        "{} elements of {} here, {} elements of {} on rank {p}",
-                        len,
-                        T::DTYPE,
-                        f.meta.count,
-                        f.meta.dtype
-                    ),
+                    format!("rank {p} sent {} bytes for block {me}", f.data.len()),
                 ));
             }
             Ok::<_, CollError>(f.data)
@@ -172,12 +180,6 @@ pub fn start_allreduce<T: Element>(
         let n = comm.nranks();
         let me = site.rank;
         let len = data.len();
-        let sig = Signature {
-            dtype: T::DTYPE,
-            aux: op.code(),
-            count: len as u64,
-        };
-        let check = check_signature(comm.as_ref(), site, sig);
         let work = async {
             let mine = reduce_my_block(&comm, site, data, &op).await?;
             if n == 1 {
@@ -220,8 +222,7 @@ pub fn start_allreduce<T: Element>(
             }
             Ok(out)
         };
-        let (_, out) = futures::try_join!(check, work)?;
-        Ok(out)
+        work.await
     })
 }
 
@@ -255,15 +256,7 @@ pub fn start_reduce_scatter<T: Element>(
                 data.len()
             )));
         }
-        let sig = Signature {
-            dtype: T::DTYPE,
-            aux: op.code(),
-            count: data.len() as u64,
-        };
-        let check = check_signature(comm.as_ref(), site, sig);
-        let work = reduce_my_block(&comm, site, data, &op);
-        let (_, out) = futures::try_join!(check, work)?;
-        Ok(out)
+        reduce_my_block(&comm, site, data, &op).await
     })
 }
 

@@ -465,36 +465,55 @@ pub(crate) async fn check_signature(
     site: Site,
     sig: Signature,
 ) -> Result<(), CollError> {
-    let packed = [(sig.dtype.code() as u64) << 32 | sig.aux as u64, sig.count];
-    let (lo, hi) = agree(comm, site, packed).await?;
+    let (lo, hi) = agree(comm, site, sig.packed()).await?;
     if lo == hi {
         return Ok(());
     }
-    let dtype = |w: u64| {
-        DType::from_code((w >> 32) as u8)
-            .map(|d| d.to_string())
-            .unwrap_or_default()
-    };
-    let detail = if lo[0] >> 32 != hi[0] >> 32 {
-        format!(
-            "ranks pass different element types ({} and {})",
-            dtype(lo[0]),
-            dtype(hi[0])
-        )
-    } else if lo[0] != hi[0] {
-        let what = match site.coll {
-            CollKind::Broadcast => "roots",
-            CollKind::AllReduce | CollKind::ReduceScatter => "reduction operators",
-            _ => "parameters",
+    Err(site.disagreement(Signature::describe(site.coll, lo, hi)))
+}
+
+impl Signature {
+    fn packed(self) -> [u64; 2] {
+        [
+            (self.dtype.code() as u64) << 32 | self.aux as u64,
+            self.count,
+        ]
+    }
+
+    /// What differs between this rank's call and a peer's (from the
+    /// peer's frame header), or `None` when they match.
+    pub(crate) fn differs(self, coll: CollKind, peer: Signature) -> Option<String> {
+        let (a, b) = (self.packed(), peer.packed());
+        (a != b).then(|| Signature::describe(coll, a, b))
+    }
+
+    /// Names the first field in which two packed signatures differ.
+    fn describe(coll: CollKind, lo: [u64; 2], hi: [u64; 2]) -> String {
+        let dtype = |w: u64| {
+            DType::from_code((w >> 32) as u8)
+                .map(|d| d.to_string())
+                .unwrap_or_default()
         };
-        format!(
-            "ranks pass different {what} ({} and {})",
-            lo[0] as u32, hi[0] as u32
-        )
-    } else {
-        format!("ranks pass different counts ({} and {})", lo[1], hi[1])
-    };
-    Err(site.disagreement(detail))
+        if lo[0] >> 32 != hi[0] >> 32 {
+            format!(
+                "ranks pass different element types ({} and {})",
+                dtype(lo[0]),
+                dtype(hi[0])
+            )
+        } else if lo[0] != hi[0] {
+            let what = match coll {
+                CollKind::Broadcast => "roots",
+                CollKind::AllReduce | CollKind::ReduceScatter => "reduction operators",
+                _ => "parameters",
+            };
+            format!(
+                "ranks pass different {what} ({} and {})",
+                lo[0] as u32, hi[0] as u32
+            )
+        } else {
+            format!("ranks pass different counts ({} and {})", lo[1], hi[1])
+        }
+    }
 }
 
 #[cfg(test)]
