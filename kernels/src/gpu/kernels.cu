@@ -351,10 +351,9 @@ extern "C" __global__ void cast_to_i64(const void* in, u32 ty, i64* out, u64 n) 
 // ---------------------------------------------------------------------------
 
 #define ROLL_FAN 32
-#define ROLL_TILE 512  // output rows per block of the tile pass
-#define ROLL_THREADS 256  // threads per block of the tile pass (2 rows each)
-#define ROLL_EXTRA 64
-#define ROLL_CAP 1024
+#define ROLL_TILE 1024  // output rows per block of the tile pass
+#define ROLL_EXTRA 64     // rows past the tile (ties of its last rows)
+#define ROLL_CAP 1536     // region rows: halo (up to ROLL_OFF), tile, extra
 #define ROLL_OFF (ROLL_CAP - ROLL_TILE - ROLL_EXTRA)
 #define ROLL_FIRST_HALO 64
 #define ROLL_MAX_LEVELS 8
@@ -598,24 +597,33 @@ extern "C" __global__ void rolling_window(const i64* ts, const i64* key, const d
 }
 
 // ---------------------------------------------------------------------------
-// The fast path: one block per tile of ROLL_TILE output rows, everything in
-// shared memory, one read of the inputs and one write of the outputs.
+// The fast path: one block per tile of ROLL_TILE output rows; each thread
+// owns R consecutive output rows and walks them with two monotone pointers.
 //
 //   shared region:  [ halo (up to ROLL_OFF rows) | tile rows | ROLL_EXTRA ]
-//                    loaded 64 rows first, all of it if the first row's
-//                    window reaches further back
-//   exclusive prefix sums over the region, in double-double: valid count,
-//   sum of x, sum of x^2 (exact products); a window's count, sum and
-//   moments are differences of two prefixes, accurate to ~2^-100 of the
-//   region's magnitude; min/max loop over the window's values in shared
-//   memory (nulls stored as NaN, which fmin/fmax skip).
+//                    loaded 64 halo rows first, all of it if the first
+//                    row's window reaches further back (ts, value; nulls
+//                    stored as NaN)
+//   per thread:     windows [lo_j, hi_j) of its rows j = 0..R-1, both ends
+//                   non-decreasing in j:
+//     count, sum, sum of squares:  one running double-double window; rows
+//                                  are added as hi moves, subtracted as lo
+//                                  moves: O(w + 2R) steps for R rows
+//     min, max:      pivot P = hi_0 lies in every window when lo_{R-1} <= P:
+//                    forward  F_j = min [P, hi_j)   (hi_j grows with j)
+//                    backward B_j = min [lo_j, P)   (lo_j falls as j falls)
+//                    window   = min(F_j, B_j); merges only: O(w + R) steps
+//                    (shorter windows: each window directly)
+//   outputs:        staged in shared memory, written coalesced
 //
-// A tile whose windows reach past the region (long windows, long runs of
-// one ts), or that holds a NaN, an infinity, a value above 1e150, or values
-// more than 2^40 apart in magnitude (prefix precision), is flagged and left
-// to the general path (rolling_window with `only`).
+// Cost: about (w / R + 3) double-double steps per row for the sums and
+// (w / R + 1) min/max steps, plus one read and one write: memory-bound for
+// windows of up to a few hundred rows. Subtraction is exact to ~2^-100 of
+// the largest running sum, so a tile that holds a NaN, an infinity, a value
+// above 1e150, or values more than 2^40 apart in magnitude, or whose
+// windows reach past the region (long windows, long runs of one ts), is
+// flagged and left to the general path (rolling_window with `only`).
 // ---------------------------------------------------------------------------
-
 
 struct DD {
     double hi, lo;
@@ -666,62 +674,172 @@ __device__ __forceinline__ DD dd_div(DD a, double b) {
     return r;
 }
 
-__device__ __forceinline__ DD dd_shfl_up(DD v, u32 o) {
-    DD r;
-    r.hi = __shfl_up_sync(0xFFFFFFFFu, v.hi, o);
-    r.lo = __shfl_up_sync(0xFFFFFFFFu, v.lo, o);
-    return r;
+// Shared arrays are padded by one slot per 8 entries, so a warp whose
+// lanes stand 8 rows apart reads distinct banks.
+#define ROLL_PAD(k) ((k) + ((k) >> 3))
+#define ROLL_REGION ROLL_PAD(ROLL_CAP)
+#define ROLL_STAGE ROLL_PAD(ROLL_TILE)
+
+// (key[j], ts[j]) < (k, x) over the padded region.
+__device__ __forceinline__ bool rg_before(const i64* ts, const i64* key, u32 j, i64 k, i64 x) {
+    u32 p = ROLL_PAD(j);
+    if (key) {
+        i64 kj = key[p];
+        if (kj != k) return kj < k;
+    }
+    return ts[p] < x;
 }
 
-extern "C" __global__ void __launch_bounds__(ROLL_THREADS, 4)
-rolling_tile(const i64* ts, const i64* key, const double* v, const u8* valid,
-             u64 n, u64 emit_from, i64 window, u32 closed,
-             const u64* ptrs, u32* flags, u32* flagged) {
+// (key[j], ts[j]) > (k, x) over the padded region.
+__device__ __forceinline__ bool rg_after(const i64* ts, const i64* key, u32 j, i64 k, i64 x) {
+    u32 p = ROLL_PAD(j);
+    if (key) {
+        i64 kj = key[p];
+        if (kj != k) return kj > k;
+    }
+    return ts[p] > x;
+}
+
+// First j in [from, i] with !before(j, k, x), given !before(i, k, x).
+__device__ u32 rg_lower(const i64* ts, const i64* key, u32 from, u32 i, i64 k, i64 x) {
+    u32 hi = i, step = 1, lo;
+    while (true) {
+        if (hi < from + step) { lo = from; break; }
+        u32 p = hi - step;
+        if (rg_before(ts, key, p, k, x)) { lo = p + 1; break; }
+        hi = p;
+        step <<= 1;
+    }
+    while (lo < hi) {
+        u32 mid = lo + (hi - lo) / 2;
+        if (rg_before(ts, key, mid, k, x)) lo = mid + 1; else hi = mid;
+    }
+    return hi;
+}
+
+// First j in (i, end) with after(j, k, x), or end; given !after(i, k, x).
+__device__ u32 rg_upper(const i64* ts, const i64* key, u32 end, u32 i, i64 k, i64 x) {
+    u32 lo = i + 1, step = 1, hi;
+    while (true) {
+        u32 p = lo - 1 + step;
+        if (p >= end) { hi = end; break; }
+        if (rg_after(ts, key, p, k, x)) { hi = p; break; }
+        lo = p + 1;
+        step <<= 1;
+    }
+    while (lo < hi) {
+        u32 mid = lo + (hi - lo) / 2;
+        if (rg_after(ts, key, mid, k, x)) hi = mid; else lo = mid + 1;
+    }
+    return lo;
+}
+
+// Running window sums: (s, e) is an unnormalised double-double (e gathers
+// the rounding errors of s); x^2 is taken exactly with an fma.
+struct RollRun {
+    double s1, e1, s2, e2;
+    u32 c;
+};
+
+__device__ __forceinline__ void run_add(RollRun* w, double x, bool need2) {
+    double s, e;
+    two_sum(w->s1, x, &s, &e);
+    w->s1 = s;
+    w->e1 += e;
+    if (need2) {
+        double p = x * x, pe = fma(x, x, -p);
+        two_sum(w->s2, p, &s, &e);
+        w->s2 = s;
+        w->e2 += e + pe;
+    }
+    w->c += 1;
+}
+
+__device__ __forceinline__ void run_sub(RollRun* w, double x, bool need2) {
+    double s, e;
+    two_sum(w->s1, -x, &s, &e);
+    w->s1 = s;
+    w->e1 += e;
+    if (need2) {
+        double p = x * x, pe = fma(x, x, -p);
+        two_sum(w->s2, -p, &s, &e);
+        w->s2 = s;
+        w->e2 += e - pe;
+    }
+    w->c -= 1;
+}
+
+__device__ __forceinline__ void roll_flag(u32* flags, u32* flagged) {
+    flags[blockIdx.x] = 1;
+    atomicAdd(flagged, 1u);
+}
+
+template <int R, int T>
+__device__ __forceinline__ void roll_tile(const i64* ts, const i64* key, const double* v, const u8* valid,
+                                          u64 n, u64 emit_from, i64 window, u32 closed,
+                                          const u64* ptrs, u32* flags, u32* flagged) {
     extern __shared__ double smem[];
-    double* s_x = smem;                                  // ROLL_CAP
-    DD* s_p1 = (DD*)(s_x + ROLL_CAP);                    // ROLL_CAP + 1
-    DD* s_p2 = s_p1 + (ROLL_CAP + 1);                    // ROLL_CAP + 1
-    i64* s_ts = (i64*)(s_p2 + (ROLL_CAP + 1));           // ROLL_CAP
-    u32* s_c = (u32*)(s_ts + ROLL_CAP);                  // ROLL_CAP + 1
-    i64* s_key = key ? (i64*)(s_c + ROLL_CAP + 2) : 0;   // ROLL_CAP (if grouped)
-    __shared__ DD w_p1[ROLL_THREADS / 32], w_p2[ROLL_THREADS / 32];
-    __shared__ u32 w_c[ROLL_THREADS / 32];
+    i64* s_ts = (i64*)smem;                               // ROLL_REGION
+    double* s_x = smem + ROLL_REGION;                     // ROLL_REGION
+    double* g_a = s_x + ROLL_REGION;                      // ROLL_STAGE: sum, then min
+    double* g_b = g_a + ROLL_STAGE;                       // ROLL_STAGE: var, then max
+    u32* g_c = (u32*)(g_b + ROLL_STAGE);                  // ROLL_STAGE: count
+    u32* s_win = g_c + ROLL_STAGE;                        // ROLL_STAGE: lo | hi << 16
+    i64* s_key = key ? (i64*)(s_win + ROLL_STAGE) : 0;    // ROLL_REGION (if grouped)
+    __shared__ u64 s_out[14];  // output values per slot, then validity per slot
     __shared__ u32 s_halo;
     __shared__ unsigned long long s_amax, s_amin;  // |x| bit patterns (order-preserving)
 
-    u32 t = threadIdx.x, lane = t & 31, warp = t >> 5;
+    u32 t = threadIdx.x;
     u64 a = emit_from + (u64)blockIdx.x * ROLL_TILE;     // first output row
     u64 b = a + ROLL_TILE < n ? a + ROLL_TILE : n;        // end of output rows
     u64 e = b + ROLL_EXTRA < n ? b + ROLL_EXTRA : n;      // end of the region
     bool incl_hi = closed <= 1;
     bool incl_lo = closed == 1 || closed == 2;
+    bool need1 = ptrs[8] || ptrs[9] || ptrs[13] || ptrs[14];   // sum, mean, std, var
+    bool need2 = ptrs[13] || ptrs[14];                          // std, var
+    bool need_mm = ptrs[10] || ptrs[11];                        // min, max
+    if (t < 14) s_out[t] = ptrs[8 + t];
+    if (t == 0) { s_amax = 0; s_amin = 0x7FEFFFFFFFFFFFFFULL; }
 
     // 1. Tile rows and the first halo guess; then the whole halo if the
-    //    first row's window reaches further back.
+    //    first row's window reaches further back. Values are checked as
+    //    they arrive.
+    bool bad = false;
+    double amax = 0, amin = 1e308;
     u64 h = a < ROLL_FIRST_HALO ? a : ROLL_FIRST_HALO;
     u64 lo_row = a - h;
     for (u32 pass = 0; pass < 2; pass++) {
         u64 hi_row = pass == 0 ? e : lo_row;  // pass 1: only the new halo rows
         u64 from = a - h;
-        for (u64 j = from + t; j < hi_row; j += ROLL_THREADS) {
-            u32 k = (u32)(ROLL_OFF + j - a);
+        for (u64 j = from + t; j < hi_row; j += T) {
+            u32 k = ROLL_PAD((u32)(ROLL_OFF + j - a));
             bool ok = !valid || valid[j];
+            double x = v[j];
             s_ts[k] = ts[j];
             if (key) s_key[k] = key[j];
-            s_x[k] = ok ? v[j] : ROLL_NAN;
-            s_c[k] = ok ? 1u : 0u;
+            s_x[k] = ok ? x : ROLL_NAN;
+            if (ok) {
+                double ax = fabs(x);
+                if (x != x) bad = true;  // a NaN value (NaN marks nulls here)
+                if (need1) {
+                    if (!(ax <= 1e150)) bad = true;
+                    amax = fmax(amax, ax);
+                    if (ax > 0) amin = fmin(amin, ax);
+                }
+            }
         }
         lo_row = from;
         __syncthreads();
         if (t == 0) {
             // Does row a's window start after the first loaded row?
             u32 f = (u32)(ROLL_OFF - h);
-            i64 t0 = s_ts[ROLL_OFF];
-            i64 k0 = key ? s_key[ROLL_OFF] : 0;
+            i64 t0 = s_ts[ROLL_PAD(ROLL_OFF)];
+            i64 k0 = key ? s_key[ROLL_PAD(ROLL_OFF)] : 0;
             bool empty0;
             i64 st = roll_start(t0, window, incl_lo, &empty0);
             bool more = false;
-            if (h < a && !empty0) more = !roll_before(s_ts, s_key, f, k0, st);
+            if (h < a && !empty0) more = !rg_before(s_ts, s_key, f, k0, st);
             s_halo = more ? 1u : 0u;
         }
         __syncthreads();
@@ -729,69 +847,13 @@ rolling_tile(const i64* ts, const i64* key, const double* v, const u8* valid,
         u64 full = a < ROLL_OFF ? a : ROLL_OFF;
         if (pass == 1 || full == h) {
             // The window starts before anything this block can hold.
-            if (t == 0) {
-                flags[blockIdx.x] = 1;
-                atomicAdd(flagged, 1u);
-            }
+            if (t == 0) roll_flag(flags, flagged);
             return;
         }
         h = full;
     }
-    u32 base = (u32)(ROLL_OFF - h);       // region index of row a - h
-    u32 m = (u32)(ROLL_OFF + (e - a)) - base;  // region rows
-    // 2. Exclusive prefixes over the region [base, base + m), of what the
-    //    requested aggregations need (the same on every thread).
-    bool need1 = ptrs[8] || ptrs[9] || ptrs[13] || ptrs[14];   // sum, mean, std, var
-    bool need2 = ptrs[13] || ptrs[14];                          // std, var
-    bool need_mm = ptrs[10] || ptrs[11];                        // min, max
-    bool bad = false;
-    u32 chunk = (m + ROLL_THREADS - 1) / ROLL_THREADS;
-    u32 c0 = base + t * chunk, c1 = c0 + chunk < base + m ? c0 + chunk : base + m;
-    u32 cnt = 0;
-    DD p1 = {0, 0}, p2 = {0, 0};
-    double amax = 0, amin = 1e308;
-    for (u32 k = c0; k < c1; k++) {
-        double x = s_x[k];
-        if (s_c[k]) {
-            cnt += 1;
-            if (need1) {
-                // NaN, infinity, or magnitudes the prefixes cannot hold
-                // exactly enough: the general pass takes the tile.
-                double ax = fabs(x);
-                if (!(ax <= 1e150)) bad = true;
-                if (ax > amax) amax = ax;
-                if (ax > 0 && ax < amin) amin = ax;
-                DD dx = {x, 0};
-                p1 = dd_add(p1, dx);
-                if (need2) p2 = dd_add(p2, dd_prod(x, x));
-            }
-        }
-    }
-    // Block exclusive scan of (cnt, p1, p2).
-    u32 ic = cnt;
-    DD i1 = p1, i2 = p2;
-#pragma unroll
-    for (u32 o = 1; o < 32; o <<= 1) {
-        u32 yc = __shfl_up_sync(0xFFFFFFFFu, ic, o);
-        if (need1) {
-            DD y1 = dd_shfl_up(i1, o);
-            if (lane >= o) i1 = dd_add(i1, y1);
-        }
-        if (need2) {
-            DD y2 = dd_shfl_up(i2, o);
-            if (lane >= o) i2 = dd_add(i2, y2);
-        }
-        if (lane >= o) ic += yc;
-    }
-    if (lane == 31) {
-        w_c[warp] = ic;
-        w_p1[warp] = i1;
-        w_p2[warp] = i2;
-    }
-    // Prefix errors are ~2^-100 of the region's largest values: a window of
-    // values 2^40 times smaller would lose digits the CPU keeps.
-    if (t == 0) { s_amax = 0; s_amin = 0x7FEFFFFFFFFFFFFFULL; }
-    __syncthreads();
+    // Prefix-free sums lose digits of windows 2^40 below the running sum's
+    // magnitude: such tiles go to the general pass.
     if (need1 && amax > 0) {
         atomicMax(&s_amax, (unsigned long long)__double_as_longlong(amax));
         atomicMin(&s_amin, (unsigned long long)__double_as_longlong(amin));
@@ -801,123 +863,178 @@ rolling_tile(const i64* ts, const i64* key, const double* v, const u8* valid,
         __longlong_as_double((long long)s_amax) > 1099511627776.0 * __longlong_as_double((long long)s_amin))
         bad = true;
     if (__syncthreads_or(bad)) {
-        if (t == 0) {
-            flags[blockIdx.x] = 1;
-            atomicAdd(flagged, 1u);
-        }
+        if (t == 0) roll_flag(flags, flagged);
         return;
     }
-    // Exclusive within the warp: the inclusive value of the lane before.
-    u32 rc = __shfl_up_sync(0xFFFFFFFFu, ic, 1);
-    DD r1 = dd_shfl_up(i1, 1), r2 = dd_shfl_up(i2, 1);
-    if (lane == 0) {
-        rc = 0;
-        r1.hi = 0; r1.lo = 0;
-        r2.hi = 0; r2.lo = 0;
-    }
-    for (u32 w = 0; w < warp; w++) {
-        rc += w_c[w];
-        if (need1) r1 = dd_add(r1, w_p1[w]);
-        if (need2) r2 = dd_add(r2, w_p2[w]);
-    }
-    // Prefix index k - base + 1 holds rows [base, k]; index 0 is empty.
-    __syncthreads();  // s_c is rewritten below (as prefix counts)
-    u32 cc[8];
-    // Up to chunk <= ROLL_CAP / ROLL_THREADS = 4 rows per thread.
-    for (u32 k = c0; k < c1; k++) cc[k - c0] = s_c[k];
-    __syncthreads();
-    if (t == 0) {
-        s_c[base] = 0;
-        s_p1[base].hi = 0; s_p1[base].lo = 0;
-        s_p2[base].hi = 0; s_p2[base].lo = 0;
-    }
-    for (u32 k = c0; k < c1; k++) {
-        if (cc[k - c0]) {
-            double x = s_x[k];
-            rc += 1;
-            if (need1) {
-                DD dx = {x, 0};
-                r1 = dd_add(r1, dx);
-                if (need2) r2 = dd_add(r2, dd_prod(x, x));
-            }
-        }
-        s_c[k + 1] = rc;
-        if (need1) s_p1[k + 1] = r1;
-        if (need2) s_p2[k + 1] = r2;
-    }
-    __syncthreads();
-    // 3. Output rows t, t + ROLL_THREADS, ... of the tile. A warp's rows
-    //    are consecutive and windows only move right, so lane 0 gallops to
-    //    its window start and the other lanes search from there.
+
+    // 2. One walk over this thread's rows: window bounds (region indices
+    //    [lo, hi), kept in s_win for the min/max walk), the running sums,
+    //    and each row's count, sum and variance, staged.
+    u32 base = (u32)(ROLL_OFF - h);           // region index of row a - h
+    u32 end = (u32)(ROLL_OFF + (e - a));      // one past the region's last row
+    u32 r0 = ROLL_OFF + t * R;                // region index of the first own row
+    u64 first = a + (u64)t * R;
+    u32 nact = first >= b ? 0 : (b - first < (u64)R ? (u32)(b - first) : (u32)R);
     bool over = false;
-    const i64* rts = s_ts + base;
-    const i64* rkey = key ? s_key + base : 0;
-    for (u32 q = 0; q < ROLL_TILE / ROLL_THREADS; q++) {
-        u64 i = a + t + (u64)q * ROLL_THREADS;
-        bool act = i < b;
-        u32 ri = act ? (u32)(ROLL_OFF + (i - a)) - base : 0;
-        i64 ti = act ? rts[ri] : 0;
-        i64 ki = act && key ? rkey[ri] : 0;
-        bool empty;
-        i64 st = roll_start(ti, window, incl_lo, &empty);
-        u32 lo0 = 0;
-        if (lane == 0 && act && !empty) lo0 = (u32)roll_lower(rts, rkey, ri, ki, st);
-        lo0 = __shfl_sync(0xFFFFFFFFu, lo0, 0);
-        if (!act) continue;
-        u32 hi = incl_hi ? (u32)roll_upper(rts, rkey, m, ri, ki, ti) : (u32)roll_lower(rts, rkey, ri, ki, ti);
-        if (hi == m && e < n) over = true;           // ties past the region
-        u32 lo = hi;
-        if (!empty) {
-            // First j in [lo0, ri] with !before(j); !before(ri) holds.
-            u32 x = lo0, y = ri;
-            while (x < y) {
-                u32 mid = x + (y - x) / 2;
-                if (roll_before(rts, rkey, mid, ki, st)) x = mid + 1; else y = mid;
+    {
+        u32 hp = 0, lp = 0, pl = 0, ph = 0;
+        RollRun w;
+        w.s1 = 0; w.e1 = 0; w.s2 = 0; w.e2 = 0; w.c = 0;
+#pragma unroll 1
+        for (u32 j = 0; j < nact; j++) {
+            u32 ri = r0 + j;
+            i64 ti = s_ts[ROLL_PAD(ri)];
+            i64 ki = key ? s_key[ROLL_PAD(ri)] : 0;
+            bool empty;
+            i64 st = roll_start(ti, window, incl_lo, &empty);
+            if (j == 0) {
+                hp = incl_hi ? rg_upper(s_ts, s_key, end, ri, ki, ti) : rg_lower(s_ts, s_key, base, ri, ki, ti);
+                lp = empty ? hp : rg_lower(s_ts, s_key, base, ri, ki, st);
+                pl = lp;
+                ph = lp;
+            } else {
+                if (incl_hi) {
+                    if (hp < ri + 1) hp = ri + 1;
+                    while (hp < end && !rg_after(s_ts, s_key, hp, ki, ti)) hp++;
+                } else {
+                    while (hp < ri && rg_before(s_ts, s_key, hp, ki, ti)) hp++;
+                }
+                if (empty) lp = hp;
+                else while (lp < ri && rg_before(s_ts, s_key, lp, ki, st)) lp++;
             }
-            lo = x;
-        }
-        if (over) continue;
-        double c = 0, sum = 0, mean = 0, mn = ROLL_NAN, mx = ROLL_NAN, var = 0;
-        if (lo < hi) {
-            c = (double)(s_c[base + hi] - s_c[base + lo]);
-            if (need1) {
-                DD s1 = dd_sub(s_p1[base + hi], s_p1[base + lo]);
+            if (hp == end && e < n) over = true;  // ties past the region
+            u32 sp = ROLL_PAD(t * R + j);
+            s_win[sp] = lp | (hp << 16);
+#pragma unroll 4
+            for (; ph < hp; ph++) {
+                double x = s_x[ROLL_PAD(ph)];
+                if (x == x) run_add(&w, x, need2);
+            }
+#pragma unroll 4
+            for (; pl < lp; pl++) {
+                double x = s_x[ROLL_PAD(pl)];
+                if (x == x) run_sub(&w, x, need2);
+            }
+            double sum = 0, var = 0;
+            if (w.c > 0 && need1) {
+                DD s1;
+                two_sum(w.s1, w.e1, &s1.hi, &s1.lo);
                 sum = s1.hi;
-                if (c > 0) {
-                    DD qm = dd_div(s1, c);
-                    mean = qm.hi;
-                    if (need2 && c >= 2) {
-                        DD s2 = dd_sub(s_p2[base + hi], s_p2[base + lo]);
-                        DD m2 = dd_sub(s2, dd_mul(s1, qm));
-                        var = m2.hi / (c - 1);
-                    }
+                if (need2 && w.c >= 2) {
+                    DD s2;
+                    two_sum(w.s2, w.e2, &s2.hi, &s2.lo);
+                    DD m2 = dd_sub(s2, dd_mul(s1, dd_div(s1, (double)w.c)));
+                    var = m2.hi / (double)(w.c - 1);
+                    if (var < 0) var = 0;
                 }
             }
-            if (need_mm) {
-                // Four independent chains (NaN marks a null: fmin skips it).
-                const double* xs = s_x + base;
-                double a0 = ROLL_NAN, a1 = ROLL_NAN, a2 = ROLL_NAN, a3 = ROLL_NAN;
-                double b0 = ROLL_NAN, b1 = ROLL_NAN, b2 = ROLL_NAN, b3 = ROLL_NAN;
-                u32 k = lo;
-                for (; k + 4 <= hi; k += 4) {
-                    double x0 = xs[k], x1 = xs[k + 1], x2 = xs[k + 2], x3 = xs[k + 3];
-                    a0 = fmin(a0, x0); a1 = fmin(a1, x1); a2 = fmin(a2, x2); a3 = fmin(a3, x3);
-                    b0 = fmax(b0, x0); b1 = fmax(b1, x1); b2 = fmax(b2, x2); b3 = fmax(b3, x3);
+            g_c[sp] = w.c;
+            g_a[sp] = sum;
+            g_b[sp] = var;
+        }
+    }
+    if (__syncthreads_or(over)) {
+        if (t == 0) roll_flag(flags, flagged);
+        return;
+    }
+
+    // 3. Write out, coalesced: sum, mean, count, std, var.
+    u32 rows = (u32)(b - a);
+    u64 out0 = a - emit_from;
+    for (u32 r = t; r < rows; r += T) {
+        u32 sp = ROLL_PAD(r);
+        u32 c = g_c[sp];
+        double sum = g_a[sp], var = g_b[sp];
+        bool ok1 = c > 0, ok2 = c >= 2;
+        u64 o = out0 + r;
+        if (s_out[0]) ((double*)s_out[0])[o] = ok1 ? sum : 0.0;
+        if (s_out[1]) ((double*)s_out[1])[o] = ok1 ? sum / (double)c : 0.0;
+        if (s_out[4]) ((i64*)s_out[4])[o] = (i64)c;
+        if (s_out[5]) ((double*)s_out[5])[o] = ok2 ? sqrt(var) : 0.0;
+        if (s_out[6]) ((double*)s_out[6])[o] = ok2 ? var : 0.0;
+        if (s_out[7]) ((u8*)s_out[7])[o] = ok1;
+        if (s_out[8]) ((u8*)s_out[8])[o] = ok1;
+        if (s_out[9]) ((u8*)s_out[9])[o] = ok1;
+        if (s_out[10]) ((u8*)s_out[10])[o] = ok1;
+        if (s_out[11]) ((u8*)s_out[11])[o] = 1;
+        if (s_out[12]) ((u8*)s_out[12])[o] = ok2;
+        if (s_out[13]) ((u8*)s_out[13])[o] = ok2;
+    }
+    if (!need_mm) return;
+    __syncthreads();  // g_a and g_b take min and max now
+
+    // 4. Min and max (merges only): with P = hi of the first own row, every
+    //    window holds P when the last row's window starts at or before it.
+    if (nact > 0) {
+        u32 sp0 = ROLL_PAD(t * R);
+        u32 P = s_win[sp0] >> 16;
+        u32 lo_last = s_win[ROLL_PAD(t * R + nact - 1)] & 0xFFFFu;
+        if (lo_last <= P) {
+            double m0 = ROLL_NAN, m1 = ROLL_NAN;
+            u32 q = P;
+#pragma unroll 1
+            for (u32 j = 0; j < nact; j++) {
+                u32 sp = ROLL_PAD(t * R + j);
+                u32 hj = s_win[sp] >> 16;
+#pragma unroll 4
+                for (; q < hj; q++) {
+                    double x = s_x[ROLL_PAD(q)];
+                    m0 = fmin(m0, x);
+                    m1 = fmax(m1, x);
                 }
-                for (; k < hi; k++) {
-                    a0 = fmin(a0, xs[k]);
-                    b0 = fmax(b0, xs[k]);
+                g_a[sp] = m0;
+                g_b[sp] = m1;
+            }
+            m0 = ROLL_NAN;
+            m1 = ROLL_NAN;
+            q = P;
+#pragma unroll 1
+            for (int j = (int)nact - 1; j >= 0; j--) {
+                u32 sp = ROLL_PAD(t * R + j);
+                u32 lj = s_win[sp] & 0xFFFFu;
+#pragma unroll 4
+                for (; q > lj; q--) {
+                    double x = s_x[ROLL_PAD(q - 1)];
+                    m0 = fmin(m0, x);
+                    m1 = fmax(m1, x);
                 }
-                mn = fmin(fmin(a0, a1), fmin(a2, a3));
-                mx = fmax(fmax(b0, b1), fmax(b2, b3));
+                g_a[sp] = fmin(g_a[sp], m0);
+                g_b[sp] = fmax(g_b[sp], m1);
+            }
+        } else {
+#pragma unroll 1
+            for (u32 j = 0; j < nact; j++) {
+                u32 sp = ROLL_PAD(t * R + j);
+                u32 wj = s_win[sp];
+                double m0 = ROLL_NAN, m1 = ROLL_NAN;
+                for (u32 q = wj & 0xFFFFu; q < (wj >> 16); q++) {
+                    double x = s_x[ROLL_PAD(q)];
+                    m0 = fmin(m0, x);
+                    m1 = fmax(m1, x);
+                }
+                g_a[sp] = m0;
+                g_b[sp] = m1;
             }
         }
-        roll_write(ptrs, i - emit_from, c, sum, mean, mn, mx, var);
     }
-    if (__syncthreads_or(over) && t == 0) {
-        flags[blockIdx.x] = 1;
-        atomicAdd(flagged, 1u);
+    __syncthreads();
+    for (u32 r = t; r < rows; r += T) {
+        u32 sp = ROLL_PAD(r);
+        bool ok1 = g_c[sp] > 0;
+        u64 o = out0 + r;
+        if (s_out[2]) ((double*)s_out[2])[o] = ok1 ? g_a[sp] : 0.0;
+        if (s_out[3]) ((double*)s_out[3])[o] = ok1 ? g_b[sp] : 0.0;
     }
+}
+
+// 4 rows per thread, 256 threads: ROLL_TILE rows per block. (8 rows and
+// 128 threads measured 1.16-1.4x slower for windows of 11-43 rows on an
+// H200, 1.2x faster for 200-row windows.)
+extern "C" __global__ void __launch_bounds__(256)
+rolling_tile(const i64* ts, const i64* key, const double* v, const u8* valid,
+             u64 n, u64 emit_from, i64 window, u32 closed,
+             const u64* ptrs, u32* flags, u32* flagged) {
+    roll_tile<4, 256>(ts, key, v, valid, n, emit_from, window, closed, ptrs, flags, flagged);
 }
 
 // ---------------------------------------------------------------------------

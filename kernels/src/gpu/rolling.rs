@@ -5,26 +5,31 @@
 //! Two passes (see `kernels.cu`):
 //!
 //! ```text
-//!   tiles:    one block per 512 output rows; the rows and the lookback
-//!             its windows need (up to 448 rows) in shared memory;
-//!             double-double prefix sums of count, x and x^2 give each
-//!             window's sum and moments as a difference of two prefixes;
-//!             min/max loop over the window in shared memory.
-//!             One read of the inputs, one write of the outputs.
+//!   tiles:    one block per 1024 output rows; the rows and the lookback
+//!             its windows need (up to 448 rows) in shared memory; each
+//!             thread owns 4 consecutive rows and walks them with two
+//!             monotone pointers: one running double-double window for
+//!             count, sum and sum of squares (rows added and subtracted),
+//!             min/max as a forward and a backward scan from a pivot that
+//!             lies in every window (merges only). Outputs staged in
+//!             shared memory and written coalesced: one read of the
+//!             inputs, one write of the outputs.
 //!   general:  only for tiles the first pass flags (a window longer than
-//!             the shared region, a long run of one ts, a NaN or an
-//!             infinity): level 1 = aggregates of 32 rows, level L = of 32
-//!             level L-1 entries; one thread per row gallops to its window
-//!             and merges at most 2 * 31 entries per level.
+//!             the shared region, a long run of one ts, a NaN, an
+//!             infinity, magnitudes 2^40 apart): level 1 = aggregates of
+//!             32 rows, level L = of 32 level L-1 entries; one thread per
+//!             row gallops to its window and merges at most 2 * 31
+//!             entries per level.
 //! ```
 //!
-//! Cost: the first pass is bound by memory bandwidth for windows of up to
-//! a few hundred rows; the general pass costs O(log w) to find a window
-//! and O(32 log_32 w) merges per row, whatever the window. Neither
-//! subtracts running sums (prefixes are exact to ~2^-100 of the region's
-//! magnitude; partial aggregates are only merged). Rows sorted by (key,
-//! ts) with a key column make every group its own series: a window never
-//! crosses a key boundary.
+//! Cost: the first pass takes about w / 4 + 3 double-double steps per row
+//! (w rows per window) and is bound by memory bandwidth for windows of up
+//! to a few hundred rows; the general pass costs O(log w) to find a window
+//! and O(32 log_32 w) merges per row, whatever the window. The running sums
+//! are exact to ~2^-100 of their largest magnitude, which is why tiles with
+//! magnitudes far apart go to the general pass (it only merges). Rows
+//! sorted by (key, ts) with a key column make every group its own series:
+//! a window never crosses a key boundary.
 
 use std::sync::Arc;
 
@@ -42,17 +47,26 @@ const ENTRY: usize = 56;
 /// Levels the query kernel can hold, level 0 (rows) included.
 const MAX_LEVELS: usize = 8;
 /// Output rows per block of the shared-memory pass (`ROLL_TILE`).
-const TILE: usize = 512;
-/// Threads per block of the shared-memory pass (`ROLL_THREADS`).
-const TILE_THREADS: u32 = 256;
-/// Rows a block's shared memory holds (`ROLL_CAP`).
-const CAP: usize = 1024;
+const TILE: usize = 1024;
+/// Region rows a block holds (`ROLL_CAP`): halo, tile and ties past it.
+const CAP: usize = 1536;
 
-/// The shared memory `rolling_tile` needs: per row value, two
-/// double-double prefixes, ts, count (and key when grouped).
-fn tile_shared_bytes(grouped: bool) -> usize {
-    CAP * 8 + 2 * (CAP + 1) * 16 + CAP * 8 + (CAP + 2) * 4 + if grouped { CAP * 8 } else { 0 }
+/// A shared-memory array of `k` entries, padded as `ROLL_PAD` does.
+const fn padded(k: usize) -> usize {
+    k + (k >> 3)
 }
+
+/// The shared memory `rolling_tile` needs: per region row ts and value
+/// (and key when grouped), per tile row the staged count, two staged
+/// values (sum and variance, then min and max) and the window bounds.
+fn tile_shared_bytes(grouped: bool) -> usize {
+    let region = padded(CAP) * 8;
+    let stage = padded(TILE);
+    2 * region + 2 * stage * 8 + 2 * stage * 4 + if grouped { region } else { 0 }
+}
+
+/// Threads per block of the shared-memory pass (4 rows each).
+const TILE_THREADS: u32 = 256;
 
 /// One call's launches.
 struct Pass<'a> {
@@ -105,9 +119,11 @@ impl Pass<'_> {
         let k = Kernels::get(self.gpu)?;
         let f = k.func(rank, "rolling_tile")?;
         let shared = tile_shared_bytes(self.input.key.is_some());
+        // The attribute is the function's, shared by concurrent callers:
+        // always the largest size, so no caller lowers it under another.
         f.set_attribute(
             braid_core::cuda::cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            shared as i32,
+            tile_shared_bytes(true) as i32,
         )
         .map_err(|e| {
             KernelError::Cuda(braid_core::cuda::CudaError::Driver {
