@@ -5,7 +5,10 @@
 //! Received messages are allocated from this pool; when the last handle to
 //! such a buffer is dropped its memory goes back to the pool instead of the
 //! OS. Only sizes from [`BufferPool::MIN_SIZE`] up are pooled, and the pool
-//! keeps at most `max_bytes` idle.
+//! keeps at most `max_bytes` idle: a returned buffer that does not fit
+//! first evicts idle buffers of the capacities returned least recently, so
+//! a job that moves on to another message size keeps pooling the new size
+//! instead of holding the old one.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, Weak};
@@ -21,8 +24,17 @@ pub struct BufferPool {
 
 #[derive(Debug, Default)]
 struct Free {
-    by_cap: BTreeMap<usize, Vec<Vec<u8>>>,
+    by_cap: BTreeMap<usize, Class>,
     bytes: usize,
+    /// Counts returns; a class remembers the count of its latest return.
+    clock: u64,
+}
+
+/// Idle buffers of one capacity.
+#[derive(Debug, Default)]
+struct Class {
+    bufs: Vec<Vec<u8>>,
+    last_given: u64,
 }
 
 struct Pooled {
@@ -86,9 +98,9 @@ impl BufferPool {
                 .next()
                 .map(|(c, _)| *c);
             if let Some(cap) = cap {
-                if let Some(list) = f.by_cap.get_mut(&cap) {
-                    if let Some(v) = list.pop() {
-                        if list.is_empty() {
+                if let Some(class) = f.by_cap.get_mut(&cap) {
+                    if let Some(v) = class.bufs.pop() {
+                        if class.bufs.is_empty() {
                             f.by_cap.remove(&cap);
                         }
                         f.bytes -= v.capacity();
@@ -113,12 +125,37 @@ impl BufferPool {
 
     fn give(&self, v: Vec<u8>) {
         let cap = v.capacity();
-        let mut f = self.free.lock().unwrap_or_else(|p| p.into_inner());
-        if f.bytes + cap > self.max_bytes {
+        if cap > self.max_bytes {
             return;
         }
+        let mut guard = self.free.lock().unwrap_or_else(|p| p.into_inner());
+        let f = &mut *guard;
+        // Room for it: evict other capacities, least recently returned first.
+        while f.bytes + cap > self.max_bytes {
+            let Some(old) = f
+                .by_cap
+                .iter()
+                .filter(|(c, _)| **c != cap)
+                .min_by_key(|(_, class)| class.last_given)
+                .map(|(c, _)| *c)
+            else {
+                return;
+            };
+            if let Some(class) = f.by_cap.get_mut(&old) {
+                if let Some(gone) = class.bufs.pop() {
+                    f.bytes -= gone.capacity();
+                }
+                if class.bufs.is_empty() {
+                    f.by_cap.remove(&old);
+                }
+            }
+        }
+        f.clock += 1;
+        let now = f.clock;
         f.bytes += cap;
-        f.by_cap.entry(cap).or_default().push(v);
+        let class = f.by_cap.entry(cap).or_default();
+        class.bufs.push(v);
+        class.last_given = now;
     }
 
     /// Bytes held idle.
@@ -154,5 +191,41 @@ mod tests {
         big.resize(4 << 20, 0);
         drop(pool.wrap(big));
         assert_eq!(pool.idle_bytes(), 0, "over the limit: not kept");
+    }
+
+    /// Returns `n` fresh buffers of `size` bytes to `pool`; their addresses.
+    fn give_fresh(pool: &Arc<BufferPool>, n: usize, size: usize) -> Vec<usize> {
+        let vs: Vec<Vec<u8>> = (0..n).map(|_| vec![1u8; size]).collect();
+        let ptrs = vs.iter().map(|v| v.as_ptr() as usize).collect();
+        for v in vs {
+            drop(pool.wrap(v));
+        }
+        ptrs
+    }
+
+    #[test]
+    fn a_new_size_evicts_the_least_recent_one() {
+        let mib = 1 << 20;
+        let pool = BufferPool::new(8 * mib);
+        give_fresh(&pool, 4, mib); // 4 MiB of 1 MiB buffers (oldest)
+        give_fresh(&pool, 1, 2 * mib); // then one of 2 MiB
+        assert_eq!(pool.idle_bytes(), 6 * mib);
+        let new = give_fresh(&pool, 1, 2 * mib); // fills the pool exactly
+        assert_eq!(pool.idle_bytes(), 8 * mib);
+        // A third 2 MiB buffer: two 1 MiB ones (the older class) make room.
+        give_fresh(&pool, 1, 2 * mib);
+        assert_eq!(pool.idle_bytes(), 8 * mib, "every 2 MiB buffer kept");
+        let mut left = Vec::new();
+        for _ in 0..3 {
+            left.push(pool.take(2 * mib).as_ptr() as usize);
+        }
+        assert!(left.contains(&new[0]));
+        assert_eq!(pool.idle_bytes(), 2 * mib);
+        // What is left is 1 MiB buffers (a 2 MiB request cannot use them).
+        assert!(pool.take(mib).capacity() >= mib);
+        assert_eq!(pool.idle_bytes(), mib);
+        // A buffer larger than the whole pool is never kept, nor evicts.
+        give_fresh(&pool, 1, 16 * mib);
+        assert_eq!(pool.idle_bytes(), mib);
     }
 }
