@@ -153,6 +153,9 @@ pub struct Shuffle {
     handle: Mutex<Option<Handle<()>>>,
 }
 
+/// Numbers the spill directories of this process.
+static NEXT_SPILL_DIR: AtomicU64 = AtomicU64::new(0);
+
 impl Shuffle {
     /// Starts a shuffle into `nparts` partitions owned as `owner` says;
     /// `callback` runs once every rank has finished inserting.
@@ -169,9 +172,13 @@ impl Shuffle {
             parts: Mutex::new(HashMap::new()),
             resource: ctx.resource().clone(),
             stats: ctx.statistics().clone(),
+            // Unique per shuffle of this process: contexts of one process
+            // (tests, in-process ranks of two jobs) reuse OpIds, and one
+            // shuffle's clean-up must not remove another's files.
             dir: std::env::temp_dir().join(format!(
-                "braid-spill-{}-r{}-op{}",
+                "braid-spill-{}-{}-r{}-op{}",
                 std::process::id(),
+                NEXT_SPILL_DIR.fetch_add(1, Ordering::Relaxed),
                 site.rank,
                 op.0
             )),
