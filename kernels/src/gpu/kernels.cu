@@ -358,6 +358,9 @@ extern "C" __global__ void cast_to_i64(const void* in, u32 ty, i64* out, u64 n) 
 #define ROLL_FIRST_HALO 64
 #define ROLL_MAX_LEVELS 8
 #define ROLL_NAN __longlong_as_double(0x7ff8000000000000LL)
+// Shared arrays are padded by one slot per 8 entries, so a warp whose
+// lanes stand 8 rows apart reads distinct banks.
+#define ROLL_PAD(k) ((k) + ((k) >> 3))
 
 struct RollAgg {
     double n, sum, comp, mean, m2, mn, mx;
@@ -454,54 +457,69 @@ __device__ __forceinline__ void acc_block(RollAcc* a, const RollAgg& o) {
     a->mx = fmax(a->mx, o.mx);
 }
 
+// Where entry j of a row array lives: at j, or at ROLL_PAD(j) in the tile
+// pass's padded shared arrays (PAD). I is the index type (u64 in global
+// memory, u32 in shared memory).
+template <bool PAD, typename I>
+__device__ __forceinline__ I roll_slot(I j) {
+    return PAD ? ROLL_PAD(j) : j;
+}
+
 // (key[j], ts[j]) < (k, x)
-__device__ __forceinline__ bool roll_before(const i64* ts, const i64* key, u64 j, i64 k, i64 x) {
+template <bool PAD = false, typename I = u64>
+__device__ __forceinline__ bool roll_before(const i64* ts, const i64* key, I j, i64 k, i64 x) {
+    I p = roll_slot<PAD>(j);
     if (key) {
-        i64 kj = key[j];
+        i64 kj = key[p];
         if (kj != k) return kj < k;
     }
-    return ts[j] < x;
+    return ts[p] < x;
 }
 
 // (key[j], ts[j]) > (k, x)
-__device__ __forceinline__ bool roll_after(const i64* ts, const i64* key, u64 j, i64 k, i64 x) {
+template <bool PAD = false, typename I = u64>
+__device__ __forceinline__ bool roll_after(const i64* ts, const i64* key, I j, i64 k, i64 x) {
+    I p = roll_slot<PAD>(j);
     if (key) {
-        i64 kj = key[j];
+        i64 kj = key[p];
         if (kj != k) return kj > k;
     }
-    return ts[j] > x;
+    return ts[p] > x;
 }
 
-// First j with !before(j, k, x), given !before(i, k, x): gallop back from i.
-__device__ u64 roll_lower(const i64* ts, const i64* key, u64 i, i64 k, i64 x) {
-    u64 hi = i, step = 1, lo;
+// First j in [from, i] with !before(j, k, x), given !before(i, k, x):
+// gallop back from i, then bisect.
+template <bool PAD = false, typename I = u64>
+__device__ I roll_lower(const i64* ts, const i64* key, I from, I i, i64 k, i64 x) {
+    I hi = i, step = 1, lo;
     while (true) {
-        if (step > hi) { lo = 0; break; }
-        u64 p = hi - step;
-        if (roll_before(ts, key, p, k, x)) { lo = p + 1; break; }
+        if (hi < from + step) { lo = from; break; }
+        I p = hi - step;
+        if (roll_before<PAD>(ts, key, p, k, x)) { lo = p + 1; break; }
         hi = p;
         step <<= 1;
     }
     while (lo < hi) {  // answer in [lo, hi]; !before(hi)
-        u64 mid = lo + (hi - lo) / 2;
-        if (roll_before(ts, key, mid, k, x)) lo = mid + 1; else hi = mid;
+        I mid = lo + (hi - lo) / 2;
+        if (roll_before<PAD>(ts, key, mid, k, x)) lo = mid + 1; else hi = mid;
     }
     return hi;
 }
 
-// First j > i with after(j, k, x) (or n), given !after(i, k, x).
-__device__ u64 roll_upper(const i64* ts, const i64* key, u64 n, u64 i, i64 k, i64 x) {
-    u64 lo = i + 1, step = 1, hi;  // !after(lo - 1)
+// First j in (i, end) with after(j, k, x), or end; given !after(i, k, x).
+template <bool PAD = false, typename I = u64>
+__device__ I roll_upper(const i64* ts, const i64* key, I end, I i, i64 k, i64 x) {
+    I lo = i + 1, step = 1, hi;  // !after(lo - 1)
     while (true) {
-        u64 p = lo - 1 + step;
-        if (p >= n) { hi = n; break; }
-        if (roll_after(ts, key, p, k, x)) { hi = p; break; }
+        I p = lo - 1 + step;
+        if (p >= end) { hi = end; break; }
+        if (roll_after<PAD>(ts, key, p, k, x)) { hi = p; break; }
         lo = p + 1;
         step <<= 1;
     }
     while (lo < hi) {  // answer in [lo, hi]
-        u64 mid = lo + (hi - lo) / 2;
-        if (roll_after(ts, key, mid, k, x)) hi = mid; else lo = mid + 1;
+        I mid = lo + (hi - lo) / 2;
+        if (roll_after<PAD>(ts, key, mid, k, x)) hi = mid; else lo = mid + 1;
     }
     return lo;
 }
@@ -553,10 +571,10 @@ extern "C" __global__ void rolling_window(const i64* ts, const i64* key, const d
         i64 k = key ? key[i] : 0;
         bool incl_hi = closed <= 1;
         bool incl_lo = closed == 1 || closed == 2;
-        u64 hi = incl_hi ? roll_upper(ts, key, n, i, k, t) : roll_lower(ts, key, i, k, t);
+        u64 hi = incl_hi ? roll_upper(ts, key, n, i, k, t) : roll_lower(ts, key, (u64)0, i, k, t);
         bool empty;
         i64 start = roll_start(t, window, incl_lo, &empty);
-        u64 lo = empty ? hi : roll_lower(ts, key, i, k, start);
+        u64 lo = empty ? hi : roll_lower(ts, key, (u64)0, i, k, start);
         RollAcc a;
         a.n = 0; a.sum = 0; a.comp = 0; a.K = 0; a.s1 = 0; a.s2 = 0;
         a.mn = ROLL_NAN; a.mx = ROLL_NAN;
@@ -674,65 +692,8 @@ __device__ __forceinline__ DD dd_div(DD a, double b) {
     return r;
 }
 
-// Shared arrays are padded by one slot per 8 entries, so a warp whose
-// lanes stand 8 rows apart reads distinct banks.
-#define ROLL_PAD(k) ((k) + ((k) >> 3))
 #define ROLL_REGION ROLL_PAD(ROLL_CAP)
 #define ROLL_STAGE ROLL_PAD(ROLL_TILE)
-
-// (key[j], ts[j]) < (k, x) over the padded region.
-__device__ __forceinline__ bool rg_before(const i64* ts, const i64* key, u32 j, i64 k, i64 x) {
-    u32 p = ROLL_PAD(j);
-    if (key) {
-        i64 kj = key[p];
-        if (kj != k) return kj < k;
-    }
-    return ts[p] < x;
-}
-
-// (key[j], ts[j]) > (k, x) over the padded region.
-__device__ __forceinline__ bool rg_after(const i64* ts, const i64* key, u32 j, i64 k, i64 x) {
-    u32 p = ROLL_PAD(j);
-    if (key) {
-        i64 kj = key[p];
-        if (kj != k) return kj > k;
-    }
-    return ts[p] > x;
-}
-
-// First j in [from, i] with !before(j, k, x), given !before(i, k, x).
-__device__ u32 rg_lower(const i64* ts, const i64* key, u32 from, u32 i, i64 k, i64 x) {
-    u32 hi = i, step = 1, lo;
-    while (true) {
-        if (hi < from + step) { lo = from; break; }
-        u32 p = hi - step;
-        if (rg_before(ts, key, p, k, x)) { lo = p + 1; break; }
-        hi = p;
-        step <<= 1;
-    }
-    while (lo < hi) {
-        u32 mid = lo + (hi - lo) / 2;
-        if (rg_before(ts, key, mid, k, x)) lo = mid + 1; else hi = mid;
-    }
-    return hi;
-}
-
-// First j in (i, end) with after(j, k, x), or end; given !after(i, k, x).
-__device__ u32 rg_upper(const i64* ts, const i64* key, u32 end, u32 i, i64 k, i64 x) {
-    u32 lo = i + 1, step = 1, hi;
-    while (true) {
-        u32 p = lo - 1 + step;
-        if (p >= end) { hi = end; break; }
-        if (rg_after(ts, key, p, k, x)) { hi = p; break; }
-        lo = p + 1;
-        step <<= 1;
-    }
-    while (lo < hi) {
-        u32 mid = lo + (hi - lo) / 2;
-        if (rg_after(ts, key, mid, k, x)) hi = mid; else lo = mid + 1;
-    }
-    return lo;
-}
 
 // Running window sums: (s, e) is an unnormalised double-double (e gathers
 // the rounding errors of s); x^2 is taken exactly with an fma.
@@ -839,7 +800,7 @@ __device__ __forceinline__ void roll_tile(const i64* ts, const i64* key, const d
             bool empty0;
             i64 st = roll_start(t0, window, incl_lo, &empty0);
             bool more = false;
-            if (h < a && !empty0) more = !rg_before(s_ts, s_key, f, k0, st);
+            if (h < a && !empty0) more = !roll_before<true>(s_ts, s_key, f, k0, st);
             s_halo = more ? 1u : 0u;
         }
         __syncthreads();
@@ -888,19 +849,19 @@ __device__ __forceinline__ void roll_tile(const i64* ts, const i64* key, const d
             bool empty;
             i64 st = roll_start(ti, window, incl_lo, &empty);
             if (j == 0) {
-                hp = incl_hi ? rg_upper(s_ts, s_key, end, ri, ki, ti) : rg_lower(s_ts, s_key, base, ri, ki, ti);
-                lp = empty ? hp : rg_lower(s_ts, s_key, base, ri, ki, st);
+                hp = incl_hi ? roll_upper<true>(s_ts, s_key, end, ri, ki, ti) : roll_lower<true>(s_ts, s_key, base, ri, ki, ti);
+                lp = empty ? hp : roll_lower<true>(s_ts, s_key, base, ri, ki, st);
                 pl = lp;
                 ph = lp;
             } else {
                 if (incl_hi) {
                     if (hp < ri + 1) hp = ri + 1;
-                    while (hp < end && !rg_after(s_ts, s_key, hp, ki, ti)) hp++;
+                    while (hp < end && !roll_after<true>(s_ts, s_key, hp, ki, ti)) hp++;
                 } else {
-                    while (hp < ri && rg_before(s_ts, s_key, hp, ki, ti)) hp++;
+                    while (hp < ri && roll_before<true>(s_ts, s_key, hp, ki, ti)) hp++;
                 }
                 if (empty) lp = hp;
-                else while (lp < ri && rg_before(s_ts, s_key, lp, ki, st)) lp++;
+                else while (lp < ri && roll_before<true>(s_ts, s_key, lp, ki, st)) lp++;
             }
             if (hp == end && e < n) over = true;  // ties past the region
             u32 sp = ROLL_PAD(t * R + j);
