@@ -128,6 +128,9 @@ impl BufferPool {
         if cap > self.max_bytes {
             return;
         }
+        // Evicted buffers are freed after the lock is released (freeing a
+        // large one unmaps it: receivers should not wait on that).
+        let mut evicted: Vec<Vec<u8>> = Vec::new();
         let mut guard = self.free.lock().unwrap_or_else(|p| p.into_inner());
         let f = &mut *guard;
         // Room for it: evict other capacities, least recently returned first.
@@ -139,11 +142,14 @@ impl BufferPool {
                 .min_by_key(|(_, class)| class.last_given)
                 .map(|(c, _)| *c)
             else {
+                drop(guard);
+                drop(evicted);
                 return;
             };
             if let Some(class) = f.by_cap.get_mut(&old) {
                 if let Some(gone) = class.bufs.pop() {
                     f.bytes -= gone.capacity();
+                    evicted.push(gone);
                 }
                 if class.bufs.is_empty() {
                     f.by_cap.remove(&old);
@@ -156,6 +162,8 @@ impl BufferPool {
         let class = f.by_cap.entry(cap).or_default();
         class.bufs.push(v);
         class.last_given = now;
+        drop(guard);
+        drop(evicted);
     }
 
     /// Bytes held idle.
