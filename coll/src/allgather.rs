@@ -224,7 +224,7 @@ pub async fn allgather<T: Element>(ctx: &Context, values: Vec<T>) -> Result<Vec<
     )?;
     ag.insert_finished()?;
     let parts = ag.extract(ExtractOrder::RankSeq).await?;
-    let mut out = Vec::with_capacity(
+    let mut out = braid_core::memory::large_vec(
         parts.iter().map(|g| g.data.data.len()).sum::<usize>() / std::mem::size_of::<T>().max(1),
     );
     for g in parts {

@@ -1,28 +1,46 @@
 //! AllReduce and ReduceScatter.
 //!
-//! Algorithm: direct reduce-scatter, then (AllReduce) direct allgather.
-//! The input of length L is cut into N blocks; rank b owns block b:
+//! Two algorithms, picked by the size of the input (every rank of a
+//! matched call picks the same one; a mismatched call fails either way,
+//! see below):
 //!
 //! ```text
-//!   phase 1 (stage 0): every rank sends block b of its input to rank b;
-//!                      rank b reduces the N contributions in rank order
-//!                      0, 1, ..., N-1 (one owner per block, so every rank
-//!                      ends with bit-identical values);
-//!   phase 2 (stage 1): rank b sends its reduced block to every rank.
+//!   direct (input <= DIRECT_MAX bytes, AllReduce only), 1 step:
+//!     every rank sends its whole input to every rank; every rank reduces
+//!     the N inputs in rank order 0, 1, ..., N-1.
+//!
+//!   reduce-scatter + allgather (larger inputs), 2 steps:
+//!     the input of length L is cut into N blocks; rank b owns block b.
+//!     stage 0: every rank sends block b of its input to rank b; rank b
+//!              reduces the N contributions in rank order 0, 1, ..., N-1
+//!              (one owner per block);
+//!     stage 1: (AllReduce) rank b sends its reduced block to every rank.
 //! ```
 //!
-//! Cost: 2 steps; per rank 2 (N-1)/N * L * beta moved and (N-1)/N * L
-//! reduction work (gamma): bandwidth-optimal like a ring, with 2 steps of
-//! latency instead of 2 (N-1).
+//! Every element is reduced in rank order by one fixed sequence of
+//! operations on the same values, so every rank ends with bit-identical
+//! results under either algorithm.
 //!
-//! Mismatched calls need no separate agreement round: every phase-1 frame
-//! carries its sender's (element type, operator, count), so every block
-//! owner sees every rank's signature. If any two ranks differ, each owner
-//! differs from at least one of them and fails; no rank can finish without
-//! every owner's phase-2 block, so no rank returns data.
+//! Cost (alpha: per message, beta: per byte, gamma: per element reduced):
+//! direct: 1 step, (N-1) L beta out and in per rank, (N-1) L gamma;
+//! two-step: 2 steps, 2 (N-1)/N L beta per rank (bandwidth-optimal like a
+//! ring, with 2 steps of latency instead of 2 (N-1)) and (N-1)/N L gamma.
+//! Below DIRECT_MAX the step saved is worth more than the extra bytes.
+//!
+//! The reduction itself reads the N contributions tile by tile (TILE
+//! elements, a few tens of KiB) into one output, so the output is written
+//! once and each input read once whatever N is.
+//!
+//! Mismatched calls need no separate agreement round: every stage-0 frame
+//! carries its sender's (element type, operator, count), and under both
+//! algorithms every rank receives a stage-0 frame from every other rank
+//! (a rank given another count may have picked the other algorithm; it
+//! still sends one). So every rank sees every rank's signature, and if any
+//! two differ every rank fails before it returns data.
 
 use std::sync::Arc;
 
+use braid_core::memory::large_vec;
 use braid_core::{Buffer, Communicator, Context, Tag};
 use braid_kernels::reduce::reduce_into;
 use braid_kernels::{Element, ReduceKind};
@@ -79,6 +97,14 @@ impl<T: Element> ReduceOp<T> {
     }
 }
 
+/// Inputs up to this many bytes are all-reduced in one step (see the
+/// module doc): the same as the largest frame sent inline.
+const DIRECT_MAX: usize = crate::wire::INLINE_MAX;
+
+/// Elements per tile of the fused rank-order reduction: a tile of the
+/// output stays in L1/L2 while the N inputs stream through it.
+const TILE: usize = 4096;
+
 /// Block `b` of `len` elements cut into `n` blocks: `[lo, hi)`.
 fn block(len: usize, n: u32, b: u32) -> (usize, usize) {
     let lo = (len as u128 * b as u128 / n as u128) as usize;
@@ -86,12 +112,51 @@ fn block(len: usize, n: u32, b: u32) -> (usize, usize) {
     (lo, hi)
 }
 
-/// Phase 1: this rank's block of the reduction.
-async fn reduce_my_block<T: Element>(
+/// Which elements stage 0 sends to each rank.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Scheme {
+    /// The whole input to every rank (direct AllReduce).
+    Whole,
+    /// Block p to rank p (reduce-scatter).
+    Blocks,
+}
+
+impl Scheme {
+    /// The elements `[lo, hi)` of an input of `len` that rank `p` reduces.
+    fn piece(self, len: usize, n: u32, p: u32) -> (usize, usize) {
+        match self {
+            Scheme::Whole => (0, len),
+            Scheme::Blocks => block(len, n, p),
+        }
+    }
+}
+
+/// `parts[0] (op) parts[1] (op) ... (op) parts[N-1]`, element-wise, in
+/// that order, tile by tile: one write of the output, one read of each
+/// input. Every part has the same length.
+fn reduce_rank_order<T: Element>(op: &ReduceOp<T>, parts: &[&[T]]) -> Vec<T> {
+    let len = parts.first().map_or(0, |p| p.len());
+    let mut acc: Vec<T> = large_vec(len);
+    let mut lo = 0;
+    while lo < len {
+        let hi = (lo + TILE).min(len);
+        acc.extend_from_slice(&parts[0][lo..hi]);
+        for x in &parts[1..] {
+            op.apply(&mut acc[lo..hi], &x[lo..hi]);
+        }
+        lo = hi;
+    }
+    acc
+}
+
+/// Stage 0: sends every rank its piece of `data` and reduces this rank's
+/// piece over every rank's contribution.
+async fn reduce_my_piece<T: Element>(
     comm: &Arc<dyn Communicator>,
     site: Site,
     data: Elements<T>,
     op: &ReduceOp<T>,
+    scheme: Scheme,
 ) -> Result<Vec<T>, CollError> {
     let n = comm.nranks();
     let me = site.rank;
@@ -107,9 +172,9 @@ async fn reduce_my_block<T: Element>(
         aux: op.code(),
         count: len as u64,
     };
-    let mut sends = Vec::new();
+    let mut sends = Vec::with_capacity(n as usize - 1);
     for p in (0..n).filter(|p| *p != me) {
-        let (lo, hi) = block(len, n, p);
+        let (lo, hi) = scheme.piece(len, n, p);
         sends.push(send_framed(
             comm.as_ref(),
             site,
@@ -120,7 +185,7 @@ async fn reduce_my_block<T: Element>(
             buf.slice(lo * sz..hi * sz),
         ));
     }
-    let (lo, hi) = block(len, n, me);
+    let (lo, hi) = scheme.piece(len, n, me);
     let recvs = (0..n).filter(|p| *p != me).map(|p| {
         let comm = comm.clone();
         async move {
@@ -136,43 +201,43 @@ async fn reduce_my_block<T: Element>(
             if f.data.len() != (hi - lo) * sz {
                 return Err(site.mismatch(
                     p,
-                    format!("rank {p} sent {} bytes for block {me}", f.data.len()),
+                    format!("rank {p} sent {} bytes for piece {me}", f.data.len()),
                 ));
             }
             Ok::<_, CollError>(f.data)
         }
     });
-    let mut parts: Vec<Option<Buffer>> = futures::future::try_join_all(recvs)
-        .await?
-        .into_iter()
-        .map(Some)
-        .collect();
-    parts.insert(me as usize, Some(buf.slice(lo * sz..hi * sz)));
-    let mut acc: Vec<T> = Vec::new();
-    for (q, part) in parts.iter_mut().enumerate() {
-        let part = part.take().unwrap_or_default();
-        let x = typed::<T>(&part).ok_or_else(|| site.mismatch(q as u32, "bad block length"))?;
-        if q == 0 {
-            acc = x.into_owned();
-        } else {
-            op.apply(&mut acc, &x);
-        }
-    }
+    let mut got = futures::future::try_join_all(recvs).await?;
+    got.insert(me as usize, buf.slice(lo * sz..hi * sz));
+    let typed_parts = got
+        .iter()
+        .enumerate()
+        .map(|(q, b)| typed::<T>(b).ok_or_else(|| site.mismatch(q as u32, "bad piece length")))
+        .collect::<Result<Vec<_>, _>>()?;
+    let slices: Vec<&[T]> = typed_parts.iter().map(|c| c.as_ref()).collect();
+    let acc = reduce_rank_order(op, &slices);
     for s in sends {
         s.await?;
     }
     Ok(acc)
 }
 
-/// Starts an AllReduce of `data` with `op`; every rank's handle yields the
-/// same (bit-identical) result.
-pub fn start_allreduce<T: Element>(
+/// What the AllReduce core produces: the whole result (direct algorithm,
+/// or one rank), or the N reduced blocks in rank order (two-step; between
+/// in-process ranks the other ranks' blocks are their own buffers).
+enum Reduced<T> {
+    Whole(Vec<T>),
+    Blocks(Vec<Buffer>),
+}
+
+/// The one AllReduce core; `finish` shapes the result.
+fn start_allreduce_core<T: Element, R: Send + 'static>(
     ctx: &Context,
-    data: impl Into<Elements<T>>,
+    data: Elements<T>,
     op: ReduceOp<T>,
     callback: Option<Callback>,
-) -> Handle<Vec<T>> {
-    let data: Elements<T> = data.into();
+    finish: impl FnOnce(Reduced<T>) -> R + Send + 'static,
+) -> Handle<R> {
     let site = Site::next(ctx, CollKind::AllReduce);
     let opid = site.op;
     let comm = ctx.comm().clone();
@@ -180,49 +245,77 @@ pub fn start_allreduce<T: Element>(
         let n = comm.nranks();
         let me = site.rank;
         let len = data.len();
-        let work = async {
-            let mine = reduce_my_block(&comm, site, data, &op).await?;
-            if n == 1 {
-                return Ok(mine);
-            }
-            let tag = Tag::new(opid, 1);
-            let mine_buf = vec_to_buffer(mine);
-            let meta = Meta::new(site.coll, T::DTYPE)
-                .aux(op.code())
-                .count(len as u64);
-            let sends: Vec<_> = (0..n)
-                .filter(|p| *p != me)
-                .map(|p| send_framed(comm.as_ref(), site, p, tag, meta, &[], mine_buf.clone()))
-                .collect();
-            let recvs = (0..n).filter(|p| *p != me).map(|p| {
-                let comm = comm.clone();
-                async move {
-                    Ok::<_, CollError>((p, recv_framed(comm.as_ref(), site, p, tag).await?.data))
+        let sz = std::mem::size_of::<T>();
+        if n == 1 || len * sz <= DIRECT_MAX {
+            let whole = reduce_my_piece(&comm, site, data, &op, Scheme::Whole).await?;
+            return Ok(finish(Reduced::Whole(whole)));
+        }
+        let mine = reduce_my_piece(&comm, site, data, &op, Scheme::Blocks).await?;
+        let tag = Tag::new(opid, 1);
+        let mine_buf = vec_to_buffer(mine);
+        let meta = Meta::new(site.coll, T::DTYPE)
+            .aux(op.code())
+            .count(len as u64);
+        let sends: Vec<_> = (0..n)
+            .filter(|p| *p != me)
+            .map(|p| send_framed(comm.as_ref(), site, p, tag, meta, &[], mine_buf.clone()))
+            .collect();
+        let recvs = (0..n).filter(|p| *p != me).map(|p| {
+            let comm = comm.clone();
+            async move {
+                let b = recv_framed(comm.as_ref(), site, p, tag).await?.data;
+                let (lo, hi) = block(len, n, p);
+                if b.len() != (hi - lo) * sz {
+                    return Err(site.mismatch(p, "reduced block has the wrong length"));
                 }
-            });
-            let got = futures::future::try_join_all(recvs).await?;
-            let mut out: Vec<T> = Vec::with_capacity(len);
-            let mut blocks: Vec<Option<Buffer>> = vec![None; n as usize];
-            blocks[me as usize] = Some(mine_buf);
-            for (p, b) in got {
-                blocks[p as usize] = Some(b);
+                Ok(b)
             }
-            for (p, b) in blocks.into_iter().enumerate() {
-                let b = b.unwrap_or_default();
-                let (lo, hi) = block(len, n, p as u32);
-                let x =
-                    typed::<T>(&b).ok_or_else(|| site.mismatch(p as u32, "bad block length"))?;
-                if x.len() != hi - lo {
-                    return Err(site.mismatch(p as u32, "reduced block has the wrong length"));
-                }
-                out.extend_from_slice(&x);
+        });
+        let mut blocks = futures::future::try_join_all(recvs).await?;
+        blocks.insert(me as usize, mine_buf);
+        for s in sends {
+            s.await?;
+        }
+        Ok(finish(Reduced::Blocks(blocks)))
+    })
+}
+
+/// Starts an AllReduce of `data` with `op`; every rank's handle yields the
+/// same (bit-identical) result, in one vector.
+pub fn start_allreduce<T: Element>(
+    ctx: &Context,
+    data: impl Into<Elements<T>>,
+    op: ReduceOp<T>,
+    callback: Option<Callback>,
+) -> Handle<Vec<T>> {
+    let data: Elements<T> = data.into();
+    let len = data.len();
+    start_allreduce_core(ctx, data, op, callback, move |r| match r {
+        Reduced::Whole(v) => v,
+        Reduced::Blocks(blocks) => {
+            let mut out: Vec<T> = large_vec(len);
+            for b in &blocks {
+                out.extend_from_slice(&typed::<T>(b).unwrap_or_default());
             }
-            for s in sends {
-                s.await?;
-            }
-            Ok(out)
-        };
-        work.await
+            out
+        }
+    })
+}
+
+/// Starts an AllReduce whose result is a list of parts that, concatenated
+/// in order, are the reduced vector: between in-process ranks the blocks
+/// reduced by other ranks are shared, not copied (what a consumer that can
+/// read the result piecewise wants). The number of parts depends on the
+/// algorithm (one for small inputs, one per rank otherwise).
+pub fn start_allreduce_parts<T: Element>(
+    ctx: &Context,
+    data: impl Into<Elements<T>>,
+    op: ReduceOp<T>,
+    callback: Option<Callback>,
+) -> Handle<Vec<Elements<T>>> {
+    start_allreduce_core(ctx, data.into(), op, callback, |r| match r {
+        Reduced::Whole(v) => vec![Elements::from(v)],
+        Reduced::Blocks(blocks) => blocks.into_iter().map(Elements::from_buffer).collect(),
     })
 }
 
@@ -234,6 +327,17 @@ pub async fn allreduce<T: Element>(
 ) -> Result<Vec<T>, CollError> {
     let (data, op) = (data.into(), op.into());
     streaming(|cb| start_allreduce(ctx, data, op, cb)).await
+}
+
+/// AllReduce with the result as parts (see [`start_allreduce_parts`]):
+/// zero-copy between in-process ranks.
+pub async fn allreduce_parts<T: Element>(
+    ctx: &Context,
+    data: impl Into<Elements<T>>,
+    op: impl Into<ReduceOp<T>>,
+) -> Result<Vec<Elements<T>>, CollError> {
+    let (data, op) = (data.into(), op.into());
+    streaming(|cb| start_allreduce_parts(ctx, data, op, cb)).await
 }
 
 /// Starts a ReduceScatter: `data` has N equal blocks; rank r gets block r
@@ -256,7 +360,7 @@ pub fn start_reduce_scatter<T: Element>(
                 data.len()
             )));
         }
-        reduce_my_block(&comm, site, data, &op).await
+        reduce_my_piece(&comm, site, data, &op, Scheme::Blocks).await
     })
 }
 

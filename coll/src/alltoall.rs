@@ -17,6 +17,7 @@
 //! rank fail if any rank noticed, so no rank returns data from mismatched
 //! calls.
 
+use braid_core::memory::large_vec;
 use braid_core::{Context, Tag};
 use braid_kernels::Element;
 
@@ -134,11 +135,20 @@ pub fn start_alltoallv<T: Element>(
     callback: Option<Callback>,
 ) -> Handle<Vec<T>> {
     start_parts(ctx, send.into(), spec, callback, |parts, spec| {
-        let mut out: Vec<T> = vec![T::zeroed(); spec.recv_len];
-        for (p, part) in parts.iter().enumerate() {
-            let o = spec.recv_offsets[p];
-            out[o..o + part.len()].copy_from_slice(&part.as_slice());
+        // Parts in offset order (validated not to overlap); gaps are zero.
+        // Each element is written once (no zero-fill first).
+        let mut order: Vec<usize> = (0..parts.len()).collect();
+        order.sort_unstable_by_key(|p| spec.recv_offsets[*p]);
+        let mut out: Vec<T> = large_vec(spec.recv_len);
+        for p in order {
+            let part = parts[p].as_slice();
+            if part.is_empty() {
+                continue;
+            }
+            out.resize(spec.recv_offsets[p], T::zeroed());
+            out.extend_from_slice(&part);
         }
+        out.resize(spec.recv_len, T::zeroed());
         out
     })
 }

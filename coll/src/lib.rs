@@ -44,7 +44,10 @@ mod wire;
 pub use wire::Elements;
 
 pub use allgather::{AllGather, ExtractOrder, Gathered, allgather};
-pub use allreduce::{ReduceOp, allreduce, reduce_scatter, start_allreduce, start_reduce_scatter};
+pub use allreduce::{
+    ReduceOp, allreduce, allreduce_parts, reduce_scatter, start_allreduce, start_allreduce_parts,
+    start_reduce_scatter,
+};
 pub use alltoall::{
     AllToAllvSpec, alltoall, alltoallv, alltoallv_parts, start_alltoallv, start_alltoallv_parts,
 };

@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use braid_coll::{
     AllGather, AllToAllvSpec, Element, ExtractOrder, HaloExchange, PartitionOwner, ReduceKind,
-    ReduceOp, Shuffle, allgather, allreduce, alltoall, alltoallv, alltoallv_parts, barrier,
-    broadcast, reduce_scatter, sendrecv,
+    ReduceOp, Shuffle, allgather, allreduce, allreduce_parts, alltoall, alltoallv, alltoallv_parts,
+    barrier, broadcast, reduce_scatter, sendrecv,
 };
 use braid_core::{Buffer, Context, PackedData, Rank};
 use bytes::Bytes;
@@ -81,6 +81,20 @@ async fn check_allreduce<T: TestValue>(
     ensure(bits_eq(&got, &want), || {
         format!(
             "rank {me}: allreduce {kind:?} of {len} {} differs from the reference",
+            T::DTYPE
+        )
+    })?;
+    // The parts form: its parts, concatenated, are the same result.
+    let parts = allreduce_parts(ctx, input::<T>(seed, t, me, len), kind)
+        .await
+        .map_err(e)?;
+    let joined: Vec<T> = parts
+        .iter()
+        .flat_map(|p| p.as_slice().into_owned())
+        .collect();
+    ensure(bits_eq(&joined, &want), || {
+        format!(
+            "rank {me}: allreduce_parts {kind:?} of {len} {} differs from the reference",
             T::DTYPE
         )
     })?;
@@ -159,17 +173,23 @@ pub async fn run(ctx: Context, seed: u64) -> R<String> {
             *a = a.wrapping_mul(3).wrapping_add(*b);
         }
     }));
-    let got = allreduce(&ctx, input::<i64>(seed, 7, me, 333), op)
-        .await
-        .map_err(e)?;
-    let mut want = input::<i64>(seed, 7, 0, 333);
-    for q in 1..n {
-        for (a, b) in want.iter_mut().zip(input::<i64>(seed, 7, q, 333)) {
-            *a = a.wrapping_mul(3).wrapping_add(b);
+    // 333 values go the direct way, 20_011 the two-step way (blocks over
+    // several reduction tiles).
+    for len in [333usize, 20_011] {
+        let got = allreduce(&ctx, input::<i64>(seed, 7, me, len), op.clone())
+            .await
+            .map_err(e)?;
+        let mut want = input::<i64>(seed, 7, 0, len);
+        for q in 1..n {
+            for (a, b) in want.iter_mut().zip(input::<i64>(seed, 7, q, len)) {
+                *a = a.wrapping_mul(3).wrapping_add(b);
+            }
         }
+        ensure(got == want, || {
+            format!("custom-operator allreduce of {len} differs")
+        })?;
+        checks += 1;
     }
-    ensure(got == want, || "custom-operator allreduce differs".into())?;
-    checks += 1;
 
     // Broadcast from every root, sizes from 0 B to 1 MiB.
     for root in 0..n {

@@ -8,10 +8,12 @@
 //! buffer is dropped.
 
 mod buffer;
+mod large;
 mod pool;
 mod resource;
 
 pub use buffer::{Buffer, MemoryType};
+pub use large::{HUGE_PAGE_MIN, large_vec};
 pub use pool::BufferPool;
 #[cfg(feature = "cuda")]
 pub(crate) use resource::Charge;

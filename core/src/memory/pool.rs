@@ -109,7 +109,7 @@ impl BufferPool {
                 }
             }
         }
-        Vec::with_capacity(len)
+        super::large_vec(len)
     }
 
     /// Wraps `v` as `Bytes` (no copy) whose memory returns to this pool.

@@ -13,8 +13,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use braid_coll::{
-    AllToAllvSpec, Elements, ReduceKind, allreduce, alltoall, alltoallv, alltoallv_parts, barrier,
-    broadcast, reduce_scatter, sendrecv,
+    AllToAllvSpec, Elements, ReduceKind, allreduce, allreduce_parts, alltoall, alltoallv,
+    alltoallv_parts, barrier, broadcast, reduce_scatter, sendrecv,
 };
 use braid_core::comm::local::LocalComm;
 use braid_core::comm::tcp::TcpComm;
@@ -39,13 +39,14 @@ pub struct CollArgs {
     #[arg(long, value_delimiter = ',', default_value = "2,4")]
     ranks: Vec<u32>,
     /// Operations (barrier, bcast, allgather, allreduce, reduce_scatter,
-    /// alltoall, alltoallv, alltoallv_parts, sendrecv). `alltoallv_parts`
-    /// is braid's per-source-rank result form (no copy in one process),
-    /// against MPI's alltoallv.
+    /// alltoall, alltoallv, alltoallv_parts, allreduce_parts, sendrecv).
+    /// The `_parts` forms are braid's piecewise result forms (no copy of
+    /// other ranks' data in one process), against MPI's alltoallv and
+    /// allreduce.
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "barrier,bcast,allgather,allreduce,reduce_scatter,alltoall,alltoallv,alltoallv_parts,sendrecv"
+        default_value = "barrier,bcast,allgather,allreduce,allreduce_parts,reduce_scatter,alltoall,alltoallv,alltoallv_parts,sendrecv"
     )]
     ops: Vec<String>,
     /// Bytes moved per point (bounds the iteration count).
@@ -62,7 +63,7 @@ pub struct CollArgs {
 fn used_bytes(op: &str, size: usize, n: usize) -> usize {
     match op {
         "barrier" => 0,
-        "allreduce" => (size / 8 * 8).max(8),
+        "allreduce" | "allreduce_parts" => (size / 8 * 8).max(8),
         "reduce_scatter" => (size / (8 * n) * 8 * n).max(8 * n),
         "alltoall" | "alltoallv" | "alltoallv_parts" => (size / n).max(1) * n,
         _ => size,
@@ -87,6 +88,9 @@ async fn run_op(ctx: &Context, op: &str, size: usize, input: &Input) -> Result<(
         }
         "allreduce" => {
             allreduce(ctx, input.f64s.clone(), ReduceKind::Sum).await?;
+        }
+        "allreduce_parts" => {
+            allreduce_parts(ctx, input.f64s.clone(), ReduceKind::Sum).await?;
         }
         "reduce_scatter" => {
             reduce_scatter(ctx, input.f64s.clone(), ReduceKind::Sum).await?;
@@ -141,7 +145,7 @@ struct Input {
 
 impl Input {
     fn new(op: &str, size: usize) -> Self {
-        let f = if matches!(op, "allreduce" | "reduce_scatter") {
+        let f = if matches!(op, "allreduce" | "allreduce_parts" | "reduce_scatter") {
             size / 8
         } else {
             0
@@ -216,6 +220,7 @@ fn time_mpi(
         .arg(mpi)
         .arg(match op {
             "alltoallv_parts" => "alltoallv",
+            "allreduce_parts" => "allreduce",
             other => other,
         })
         .arg(&list)

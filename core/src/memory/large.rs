@@ -1,0 +1,66 @@
+//! Large host allocations that ask for transparent huge pages.
+//!
+//! A fresh allocation of many megabytes comes from the OS untouched, and
+//! the first write to each 4 KiB page faults. On the 2-core VM of
+//! 2026-11-23 copying 64 MiB into a fresh vector took 36-42 ms, into warm
+//! memory 6.5 ms, and into a fresh vector advised `MADV_HUGEPAGE` 7.8 ms
+//! (one fault per 2 MiB instead of per 4 KiB). Collective outputs and
+//! receive buffers are such fresh allocations, so they come from
+//! [`large_vec`].
+//!
+//! The advice is honoured where transparent huge pages are in `madvise` or
+//! `always` mode (the Linux default is `madvise`); elsewhere, and on other
+//! systems, it is a no-op and the vector is an ordinary one.
+
+/// Allocations from this many bytes up are advised to use huge pages.
+pub const HUGE_PAGE_MIN: usize = 4 << 20;
+
+/// Size of a transparent huge page on x86-64 and most aarch64 kernels.
+const HUGE_PAGE: usize = 2 << 20;
+
+/// An empty vector with capacity for `len` elements whose memory, when it
+/// is at least [`HUGE_PAGE_MIN`] bytes, is advised to be backed by huge
+/// pages before anything touches it.
+pub fn large_vec<T>(len: usize) -> Vec<T> {
+    let v: Vec<T> = Vec::with_capacity(len);
+    let bytes = v.capacity().saturating_mul(std::mem::size_of::<T>());
+    if bytes >= HUGE_PAGE_MIN {
+        advise_huge(v.as_ptr() as usize, bytes);
+    }
+    v
+}
+
+#[cfg(target_os = "linux")]
+fn advise_huge(addr: usize, len: usize) {
+    // Only whole huge pages inside the allocation: never a byte outside it.
+    let start = addr.div_ceil(HUGE_PAGE) * HUGE_PAGE;
+    let end = (addr + len) / HUGE_PAGE * HUGE_PAGE;
+    if end > start {
+        // SAFETY: [start, end) lies inside the vector's allocation, which
+        // this process owns; MADV_HUGEPAGE changes only how its pages are
+        // backed, never their contents, and a failure leaves them as they
+        // were (so its result needs no handling).
+        unsafe {
+            libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE);
+        }
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn advise_huge(_addr: usize, _len: usize) {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn large_vec_has_the_capacity_and_keeps_writes() {
+        for len in [0usize, 1, 1000, (HUGE_PAGE_MIN / 8) + 3] {
+            let mut v: Vec<u64> = large_vec(len);
+            assert!(v.capacity() >= len);
+            assert!(v.is_empty());
+            v.extend((0..len as u64).map(|i| i * 7));
+            assert!(v.iter().enumerate().all(|(i, x)| *x == i as u64 * 7));
+        }
+    }
+}
