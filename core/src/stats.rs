@@ -84,7 +84,13 @@ impl Statistics {
     /// Records one run of operation `name` that took `elapsed`.
     pub fn record_op(&self, name: &str, elapsed: Duration) {
         let mut ops = self.ops.lock().unwrap_or_else(|p| p.into_inner());
-        let e = ops.entry(name.to_string()).or_default();
+        // Look up by &str first: no allocation on the hot path.
+        if !ops.contains_key(name) {
+            ops.insert(name.to_string(), Default::default());
+        }
+        let Some(e) = ops.get_mut(name) else {
+            return;
+        };
         e.count += 1;
         e.total += elapsed;
         e.max = e.max.max(elapsed);
