@@ -125,6 +125,16 @@ fn mismatch_cases() -> Vec<(&'static str, Case)> {
                     .map_err(|e| e.to_string())
             })
         }),
+        ("allreduce algorithms", |c| {
+            Box::pin(async move {
+                // 80 bytes go the direct way, 800 KB the two-step way.
+                let len = if c.rank() == 0 { 10 } else { 100_000 };
+                allreduce(&c, vec![1i64; len], ReduceKind::Sum)
+                    .await
+                    .map(|_| ())
+                    .map_err(|e| e.to_string())
+            })
+        }),
         ("allreduce dtypes", |c| {
             Box::pin(async move {
                 if c.rank() == 0 {
