@@ -10,7 +10,11 @@
 //!
 //! The advice is honoured where transparent huge pages are in `madvise` or
 //! `always` mode (the Linux default is `madvise`); elsewhere, and on other
-//! systems, it is a no-op and the vector is an ordinary one.
+//! systems, it is a no-op and the vector is an ordinary one. Where no huge
+//! page is free, the kernel compacts memory or falls back to 4 KiB pages
+//! (per `/sys/kernel/mm/transparent_hugepage/defrag`); a huge page is only
+//! ever requested inside the allocation, so at most two partial huge pages
+//! per vector stay on 4 KiB pages.
 
 /// Allocations from this many bytes up are advised to use huge pages.
 pub const HUGE_PAGE_MIN: usize = 4 << 20;
