@@ -150,8 +150,9 @@ impl Mailbox {
 pub(crate) trait Drive: Send + Sync {
     /// Runs one progress pass unless another thread is running one; returns
     /// whether a task that has waited `waited` should poll again at once
-    /// (spin) rather than sleep until it is woken.
-    fn drive(&self, waited: std::time::Duration) -> bool;
+    /// (spin) rather than sleep until `waker` is woken (by its message, or
+    /// by the end of the pass another thread is running).
+    fn drive(&self, waited: std::time::Duration, waker: &std::task::Waker) -> bool;
 }
 
 /// A waiting operation's driver and when it started waiting.
@@ -171,7 +172,7 @@ impl Driver {
     /// asked to be woken).
     pub(crate) fn spin(&mut self, cx: &mut Context<'_>) -> bool {
         let since = *self.since.get_or_insert_with(std::time::Instant::now);
-        let spin = self.drive.drive(since.elapsed());
+        let spin = self.drive.drive(since.elapsed(), cx.waker());
         if spin {
             cx.waker().wake_by_ref();
         }
