@@ -27,7 +27,11 @@ const HUGE_PAGE: usize = 2 << 20;
 /// pages before anything touches it.
 pub fn large_vec<T>(len: usize) -> Vec<T> {
     let v: Vec<T> = Vec::with_capacity(len);
-    let bytes = v.capacity().saturating_mul(std::mem::size_of::<T>());
+    // Zero-sized elements own no memory (and report an unbounded capacity).
+    let bytes = match std::mem::size_of::<T>() {
+        0 => 0,
+        sz => v.capacity().saturating_mul(sz),
+    };
     if bytes >= HUGE_PAGE_MIN {
         advise_huge(v.as_ptr() as usize, bytes);
     }
@@ -66,5 +70,8 @@ mod tests {
             v.extend((0..len as u64).map(|i| i * 7));
             assert!(v.iter().enumerate().all(|(i, x)| *x == i as u64 * 7));
         }
+        let mut z: Vec<()> = large_vec(10);
+        z.push(());
+        assert_eq!(z.len(), 1);
     }
 }
