@@ -85,11 +85,9 @@ impl Statistics {
     pub fn record_op(&self, name: &str, elapsed: Duration) {
         let mut ops = self.ops.lock().unwrap_or_else(|p| p.into_inner());
         // Look up by &str first: no allocation on the hot path.
-        if !ops.contains_key(name) {
-            ops.insert(name.to_string(), Default::default());
-        }
-        let Some(e) = ops.get_mut(name) else {
-            return;
+        let e = match ops.get_mut(name) {
+            Some(e) => e,
+            None => ops.entry(name.to_string()).or_default(),
         };
         e.count += 1;
         e.total += elapsed;

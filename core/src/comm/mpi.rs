@@ -340,10 +340,23 @@ impl Shared {
         }
     }
 
+    /// Runs one pass on the engine `e` holds, releases it, then wakes the
+    /// tasks that waited for that pass to end; returns the pass's `busy`.
+    fn run_pass(&self, mut e: MutexGuard<'_, Engine>) -> bool {
+        let busy = e.pass();
+        drop(e);
+        self.pass_ended();
+        busy
+    }
+
     /// Wakes the tasks that waited for the pass that just ended; call it
     /// after releasing the engine.
     fn pass_ended(&self) {
-        if self.any_contended.swap(false, Ordering::AcqRel) {
+        // A load first: the progress thread ends a pass every few us, and
+        // most have no waiter (a swap would write the line each time).
+        if self.any_contended.load(Ordering::Acquire)
+            && self.any_contended.swap(false, Ordering::AcqRel)
+        {
             let wakers =
                 std::mem::take(&mut *self.contended.lock().unwrap_or_else(|p| p.into_inner()));
             for w in wakers {
@@ -371,10 +384,8 @@ impl Drive for Shared {
         if spin {
             self.last_driven.store(self.now_ns(), Ordering::Relaxed);
         }
-        if let Some(mut e) = self.try_engine() {
-            e.pass();
-            drop(e);
-            self.pass_ended();
+        if let Some(e) = self.try_engine() {
+            self.run_pass(e);
             return spin;
         }
         // Another thread is in a pass: sleep until it ends.
@@ -384,10 +395,8 @@ impl Drive for Shared {
             .push(waker.clone());
         self.any_contended.store(true, Ordering::Release);
         // It may have ended before the waker was in the list: look again.
-        if let Some(mut e) = self.try_engine() {
-            e.pass();
-            drop(e);
-            self.pass_ended();
+        if let Some(e) = self.try_engine() {
+            self.run_pass(e);
         }
         false
     }
@@ -536,9 +545,8 @@ fn progress(
                 std::thread::sleep(HANDOFF / 2);
                 continue;
             }
-            e.pass()
+            shared.run_pass(e)
         };
-        shared.pass_ended();
         // Sends in flight need MPI progress (rendezvous): keep polling
         // without sleeping while there is traffic.
         if busy {
@@ -582,16 +590,14 @@ impl Communicator for MpiComm {
         };
         // Post at once when the engine is free: queued requests first (a
         // pass takes them in order), so per (dst, tag) order holds.
-        if let Some(mut e) = self.shared.try_engine() {
+        if let Some(e) = self.shared.try_engine() {
             if e.gone || e.finished.is_some() {
                 return Box::pin(std::future::ready(Err(CommError::Shutdown { rank })));
             }
             if self.tx.send(req).is_err() {
                 return Box::pin(std::future::ready(Err(CommError::Shutdown { rank })));
             }
-            e.pass();
-            drop(e);
-            self.shared.pass_ended();
+            self.shared.run_pass(e);
         } else if self.tx.send(req).is_err() {
             return Box::pin(std::future::ready(Err(CommError::Shutdown { rank })));
         }
