@@ -615,119 +615,158 @@ extern "C" __global__ void rolling_window(const i64* ts, const i64* key, const d
 }
 
 // ---------------------------------------------------------------------------
-// The fast path: one block per tile of ROLL_TILE output rows; each thread
-// owns R consecutive output rows and walks them with two monotone pointers.
+// The fast path: one block per tile of ROLL_TILE output rows with the rows
+// its windows reach in shared memory. Every per-row step is O(1) or one
+// sparse-table level, and the same for all lanes of a warp: no lane loops
+// over its window (the previous form did, and lost half its issue slots to
+// lanes waiting on the longest window of their warp).
 //
-//   shared region:  [ halo (up to ROLL_OFF rows) | tile rows | ROLL_EXTRA ]
-//                    loaded 64 halo rows first, all of it if the first
-//                    row's window reaches further back (ts, value; nulls
-//                    stored as NaN)
-//   per thread:     windows [lo_j, hi_j) of its rows j = 0..R-1, both ends
-//                   non-decreasing in j:
-//     count, sum, sum of squares:  one running double-double window; rows
-//                                  are added as hi moves, subtracted as lo
-//                                  moves: O(w + 2R) steps for R rows
-//     min, max:      pivot P = hi_0 lies in every window when lo_{R-1} <= P:
-//                    forward  F_j = min [P, hi_j)   (hi_j grows with j)
-//                    backward B_j = min [lo_j, P)   (lo_j falls as j falls)
-//                    window   = min(F_j, B_j); merges only: O(w + R) steps
-//                    (shorter windows: each window directly)
-//   outputs:        staged in shared memory, written coalesced
+//   1 load     region = [ halo (up to ROLL_OFF rows) | tile | ROLL_EXTRA ]:
+//              ts (and key), values (NaN marks a null); 64 halo rows
+//              first, all of them when the first row's window reaches
+//              further back; values checked as they arrive
+//   2 bounds   each thread: 4 consecutive rows; the window [lo, hi) of the
+//              first by galloping, the rest by monotone pointers
+//   3 sums     exclusive prefix sums over the region in double-double
+//              (block scan: thread chunks, warp shuffles, warp totals);
+//              per row: sum = P[hi] - P[lo]; non-null counts the same way
+//              when there are nulls (hi - lo otherwise)
+//   4 squares  the same scan over x^2 (taken exactly with an fma); the
+//              variance from both window sums in double-double
+//   5 min/max  a sparse table built in place: level L holds the min/max of
+//              rows [j, j + 2^L); a window of len rows reads level
+//              floor(log2 len) at lo and at hi - 2^L, as that level is built
+//   outputs    row-parallel (tile row t + 256 k): every store is coalesced
 //
-// Cost: about (w / R + 3) double-double steps per row for the sums and
-// (w / R + 1) min/max steps, plus one read and one write: memory-bound for
-// windows of up to a few hundred rows. Subtraction is exact to ~2^-100 of
-// the largest running sum, so a tile that holds a NaN, an infinity, a value
+// Cost per output row: ~1.1 region rows loaded and scanned twice; two
+// prefix differences; one reciprocal and one square root; log2(w) + 1
+// table levels. Prefix differences are exact to ~2^-100 of the region's
+// magnitude, which is why a tile that holds a NaN, an infinity, a value
 // above 1e150, or values more than 2^40 apart in magnitude, or whose
 // windows reach past the region (long windows, long runs of one ts), is
 // flagged and left to the general path (rolling_window with `only`).
 // ---------------------------------------------------------------------------
 
-struct DD {
-    double hi, lo;
-};
-
-__device__ __forceinline__ DD dd_add(DD a, DD b) {
-    double s, e;
-    two_sum(a.hi, b.hi, &s, &e);
-    e += a.lo + b.lo;
-    double h = s + e;
-    DD r;
-    r.hi = h;
-    r.lo = e - (h - s);
-    return r;
-}
-
-__device__ __forceinline__ DD dd_sub(DD a, DD b) {
-    DD nb;
-    nb.hi = -b.hi;
-    nb.lo = -b.lo;
-    return dd_add(a, nb);
-}
-
-__device__ __forceinline__ DD dd_prod(double a, double b) {
-    DD r;
-    r.hi = a * b;
-    r.lo = fma(a, b, -r.hi);
-    return r;
-}
-
-__device__ __forceinline__ DD dd_mul(DD a, DD b) {
-    double p = a.hi * b.hi;
-    double e = fma(a.hi, b.hi, -p);
-    e += a.hi * b.lo + a.lo * b.hi;
-    DD r;
-    r.hi = p + e;
-    r.lo = e - (r.hi - p);
-    return r;
-}
-
-__device__ __forceinline__ DD dd_div(DD a, double b) {
-    double q1 = a.hi / b;
-    DD rem = dd_sub(a, dd_prod(q1, b));
-    double q2 = rem.hi / b;
-    DD r;
-    r.hi = q1 + q2;
-    r.lo = q2 - (r.hi - q1);
-    return r;
-}
-
-#define ROLL_REGION ROLL_PAD(ROLL_CAP)
+#define ROLL_THREADS 256
+#define ROLL_R (ROLL_TILE / ROLL_THREADS)                          // rows per thread
+#define ROLL_CHUNK ((ROLL_CAP + ROLL_THREADS - 1) / ROLL_THREADS)  // region rows per thread
+// Padded region slots, P[end] included; even, so s_a and s_b together are
+// ROLL_SLOTS 16-byte (min, max) pairs in the min/max phase.
+#define ROLL_SLOTS (ROLL_PAD(ROLL_CAP) + 2)
 #define ROLL_STAGE ROLL_PAD(ROLL_TILE)
+#define ROLL_FULL 0xFFFFFFFFu
 
-// Running window sums: (s, e) is an unnormalised double-double (e gathers
-// the rounding errors of s); x^2 is taken exactly with an fma.
-struct RollRun {
-    double s1, e1, s2, e2;
-    u32 c;
-};
-
-__device__ __forceinline__ void run_add(RollRun* w, double x, bool need2) {
+// (ah, al) += (bh, bl), double-double, normalised.
+__device__ __forceinline__ void dd_acc(double* ah, double* al, double bh, double bl) {
     double s, e;
-    two_sum(w->s1, x, &s, &e);
-    w->s1 = s;
-    w->e1 += e;
-    if (need2) {
-        double p = x * x, pe = fma(x, x, -p);
-        two_sum(w->s2, p, &s, &e);
-        w->s2 = s;
-        w->e2 += e + pe;
-    }
-    w->c += 1;
+    two_sum(*ah, bh, &s, &e);
+    e += *al + bl;
+    double h = s + e;
+    *al = e - (h - s);
+    *ah = h;
 }
 
-__device__ __forceinline__ void run_sub(RollRun* w, double x, bool need2) {
-    double s, e;
-    two_sum(w->s1, -x, &s, &e);
-    w->s1 = s;
-    w->e1 += e;
-    if (need2) {
-        double p = x * x, pe = fma(x, x, -p);
-        two_sum(w->s2, -p, &s, &e);
-        w->s2 = s;
-        w->e2 += e - pe;
+// Adds one row's term to the unnormalised pair (s, e): x, or x^2 taken
+// exactly (SQ).
+template <bool SQ>
+__device__ __forceinline__ void roll_term(double* s, double* e, double x) {
+    double t, err;
+    if (SQ) {
+        double p = x * x;
+        double pe = fma(x, x, -p);
+        two_sum(*s, p, &t, &err);
+        *e += err + pe;
+    } else {
+        two_sum(*s, x, &t, &err);
+        *e += err;
     }
-    w->c -= 1;
+    *s = t;
+}
+
+// Exclusive prefix sums over region rows [base, end): P[j] = sum of the
+// terms of rows [base, j) for j in [base, end], at slot ROLL_PAD(j) of
+// (ph, pl) as an unnormalised pair; with CNT also pc[j] = non-null rows in
+// [base, j). Nulls (NaN) add nothing. tot, totc: shared scratch for the
+// warp totals (16 doubles, 8 counts). Callers sync before reading P.
+template <bool SQ, bool CNT>
+__device__ void roll_prefix(const double* s_x, double* ph, double* pl, u32* pc, u32 base, u32 end,
+                            double* tot, u32* totc) {
+    u32 t = threadIdx.x, lane = t & 31, warp = t >> 5;
+    u32 c = (end - base + ROLL_THREADS - 1) / ROLL_THREADS;
+    u32 j0 = base + t * c;
+    u32 j1 = j0 + c < end ? j0 + c : end;
+    double s = 0, e = 0;
+    u32 n = 0;
+    for (u32 j = j0; j < j1; j++) {
+        double x = s_x[ROLL_PAD(j)];
+        bool ok = x == x;
+        if (CNT) n += ok;
+        roll_term<SQ>(&s, &e, ok ? x : 0.0);
+    }
+    double h = s + e, l = e - (h - s);
+#pragma unroll
+    for (u32 d = 1; d < 32; d <<= 1) {
+        double oh = __shfl_up_sync(ROLL_FULL, h, d), ol = __shfl_up_sync(ROLL_FULL, l, d);
+        u32 on = CNT ? __shfl_up_sync(ROLL_FULL, n, d) : 0;
+        if (lane >= d) {
+            dd_acc(&h, &l, oh, ol);
+            if (CNT) n += on;
+        }
+    }
+    double xh = __shfl_up_sync(ROLL_FULL, h, 1), xl = __shfl_up_sync(ROLL_FULL, l, 1);
+    u32 xn = CNT ? __shfl_up_sync(ROLL_FULL, n, 1) : 0;
+    if (lane == 0) { xh = 0; xl = 0; xn = 0; }
+    if (lane == 31) {
+        tot[2 * warp] = h;
+        tot[2 * warp + 1] = l;
+        if (CNT) totc[warp] = n;
+    }
+    __syncthreads();
+    for (u32 w = 0; w < warp; w++) {
+        dd_acc(&xh, &xl, tot[2 * w], tot[2 * w + 1]);
+        if (CNT) xn += totc[w];
+    }
+    s = xh;
+    e = xl;
+    n = xn;
+    for (u32 j = j0; j < j1; j++) {
+        u32 p = ROLL_PAD(j);
+        ph[p] = s;
+        pl[p] = e;
+        if (CNT) pc[p] = n;
+        double x = s_x[p];
+        bool ok = x == x;
+        if (CNT) n += ok;
+        roll_term<SQ>(&s, &e, ok ? x : 0.0);
+    }
+    if (j0 < end && j1 == end) {
+        u32 p = ROLL_PAD(end);
+        ph[p] = s;
+        pl[p] = e;
+        if (CNT) pc[p] = n;
+    }
+}
+
+// (h, l) = P[b] - P[a], normalised.
+__device__ __forceinline__ void roll_diff(const double* ph, const double* pl, u32 a, u32 b,
+                                          double* h, double* l) {
+    u32 pa = ROLL_PAD(a), pb = ROLL_PAD(b);
+    double s, e;
+    two_sum(ph[pb], -ph[pa], &s, &e);
+    e += pl[pb] - pl[pa];
+    double r = s + e;
+    *l = e - (r - s);
+    *h = r;
+}
+
+// 1 / c for a count c >= 1: the hardware estimate and three Newton steps
+// (each doubles the correct bits); within an ulp of 1 / c.
+__device__ __forceinline__ double roll_rcp(double c) {
+    double r;
+    asm("rcp.approx.ftz.f64 %0, %1;" : "=d"(r) : "d"(c));
+#pragma unroll
+    for (int i = 0; i < 3; i++) r = fma(r, fma(-c, r, 1.0), r);
+    return r;
 }
 
 __device__ __forceinline__ void roll_flag(u32* flags, u32* flagged) {
@@ -735,21 +774,30 @@ __device__ __forceinline__ void roll_flag(u32* flags, u32* flagged) {
     atomicAdd(flagged, 1u);
 }
 
-template <int R, int T>
-__device__ __forceinline__ void roll_tile(const i64* ts, const i64* key, const double* v, const u8* valid,
-                                          u64 n, u64 emit_from, i64 window, u32 closed,
-                                          const u64* ptrs, u32* flags, u32* flagged) {
+// The output pointers of the tile pass, by value (they live in the
+// constant bank: no loads): values per slot, then validity per slot
+// (slot order as in `ptrs` of rolling_window; 0 = not wanted).
+struct RollOut {
+    u64 p[14];
+};
+
+extern "C" __global__ void __launch_bounds__(ROLL_THREADS, 4)
+rolling_tile(const i64* ts, const i64* key, const double* v, const u8* valid,
+             u64 n, u64 emit_from, i64 window, u32 closed,
+             const RollOut out, u32* flags, u32* flagged) {
+    const u32 T = ROLL_THREADS, R = ROLL_R;
     extern __shared__ double smem[];
-    i64* s_ts = (i64*)smem;                               // ROLL_REGION
-    double* s_x = smem + ROLL_REGION;                     // ROLL_REGION
-    double* g_a = s_x + ROLL_REGION;                      // ROLL_STAGE: sum, then min
-    double* g_b = g_a + ROLL_STAGE;                       // ROLL_STAGE: var, then max
-    u32* g_c = (u32*)(g_b + ROLL_STAGE);                  // ROLL_STAGE: count
-    u32* s_win = g_c + ROLL_STAGE;                        // ROLL_STAGE: lo | hi << 16
-    i64* s_key = key ? (i64*)(s_win + ROLL_STAGE) : 0;    // ROLL_REGION (if grouped)
-    __shared__ u64 s_out[14];  // output values per slot, then validity per slot
-    __shared__ u32 s_halo;
-    __shared__ unsigned long long s_amax, s_amin;  // |x| bit patterns (order-preserving)
+    double* s_x = smem;                          // values (NaN: null)
+    double* s_a = s_x + ROLL_SLOTS;              // ts, then P (hi), then level min
+    double* s_b = s_a + ROLL_SLOTS;              // key, then P (lo), then level max
+    u32* s_cnt = (u32*)(s_b + ROLL_SLOTS);       // prefix counts of non-null rows
+    u32* s_win = s_cnt + ROLL_SLOTS;             // per tile row: lo | hi << 16
+    i64* s_ts = (i64*)s_a;
+    i64* s_key = key ? (i64*)s_b : 0;
+    __shared__ u32 s_halo, s_levels;
+    __shared__ u32 s_amax, s_amin;  // high words of |x|'s bit patterns (order-preserving)
+    __shared__ double s_tot[16];
+    __shared__ u32 s_totc[8];
 
     u32 t = threadIdx.x;
     u64 a = emit_from + (u64)blockIdx.x * ROLL_TILE;     // first output row
@@ -757,15 +805,13 @@ __device__ __forceinline__ void roll_tile(const i64* ts, const i64* key, const d
     u64 e = b + ROLL_EXTRA < n ? b + ROLL_EXTRA : n;      // end of the region
     bool incl_hi = closed <= 1;
     bool incl_lo = closed == 1 || closed == 2;
-    bool need1 = ptrs[8] || ptrs[9] || ptrs[13] || ptrs[14];   // sum, mean, std, var
-    bool need2 = ptrs[13] || ptrs[14];                          // std, var
-    bool need_mm = ptrs[10] || ptrs[11];                        // min, max
-    if (t < 14) s_out[t] = ptrs[8 + t];
-    if (t == 0) { s_amax = 0; s_amin = 0x7FEFFFFFFFFFFFFFULL; }
+    bool need1 = out.p[0] || out.p[1] || out.p[5] || out.p[6];   // sum, mean, std, var
+    bool need2 = out.p[5] || out.p[6];                            // std, var
+    bool need_mm = out.p[2] || out.p[3];                          // min, max
+    if (t == 0) { s_amax = 0; s_amin = 0x7FEFFFFFu; s_levels = 0; }
 
     // 1. Tile rows and the first halo guess; then the whole halo if the
-    //    first row's window reaches further back. Values are checked as
-    //    they arrive.
+    //    first row's window reaches further back.
     bool bad = false;
     double amax = 0, amin = 1e308;
     u64 h = a < ROLL_FIRST_HALO ? a : ROLL_FIRST_HALO;
@@ -793,7 +839,7 @@ __device__ __forceinline__ void roll_tile(const i64* ts, const i64* key, const d
         lo_row = from;
         __syncthreads();
         if (t == 0) {
-            // Does row a's window start after the first loaded row?
+            // Does row a's window start before the first loaded row?
             u32 f = (u32)(ROLL_OFF - h);
             i64 t0 = s_ts[ROLL_PAD(ROLL_OFF)];
             i64 k0 = key ? s_key[ROLL_PAD(ROLL_OFF)] : 0;
@@ -813,34 +859,35 @@ __device__ __forceinline__ void roll_tile(const i64* ts, const i64* key, const d
         }
         h = full;
     }
-    // Prefix-free sums lose digits of windows 2^40 below the running sum's
+    // Prefix differences lose digits of windows 2^40 below the region's
     // magnitude: such tiles go to the general pass.
-    if (need1 && amax > 0) {
-        atomicMax(&s_amax, (unsigned long long)__double_as_longlong(amax));
-        atomicMin(&s_amin, (unsigned long long)__double_as_longlong(amin));
+    // (High words: the magnitudes to 2^-20, plenty for this test.)
+    u32 wmax = __reduce_max_sync(ROLL_FULL, (u32)((u64)__double_as_longlong(amax) >> 32));
+    u32 wmin = __reduce_min_sync(ROLL_FULL, (u32)((u64)__double_as_longlong(amin) >> 32));
+    if (need1 && (t & 31) == 0) {
+        atomicMax(&s_amax, wmax);
+        atomicMin(&s_amin, wmin);
     }
     __syncthreads();
     if (need1 && s_amax > 0 &&
-        __longlong_as_double((long long)s_amax) > 1099511627776.0 * __longlong_as_double((long long)s_amin))
+        __longlong_as_double((long long)((u64)s_amax << 32)) >
+            1099511627776.0 * __longlong_as_double((long long)((u64)s_amin << 32)))
         bad = true;
     if (__syncthreads_or(bad)) {
         if (t == 0) roll_flag(flags, flagged);
         return;
     }
 
-    // 2. One walk over this thread's rows: window bounds (region indices
-    //    [lo, hi), kept in s_win for the min/max walk), the running sums,
-    //    and each row's count, sum and variance, staged.
+    // 2. Window bounds (region indices [lo, hi)) of this thread's R
+    //    consecutive rows, into s_win; the highest table level any needs.
     u32 base = (u32)(ROLL_OFF - h);           // region index of row a - h
     u32 end = (u32)(ROLL_OFF + (e - a));      // one past the region's last row
-    u32 r0 = ROLL_OFF + t * R;                // region index of the first own row
-    u64 first = a + (u64)t * R;
-    u32 nact = first >= b ? 0 : (b - first < (u64)R ? (u32)(b - first) : (u32)R);
+    u32 rows = (u32)(b - a);
     bool over = false;
     {
-        u32 hp = 0, lp = 0, pl = 0, ph = 0;
-        RollRun w;
-        w.s1 = 0; w.e1 = 0; w.s2 = 0; w.e2 = 0; w.c = 0;
+        u32 r0 = ROLL_OFF + t * R;            // region index of the first own row
+        u32 nact = t * R >= rows ? 0 : (rows - t * R < R ? rows - t * R : R);
+        u32 hp = 0, lp = 0, top = 0;
 #pragma unroll 1
         for (u32 j = 0; j < nact; j++) {
             u32 ri = r0 + j;
@@ -851,8 +898,6 @@ __device__ __forceinline__ void roll_tile(const i64* ts, const i64* key, const d
             if (j == 0) {
                 hp = incl_hi ? roll_upper<true>(s_ts, s_key, end, ri, ki, ti) : roll_lower<true>(s_ts, s_key, base, ri, ki, ti);
                 lp = empty ? hp : roll_lower<true>(s_ts, s_key, base, ri, ki, st);
-                pl = lp;
-                ph = lp;
             } else {
                 if (incl_hi) {
                     if (hp < ri + 1) hp = ri + 1;
@@ -864,138 +909,151 @@ __device__ __forceinline__ void roll_tile(const i64* ts, const i64* key, const d
                 else while (lp < ri && roll_before<true>(s_ts, s_key, lp, ki, st)) lp++;
             }
             if (hp == end && e < n) over = true;  // ties past the region
-            u32 sp = ROLL_PAD(t * R + j);
-            s_win[sp] = lp | (hp << 16);
-#pragma unroll 4
-            for (; ph < hp; ph++) {
-                double x = s_x[ROLL_PAD(ph)];
-                if (x == x) run_add(&w, x, need2);
-            }
-#pragma unroll 4
-            for (; pl < lp; pl++) {
-                double x = s_x[ROLL_PAD(pl)];
-                if (x == x) run_sub(&w, x, need2);
-            }
-            double sum = 0, var = 0;
-            if (w.c > 0 && need1) {
-                DD s1;
-                two_sum(w.s1, w.e1, &s1.hi, &s1.lo);
-                sum = s1.hi;
-                if (need2 && w.c >= 2) {
-                    DD s2;
-                    two_sum(w.s2, w.e2, &s2.hi, &s2.lo);
-                    DD m2 = dd_sub(s2, dd_mul(s1, dd_div(s1, (double)w.c)));
-                    var = m2.hi / (double)(w.c - 1);
-                    if (var < 0) var = 0;
-                }
-            }
-            g_c[sp] = w.c;
-            g_a[sp] = sum;
-            g_b[sp] = var;
+            s_win[ROLL_PAD(t * R + j)] = lp | (hp << 16);
+            if (hp - lp >= 2) top = max(top, 31u - __clz(hp - lp));
         }
+        top = __reduce_max_sync(ROLL_FULL, top);
+        if (need_mm && (t & 31) == 0 && top > 0) atomicMax(&s_levels, top);
     }
     if (__syncthreads_or(over)) {
         if (t == 0) roll_flag(flags, flagged);
         return;
     }
 
-    // 3. Write out, coalesced: sum, mean, count, std, var.
-    u32 rows = (u32)(b - a);
-    u64 out0 = a - emit_from;
-    for (u32 r = t; r < rows; r += T) {
-        u32 sp = ROLL_PAD(r);
-        u32 c = g_c[sp];
-        double sum = g_a[sp], var = g_b[sp];
-        bool ok1 = c > 0, ok2 = c >= 2;
-        u64 o = out0 + r;
-        if (s_out[0]) ((double*)s_out[0])[o] = ok1 ? sum : 0.0;
-        if (s_out[1]) ((double*)s_out[1])[o] = ok1 ? sum / (double)c : 0.0;
-        if (s_out[4]) ((i64*)s_out[4])[o] = (i64)c;
-        if (s_out[5]) ((double*)s_out[5])[o] = ok2 ? sqrt(var) : 0.0;
-        if (s_out[6]) ((double*)s_out[6])[o] = ok2 ? var : 0.0;
-        if (s_out[7]) ((u8*)s_out[7])[o] = ok1;
-        if (s_out[8]) ((u8*)s_out[8])[o] = ok1;
-        if (s_out[9]) ((u8*)s_out[9])[o] = ok1;
-        if (s_out[10]) ((u8*)s_out[10])[o] = ok1;
-        if (s_out[11]) ((u8*)s_out[11])[o] = 1;
-        if (s_out[12]) ((u8*)s_out[12])[o] = ok2;
-        if (s_out[13]) ((u8*)s_out[13])[o] = ok2;
+    // 3. Counts and sums; sum, mean, count and the validity that only
+    //    depends on the count. Tile row t + T k is this thread's k-th row.
+    u64 o0 = a - emit_from;
+    bool nulls = valid != 0;
+    u32 cnt[ROLL_R];
+    double s1h[ROLL_R], s1l[ROLL_R];
+    if (need1 || nulls) {
+        if (nulls) roll_prefix<false, true>(s_x, s_a, s_b, s_cnt, base, end, s_tot, s_totc);
+        else roll_prefix<false, false>(s_x, s_a, s_b, s_cnt, base, end, s_tot, s_totc);
+        __syncthreads();
+    }
+#pragma unroll
+    for (u32 k = 0; k < R; k++) {
+        u32 r = t + T * k;
+        cnt[k] = 0;
+        s1h[k] = 0;
+        s1l[k] = 0;
+        if (r >= rows) continue;
+        u32 w = s_win[ROLL_PAD(r)], lo = w & 0xFFFFu, hi = w >> 16;
+        u32 c = nulls ? s_cnt[ROLL_PAD(hi)] - s_cnt[ROLL_PAD(lo)] : hi - lo;
+        double sh = 0, sl = 0;
+        if (need1 && c > 0) roll_diff(s_a, s_b, lo, hi, &sh, &sl);
+        cnt[k] = c;
+        s1h[k] = sh;
+        s1l[k] = sl;
+        bool ok1 = c > 0;
+        u64 o = o0 + r;
+        if (out.p[0]) ((double*)out.p[0])[o] = sh;
+        if (out.p[1]) ((double*)out.p[1])[o] = ok1 ? sh * roll_rcp((double)c) : 0.0;
+        if (out.p[4]) ((i64*)out.p[4])[o] = (i64)c;
+        if (out.p[7]) ((u8*)out.p[7])[o] = ok1;
+        if (out.p[8]) ((u8*)out.p[8])[o] = ok1;
+        if (out.p[9]) ((u8*)out.p[9])[o] = ok1;
+        if (out.p[10]) ((u8*)out.p[10])[o] = ok1;
+        if (out.p[11]) ((u8*)out.p[11])[o] = 1;
+    }
+
+    // 4. Sums of squares: var = (S2 - S1 * (S1 / c)) / (c - 1), all of it
+    //    in double-double but the last step.
+    if (need2) {
+        __syncthreads();  // every read of the first prefix is done
+        roll_prefix<true, false>(s_x, s_a, s_b, s_cnt, base, end, s_tot, s_totc);
+        __syncthreads();
+#pragma unroll
+        for (u32 k = 0; k < R; k++) {
+            u32 r = t + T * k;
+            if (r >= rows) continue;
+            u32 c = cnt[k];
+            bool ok2 = c >= 2;
+            double var = 0;
+            if (ok2) {
+                u32 w = s_win[ROLL_PAD(r)];
+                double s2h, s2l;
+                roll_diff(s_a, s_b, w & 0xFFFFu, w >> 16, &s2h, &s2l);
+                double cd = (double)c, rc = roll_rcp(cd);
+                double qh = s1h[k] * rc;                           // S1 / c ...
+                double ql = (fma(-qh, cd, s1h[k]) + s1l[k]) * rc;  // ... and its remainder
+                double p = s1h[k] * qh;                            // S1 * (S1 / c)
+                double pe = fma(s1h[k], qh, -p) + (s1h[k] * ql + s1l[k] * qh);
+                double m, me;
+                two_sum(s2h, -p, &m, &me);
+                me += s2l - pe;
+                var = (m + me) * roll_rcp(cd - 1.0);
+                if (var < 0) var = 0;
+            }
+            u64 o = o0 + r;
+            if (out.p[5]) ((double*)out.p[5])[o] = ok2 ? sqrt(var) : 0.0;
+            if (out.p[6]) ((double*)out.p[6])[o] = ok2 ? var : 0.0;
+            if (out.p[12]) ((u8*)out.p[12])[o] = ok2;
+            if (out.p[13]) ((u8*)out.p[13])[o] = ok2;
+        }
     }
     if (!need_mm) return;
-    __syncthreads();  // g_a and g_b take min and max now
 
-    // 4. Min and max (merges only): with P = hi of the first own row, every
-    //    window holds P when the last row's window starts at or before it.
-    if (nact > 0) {
-        u32 sp0 = ROLL_PAD(t * R);
-        u32 P = s_win[sp0] >> 16;
-        u32 lo_last = s_win[ROLL_PAD(t * R + nact - 1)] & 0xFFFFu;
-        if (lo_last <= P) {
-            double m0 = ROLL_NAN, m1 = ROLL_NAN;
-            u32 q = P;
+    // 5. Min and max: level 0 is s_x itself; level L (L >= 1) is built in
+    //    place as (min, max) pairs over s_a and s_b. Entry j of level L is
+    //    only right when j + 2^L <= end, and only such entries are read.
+    //    Rows of one row leave first; the others as their level is built.
+    double2* s_mm = (double2*)s_a;
+#pragma unroll
+    for (u32 k = 0; k < R; k++) {
+        u32 r = t + T * k;
+        if (r >= rows) continue;
+        u32 w = s_win[ROLL_PAD(r)], lo = w & 0xFFFFu, hi = w >> 16;
+        if (hi - lo <= 1) {
+            double x = cnt[k] > 0 ? s_x[ROLL_PAD(lo)] : 0.0;
+            u64 o = o0 + r;
+            if (out.p[2]) ((double*)out.p[2])[o] = x;
+            if (out.p[3]) ((double*)out.p[3])[o] = x;
+        }
+    }
+    __syncthreads();  // every read of the prefixes is done
+    u32 top = s_levels;
 #pragma unroll 1
-            for (u32 j = 0; j < nact; j++) {
-                u32 sp = ROLL_PAD(t * R + j);
-                u32 hj = s_win[sp] >> 16;
-#pragma unroll 4
-                for (; q < hj; q++) {
-                    double x = s_x[ROLL_PAD(q)];
-                    m0 = fmin(m0, x);
-                    m1 = fmax(m1, x);
+    for (u32 L = 1; L <= top; L++) {
+        u32 half = 1u << (L - 1);
+        double2 nm[ROLL_CHUNK];
+#pragma unroll
+        for (u32 m = 0; m < ROLL_CHUNK; m++) {
+            u32 j = base + t + T * m;  // lanes on consecutive slots: no bank conflicts
+            nm[m] = make_double2(ROLL_NAN, ROLL_NAN);
+            if (j + half < end) {
+                u32 p = ROLL_PAD(j), q = ROLL_PAD(j + half);
+                if (L == 1) {
+                    double x = s_x[p], y = s_x[q];
+                    nm[m] = make_double2(fmin(x, y), fmax(x, y));
+                } else {
+                    double2 x = s_mm[p], y = s_mm[q];
+                    nm[m] = make_double2(fmin(x.x, y.x), fmax(x.y, y.y));
                 }
-                g_a[sp] = m0;
-                g_b[sp] = m1;
             }
-            m0 = ROLL_NAN;
-            m1 = ROLL_NAN;
-            q = P;
-#pragma unroll 1
-            for (int j = (int)nact - 1; j >= 0; j--) {
-                u32 sp = ROLL_PAD(t * R + j);
-                u32 lj = s_win[sp] & 0xFFFFu;
-#pragma unroll 4
-                for (; q > lj; q--) {
-                    double x = s_x[ROLL_PAD(q - 1)];
-                    m0 = fmin(m0, x);
-                    m1 = fmax(m1, x);
-                }
-                g_a[sp] = fmin(g_a[sp], m0);
-                g_b[sp] = fmax(g_b[sp], m1);
-            }
-        } else {
-#pragma unroll 1
-            for (u32 j = 0; j < nact; j++) {
-                u32 sp = ROLL_PAD(t * R + j);
-                u32 wj = s_win[sp];
-                double m0 = ROLL_NAN, m1 = ROLL_NAN;
-                for (u32 q = wj & 0xFFFFu; q < (wj >> 16); q++) {
-                    double x = s_x[ROLL_PAD(q)];
-                    m0 = fmin(m0, x);
-                    m1 = fmax(m1, x);
-                }
-                g_a[sp] = m0;
-                g_b[sp] = m1;
+        }
+        if (L > 1) __syncthreads();  // every read of level L - 1 is done
+#pragma unroll
+        for (u32 m = 0; m < ROLL_CHUNK; m++) {
+            u32 j = base + t + T * m;
+            if (j + half < end) s_mm[ROLL_PAD(j)] = nm[m];
+        }
+        __syncthreads();
+#pragma unroll
+        for (u32 k = 0; k < R; k++) {
+            u32 r = t + T * k;
+            if (r >= rows) continue;
+            u32 w = s_win[ROLL_PAD(r)], lo = w & 0xFFFFu, hi = w >> 16;
+            u32 len = hi - lo;
+            if (len >= 2 && 31u - __clz(len) == L) {
+                double2 x = s_mm[ROLL_PAD(lo)], y = s_mm[ROLL_PAD(hi - (1u << L))];
+                bool ok1 = cnt[k] > 0;
+                u64 o = o0 + r;
+                if (out.p[2]) ((double*)out.p[2])[o] = ok1 ? fmin(x.x, y.x) : 0.0;
+                if (out.p[3]) ((double*)out.p[3])[o] = ok1 ? fmax(x.y, y.y) : 0.0;
             }
         }
     }
-    __syncthreads();
-    for (u32 r = t; r < rows; r += T) {
-        u32 sp = ROLL_PAD(r);
-        bool ok1 = g_c[sp] > 0;
-        u64 o = out0 + r;
-        if (s_out[2]) ((double*)s_out[2])[o] = ok1 ? g_a[sp] : 0.0;
-        if (s_out[3]) ((double*)s_out[3])[o] = ok1 ? g_b[sp] : 0.0;
-    }
-}
-
-// 4 rows per thread, 256 threads: ROLL_TILE rows per block. (8 rows and
-// 128 threads measured 1.16-1.4x slower for windows of 11-43 rows on an
-// H200, 1.2x faster for 200-row windows.)
-extern "C" __global__ void __launch_bounds__(256)
-rolling_tile(const i64* ts, const i64* key, const double* v, const u8* valid,
-             u64 n, u64 emit_from, i64 window, u32 closed,
-             const u64* ptrs, u32* flags, u32* flagged) {
-    roll_tile<4, 256>(ts, key, v, valid, n, emit_from, window, closed, ptrs, flags, flagged);
 }
 
 // ---------------------------------------------------------------------------

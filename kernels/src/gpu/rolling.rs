@@ -6,14 +6,14 @@
 //!
 //! ```text
 //!   tiles:    one block per 1024 output rows; the rows and the lookback
-//!             its windows need (up to 448 rows) in shared memory; each
-//!             thread owns 4 consecutive rows and walks them with two
-//!             monotone pointers: one running double-double window for
-//!             count, sum and sum of squares (rows added and subtracted),
-//!             min/max as a forward and a backward scan from a pivot that
-//!             lies in every window (merges only). Outputs staged in
-//!             shared memory and written coalesced: one read of the
-//!             inputs, one write of the outputs.
+//!             its windows need (up to 448 rows) in shared memory; window
+//!             bounds by galloping and monotone pointers (4 consecutive
+//!             rows per thread); count, sum and sum of squares as
+//!             differences of double-double prefix sums over the region
+//!             (block scans); min/max from a sparse table built in place,
+//!             one level per power of two, each row reading its level as
+//!             it is built. Outputs row-parallel and coalesced: one read
+//!             of the inputs, one write of the outputs.
 //!   general:  only for tiles the first pass flags (a window longer than
 //!             the shared region, a long run of one ts, a NaN, an
 //!             infinity, magnitudes 2^40 apart): level 1 = aggregates of
@@ -22,18 +22,19 @@
 //!             entries per level.
 //! ```
 //!
-//! Cost: the first pass takes about w / 4 + 3 double-double steps per row
-//! (w rows per window) and is bound by memory bandwidth for windows of up
-//! to a few hundred rows; the general pass costs O(log w) to find a window
-//! and O(32 log_32 w) merges per row, whatever the window. The running sums
-//! are exact to ~2^-100 of their largest magnitude, which is why tiles with
-//! magnitudes far apart go to the general pass (it only merges). Rows
+//! Cost: the first pass takes O(1) double-double steps per row for the
+//! sums and log2(w) + 1 table levels for min/max (w rows per window), the
+//! same work on every lane of a warp; the general pass costs O(log w) to
+//! find a window and O(32 log_32 w) merges per row, whatever the window.
+//! The prefix differences are exact to ~2^-100 of the region's magnitude,
+//! which is why tiles with magnitudes far apart go to the general pass (it
+//! only merges). Rows
 //! sorted by (key, ts) with a key column make every group its own series:
 //! a window never crosses a key boundary.
 
 use std::sync::Arc;
 
-use braid_core::cuda::cudarc::driver::{LaunchConfig, PushKernelArg};
+use braid_core::cuda::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 use braid_core::cuda::{DeviceBuffer, Gpu};
 
 use super::launch::{KernelError, Kernels, grid, launched};
@@ -56,17 +57,27 @@ const fn padded(k: usize) -> usize {
     k + (k >> 3)
 }
 
-/// The shared memory `rolling_tile` needs: per region row ts and value
-/// (and key when grouped), per tile row the staged count, two staged
-/// values (sum and variance, then min and max) and the window bounds.
-fn tile_shared_bytes(grouped: bool) -> usize {
-    let region = padded(CAP) * 8;
-    let stage = padded(TILE);
-    2 * region + 2 * stage * 8 + 2 * stage * 4 + if grouped { region } else { 0 }
+/// The shared memory `rolling_tile` needs: per region row (and one past
+/// it) the value, two 8-byte slots (ts and key, then the double-double
+/// prefix, then the min/max table) and a prefix count; per tile row the
+/// window bounds.
+fn tile_shared_bytes() -> usize {
+    let slots = padded(CAP) + 2;
+    3 * slots * 8 + slots * 4 + padded(TILE) * 4
 }
 
 /// Threads per block of the shared-memory pass (4 rows each).
 const TILE_THREADS: u32 = 256;
+
+/// The tile pass's output pointers (`RollOut` in `kernels.cu`): values
+/// per slot, then validity per slot; 0 where not wanted. Passed by value,
+/// so the kernel reads them from the constant bank.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+struct TileOutputs([u64; 14]);
+
+// SAFETY: plain old data, laid out as the kernel's `RollOut`.
+unsafe impl DeviceRepr for TileOutputs {}
 
 /// One call's launches.
 struct Pass<'a> {
@@ -74,7 +85,10 @@ struct Pass<'a> {
     input: RollingInput<'a>,
     window: i64,
     closed: u32,
+    /// The pointer table of the general pass: level pointers, then the
+    /// outputs as in `outs`.
     ptrs: &'a DeviceBuffer,
+    outs: TileOutputs,
 }
 
 impl Pass<'_> {
@@ -118,12 +132,12 @@ impl Pass<'_> {
         let rank = self.gpu.rank();
         let k = Kernels::get(self.gpu)?;
         let f = k.func(rank, "rolling_tile")?;
-        let shared = tile_shared_bytes(self.input.key.is_some());
-        // The attribute is the function's, shared by concurrent callers:
-        // always the largest size, so no caller lowers it under another.
+        let shared = tile_shared_bytes();
+        // The attribute is the function's, shared by concurrent callers;
+        // every caller sets the same size.
         f.set_attribute(
             braid_core::cuda::cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            tile_shared_bytes(true) as i32,
+            shared as i32,
         )
         .map_err(|e| {
             KernelError::Cuda(braid_core::cuda::CudaError::Driver {
@@ -139,7 +153,6 @@ impl Pass<'_> {
         wait_inputs(self.gpu, &all)?;
         let (tp, kp, vp, okp, n, e) = self.args();
         let (fp, cp) = (flags.ptr(), flagged.ptr());
-        let pp = self.ptrs.ptr();
         let mut b = self.gpu.stream().launch_builder(f);
         b.arg(&tp)
             .arg(&kp)
@@ -149,7 +162,7 @@ impl Pass<'_> {
             .arg(&e)
             .arg(&self.window)
             .arg(&self.closed)
-            .arg(&pp)
+            .arg(&self.outs)
             .arg(&fp)
             .arg(&cp);
         let cfg = LaunchConfig {
@@ -383,6 +396,8 @@ pub fn rolling(
         let mut flagged = DeviceBuffer::alloc(gpu, 4)?;
         flagged.fill(0)?;
         let d_ptrs = DeviceBuffer::from_slice(gpu, &ptrs)?;
+        let mut tile_outs = [0u64; 14];
+        tile_outs.copy_from_slice(&ptrs[8..22]);
         let mut reads: Vec<&DeviceBuffer> = vec![input.ts, input.values, &d_ptrs];
         reads.extend(input.key);
         reads.extend(input.valid);
@@ -392,6 +407,7 @@ pub fn rolling(
             window,
             closed: code(closed),
             ptrs: &d_ptrs,
+            outs: TileOutputs(tile_outs),
         };
         pass.tiles(&reads, &mut written, &mut flags, &mut flagged, tiles)?;
         let n_flagged: Vec<u32> = flagged.to_vec()?;
