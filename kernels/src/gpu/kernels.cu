@@ -653,7 +653,6 @@ extern "C" __global__ void rolling_window(const i64* ts, const i64* key, const d
 // Padded region slots, P[end] included; even, so s_a and s_b together are
 // ROLL_SLOTS 16-byte (min, max) pairs in the min/max phase.
 #define ROLL_SLOTS (ROLL_PAD(ROLL_CAP) + 2)
-#define ROLL_STAGE ROLL_PAD(ROLL_TILE)
 #define ROLL_FULL 0xFFFFFFFFu
 #define ROLL_INF __longlong_as_double(0x7ff0000000000000LL)
 

@@ -28,9 +28,8 @@
 //! find a window and O(32 log_32 w) merges per row, whatever the window.
 //! The prefix differences are exact to ~2^-100 of the region's magnitude,
 //! which is why tiles with magnitudes far apart go to the general pass (it
-//! only merges). Rows
-//! sorted by (key, ts) with a key column make every group its own series:
-//! a window never crosses a key boundary.
+//! only merges). Rows sorted by (key, ts) with a key column make every
+//! group its own series: a window never crosses a key boundary.
 
 use std::sync::Arc;
 
@@ -85,9 +84,8 @@ struct Pass<'a> {
     input: RollingInput<'a>,
     window: i64,
     closed: u32,
-    /// The pointer table of the general pass: level pointers, then the
-    /// outputs as in `outs`.
-    ptrs: &'a DeviceBuffer,
+    /// Where the outputs go (the general pass puts its level pointers in
+    /// front of them in its own table).
     outs: TileOutputs,
 }
 
@@ -239,8 +237,7 @@ impl Pass<'_> {
             lp[l + 1] = b.ptr();
         }
         // The level pointers go in front of the output pointers.
-        let mut table: Vec<u64> = self.ptrs.to_vec()?;
-        table[..MAX_LEVELS].copy_from_slice(&lp);
+        let table: Vec<u64> = lp.iter().chain(&self.outs.0).copied().collect();
         let d_table = DeviceBuffer::from_slice(gpu, &table)?;
         let mut all: Vec<&DeviceBuffer> = reads.to_vec();
         all.extend(levels.iter());
@@ -376,11 +373,11 @@ pub fn rolling(
         }
     }
     if rows > 0 {
-        let mut ptrs = [0u64; 22];
+        let mut ptrs = [0u64; 14];
         for (s, o) in outs.iter().enumerate() {
             if let Some((v, ok)) = o {
-                ptrs[8 + s] = v.ptr();
-                ptrs[15 + s] = ok.as_ref().map_or(0, |b| b.ptr());
+                ptrs[s] = v.ptr();
+                ptrs[7 + s] = ok.as_ref().map_or(0, |b| b.ptr());
             }
         }
         let mut written: Vec<&mut DeviceBuffer> = Vec::new();
@@ -395,10 +392,7 @@ pub fn rolling(
         flags.fill(0)?;
         let mut flagged = DeviceBuffer::alloc(gpu, 4)?;
         flagged.fill(0)?;
-        let d_ptrs = DeviceBuffer::from_slice(gpu, &ptrs)?;
-        let mut tile_outs = [0u64; 14];
-        tile_outs.copy_from_slice(&ptrs[8..22]);
-        let mut reads: Vec<&DeviceBuffer> = vec![input.ts, input.values, &d_ptrs];
+        let mut reads: Vec<&DeviceBuffer> = vec![input.ts, input.values];
         reads.extend(input.key);
         reads.extend(input.valid);
         let pass = Pass {
@@ -406,8 +400,7 @@ pub fn rolling(
             input,
             window,
             closed: code(closed),
-            ptrs: &d_ptrs,
-            outs: TileOutputs(tile_outs),
+            outs: TileOutputs(ptrs),
         };
         pass.tiles(&reads, &mut written, &mut flags, &mut flagged, tiles)?;
         let n_flagged: Vec<u32> = flagged.to_vec()?;
