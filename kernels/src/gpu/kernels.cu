@@ -358,9 +358,15 @@ extern "C" __global__ void cast_to_i64(const void* in, u32 ty, i64* out, u64 n) 
 #define ROLL_FIRST_HALO 64
 #define ROLL_MAX_LEVELS 8
 #define ROLL_NAN __longlong_as_double(0x7ff8000000000000LL)
-// Shared arrays are padded by one slot per 8 entries, so a warp whose
-// lanes stand 8 rows apart reads distinct banks.
-#define ROLL_PAD(k) ((k) + ((k) >> 3))
+// The tile pass's ts and key (8-byte) and window (4-byte) arrays are
+// padded by one slot per 16 and per 32 entries: the window bounds give
+// each thread 4 consecutive rows, and with the padding lanes 4 rows apart
+// hit distinct banks, while a warp on consecutive rows (aligned to 16 or
+// 32) still reads one contiguous span. Every other shared array is only
+// read by lanes on consecutive rows and is not padded (padding would cost
+// those reads a second wavefront whenever a pad falls inside a span).
+#define ROLL_PT(k) ((k) + ((k) >> 4))
+#define ROLL_PW(k) ((k) + ((k) >> 5))
 
 struct RollAgg {
     double n, sum, comp, mean, m2, mn, mx;
@@ -457,12 +463,12 @@ __device__ __forceinline__ void acc_block(RollAcc* a, const RollAgg& o) {
     a->mx = fmax(a->mx, o.mx);
 }
 
-// Where entry j of a row array lives: at j, or at ROLL_PAD(j) in the tile
+// Where entry j of a row array lives: at j, or at ROLL_PT(j) in the tile
 // pass's padded shared arrays (PAD). I is the index type (u64 in global
 // memory, u32 in shared memory).
 template <bool PAD, typename I>
 __device__ __forceinline__ I roll_slot(I j) {
-    return PAD ? ROLL_PAD(j) : j;
+    return PAD ? ROLL_PT(j) : j;
 }
 
 // (key[j], ts[j]) < (k, x)
@@ -652,9 +658,12 @@ extern "C" __global__ void rolling_window(const i64* ts, const i64* key, const d
 #define ROLL_CHUNK ((ROLL_CAP + ROLL_THREADS - 1) / ROLL_THREADS)  // region rows per thread
 // Padded region slots, P[end] included; even, so s_a and s_b together are
 // ROLL_SLOTS 16-byte (min, max) pairs in the min/max phase.
-#define ROLL_SLOTS (ROLL_PAD(ROLL_CAP) + 2)
+#define ROLL_SLOTS (ROLL_PT(ROLL_CAP) + 2)
 #define ROLL_FULL 0xFFFFFFFFu
+#define ROLL_LOADS 5  // rows a thread loads at once in the load phase
 #define ROLL_INF __longlong_as_double(0x7ff0000000000000LL)
+// The high word of 1e150's bit pattern (0x5F138D35_2E5096AF).
+#define ROLL_HI_1E150 0x5F138D35u
 
 // Min and max of two non-NaN values: a compare and a select (fmin and
 // fmax also order NaNs, at about five times the instructions). In the
@@ -691,22 +700,25 @@ __device__ __forceinline__ void roll_term(double* s, double* e, double x) {
 }
 
 // Exclusive prefix sums over region rows [base, end): P[j] = sum of the
-// terms of rows [base, j) for j in [base, end], at slot ROLL_PAD(j) of
+// terms of rows [base, j) for j in [base, end], at slot j of
 // (ph, pl) as an unnormalised pair; with CNT also pc[j] = non-null rows in
-// [base, j). Nulls (NaN) add nothing. tot, totc: shared scratch for the
-// warp totals (16 doubles, 8 counts). Callers sync before reading P.
-template <bool SQ, bool CNT>
+// [base, j). Nulls (NaN) add nothing; without NUL there are none (the
+// check is skipped). tot, totc: shared scratch for the warp totals (16
+// doubles, 8 counts). Callers sync before reading P.
+template <bool SQ, bool CNT, bool NUL>
 __device__ void roll_prefix(const double* s_x, double* ph, double* pl, u32* pc, u32 base, u32 end,
                             double* tot, u32* totc) {
     u32 t = threadIdx.x, lane = t & 31, warp = t >> 5;
+    // Rows per thread, odd: lanes c rows apart then touch distinct banks.
     u32 c = (end - base + ROLL_THREADS - 1) / ROLL_THREADS;
+    c |= 1;
     u32 j0 = base + t * c;
     u32 j1 = j0 + c < end ? j0 + c : end;
     double s = 0, e = 0;
     u32 n = 0;
     for (u32 j = j0; j < j1; j++) {
-        double x = s_x[ROLL_PAD(j)];
-        bool ok = x == x;
+        double x = s_x[j];
+        bool ok = !NUL || x == x;
         if (CNT) n += ok;
         roll_term<SQ>(&s, &e, ok ? x : 0.0);
     }
@@ -729,25 +741,42 @@ __device__ void roll_prefix(const double* s_x, double* ph, double* pl, u32* pc, 
         if (CNT) totc[warp] = n;
     }
     __syncthreads();
-    for (u32 w = 0; w < warp; w++) {
-        dd_acc(&xh, &xl, tot[2 * w], tot[2 * w + 1]);
-        if (CNT) xn += totc[w];
+    // The earlier warps' totals: lane i holds warp (i mod 8)'s when that
+    // warp comes before this one, and a butterfly over each 8 lanes sums
+    // them (3 steps on every warp, where a loop took up to 7 on the last).
+    {
+        u32 w = lane & (ROLL_THREADS / 32 - 1);
+        double th = 0, tl = 0;
+        u32 tn = 0;
+        if (w < warp) {
+            th = tot[2 * w];
+            tl = tot[2 * w + 1];
+            if (CNT) tn = totc[w];
+        }
+#pragma unroll
+        for (u32 d = ROLL_THREADS / 64; d >= 1; d >>= 1) {
+            double oh = __shfl_xor_sync(ROLL_FULL, th, d), ol = __shfl_xor_sync(ROLL_FULL, tl, d);
+            if (CNT) tn += __shfl_xor_sync(ROLL_FULL, tn, d);
+            dd_acc(&th, &tl, oh, ol);
+        }
+        dd_acc(&xh, &xl, th, tl);
+        if (CNT) xn += tn;
     }
     s = xh;
     e = xl;
     n = xn;
     for (u32 j = j0; j < j1; j++) {
-        u32 p = ROLL_PAD(j);
+        u32 p = j;
         ph[p] = s;
         pl[p] = e;
         if (CNT) pc[p] = n;
         double x = s_x[p];
-        bool ok = x == x;
+        bool ok = !NUL || x == x;
         if (CNT) n += ok;
         roll_term<SQ>(&s, &e, ok ? x : 0.0);
     }
     if (j0 < end && j1 == end) {
-        u32 p = ROLL_PAD(end);
+        u32 p = end;
         ph[p] = s;
         pl[p] = e;
         if (CNT) pc[p] = n;
@@ -757,7 +786,7 @@ __device__ void roll_prefix(const double* s_x, double* ph, double* pl, u32* pc, 
 // (h, l) = P[b] - P[a], normalised.
 __device__ __forceinline__ void roll_diff(const double* ph, const double* pl, u32 a, u32 b,
                                           double* h, double* l) {
-    u32 pa = ROLL_PAD(a), pb = ROLL_PAD(b);
+    u32 pa = a, pb = b;
     double s, e;
     two_sum(ph[pb], -ph[pa], &s, &e);
     e += pl[pb] - pl[pa];
@@ -766,13 +795,13 @@ __device__ __forceinline__ void roll_diff(const double* ph, const double* pl, u3
     *h = r;
 }
 
-// 1 / c for a count c >= 1: the hardware estimate and three Newton steps
+// 1 / c for a count c >= 1: the hardware estimate and two Newton steps
 // (each doubles the correct bits); within an ulp of 1 / c.
 __device__ __forceinline__ double roll_rcp(double c) {
     double r;
     asm("rcp.approx.ftz.f64 %0, %1;" : "=d"(r) : "d"(c));
 #pragma unroll
-    for (int i = 0; i < 3; i++) r = fma(r, fma(-c, r, 1.0), r);
+    for (int i = 0; i < 2; i++) r = fma(r, fma(-c, r, 1.0), r);
     return r;
 }
 
@@ -801,7 +830,7 @@ rolling_tile(const i64* ts, const i64* key, const double* v, const u8* valid,
     u32* s_win = s_cnt + ROLL_SLOTS;             // per tile row: lo | hi << 16
     i64* s_ts = (i64*)s_a;
     i64* s_key = key ? (i64*)s_b : 0;
-    __shared__ u32 s_halo, s_levels;
+    __shared__ u32 s_halo, s_levels, s_lmin, s_hmax;
     __shared__ u32 s_amax, s_amin;  // high words of |x|'s bit patterns (order-preserving)
     __shared__ double s_tot[16];
     __shared__ u32 s_totc[8];
@@ -815,31 +844,52 @@ rolling_tile(const i64* ts, const i64* key, const double* v, const u8* valid,
     bool need1 = out.p[0] || out.p[1] || out.p[5] || out.p[6];   // sum, mean, std, var
     bool need2 = out.p[5] || out.p[6];                            // std, var
     bool need_mm = out.p[2] || out.p[3];                          // min, max
-    if (t == 0) { s_amax = 0; s_amin = 0x7FEFFFFFu; s_levels = 0; }
+    if (t == 0) { s_amax = 0; s_amin = 0x7FEFFFFFu; s_levels = 0; s_lmin = 0xFFFFFFFFu; s_hmax = 0; }
 
     // 1. Tile rows and the first halo guess; then the whole halo if the
     //    first row's window reaches further back.
     bool bad = false;
-    double amax = 0, amin = 1e308;
+    // High words of |x| (order-preserving on magnitudes; 2^-20 relative is
+    // plenty for the checks below): largest, and smallest non-zero.
+    u32 amax = 0, amin = 0x7FEFFFFFu;
     u64 h = a < ROLL_FIRST_HALO ? a : ROLL_FIRST_HALO;
     u64 lo_row = a - h;
     for (u32 pass = 0; pass < 2; pass++) {
         u64 hi_row = pass == 0 ? e : lo_row;  // pass 1: only the new halo rows
         u64 from = a - h;
-        for (u64 j = from + t; j < hi_row; j += T) {
-            u32 k = ROLL_PAD((u32)(ROLL_OFF + j - a));
-            bool ok = !valid || valid[j];
-            double x = v[j];
-            s_ts[k] = ts[j];
-            if (key) s_key[k] = key[j];
-            s_x[k] = ok ? x : ROLL_NAN;
-            if (ok) {
-                double ax = fabs(x);
-                if (x != x) bad = true;  // a NaN value (NaN marks nulls here)
-                if (need1) {
-                    if (!(ax <= 1e150)) bad = true;
-                    amax = fmax(amax, ax);
-                    if (ax > 0) amin = fmin(amin, ax);
+        // Loads first, then stores: ROLL_LOADS rows' loads in flight per
+        // thread instead of one.
+        for (u64 j0 = from + t; j0 < hi_row; j0 += T * ROLL_LOADS) {
+            i64 tv[ROLL_LOADS], kv[ROLL_LOADS];
+            double xv[ROLL_LOADS];
+            bool okv[ROLL_LOADS];
+#pragma unroll
+            for (u32 m = 0; m < ROLL_LOADS; m++) {
+                u64 j = j0 + T * m;
+                if (j < hi_row) {
+                    okv[m] = !valid || valid[j];
+                    xv[m] = v[j];
+                    tv[m] = ts[j];
+                    kv[m] = key ? key[j] : 0;
+                }
+            }
+#pragma unroll
+            for (u32 m = 0; m < ROLL_LOADS; m++) {
+                u64 j = j0 + T * m;
+                if (j >= hi_row) break;
+                u32 k = (u32)(ROLL_OFF + j - a), kt = ROLL_PT(k);
+                double x = xv[m];
+                s_ts[kt] = tv[m];
+                if (key) s_key[kt] = kv[m];
+                s_x[k] = okv[m] ? x : ROLL_NAN;
+                if (okv[m]) {
+                    u32 hw = (u32)__double2hiint(x) & 0x7FFFFFFFu;
+                    // Sums: nothing above 1e150 (nor inf, nor NaN); min/max
+                    // alone: no NaN (NaN marks nulls here).
+                    if (need1 ? hw > ROLL_HI_1E150 : x != x) bad = true;
+                    amax = max(amax, hw);
+                    // A subnormal counts as the smallest normal magnitude.
+                    if (x != 0) amin = min(amin, max(hw, 1u));
                 }
             }
         }
@@ -848,8 +898,8 @@ rolling_tile(const i64* ts, const i64* key, const double* v, const u8* valid,
         if (t == 0) {
             // Does row a's window start before the first loaded row?
             u32 f = (u32)(ROLL_OFF - h);
-            i64 t0 = s_ts[ROLL_PAD(ROLL_OFF)];
-            i64 k0 = key ? s_key[ROLL_PAD(ROLL_OFF)] : 0;
+            i64 t0 = s_ts[ROLL_PT(ROLL_OFF)];
+            i64 k0 = key ? s_key[ROLL_PT(ROLL_OFF)] : 0;
             bool empty0;
             i64 st = roll_start(t0, window, incl_lo, &empty0);
             bool more = false;
@@ -868,9 +918,8 @@ rolling_tile(const i64* ts, const i64* key, const double* v, const u8* valid,
     }
     // Prefix differences lose digits of windows 2^40 below the region's
     // magnitude: such tiles go to the general pass.
-    // (High words: the magnitudes to 2^-20, plenty for this test.)
-    u32 wmax = __reduce_max_sync(ROLL_FULL, (u32)((u64)__double_as_longlong(amax) >> 32));
-    u32 wmin = __reduce_min_sync(ROLL_FULL, (u32)((u64)__double_as_longlong(amin) >> 32));
+    u32 wmax = __reduce_max_sync(ROLL_FULL, amax);
+    u32 wmin = __reduce_min_sync(ROLL_FULL, amin);
     if (need1 && (t & 31) == 0) {
         atomicMax(&s_amax, wmax);
         atomicMin(&s_amin, wmin);
@@ -890,16 +939,17 @@ rolling_tile(const i64* ts, const i64* key, const double* v, const u8* valid,
     u32 base = (u32)(ROLL_OFF - h);           // region index of row a - h
     u32 end = (u32)(ROLL_OFF + (e - a));      // one past the region's last row
     u32 rows = (u32)(b - a);
+    u64 o0 = a - emit_from;
     bool over = false;
     {
         u32 r0 = ROLL_OFF + t * R;            // region index of the first own row
         u32 nact = t * R >= rows ? 0 : (rows - t * R < R ? rows - t * R : R);
-        u32 hp = 0, lp = 0, top = 0;
+        u32 hp = 0, lp = 0, top = 0, lp0 = 0xFFFFFFFFu;
 #pragma unroll 1
         for (u32 j = 0; j < nact; j++) {
             u32 ri = r0 + j;
-            i64 ti = s_ts[ROLL_PAD(ri)];
-            i64 ki = key ? s_key[ROLL_PAD(ri)] : 0;
+            i64 ti = s_ts[ROLL_PT(ri)];
+            i64 ki = key ? s_key[ROLL_PT(ri)] : 0;
             bool empty;
             i64 st = roll_start(ti, window, incl_lo, &empty);
             if (j == 0) {
@@ -916,11 +966,21 @@ rolling_tile(const i64* ts, const i64* key, const double* v, const u8* valid,
                 else while (lp < ri && roll_before<true>(s_ts, s_key, lp, ki, st)) lp++;
             }
             if (hp == end && e < n) over = true;  // ties past the region
-            s_win[ROLL_PAD(t * R + j)] = lp | (hp << 16);
+            s_win[ROLL_PW(t * R + j)] = lp | (hp << 16);
             if (hp - lp >= 2) top = max(top, 31u - __clz(hp - lp));
+            if (j == 0) lp0 = lp;
         }
         top = __reduce_max_sync(ROLL_FULL, top);
         if (need_mm && (t & 31) == 0 && top > 0) atomicMax(&s_levels, top);
+        // The rows the windows reach: [min lo, max hi] bounds every scan
+        // and table level below (the region also holds rows for the
+        // first halo guess and ties past the tile that no window uses).
+        u32 wl = __reduce_min_sync(ROLL_FULL, lp0);
+        u32 wh = __reduce_max_sync(ROLL_FULL, hp);
+        if ((t & 31) == 0) {
+            atomicMin(&s_lmin, wl);
+            atomicMax(&s_hmax, wh);
+        }
     }
     if (__syncthreads_or(over)) {
         if (t == 0) roll_flag(flags, flagged);
@@ -929,13 +989,14 @@ rolling_tile(const i64* ts, const i64* key, const double* v, const u8* valid,
 
     // 3. Counts and sums; sum, mean, count and the validity that only
     //    depends on the count. Tile row t + T k is this thread's k-th row.
-    u64 o0 = a - emit_from;
     bool nulls = valid != 0;
+    base = s_lmin;
+    end = s_hmax;
     u32 cnt[ROLL_R];
     double s1h[ROLL_R], s1l[ROLL_R];
     if (need1 || nulls) {
-        if (nulls) roll_prefix<false, true>(s_x, s_a, s_b, s_cnt, base, end, s_tot, s_totc);
-        else roll_prefix<false, false>(s_x, s_a, s_b, s_cnt, base, end, s_tot, s_totc);
+        if (nulls) roll_prefix<false, true, true>(s_x, s_a, s_b, s_cnt, base, end, s_tot, s_totc);
+        else roll_prefix<false, false, false>(s_x, s_a, s_b, s_cnt, base, end, s_tot, s_totc);
         __syncthreads();
     }
 #pragma unroll
@@ -945,8 +1006,8 @@ rolling_tile(const i64* ts, const i64* key, const double* v, const u8* valid,
         s1h[k] = 0;
         s1l[k] = 0;
         if (r >= rows) continue;
-        u32 w = s_win[ROLL_PAD(r)], lo = w & 0xFFFFu, hi = w >> 16;
-        u32 c = nulls ? s_cnt[ROLL_PAD(hi)] - s_cnt[ROLL_PAD(lo)] : hi - lo;
+        u32 w = s_win[ROLL_PW(r)], lo = w & 0xFFFFu, hi = w >> 16;
+        u32 c = nulls ? s_cnt[hi] - s_cnt[lo] : hi - lo;
         double sh = 0, sl = 0;
         if (need1 && c > 0) roll_diff(s_a, s_b, lo, hi, &sh, &sl);
         cnt[k] = c;
@@ -968,7 +1029,8 @@ rolling_tile(const i64* ts, const i64* key, const double* v, const u8* valid,
     //    in double-double but the last step.
     if (need2) {
         __syncthreads();  // every read of the first prefix is done
-        roll_prefix<true, false>(s_x, s_a, s_b, s_cnt, base, end, s_tot, s_totc);
+        if (nulls) roll_prefix<true, false, true>(s_x, s_a, s_b, s_cnt, base, end, s_tot, s_totc);
+        else roll_prefix<true, false, false>(s_x, s_a, s_b, s_cnt, base, end, s_tot, s_totc);
         __syncthreads();
 #pragma unroll
         for (u32 k = 0; k < R; k++) {
@@ -978,7 +1040,7 @@ rolling_tile(const i64* ts, const i64* key, const double* v, const u8* valid,
             bool ok2 = c >= 2;
             double var = 0;
             if (ok2) {
-                u32 w = s_win[ROLL_PAD(r)];
+                u32 w = s_win[ROLL_PW(r)];
                 double s2h, s2l;
                 roll_diff(s_a, s_b, w & 0xFFFFu, w >> 16, &s2h, &s2l);
                 double cd = (double)c, rc = roll_rcp(cd);
@@ -1006,13 +1068,15 @@ rolling_tile(const i64* ts, const i64* key, const double* v, const u8* valid,
     //    only right when j + 2^L <= end, and only such entries are read.
     //    Rows of one row leave first; the others as their level is built.
     double2* s_mm = (double2*)s_a;
+    u32 lvl = 0;  // byte k: the table level row k reads (0: none)
 #pragma unroll
     for (u32 k = 0; k < R; k++) {
         u32 r = t + T * k;
         if (r >= rows) continue;
-        u32 w = s_win[ROLL_PAD(r)], lo = w & 0xFFFFu, hi = w >> 16;
-        if (hi - lo <= 1) {
-            double x = cnt[k] > 0 ? s_x[ROLL_PAD(lo)] : 0.0;
+        u32 w = s_win[ROLL_PW(r)], lo = w & 0xFFFFu, hi = w >> 16;
+        if (hi - lo >= 2 && cnt[k] > 0) lvl |= (31u - __clz(hi - lo)) << (8 * k);
+        else {  // one row, or nothing but nulls
+            double x = cnt[k] > 0 ? s_x[lo] : 0.0;
             u64 o = o0 + r;
             if (out.p[2]) ((double*)out.p[2])[o] = x;
             if (out.p[3]) ((double*)out.p[3])[o] = x;
@@ -1023,44 +1087,50 @@ rolling_tile(const i64* ts, const i64* key, const double* v, const u8* valid,
 #pragma unroll 1
     for (u32 L = 1; L <= top; L++) {
         u32 half = 1u << (L - 1);
+        // Entries [base, lim) of level L; lanes on consecutive slots (no
+        // bank conflicts): this thread's m-th is slot base + t + T m, so
+        // its addresses are one register plus constants.
+        u32 lim = end > base + half ? end - half : base;
+        u32 jt = base + t;
+        u32 rem = lim > jt ? lim - jt : 0;  // own entries: T m < rem
         double2 nm[ROLL_CHUNK];
+        if (L == 1) {
+            const double *p = s_x + jt, *p2 = p + half;
 #pragma unroll
-        for (u32 m = 0; m < ROLL_CHUNK; m++) {
-            u32 j = base + t + T * m;  // lanes on consecutive slots: no bank conflicts
-            nm[m] = make_double2(ROLL_INF, -ROLL_INF);
-            if (j + half < end) {
-                u32 p = ROLL_PAD(j), q = ROLL_PAD(j + half);
-                double2 x, y;
-                if (L == 1) {
-                    double a = s_x[p], b = s_x[q];
-                    x = a == a ? make_double2(a, a) : make_double2(ROLL_INF, -ROLL_INF);
-                    y = b == b ? make_double2(b, b) : make_double2(ROLL_INF, -ROLL_INF);
-                } else {
-                    x = s_mm[p];
-                    y = s_mm[q];
+            for (u32 m = 0; m < ROLL_CHUNK; m++) {
+                if (T * m < rem) {
+                    double a = p[T * m], b = p2[T * m];
+                    bool oa = a == a, ob = b == b;  // a null adds nothing
+                    nm[m] = make_double2(roll_min(oa ? a : ROLL_INF, ob ? b : ROLL_INF),
+                                         roll_max(oa ? a : -ROLL_INF, ob ? b : -ROLL_INF));
                 }
-                nm[m] = make_double2(roll_min(x.x, y.x), roll_max(x.y, y.y));
             }
+        } else {
+            const double2 *p = s_mm + jt, *p2 = p + half;
+#pragma unroll
+            for (u32 m = 0; m < ROLL_CHUNK; m++) {
+                if (T * m < rem) {
+                    double2 x = p[T * m], y = p2[T * m];
+                    nm[m] = make_double2(roll_min(x.x, y.x), roll_max(x.y, y.y));
+                }
+            }
+            __syncthreads();  // every read of level L - 1 is done
         }
-        if (L > 1) __syncthreads();  // every read of level L - 1 is done
+        double2* q = s_mm + jt;
 #pragma unroll
         for (u32 m = 0; m < ROLL_CHUNK; m++) {
-            u32 j = base + t + T * m;
-            if (j + half < end) s_mm[ROLL_PAD(j)] = nm[m];
+            if (T * m < rem) q[T * m] = nm[m];
         }
         __syncthreads();
 #pragma unroll
         for (u32 k = 0; k < R; k++) {
             u32 r = t + T * k;
-            if (r >= rows) continue;
-            u32 w = s_win[ROLL_PAD(r)], lo = w & 0xFFFFu, hi = w >> 16;
-            u32 len = hi - lo;
-            if (len >= 2 && 31u - __clz(len) == L) {
-                double2 x = s_mm[ROLL_PAD(lo)], y = s_mm[ROLL_PAD(hi - (1u << L))];
-                bool ok1 = cnt[k] > 0;
+            if (((lvl >> (8 * k)) & 0xFFu) == L) {
+                u32 w = s_win[ROLL_PW(r)], lo = w & 0xFFFFu, hi = w >> 16;
+                double2 x = s_mm[lo], y = s_mm[hi - (1u << L)];
                 u64 o = o0 + r;
-                if (out.p[2]) ((double*)out.p[2])[o] = ok1 ? roll_min(x.x, y.x) : 0.0;
-                if (out.p[3]) ((double*)out.p[3])[o] = ok1 ? roll_max(x.y, y.y) : 0.0;
+                if (out.p[2]) ((double*)out.p[2])[o] = roll_min(x.x, y.x);
+                if (out.p[3]) ((double*)out.p[3])[o] = roll_max(x.y, y.y);
             }
         }
     }

@@ -51,18 +51,14 @@ const TILE: usize = 1024;
 /// Region rows a block holds (`ROLL_CAP`): halo, tile and ties past it.
 const CAP: usize = 1536;
 
-/// A shared-memory array of `k` entries, padded as `ROLL_PAD` does.
-const fn padded(k: usize) -> usize {
-    k + (k >> 3)
-}
-
 /// The shared memory `rolling_tile` needs: per region row (and one past
 /// it) the value, two 8-byte slots (ts and key, then the double-double
 /// prefix, then the min/max table) and a prefix count; per tile row the
-/// window bounds.
+/// window bounds. The ts/key arrays are padded by one slot per 16 and the
+/// bounds by one per 32 (`ROLL_PT`, `ROLL_PW`).
 fn tile_shared_bytes() -> usize {
-    let slots = padded(CAP) + 2;
-    3 * slots * 8 + slots * 4 + padded(TILE) * 4
+    let slots = CAP + (CAP >> 4) + 2;
+    3 * slots * 8 + slots * 4 + (TILE + (TILE >> 5)) * 4
 }
 
 /// Threads per block of the shared-memory pass (4 rows each).
