@@ -251,7 +251,7 @@ fn rolling_matches_cpu() {
     let mut g = SplitMix(braid_tests::fresh_seed());
     let aggs = Agg::ALL;
     for &n in &[
-        0usize, 1, 2, 31, 32, 33, 1023, 1025, 4097, 100_003, 1_000_001,
+        0usize, 1, 2, 31, 32, 33, 1023, 1025, 2047, 2049, 4097, 100_003, 1_000_001,
     ] {
         for (c, closed) in [Closed::Right, Closed::Both, Closed::Left, Closed::None]
             .into_iter()

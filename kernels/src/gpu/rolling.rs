@@ -5,7 +5,7 @@
 //! Two passes (see `kernels.cu`):
 //!
 //! ```text
-//!   tiles:    one block per 1024 output rows; the rows and the lookback
+//!   tiles:    one block per 2048 output rows; the rows and the lookback
 //!             its windows need (up to 448 rows) in shared memory; window
 //!             bounds by galloping and monotone pointers (4 consecutive
 //!             rows per thread); count, sum and sum of squares as
@@ -47,9 +47,9 @@ const ENTRY: usize = 56;
 /// Levels the query kernel can hold, level 0 (rows) included.
 const MAX_LEVELS: usize = 8;
 /// Output rows per block of the shared-memory pass (`ROLL_TILE`).
-const TILE: usize = 1024;
+const TILE: usize = 2048;
 /// Region rows a block holds (`ROLL_CAP`): halo, tile and ties past it.
-const CAP: usize = 1536;
+const CAP: usize = 2560;
 
 /// The shared memory `rolling_tile` needs: per region row (and one past
 /// it) the value, two 8-byte slots (ts and key, then the double-double
@@ -62,7 +62,7 @@ fn tile_shared_bytes() -> usize {
 }
 
 /// Threads per block of the shared-memory pass (4 rows each).
-const TILE_THREADS: u32 = 256;
+const TILE_THREADS: u32 = 512;
 
 /// The tile pass's output pointers (`RollOut` in `kernels.cu`): values
 /// per slot, then validity per slot; 0 where not wanted. Passed by value,
