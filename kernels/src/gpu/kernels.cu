@@ -640,7 +640,9 @@ extern "C" __global__ void rolling_window(const i64* ts, const i64* key, const d
 //              shuffles, warp totals by butterfly);
 //              per row: sum = P[hi] - P[lo]; non-null counts the same way
 //              when there are nulls (hi - lo otherwise)
-//   4 squares  the same scan over x^2 (taken exactly with an fma); the
+//   4 squares  the same scan over x^2 (taken exactly with an fma; its
+//              chunk sums and block scan done in phase 3's pass, which
+//              keeps each thread's offset: here only its writes); the
 //              variance from both window sums in double-double
 //   5 min/max  a sparse table built in place: level L holds the min/max of
 //              rows [j, j + 2^L); a window of len rows reads level
@@ -720,24 +722,22 @@ __device__ __forceinline__ void roll_term(double* s, double* e, double x) {
 // [base, j). Nulls (NaN) add nothing; without NUL there are none (the
 // check is skipped). tot, totc: shared scratch for the warp totals (2 and
 // 1 per warp). Callers sync before reading P.
-template <bool SQ, bool CNT, bool NUL>
-__device__ void roll_prefix(const double* s_x, double* ph, double* pl, u32* pc, u32 base, u32 end,
-                            double* tot, u32* totc) {
-    u32 t = threadIdx.x, lane = t & 31, warp = t >> 5;
-    // Rows per thread, odd: lanes c rows apart then touch distinct banks.
+// A thread's chunk of the region for the scans: rows [j0, j1), odd
+// length (lanes c rows apart then touch distinct banks).
+__device__ __forceinline__ void roll_chunk(u32 base, u32 end, u32* j0, u32* j1) {
     u32 c = (end - base + ROLL_THREADS - 1) / ROLL_THREADS;
     c |= 1;
-    u32 j0 = base + t * c;
-    u32 j1 = j0 + c < end ? j0 + c : end;
-    double s = 0, e = 0;
-    u32 n = 0;
-    for (u32 j = j0; j < j1; j++) {
-        double x = s_x[j];
-        bool ok = !NUL || x == x;
-        if (CNT) n += ok;
-        roll_term<SQ>(&s, &e, ok ? x : 0.0);
-    }
-    double h = s + e, l = e - (h - s);
+    *j0 = base + threadIdx.x * c;
+    *j1 = *j0 + c < end ? *j0 + c : end;
+}
+
+// Inclusive warp scan of (h, l, n), then the exclusive prefix of the
+// thread's chunk within the block: (xh, xl, xn). tot, totc: shared
+// scratch, 2 doubles and 1 count per warp. Contains a __syncthreads.
+template <bool CNT>
+__device__ __forceinline__ void roll_block_scan(double h, double l, u32 n, double* tot, u32* totc,
+                                                double* xh_out, double* xl_out, u32* xn_out) {
+    u32 t = threadIdx.x, lane = t & 31, warp = t >> 5;
 #pragma unroll
     for (u32 d = 1; d < 32; d <<= 1) {
         double oh = __shfl_up_sync(ROLL_FULL, h, d), ol = __shfl_up_sync(ROLL_FULL, l, d);
@@ -756,46 +756,86 @@ __device__ void roll_prefix(const double* s_x, double* ph, double* pl, u32* pc, 
         if (CNT) totc[warp] = n;
     }
     __syncthreads();
-    // The earlier warps' totals: lane i holds warp (i mod 8)'s when that
-    // warp comes before this one, and a butterfly over each 8 lanes sums
-    // them (3 steps on every warp, where a loop took up to 7 on the last).
-    {
-        u32 w = lane & (ROLL_THREADS / 32 - 1);
-        double th = 0, tl = 0;
-        u32 tn = 0;
-        if (w < warp) {
-            th = tot[2 * w];
-            tl = tot[2 * w + 1];
-            if (CNT) tn = totc[w];
-        }
-#pragma unroll
-        for (u32 d = ROLL_THREADS / 64; d >= 1; d >>= 1) {
-            double oh = __shfl_xor_sync(ROLL_FULL, th, d), ol = __shfl_xor_sync(ROLL_FULL, tl, d);
-            if (CNT) tn += __shfl_xor_sync(ROLL_FULL, tn, d);
-            dd_acc(&th, &tl, oh, ol);
-        }
-        dd_acc(&xh, &xl, th, tl);
-        if (CNT) xn += tn;
+    // The earlier warps' totals: lane i holds warp (i mod W)'s (W warps
+    // per block) when that warp comes before this one, and a butterfly
+    // over each W lanes sums them (log2 W steps on every warp, where a
+    // loop took up to W - 1 on the last).
+    u32 w = lane & (ROLL_THREADS / 32 - 1);
+    double th = 0, tl = 0;
+    u32 tn = 0;
+    if (w < warp) {
+        th = tot[2 * w];
+        tl = tot[2 * w + 1];
+        if (CNT) tn = totc[w];
     }
-    s = xh;
-    e = xl;
-    n = xn;
+#pragma unroll
+    for (u32 d = ROLL_THREADS / 64; d >= 1; d >>= 1) {
+        double oh = __shfl_xor_sync(ROLL_FULL, th, d), ol = __shfl_xor_sync(ROLL_FULL, tl, d);
+        if (CNT) tn += __shfl_xor_sync(ROLL_FULL, tn, d);
+        dd_acc(&th, &tl, oh, ol);
+    }
+    dd_acc(&xh, &xl, th, tl);
+    if (CNT) xn += tn;
+    *xh_out = xh;
+    *xl_out = xl;
+    *xn_out = xn;
+}
+
+// Writes P[j] = (s, e) + the terms of rows [j0, j), for j in [j0, j1] (j1
+// only when it is the region's end): pass 2 of a scan, from the thread's
+// exclusive offset (s, e, n).
+template <bool SQ, bool CNT, bool NUL>
+__device__ __forceinline__ void roll_write(const double* s_x, double* ph, double* pl, u32* pc, u32 j0,
+                                           u32 j1, u32 end, double s, double e, u32 n) {
     for (u32 j = j0; j < j1; j++) {
-        u32 p = j;
-        ph[p] = s;
-        pl[p] = e;
-        if (CNT) pc[p] = n;
-        double x = s_x[p];
+        ph[j] = s;
+        pl[j] = e;
+        if (CNT) pc[j] = n;
+        double x = s_x[j];
         bool ok = !NUL || x == x;
         if (CNT) n += ok;
         roll_term<SQ>(&s, &e, ok ? x : 0.0);
     }
     if (j0 < end && j1 == end) {
-        u32 p = end;
-        ph[p] = s;
-        pl[p] = e;
-        if (CNT) pc[p] = n;
+        ph[end] = s;
+        pl[end] = e;
+        if (CNT) pc[end] = n;
     }
+}
+
+// Exclusive prefix sums over region rows [base, end): P[j] = sum of the
+// terms of rows [base, j) for j in [base, end], at slot j of (ph, pl) as
+// an unnormalised pair; with CNT also pc[j] = non-null rows in [base, j).
+// Nulls (NaN) add nothing; without NUL there are none (the check is
+// skipped). With SQ2 the same block scan also yields this thread's offset
+// for the scan of x^2 into (*q2h, *q2l) (roll_write<true> writes that
+// one later): both chunk sums in one pass and both block scans at once.
+// tot, totc: shared scratch for the warp totals (4 doubles and 1 count
+// per warp). Callers sync before reading P.
+template <bool CNT, bool NUL, bool SQ2>
+__device__ void roll_prefix(const double* s_x, double* ph, double* pl, u32* pc, u32 base, u32 end,
+                            double* tot, u32* totc, double* q2h, double* q2l) {
+    u32 j0, j1;
+    roll_chunk(base, end, &j0, &j1);
+    double s = 0, e = 0, s2 = 0, e2 = 0;
+    u32 n = 0;
+    for (u32 j = j0; j < j1; j++) {
+        double x = s_x[j];
+        bool ok = !NUL || x == x;
+        if (CNT) n += ok;
+        roll_term<false>(&s, &e, ok ? x : 0.0);
+        if (SQ2) roll_term<true>(&s2, &e2, ok ? x : 0.0);
+    }
+    double xh, xl;
+    u32 xn;
+    double h = s + e, l = e - (h - s);
+    if (SQ2) {
+        double h2 = s2 + e2, l2 = e2 - (h2 - s2);
+        u32 dummy;
+        roll_block_scan<false>(h2, l2, 0, tot + 2 * (ROLL_THREADS / 32), totc, q2h, q2l, &dummy);
+    }
+    roll_block_scan<CNT>(h, l, n, tot, totc, &xh, &xl, &xn);
+    roll_write<false, CNT, NUL>(s_x, ph, pl, pc, j0, j1, end, xh, xl, xn);
 }
 
 // (h, l) = P[b] - P[a], normalised.
@@ -847,7 +887,7 @@ rolling_tile(const i64* ts, const i64* key, const double* v, const u8* valid,
     i64* s_key = key ? (i64*)s_b : 0;
     __shared__ u32 s_halo, s_levels, s_lmin, s_hmax;
     __shared__ u32 s_amax, s_amin;  // high words of |x|'s bit patterns (order-preserving)
-    __shared__ double s_tot[2 * ROLL_THREADS / 32];
+    __shared__ double s_tot[4 * ROLL_THREADS / 32];
     __shared__ u32 s_totc[ROLL_THREADS / 32];
 
     u32 t = threadIdx.x;
@@ -1009,9 +1049,15 @@ rolling_tile(const i64* ts, const i64* key, const double* v, const u8* valid,
     end = s_hmax;
     u32 cnt[ROLL_R];
     double s1h[ROLL_R], s1l[ROLL_R];
+    double q2h = 0, q2l = 0;  // this thread's offset in the scan of x^2
     if (need1 || nulls) {
-        if (nulls) roll_prefix<false, true, true>(s_x, s_a, s_b, s_cnt, base, end, s_tot, s_totc);
-        else roll_prefix<false, false, false>(s_x, s_a, s_b, s_cnt, base, end, s_tot, s_totc);
+        if (nulls) {
+            if (need2) roll_prefix<true, true, true>(s_x, s_a, s_b, s_cnt, base, end, s_tot, s_totc, &q2h, &q2l);
+            else roll_prefix<true, true, false>(s_x, s_a, s_b, s_cnt, base, end, s_tot, s_totc, &q2h, &q2l);
+        } else {
+            if (need2) roll_prefix<false, false, true>(s_x, s_a, s_b, s_cnt, base, end, s_tot, s_totc, &q2h, &q2l);
+            else roll_prefix<false, false, false>(s_x, s_a, s_b, s_cnt, base, end, s_tot, s_totc, &q2h, &q2l);
+        }
         __syncthreads();
     }
 #pragma unroll
@@ -1044,8 +1090,10 @@ rolling_tile(const i64* ts, const i64* key, const double* v, const u8* valid,
     //    in double-double but the last step.
     if (need2) {
         __syncthreads();  // every read of the first prefix is done
-        if (nulls) roll_prefix<true, false, true>(s_x, s_a, s_b, s_cnt, base, end, s_tot, s_totc);
-        else roll_prefix<true, false, false>(s_x, s_a, s_b, s_cnt, base, end, s_tot, s_totc);
+        u32 j0, j1;
+        roll_chunk(base, end, &j0, &j1);
+        if (nulls) roll_write<true, false, true>(s_x, s_a, s_b, s_cnt, j0, j1, end, q2h, q2l, 0);
+        else roll_write<true, false, false>(s_x, s_a, s_b, s_cnt, j0, j1, end, q2h, q2l, 0);
         __syncthreads();
 #pragma unroll
         for (u32 k = 0; k < R; k++) {
