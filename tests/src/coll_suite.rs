@@ -3,7 +3,7 @@
 //! brute-force reference computed right here, element by element.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use braid_coll::{
     AllGather, AllToAllvSpec, Element, ExtractOrder, HaloExchange, PartitionOwner, ReduceKind,
@@ -106,6 +106,18 @@ async fn check_allreduce<T: TestValue>(
         })?;
     }
     Ok(())
+}
+
+/// Nanoseconds on the host's monotonic clock (CLOCK_MONOTONIC: one clock
+/// for every process of a host, unlike `Instant`'s opaque values).
+fn host_clock_ns() -> i64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid timespec to write.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec * 1_000_000_000 + ts.tv_nsec
 }
 
 /// Runs every collective check on this rank; returns a one-line summary.
@@ -325,13 +337,27 @@ pub async fn run(ctx: Context, seed: u64) -> R<String> {
     halo_checks(&ctx, seed).await?;
     checks += 2;
 
-    // Barrier: rank r arrives r*15 ms late; nobody may leave before the last.
-    let t0 = Instant::now();
+    // Barrier: rank r arrives r*15 ms late; nobody may leave before the
+    // last arrives. Times are read off the host's clock, which every rank
+    // of these tests shares (each rank's own start differs: comparing
+    // waits against 15 * (n - 1) ms failed a correct barrier whenever a
+    // rank reached this point late).
     tokio::time::sleep(Duration::from_millis(15 * me as u64)).await;
+    let arrived = host_clock_ns();
     barrier(&ctx).await.map_err(e)?;
-    let waited = t0.elapsed();
-    ensure(waited >= Duration::from_millis(15 * (n as u64 - 1)), || {
-        format!("rank {me} left the barrier after {waited:?}, before the last rank arrived")
+    let left = host_clock_ns();
+    let arrivals = allgather(&ctx, vec![arrived]).await.map_err(e)?;
+    let (last, when) = arrivals
+        .iter()
+        .copied()
+        .enumerate()
+        .max_by_key(|&(_, t)| t)
+        .unwrap_or((0, 0));
+    ensure(left >= when, || {
+        format!(
+            "rank {me} left the barrier {} us before rank {last} arrived",
+            (when - left) / 1000
+        )
     })?;
     checks += 1;
 

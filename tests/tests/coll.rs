@@ -37,6 +37,12 @@ where
             let fut = f(c.clone());
             tokio::spawn(async move {
                 let r = fut.await;
+                // A rank that fails tells the others, as a job's rank does;
+                // without it they would wait for it in their next
+                // collective (and the harness would report a hang).
+                if let Err(msg) = &r {
+                    c.comm().abort(msg);
+                }
                 // Leave as a rank should: after all are done (or, failing,
                 // once this rank's notices have left).
                 let down = c.comm().shutdown().await;
@@ -71,6 +77,35 @@ fn suite_local() {
             for (r, x) in res.into_iter().enumerate() {
                 let line = x.unwrap_or_else(|e| panic!("{n} ranks, rank {r}: {e}"));
                 assert!(line.starts_with("coll ok"), "{line}");
+            }
+        });
+    }
+}
+
+/// A rank that gives up (returns an error and aborts, as a job's rank
+/// does) ends its peers' pending collective with that error, on every rank
+/// count, instead of leaving them waiting for it.
+#[test]
+fn a_failing_rank_ends_the_others() {
+    let rt = runtime();
+    for n in RANK_COUNTS {
+        rt.block_on(async {
+            let res = on_all(
+                local_ctxs(n, MemoryLimits::UNLIMITED).await,
+                |c| async move {
+                    if c.rank() == n - 1 {
+                        return Err::<(), String>("rank gives up".into());
+                    }
+                    allreduce(&c, vec![1i64; 10], ReduceKind::Sum)
+                        .await
+                        .map(|_| ())
+                        .map_err(|e| e.to_string())
+                },
+            )
+            .await;
+            for (r, x) in res.iter().enumerate() {
+                let err = x.as_ref().expect_err("no rank can finish");
+                assert!(err.contains("rank gives up"), "{n} ranks, rank {r}: {err}");
             }
         });
     }
