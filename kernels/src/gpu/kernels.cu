@@ -652,8 +652,8 @@ extern "C" __global__ void rolling_window(const i64* ts, const i64* key, const d
 //
 // Shared-memory banks: only ts/key (read 4 rows apart in phase 2) and the
 // bounds (written 4 rows apart) are padded (ROLL_PT, ROLL_PW); every
-// other array is read by lanes on consecutive rows, or ROLL_PT-odd
-// strides, and is left unpadded (a pad inside a warp's span costs it a
+// other array is read by lanes on consecutive rows, or at odd strides (the
+// scan chunks), and is left unpadded (a pad inside a warp's span costs it a
 // second wavefront: ncu showed ~2x the ideal wavefronts with one pad per
 // 8 slots everywhere).
 //
@@ -943,7 +943,9 @@ rolling_tile(const i64* ts, const i64* key, const double* v, const u8* valid,
                     // alone: no NaN (NaN marks nulls here).
                     if (need1 ? hw > ROLL_HI_1E150 : x != x) bad = true;
                     amax = max(amax, hw);
-                    // A subnormal counts as the smallest normal magnitude.
+                    // A value too small for its high word to show (a
+                    // subnormal) counts as high word 1, so the spread
+                    // test below still sees it.
                     if (x != 0) amin = min(amin, max(hw, 1u));
                 }
             }
