@@ -785,7 +785,7 @@ __device__ __forceinline__ void roll_block_scan(double h, double l, u32 n, doubl
 // only when it is the region's end): pass 2 of a scan, from the thread's
 // exclusive offset (s, e, n).
 template <bool SQ, bool CNT, bool NUL>
-__device__ __forceinline__ void roll_write(const double* s_x, double* ph, double* pl, u32* pc, u32 j0,
+__device__ __forceinline__ void roll_scan_write(const double* s_x, double* ph, double* pl, u32* pc, u32 j0,
                                            u32 j1, u32 end, double s, double e, u32 n) {
     for (u32 j = j0; j < j1; j++) {
         ph[j] = s;
@@ -808,7 +808,7 @@ __device__ __forceinline__ void roll_write(const double* s_x, double* ph, double
 // an unnormalised pair; with CNT also pc[j] = non-null rows in [base, j).
 // Nulls (NaN) add nothing; without NUL there are none (the check is
 // skipped). With SQ2 the same block scan also yields this thread's offset
-// for the scan of x^2 into (*q2h, *q2l) (roll_write<true> writes that
+// for the scan of x^2 into (*q2h, *q2l) (roll_scan_write<true> writes that
 // one later): both chunk sums in one pass and both block scans at once.
 // tot, totc: shared scratch for the warp totals (4 doubles and 1 count
 // per warp). Callers sync before reading P.
@@ -835,7 +835,7 @@ __device__ void roll_prefix(const double* s_x, double* ph, double* pl, u32* pc, 
         roll_block_scan<false>(h2, l2, 0, tot + 2 * (ROLL_THREADS / 32), totc, q2h, q2l, &dummy);
     }
     roll_block_scan<CNT>(h, l, n, tot, totc, &xh, &xl, &xn);
-    roll_write<false, CNT, NUL>(s_x, ph, pl, pc, j0, j1, end, xh, xl, xn);
+    roll_scan_write<false, CNT, NUL>(s_x, ph, pl, pc, j0, j1, end, xh, xl, xn);
 }
 
 // (h, l) = P[b] - P[a], normalised.
@@ -1094,8 +1094,8 @@ rolling_tile(const i64* ts, const i64* key, const double* v, const u8* valid,
         __syncthreads();  // every read of the first prefix is done
         u32 j0, j1;
         roll_chunk(base, end, &j0, &j1);
-        if (nulls) roll_write<true, false, true>(s_x, s_a, s_b, s_cnt, j0, j1, end, q2h, q2l, 0);
-        else roll_write<true, false, false>(s_x, s_a, s_b, s_cnt, j0, j1, end, q2h, q2l, 0);
+        if (nulls) roll_scan_write<true, false, true>(s_x, s_a, s_b, s_cnt, j0, j1, end, q2h, q2l, 0);
+        else roll_scan_write<true, false, false>(s_x, s_a, s_b, s_cnt, j0, j1, end, q2h, q2l, 0);
         __syncthreads();
 #pragma unroll
         for (u32 k = 0; k < R; k++) {
