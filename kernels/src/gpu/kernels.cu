@@ -471,11 +471,19 @@ __device__ __forceinline__ I roll_slot(I j) {
     return PAD ? ROLL_PT(j) : j;
 }
 
+// Whether a key column takes part: KM 0 asks the pointer at run time, 1
+// says there is one, 2 that there is none (the tile pass is compiled once
+// per case, so its searches carry no test).
+template <int KM>
+__device__ __forceinline__ bool roll_keyed(const i64* key) {
+    return KM == 0 ? key != 0 : KM == 1;
+}
+
 // (key[j], ts[j]) < (k, x)
-template <bool PAD = false, typename I = u64>
+template <bool PAD = false, int KM = 0, typename I = u64>
 __device__ __forceinline__ bool roll_before(const i64* ts, const i64* key, I j, i64 k, i64 x) {
     I p = roll_slot<PAD>(j);
-    if (key) {
+    if (roll_keyed<KM>(key)) {
         i64 kj = key[p];
         if (kj != k) return kj < k;
     }
@@ -483,10 +491,10 @@ __device__ __forceinline__ bool roll_before(const i64* ts, const i64* key, I j, 
 }
 
 // (key[j], ts[j]) > (k, x)
-template <bool PAD = false, typename I = u64>
+template <bool PAD = false, int KM = 0, typename I = u64>
 __device__ __forceinline__ bool roll_after(const i64* ts, const i64* key, I j, i64 k, i64 x) {
     I p = roll_slot<PAD>(j);
-    if (key) {
+    if (roll_keyed<KM>(key)) {
         i64 kj = key[p];
         if (kj != k) return kj > k;
     }
@@ -495,37 +503,37 @@ __device__ __forceinline__ bool roll_after(const i64* ts, const i64* key, I j, i
 
 // First j in [from, i] with !before(j, k, x), given !before(i, k, x):
 // gallop back from i, then bisect.
-template <bool PAD = false, typename I = u64>
+template <bool PAD = false, int KM = 0, typename I = u64>
 __device__ I roll_lower(const i64* ts, const i64* key, I from, I i, i64 k, i64 x) {
     I hi = i, step = 1, lo;
     while (true) {
         if (hi < from + step) { lo = from; break; }
         I p = hi - step;
-        if (roll_before<PAD>(ts, key, p, k, x)) { lo = p + 1; break; }
+        if (roll_before<PAD, KM>(ts, key, p, k, x)) { lo = p + 1; break; }
         hi = p;
         step <<= 1;
     }
     while (lo < hi) {  // answer in [lo, hi]; !before(hi)
         I mid = lo + (hi - lo) / 2;
-        if (roll_before<PAD>(ts, key, mid, k, x)) lo = mid + 1; else hi = mid;
+        if (roll_before<PAD, KM>(ts, key, mid, k, x)) lo = mid + 1; else hi = mid;
     }
     return hi;
 }
 
 // First j in (i, end) with after(j, k, x), or end; given !after(i, k, x).
-template <bool PAD = false, typename I = u64>
+template <bool PAD = false, int KM = 0, typename I = u64>
 __device__ I roll_upper(const i64* ts, const i64* key, I end, I i, i64 k, i64 x) {
     I lo = i + 1, step = 1, hi;  // !after(lo - 1)
     while (true) {
         I p = lo - 1 + step;
         if (p >= end) { hi = end; break; }
-        if (roll_after<PAD>(ts, key, p, k, x)) { hi = p; break; }
+        if (roll_after<PAD, KM>(ts, key, p, k, x)) { hi = p; break; }
         lo = p + 1;
         step <<= 1;
     }
     while (lo < hi) {  // answer in [lo, hi]
         I mid = lo + (hi - lo) / 2;
-        if (roll_after<PAD>(ts, key, mid, k, x)) hi = mid; else lo = mid + 1;
+        if (roll_after<PAD, KM>(ts, key, mid, k, x)) hi = mid; else lo = mid + 1;
     }
     return lo;
 }
@@ -731,54 +739,99 @@ __device__ __forceinline__ void roll_chunk(u32 base, u32 end, u32* j0, u32* j1) 
     *j1 = *j0 + c < end ? *j0 + c : end;
 }
 
-// Inclusive warp scan of (h, l, n), then the exclusive prefix of the
-// thread's chunk within the block: (xh, xl, xn). tot, totc: shared
-// scratch, 2 doubles and 1 count per warp. Contains a __syncthreads.
-template <bool CNT>
-__device__ __forceinline__ void roll_block_scan(double h, double l, u32 n, double* tot, u32* totc,
-                                                double* xh_out, double* xl_out, u32* xn_out) {
-    u32 t = threadIdx.x, lane = t & 31, warp = t >> 5;
+// Slot of thread t's entry in the raked block scan's arrays: one pad per
+// 16 entries, so the 32 lanes that each walk 16 consecutive entries
+// touch distinct banks.
+#define ROLL_RK(t) ((t) + ((t) >> 4))
+#define ROLL_RK_SLOTS ROLL_RK(ROLL_THREADS)
+
+// The tile pass's small shared state (one copy whichever body runs):
+// block-wide results, and the raked block scan's entries.
+struct RollShared {
+    u32 halo, levels, lmin, hmax;
+    u32 amax, amin;  // high words of |x|'s bit patterns (order-preserving)
+};
+
+// The raked scan's entries: in the prefix arrays themselves (ph, pl, pc),
+// which hold nothing until the scan's write pass.
+struct RollRake {
+    double2* a;
+    double2* b;
+    u32* c;
+};
+
+// Exclusive block scan of every thread's chunk totals: (h, l) with the
+// count n (CNT), and a second pair (h2, l2) (TWO); this thread's offsets
+// come back in (xh, xl, xn) and (x2h, x2l). Raked: each thread stores its
+// totals, warp 0 (warp 1 for the second pair) scans 16 entries per lane in
+// order, then the 32 lane totals by shuffles, and writes the offsets in
+// place. Against a shuffle scan on every warp (9 double-double steps per
+// thread and pair), 2 warps do ~37 steps each. Two __syncthreads.
+template <bool CNT, bool TWO>
+__device__ __forceinline__ void roll_block_scan(double h, double l, u32 n, double h2, double l2, RollRake sh,
+                                                double* xh, double* xl, u32* xn, double* x2h, double* x2l) {
+    const u32 PER = ROLL_THREADS / 32;
+    u32 t = threadIdx.x, warp = t >> 5, lane = t & 31, p = ROLL_RK(t);
+    sh.a[p] = make_double2(h, l);
+    if (CNT) sh.c[p] = n;
+    if (TWO) sh.b[p] = make_double2(h2, l2);
+    __syncthreads();
+    if (warp == 0 || (TWO && warp == 1)) {
+        double2* a = warp == 0 ? sh.a : sh.b;
+        bool cnt = CNT && warp == 0;
+        u32* c = sh.c;
+        u32 b0 = ROLL_RK(lane * PER);
+        double ih = 0, il = 0;  // inclusive sums of this lane's entries, in place
+        u32 in = 0;
 #pragma unroll
-    for (u32 d = 1; d < 32; d <<= 1) {
-        double oh = __shfl_up_sync(ROLL_FULL, h, d), ol = __shfl_up_sync(ROLL_FULL, l, d);
-        u32 on = CNT ? __shfl_up_sync(ROLL_FULL, n, d) : 0;
-        if (lane >= d) {
-            dd_acc(&h, &l, oh, ol);
-            if (CNT) n += on;
+        for (u32 j = 0; j < PER; j++) {
+            double2 v = a[b0 + j];
+            dd_acc(&ih, &il, v.x, v.y);
+            a[b0 + j] = make_double2(ih, il);
+            if (cnt) {
+                in += c[b0 + j];
+                c[b0 + j] = in;
+            }
         }
-    }
-    double xh = __shfl_up_sync(ROLL_FULL, h, 1), xl = __shfl_up_sync(ROLL_FULL, l, 1);
-    u32 xn = CNT ? __shfl_up_sync(ROLL_FULL, n, 1) : 0;
-    if (lane == 0) { xh = 0; xl = 0; xn = 0; }
-    if (lane == 31) {
-        tot[2 * warp] = h;
-        tot[2 * warp + 1] = l;
-        if (CNT) totc[warp] = n;
+        // The earlier lanes' totals: an inclusive shuffle scan, then one up.
+        double th = ih, tl = il;
+        u32 tn = in;
+#pragma unroll
+        for (u32 d = 1; d < 32; d <<= 1) {
+            double oh = __shfl_up_sync(ROLL_FULL, th, d), ol = __shfl_up_sync(ROLL_FULL, tl, d);
+            u32 on = __shfl_up_sync(ROLL_FULL, tn, d);
+            if (lane >= d) {
+                dd_acc(&th, &tl, oh, ol);
+                tn += on;
+            }
+        }
+        double oh = __shfl_up_sync(ROLL_FULL, th, 1), ol = __shfl_up_sync(ROLL_FULL, tl, 1);
+        u32 on = __shfl_up_sync(ROLL_FULL, tn, 1);
+        if (lane == 0) { oh = 0; ol = 0; on = 0; }
+        // Entry j's offset: the lane's offset plus its entries before j
+        // (from the top down, so entry j - 1 is still the inclusive sum).
+#pragma unroll
+        for (u32 j = PER - 1; j >= 1; j--) {
+            double2 v = a[b0 + j - 1];
+            double rh = oh, rl = ol;
+            dd_acc(&rh, &rl, v.x, v.y);
+            a[b0 + j] = make_double2(rh, rl);
+            if (cnt) c[b0 + j] = on + c[b0 + j - 1];
+        }
+        a[b0] = make_double2(oh, ol);
+        if (cnt) c[b0] = on;
     }
     __syncthreads();
-    // The earlier warps' totals: lane i holds warp (i mod W)'s (W warps
-    // per block) when that warp comes before this one, and a butterfly
-    // over each W lanes sums them (log2 W steps on every warp, where a
-    // loop took up to W - 1 on the last).
-    u32 w = lane & (ROLL_THREADS / 32 - 1);
-    double th = 0, tl = 0;
-    u32 tn = 0;
-    if (w < warp) {
-        th = tot[2 * w];
-        tl = tot[2 * w + 1];
-        if (CNT) tn = totc[w];
+    double2 o = sh.a[p];
+    *xh = o.x;
+    *xl = o.y;
+    *xn = CNT ? sh.c[p] : 0;
+    if (TWO) {
+        double2 o2 = sh.b[p];
+        *x2h = o2.x;
+        *x2l = o2.y;
     }
-#pragma unroll
-    for (u32 d = ROLL_THREADS / 64; d >= 1; d >>= 1) {
-        double oh = __shfl_xor_sync(ROLL_FULL, th, d), ol = __shfl_xor_sync(ROLL_FULL, tl, d);
-        if (CNT) tn += __shfl_xor_sync(ROLL_FULL, tn, d);
-        dd_acc(&th, &tl, oh, ol);
-    }
-    dd_acc(&xh, &xl, th, tl);
-    if (CNT) xn += tn;
-    *xh_out = xh;
-    *xl_out = xl;
-    *xn_out = xn;
+    __syncthreads();  // every offset is read before the write pass reuses the entries
 }
 
 // Writes P[j] = (s, e) + the terms of rows [j0, j), for j in [j0, j1] (j1
@@ -814,7 +867,7 @@ __device__ __forceinline__ void roll_scan_write(const double* s_x, double* ph, d
 // per warp). Callers sync before reading P.
 template <bool CNT, bool NUL, bool SQ2>
 __device__ void roll_prefix(const double* s_x, double* ph, double* pl, u32* pc, u32 base, u32 end,
-                            double* tot, u32* totc, double* q2h, double* q2l) {
+                            double* q2h, double* q2l) {
     u32 j0, j1;
     roll_chunk(base, end, &j0, &j1);
     double s = 0, e = 0, s2 = 0, e2 = 0;
@@ -829,12 +882,8 @@ __device__ void roll_prefix(const double* s_x, double* ph, double* pl, u32* pc, 
     double xh, xl;
     u32 xn;
     double h = s + e, l = e - (h - s);
-    if (SQ2) {
-        double h2 = s2 + e2, l2 = e2 - (h2 - s2);
-        u32 dummy;
-        roll_block_scan<false>(h2, l2, 0, tot + 2 * (ROLL_THREADS / 32), totc, q2h, q2l, &dummy);
-    }
-    roll_block_scan<CNT>(h, l, n, tot, totc, &xh, &xl, &xn);
+    double h2 = s2 + e2, l2 = e2 - (h2 - s2);
+    roll_block_scan<CNT, SQ2>(h, l, n, h2, l2, RollRake{(double2*)ph, (double2*)pl, pc}, &xh, &xl, &xn, q2h, q2l);
     roll_scan_write<false, CNT, NUL>(s_x, ph, pl, pc, j0, j1, end, xh, xl, xn);
 }
 
@@ -865,6 +914,23 @@ __device__ __forceinline__ void roll_flag(u32* flags, u32* flagged) {
     atomicAdd(flagged, 1u);
 }
 
+// Stores vals[k] as row o0 + t + T k of the output column at p (0: not
+// wanted), for the rows the tile has: one address per column and thread,
+// its rows at constant offsets from it (one test per column, not per row).
+template <typename V>
+__device__ __forceinline__ void roll_put(u64 p, u64 o0, u32 rows, const V (&vals)[ROLL_R]) {
+    if (!p) return;
+    V* q = (V*)p + o0 + threadIdx.x;
+    if (rows == ROLL_TILE) {
+#pragma unroll
+        for (u32 k = 0; k < ROLL_R; k++) q[ROLL_THREADS * k] = vals[k];
+    } else {
+#pragma unroll
+        for (u32 k = 0; k < ROLL_R; k++)
+            if (threadIdx.x + ROLL_THREADS * k < rows) q[ROLL_THREADS * k] = vals[k];
+    }
+}
+
 // The output pointers of the tile pass, by value (they live in the
 // constant bank: no loads): values per slot, then validity per slot
 // (slot order as in `ptrs` of rolling_window; 0 = not wanted).
@@ -872,11 +938,13 @@ struct RollOut {
     u64 p[14];
 };
 
-extern "C" __global__ void __launch_bounds__(ROLL_THREADS, 2)
-rolling_tile(const i64* ts, const i64* key, const double* v, const u8* valid,
-             u64 n, u64 emit_from, i64 window, u32 closed,
-             const RollOut out, u32* flags, u32* flagged) {
+// The tile pass for one case: KEY, a key column; NUL, a validity column.
+template <bool KEY, bool NUL>
+__device__ __forceinline__ void roll_tile(const i64* ts, const i64* key, const double* v, const u8* valid,
+                                          u64 n, u64 emit_from, i64 window, u32 closed,
+                                          const RollOut& out, u32* flags, u32* flagged, RollShared& sh) {
     const u32 T = ROLL_THREADS, R = ROLL_R;
+    constexpr int KM = KEY ? 1 : 2;
     extern __shared__ double smem[];
     double* s_x = smem;                          // values (NaN: null)
     double* s_a = s_x + ROLL_SLOTS;              // ts, then P (hi), then level min
@@ -884,11 +952,9 @@ rolling_tile(const i64* ts, const i64* key, const double* v, const u8* valid,
     u32* s_cnt = (u32*)(s_b + ROLL_SLOTS);       // prefix counts of non-null rows
     u32* s_win = s_cnt + ROLL_SLOTS;             // per tile row: lo | hi << 16
     i64* s_ts = (i64*)s_a;
-    i64* s_key = key ? (i64*)s_b : 0;
-    __shared__ u32 s_halo, s_levels, s_lmin, s_hmax;
-    __shared__ u32 s_amax, s_amin;  // high words of |x|'s bit patterns (order-preserving)
-    __shared__ double s_tot[4 * ROLL_THREADS / 32];
-    __shared__ u32 s_totc[ROLL_THREADS / 32];
+    i64* s_key = (i64*)s_b;
+    u32 &s_halo = sh.halo, &s_levels = sh.levels, &s_lmin = sh.lmin, &s_hmax = sh.hmax;
+    u32 &s_amax = sh.amax, &s_amin = sh.amin;
 
     u32 t = threadIdx.x;
     u64 a = emit_from + (u64)blockIdx.x * ROLL_TILE;     // first output row
@@ -922,10 +988,10 @@ rolling_tile(const i64* ts, const i64* key, const double* v, const u8* valid,
             for (u32 m = 0; m < ROLL_LOADS; m++) {
                 u64 j = j0 + T * m;
                 if (j < hi_row) {
-                    okv[m] = !valid || valid[j];
+                    okv[m] = !NUL || valid[j];
                     xv[m] = v[j];
                     tv[m] = ts[j];
-                    kv[m] = key ? key[j] : 0;
+                    kv[m] = KEY ? key[j] : 0;
                 }
             }
 #pragma unroll
@@ -935,7 +1001,7 @@ rolling_tile(const i64* ts, const i64* key, const double* v, const u8* valid,
                 u32 k = (u32)(ROLL_OFF + j - a), kt = ROLL_PT(k);
                 double x = xv[m];
                 s_ts[kt] = tv[m];
-                if (key) s_key[kt] = kv[m];
+                if (KEY) s_key[kt] = kv[m];
                 s_x[k] = okv[m] ? x : ROLL_NAN;
                 if (okv[m]) {
                     u32 hw = (u32)__double2hiint(x) & 0x7FFFFFFFu;
@@ -956,11 +1022,11 @@ rolling_tile(const i64* ts, const i64* key, const double* v, const u8* valid,
             // Does row a's window start before the first loaded row?
             u32 f = (u32)(ROLL_OFF - h);
             i64 t0 = s_ts[ROLL_PT(ROLL_OFF)];
-            i64 k0 = key ? s_key[ROLL_PT(ROLL_OFF)] : 0;
+            i64 k0 = KEY ? s_key[ROLL_PT(ROLL_OFF)] : 0;
             bool empty0;
             i64 st = roll_start(t0, window, incl_lo, &empty0);
             bool more = false;
-            if (h < a && !empty0) more = !roll_before<true>(s_ts, s_key, f, k0, st);
+            if (h < a && !empty0) more = !roll_before<true, KM>(s_ts, s_key, f, k0, st);
             s_halo = more ? 1u : 0u;
         }
         __syncthreads();
@@ -1006,21 +1072,21 @@ rolling_tile(const i64* ts, const i64* key, const double* v, const u8* valid,
         for (u32 j = 0; j < nact; j++) {
             u32 ri = r0 + j;
             i64 ti = s_ts[ROLL_PT(ri)];
-            i64 ki = key ? s_key[ROLL_PT(ri)] : 0;
+            i64 ki = KEY ? s_key[ROLL_PT(ri)] : 0;
             bool empty;
             i64 st = roll_start(ti, window, incl_lo, &empty);
             if (j == 0) {
-                hp = incl_hi ? roll_upper<true>(s_ts, s_key, end, ri, ki, ti) : roll_lower<true>(s_ts, s_key, base, ri, ki, ti);
-                lp = empty ? hp : roll_lower<true>(s_ts, s_key, base, ri, ki, st);
+                hp = incl_hi ? roll_upper<true, KM>(s_ts, s_key, end, ri, ki, ti) : roll_lower<true, KM>(s_ts, s_key, base, ri, ki, ti);
+                lp = empty ? hp : roll_lower<true, KM>(s_ts, s_key, base, ri, ki, st);
             } else {
                 if (incl_hi) {
                     if (hp < ri + 1) hp = ri + 1;
-                    while (hp < end && !roll_after<true>(s_ts, s_key, hp, ki, ti)) hp++;
+                    while (hp < end && !roll_after<true, KM>(s_ts, s_key, hp, ki, ti)) hp++;
                 } else {
-                    while (hp < ri && roll_before<true>(s_ts, s_key, hp, ki, ti)) hp++;
+                    while (hp < ri && roll_before<true, KM>(s_ts, s_key, hp, ki, ti)) hp++;
                 }
                 if (empty) lp = hp;
-                else while (lp < ri && roll_before<true>(s_ts, s_key, lp, ki, st)) lp++;
+                else while (lp < ri && roll_before<true, KM>(s_ts, s_key, lp, ki, st)) lp++;
             }
             if (hp == end && e < n) over = true;  // ties past the region
             s_win[ROLL_PW(t * R + j)] = lp | (hp << 16);
@@ -1046,7 +1112,7 @@ rolling_tile(const i64* ts, const i64* key, const double* v, const u8* valid,
 
     // 3. Counts and sums; sum, mean, count and the validity that only
     //    depends on the count. Tile row t + T k is this thread's k-th row.
-    bool nulls = valid != 0;
+    const bool nulls = NUL;
     base = s_lmin;
     end = s_hmax;
     u32 cnt[ROLL_R];
@@ -1054,38 +1120,49 @@ rolling_tile(const i64* ts, const i64* key, const double* v, const u8* valid,
     double q2h = 0, q2l = 0;  // this thread's offset in the scan of x^2
     if (need1 || nulls) {
         if (nulls) {
-            if (need2) roll_prefix<true, true, true>(s_x, s_a, s_b, s_cnt, base, end, s_tot, s_totc, &q2h, &q2l);
-            else roll_prefix<true, true, false>(s_x, s_a, s_b, s_cnt, base, end, s_tot, s_totc, &q2h, &q2l);
+            if (need2) roll_prefix<true, true, true>(s_x, s_a, s_b, s_cnt, base, end, &q2h, &q2l);
+            else roll_prefix<true, true, false>(s_x, s_a, s_b, s_cnt, base, end, &q2h, &q2l);
         } else {
-            if (need2) roll_prefix<false, false, true>(s_x, s_a, s_b, s_cnt, base, end, s_tot, s_totc, &q2h, &q2l);
-            else roll_prefix<false, false, false>(s_x, s_a, s_b, s_cnt, base, end, s_tot, s_totc, &q2h, &q2l);
+            if (need2) roll_prefix<false, false, true>(s_x, s_a, s_b, s_cnt, base, end, &q2h, &q2l);
+            else roll_prefix<false, false, false>(s_x, s_a, s_b, s_cnt, base, end, &q2h, &q2l);
         }
         __syncthreads();
     }
+    u8 ok1[ROLL_R];
 #pragma unroll
     for (u32 k = 0; k < R; k++) {
         u32 r = t + T * k;
         cnt[k] = 0;
         s1h[k] = 0;
         s1l[k] = 0;
-        if (r >= rows) continue;
-        u32 w = s_win[ROLL_PW(r)], lo = w & 0xFFFFu, hi = w >> 16;
-        u32 c = nulls ? s_cnt[hi] - s_cnt[lo] : hi - lo;
-        double sh = 0, sl = 0;
-        if (need1 && c > 0) roll_diff(s_a, s_b, lo, hi, &sh, &sl);
-        cnt[k] = c;
-        s1h[k] = sh;
-        s1l[k] = sl;
-        bool ok1 = c > 0;
-        u64 o = o0 + r;
-        if (out.p[0]) ((double*)out.p[0])[o] = sh;
-        if (out.p[1]) ((double*)out.p[1])[o] = ok1 ? sh * roll_rcp((double)c) : 0.0;
-        if (out.p[4]) ((i64*)out.p[4])[o] = (i64)c;
-        if (out.p[7]) ((u8*)out.p[7])[o] = ok1;
-        if (out.p[8]) ((u8*)out.p[8])[o] = ok1;
-        if (out.p[9]) ((u8*)out.p[9])[o] = ok1;
-        if (out.p[10]) ((u8*)out.p[10])[o] = ok1;
-        if (out.p[11]) ((u8*)out.p[11])[o] = 1;
+        if (r < rows) {
+            u32 w = s_win[ROLL_PW(r)], lo = w & 0xFFFFu, hi = w >> 16;
+            u32 c = nulls ? s_cnt[hi] - s_cnt[lo] : hi - lo;
+            if (need1 && c > 0) roll_diff(s_a, s_b, lo, hi, &s1h[k], &s1l[k]);
+            cnt[k] = c;
+        }
+        ok1[k] = cnt[k] > 0;
+    }
+    roll_put(out.p[0], o0, rows, s1h);
+    if (out.p[1]) {
+        double mean[ROLL_R];
+#pragma unroll
+        for (u32 k = 0; k < R; k++) mean[k] = cnt[k] > 0 ? s1h[k] * roll_rcp((double)cnt[k]) : 0.0;
+        roll_put(out.p[1], o0, rows, mean);
+    }
+    if (out.p[4]) {
+        i64 c64[ROLL_R];
+#pragma unroll
+        for (u32 k = 0; k < R; k++) c64[k] = cnt[k];
+        roll_put(out.p[4], o0, rows, c64);
+    }
+#pragma unroll
+    for (u32 slot = 7; slot <= 10; slot++) roll_put(out.p[slot], o0, rows, ok1);
+    if (out.p[11]) {
+        u8 one[ROLL_R];
+#pragma unroll
+        for (u32 k = 0; k < R; k++) one[k] = 1;
+        roll_put(out.p[11], o0, rows, one);
     }
 
     // 4. Sums of squares: var = (S2 - S1 * (S1 / c)) / (c - 1), all of it
@@ -1097,15 +1174,15 @@ rolling_tile(const i64* ts, const i64* key, const double* v, const u8* valid,
         if (nulls) roll_scan_write<true, false, true>(s_x, s_a, s_b, s_cnt, j0, j1, end, q2h, q2l, 0);
         else roll_scan_write<true, false, false>(s_x, s_a, s_b, s_cnt, j0, j1, end, q2h, q2l, 0);
         __syncthreads();
+        double var[ROLL_R];
+        u8 ok2[ROLL_R];
 #pragma unroll
         for (u32 k = 0; k < R; k++) {
-            u32 r = t + T * k;
-            if (r >= rows) continue;
-            u32 c = cnt[k];
-            bool ok2 = c >= 2;
-            double var = 0;
-            if (ok2) {
-                u32 w = s_win[ROLL_PW(r)];
+            u32 c = cnt[k];  // 0 past the tile's rows
+            ok2[k] = c >= 2;
+            var[k] = 0;
+            if (ok2[k]) {
+                u32 w = s_win[ROLL_PW(t + T * k)];
                 double s2h, s2l;
                 roll_diff(s_a, s_b, w & 0xFFFFu, w >> 16, &s2h, &s2l);
                 double cd = (double)c, rc = roll_rcp(cd);
@@ -1116,15 +1193,19 @@ rolling_tile(const i64* ts, const i64* key, const double* v, const u8* valid,
                 double m, me;
                 two_sum(s2h, -p, &m, &me);
                 me += s2l - pe;
-                var = (m + me) * roll_rcp(cd - 1.0);
-                if (var < 0) var = 0;
+                double v2 = (m + me) * roll_rcp(cd - 1.0);
+                var[k] = v2 < 0 ? 0.0 : v2;
             }
-            u64 o = o0 + r;
-            if (out.p[5]) ((double*)out.p[5])[o] = ok2 ? sqrt(var) : 0.0;
-            if (out.p[6]) ((double*)out.p[6])[o] = ok2 ? var : 0.0;
-            if (out.p[12]) ((u8*)out.p[12])[o] = ok2;
-            if (out.p[13]) ((u8*)out.p[13])[o] = ok2;
         }
+        if (out.p[5]) {
+            double sd[ROLL_R];
+#pragma unroll
+            for (u32 k = 0; k < R; k++) sd[k] = sqrt(var[k]);
+            roll_put(out.p[5], o0, rows, sd);
+        }
+        roll_put(out.p[6], o0, rows, var);
+        roll_put(out.p[12], o0, rows, ok2);
+        roll_put(out.p[13], o0, rows, ok2);
     }
     if (!need_mm) return;
 
@@ -1198,6 +1279,20 @@ rolling_tile(const i64* ts, const i64* key, const double* v, const u8* valid,
                 if (out.p[3]) ((double*)out.p[3])[o] = roll_max(x.y, y.y);
             }
         }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(ROLL_THREADS, 2)
+rolling_tile(const i64* ts, const i64* key, const double* v, const u8* valid,
+             u64 n, u64 emit_from, i64 window, u32 closed,
+             const RollOut out, u32* flags, u32* flagged) {
+    __shared__ RollShared sh;
+    if (key) {
+        if (valid) roll_tile<true, true>(ts, key, v, valid, n, emit_from, window, closed, out, flags, flagged, sh);
+        else roll_tile<true, false>(ts, key, v, valid, n, emit_from, window, closed, out, flags, flagged, sh);
+    } else {
+        if (valid) roll_tile<false, true>(ts, key, v, valid, n, emit_from, window, closed, out, flags, flagged, sh);
+        else roll_tile<false, false>(ts, key, v, valid, n, emit_from, window, closed, out, flags, flagged, sh);
     }
 }
 
