@@ -644,8 +644,8 @@ extern "C" __global__ void rolling_window(const i64* ts, const i64* key, const d
 //              first by galloping, the rest by monotone pointers; the
 //              least lo and greatest hi bound every later pass
 //   3 sums     exclusive prefix sums over [least lo, greatest hi] in
-//              double-double (block scan: odd-length thread chunks, warp
-//              shuffles, warp totals by butterfly);
+//              double-double (odd-length thread chunks, their totals
+//              scanned raked by one warp, see roll_block_scan);
 //              per row: sum = P[hi] - P[lo]; non-null counts the same way
 //              when there are nulls (hi - lo otherwise)
 //   4 squares  the same scan over x^2 (taken exactly with an fma; its
@@ -724,12 +724,6 @@ __device__ __forceinline__ void roll_term(double* s, double* e, double x) {
     *s = t;
 }
 
-// Exclusive prefix sums over region rows [base, end): P[j] = sum of the
-// terms of rows [base, j) for j in [base, end], at slot j of
-// (ph, pl) as an unnormalised pair; with CNT also pc[j] = non-null rows in
-// [base, j). Nulls (NaN) add nothing; without NUL there are none (the
-// check is skipped). tot, totc: shared scratch for the warp totals (2 and
-// 1 per warp). Callers sync before reading P.
 // A thread's chunk of the region for the scans: rows [j0, j1), odd
 // length (lanes c rows apart then touch distinct banks).
 __device__ __forceinline__ void roll_chunk(u32 base, u32 end, u32* j0, u32* j1) {
@@ -863,8 +857,8 @@ __device__ __forceinline__ void roll_scan_write(const double* s_x, double* ph, d
 // skipped). With SQ2 the same block scan also yields this thread's offset
 // for the scan of x^2 into (*q2h, *q2l) (roll_scan_write<true> writes that
 // one later): both chunk sums in one pass and both block scans at once.
-// tot, totc: shared scratch for the warp totals (4 doubles and 1 count
-// per warp). Callers sync before reading P.
+// The block scan's entries live in ph, pl, pc until the write pass.
+// Callers sync before reading P.
 template <bool CNT, bool NUL, bool SQ2>
 __device__ void roll_prefix(const double* s_x, double* ph, double* pl, u32* pc, u32 base, u32 end,
                             double* q2h, double* q2l) {
