@@ -737,10 +737,13 @@ __device__ __forceinline__ void roll_chunk(u32 base, u32 end, u32* j0, u32* j1) 
 // 16 entries, so the 32 lanes that each walk 16 consecutive entries
 // touch distinct banks.
 #define ROLL_RK(t) ((t) + ((t) >> 4))
-#define ROLL_RK_SLOTS ROLL_RK(ROLL_THREADS)
+// The entries live in the prefix arrays (RollRake): a pair of doubles per
+// entry in ph and in pl, a count in pc, each ROLL_SLOTS long and 16-byte
+// aligned (ROLL_SLOTS is even).
+static_assert(2 * ROLL_RK(ROLL_THREADS) <= ROLL_SLOTS, "raked scan entries exceed the prefix arrays");
+static_assert(ROLL_SLOTS % 2 == 0, "the prefix arrays must stay 16-byte aligned");
 
-// The tile pass's small shared state (one copy whichever body runs):
-// block-wide results, and the raked block scan's entries.
+// The tile pass's small shared state (one copy whichever body runs).
 struct RollShared {
     u32 halo, levels, lmin, hmax;
     u32 amax, amin;  // high words of |x|'s bit patterns (order-preserving)
@@ -762,18 +765,18 @@ struct RollRake {
 // place. Against a shuffle scan on every warp (9 double-double steps per
 // thread and pair), 2 warps do ~37 steps each. Two __syncthreads.
 template <bool CNT, bool TWO>
-__device__ __forceinline__ void roll_block_scan(double h, double l, u32 n, double h2, double l2, RollRake sh,
+__device__ __forceinline__ void roll_block_scan(double h, double l, u32 n, double h2, double l2, RollRake rk,
                                                 double* xh, double* xl, u32* xn, double* x2h, double* x2l) {
     const u32 PER = ROLL_THREADS / 32;
     u32 t = threadIdx.x, warp = t >> 5, lane = t & 31, p = ROLL_RK(t);
-    sh.a[p] = make_double2(h, l);
-    if (CNT) sh.c[p] = n;
-    if (TWO) sh.b[p] = make_double2(h2, l2);
+    rk.a[p] = make_double2(h, l);
+    if (CNT) rk.c[p] = n;
+    if (TWO) rk.b[p] = make_double2(h2, l2);
     __syncthreads();
     if (warp == 0 || (TWO && warp == 1)) {
-        double2* a = warp == 0 ? sh.a : sh.b;
+        double2* a = warp == 0 ? rk.a : rk.b;
         bool cnt = CNT && warp == 0;
-        u32* c = sh.c;
+        u32* c = rk.c;
         u32 b0 = ROLL_RK(lane * PER);
         double ih = 0, il = 0;  // inclusive sums of this lane's entries, in place
         u32 in = 0;
@@ -816,12 +819,12 @@ __device__ __forceinline__ void roll_block_scan(double h, double l, u32 n, doubl
         if (cnt) c[b0] = on;
     }
     __syncthreads();
-    double2 o = sh.a[p];
+    double2 o = rk.a[p];
     *xh = o.x;
     *xl = o.y;
-    *xn = CNT ? sh.c[p] : 0;
+    *xn = CNT ? rk.c[p] : 0;
     if (TWO) {
-        double2 o2 = sh.b[p];
+        double2 o2 = rk.b[p];
         *x2h = o2.x;
         *x2l = o2.y;
     }
@@ -1106,20 +1109,14 @@ __device__ __forceinline__ void roll_tile(const i64* ts, const i64* key, const d
 
     // 3. Counts and sums; sum, mean, count and the validity that only
     //    depends on the count. Tile row t + T k is this thread's k-th row.
-    const bool nulls = NUL;
     base = s_lmin;
     end = s_hmax;
     u32 cnt[ROLL_R];
     double s1h[ROLL_R], s1l[ROLL_R];
     double q2h = 0, q2l = 0;  // this thread's offset in the scan of x^2
-    if (need1 || nulls) {
-        if (nulls) {
-            if (need2) roll_prefix<true, true, true>(s_x, s_a, s_b, s_cnt, base, end, &q2h, &q2l);
-            else roll_prefix<true, true, false>(s_x, s_a, s_b, s_cnt, base, end, &q2h, &q2l);
-        } else {
-            if (need2) roll_prefix<false, false, true>(s_x, s_a, s_b, s_cnt, base, end, &q2h, &q2l);
-            else roll_prefix<false, false, false>(s_x, s_a, s_b, s_cnt, base, end, &q2h, &q2l);
-        }
+    if (need1 || NUL) {
+        if (need2) roll_prefix<NUL, NUL, true>(s_x, s_a, s_b, s_cnt, base, end, &q2h, &q2l);
+        else roll_prefix<NUL, NUL, false>(s_x, s_a, s_b, s_cnt, base, end, &q2h, &q2l);
         __syncthreads();
     }
     u8 ok1[ROLL_R];
@@ -1131,7 +1128,7 @@ __device__ __forceinline__ void roll_tile(const i64* ts, const i64* key, const d
         s1l[k] = 0;
         if (r < rows) {
             u32 w = s_win[ROLL_PW(r)], lo = w & 0xFFFFu, hi = w >> 16;
-            u32 c = nulls ? s_cnt[hi] - s_cnt[lo] : hi - lo;
+            u32 c = NUL ? s_cnt[hi] - s_cnt[lo] : hi - lo;
             if (need1 && c > 0) roll_diff(s_a, s_b, lo, hi, &s1h[k], &s1l[k]);
             cnt[k] = c;
         }
@@ -1165,8 +1162,7 @@ __device__ __forceinline__ void roll_tile(const i64* ts, const i64* key, const d
         __syncthreads();  // every read of the first prefix is done
         u32 j0, j1;
         roll_chunk(base, end, &j0, &j1);
-        if (nulls) roll_scan_write<true, false, true>(s_x, s_a, s_b, s_cnt, j0, j1, end, q2h, q2l, 0);
-        else roll_scan_write<true, false, false>(s_x, s_a, s_b, s_cnt, j0, j1, end, q2h, q2l, 0);
+        roll_scan_write<true, false, NUL>(s_x, s_a, s_b, s_cnt, j0, j1, end, q2h, q2l, 0);
         __syncthreads();
         double var[ROLL_R];
         u8 ok2[ROLL_R];
