@@ -48,7 +48,7 @@ use braid_kernels::{Element, ReduceKind};
 use crate::error::{CollError, CollKind, Site};
 use crate::handle::{Callback, Handle, start, streaming};
 use crate::wire::Elements;
-use crate::wire::{Meta, Signature, recv_framed, send_framed, typed, vec_to_buffer};
+use crate::wire::{Framed, Meta, Signature, recv_framed_all, send_framed, typed, vec_to_buffer};
 
 /// A user-supplied reduction: `acc[i] = acc[i] (op) x[i]`. It must be the
 /// same function on every rank; it is applied in rank order.
@@ -186,28 +186,29 @@ async fn reduce_my_piece<T: Element>(
         ));
     }
     let (lo, hi) = scheme.piece(len, n, me);
-    let recvs = (0..n).filter(|p| *p != me).map(|p| {
-        let comm = comm.clone();
-        async move {
-            let f = recv_framed(comm.as_ref(), site, p, tag).await?;
-            let theirs = Signature {
-                dtype: f.meta.dtype,
-                aux: f.meta.aux,
-                count: f.meta.count,
-            };
-            if let Some(d) = mine.differs(site.coll, theirs) {
-                return Err(site.mismatch(p, d));
-            }
-            if f.data.len() != (hi - lo) * sz {
-                return Err(site.mismatch(
-                    p,
-                    format!("rank {p} sent {} bytes for piece {me}", f.data.len()),
-                ));
-            }
-            Ok::<_, CollError>(f.data)
+    let check = |p: u32, f: &Framed| {
+        let theirs = Signature {
+            dtype: f.meta.dtype,
+            aux: f.meta.aux,
+            count: f.meta.count,
+        };
+        if let Some(d) = mine.differs(site.coll, theirs) {
+            return Err(site.mismatch(p, d));
         }
-    });
-    let mut got = futures::future::try_join_all(recvs).await?;
+        if f.data.len() != (hi - lo) * sz {
+            return Err(site.mismatch(
+                p,
+                format!("rank {p} sent {} bytes for piece {me}", f.data.len()),
+            ));
+        }
+        Ok(())
+    };
+    let peers = (0..n).filter(|p| *p != me);
+    let mut got: Vec<Buffer> = recv_framed_all(comm.as_ref(), site, peers, tag, check)
+        .await?
+        .into_iter()
+        .map(|(_, f)| f.data)
+        .collect();
     got.insert(me as usize, buf.slice(lo * sz..hi * sz));
     let typed_parts = got
         .iter()
@@ -260,18 +261,19 @@ fn start_allreduce_core<T: Element, R: Send + 'static>(
             .filter(|p| *p != me)
             .map(|p| send_framed(comm.as_ref(), site, p, tag, meta, &[], mine_buf.clone()))
             .collect();
-        let recvs = (0..n).filter(|p| *p != me).map(|p| {
-            let comm = comm.clone();
-            async move {
-                let b = recv_framed(comm.as_ref(), site, p, tag).await?.data;
-                let (lo, hi) = block(len, n, p);
-                if b.len() != (hi - lo) * sz {
-                    return Err(site.mismatch(p, "reduced block has the wrong length"));
-                }
-                Ok(b)
+        let check = |p: u32, f: &Framed| {
+            let (lo, hi) = block(len, n, p);
+            if f.data.len() != (hi - lo) * sz {
+                return Err(site.mismatch(p, "reduced block has the wrong length"));
             }
-        });
-        let mut blocks = futures::future::try_join_all(recvs).await?;
+            Ok(())
+        };
+        let peers = (0..n).filter(|p| *p != me);
+        let mut blocks: Vec<Buffer> = recv_framed_all(comm.as_ref(), site, peers, tag, check)
+            .await?
+            .into_iter()
+            .map(|(_, f)| f.data)
+            .collect();
         blocks.insert(me as usize, mine_buf);
         for s in sends {
             s.await?;

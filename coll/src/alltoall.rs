@@ -13,9 +13,20 @@
 //! Counts and offsets are validated against the buffers before anything is
 //! sent. Each message carries both counts of its pair (what the sender
 //! sends, and what it expects back), so both ranks of a pair that disagree
-//! notice; then an agreement round (ceil(log2 N) tiny messages) makes every
-//! rank fail if any rank noticed, so no rank returns data from mismatched
-//! calls.
+//! notice. So that every other rank fails too, with no extra message
+//! round, each message also carries its sender's two count digests:
+//!
+//! ```text
+//!   S(r) = sum over s of h(r, s, send_counts_r[s])   (r's claims as sender)
+//!   R(s) = sum over r of h(r, s, recv_counts_s[r])   (s's claims as receiver)
+//! ```
+//!
+//! (h: a 64-bit mixing hash, sums wrap). Every rank hears from every rank,
+//! so every rank computes the same sum of S and sum of R; they are equal
+//! when every pair agrees, and differ (but for a 2^-64 chance) when any
+//! pair does not. Element types and collective kinds are in every header,
+//! which every rank sees from every rank, so those mismatches fail every
+//! rank directly.
 
 use braid_core::memory::large_vec;
 use braid_core::{Context, Tag};
@@ -24,7 +35,7 @@ use braid_kernels::Element;
 use crate::error::{CollError, CollKind, Site};
 use crate::handle::{Callback, Handle, start, streaming};
 use crate::wire::Elements;
-use crate::wire::{Meta, agree, recv_framed, send_framed};
+use crate::wire::{Meta, recv_framed_all, send_framed};
 
 /// Per-peer element counts and offsets of an AllToAllv.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -74,6 +85,19 @@ impl AllToAllvSpec {
             recv_offsets,
             recv_len,
         }
+    }
+
+    /// This rank's two count digests (see the module doc): its claims as
+    /// a sender and as a receiver, each a wrapping sum of one hash per
+    /// (source, destination, count).
+    fn digests(&self, me: u32) -> (u64, u64) {
+        let mut sent = 0u64;
+        let mut recv = 0u64;
+        for (p, (s, r)) in self.send_counts.iter().zip(&self.recv_counts).enumerate() {
+            sent = sent.wrapping_add(pair_hash(me, p as u32, *s));
+            recv = recv.wrapping_add(pair_hash(p as u32, me, *r));
+        }
+        (sent, recv)
     }
 
     fn validate(&self, n: usize, send_len: usize) -> Result<(), String> {
@@ -126,6 +150,18 @@ impl AllToAllvSpec {
     }
 }
 
+/// The hash of one (source, destination, count) claim: splitmix64's
+/// finaliser applied twice, so that every input bit moves every output bit.
+fn pair_hash(src: u32, dst: u32, count: usize) -> u64 {
+    fn mix(mut z: u64) -> u64 {
+        z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    mix(mix((u64::from(src) << 32) | u64::from(dst)) ^ count as u64)
+}
+
 /// Starts an AllToAllv whose result is laid out by `spec.recv_offsets`
 /// in one vector (one copy of every received element).
 pub fn start_alltoallv<T: Element>(
@@ -167,8 +203,8 @@ pub fn start_alltoallv_parts<T: Element>(
     start_parts(ctx, send.into(), spec, callback, |parts, _| parts)
 }
 
-/// The one AllToAllv core: validate, exchange per-peer parts, agree that
-/// every pair matched; `finish` shapes the result.
+/// The one AllToAllv core: validate, exchange per-peer parts (checking
+/// every pair's counts through the digests); `finish` shapes the result.
 fn start_parts<T: Element, R: Send + 'static>(
     ctx: &Context,
     send: Elements<T>,
@@ -183,18 +219,8 @@ fn start_parts<T: Element, R: Send + 'static>(
         let n = comm.nranks();
         spec.validate(n as usize, send.len())
             .map_err(|d| site.invalid(d))?;
-        let local = exchange(&comm, site, send, &spec).await;
-        if let Err(e @ CollError::Comm { .. }) = local {
-            return Err(e);
-        }
-        let (_, hi) = agree(comm.as_ref(), site, [u64::from(local.is_err()), 0]).await?;
-        match local {
-            Err(e) => Err(e),
-            Ok(_) if hi[0] != 0 => {
-                Err(site.disagreement("another rank's per-peer counts disagree with its peer's"))
-            }
-            Ok(parts) => Ok(finish(parts, &spec)),
-        }
+        let parts = exchange(&comm, site, send, &spec).await?;
+        Ok(finish(parts, &spec))
     })
 }
 
@@ -224,6 +250,13 @@ async fn exchange<T: Element>(
             ),
         ));
     }
+    let (mut sent_sum, mut recv_sum) = spec.digests(me);
+    let digests = {
+        let mut d = [0u8; 16];
+        d[..8].copy_from_slice(&sent_sum.to_le_bytes());
+        d[8..].copy_from_slice(&recv_sum.to_le_bytes());
+        d
+    };
     let mut parts: Vec<Option<Elements<T>>> = (0..n).map(|_| None).collect();
     parts[me as usize] = Some(send.slice(so, sc));
     let buf = send.buffer().clone();
@@ -240,19 +273,23 @@ async fn exchange<T: Element>(
             p,
             tag,
             meta,
-            &[],
+            &digests,
             buf.slice(o * sz..(o + c) * sz),
         ));
     }
-    let recvs = (0..n).filter(|p| *p != me).map(|p| {
-        let comm = comm.clone();
-        async move { Ok::<_, CollError>((p, recv_framed(comm.as_ref(), site, p, tag).await?)) }
-    });
     let mut first_err = None;
-    for (p, f) in futures::future::try_join_all(recvs).await? {
+    let peers = (0..n).filter(|p| *p != me);
+    for (p, f) in recv_framed_all(comm.as_ref(), site, peers, tag, |_, _| Ok(())).await? {
         let want = spec.recv_counts[p as usize];
         let sent = spec.send_counts[p as usize];
-        let err = if f.meta.dtype != T::DTYPE {
+        let word = |i: usize| {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(&f.user_meta[i * 8..i * 8 + 8]);
+            u64::from_le_bytes(w)
+        };
+        let err = if f.user_meta.len() != 16 {
+            Some(format!("rank {p} sent a malformed AllToAll header"))
+        } else if f.meta.dtype != T::DTYPE {
             Some(format!(
                 "element type {} here, {} on rank {p}",
                 T::DTYPE,
@@ -277,6 +314,10 @@ async fn exchange<T: Element>(
         } else {
             None
         };
+        if f.user_meta.len() == 16 {
+            sent_sum = sent_sum.wrapping_add(word(0));
+            recv_sum = recv_sum.wrapping_add(word(1));
+        }
         match err {
             Some(d) => {
                 first_err.get_or_insert(site.mismatch(p, d));
@@ -289,6 +330,9 @@ async fn exchange<T: Element>(
     }
     if let Some(e) = first_err {
         return Err(e);
+    }
+    if sent_sum != recv_sum {
+        return Err(site.disagreement("another rank's per-peer counts disagree with its peer's"));
     }
     parts
         .into_iter()
@@ -340,4 +384,60 @@ pub async fn alltoall<T: Element>(
     }
     let spec = AllToAllvSpec::equal(n, send.len() / n);
     alltoallv(ctx, send, spec).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A small deterministic generator (the test needs no crate for it).
+    fn next(s: &mut u64) -> u64 {
+        *s = s
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        *s >> 33
+    }
+
+    fn sums(specs: &[AllToAllvSpec]) -> (u64, u64) {
+        specs
+            .iter()
+            .enumerate()
+            .map(|(r, s)| s.digests(r as u32))
+            .fold((0, 0), |(a, b), (x, y)| {
+                (a.wrapping_add(x), b.wrapping_add(y))
+            })
+    }
+
+    #[test]
+    fn digests_agree_exactly_when_every_pair_agrees() {
+        let mut seed = 7u64;
+        for n in [1usize, 2, 3, 4, 5, 8] {
+            for _ in 0..50 {
+                // counts[r][s]: what r sends s.
+                let counts: Vec<Vec<usize>> = (0..n)
+                    .map(|_| (0..n).map(|_| next(&mut seed) as usize % 5).collect())
+                    .collect();
+                let spec = |c: &Vec<Vec<usize>>, r: usize| {
+                    AllToAllvSpec::from_counts(c[r].clone(), (0..n).map(|s| c[s][r]).collect())
+                };
+                let specs: Vec<_> = (0..n).map(|r| spec(&counts, r)).collect();
+                let (a, b) = sums(&specs);
+                assert_eq!(a, b, "{n} ranks: matched calls must agree");
+                // One receiver expects one more element from one sender.
+                let (r, s) = (next(&mut seed) as usize % n, next(&mut seed) as usize % n);
+                let mut bad = specs.clone();
+                bad[s].recv_counts[r] += 1;
+                let (a, b) = sums(&bad);
+                assert_ne!(a, b, "{n} ranks: pair ({r}, {s}) disagrees");
+                // Two receivers swap what they expect from one sender.
+                if n >= 3 && counts[0][1] != counts[0][2] {
+                    let mut bad = specs.clone();
+                    bad[1].recv_counts[0] = counts[0][2];
+                    bad[2].recv_counts[0] = counts[0][1];
+                    let (a, b) = sums(&bad);
+                    assert_ne!(a, b, "{n} ranks: swapped expectations");
+                }
+            }
+        }
+    }
 }

@@ -12,7 +12,10 @@
 
 use std::borrow::Cow;
 use std::future::Future;
+use std::pin::Pin;
+use std::task::Poll;
 
+use braid_core::comm::RecvFuture;
 use braid_core::{Buffer, Communicator, Rank, Tag};
 use braid_kernels::{DType, Element};
 use bytes::Bytes;
@@ -160,6 +163,29 @@ pub(crate) async fn recv_framed(
     tag: Tag,
 ) -> Result<Framed, CollError> {
     let first = comm.recv(src, tag).await.map_err(|e| site.comm(e))?;
+    match open_head(site, src, first)? {
+        Head::Whole(f) => Ok(f),
+        Head::DataFollows(meta, user_meta) => {
+            let data = comm.recv(src, tag).await.map_err(|e| site.comm(e))?;
+            Ok(Framed {
+                meta,
+                user_meta,
+                data,
+            })
+        }
+    }
+}
+
+/// A frame's first message, opened.
+enum Head {
+    /// The whole frame (data inline).
+    Whole(Framed),
+    /// The header; the data is the next message of the same (src, tag).
+    DataFollows(Meta, Bytes),
+}
+
+/// Decodes and checks the first message of a frame from `src`.
+fn open_head(site: Site, src: Rank, first: Buffer) -> Result<Head, CollError> {
     let Some((meta, meta_len)) = Meta::decode(first.as_slice()) else {
         return Err(site.mismatch(src, "received a message that is not a collective frame"));
     };
@@ -176,17 +202,118 @@ pub(crate) async fn recv_framed(
     if first.len() < body {
         return Err(site.mismatch(src, "truncated frame"));
     }
-    let user_meta = first.bytes().slice(META_LEN..body);
-    let data = if meta.flags & DATA_FOLLOWS != 0 {
-        comm.recv(src, tag).await.map_err(|e| site.comm(e))?
+    let user_meta = if meta_len == 0 {
+        Bytes::new()
+    } else {
+        first.bytes().slice(META_LEN..body)
+    };
+    if meta.flags & DATA_FOLLOWS != 0 {
+        return Ok(Head::DataFollows(meta, user_meta));
+    }
+    let data = if body == first.len() {
+        Buffer::default()
     } else {
         first.slice(body..first.len())
     };
-    Ok(Framed {
+    Ok(Head::Whole(Framed {
         meta,
         user_meta,
         data,
+    }))
+}
+
+/// Where one peer's frame is in [`recv_framed_all`].
+enum Pending {
+    Head(RecvFuture),
+    Data(Meta, Bytes, RecvFuture),
+    Done,
+}
+
+/// Receives one frame on `tag` from each of `peers` and returns them in
+/// the order of `peers`; `check` sees each frame as it arrives. Every
+/// receive is posted at once and frames are taken as they arrive, so the
+/// first error (a dead peer, a mismatched frame, a failed `check`) ends
+/// the wait whichever peer it comes from: waiting on peers in
+/// order could wait forever on a peer that is itself waiting for this
+/// rank's error. Lighter than joining N `recv_framed` futures: one small
+/// state per peer, polled in place.
+pub(crate) async fn recv_framed_all(
+    comm: &dyn Communicator,
+    site: Site,
+    peers: impl IntoIterator<Item = Rank>,
+    tag: Tag,
+    mut check: impl FnMut(Rank, &Framed) -> Result<(), CollError>,
+) -> Result<Vec<(Rank, Framed)>, CollError> {
+    let mut pending: Vec<(Rank, Pending)> = peers
+        .into_iter()
+        .map(|p| (p, Pending::Head(comm.recv(p, tag))))
+        .collect();
+    let mut out: Vec<Option<Framed>> = pending.iter().map(|_| None).collect();
+    let mut left = pending.len();
+    std::future::poll_fn(|cx| {
+        for ((p, st), slot) in pending.iter_mut().zip(out.iter_mut()) {
+            loop {
+                match st {
+                    Pending::Head(f) => {
+                        let Poll::Ready(r) = Pin::new(f).poll(cx) else {
+                            break;
+                        };
+                        let first = match r {
+                            Ok(b) => b,
+                            Err(e) => return Poll::Ready(Err(site.comm(e))),
+                        };
+                        match open_head(site, *p, first) {
+                            Ok(Head::Whole(f)) => {
+                                if let Err(e) = check(*p, &f) {
+                                    return Poll::Ready(Err(e));
+                                }
+                                *slot = Some(f);
+                                *st = Pending::Done;
+                                left -= 1;
+                            }
+                            Ok(Head::DataFollows(meta, um)) => {
+                                *st = Pending::Data(meta, um, comm.recv(*p, tag));
+                            }
+                            Err(e) => return Poll::Ready(Err(e)),
+                        }
+                    }
+                    Pending::Data(meta, um, f) => {
+                        let Poll::Ready(r) = Pin::new(f).poll(cx) else {
+                            break;
+                        };
+                        match r {
+                            Ok(data) => {
+                                let f = Framed {
+                                    meta: *meta,
+                                    user_meta: std::mem::take(um),
+                                    data,
+                                };
+                                if let Err(e) = check(*p, &f) {
+                                    return Poll::Ready(Err(e));
+                                }
+                                *slot = Some(f);
+                                *st = Pending::Done;
+                                left -= 1;
+                            }
+                            Err(e) => return Poll::Ready(Err(site.comm(e))),
+                        }
+                    }
+                    Pending::Done => break,
+                }
+            }
+        }
+        if left == 0 {
+            Poll::Ready(Ok(()))
+        } else {
+            Poll::Pending
+        }
     })
+    .await?;
+    Ok(pending
+        .iter()
+        .zip(out)
+        .filter_map(|((p, _), f)| f.map(|f| (*p, f)))
+        .collect())
 }
 
 /// Receives rank `src`'s stream on `tag`: `each` gets every data frame

@@ -2,7 +2,7 @@
 //! on by threads. It is how a collective's completion callback wakes its
 //! streaming wrapper (async) or a blocking `wait()` caller (thread).
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
@@ -12,6 +12,11 @@ use tokio::sync::Notify;
 struct Inner {
     set: AtomicBool,
     notify: Notify,
+    /// Threads inside `wait_blocking*`. `set` only touches the condition
+    /// variable when this is not zero: a notify always costs a futex system
+    /// call, and most events (every streaming collective's) never have a
+    /// blocked thread.
+    blocked: AtomicUsize,
     lock: Mutex<()>,
     cv: Condvar,
 }
@@ -30,12 +35,17 @@ impl Event {
 
     /// Sets the event and wakes every waiter. Setting twice is a no-op.
     pub fn set(&self) {
-        if !self.inner.set.swap(true, Ordering::AcqRel) {
+        // SeqCst on `set` and `blocked` (here and in `wait_blocking`):
+        // either this load sees the blocked thread, or that thread's check
+        // of the flag sees it set.
+        if !self.inner.set.swap(true, Ordering::SeqCst) {
             self.inner.notify.notify_waiters();
-            // Taking the lock orders this notify after a blocked waiter's
-            // check of the flag, so no wake-up is lost.
-            let _g = self.inner.lock.lock().unwrap_or_else(|p| p.into_inner());
-            self.inner.cv.notify_all();
+            if self.inner.blocked.load(Ordering::SeqCst) != 0 {
+                // Taking the lock orders this notify after a blocked
+                // waiter's check of the flag, so no wake-up is lost.
+                let _g = self.inner.lock.lock().unwrap_or_else(|p| p.into_inner());
+                self.inner.cv.notify_all();
+            }
         }
     }
 
@@ -60,8 +70,9 @@ impl Event {
     /// Blocks the calling thread until the event is set. Do not call this
     /// from a task of the runtime that must set the event.
     pub fn wait_blocking(&self) {
+        let _b = Blocked::enter(&self.inner);
         let mut g = self.inner.lock.lock().unwrap_or_else(|p| p.into_inner());
-        while !self.is_set() {
+        while !self.inner.set.load(Ordering::SeqCst) {
             g = self.inner.cv.wait(g).unwrap_or_else(|p| p.into_inner());
         }
     }
@@ -70,8 +81,9 @@ impl Event {
     /// event was set.
     pub fn wait_blocking_timeout(&self, timeout: Duration) -> bool {
         let deadline = std::time::Instant::now() + timeout;
+        let _b = Blocked::enter(&self.inner);
         let mut g = self.inner.lock.lock().unwrap_or_else(|p| p.into_inner());
-        while !self.is_set() {
+        while !self.inner.set.load(Ordering::SeqCst) {
             let now = std::time::Instant::now();
             if now >= deadline {
                 return false;
@@ -84,6 +96,22 @@ impl Event {
                 .0;
         }
         true
+    }
+}
+
+/// Counts a thread in `Inner::blocked` for as long as it waits.
+struct Blocked<'a>(&'a Inner);
+
+impl<'a> Blocked<'a> {
+    fn enter(inner: &'a Inner) -> Self {
+        inner.blocked.fetch_add(1, Ordering::SeqCst);
+        Blocked(inner)
+    }
+}
+
+impl Drop for Blocked<'_> {
+    fn drop(&mut self) {
+        self.0.blocked.fetch_sub(1, Ordering::SeqCst);
     }
 }
 

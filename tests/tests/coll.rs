@@ -147,6 +147,20 @@ fn all_fail(results: Vec<Result<(), String>>, what: &str, n: u32) {
     }
 }
 
+/// Every rank must fail with the mismatch itself (seen in this call, not
+/// only through another rank's abort).
+fn all_see_mismatch(results: Vec<Result<(), String>>, what: &str, n: u32) {
+    for (r, x) in results.into_iter().enumerate() {
+        match x {
+            Ok(()) => panic!("{what}, {n} ranks: rank {r} returned data from mismatched calls"),
+            Err(e) => assert!(
+                e.contains("does not match"),
+                "{what}, {n} ranks, rank {r}: expected the mismatch, got: {e}"
+            ),
+        }
+    }
+}
+
 type Case = fn(Context) -> std::pin::Pin<Box<dyn Future<Output = Result<(), String>> + Send>>;
 
 fn mismatch_cases() -> Vec<(&'static str, Case)> {
@@ -245,6 +259,42 @@ fn mismatched_calls_fail_everywhere() {
                 );
             });
         }
+    }
+}
+
+/// AllToAllv: a pair that disagrees on a count is noticed by every rank in
+/// the same call (through the count digests), including the ranks that are
+/// not in the pair.
+#[test]
+fn alltoallv_mismatch_is_seen_by_every_rank() {
+    let rt = runtime();
+    for n in RANK_COUNTS.into_iter().filter(|n| *n >= 2) {
+        let case = |c: Context| async move {
+            let n = c.nranks() as usize;
+            // Rank n-1 expects 3 elements from rank 0, which sends 2.
+            let mut recv = vec![2usize; n];
+            if c.rank() as usize == n - 1 {
+                recv[0] = 3;
+            }
+            let spec = AllToAllvSpec::from_counts(vec![2; n], recv);
+            alltoallv(&c, vec![7i32; 2 * n], spec)
+                .await
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        };
+        rt.block_on(async {
+            let what = "alltoallv counts";
+            all_see_mismatch(
+                on_all(local_ctxs(n, MemoryLimits::UNLIMITED).await, case).await,
+                what,
+                n,
+            );
+            all_see_mismatch(
+                on_all(tcp_ctxs(n, MemoryLimits::UNLIMITED).await, case).await,
+                what,
+                n,
+            );
+        });
     }
 }
 
