@@ -20,7 +20,7 @@ use futures::future::BoxFuture;
 
 use crate::error::{CollError, CollKind, Site};
 use crate::handle::{Callback, Handle, start};
-use crate::wire::{Meta, recv_stream, send_finish, send_framed, typed, vec_to_buffer};
+use crate::wire::{Meta, recv_streams_all, send_finish, send_framed, typed, vec_to_buffer};
 
 /// How extracted chunks are ordered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,36 +86,31 @@ impl AllGather {
             let n = comm.nranks();
             let me = site.rank;
             let tag = Tag::new(op, 0);
-            let recvs = (0..n).filter(|p| *p != me).map(|p| {
-                let comm = comm.clone();
-                async move {
-                    let mut got = Vec::new();
-                    let check = |d: DType| {
-                        if d == dtype {
-                            Ok(())
-                        } else {
-                            Err(site
-                                .mismatch(p, format!("element type {dtype} here, {d} on rank {p}")))
-                        }
-                    };
-                    let fin = recv_stream(comm.as_ref(), site, p, tag, |f| {
-                        check(f.meta.dtype)?;
-                        got.push(Gathered {
-                            rank: p,
-                            seq: f.meta.seq,
-                            data: PackedData {
-                                metadata: f.user_meta,
-                                data: f.data,
-                            },
-                        });
-                        Ok(())
-                    })
-                    .await?;
-                    check(fin.dtype)?;
-                    Ok::<_, CollError>(got)
+            let check = |p: Rank, d: DType| {
+                if d == dtype {
+                    Ok(())
+                } else {
+                    Err(site.mismatch(p, format!("element type {dtype} here, {d} on rank {p}")))
                 }
-            });
-            let remote = futures::future::try_join_all(recvs).await?;
+            };
+            let mut remote = Vec::new();
+            let peers = (0..n).filter(|p| *p != me);
+            let fins = recv_streams_all(comm.as_ref(), site, peers, tag, |p, f| {
+                check(p, f.meta.dtype)?;
+                remote.push(Gathered {
+                    rank: p,
+                    seq: f.meta.seq,
+                    data: PackedData {
+                        metadata: f.user_meta,
+                        data: f.data,
+                    },
+                });
+                Ok(())
+            })
+            .await?;
+            for (p, fin) in fins {
+                check(p, fin.dtype)?;
+            }
             ld.wait().await;
             let (local, sends) = {
                 let mut s = st.lock().unwrap_or_else(|p| p.into_inner());
@@ -123,7 +118,7 @@ impl AllGather {
             };
             futures::future::try_join_all(sends).await?;
             let mut all = local;
-            all.extend(remote.into_iter().flatten());
+            all.extend(remote);
             Ok(all)
         });
         AllGather {

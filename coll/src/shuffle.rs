@@ -32,7 +32,7 @@ use futures::future::BoxFuture;
 
 use crate::error::{CollError, CollKind, Site};
 use crate::handle::{Callback, Handle, start};
-use crate::wire::{Meta, recv_stream, send_finish, send_framed};
+use crate::wire::{Meta, recv_streams_all, send_finish, send_framed};
 
 /// Which rank owns a partition.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -206,37 +206,32 @@ impl Shuffle {
         let handle = start(ctx, CollKind::Shuffle, op, Some(cb), async move {
             let me = site.rank;
             let tag = Tag::new(op, 0);
-            let recvs = (0..n).filter(|p| *p != me).map(|p| {
-                let comm = comm.clone();
-                let store = store2.clone();
-                async move {
-                    let fin = recv_stream(comm.as_ref(), site, p, tag, |f| {
-                        if f.meta.aux >= nparts {
-                            return Err(site.mismatch(
-                                p,
-                                format!(
-                                    "partition {} from rank {p} is not below {nparts}",
-                                    f.meta.aux
-                                ),
-                            ));
-                        }
-                        let chunk = PackedData {
-                            metadata: f.user_meta,
-                            data: f.data,
-                        };
-                        store.put(site, f.meta.aux, p, f.meta.seq, chunk)
-                    })
-                    .await?;
-                    if fin.aux != nparts {
-                        return Err(site.mismatch(
-                            p,
-                            format!("{nparts} partitions here, {} on rank {p}", fin.aux),
-                        ));
-                    }
-                    Ok::<_, CollError>(())
+            let peers = (0..n).filter(|p| *p != me);
+            let fins = recv_streams_all(comm.as_ref(), site, peers, tag, |p, f| {
+                if f.meta.aux >= nparts {
+                    return Err(site.mismatch(
+                        p,
+                        format!(
+                            "partition {} from rank {p} is not below {nparts}",
+                            f.meta.aux
+                        ),
+                    ));
                 }
-            });
-            futures::future::try_join_all(recvs).await?;
+                let chunk = PackedData {
+                    metadata: f.user_meta,
+                    data: f.data,
+                };
+                store2.put(site, f.meta.aux, p, f.meta.seq, chunk)
+            })
+            .await?;
+            for (p, fin) in fins {
+                if fin.aux != nparts {
+                    return Err(site.mismatch(
+                        p,
+                        format!("{nparts} partitions here, {} on rank {p}", fin.aux),
+                    ));
+                }
+            }
             ld.wait().await;
             let sends = std::mem::take(&mut st.lock().unwrap_or_else(|p| p.into_inner()).sends);
             futures::future::try_join_all(sends).await?;

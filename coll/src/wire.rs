@@ -222,21 +222,75 @@ fn open_head(site: Site, src: Rank, first: Buffer) -> Result<Head, CollError> {
     }))
 }
 
-/// Where one peer's frame is in [`recv_framed_all`].
+/// One peer's receive in [`recv_framed_all`] and [`recv_streams_all`]:
+/// which message of its current frame it waits for.
 enum Pending {
     Head(RecvFuture),
     Data(Meta, Bytes, RecvFuture),
     Done,
 }
 
+impl Pending {
+    /// Drives the current frame; `Ready(Ok)` once it is whole (the state is
+    /// then `Done`; post the next receive to take another frame).
+    fn poll_frame(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+        comm: &dyn Communicator,
+        site: Site,
+        src: Rank,
+        tag: Tag,
+    ) -> Poll<Result<Framed, CollError>> {
+        loop {
+            match self {
+                Pending::Head(f) => {
+                    let Poll::Ready(r) = Pin::new(f).poll(cx) else {
+                        return Poll::Pending;
+                    };
+                    let first = match r {
+                        Ok(b) => b,
+                        Err(e) => return Poll::Ready(Err(site.comm(e))),
+                    };
+                    match open_head(site, src, first) {
+                        Ok(Head::Whole(f)) => {
+                            *self = Pending::Done;
+                            return Poll::Ready(Ok(f));
+                        }
+                        Ok(Head::DataFollows(meta, um)) => {
+                            *self = Pending::Data(meta, um, comm.recv(src, tag));
+                        }
+                        Err(e) => return Poll::Ready(Err(e)),
+                    }
+                }
+                Pending::Data(meta, um, f) => {
+                    let Poll::Ready(r) = Pin::new(f).poll(cx) else {
+                        return Poll::Pending;
+                    };
+                    let f = match r {
+                        Ok(data) => Framed {
+                            meta: *meta,
+                            user_meta: std::mem::take(um),
+                            data,
+                        },
+                        Err(e) => return Poll::Ready(Err(site.comm(e))),
+                    };
+                    *self = Pending::Done;
+                    return Poll::Ready(Ok(f));
+                }
+                Pending::Done => return Poll::Pending,
+            }
+        }
+    }
+}
+
 /// Receives one frame on `tag` from each of `peers` and returns them in
 /// the order of `peers`; `check` sees each frame as it arrives. Every
 /// receive is posted at once and frames are taken as they arrive, so the
 /// first error (a dead peer, a mismatched frame, a failed `check`) ends
-/// the wait whichever peer it comes from: waiting on peers in
-/// order could wait forever on a peer that is itself waiting for this
-/// rank's error. Lighter than joining N `recv_framed` futures: one small
-/// state per peer, polled in place.
+/// the wait whichever peer it comes from: waiting on peers in order could
+/// wait forever on a peer that is itself waiting for this rank's error.
+/// Lighter than joining N `recv_framed` futures: one small state per peer,
+/// polled in place.
 pub(crate) async fn recv_framed_all(
     comm: &dyn Communicator,
     site: Site,
@@ -244,62 +298,20 @@ pub(crate) async fn recv_framed_all(
     tag: Tag,
     mut check: impl FnMut(Rank, &Framed) -> Result<(), CollError>,
 ) -> Result<Vec<(Rank, Framed)>, CollError> {
-    let mut pending: Vec<(Rank, Pending)> = peers
+    let mut pending: Vec<(Rank, Pending, Option<Framed>)> = peers
         .into_iter()
-        .map(|p| (p, Pending::Head(comm.recv(p, tag))))
+        .map(|p| (p, Pending::Head(comm.recv(p, tag)), None))
         .collect();
-    let mut out: Vec<Option<Framed>> = pending.iter().map(|_| None).collect();
     let mut left = pending.len();
     std::future::poll_fn(|cx| {
-        for ((p, st), slot) in pending.iter_mut().zip(out.iter_mut()) {
-            loop {
-                match st {
-                    Pending::Head(f) => {
-                        let Poll::Ready(r) = Pin::new(f).poll(cx) else {
-                            break;
-                        };
-                        let first = match r {
-                            Ok(b) => b,
-                            Err(e) => return Poll::Ready(Err(site.comm(e))),
-                        };
-                        match open_head(site, *p, first) {
-                            Ok(Head::Whole(f)) => {
-                                if let Err(e) = check(*p, &f) {
-                                    return Poll::Ready(Err(e));
-                                }
-                                *slot = Some(f);
-                                *st = Pending::Done;
-                                left -= 1;
-                            }
-                            Ok(Head::DataFollows(meta, um)) => {
-                                *st = Pending::Data(meta, um, comm.recv(*p, tag));
-                            }
-                            Err(e) => return Poll::Ready(Err(e)),
-                        }
-                    }
-                    Pending::Data(meta, um, f) => {
-                        let Poll::Ready(r) = Pin::new(f).poll(cx) else {
-                            break;
-                        };
-                        match r {
-                            Ok(data) => {
-                                let f = Framed {
-                                    meta: *meta,
-                                    user_meta: std::mem::take(um),
-                                    data,
-                                };
-                                if let Err(e) = check(*p, &f) {
-                                    return Poll::Ready(Err(e));
-                                }
-                                *slot = Some(f);
-                                *st = Pending::Done;
-                                left -= 1;
-                            }
-                            Err(e) => return Poll::Ready(Err(site.comm(e))),
-                        }
-                    }
-                    Pending::Done => break,
-                }
+        for (p, st, slot) in pending.iter_mut() {
+            if let Poll::Ready(r) = st.poll_frame(cx, comm, site, *p, tag) {
+                let f = match r.and_then(|f| check(*p, &f).map(|()| f)) {
+                    Ok(f) => f,
+                    Err(e) => return Poll::Ready(Err(e)),
+                };
+                *slot = Some(f);
+                left -= 1;
             }
         }
         if left == 0 {
@@ -310,41 +322,68 @@ pub(crate) async fn recv_framed_all(
     })
     .await?;
     Ok(pending
-        .iter()
-        .zip(out)
-        .filter_map(|((p, _), f)| f.map(|f| (*p, f)))
+        .into_iter()
+        .filter_map(|(p, _, f)| f.map(|f| (p, f)))
         .collect())
 }
 
-/// Receives rank `src`'s stream on `tag`: `each` gets every data frame
-/// until the stream's FINISH marker, whose count must equal the frames that
-/// came (a receive is only posted while more are announced). Returns the
-/// marker's header.
-pub(crate) async fn recv_stream(
+/// Receives each of `peers`' streams on `tag`, all at once and in arrival
+/// order: `each` gets every data frame, until that peer's FINISH marker,
+/// whose count must equal the frames that came (a receive is only posted
+/// while more are announced). Returns the markers' headers in the order of
+/// `peers`. Errors end the wait as in [`recv_framed_all`].
+pub(crate) async fn recv_streams_all(
     comm: &dyn Communicator,
     site: Site,
-    src: Rank,
+    peers: impl IntoIterator<Item = Rank>,
     tag: Tag,
-    mut each: impl FnMut(Framed) -> Result<(), CollError>,
-) -> Result<Meta, CollError> {
-    let mut got = 0u64;
-    loop {
-        let f = recv_framed(comm, site, src, tag).await?;
-        if f.meta.flags & FINISH != 0 {
-            if f.meta.count != got {
-                return Err(site.mismatch(
-                    src,
-                    format!(
-                        "rank {src} says it sent {} chunks, {got} arrived",
-                        f.meta.count
-                    ),
-                ));
+    mut each: impl FnMut(Rank, Framed) -> Result<(), CollError>,
+) -> Result<Vec<(Rank, Meta)>, CollError> {
+    // (peer, receive, data frames so far, the FINISH marker once it came)
+    let mut pending: Vec<(Rank, Pending, u64, Option<Meta>)> = peers
+        .into_iter()
+        .map(|p| (p, Pending::Head(comm.recv(p, tag)), 0, None))
+        .collect();
+    let mut left = pending.len();
+    std::future::poll_fn(|cx| {
+        for (p, st, got, fin) in pending.iter_mut() {
+            while let Poll::Ready(r) = st.poll_frame(cx, comm, site, *p, tag) {
+                let f = match r {
+                    Ok(f) => f,
+                    Err(e) => return Poll::Ready(Err(e)),
+                };
+                if f.meta.flags & FINISH != 0 {
+                    if f.meta.count != *got {
+                        return Poll::Ready(Err(site.mismatch(
+                            *p,
+                            format!(
+                                "rank {p} says it sent {} chunks, {got} arrived",
+                                f.meta.count
+                            ),
+                        )));
+                    }
+                    *fin = Some(f.meta);
+                    left -= 1;
+                    break;
+                }
+                *got += 1;
+                if let Err(e) = each(*p, f) {
+                    return Poll::Ready(Err(e));
+                }
+                *st = Pending::Head(comm.recv(*p, tag));
             }
-            return Ok(f.meta);
         }
-        got += 1;
-        each(f)?;
-    }
+        if left == 0 {
+            Poll::Ready(Ok(()))
+        } else {
+            Poll::Pending
+        }
+    })
+    .await?;
+    Ok(pending
+        .into_iter()
+        .filter_map(|(p, _, _, m)| m.map(|m| (p, m)))
+        .collect())
 }
 
 /// Ends this rank's stream to every other rank: a FINISH marker (`meta`

@@ -70,8 +70,11 @@ fn used_bytes(op: &str, size: usize, n: usize) -> usize {
     }
 }
 
+/// Operations per point: `budget` bytes' worth, at least 5, at most 20000
+/// (small points run for tens of milliseconds, long enough that the
+/// first-point effects of a fresh runtime or process do not show).
 fn iters_for(size: usize, budget: usize) -> usize {
-    (budget / size.max(1)).clamp(5, 1000)
+    (budget / size.max(1)).clamp(5, 20_000)
 }
 
 /// One operation on one rank.
