@@ -42,7 +42,7 @@ use std::sync::Arc;
 
 use braid_core::memory::large_vec;
 use braid_core::{Buffer, Communicator, Context, Tag};
-use braid_kernels::reduce::reduce_into;
+use braid_kernels::reduce::{combine_extend, reduce_into};
 use braid_kernels::{Element, ReduceKind};
 
 use crate::error::{CollError, CollKind, Site};
@@ -140,8 +140,19 @@ fn reduce_rank_order<T: Element>(op: &ReduceOp<T>, parts: &[&[T]]) -> Vec<T> {
     let mut lo = 0;
     while lo < len {
         let hi = (lo + TILE).min(len);
-        acc.extend_from_slice(&parts[0][lo..hi]);
-        for x in &parts[1..] {
+        // The first pair straight into the accumulator where the operator
+        // allows it (one pass instead of a copy and a pass).
+        let rest = match (op, parts.get(1)) {
+            (ReduceOp::Builtin(k), Some(p1)) => {
+                combine_extend(&mut acc, &parts[0][lo..hi], &p1[lo..hi], *k);
+                &parts[2..]
+            }
+            _ => {
+                acc.extend_from_slice(&parts[0][lo..hi]);
+                &parts[1..]
+            }
+        };
+        for x in rest {
             op.apply(&mut acc[lo..hi], &x[lo..hi]);
         }
         lo = hi;

@@ -115,6 +115,7 @@ where
     Fut: Future<Output = Result<T, BoxError>> + Send + 'static,
     T: Send + 'static,
 {
+    crate::memory::reuse_freed_memory();
     let threads = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(2)

@@ -165,6 +165,19 @@ pub fn reduce_into<T: Element>(acc: &mut [T], x: &[T], kind: ReduceKind) {
     }
 }
 
+/// Appends `a[i] (kind) b[i]` for every `i` to `out` (the shorter input's
+/// length wins): the first step of a rank-order reduction without first
+/// copying `a` into the accumulator.
+pub fn combine_extend<T: Element>(out: &mut Vec<T>, a: &[T], b: &[T], kind: ReduceKind) {
+    let pairs = a.iter().zip(b);
+    match kind {
+        ReduceKind::Sum => out.extend(pairs.map(|(x, y)| T::combine(*x, *y, ReduceKind::Sum))),
+        ReduceKind::Prod => out.extend(pairs.map(|(x, y)| T::combine(*x, *y, ReduceKind::Prod))),
+        ReduceKind::Min => out.extend(pairs.map(|(x, y)| T::combine(*x, *y, ReduceKind::Min))),
+        ReduceKind::Max => out.extend(pairs.map(|(x, y)| T::combine(*x, *y, ReduceKind::Max))),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -184,6 +197,27 @@ mod tests {
         let mut w = vec![i32::MAX];
         reduce_into(&mut w, &[1], ReduceKind::Sum);
         assert_eq!(w, [i32::MIN]);
+    }
+
+    #[test]
+    fn combine_extend_is_reduce_into_of_a_copy() {
+        let a = [1.5f64, f64::NAN, -0.0, 7.25, 1e300];
+        let b = [2.0f64, 3.0, 0.0, f64::NAN, 1e300];
+        for kind in [
+            ReduceKind::Sum,
+            ReduceKind::Prod,
+            ReduceKind::Min,
+            ReduceKind::Max,
+        ] {
+            let mut want = a.to_vec();
+            reduce_into(&mut want, &b, kind);
+            let mut got = vec![9.0];
+            combine_extend(&mut got, &a, &b, kind);
+            assert_eq!(got.len(), 1 + a.len());
+            for (g, w) in got[1..].iter().zip(&want) {
+                assert_eq!(g.to_bits(), w.to_bits(), "{kind:?}");
+            }
+        }
     }
 
     #[test]

@@ -64,6 +64,7 @@ enum What {
 
 fn main() -> ExitCode {
     braid_examples::init_tracing();
+    braid_core::memory::reuse_freed_memory();
     let cli = Cli::parse();
     let res = match cli.what {
         What::Comm(a) => comm::run(a),
