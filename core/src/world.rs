@@ -115,7 +115,12 @@ where
     Fut: Future<Output = Result<T, BoxError>> + Send + 'static,
     T: Send + 'static,
 {
-    crate::memory::reuse_freed_memory();
+    // Not under MPI: there, OpenMPI's single-copy transfers ran 5-15%
+    // slower with it (paired runs, 2026-11-23); see BENCHMARKS.md.
+    #[cfg_attr(not(feature = "mpi"), allow(irrefutable_let_patterns))]
+    if let WorldSpec::Local { .. } | WorldSpec::Tcp(_) = spec {
+        crate::memory::reuse_freed_memory();
+    }
     let threads = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(2)

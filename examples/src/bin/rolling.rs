@@ -241,7 +241,6 @@ fn has_ext(dir: &std::path::Path, ext: &str) -> bool {
 
 fn main() -> ExitCode {
     init_tracing();
-    braid_core::memory::reuse_freed_memory();
     let cli = Cli::parse();
     let (job, limits, total) = match build(&cli) {
         Ok(x) => x,

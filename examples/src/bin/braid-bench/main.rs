@@ -64,8 +64,11 @@ enum What {
 
 fn main() -> ExitCode {
     braid_examples::init_tracing();
-    braid_core::memory::reuse_freed_memory();
     let cli = Cli::parse();
+    // As `run_world` does for in-process and tcp ranks (not under MPI).
+    if matches!(cli.what, What::Comm(_) | What::Coll(_) | What::Rolling(_)) {
+        braid_core::memory::reuse_freed_memory();
+    }
     let res = match cli.what {
         What::Comm(a) => comm::run(a),
         What::Coll(a) => coll::run(a),
