@@ -163,6 +163,25 @@ fn all_see_mismatch(results: Vec<Result<(), String>>, what: &str, n: u32) {
 
 type Case = fn(Context) -> std::pin::Pin<Box<dyn Future<Output = Result<(), String>> + Send>>;
 
+/// AllToAllv where every rank sends 2 elements to each peer but the last
+/// rank expects 3 from rank 0 (every other pair agrees).
+fn alltoallv_count_mismatch(
+    c: Context,
+) -> std::pin::Pin<Box<dyn Future<Output = Result<(), String>> + Send>> {
+    Box::pin(async move {
+        let n = c.nranks() as usize;
+        let mut recv = vec![2usize; n];
+        if c.rank() as usize == n - 1 {
+            recv[0] = 3;
+        }
+        let spec = AllToAllvSpec::from_counts(vec![2; n], recv);
+        alltoallv(&c, vec![7i32; 2 * n], spec)
+            .await
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    })
+}
+
 fn mismatch_cases() -> Vec<(&'static str, Case)> {
     vec![
         ("allreduce counts", |c| {
@@ -222,22 +241,7 @@ fn mismatch_cases() -> Vec<(&'static str, Case)> {
                     .map_err(|e| e.to_string())
             })
         }),
-        ("alltoallv counts", |c| {
-            Box::pin(async move {
-                let n = c.nranks() as usize;
-                // Every rank sends 2 elements to each peer; the last rank
-                // expects 3 from rank 0.
-                let mut recv = vec![2usize; n];
-                if c.rank() as usize == n - 1 {
-                    recv[0] = 3;
-                }
-                let spec = AllToAllvSpec::from_counts(vec![2; n], recv);
-                alltoallv(&c, vec![7i32; 2 * n], spec)
-                    .await
-                    .map(|_| ())
-                    .map_err(|e| e.to_string())
-            })
-        }),
+        ("alltoallv counts", alltoallv_count_mismatch),
     ]
 }
 
@@ -269,19 +273,7 @@ fn mismatched_calls_fail_everywhere() {
 fn alltoallv_mismatch_is_seen_by_every_rank() {
     let rt = runtime();
     for n in RANK_COUNTS.into_iter().filter(|n| *n >= 2) {
-        let case = |c: Context| async move {
-            let n = c.nranks() as usize;
-            // Rank n-1 expects 3 elements from rank 0, which sends 2.
-            let mut recv = vec![2usize; n];
-            if c.rank() as usize == n - 1 {
-                recv[0] = 3;
-            }
-            let spec = AllToAllvSpec::from_counts(vec![2; n], recv);
-            alltoallv(&c, vec![7i32; 2 * n], spec)
-                .await
-                .map(|_| ())
-                .map_err(|e| e.to_string())
-        };
+        let case = alltoallv_count_mismatch;
         rt.block_on(async {
             let what = "alltoallv counts";
             all_see_mismatch(
