@@ -31,6 +31,7 @@
 use braid_core::memory::large_vec;
 use braid_core::{Context, Tag};
 use braid_kernels::Element;
+use braid_kernels::hash::{GOLDEN, mix64};
 
 use crate::error::{CollError, CollKind, Site};
 use crate::handle::{Callback, Handle, start, streaming};
@@ -153,12 +154,7 @@ impl AllToAllvSpec {
 /// The hash of one (source, destination, count) claim: splitmix64's
 /// finaliser applied twice, so that every input bit moves every output bit.
 fn pair_hash(src: u32, dst: u32, count: usize) -> u64 {
-    fn mix(mut z: u64) -> u64 {
-        z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
+    let mix = |z: u64| mix64(z.wrapping_add(GOLDEN));
     mix(mix((u64::from(src) << 32) | u64::from(dst)) ^ count as u64)
 }
 

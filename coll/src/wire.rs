@@ -222,7 +222,7 @@ fn open_head(site: Site, src: Rank, first: Buffer) -> Result<Head, CollError> {
     }))
 }
 
-/// One peer's receive in [`recv_framed_all`] and [`recv_streams_all`]:
+/// One peer's receive in [`drive_frames`]:
 /// which message of its current frame it waits for.
 enum Pending {
     Head(RecvFuture),
@@ -283,14 +283,59 @@ impl Pending {
     }
 }
 
+/// What [`drive_frames`] does after a peer's frame.
+enum Next {
+    /// Post a receive for that peer's next frame.
+    Another,
+    /// That peer is done.
+    Done,
+}
+
+/// Receives frames on `tag` from every peer of `peers` at once, handing
+/// each to `on_frame` (with the peer's index) as it arrives, until every
+/// peer is done. One small state per peer, polled in place (lighter than
+/// joining N receive futures). Frames are taken in arrival order, so the
+/// first error (a dead peer, a mismatched frame, an error from `on_frame`)
+/// ends the wait whichever peer it comes from: waiting on peers in order
+/// could wait forever on a peer that is itself waiting for this rank's
+/// error.
+async fn drive_frames(
+    comm: &dyn Communicator,
+    site: Site,
+    peers: &[Rank],
+    tag: Tag,
+    mut on_frame: impl FnMut(usize, Framed) -> Result<Next, CollError>,
+) -> Result<(), CollError> {
+    let mut pending: Vec<Pending> = peers
+        .iter()
+        .map(|p| Pending::Head(comm.recv(*p, tag)))
+        .collect();
+    let mut left = pending.len();
+    std::future::poll_fn(|cx| {
+        for (i, (st, p)) in pending.iter_mut().zip(peers).enumerate() {
+            while let Poll::Ready(r) = st.poll_frame(cx, comm, site, *p, tag) {
+                match r.and_then(|f| on_frame(i, f)) {
+                    Ok(Next::Another) => *st = Pending::Head(comm.recv(*p, tag)),
+                    Ok(Next::Done) => {
+                        left -= 1;
+                        break;
+                    }
+                    Err(e) => return Poll::Ready(Err(e)),
+                }
+            }
+        }
+        if left == 0 {
+            Poll::Ready(Ok(()))
+        } else {
+            Poll::Pending
+        }
+    })
+    .await
+}
+
 /// Receives one frame on `tag` from each of `peers` and returns them in
-/// the order of `peers`; `check` sees each frame as it arrives. Every
-/// receive is posted at once and frames are taken as they arrive, so the
-/// first error (a dead peer, a mismatched frame, a failed `check`) ends
-/// the wait whichever peer it comes from: waiting on peers in order could
-/// wait forever on a peer that is itself waiting for this rank's error.
-/// Lighter than joining N `recv_framed` futures: one small state per peer,
-/// polled in place.
+/// the order of `peers`; `check` sees each frame as it arrives (see
+/// [`drive_frames`] for the order and errors).
 pub(crate) async fn recv_framed_all(
     comm: &dyn Communicator,
     site: Site,
@@ -298,40 +343,25 @@ pub(crate) async fn recv_framed_all(
     tag: Tag,
     mut check: impl FnMut(Rank, &Framed) -> Result<(), CollError>,
 ) -> Result<Vec<(Rank, Framed)>, CollError> {
-    let mut pending: Vec<(Rank, Pending, Option<Framed>)> = peers
-        .into_iter()
-        .map(|p| (p, Pending::Head(comm.recv(p, tag)), None))
-        .collect();
-    let mut left = pending.len();
-    std::future::poll_fn(|cx| {
-        for (p, st, slot) in pending.iter_mut() {
-            if let Poll::Ready(r) = st.poll_frame(cx, comm, site, *p, tag) {
-                let f = match r.and_then(|f| check(*p, &f).map(|()| f)) {
-                    Ok(f) => f,
-                    Err(e) => return Poll::Ready(Err(e)),
-                };
-                *slot = Some(f);
-                left -= 1;
-            }
-        }
-        if left == 0 {
-            Poll::Ready(Ok(()))
-        } else {
-            Poll::Pending
-        }
+    let peers: Vec<Rank> = peers.into_iter().collect();
+    let mut out: Vec<Option<Framed>> = peers.iter().map(|_| None).collect();
+    drive_frames(comm, site, &peers, tag, |i, f| {
+        check(peers[i], &f)?;
+        out[i] = Some(f);
+        Ok(Next::Done)
     })
     .await?;
-    Ok(pending
+    Ok(peers
         .into_iter()
-        .filter_map(|(p, _, f)| f.map(|f| (p, f)))
+        .zip(out)
+        .filter_map(|(p, f)| f.map(|f| (p, f)))
         .collect())
 }
 
-/// Receives each of `peers`' streams on `tag`, all at once and in arrival
-/// order: `each` gets every data frame, until that peer's FINISH marker,
-/// whose count must equal the frames that came (a receive is only posted
-/// while more are announced). Returns the markers' headers in the order of
-/// `peers`. Errors end the wait as in [`recv_framed_all`].
+/// Receives each of `peers`' streams on `tag`: `each` gets every data
+/// frame as it arrives, until that peer's FINISH marker, whose count must
+/// equal the frames that came (a receive is only posted while more are
+/// announced). Returns the markers' headers in the order of `peers`.
 pub(crate) async fn recv_streams_all(
     comm: &dyn Communicator,
     site: Site,
@@ -339,50 +369,33 @@ pub(crate) async fn recv_streams_all(
     tag: Tag,
     mut each: impl FnMut(Rank, Framed) -> Result<(), CollError>,
 ) -> Result<Vec<(Rank, Meta)>, CollError> {
-    // (peer, receive, data frames so far, the FINISH marker once it came)
-    let mut pending: Vec<(Rank, Pending, u64, Option<Meta>)> = peers
-        .into_iter()
-        .map(|p| (p, Pending::Head(comm.recv(p, tag)), 0, None))
-        .collect();
-    let mut left = pending.len();
-    std::future::poll_fn(|cx| {
-        for (p, st, got, fin) in pending.iter_mut() {
-            while let Poll::Ready(r) = st.poll_frame(cx, comm, site, *p, tag) {
-                let f = match r {
-                    Ok(f) => f,
-                    Err(e) => return Poll::Ready(Err(e)),
-                };
-                if f.meta.flags & FINISH != 0 {
-                    if f.meta.count != *got {
-                        return Poll::Ready(Err(site.mismatch(
-                            *p,
-                            format!(
-                                "rank {p} says it sent {} chunks, {got} arrived",
-                                f.meta.count
-                            ),
-                        )));
-                    }
-                    *fin = Some(f.meta);
-                    left -= 1;
-                    break;
-                }
-                *got += 1;
-                if let Err(e) = each(*p, f) {
-                    return Poll::Ready(Err(e));
-                }
-                *st = Pending::Head(comm.recv(*p, tag));
+    let peers: Vec<Rank> = peers.into_iter().collect();
+    let mut got = vec![0u64; peers.len()];
+    let mut fins: Vec<Option<Meta>> = vec![None; peers.len()];
+    drive_frames(comm, site, &peers, tag, |i, f| {
+        let p = peers[i];
+        if f.meta.flags & FINISH != 0 {
+            if f.meta.count != got[i] {
+                return Err(site.mismatch(
+                    p,
+                    format!(
+                        "rank {p} says it sent {} chunks, {} arrived",
+                        f.meta.count, got[i]
+                    ),
+                ));
             }
+            fins[i] = Some(f.meta);
+            return Ok(Next::Done);
         }
-        if left == 0 {
-            Poll::Ready(Ok(()))
-        } else {
-            Poll::Pending
-        }
+        got[i] += 1;
+        each(p, f)?;
+        Ok(Next::Another)
     })
     .await?;
-    Ok(pending
+    Ok(peers
         .into_iter()
-        .filter_map(|(p, _, _, m)| m.map(|m| (p, m)))
+        .zip(fins)
+        .filter_map(|(p, m)| m.map(|m| (p, m)))
         .collect())
 }
 

@@ -1,5 +1,6 @@
 //! braid-kernels: compute kernels on columns.
 //!
+//! - [`hash`]: the 64-bit mixing function of generated data and digests.
 //! - [`reduce`]: element types of collectives and the reduction operators
 //!   (sum, prod, min, max, user-supplied) over them.
 //! - [`mod@rolling`]: rolling time-window aggregations (sum, mean, min, max,
@@ -9,6 +10,7 @@
 
 #[cfg(feature = "cuda")]
 pub mod gpu;
+pub mod hash;
 pub mod reduce;
 pub mod rolling;
 

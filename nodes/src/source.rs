@@ -18,6 +18,7 @@ use std::sync::Arc;
 use arrow_array::{ArrayRef, Float64Array, Int64Array, RecordBatch, TimestampMicrosecondArray};
 use arrow_schema::{DataType, Field, Schema, SchemaRef, TimeUnit};
 use braid_core::{Context, Message, NodeError, Sender};
+use braid_kernels::hash::{GOLDEN, mix64};
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 
 use crate::error::{DataError, Result};
@@ -58,12 +59,7 @@ impl GeneratorSpec {
 
     /// Rows `lo..hi` of the generated table.
     pub fn batch(&self, lo: u64, hi: u64) -> Result<RecordBatch> {
-        let mix = |x: u64| {
-            let mut z = x.wrapping_add(self.seed.wrapping_mul(0x9e37_79b9_7f4a_7c15));
-            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-            z ^ (z >> 31)
-        };
+        let mix = |x: u64| mix64(x.wrapping_add(self.seed.wrapping_mul(GOLDEN)));
         let n = (hi - lo) as usize;
         let mut id = Vec::with_capacity(n);
         let mut ts = Vec::with_capacity(n);
