@@ -4,8 +4,9 @@
 //! to every other rank at once; `insert_finished` sends each peer a finish
 //! marker carrying the number of chunks sent, so a receiver knows when a
 //! peer's stream is complete (no receive is posted for a message that may
-//! not come). Extraction is ordered by (rank, seq) or left in arrival
-//! order.
+//! not come); `insert_last` sends a rank's last chunk flagged as its
+//! finish, so a one-chunk AllGather costs one message per peer.
+//! Extraction is ordered by (rank, seq) or left in arrival order.
 //!
 //! Algorithm: direct (each rank sends its chunks to the N-1 others).
 //! Cost per rank: (N-1) * (alpha + m * beta) sent and received, one step of
@@ -20,7 +21,7 @@ use futures::future::BoxFuture;
 
 use crate::error::{CollError, CollKind, Site};
 use crate::handle::{Callback, Handle, start};
-use crate::wire::{Meta, recv_streams_all, send_finish, send_framed, typed, vec_to_buffer};
+use crate::wire::{LAST, Meta, recv_streams_all, send_finish, send_framed, typed, vec_to_buffer};
 
 /// How extracted chunks are ordered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,6 +49,13 @@ struct State {
     finished: bool,
     local: Vec<Gathered>,
     sends: Vec<BoxFuture<'static, Result<(), CollError>>>,
+}
+
+/// Whether a chunk is its rank's last.
+#[derive(Debug, Clone, Copy)]
+enum Stream {
+    Continues,
+    Ends,
 }
 
 /// A streaming AllGather (one instance; create a new one per use).
@@ -134,12 +142,27 @@ impl AllGather {
 
     /// Inserts a chunk with its `seq`; it is sent to every other rank now.
     pub fn insert(&self, seq: u64, data: PackedData) -> Result<(), CollError> {
+        self.push(seq, data, Stream::Continues)
+    }
+
+    /// Inserts this rank's last chunk and finishes, as `insert` then
+    /// `insert_finished` would, in one message per peer instead of two.
+    pub fn insert_last(&self, seq: u64, data: PackedData) -> Result<(), CollError> {
+        self.push(seq, data, Stream::Ends)
+    }
+
+    fn push(&self, seq: u64, data: PackedData, stream: Stream) -> Result<(), CollError> {
         let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
         if s.finished {
             return Err(self.site.invalid("insert after insert_finished"));
         }
         let comm = self.ctx.comm();
+        let flags = match stream {
+            Stream::Continues => 0,
+            Stream::Ends => LAST,
+        };
         let meta = Meta::new(CollKind::AllGather, self.dtype)
+            .flags(flags)
             .seq(seq)
             .count(data.data.len() as u64);
         for p in (0..comm.nranks()).filter(|p| *p != self.site.rank) {
@@ -161,6 +184,11 @@ impl AllGather {
             seq,
             data,
         });
+        if let Stream::Ends = stream {
+            s.finished = true;
+            drop(s);
+            self.local_done.set();
+        }
         Ok(())
     }
 
@@ -168,7 +196,9 @@ impl AllGather {
     pub fn insert_finished(&self) -> Result<(), CollError> {
         let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
         if s.finished {
-            return Err(self.site.invalid("insert_finished called twice"));
+            return Err(self
+                .site
+                .invalid("already finished (insert_finished or insert_last)"));
         }
         s.finished = true;
         let meta = Meta::new(CollKind::AllGather, self.dtype);
@@ -188,7 +218,7 @@ impl AllGather {
 
     /// Waits for every rank's chunks and returns them.
     pub async fn extract(self, order: ExtractOrder) -> Result<Vec<Gathered>, CollError> {
-        self.done.wait().await;
+        self.ctx.progress().wait(&self.done).await;
         self.handle.take().map(|v| sorted(v, order))
     }
 
@@ -210,14 +240,13 @@ fn sorted(mut v: Vec<Gathered>, order: ExtractOrder) -> Vec<Gathered> {
 pub async fn allgather<T: Element>(ctx: &Context, values: Vec<T>) -> Result<Vec<T>, CollError> {
     let ag = AllGather::with_dtype(ctx, T::DTYPE, None);
     let site = ag.site;
-    ag.insert(
+    ag.insert_last(
         0,
         PackedData {
             metadata: Default::default(),
             data: vec_to_buffer(values),
         },
     )?;
-    ag.insert_finished()?;
     let parts = ag.extract(ExtractOrder::RankSeq).await?;
     let mut out = braid_core::memory::large_vec(
         parts.iter().map(|g| g.data.data.len()).sum::<usize>() / std::mem::size_of::<T>().max(1),

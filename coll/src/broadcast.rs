@@ -100,5 +100,5 @@ pub async fn broadcast(
     root: Rank,
     data: Option<Buffer>,
 ) -> Result<Buffer, CollError> {
-    streaming(|cb| start_broadcast(ctx, root, data, cb)).await
+    streaming(ctx, |cb| start_broadcast(ctx, root, data, cb)).await
 }

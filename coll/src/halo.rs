@@ -132,6 +132,7 @@ impl HaloExchange {
         send_left: PackedData,
         send_right: PackedData,
     ) -> Result<Halo, CollError> {
-        streaming(|cb| self.start(send_left, send_right, cb)).await
+        let ctx = self.ctx.clone();
+        streaming(&ctx, |cb| self.start(send_left, send_right, cb)).await
     }
 }

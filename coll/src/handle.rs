@@ -251,13 +251,15 @@ pub(crate) async fn streaming_spin<T: Send + 'static>(
 }
 
 /// The streaming form of a collective: starts its core with a callback that
-/// sets an `Event`, awaits the event, returns the result.
+/// sets an `Event`, awaits the event (as the context's progress engine
+/// says to wait: see `braid_core::Waiting`), returns the result.
 pub(crate) async fn streaming<T: Send + 'static>(
+    ctx: &Context,
     start: impl FnOnce(Option<Callback>) -> Handle<T>,
 ) -> Result<T, CollError> {
     let ev = Event::new();
     let e2 = ev.clone();
     let h = start(Some(Box::new(move || e2.set())));
-    ev.wait().await;
+    ctx.progress().wait(&ev).await;
     h.take()
 }

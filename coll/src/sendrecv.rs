@@ -40,5 +40,5 @@ pub async fn sendrecv(
     data: Buffer,
     src: Rank,
 ) -> Result<Buffer, CollError> {
-    streaming(|cb| start_sendrecv(ctx, dst, data, src, cb)).await
+    streaming(ctx, |cb| start_sendrecv(ctx, dst, data, src, cb)).await
 }

@@ -318,7 +318,7 @@ impl Shuffle {
 
     /// Waits until every rank has finished inserting.
     pub async fn wait(&self) -> Result<(), CollError> {
-        self.done.wait().await;
+        self.ctx.progress().wait(&self.done).await;
         self.result()
     }
 

@@ -31,6 +31,10 @@ pub(crate) const DATA_FOLLOWS: u8 = 1;
 /// Flag: this is a stream's finish marker; `count` is the number of data
 /// messages sent before it.
 pub(crate) const FINISH: u8 = 2;
+/// Flag: this data frame is also its stream's finish marker (a stream of
+/// one chunk then costs one message, not two). Needs no count: frames of
+/// one (source, tag) arrive in the order they were sent.
+pub(crate) const LAST: u8 = 4;
 
 /// The fixed header of a collective's message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -360,8 +364,9 @@ pub(crate) async fn recv_framed_all(
 
 /// Receives each of `peers`' streams on `tag`: `each` gets every data
 /// frame as it arrives, until that peer's FINISH marker, whose count must
-/// equal the frames that came (a receive is only posted while more are
-/// announced). Returns the markers' headers in the order of `peers`.
+/// equal the frames that came, or its data frame flagged LAST (a receive
+/// is only posted while more are announced). Returns the headers of the
+/// frames that ended the streams, in the order of `peers`.
 pub(crate) async fn recv_streams_all(
     comm: &dyn Communicator,
     site: Site,
@@ -388,8 +393,14 @@ pub(crate) async fn recv_streams_all(
             return Ok(Next::Done);
         }
         got[i] += 1;
+        let next = if f.meta.flags & LAST != 0 {
+            fins[i] = Some(f.meta);
+            Next::Done
+        } else {
+            Next::Another
+        };
         each(p, f)?;
-        Ok(Next::Another)
+        Ok(next)
     })
     .await?;
     Ok(peers

@@ -3,12 +3,15 @@
 //! engine. Cheap to clone.
 
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
 
 use tokio::task::JoinHandle;
 
 use crate::Rank;
 use crate::comm::Communicator;
+use crate::event::Event;
 use crate::memory::BufferResource;
 use crate::stats::Statistics;
 use crate::tag::{OpId, OpIdAllocator};
@@ -46,13 +49,107 @@ impl ProgressEngine {
     pub fn handle(&self) -> &tokio::runtime::Handle {
         &self.handle
     }
+
+    /// How a task waiting on this engine's work waits now (see [`Waiting`]).
+    pub fn waiting(&self) -> Waiting {
+        // (available_parallelism reads cgroup files: asked once.)
+        static CORES: OnceLock<usize> = OnceLock::new();
+        let cores =
+            *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+        let workers = self.handle.metrics().num_workers();
+        wait_override().unwrap_or_else(|| Waiting::choose(ranks_on_host(), workers, cores))
+    }
+
+    /// Waits until `ev` is set, the way [`ProgressEngine::waiting`] says.
+    pub async fn wait(&self, ev: &Event) {
+        if let Waiting::Poll(limit) = self.waiting() {
+            let t = Instant::now();
+            // Yielding polls: the worker keeps running other tasks (the
+            // protocol itself, the socket readers) and checks for I/O
+            // between them, so a reply is seen without a wake-up.
+            while !ev.is_set() && t.elapsed() < limit {
+                tokio::task::yield_now().await;
+            }
+        }
+        ev.wait().await;
+    }
 }
+
+/// How a task that waits for a collective to complete waits.
+///
+/// Cost model: a wake-up that crosses threads (a parked worker woken by
+/// the kernel) costs 2-8 us on the 2-core VM of 2026-11-23, about as much
+/// as a whole small collective between two ranks; a task that keeps
+/// polling sees completion within one scheduler pass. Polling pays only
+/// while every rank on the host has a core to itself: with more ranks than
+/// cores, a polling rank holds the core that the rank it waits for needs
+/// (measured: 4 in-process ranks on 2 cores, AllReduce 10 us parked, 22 us
+/// polling).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Waiting {
+    /// Sleep until woken.
+    Park,
+    /// Poll, yielding to other tasks, for up to this long; then sleep.
+    Poll(Duration),
+}
+
+impl Waiting {
+    /// How long a waiter polls when polling pays.
+    pub const POLL: Duration = Duration::from_micros(20);
+
+    /// `Poll` when every one of `ranks` on this host has a runtime worker
+    /// of its own and every worker a core (`BRAID_WAIT=park` or `poll`
+    /// overrides), otherwise `Park`.
+    pub fn choose(ranks: usize, workers: usize, cores: usize) -> Waiting {
+        match wait_override() {
+            Some(w) => w,
+            None if ranks >= 1 && ranks <= workers && workers <= cores => Waiting::Poll(Self::POLL),
+            None => Waiting::Park,
+        }
+    }
+}
+
+fn wait_override() -> Option<Waiting> {
+    static OVERRIDE: OnceLock<Option<Waiting>> = OnceLock::new();
+    *OVERRIDE.get_or_init(|| match std::env::var("BRAID_WAIT").ok()?.as_str() {
+        "park" => Some(Waiting::Park),
+        "poll" => Some(Waiting::Poll(Waiting::POLL)),
+        _ => None,
+    })
+}
+
+/// Ranks this process hosts (live contexts).
+static LIVE_RANKS: AtomicUsize = AtomicUsize::new(0);
+
+/// Ranks on this host: this process's live contexts, or the launcher's
+/// count of the processes it started here (`BRAID_HOST_RANKS`), whichever
+/// is more.
+fn ranks_on_host() -> usize {
+    static LAUNCHED: OnceLock<usize> = OnceLock::new();
+    let launched = *LAUNCHED.get_or_init(|| {
+        std::env::var(HOST_RANKS_ENV)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    });
+    LIVE_RANKS.load(Ordering::Relaxed).max(launched)
+}
+
+/// The variable through which a launcher tells its processes how many
+/// ranks it started on their host.
+pub const HOST_RANKS_ENV: &str = "BRAID_HOST_RANKS";
 
 struct Inner {
     comm: Arc<dyn Communicator>,
     op_ids: OpIdAllocator,
     resource: Arc<BufferResource>,
     progress: ProgressEngine,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        LIVE_RANKS.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// A rank's shared state.
@@ -79,6 +176,7 @@ impl Context {
         resource: Arc<BufferResource>,
         progress: ProgressEngine,
     ) -> Self {
+        LIVE_RANKS.fetch_add(1, Ordering::Relaxed);
         Context {
             inner: Arc::new(Inner {
                 comm,
@@ -122,5 +220,43 @@ impl Context {
     /// The progress engine.
     pub fn progress(&self) -> &ProgressEngine {
         &self.inner.progress
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn waiters_poll_only_when_every_rank_has_a_core() {
+        let poll = Waiting::Poll(Waiting::POLL);
+        assert_eq!(Waiting::choose(1, 1, 1), poll);
+        assert_eq!(Waiting::choose(2, 2, 2), poll);
+        assert_eq!(Waiting::choose(2, 4, 8), poll);
+        // More ranks than workers, or workers than cores: a poller would
+        // hold a core another rank needs.
+        assert_eq!(Waiting::choose(4, 2, 2), Waiting::Park);
+        assert_eq!(Waiting::choose(2, 4, 2), Waiting::Park);
+        assert_eq!(Waiting::choose(0, 2, 2), Waiting::Park);
+    }
+
+    #[test]
+    fn contexts_count_the_ranks_a_process_hosts() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap_or_else(|e| panic!("runtime: {e}"));
+        let _guard = rt.enter();
+        let before = LIVE_RANKS.load(Ordering::Relaxed);
+        let comms = crate::comm::local::LocalComm::world(3);
+        let ctxs: Vec<Context> = comms
+            .into_iter()
+            .map(|c| crate::world::context_for(Arc::new(c), crate::MemoryLimits::UNLIMITED))
+            .collect();
+        // Other tests of this binary may hold contexts of their own.
+        assert!(LIVE_RANKS.load(Ordering::Relaxed) >= before + 3);
+        let clone = ctxs[0].clone();
+        drop(ctxs);
+        assert!(LIVE_RANKS.load(Ordering::Relaxed) >= 1);
+        drop(clone);
     }
 }

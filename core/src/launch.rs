@@ -159,6 +159,8 @@ pub async fn launch(spec: LaunchSpec) -> Result<LaunchReport, LaunchError> {
             .env("BRAID_NRANKS", spec.nranks.to_string())
             .env("BRAID_ROOT", &root)
             .env("BRAID_TOKEN", &token)
+            // Every rank runs on this host: waiters poll only if that fits.
+            .env(crate::context::HOST_RANKS_ENV, spec.nranks.to_string())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

@@ -218,7 +218,8 @@ pub async fn run(ctx: Context, seed: u64) -> R<String> {
     }
 
     // Streaming AllGather: rank r inserts r % 3 + (r == 1) as usize chunks
-    // (some ranks none), in shuffled seq order, sizes up to 64 KiB.
+    // (some ranks none), in shuffled seq order, sizes up to 64 KiB (inline
+    // and following data).
     let chunks_of = |r: Rank| -> Vec<(u64, usize)> {
         let mut g = SplitMix(seed_of(&[seed, 9, r as u64]));
         let k = (r % 3) as usize + usize::from(r == 1);
@@ -228,19 +229,25 @@ pub async fn run(ctx: Context, seed: u64) -> R<String> {
         v.reverse();
         v
     };
+    // Even ranks send their last chunk flagged as their finish
+    // (`insert_last`), odd ranks a separate finish marker.
     let ag = AllGather::new(&ctx, None);
-    for (seq, size) in chunks_of(me) {
+    let mine = chunks_of(me);
+    for (k, (seq, size)) in mine.iter().copied().enumerate() {
         let s = seed_of(&[seed, 10, me as u64, seq]);
-        ag.insert(
-            seq,
-            PackedData {
-                metadata: Bytes::from(seq.to_le_bytes().to_vec()),
-                data: Buffer::from_vec(payload(s, size)),
-            },
-        )
-        .map_err(e)?;
+        let chunk = PackedData {
+            metadata: Bytes::from(seq.to_le_bytes().to_vec()),
+            data: Buffer::from_vec(payload(s, size)),
+        };
+        if me % 2 == 0 && k + 1 == mine.len() {
+            ag.insert_last(seq, chunk).map_err(e)?;
+        } else {
+            ag.insert(seq, chunk).map_err(e)?;
+        }
     }
-    ag.insert_finished().map_err(e)?;
+    if me % 2 == 1 || mine.is_empty() {
+        ag.insert_finished().map_err(e)?;
+    }
     let got = ag.extract(ExtractOrder::RankSeq).await.map_err(e)?;
     let mut want: Vec<(Rank, u64, usize)> = Vec::new();
     for r in 0..n {
