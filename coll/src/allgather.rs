@@ -46,6 +46,8 @@ pub struct Gathered {
 #[derive(Default)]
 struct State {
     inserted: u64,
+    /// Bytes inserted here (how the wait for the others is chosen).
+    bytes: usize,
     finished: bool,
     local: Vec<Gathered>,
     sends: Vec<BoxFuture<'static, Result<(), CollError>>>,
@@ -179,6 +181,7 @@ impl AllGather {
             s.sends.push(Box::pin(f));
         }
         s.inserted += 1;
+        s.bytes += data.data.len();
         s.local.push(Gathered {
             rank: self.site.rank,
             seq,
@@ -218,7 +221,8 @@ impl AllGather {
 
     /// Waits for every rank's chunks and returns them.
     pub async fn extract(self, order: ExtractOrder) -> Result<Vec<Gathered>, CollError> {
-        self.ctx.progress().wait(&self.done).await;
+        let bytes = self.state.lock().unwrap_or_else(|p| p.into_inner()).bytes;
+        self.ctx.progress().wait(&self.done, bytes).await;
         self.handle.take().map(|v| sorted(v, order))
     }
 

@@ -339,7 +339,8 @@ pub async fn allreduce<T: Element>(
     op: impl Into<ReduceOp<T>>,
 ) -> Result<Vec<T>, CollError> {
     let (data, op) = (data.into(), op.into());
-    streaming(ctx, |cb| start_allreduce(ctx, data, op, cb)).await
+    let bytes = data.len() * std::mem::size_of::<T>();
+    streaming(ctx, bytes, |cb| start_allreduce(ctx, data, op, cb)).await
 }
 
 /// AllReduce with the result as parts (see [`start_allreduce_parts`]):
@@ -350,7 +351,8 @@ pub async fn allreduce_parts<T: Element>(
     op: impl Into<ReduceOp<T>>,
 ) -> Result<Vec<Elements<T>>, CollError> {
     let (data, op) = (data.into(), op.into());
-    streaming(ctx, |cb| start_allreduce_parts(ctx, data, op, cb)).await
+    let bytes = data.len() * std::mem::size_of::<T>();
+    streaming(ctx, bytes, |cb| start_allreduce_parts(ctx, data, op, cb)).await
 }
 
 /// Starts a ReduceScatter: `data` has N equal blocks; rank r gets block r
@@ -384,5 +386,6 @@ pub async fn reduce_scatter<T: Element>(
     op: impl Into<ReduceOp<T>>,
 ) -> Result<Vec<T>, CollError> {
     let (data, op) = (data.into(), op.into());
-    streaming(ctx, |cb| start_reduce_scatter(ctx, data, op, cb)).await
+    let bytes = data.len() * std::mem::size_of::<T>();
+    streaming(ctx, bytes, |cb| start_reduce_scatter(ctx, data, op, cb)).await
 }

@@ -344,7 +344,9 @@ pub async fn alltoallv<T: Element>(
     send: impl Into<Elements<T>>,
     spec: AllToAllvSpec,
 ) -> Result<Vec<T>, CollError> {
-    streaming(ctx, |cb| start_alltoallv(ctx, send, spec, cb)).await
+    let send: Elements<T> = send.into();
+    let bytes = send.len() * std::mem::size_of::<T>();
+    streaming(ctx, bytes, |cb| start_alltoallv(ctx, send, spec, cb)).await
 }
 
 /// AllToAllv with the result as one [`Elements`] per source rank (see
@@ -354,7 +356,9 @@ pub async fn alltoallv_parts<T: Element>(
     send: impl Into<Elements<T>>,
     spec: AllToAllvSpec,
 ) -> Result<Vec<Elements<T>>, CollError> {
-    streaming(ctx, |cb| start_alltoallv_parts(ctx, send, spec, cb)).await
+    let send: Elements<T> = send.into();
+    let bytes = send.len() * std::mem::size_of::<T>();
+    streaming(ctx, bytes, |cb| start_alltoallv_parts(ctx, send, spec, cb)).await
 }
 
 /// AllToAll: `send` holds N equal blocks; block p goes to rank p; the

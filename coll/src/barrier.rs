@@ -49,5 +49,5 @@ pub fn start_barrier(ctx: &Context, callback: Option<Callback>) -> Handle<()> {
 
 /// Waits until every rank has called `barrier`.
 pub async fn barrier(ctx: &Context) -> Result<(), CollError> {
-    streaming(ctx, |cb| start_barrier(ctx, cb)).await
+    streaming(ctx, 0, |cb| start_barrier(ctx, cb)).await
 }

@@ -100,5 +100,7 @@ pub async fn broadcast(
     root: Rank,
     data: Option<Buffer>,
 ) -> Result<Buffer, CollError> {
-    streaming(ctx, |cb| start_broadcast(ctx, root, data, cb)).await
+    // Only the root knows the size: the others take it as small.
+    let bytes = data.as_ref().map_or(0, |d| d.len());
+    streaming(ctx, bytes, |cb| start_broadcast(ctx, root, data, cb)).await
 }

@@ -133,6 +133,7 @@ impl HaloExchange {
         send_right: PackedData,
     ) -> Result<Halo, CollError> {
         let ctx = self.ctx.clone();
-        streaming(&ctx, |cb| self.start(send_left, send_right, cb)).await
+        let bytes = send_left.data.len() + send_right.data.len();
+        streaming(&ctx, bytes, |cb| self.start(send_left, send_right, cb)).await
     }
 }

@@ -252,14 +252,16 @@ pub(crate) async fn streaming_spin<T: Send + 'static>(
 
 /// The streaming form of a collective: starts its core with a callback that
 /// sets an `Event`, awaits the event (as the context's progress engine
-/// says to wait: see `braid_core::Waiting`), returns the result.
+/// says to wait for an operation on `bytes` of this rank's data: see
+/// `braid_core::Waiting`), returns the result.
 pub(crate) async fn streaming<T: Send + 'static>(
     ctx: &Context,
+    bytes: usize,
     start: impl FnOnce(Option<Callback>) -> Handle<T>,
 ) -> Result<T, CollError> {
     let ev = Event::new();
     let e2 = ev.clone();
     let h = start(Some(Box::new(move || e2.set())));
-    ctx.progress().wait(&ev).await;
+    ctx.progress().wait(&ev, bytes).await;
     h.take()
 }

@@ -40,5 +40,6 @@ pub async fn sendrecv(
     data: Buffer,
     src: Rank,
 ) -> Result<Buffer, CollError> {
-    streaming(ctx, |cb| start_sendrecv(ctx, dst, data, src, cb)).await
+    let bytes = data.len();
+    streaming(ctx, bytes, |cb| start_sendrecv(ctx, dst, data, src, cb)).await
 }

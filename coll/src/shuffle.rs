@@ -318,7 +318,7 @@ impl Shuffle {
 
     /// Waits until every rank has finished inserting.
     pub async fn wait(&self) -> Result<(), CollError> {
-        self.ctx.progress().wait(&self.done).await;
+        self.done.wait().await;
         self.result()
     }
 
