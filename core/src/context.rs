@@ -109,13 +109,14 @@ impl Waiting {
     pub const POLL_MAX_BYTES: usize = 16 << 10;
 
     /// `Poll` when every one of `ranks` on this host has a runtime worker
-    /// of its own and every worker a core (`BRAID_WAIT=park` or `poll`
-    /// overrides), otherwise `Park`.
+    /// of its own and every worker a core, otherwise `Park`. (The
+    /// environment variable `BRAID_WAIT=park` or `poll` overrides this
+    /// choice for a whole process.)
     pub fn choose(ranks: usize, workers: usize, cores: usize) -> Waiting {
-        match wait_override() {
-            Some(w) => w,
-            None if ranks >= 1 && ranks <= workers && workers <= cores => Waiting::Poll(Self::POLL),
-            None => Waiting::Park,
+        if ranks >= 1 && ranks <= workers && workers <= cores {
+            Waiting::Poll(Self::POLL)
+        } else {
+            Waiting::Park
         }
     }
 }
