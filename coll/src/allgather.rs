@@ -156,7 +156,7 @@ impl AllGather {
     fn push(&self, seq: u64, data: PackedData, stream: Stream) -> Result<(), CollError> {
         let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
         if s.finished {
-            return Err(self.site.invalid("insert after insert_finished"));
+            return Err(self.site.invalid("insert after the stream finished"));
         }
         let comm = self.ctx.comm();
         let flags = match stream {
