@@ -129,14 +129,14 @@ async fn run_op(ctx: &Context, op: &str, size: usize, input: &Input) -> Result<(
 
 async fn allgather_bytes(ctx: &Context, b: Buffer) -> Result<usize, BoxError> {
     let ag = braid_coll::AllGather::new(ctx, None);
-    ag.insert(
+    // One chunk per rank, as MPI_Allgather: it carries the rank's finish.
+    ag.insert_last(
         0,
         braid_core::PackedData {
             metadata: Default::default(),
             data: b,
         },
     )?;
-    ag.insert_finished()?;
     Ok(ag.extract(braid_coll::ExtractOrder::RankSeq).await?.len())
 }
 
