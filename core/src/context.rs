@@ -133,16 +133,22 @@ fn wait_override() -> Option<Waiting> {
 /// Ranks this process hosts (live contexts).
 static LIVE_RANKS: AtomicUsize = AtomicUsize::new(0);
 
-/// Ranks on this host: this process's live contexts, or the launcher's
-/// count of the processes it started here (`BRAID_HOST_RANKS`), whichever
-/// is more.
+/// Ranks on this host: this process's live contexts, or a launcher's
+/// count of the processes it started here, whichever is more. Launchers
+/// that say: `braid-launch` (`BRAID_HOST_RANKS`), OpenMPI's mpirun
+/// (`OMPI_COMM_WORLD_LOCAL_SIZE`), MPICH's Hydra (`MPI_LOCALNRANKS`).
 fn ranks_on_host() -> usize {
     static LAUNCHED: OnceLock<usize> = OnceLock::new();
     let launched = *LAUNCHED.get_or_init(|| {
-        std::env::var(HOST_RANKS_ENV)
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0)
+        [
+            HOST_RANKS_ENV,
+            "OMPI_COMM_WORLD_LOCAL_SIZE",
+            "MPI_LOCALNRANKS",
+        ]
+        .iter()
+        .filter_map(|k| std::env::var(k).ok()?.parse::<usize>().ok())
+        .max()
+        .unwrap_or(0)
     });
     LIVE_RANKS.load(Ordering::Relaxed).max(launched)
 }
