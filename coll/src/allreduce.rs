@@ -339,7 +339,7 @@ pub async fn allreduce<T: Element>(
     op: impl Into<ReduceOp<T>>,
 ) -> Result<Vec<T>, CollError> {
     let (data, op) = (data.into(), op.into());
-    let bytes = data.len() * std::mem::size_of::<T>();
+    let bytes = data.buffer().len();
     streaming(ctx, bytes, |cb| start_allreduce(ctx, data, op, cb)).await
 }
 
@@ -351,7 +351,7 @@ pub async fn allreduce_parts<T: Element>(
     op: impl Into<ReduceOp<T>>,
 ) -> Result<Vec<Elements<T>>, CollError> {
     let (data, op) = (data.into(), op.into());
-    let bytes = data.len() * std::mem::size_of::<T>();
+    let bytes = data.buffer().len();
     streaming(ctx, bytes, |cb| start_allreduce_parts(ctx, data, op, cb)).await
 }
 
@@ -386,6 +386,6 @@ pub async fn reduce_scatter<T: Element>(
     op: impl Into<ReduceOp<T>>,
 ) -> Result<Vec<T>, CollError> {
     let (data, op) = (data.into(), op.into());
-    let bytes = data.len() * std::mem::size_of::<T>();
+    let bytes = data.buffer().len();
     streaming(ctx, bytes, |cb| start_reduce_scatter(ctx, data, op, cb)).await
 }

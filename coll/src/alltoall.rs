@@ -345,7 +345,7 @@ pub async fn alltoallv<T: Element>(
     spec: AllToAllvSpec,
 ) -> Result<Vec<T>, CollError> {
     let send: Elements<T> = send.into();
-    let bytes = send.len() * std::mem::size_of::<T>();
+    let bytes = send.buffer().len();
     streaming(ctx, bytes, |cb| start_alltoallv(ctx, send, spec, cb)).await
 }
 
@@ -357,7 +357,7 @@ pub async fn alltoallv_parts<T: Element>(
     spec: AllToAllvSpec,
 ) -> Result<Vec<Elements<T>>, CollError> {
     let send: Elements<T> = send.into();
-    let bytes = send.len() * std::mem::size_of::<T>();
+    let bytes = send.buffer().len();
     streaming(ctx, bytes, |cb| start_alltoallv_parts(ctx, send, spec, cb)).await
 }
 
