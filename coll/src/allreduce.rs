@@ -40,6 +40,7 @@
 
 use std::sync::Arc;
 
+use braid_core::comm::OfferData;
 use braid_core::memory::large_vec;
 use braid_core::{Buffer, Communicator, Context, Tag};
 use braid_kernels::reduce::{combine_extend, reduce_into};
@@ -48,7 +49,9 @@ use braid_kernels::{Element, ReduceKind};
 use crate::error::{CollError, CollKind, Site};
 use crate::handle::{Callback, Handle, start, streaming};
 use crate::wire::Elements;
-use crate::wire::{Framed, Meta, Signature, recv_framed_all, send_framed, typed, vec_to_buffer};
+use crate::wire::{
+    Framed, Meta, Signature, exchange_framed, recv_framed_all, send_framed, typed, vec_to_buffer,
+};
 
 /// A user-supplied reduction: `acc[i] = acc[i] (op) x[i]`. It must be the
 /// same function on every rank; it is applied in rank order.
@@ -183,19 +186,17 @@ async fn reduce_my_piece<T: Element>(
         aux: op.code(),
         count: len as u64,
     };
-    let mut sends = Vec::with_capacity(n as usize - 1);
-    for p in (0..n).filter(|p| *p != me) {
-        let (lo, hi) = scheme.piece(len, n, p);
-        sends.push(send_framed(
-            comm.as_ref(),
-            site,
-            p,
-            tag,
-            meta,
-            &[],
-            buf.slice(lo * sz..hi * sz),
-        ));
-    }
+    let outgoing = match scheme {
+        Scheme::Whole => OfferData::Same(buf.clone()),
+        Scheme::Blocks => OfferData::PerRank(
+            (0..n)
+                .map(|p| {
+                    let (lo, hi) = scheme.piece(len, n, p);
+                    buf.slice(lo * sz..hi * sz)
+                })
+                .collect(),
+        ),
+    };
     let (lo, hi) = scheme.piece(len, n, me);
     let check = |p: u32, f: &Framed| {
         let theirs = Signature {
@@ -214,8 +215,7 @@ async fn reduce_my_piece<T: Element>(
         }
         Ok(())
     };
-    let peers = (0..n).filter(|p| *p != me);
-    let mut got: Vec<Buffer> = recv_framed_all(comm.as_ref(), site, peers, tag, check)
+    let mut got: Vec<Buffer> = exchange_framed(comm.as_ref(), site, tag, meta, outgoing, check)
         .await?
         .into_iter()
         .map(|(_, f)| f.data)
@@ -227,11 +227,7 @@ async fn reduce_my_piece<T: Element>(
         .map(|(q, b)| typed::<T>(b).ok_or_else(|| site.mismatch(q as u32, "bad piece length")))
         .collect::<Result<Vec<_>, _>>()?;
     let slices: Vec<&[T]> = typed_parts.iter().map(|c| c.as_ref()).collect();
-    let acc = reduce_rank_order(op, &slices);
-    for s in sends {
-        s.await?;
-    }
-    Ok(acc)
+    Ok(reduce_rank_order(op, &slices))
 }
 
 /// What the AllReduce core produces: the whole result (direct algorithm,

@@ -4,17 +4,21 @@
 //! to rank + 2^k, receive from rank - 2^k (mod N). Cost: ceil(log2 N)
 //! rounds of one empty message: ceil(log2 N) * alpha.
 //!
+//! In-process ranks (the local backend) instead meet once at (op, 0)
+//! (`Communicator::meet`): one deposit and one take per rank.
+//!
 //! Reusable: every barrier takes a fresh OpId, so the messages of two
 //! generations can never be confused (each round's tag is (op, k)).
 //! Round 0 is a ring, so a rank that called something else where this rank
 //! called Barrier is caught by the kind check of round 0.
 
+use braid_core::comm::OfferData;
 use braid_core::{Buffer, Context, Tag};
 use braid_kernels::DType;
 
 use crate::error::{CollError, CollKind, Site};
 use crate::handle::{Callback, Handle, start, streaming};
-use crate::wire::{Meta, recv_framed, send_framed};
+use crate::wire::{Meta, meet_framed, recv_framed, send_framed};
 
 /// Starts a barrier; `callback` runs when it completes.
 pub fn start_barrier(ctx: &Context, callback: Option<Callback>) -> Handle<()> {
@@ -24,6 +28,15 @@ pub fn start_barrier(ctx: &Context, callback: Option<Callback>) -> Handle<()> {
     start(ctx, CollKind::Barrier, op, callback, async move {
         let n = comm.nranks();
         let me = site.rank;
+        // In-process ranks meet once instead of the message rounds.
+        let meta = Meta::new(CollKind::Barrier, DType::Bytes);
+        let empty = OfferData::Same(Buffer::default());
+        let met = meet_framed(comm.as_ref(), site, Tag::new(op, 0), meta, empty, |_, _| {
+            Ok(())
+        });
+        if met.await?.is_ok() {
+            return Ok(());
+        }
         let mut dist = 1u32;
         let mut round = 0u8;
         while dist < n {

@@ -15,7 +15,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::Poll;
 
-use braid_core::comm::RecvFuture;
+use braid_core::comm::{Offer, OfferData, RecvFuture};
 use braid_core::{Buffer, Communicator, Rank, Tag};
 use braid_kernels::{DType, Element};
 use bytes::Bytes;
@@ -89,6 +89,27 @@ impl Meta {
         out.extend_from_slice(&self.seq.to_le_bytes());
         out.extend_from_slice(&(meta_len as u32).to_le_bytes());
         out.extend_from_slice(&0u32.to_le_bytes());
+    }
+
+    /// The header as four words, for an in-process meeting (no bytes).
+    pub(crate) fn pack(&self) -> [u64; 4] {
+        let w0 = u64::from(self.kind.code())
+            | u64::from(self.dtype.code()) << 8
+            | u64::from(self.flags) << 16
+            | u64::from(self.aux) << 32;
+        [w0, self.count, self.seq, 0]
+    }
+
+    /// The inverse of [`Meta::pack`]; `None` for words it cannot give.
+    pub(crate) fn unpack(w: [u64; 4]) -> Option<Meta> {
+        Some(Meta {
+            kind: CollKind::from_code(w[0] as u8)?,
+            dtype: DType::from_code((w[0] >> 8) as u8)?,
+            flags: (w[0] >> 16) as u8,
+            aux: (w[0] >> 32) as u32,
+            count: w[1],
+            seq: w[2],
+        })
     }
 
     fn decode(b: &[u8]) -> Option<(Meta, usize)> {
@@ -188,11 +209,8 @@ enum Head {
     DataFollows(Meta, Bytes),
 }
 
-/// Decodes and checks the first message of a frame from `src`.
-fn open_head(site: Site, src: Rank, first: Buffer) -> Result<Head, CollError> {
-    let Some((meta, meta_len)) = Meta::decode(first.as_slice()) else {
-        return Err(site.mismatch(src, "received a message that is not a collective frame"));
-    };
+/// Fails unless `src`'s frame belongs to the same kind of collective.
+fn check_kind(site: Site, src: Rank, meta: &Meta) -> Result<(), CollError> {
     if meta.kind != site.coll {
         return Err(site.mismatch(
             src,
@@ -202,6 +220,15 @@ fn open_head(site: Site, src: Rank, first: Buffer) -> Result<Head, CollError> {
             ),
         ));
     }
+    Ok(())
+}
+
+/// Decodes and checks the first message of a frame from `src`.
+fn open_head(site: Site, src: Rank, first: Buffer) -> Result<Head, CollError> {
+    let Some((meta, meta_len)) = Meta::decode(first.as_slice()) else {
+        return Err(site.mismatch(src, "received a message that is not a collective frame"));
+    };
+    check_kind(site, src, &meta)?;
     let body = META_LEN + meta_len;
     if first.len() < body {
         return Err(site.mismatch(src, "truncated frame"));
@@ -360,6 +387,79 @@ pub(crate) async fn recv_framed_all(
         .zip(out)
         .filter_map(|(p, f)| f.map(|f| (p, f)))
         .collect())
+}
+
+/// Meets every other rank at `tag` (`Communicator::meet`) with `meta` and
+/// `data`: `Ok(frames)` in rank order, each passed to `check`, or the data
+/// handed back (`Err`) where the ranks cannot meet (not in-process).
+pub(crate) async fn meet_framed(
+    comm: &dyn Communicator,
+    site: Site,
+    tag: Tag,
+    meta: Meta,
+    data: OfferData,
+    mut check: impl FnMut(Rank, &Framed) -> Result<(), CollError>,
+) -> Result<Result<Vec<(Rank, Framed)>, OfferData>, CollError> {
+    let offer = Offer {
+        head: meta.pack(),
+        data,
+    };
+    let meeting = match comm.meet(tag, offer) {
+        Ok(m) => m,
+        Err(offer) => return Ok(Err(offer.data)),
+    };
+    let taken = meeting.await.map_err(|e| site.comm(e))?;
+    let mut out = Vec::with_capacity(taken.len());
+    for t in taken {
+        let Some(meta) = Meta::unpack(t.head) else {
+            return Err(site.mismatch(t.src, "met a rank that is not in a collective"));
+        };
+        check_kind(site, t.src, &meta)?;
+        let f = Framed {
+            meta,
+            user_meta: Bytes::new(),
+            data: t.data,
+        };
+        check(t.src, &f)?;
+        out.push((t.src, f));
+    }
+    Ok(Ok(out))
+}
+
+/// One step in which every rank sends a frame (`meta` and its data for that
+/// peer) to every other rank and receives one from each: returns the
+/// frames in rank order; `check` sees each as it arrives. In-process ranks
+/// meet instead (`Communicator::meet`: one deposit and one take per rank,
+/// no messages); other ranks send framed messages. Either way every rank
+/// sees every other rank's `meta`, so a mismatch fails on every rank.
+pub(crate) async fn exchange_framed(
+    comm: &dyn Communicator,
+    site: Site,
+    tag: Tag,
+    meta: Meta,
+    data: OfferData,
+    mut check: impl FnMut(Rank, &Framed) -> Result<(), CollError>,
+) -> Result<Vec<(Rank, Framed)>, CollError> {
+    let data = match meet_framed(comm, site, tag, meta, data, &mut check).await? {
+        Ok(frames) => return Ok(frames),
+        Err(data) => data,
+    };
+    let (n, me) = (comm.nranks(), site.rank);
+    let sends: Vec<_> = (0..n)
+        .filter(|p| *p != me)
+        .map(|p| {
+            let d = match &data {
+                OfferData::Same(b) => b.clone(),
+                OfferData::PerRank(v) => v.get(p as usize).cloned().unwrap_or_default(),
+            };
+            send_framed(comm, site, p, tag, meta, &[], d)
+        })
+        .collect();
+    let got = recv_framed_all(comm, site, (0..n).filter(|p| *p != me), tag, check).await?;
+    for s in sends {
+        s.await?;
+    }
+    Ok(got)
 }
 
 /// Receives each of `peers`' streams on `tag`: `each` gets every data

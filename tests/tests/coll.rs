@@ -8,7 +8,7 @@
 use std::future::Future;
 use std::time::Duration;
 
-use braid_coll::{AllToAllvSpec, ReduceKind, allreduce, alltoallv, broadcast};
+use braid_coll::{AllToAllvSpec, ReduceKind, allreduce, alltoallv, barrier, broadcast, sendrecv};
 use braid_core::launch::{LaunchSpec, OutputMode, launch};
 use braid_core::world::contexts;
 use braid_core::{Buffer, Context, MemoryLimits, WorldSpec};
@@ -242,6 +242,37 @@ fn mismatch_cases() -> Vec<(&'static str, Case)> {
             })
         }),
         ("alltoallv counts", alltoallv_count_mismatch),
+        // Different collectives at one operation. In-process, the
+        // AllReduce ranks meet while the broadcast root sends messages
+        // (its first ones at another stage than the meeting's).
+        ("allreduce against broadcast", |c| {
+            Box::pin(async move {
+                if c.rank() == 0 {
+                    broadcast(&c, 0, Some(Buffer::from_vec(vec![7u8; 10])))
+                        .await
+                        .map(|_| ())
+                } else {
+                    allreduce(&c, vec![1i64; 10], ReduceKind::Sum)
+                        .await
+                        .map(|_| ())
+                }
+                .map_err(|e| e.to_string())
+            })
+        }),
+        ("barrier against sendrecv", |c| {
+            Box::pin(async move {
+                let (me, n) = (c.rank(), c.nranks());
+                if me == n - 1 {
+                    let b = Buffer::from_vec(vec![1u8; 8]);
+                    sendrecv(&c, (me + 1) % n, b, (me + n - 1) % n)
+                        .await
+                        .map(|_| ())
+                } else {
+                    barrier(&c).await
+                }
+                .map_err(|e| e.to_string())
+            })
+        }),
     ]
 }
 

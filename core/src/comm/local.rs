@@ -7,7 +7,8 @@ use std::sync::Arc;
 use futures::future::BoxFuture;
 
 use super::mailbox::Mailbox;
-use super::{Backend, Communicator, RecvFuture, check_rank};
+use super::rendezvous::{Offer, Rendezvous};
+use super::{Backend, Communicator, MeetFuture, RecvFuture, SendFuture, check_rank};
 use crate::Rank;
 use crate::error::CommError;
 use crate::event::Event;
@@ -17,6 +18,8 @@ use crate::tag::Tag;
 
 struct World {
     mailboxes: Vec<Arc<Mailbox>>,
+    /// Where collective steps meet instead of sending messages.
+    rendezvous: Arc<Rendezvous>,
     stats: Vec<Arc<Statistics>>,
     /// Shutdown barrier: count of ranks that called shutdown.
     shut: std::sync::Mutex<u32>,
@@ -34,6 +37,7 @@ impl LocalComm {
     pub fn world(nranks: u32) -> Vec<LocalComm> {
         let world = Arc::new(World {
             mailboxes: (0..nranks).map(|r| Arc::new(Mailbox::new(r))).collect(),
+            rendezvous: Arc::new(Rendezvous::new(nranks)),
             stats: (0..nranks)
                 .map(|r| Arc::new(Statistics::new(r, nranks)))
                 .collect(),
@@ -51,6 +55,22 @@ impl LocalComm {
     fn mailbox(&self) -> &Arc<Mailbox> {
         &self.world.mailboxes[self.rank as usize]
     }
+
+    /// A message for an operation whose meeting waits for ranks: the ranks
+    /// disagree on the protocol of that operation (mismatched calls). Fails the job, so every
+    /// rank, whichever of the two it waits in, errors instead of hanging.
+    fn mixed(&self, tag: Tag, who: Rank) -> CommError {
+        let reason = format!(
+            "mismatched calls: rank {who} sent a message for operation {} where other ranks meet in-process",
+            tag.op.0
+        );
+        self.abort(&reason);
+        self.mailbox().failure().unwrap_or(CommError::Protocol {
+            rank: self.rank,
+            peer: Some(who),
+            detail: reason,
+        })
+    }
 }
 
 impl Communicator for LocalComm {
@@ -66,7 +86,7 @@ impl Communicator for LocalComm {
         Backend::Local
     }
 
-    fn send(&self, dst: Rank, tag: Tag, data: Buffer) -> BoxFuture<'static, Result<(), CommError>> {
+    fn send(&self, dst: Rank, tag: Tag, data: Buffer) -> SendFuture {
         let r = (|| {
             check_rank(self.rank, dst, self.nranks())?;
             if let Some(e) = self.mailbox().failure() {
@@ -75,9 +95,14 @@ impl Communicator for LocalComm {
             self.world.stats[self.rank as usize].record_send(dst, data.len());
             self.world.stats[dst as usize].record_recv(self.rank, data.len());
             self.world.mailboxes[dst as usize].deliver(self.rank, tag, data);
+            // Delivered first, checked second; `meet` deposits first and
+            // checks the mailbox second: one of the two sees the other.
+            if self.world.rendezvous.is_waiting(tag.op) {
+                return Err(self.mixed(tag, self.rank));
+            }
             Ok(())
         })();
-        Box::pin(std::future::ready(r))
+        SendFuture::ready(r)
     }
 
     fn recv(&self, src: Rank, tag: Tag) -> RecvFuture {
@@ -87,7 +112,31 @@ impl Communicator for LocalComm {
         self.mailbox().recv(src, tag)
     }
 
+    fn meet(&self, tag: Tag, offer: Offer) -> Result<MeetFuture, Offer> {
+        let rv = self.world.rendezvous.clone();
+        let rank = self.rank;
+        let done = match rv.deposit(rank, tag, offer) {
+            Ok(ev) => ev,
+            Err(e) => return Ok(Box::pin(std::future::ready(Err(e)))),
+        };
+        // A message for this operation, while its meeting still waits for
+        // ranks, comes from a rank that is not at the meeting: the ranks of
+        // a meeting only send for its operation once it is complete (the
+        // fastest may do so before this check, hence the second test).
+        if let Some(src) = self.mailbox().queued_for(tag.op) {
+            if rv.is_waiting(tag.op) {
+                let e = self.mixed(tag, src);
+                return Ok(Box::pin(std::future::ready(Err(e))));
+            }
+        }
+        Ok(Box::pin(async move {
+            done.wait().await;
+            rv.take(rank, tag)
+        }))
+    }
+
     fn abort(&self, reason: &str) {
+        self.world.rendezvous.fail(self.rank, reason);
         if self.mailbox().failure().is_some() {
             // Already failed: that failure is what every rank hears.
             self.world.all_shut.set();

@@ -19,7 +19,7 @@ use tokio::sync::oneshot;
 use crate::Rank;
 use crate::error::CommError;
 use crate::memory::Buffer;
-use crate::tag::Tag;
+use crate::tag::{OpId, Tag};
 
 type Key = (Rank, Tag);
 
@@ -27,7 +27,7 @@ type Key = (Rank, Tag);
 /// FxHash step). The default SipHash cost ~7% of a small collective's time;
 /// keys come from the job's own ranks, so hash flooding is not a concern.
 #[derive(Default, Clone, Copy)]
-struct KeyHasher(u64);
+pub(crate) struct KeyHasher(u64);
 
 impl KeyHasher {
     #[inline]
@@ -238,6 +238,16 @@ impl Mailbox {
     }
 
     /// Fails every waiting and later receive with `err` (first failure wins).
+    /// A rank with a message queued here for operation `op` (any stage),
+    /// if any.
+    pub(crate) fn queued_for(&self, op: OpId) -> Option<Rank> {
+        let g = self.lock();
+        g.slots
+            .iter()
+            .find(|((_, t), slot)| t.op == op && !slot.queue.is_empty())
+            .map(|((src, _), _)| *src)
+    }
+
     pub(crate) fn fail(&self, err: CommError) {
         let mut g = self.lock();
         if g.failed.is_some() {

@@ -20,9 +20,13 @@ pub mod local;
 mod mailbox;
 #[cfg(feature = "mpi")]
 pub mod mpi;
+pub mod rendezvous;
 pub mod tcp;
 
 use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 
 use futures::future::BoxFuture;
 
@@ -33,6 +37,7 @@ use crate::stats::Statistics;
 use crate::tag::Tag;
 
 pub use mailbox::RecvFuture;
+pub use rendezvous::{Offer, OfferData, Taken};
 
 /// Which transport a communicator uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -83,7 +88,7 @@ pub trait Communicator: Send + Sync + 'static {
 
     /// Sends `data` to `dst` with `tag`. Ordering is fixed at the call; the
     /// future resolves when the bytes have left this rank.
-    fn send(&self, dst: Rank, tag: Tag, data: Buffer) -> BoxFuture<'static, Result<(), CommError>>;
+    fn send(&self, dst: Rank, tag: Tag, data: Buffer) -> SendFuture;
 
     /// Receives the next message from `src` with `tag`.
     fn recv(&self, src: Rank, tag: Tag) -> RecvFuture;
@@ -114,6 +119,16 @@ pub trait Communicator: Send + Sync + 'static {
         })
     }
 
+    /// Meets every other rank at `tag` and swaps buffers with them without
+    /// messages (see [`rendezvous`]): resolves to what every other rank
+    /// offered this rank, in rank order, once all have arrived. Only
+    /// ranks that share an address space can meet: other backends hand the
+    /// offer back (`Err`), and the caller sends messages instead.
+    fn meet(&self, tag: Tag, offer: Offer) -> Result<MeetFuture, Offer> {
+        let _ = tag;
+        Err(offer)
+    }
+
     /// Fails the whole job: every rank's pending and later operations fail
     /// with an error naming this rank and `reason`.
     fn abort(&self, reason: &str);
@@ -129,6 +144,55 @@ pub trait Communicator: Send + Sync + 'static {
 
     /// Traffic statistics of this rank.
     fn statistics(&self) -> &std::sync::Arc<Statistics>;
+}
+
+/// A meeting's outcome, as [`Communicator::meet`] returns it.
+pub type MeetFuture = BoxFuture<'static, Result<Vec<Taken>, CommError>>;
+
+/// A send's completion, as [`Communicator::send`] returns it: already
+/// resolved where the backend finished the send within the call (the
+/// local backend always, tcp whenever the socket took the bytes at once),
+/// so the common small send costs no allocation; otherwise a boxed future.
+#[must_use = "a send's error is only seen by awaiting its future"]
+pub struct SendFuture(SendState);
+
+enum SendState {
+    Ready(Result<(), CommError>),
+    Waiting(BoxFuture<'static, Result<(), CommError>>),
+}
+
+impl SendFuture {
+    /// A send that finished within the call, with its result.
+    pub fn ready(r: Result<(), CommError>) -> Self {
+        SendFuture(SendState::Ready(r))
+    }
+
+    /// A send that completes later, when `f` does.
+    pub fn waiting(f: impl Future<Output = Result<(), CommError>> + Send + 'static) -> Self {
+        SendFuture(SendState::Waiting(Box::pin(f)))
+    }
+}
+
+impl Future for SendFuture {
+    type Output = Result<(), CommError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match &mut self.0 {
+            // Cloned, not taken: polling again after completion gives the
+            // same answer instead of a panic.
+            SendState::Ready(r) => Poll::Ready(r.clone()),
+            SendState::Waiting(f) => f.as_mut().poll(cx),
+        }
+    }
+}
+
+impl fmt::Debug for SendFuture {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self.0 {
+            SendState::Ready(_) => "SendFuture::Ready",
+            SendState::Waiting(_) => "SendFuture::Waiting",
+        })
+    }
 }
 
 pub(crate) fn check_rank(rank: Rank, peer: Rank, nranks: u32) -> Result<(), CommError> {

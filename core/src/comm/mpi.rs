@@ -52,7 +52,7 @@ use mpi::traits::{Communicator as _, CommunicatorCollectives, Destination, Equiv
 use tokio::sync::oneshot;
 
 use super::mailbox::{Drive, Driver, Mailbox};
-use super::{Backend, Communicator, RecvFuture, check_rank};
+use super::{Backend, Communicator, RecvFuture, SendFuture, check_rank};
 use crate::Rank;
 use crate::error::CommError;
 use crate::memory::{Buffer, BufferPool};
@@ -458,8 +458,8 @@ impl MpiComm {
 
     /// A future that resolves when `rx` is answered, running passes while
     /// it waits.
-    fn completion(&self, rx: oneshot::Receiver<Result<(), CommError>>) -> SendFuture {
-        SendFuture {
+    fn completion(&self, rx: oneshot::Receiver<Result<(), CommError>>) -> MpiSend {
+        MpiSend {
             rx,
             driver: Driver::new(self.shared.clone()),
             rank: self.rank,
@@ -468,13 +468,13 @@ impl MpiComm {
 }
 
 /// A send's completion; polls passes while it waits (see the module doc).
-struct SendFuture {
+struct MpiSend {
     rx: oneshot::Receiver<Result<(), CommError>>,
     driver: Driver,
     rank: Rank,
 }
 
-impl Future for SendFuture {
+impl Future for MpiSend {
     type Output = Result<(), CommError>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Self::Output> {
@@ -588,9 +588,9 @@ impl Communicator for MpiComm {
         Backend::Mpi
     }
 
-    fn send(&self, dst: Rank, tag: Tag, data: Buffer) -> BoxFuture<'static, Result<(), CommError>> {
+    fn send(&self, dst: Rank, tag: Tag, data: Buffer) -> SendFuture {
         if let Err(e) = check_rank(self.rank, dst, self.nranks) {
-            return Box::pin(std::future::ready(Err(e)));
+            return SendFuture::ready(Err(e));
         }
         let rank = self.rank;
         self.stats.record_send(dst, data.len());
@@ -605,16 +605,16 @@ impl Communicator for MpiComm {
         // pass takes them in order), so per (dst, tag) order holds.
         if let Some(e) = self.shared.try_engine() {
             if e.gone || e.finished.is_some() {
-                return Box::pin(std::future::ready(Err(CommError::Shutdown { rank })));
+                return SendFuture::ready(Err(CommError::Shutdown { rank }));
             }
             if self.tx.send(req).is_err() {
-                return Box::pin(std::future::ready(Err(CommError::Shutdown { rank })));
+                return SendFuture::ready(Err(CommError::Shutdown { rank }));
             }
             self.shared.run_pass(e);
         } else if self.tx.send(req).is_err() {
-            return Box::pin(std::future::ready(Err(CommError::Shutdown { rank })));
+            return SendFuture::ready(Err(CommError::Shutdown { rank }));
         }
-        Box::pin(self.completion(rx))
+        SendFuture::waiting(self.completion(rx))
     }
 
     fn recv(&self, src: Rank, tag: Tag) -> RecvFuture {

@@ -46,7 +46,7 @@ use tokio::task::JoinHandle;
 use self::wire::{ACK, ConnKind, Control, FRAME_HEADER_LEN, FrameHeader, Hello, WireError};
 use self::writer::{PeerWriter, Sent};
 use super::mailbox::Mailbox;
-use super::{Backend, Communicator, RecvFuture, check_rank};
+use super::{Backend, Communicator, RecvFuture, SendFuture, check_rank};
 use crate::Rank;
 use crate::error::CommError;
 use crate::event::Event;
@@ -945,28 +945,28 @@ impl Communicator for TcpComm {
         Backend::Tcp
     }
 
-    fn send(&self, dst: Rank, tag: Tag, data: Buffer) -> BoxFuture<'static, Result<(), CommError>> {
+    fn send(&self, dst: Rank, tag: Tag, data: Buffer) -> SendFuture {
         if let Err(e) = check_rank(self.shared.rank, dst, self.shared.nranks) {
-            return Box::pin(std::future::ready(Err(e)));
+            return SendFuture::ready(Err(e));
         }
         if let Some(e) = self.shared.mailbox.failure() {
-            return Box::pin(std::future::ready(Err(e)));
+            return SendFuture::ready(Err(e));
         }
         self.shared.stats.record_send(dst, data.len());
         if dst == self.shared.rank {
             self.shared.stats.record_recv(dst, data.len());
             self.shared.mailbox.deliver(dst, tag, data);
-            return Box::pin(std::future::ready(Ok(())));
+            return SendFuture::ready(Ok(()));
         }
         match self.writer(dst).send(tag, data) {
-            Sent::Done => Box::pin(std::future::ready(Ok(()))),
+            Sent::Done => SendFuture::ready(Ok(())),
             Sent::Failed(e) => {
                 let e = self.shared.mailbox.failure().unwrap_or(e);
-                Box::pin(std::future::ready(Err(e)))
+                SendFuture::ready(Err(e))
             }
             Sent::Queued(rx) => {
                 let shared = self.shared.clone();
-                Box::pin(async move {
+                SendFuture::waiting(async move {
                     rx.await.unwrap_or_else(|_| {
                         Err(shared
                             .mailbox

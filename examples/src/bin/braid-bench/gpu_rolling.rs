@@ -2,7 +2,8 @@
 //! N sorted rows (all seven aggregations of one f64 column) next to a
 //! device-to-device copy measured in the same run, both as bytes read plus
 //! written per second. The kernel's bytes: ts and value read (16 B/row),
-//! seven outputs written (7 x 8 B) plus six validity bytes per row.
+//! seven outputs written (7 x 8 B) plus six validity bytes per row (fewer
+//! with `--aggs`).
 
 use std::time::Instant;
 
@@ -24,6 +25,11 @@ pub struct GpuRollingArgs {
     /// Timed repetitions (after one warm-up; at least 1).
     #[arg(long, default_value_t = 5)]
     reps: usize,
+    /// Aggregations to compute (comma-separated; default all seven). The
+    /// bytes counted follow: 8 per row and aggregation, plus a validity
+    /// byte per row for each but count.
+    #[arg(long, value_delimiter = ',')]
+    aggs: Vec<Agg>,
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -54,7 +60,11 @@ pub fn run(a: GpuRollingArgs) -> Result<(), BoxError> {
     let d_ts = DeviceBuffer::from_slice(&gpu, &ts)?;
     let d_v = DeviceBuffer::from_slice(&gpu, &v)?;
     drop((ts, v));
-    let aggs = Agg::ALL;
+    let aggs: Vec<Agg> = if a.aggs.is_empty() {
+        Agg::ALL.to_vec()
+    } else {
+        a.aggs.clone()
+    };
     let mut kernel = Vec::new();
     for rep in 0..=a.reps.max(1) {
         gpu.stream().synchronize()?;
@@ -87,17 +97,26 @@ pub fn run(a: GpuRollingArgs) -> Result<(), BoxError> {
             copy.push(t0.elapsed().as_secs_f64());
         }
     }
-    let bytes = a.n as f64 * (16.0 + 7.0 * 8.0 + 6.0);
+    let mut distinct = aggs.clone();
+    distinct.sort_by_key(|g| g.name());
+    distinct.dedup();
+    let nulls = distinct.iter().filter(|g| **g != Agg::Count).count();
+    let bytes = a.n as f64 * (16.0 + 8.0 * distinct.len() as f64 + nulls as f64);
     let k = median(kernel);
     let c = median(copy);
     let kb = bytes / k / 1e9;
     let cb = 2.0 * size as f64 / c / 1e9;
     println!(
-        "# braid-bench gpu-rolling on {}: {} rows, window {} (~{:.0} rows), 7 aggregations of one f64 column",
+        "# braid-bench gpu-rolling on {}: {} rows, window {} (~{:.0} rows), aggregations {} of one f64 column",
         gpu.context().name().unwrap_or_default(),
         a.n,
         a.window,
-        a.window as f64 / 1.5
+        a.window as f64 / 1.5,
+        distinct
+            .iter()
+            .map(|g| g.name())
+            .collect::<Vec<_>>()
+            .join(",")
     );
     println!();
     println!("| what | median ms | GB/s (read + written) | ratio to copy |");
