@@ -187,7 +187,16 @@ impl Rendezvous {
             };
             let data = match &o.data {
                 OfferData::Same(b) => b.clone(),
-                OfferData::PerRank(v) => v[rank as usize].clone(),
+                OfferData::PerRank(v) => match v.get(rank as usize) {
+                    Some(b) => b.clone(),
+                    None => {
+                        return Err(CommError::InvalidRank {
+                            rank,
+                            peer: rank,
+                            nranks: n,
+                        });
+                    }
+                },
             };
             out.push(Taken {
                 src: q as Rank,
