@@ -28,15 +28,16 @@
 //! which every rank sees from every rank, so those mismatches fail every
 //! rank directly.
 
+use braid_core::comm::OfferData;
 use braid_core::memory::large_vec;
-use braid_core::{Context, Tag};
+use braid_core::{Buffer, Context, Tag};
 use braid_kernels::Element;
 use braid_kernels::hash::{GOLDEN, mix64};
 
 use crate::error::{CollError, CollKind, Site};
 use crate::handle::{Callback, Handle, start, streaming};
 use crate::wire::Elements;
-use crate::wire::{Meta, recv_framed_all, send_framed};
+use crate::wire::{Framed, Meta, meet_framed, recv_framed_all, send_framed};
 
 /// Per-peer element counts and offsets of an AllToAllv.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -223,6 +224,11 @@ fn start_parts<T: Element, R: Send + 'static>(
 /// Sends every peer its slice and receives every peer's, checking each
 /// pair's counts and element type; returns the parts by source rank (this
 /// rank's own part is a slice of `send`).
+///
+/// In-process ranks meet instead (`Communicator::meet`): each deposits its
+/// per-peer slices with its two digests in the header, and takes its part
+/// from every peer; a part's length is checked against `recv_counts`, and
+/// the digest sums catch the pairs whose sender is wrong.
 async fn exchange<T: Element>(
     comm: &std::sync::Arc<dyn braid_core::Communicator>,
     site: Site,
@@ -247,82 +253,126 @@ async fn exchange<T: Element>(
         ));
     }
     let (mut sent_sum, mut recv_sum) = spec.digests(me);
-    let digests = {
-        let mut d = [0u8; 16];
-        d[..8].copy_from_slice(&sent_sum.to_le_bytes());
-        d[8..].copy_from_slice(&recv_sum.to_le_bytes());
-        d
-    };
     let mut parts: Vec<Option<Elements<T>>> = (0..n).map(|_| None).collect();
     parts[me as usize] = Some(send.slice(so, sc));
     let buf = send.buffer().clone();
-    let mut sends = Vec::new();
-    for p in (0..n).filter(|p| *p != me) {
+    let slice_for = |p: u32| {
         let (o, c) = (spec.send_offsets[p as usize], spec.send_counts[p as usize]);
-        // count: what this rank sends p; seq: what it expects from p.
-        let meta = Meta::new(CollKind::AllToAll, T::DTYPE)
-            .count(c as u64)
-            .seq(spec.recv_counts[p as usize] as u64);
-        sends.push(send_framed(
-            comm.as_ref(),
-            site,
-            p,
-            tag,
-            meta,
-            &digests,
-            buf.slice(o * sz..(o + c) * sz),
-        ));
-    }
-    let mut first_err = None;
-    let peers = (0..n).filter(|p| *p != me);
-    for (p, f) in recv_framed_all(comm.as_ref(), site, peers, tag, |_, _| Ok(())).await? {
-        let want = spec.recv_counts[p as usize];
-        let sent = spec.send_counts[p as usize];
-        let word = |i: usize| {
-            let mut w = [0u8; 8];
-            w.copy_from_slice(&f.user_meta[i * 8..i * 8 + 8]);
-            u64::from_le_bytes(w)
-        };
-        let err = if f.user_meta.len() != 16 {
-            Some(format!("rank {p} sent a malformed AllToAll header"))
-        } else if f.meta.dtype != T::DTYPE {
-            Some(format!(
+        buf.slice(o * sz..(o + c) * sz)
+    };
+    let wrong_dtype = |p: u32, f: &Framed| {
+        (f.meta.dtype != T::DTYPE).then(|| {
+            format!(
                 "element type {} here, {} on rank {p}",
                 T::DTYPE,
                 f.meta.dtype
-            ))
-        } else if f.meta.count != want as u64 {
-            Some(format!(
+            )
+        })
+    };
+    // A part whose length is not what this rank expects from its sender.
+    let wrong_length = |p: u32, f: &Framed| {
+        let want = spec.recv_counts[p as usize];
+        (f.data.len() != want * sz).then(|| {
+            format!(
                 "rank {p} sends {} elements, this rank expects {want}",
-                f.meta.count
-            ))
-        } else if f.meta.seq != sent as u64 {
-            Some(format!(
-                "this rank sends {sent} elements to rank {p}, which expects {}",
-                f.meta.seq
-            ))
-        } else if f.data.len() != want * sz {
-            // The header's count was checked; the data must match it too.
-            Some(format!(
-                "rank {p} sent {} bytes for {want} elements",
-                f.data.len()
-            ))
-        } else {
-            None
-        };
-        if f.user_meta.len() == 16 {
-            sent_sum = sent_sum.wrapping_add(word(0));
-            recv_sum = recv_sum.wrapping_add(word(1));
-        }
-        match err {
-            Some(d) => {
-                first_err.get_or_insert(site.mismatch(p, d));
+                f.data.len() / sz.max(1)
+            )
+        })
+    };
+    let mut first_err = None;
+    let meta = Meta::new(CollKind::AllToAll, T::DTYPE)
+        .count(sent_sum)
+        .seq(recv_sum);
+    let slices = OfferData::PerRank(
+        (0..n)
+            .map(|p| {
+                if p == me {
+                    Buffer::default()
+                } else {
+                    slice_for(p)
+                }
+            })
+            .collect(),
+    );
+    let check = |p: u32, f: &Framed| wrong_dtype(p, f).map_or(Ok(()), |d| Err(site.mismatch(p, d)));
+    match meet_framed(comm.as_ref(), site, tag, meta, slices, check).await? {
+        Ok(frames) => {
+            for (p, f) in frames {
+                sent_sum = sent_sum.wrapping_add(f.meta.count);
+                recv_sum = recv_sum.wrapping_add(f.meta.seq);
+                match wrong_length(p, &f) {
+                    Some(d) => {
+                        first_err.get_or_insert(site.mismatch(p, d));
+                    }
+                    None => parts[p as usize] = Some(Elements::from_buffer(f.data)),
+                }
             }
-            None => parts[p as usize] = Some(Elements::from_buffer(f.data)),
         }
-    }
-    for s in sends {
-        s.await?;
+        Err(_) => {
+            let digests = {
+                let mut d = [0u8; 16];
+                d[..8].copy_from_slice(&sent_sum.to_le_bytes());
+                d[8..].copy_from_slice(&recv_sum.to_le_bytes());
+                d
+            };
+            let mut sends = Vec::new();
+            for p in (0..n).filter(|p| *p != me) {
+                // count: what this rank sends p; seq: what it expects from p.
+                let meta = Meta::new(CollKind::AllToAll, T::DTYPE)
+                    .count(spec.send_counts[p as usize] as u64)
+                    .seq(spec.recv_counts[p as usize] as u64);
+                sends.push(send_framed(
+                    comm.as_ref(),
+                    site,
+                    p,
+                    tag,
+                    meta,
+                    &digests,
+                    slice_for(p),
+                ));
+            }
+            let peers = (0..n).filter(|p| *p != me);
+            for (p, f) in recv_framed_all(comm.as_ref(), site, peers, tag, |_, _| Ok(())).await? {
+                let want = spec.recv_counts[p as usize];
+                let sent = spec.send_counts[p as usize];
+                let word = |i: usize| {
+                    let mut w = [0u8; 8];
+                    w.copy_from_slice(&f.user_meta[i * 8..i * 8 + 8]);
+                    u64::from_le_bytes(w)
+                };
+                let err = if f.user_meta.len() != 16 {
+                    Some(format!("rank {p} sent a malformed AllToAll header"))
+                } else if let Some(d) = wrong_dtype(p, &f) {
+                    Some(d)
+                } else if f.meta.count != want as u64 {
+                    Some(format!(
+                        "rank {p} sends {} elements, this rank expects {want}",
+                        f.meta.count
+                    ))
+                } else if f.meta.seq != sent as u64 {
+                    Some(format!(
+                        "this rank sends {sent} elements to rank {p}, which expects {}",
+                        f.meta.seq
+                    ))
+                } else {
+                    // The header's count was checked; the data must match it too.
+                    wrong_length(p, &f)
+                };
+                if f.user_meta.len() == 16 {
+                    sent_sum = sent_sum.wrapping_add(word(0));
+                    recv_sum = recv_sum.wrapping_add(word(1));
+                }
+                match err {
+                    Some(d) => {
+                        first_err.get_or_insert(site.mismatch(p, d));
+                    }
+                    None => parts[p as usize] = Some(Elements::from_buffer(f.data)),
+                }
+            }
+            for s in sends {
+                s.await?;
+            }
+        }
     }
     if let Some(e) = first_err {
         return Err(e);

@@ -5,13 +5,19 @@
 //! beta is ~0 (buffers are shared, not copied). Every rank also checks its
 //! root against its left neighbour's, so ranks that disagree on the root
 //! fail instead of returning different data.
+//!
+//! In-process ranks (the local backend) instead meet once at (op, 0)
+//! (`Communicator::meet`): every rank sees every rank's root, and the
+//! non-roots take the root's buffer (shared, not copied). One deposit and
+//! one take per rank replace the tree and the root check's rounds.
 
+use braid_core::comm::OfferData;
 use braid_core::{Buffer, Context, Rank, Tag};
 use braid_kernels::DType;
 
 use crate::error::{CollError, CollKind, Site};
 use crate::handle::{Callback, Handle, start, streaming};
-use crate::wire::{Meta, Signature, check_signature, recv_framed, send_framed};
+use crate::wire::{Meta, Signature, check_signature, meet_framed, recv_framed, send_framed};
 
 /// Starts a broadcast from `root`. The root passes `Some(data)`, the others
 /// `None`; every rank's handle yields the root's buffer.
@@ -36,6 +42,26 @@ pub fn start_broadcast(
             } else {
                 "only the root passes data"
             }));
+        }
+        // In-process ranks meet once instead of the tree and the check.
+        let meta = Meta::new(CollKind::Broadcast, DType::Bytes).aux(root);
+        let offer = OfferData::Same(data.clone().unwrap_or_default());
+        let met = meet_framed(comm.as_ref(), site, Tag::new(op, 0), meta, offer, |p, f| {
+            if f.meta.aux == root {
+                Ok(())
+            } else {
+                Err(site.mismatch(p, format!("root {root} here, {} on rank {p}", f.meta.aux)))
+            }
+        });
+        if let Ok(frames) = met.await? {
+            return match data {
+                Some(d) => Ok(d),
+                None => frames
+                    .into_iter()
+                    .find(|(p, _)| *p == root)
+                    .map(|(_, f)| f.data)
+                    .ok_or_else(|| site.mismatch(root, "the root's buffer is missing")),
+            };
         }
         let sig = Signature {
             dtype: DType::Bytes,
