@@ -3,6 +3,7 @@
 //! - [`hash`]: the 64-bit mixing function of generated data and digests.
 //! - [`reduce`]: element types of collectives and the reduction operators
 //!   (sum, prod, min, max, user-supplied) over them.
+//! - [`sort`]: stable LSD radix sort of 64-bit keys with a payload.
 //! - [`mod@rolling`]: rolling time-window aggregations (sum, mean, min, max,
 //!   count, std, var) in one O(n) pass over a sorted group.
 //! - [`gpu`] (feature `cuda`): NVRTC-compiled GPU kernels (gather, hash
@@ -13,6 +14,7 @@ pub mod gpu;
 pub mod hash;
 pub mod reduce;
 pub mod rolling;
+pub mod sort;
 
 pub use reduce::{DType, Element, ReduceKind};
 pub use rolling::{Agg, AggColumn, Closed, RollingError, RollingResult, rolling, rolling_segments};

@@ -263,7 +263,8 @@ fn main() -> ExitCode {
         std::thread::spawn(move || {
             while !bar.is_finished() {
                 bar.set_position(p.load(Ordering::Relaxed));
-                std::thread::sleep(Duration::from_millis(100));
+                // Unparked when the job ends, so the exit waits for no tick.
+                std::thread::park_timeout(Duration::from_millis(100));
             }
         })
     };
@@ -281,9 +282,10 @@ fn main() -> ExitCode {
             Ok((counts, ctx.statistics().to_string()))
         }
     });
-    bar.finish_and_clear();
-    let _ = ticker.join();
     let secs = start.elapsed().as_secs_f64();
+    bar.finish_and_clear();
+    ticker.thread().unpark();
+    let _ = ticker.join();
     match res {
         Ok(JobOutcome::Ran(per_rank)) => {
             let rows_in: u64 = per_rank.iter().map(|(_, (c, _))| c.rows_in).sum();
