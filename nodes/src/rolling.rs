@@ -486,14 +486,22 @@ async fn ungrouped(ctx: &Context, sorted: RecordBatch, spec: &RollingSpec) -> Re
     // Later rounds hold older rows: put them first.
     ghosts.reverse();
     let ghost = ghosts.iter().map(|b| b.num_rows()).sum::<usize>();
+    // The kernel's inputs: ghost rows, then this rank's (whose order values
+    // are `ts` already; with no ghost rows every vector is taken as it is).
+    let ts = if ghost == 0 {
+        ts
+    } else {
+        let mut all = Vec::with_capacity(ghost + ts.len());
+        for b in &ghosts {
+            all.extend(order_values(b, 0, &spec.order)?);
+        }
+        all.extend_from_slice(&ts);
+        all
+    };
     ghosts.push(narrow);
-    let mut ts = Vec::with_capacity(ghost + sorted.num_rows());
-    for b in &ghosts {
-        ts.extend(order_values(b, 0, &spec.order)?);
-    }
     let mut vals = Vec::new();
     for k in 0..spec.values.len() {
-        let mut v_all = Vec::with_capacity(ts.len());
+        let mut v_all: Vec<f64> = Vec::new();
         let mut valid: Option<Vec<bool>> = None;
         for b in &ghosts {
             let (v, ok) = value_columns(b, k + 1)?;
@@ -507,7 +515,11 @@ async fn ungrouped(ctx: &Context, sorted: RecordBatch, spec: &RollingSpec) -> Re
                 (None, Some(all)) => all.extend(std::iter::repeat_n(true, v.len())),
                 (None, None) => {}
             }
-            v_all.extend(v);
+            if v_all.is_empty() {
+                v_all = v;
+            } else {
+                v_all.extend(v);
+            }
         }
         vals.push((v_all, valid));
     }
