@@ -190,6 +190,24 @@ fn radix_order(
     for (b, p) in parts.iter().enumerate() {
         rows.extend((0..p.num_rows() as u64).map(|r| (b as u64) << 32 | r));
     }
+    // Two keys whose value ranges fit in 64 bits together sort as one
+    // packed key (one sort; a group id and a time stamp usually do).
+    if let [k0, k1] = key_parts.as_slice() {
+        if let (Some((lo0, w0)), Some((lo1, w1))) = (range_bits(k0), range_bits(k1)) {
+            if w0 + w1 <= 64 {
+                let mut packed: Vec<u64> = braid_core::memory::large_vec(total);
+                for (a, b) in k0.iter().zip(k1) {
+                    packed.extend(a.iter().zip(b.iter()).map(|(x, y)| {
+                        let hi = x.wrapping_sub(lo0) as u64;
+                        let lo = y.wrapping_sub(lo1) as u64;
+                        // w1 < 64 here unless w0 == 0 (then hi == 0).
+                        hi.checked_shl(w1).unwrap_or(0) | lo
+                    }));
+                }
+                return Ok(Some(radix_sort_pairs(packed, rows).1));
+            }
+        }
+    }
     // Least significant key first: each pass is stable.
     let last = key_parts.len() - 1;
     let (_, mut rows) = radix_sort_pairs(flat(&key_parts[last]), rows);
@@ -205,6 +223,16 @@ fn radix_order(
         rows = radix_sort_pairs(k0, rows).1;
     }
     Ok(Some(rows))
+}
+
+/// The smallest value of a key over the parts and the bits its range
+/// needs (`max - min` as an unsigned number); `None` for no values.
+fn range_bits(parts: &[std::borrow::Cow<'_, [i64]>]) -> Option<(i64, u32)> {
+    let mut it = parts.iter().flat_map(|p| p.iter().copied());
+    let first = it.next()?;
+    let (lo, hi) = it.fold((first, first), |(lo, hi), x| (lo.min(x), hi.max(x)));
+    let span = hi.wrapping_sub(lo) as u64;
+    Some((lo, 64 - span.leading_zeros()))
 }
 
 /// One batch of the rows of `parts` named by `rows` (`batch << 32 | row`,
@@ -501,16 +529,34 @@ mod tests {
             if let Some(p) = parts.iter_mut().find(|p| p.num_rows() > 10) {
                 *p = p.slice(3, p.num_rows() - 7);
             }
-            for keys in [vec!["t"], vec!["k", "t"], vec!["small"]] {
+            // "wide": k spread over 2^63, so (k, t) no longer packs into
+            // one 64-bit key and the two keys sort in two passes.
+            let wide: Vec<RecordBatch> = parts
+                .iter()
+                .map(|p| {
+                    let k = p.column(0).as_any().downcast_ref::<Int64Array>().unwrap();
+                    let spread = Int64Array::from_iter_values(k.values().iter().map(|x| x << 60));
+                    let mut cols = p.columns().to_vec();
+                    cols[0] = Arc::new(spread);
+                    RecordBatch::try_new(schema(), cols).unwrap()
+                })
+                .collect();
+            for (parts, keys) in [
+                (&parts, vec!["t"]),
+                (&parts, vec!["k", "t"]),
+                (&wide, vec!["k", "t"]),
+                (&parts, vec!["small"]),
+            ] {
                 let sk: Vec<SortKey> = keys.iter().map(|k| SortKey::asc(*k)).collect();
                 let got = sort_parts(&schema(), parts.clone(), &sk).unwrap();
+                let parts = parts.as_slice();
                 // The nullable Int32 key takes the general path; the
                 // others the radix path.
                 let want = if keys == ["small"] {
-                    let all = concat_batches(&schema(), &parts).unwrap();
+                    let all = concat_batches(&schema(), parts).unwrap();
                     local_sort(&all, &sk).unwrap()
                 } else {
-                    reference(&parts, &keys)
+                    reference(parts, &keys)
                 };
                 assert_eq!(got.num_rows(), want.num_rows(), "{sizes:?} by {keys:?}");
                 for c in 0..want.num_columns() {
