@@ -8,15 +8,15 @@
 //!
 //! | collective | algorithm | steps |
 //! |---|---|---|
-//! | [`barrier`] | dissemination | ceil(log2 N) |
-//! | [`broadcast`] | binomial tree | ceil(log2 N) |
-//! | [`AllGather`] / [`allgather`] | direct, streaming inserts | 1 |
-//! | [`allreduce`] | direct reduce-scatter + allgather | 2 |
+//! | [`barrier()`] | dissemination (in-process ranks: one meeting) | ceil(log2 N) |
+//! | [`broadcast()`] | binomial tree (in-process ranks: one meeting) | ceil(log2 N) |
+//! | [`AllGather`] / [`allgather()`] | direct, streaming inserts | 1 |
+//! | [`allreduce()`] | direct reduce-scatter + allgather | 2 |
 //! | [`reduce_scatter`] | direct | 1 |
-//! | [`alltoall`] / [`alltoallv`] | pairwise direct | 1 |
+//! | [`alltoall()`] / [`alltoallv`] | pairwise direct (in-process ranks: one meeting) | 1 |
 //! | [`Shuffle`] | direct, streaming inserts, spills | 1 |
 //! | [`HaloExchange`] | neighbours | 1 |
-//! | [`sendrecv`] | one step | 1 |
+//! | [`sendrecv()`] | one step | 1 |
 //!
 //! Calls that disagree between ranks (kind, element type, count, root,
 //! operator) fail with `CollError::Mismatch` on the rank that notices, which

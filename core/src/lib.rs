@@ -5,9 +5,9 @@
 //! - [`memory`]: `Buffer`, `BufferResource`, reservations.
 //! - [`context`]: a rank's `Context` and the `ProgressEngine`.
 //! - [`event`]: the set-once `Event` collectives complete through.
-//! - [`message`], [`channel`], [`graph`]: the streaming layer.
+//! - [`message`], [`mod@channel`], [`graph`]: the streaming layer.
 //! - [`stats`]: per-rank statistics.
-//! - [`cuda`] (feature `cuda`): device buffers, NCCL, CUDA IPC.
+//! - `cuda` (feature `cuda`): device buffers, NCCL, CUDA IPC.
 //! - [`world`]: starting ranks; [`launch`]: starting rank processes.
 
 pub mod channel;

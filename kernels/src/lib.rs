@@ -6,7 +6,7 @@
 //! - [`sort`]: stable LSD radix sort of 64-bit keys with a payload.
 //! - [`mod@rolling`]: rolling time-window aggregations (sum, mean, min, max,
 //!   count, std, var) in one O(n) pass over a sorted group.
-//! - [`gpu`] (feature `cuda`): NVRTC-compiled GPU kernels (gather, hash
+//! - `gpu` (feature `cuda`): NVRTC-compiled GPU kernels (gather, hash
 //!   partition, order keys, radix sort).
 
 #[cfg(feature = "cuda")]

@@ -36,12 +36,12 @@ pub struct GeneratorSpec {
     pub seed: u64,
     /// Fraction of null values in `v`.
     pub null_fraction: f64,
-    /// Store `ts` as timestamp[us] instead of int64.
+    /// Store `ts` as `timestamp[us]` instead of int64.
     pub timestamp: bool,
 }
 
 impl GeneratorSpec {
-    /// The generated schema: `id` int64, `ts` int64 or timestamp[us], `key`
+    /// The generated schema: `id` int64, `ts` int64 or `timestamp[us]`, `key`
     /// int64, `v` float64 (nullable).
     pub fn schema(&self) -> SchemaRef {
         let ts = if self.timestamp {

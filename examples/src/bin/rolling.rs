@@ -72,7 +72,7 @@ struct Cli {
     /// Generator seed.
     #[arg(long, default_value_t = 42)]
     seed: u64,
-    /// Generate ts as timestamp[us] instead of int64.
+    /// Generate ts as `timestamp[us]` instead of int64.
     #[arg(long)]
     timestamp: bool,
     /// Where to compute: cpu, or gpu (one GPU per rank; needs a build with
