@@ -104,23 +104,108 @@ pub fn hash_partition(
     split_by(batch, &dest, nparts)
 }
 
-/// Range partitioning: row i goes to the number of splitters below its key
-/// (splitters sorted, in the converter's row format). `splitters.len() + 1`
-/// partitions.
+/// The sorted splitters of a range partitioning, in the converter's row
+/// format; for one ascending 8-byte integer key (int64, timestamp, date64,
+/// time64, duration) whose splitters are all non-null, also as integers,
+/// so that a batch without null keys is split by integer comparisons
+/// instead of row encoding and `memcmp` (same destinations: the row
+/// format orders such keys as integers).
+#[derive(Debug, Clone)]
+pub struct Splitters {
+    rows: Vec<Vec<u8>>,
+    ints: Option<Vec<i64>>,
+}
+
+impl Splitters {
+    /// Splitters `rows` (sorted, from `conv`) for the key columns `keys`.
+    pub fn new(
+        schema: &arrow_schema::Schema,
+        conv: &RowConverter,
+        keys: &[(usize, SortOptions)],
+        rows: Vec<Vec<u8>>,
+    ) -> Self {
+        let ints = match keys {
+            [(c, o)] if !o.descending && eight_byte_int(schema.field(*c).data_type()) => {
+                decode_ints(conv, schema.field(*c).data_type(), &rows)
+            }
+            _ => None,
+        };
+        Splitters { rows, ints }
+    }
+
+    /// Number of splitters (one less than the partitions).
+    pub fn len(&self) -> usize {
+        self.rows.len()
+    }
+
+    /// Whether there are none (one partition).
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
+}
+
+fn eight_byte_int(t: &arrow_schema::DataType) -> bool {
+    use arrow_schema::DataType::*;
+    matches!(t, Int64 | Timestamp(..) | Date64 | Time64(_) | Duration(_))
+}
+
+/// The splitters as integers, if each is a non-null value of the key's
+/// type: read as the row format's valid marker then the big-endian value
+/// with its sign bit flipped, and accepted only if encoding the values
+/// back gives the same bytes (so a layout this does not know, or bytes
+/// from a peer that are not such rows, fall back to the row path).
+fn decode_ints(
+    conv: &RowConverter,
+    t: &arrow_schema::DataType,
+    rows: &[Vec<u8>],
+) -> Option<Vec<i64>> {
+    let mut ints = Vec::with_capacity(rows.len());
+    for r in rows {
+        let [1, b @ ..] = r.as_slice() else {
+            return None;
+        };
+        let w: [u8; 8] = b.try_into().ok()?;
+        ints.push((u64::from_be_bytes(w) ^ (1 << 63)) as i64);
+    }
+    let values: ArrayRef = std::sync::Arc::new(arrow_array::Int64Array::from(ints.clone()));
+    let typed = arrow_cast::cast(&values, t).ok()?;
+    let back = conv.convert_columns(&[typed]).ok()?;
+    let same = back.num_rows() == rows.len()
+        && rows
+            .iter()
+            .enumerate()
+            .all(|(i, r)| back.row(i).as_ref() == r.as_slice());
+    same.then_some(ints)
+}
+
+/// Range partitioning: row i goes to the number of splitters below its key.
+/// `splitters.len() + 1` partitions.
 pub fn range_partition(
     batch: &RecordBatch,
     conv: &RowConverter,
     keys: &[(usize, SortOptions)],
-    splitters: &[Vec<u8>],
+    splitters: &Splitters,
 ) -> Result<Vec<RecordBatch>> {
+    let nparts = splitters.len() + 1;
+    if let (Some(ints), [(c, _)]) = (&splitters.ints, keys) {
+        if let Some(k) = crate::sort::int_key(batch.column(*c)) {
+            let dest: Vec<u32> = k
+                .iter()
+                .map(|x| ints.partition_point(|s| s < x) as u32)
+                .collect();
+            return split_by(batch, &dest, nparts);
+        }
+    }
     let rows = key_rows(conv, batch, keys)?;
     let dest: Vec<u32> = (0..rows.num_rows())
         .map(|i| {
             let r = rows.row(i);
-            splitters.partition_point(|s| s.as_slice() < r.as_ref()) as u32
+            splitters
+                .rows
+                .partition_point(|s| s.as_slice() < r.as_ref()) as u32
         })
         .collect();
-    split_by(batch, &dest, splitters.len() + 1)
+    split_by(batch, &dest, nparts)
 }
 
 #[cfg(test)]
@@ -174,6 +259,8 @@ mod tests {
         let splitters: Vec<Vec<u8>> = (0..2)
             .map(|i| split_rows.row(i).as_ref().to_vec())
             .collect();
+        let splitters = Splitters::new(b.schema_ref(), &conv, &keys, splitters);
+        assert!(splitters.ints.is_some(), "int64 splitters decode");
         let parts = range_partition(&b, &conv, &keys, &splitters).unwrap();
         let vals = |p: &RecordBatch| -> Vec<i64> {
             p.column(0)
@@ -186,5 +273,71 @@ mod tests {
         assert_eq!(vals(&parts[0]), vec![1, 3]);
         assert_eq!(vals(&parts[1]), vec![5, 5]);
         assert_eq!(vals(&parts[2]), vec![9]);
+    }
+
+    /// The integer path gives the row path's destinations: random int64
+    /// and timestamp keys (negative, ties, extremes), splitters drawn from
+    /// them; a batch with a null key and splitters that are not rows of
+    /// the key's type take the row path.
+    #[test]
+    fn integer_splitters_split_as_rows_do() {
+        use arrow_array::TimestampMillisecondArray;
+        use arrow_schema::{DataType, Field, Schema, TimeUnit};
+        let mut x = 0x0123_4567_89AB_CDEFu64;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        for ts in [false, true] {
+            let t = if ts {
+                DataType::Timestamp(TimeUnit::Millisecond, None)
+            } else {
+                DataType::Int64
+            };
+            let schema = Arc::new(Schema::new(vec![Field::new("k", t, true)]));
+            let vals: Vec<i64> = (0..2000)
+                .map(|i| match i % 97 {
+                    0 => i64::MIN,
+                    1 => i64::MAX,
+                    _ => (next() % 200) as i64 - 100,
+                })
+                .collect();
+            let col = |v: Vec<Option<i64>>| -> ArrayRef {
+                if ts {
+                    Arc::new(TimestampMillisecondArray::from(v))
+                } else {
+                    Arc::new(Int64Array::from(v))
+                }
+            };
+            let keys = [(0usize, SortOptions::default())];
+            let conv = converter(&schema, &keys).unwrap();
+            let mut picks: Vec<i64> = (0..5).map(|i| vals[i * 397 + 11]).collect();
+            picks.sort_unstable();
+            let srows = conv
+                .convert_columns(&[col(picks.iter().map(|v| Some(*v)).collect())])
+                .unwrap();
+            let rows: Vec<Vec<u8>> = (0..picks.len())
+                .map(|i| srows.row(i).as_ref().to_vec())
+                .collect();
+            let fast = Splitters::new(&schema, &conv, &keys, rows.clone());
+            assert!(fast.ints.is_some(), "ts {ts}: splitters decode");
+            let slow = Splitters { rows, ints: None };
+            let mut with_null: Vec<Option<i64>> = vals.iter().map(|v| Some(*v)).collect();
+            with_null[5] = None;
+            for v in [vals.iter().map(|v| Some(*v)).collect(), with_null] {
+                let b = RecordBatch::try_new(schema.clone(), vec![col(v)]).unwrap();
+                let a = range_partition(&b, &conv, &keys, &fast).unwrap();
+                let c = range_partition(&b, &conv, &keys, &slow).unwrap();
+                assert_eq!(a.len(), c.len());
+                for (p, q) in a.iter().zip(&c) {
+                    assert_eq!(p, q, "ts {ts}");
+                }
+            }
+            // Bytes that are not rows of the key's type: the row path.
+            let junk = Splitters::new(&schema, &conv, &keys, vec![vec![1, 2, 3], vec![0; 9]]);
+            assert!(junk.ints.is_none());
+        }
     }
 }

@@ -32,7 +32,7 @@ use braid_core::{Buffer, Context, PackedData};
 use braid_kernels::sort::{gather_packed, order_key, radix_sort_pairs, unpack_row};
 
 use crate::error::{DataError, Result};
-use crate::partition::{column_index, converter, key_rows, range_partition};
+use crate::partition::{Splitters, column_index, converter, key_rows, range_partition};
 use crate::shuffle::TableShuffle;
 
 /// One sort key.
@@ -408,6 +408,7 @@ impl DistributedSort {
         };
         // 3 + 4. Partition, shuffle, sort locally. This rank's own range
         // stays as batches (no packing, no copy).
+        let splitters = Arc::new(Splitters::new(&schema, &conv, &keys, splitters));
         let mut shuffle = TableShuffle::new(ctx);
         for b in batches {
             let (c2, k2, s2) = (conv.clone(), keys.clone(), splitters.clone());
