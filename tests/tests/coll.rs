@@ -8,7 +8,9 @@
 use std::future::Future;
 use std::time::Duration;
 
-use braid_coll::{AllToAllvSpec, ReduceKind, allreduce, alltoallv, barrier, broadcast, sendrecv};
+use braid_coll::{
+    AllToAllvSpec, ReduceKind, allgather, allreduce, alltoallv, barrier, broadcast, sendrecv,
+};
 use braid_core::launch::{LaunchSpec, OutputMode, launch};
 use braid_core::world::contexts;
 use braid_core::{Buffer, Context, MemoryLimits, WorldSpec};
@@ -242,9 +244,8 @@ fn mismatch_cases() -> Vec<(&'static str, Case)> {
             })
         }),
         ("alltoallv counts", alltoallv_count_mismatch),
-        // Different collectives at one operation. In-process, the
-        // AllReduce ranks meet while the broadcast root sends messages
-        // (its first ones at another stage than the meeting's).
+        // Different collectives at one operation. In-process, both of
+        // these meet: the meeting's heads differ in kind.
         ("allreduce against broadcast", |c| {
             Box::pin(async move {
                 if c.rank() == 0 {
@@ -255,6 +256,19 @@ fn mismatch_cases() -> Vec<(&'static str, Case)> {
                     allreduce(&c, vec![1i64; 10], ReduceKind::Sum)
                         .await
                         .map(|_| ())
+                }
+                .map_err(|e| e.to_string())
+            })
+        }),
+        // In-process, the broadcast ranks meet while rank 0's AllGather
+        // sends its chunk as messages.
+        ("allgather against broadcast", |c| {
+            Box::pin(async move {
+                if c.rank() == 0 {
+                    allgather(&c, vec![1i32; 4]).await.map(|_| ())
+                } else {
+                    let data = (c.rank() == 1).then(|| Buffer::from_vec(vec![7u8; 10]));
+                    broadcast(&c, 1, data).await.map(|_| ())
                 }
                 .map_err(|e| e.to_string())
             })
