@@ -98,9 +98,9 @@ pub fn local_sort(batch: &RecordBatch, keys: &[SortKey]) -> Result<RecordBatch> 
 }
 
 /// The values of an integer-like column (int64, timestamp, date, smaller
-/// ints) as i64, if it has that type and no nulls.
-pub(crate) fn int_key(a: &arrow_array::ArrayRef) -> Option<std::borrow::Cow<'_, [i64]>> {
-    use arrow_array::Array;
+/// ints) as i64, if it has that type and no nulls. 8-byte types share the
+/// column's buffer (no copy); smaller ones are widened.
+pub(crate) fn int_key(a: &arrow_array::ArrayRef) -> Option<ScalarBuffer<i64>> {
     use arrow_schema::DataType::*;
     if a.null_count() > 0 {
         return None;
@@ -108,19 +108,19 @@ pub(crate) fn int_key(a: &arrow_array::ArrayRef) -> Option<std::borrow::Cow<'_, 
     match a.data_type() {
         Int64 | Timestamp(..) | Date64 | Time64(_) | Duration(_) => {
             let d = a.to_data();
-            let b = d.buffers().first()?;
-            let all: &[i64] = b.typed_data();
-            let v = all.get(d.offset()..d.offset() + d.len())?.to_vec();
-            Some(std::borrow::Cow::Owned(v))
+            let [b] = d.buffers() else {
+                return None;
+            };
+            // `ScalarBuffer::new` asserts alignment and length: a buffer
+            // that would fail them takes the caller's general path.
+            let fits = (b.as_ptr() as usize) % std::mem::align_of::<i64>() == 0
+                && b.len() >= (d.offset() + d.len()) * 8;
+            fits.then(|| ScalarBuffer::new(b.clone(), d.offset(), d.len()))
         }
         Int8 | Int16 | Int32 | UInt8 | UInt16 | UInt32 | Date32 => {
             let c = arrow_cast::cast(a, &Int64).ok()?;
-            let v = c
-                .as_any()
-                .downcast_ref::<arrow_array::Int64Array>()?
-                .values()
-                .to_vec();
-            Some(std::borrow::Cow::Owned(v))
+            let v = c.as_any().downcast_ref::<arrow_array::Int64Array>()?;
+            Some(v.values().clone())
         }
         _ => None,
     }
@@ -167,7 +167,7 @@ fn radix_order(
         .map(|k| column_index(schema, &k.column))
         .collect::<Result<_>>()?;
     // The key columns per batch, as i64 (None: not integer-like, or nulls).
-    let mut key_parts: Vec<Vec<std::borrow::Cow<'_, [i64]>>> = Vec::with_capacity(cols.len());
+    let mut key_parts: Vec<Vec<ScalarBuffer<i64>>> = Vec::with_capacity(cols.len());
     for c in &cols {
         let mut v = Vec::with_capacity(parts.len());
         for p in parts {
@@ -179,7 +179,7 @@ fn radix_order(
         key_parts.push(v);
     }
     let total: usize = parts.iter().map(|p| p.num_rows()).sum();
-    let flat = |kp: &[std::borrow::Cow<'_, [i64]>]| -> Vec<u64> {
+    let flat = |kp: &[ScalarBuffer<i64>]| -> Vec<u64> {
         let mut out = braid_core::memory::large_vec(total);
         for k in kp {
             out.extend(k.iter().map(|x| order_key(*x)));
@@ -227,7 +227,7 @@ fn radix_order(
 
 /// The smallest value of a key over the parts and the bits its range
 /// needs (`max - min` as an unsigned number); `None` for no values.
-fn range_bits(parts: &[std::borrow::Cow<'_, [i64]>]) -> Option<(i64, u32)> {
+fn range_bits(parts: &[ScalarBuffer<i64>]) -> Option<(i64, u32)> {
     let mut it = parts.iter().flat_map(|p| p.iter().copied());
     let first = it.next()?;
     let (lo, hi) = it.fold((first, first), |(lo, hi), x| (lo.min(x), hi.max(x)));
@@ -507,7 +507,7 @@ mod tests {
             .iter()
             .map(|k| {
                 let c = all.column(all.schema().index_of(k).unwrap());
-                int_key(c).unwrap().into_owned()
+                int_key(c).unwrap().to_vec()
             })
             .collect();
         let mut ix: Vec<u32> = (0..all.num_rows() as u32).collect();
