@@ -14,9 +14,8 @@ fn repo() -> PathBuf {
 
 #[test]
 fn rolling_under_mpirun_matches_the_oracle() {
-    let d = std::env::temp_dir().join(format!("braid-mpi-rolling-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
+    let scratch = braid_tests::Scratch::new("mpi-rolling");
+    let d = scratch.path();
     let input = d.join("in.parquet");
     let st = Command::new("python3")
         .arg(repo().join("tests/oracle/gen_input.py"))

@@ -9,15 +9,10 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use braid_tests::Scratch;
+
 fn rolling() -> Command {
     Command::new(env!("CARGO_BIN_EXE_rolling"))
-}
-
-fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("braid-cli-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
 }
 
 fn repo() -> PathBuf {
@@ -62,7 +57,8 @@ fn assert_clean_failure(args: &[&str], output: &Path, needle: &str) {
 
 #[test]
 fn bad_input_is_a_clear_error_with_nothing_left_behind() {
-    let d = tmp("bad");
+    let scratch = Scratch::new("cli-bad");
+    let d = scratch.path();
     // A valid input to start from: the job's own output on generated rows.
     let good = d.join("good.parquet");
     let (ok, _, err) = run(&[
@@ -209,7 +205,8 @@ fn oracle_duckdb_and_polars_agree_with_the_job() {
     if !have_oracle() {
         return;
     }
-    let d = tmp("oracle");
+    let scratch = Scratch::new("cli-oracle");
+    let d = scratch.path();
     let input = d.join("in.parquet");
     let generator = repo().join("tests/oracle/gen_input.py");
     let st = Command::new("python3")
@@ -274,13 +271,16 @@ fn oracle_duckdb_and_polars_agree_with_the_job() {
                 extra.extend(["--by", "key"]);
             }
             check(&input, &out, &extra, "duckdb,polars");
+            // Checked: its ~70 MB need not wait for the other seven.
+            let _ = std::fs::remove_dir_all(&out);
         }
     }
 }
 
 #[test]
 fn tcp_backend_runs_the_job_in_processes() {
-    let d = tmp("tcp");
+    let scratch = Scratch::new("cli-tcp");
+    let d = scratch.path();
     let local = d.join("local.parquet");
     let tcp = d.join("tcp.parquet");
     let base = [

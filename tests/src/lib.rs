@@ -256,6 +256,38 @@ pub fn fresh_seed() -> u64 {
     s
 }
 
+/// A test's scratch folder under the system temp dir, removed when the
+/// guard drops. A failing test (dropped while panicking) keeps it and says
+/// where, so its files can be looked at; a passing one leaves nothing (the
+/// oracle tests write hundreds of MB, and CI's disk is not large).
+pub struct Scratch(std::path::PathBuf);
+
+impl Scratch {
+    /// A fresh, empty folder named for the test and this process.
+    #[allow(clippy::expect_used)] // a test cannot run without its folder
+    pub fn new(name: &str) -> Self {
+        let d = std::env::temp_dir().join(format!("braid-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).expect("create the scratch folder");
+        Self(d)
+    }
+
+    /// The folder.
+    pub fn path(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("test failed: its files are kept in {}", self.0.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
 pub mod coll_suite;
 #[cfg(feature = "cuda")]
 pub mod gpu_suite;
