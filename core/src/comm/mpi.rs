@@ -16,7 +16,8 @@
 //! gives) the waiting tasks themselves. `send` posts its `MPI_Isend` at
 //! once when the engine is free, and a pending receive or send polls a pass
 //! each time it is polled, re-polling at once (spinning, like MPI's own
-//! blocking calls) for up to `SPIN`, then sleeping until woken. A progress
+//! blocking calls) for up to `SPIN`, and past that for as long as messages
+//! are in flight, then sleeping until woken. A progress
 //! thread, which called `MPI_Init_thread` and will call `MPI_Finalize`,
 //! runs passes only while no task has run one for `HANDOFF`: traffic
 //! needs no thread hand-off, and a rank that computes still answers its
@@ -393,8 +394,23 @@ impl Drive for Shared {
             self.last_driven.store(self.now_ns(), Ordering::Relaxed);
         }
         if let Some(e) = self.try_engine() {
-            self.run_pass(e);
-            return spin;
+            // Past SPIN, keep driving while messages are in flight (the
+            // pass is busy): someone must poll them, and handing that to
+            // the progress thread costs wake-ups and lock hand-offs (in a
+            // stream of 64 MiB messages over shared memory it ran ~40% of
+            // the passes that way, the task sleeping beside it).
+            let mut e = e;
+            let keep = e.pass() || spin;
+            if keep {
+                // Again after the pass, before the engine is released: one
+                // that copied a large message took milliseconds, and the
+                // progress thread (maybe waiting for the lock) must not
+                // take that for a task that stopped driving.
+                self.last_driven.store(self.now_ns(), Ordering::Relaxed);
+            }
+            drop(e);
+            self.pass_ended();
+            return keep;
         }
         // Another thread is in a pass: sleep until it ends.
         self.contended
@@ -454,6 +470,30 @@ impl MpiComm {
             tx,
             shared,
         })
+    }
+
+    /// Runs `f` on `MPI_COMM_WORLD` while no progress pass can run, for
+    /// code that calls MPI itself between braid's operations (the MPI
+    /// benchmark's raw-MPI side, alternated with braid's in one process).
+    /// `None` when MPI lets only the progress thread call it
+    /// (`MPI_THREAD_FUNNELED` or lower).
+    ///
+    /// Nothing of braid's may be in flight to this rank meanwhile, and `f`
+    /// must leave no message of its own unreceived: a later pass receives
+    /// any source and any tag, and would take it.
+    pub fn with_world<R>(&self, f: impl FnOnce(&SimpleCommunicator) -> R) -> Option<R> {
+        if self.shared.driving != Driving::AnyThread {
+            return None;
+        }
+        let e = self.shared.lock();
+        if e.gone || e.finished.is_some() {
+            return None;
+        }
+        let r = f(&e.world);
+        drop(e);
+        // Tasks that found the engine taken sleep until a pass ends.
+        self.shared.pass_ended();
+        Some(r)
     }
 
     /// A future that resolves when `rx` is answered, running passes while
@@ -536,6 +576,14 @@ fn progress(
     // driving (each wake-up preempts a rank's thread on a busy host).
     let mut nap = HANDOFF / 2;
     loop {
+        // While tasks drive, nap without touching the engine: taking its
+        // lock only to look made a task that tried it meanwhile sleep
+        // until some later pass ended (up to a nap and a HANDOFF later).
+        if shared.driven_recently() {
+            std::thread::sleep(nap);
+            nap = (nap * 2).min(NAP_MAX);
+            continue;
+        }
         let busy = {
             let mut e = shared.lock();
             if let Some(done) = e.finished.take() {
@@ -551,10 +599,11 @@ fn progress(
             if e.gone {
                 return;
             }
+            // A task may have driven while this thread waited for the
+            // lock (it was in a long pass): leave the engine to it.
             if shared.driven_recently() {
                 drop(e);
-                std::thread::sleep(nap);
-                nap = (nap * 2).min(NAP_MAX);
+                shared.pass_ended();
                 continue;
             }
             nap = HANDOFF / 2;

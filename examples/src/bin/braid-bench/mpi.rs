@@ -1,21 +1,27 @@
 //! MPI benchmark (feature `mpi`): braid's `mpi` backend against raw MPI on
-//! the same operations, in the same run, between 2 ranks, under the same
-//! OpenMPI transport settings (shared memory, then TCP): streaming
-//! bandwidth with 16 messages in flight (as osu_bw), and ping-pong.
+//! the same operations between 2 ranks, under the same OpenMPI transport
+//! settings (shared memory, then TCP): streaming bandwidth with 16 messages
+//! in flight (as osu_bw), and ping-pong.
 //!
-//! `braid-bench mpi` drives: it runs `mpirun -np 2 braid-bench mpi-rank`
-//! (braid) and `mpirun -np 2 mpi_coll bw|pingpong` (raw MPI,
-//! `bench/mpi_coll.c`) with the same sizes and iteration counts, then prints
-//! the tables.
+//! `braid-bench mpi` drives: it runs `mpirun -np 2 braid-bench mpi-rank`,
+//! in which each rank alternates rounds of raw MPI calls (rsmpi's thin
+//! wrappers, through [`MpiComm::with_world`]) with rounds of the same
+//! operations through braid, in one process: both sides see the same
+//! placement, memory and moment of a noisy host (separate launches differ
+//! by 2-3x at 1 MiB on a shared VM, which hid the gap being measured). It
+//! also runs `mpirun -np 2 mpi_coll bw|pingpong` (`bench/mpi_coll.c`, a
+//! separate C program) as a cross-check of the in-process baseline.
 
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::Arc;
 use std::time::Instant;
 
-use braid_core::world::context_for;
-use braid_core::{BoxError, Buffer, Communicator, MemoryLimits, OpId, Tag};
+use braid_core::comm::mpi::MpiComm;
+use braid_core::{BoxError, Buffer, Communicator, OpId, Tag};
 use braid_examples::size_name;
+use mpi::topology::SimpleCommunicator;
+use mpi::traits::{Communicator as _, CommunicatorCollectives, Destination, Source};
 
 /// Options of `braid-bench mpi`.
 #[derive(Debug, Clone, clap::Args)]
@@ -30,10 +36,15 @@ pub struct MpiArgs {
         default_value = "8,1024,65536,1048576,16777216,67108864"
     )]
     sizes: Vec<usize>,
-    /// Bytes moved per point (bounds the iteration count).
-    #[arg(long, default_value_t = 1 << 30)]
+    /// Bytes moved per point and side in each round (bounds the iteration
+    /// count).
+    #[arg(long, default_value_t = 1 << 28)]
     bytes_per_point: usize,
-    /// Runs of each side; the best time per point is kept.
+    /// Alternated rounds (raw MPI, then braid, or the other way) per point.
+    #[arg(long, default_value_t = 9)]
+    rounds: usize,
+    /// Runs of the separate C program (`mpi_coll`); its best time per
+    /// point is shown for reference. 0 skips it.
     #[arg(long, default_value_t = 3)]
     reps: u32,
 }
@@ -47,25 +58,60 @@ pub struct MpiRankArgs {
     /// `SIZE:ITERS` pairs.
     #[arg(long, value_delimiter = ',')]
     points: Vec<String>,
+    /// Alternated rounds per point.
+    #[arg(long, default_value_t = 9)]
+    rounds: usize,
 }
 
 /// Messages in flight per iteration of the bandwidth test (as osu_bw and
 /// `bench/mpi_coll.c`'s `bw`).
 const WINDOW: usize = 16;
 
+/// Raw MPI's tags: braid's own are `(op << 8) | stage` with op >= 100 here,
+/// so these never match a braid message.
+const RAW_TAG: i32 = 1;
+const RAW_ACK: i32 = 2;
+
 fn iters_for(size: usize, budget: usize) -> usize {
     (budget / size.max(1) / WINDOW).clamp(5, 5_000)
 }
 
+/// The benchmark's two operations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Op {
+    /// `WINDOW` messages from rank 0 to rank 1, then a 1-byte ack.
+    Bw,
+    /// One message there and back.
+    PingPong,
+}
+
+impl Op {
+    fn parse(s: &str) -> Result<Op, BoxError> {
+        match s {
+            "bw" => Ok(Op::Bw),
+            "pingpong" => Ok(Op::PingPong),
+            _ => Err(format!("unknown op {s:?} (bw or pingpong)").into()),
+        }
+    }
+
+    /// Messages per iteration that one reported time covers.
+    fn per_iteration(self) -> f64 {
+        match self {
+            Op::Bw => WINDOW as f64,
+            Op::PingPong => 2.0,
+        }
+    }
+}
+
 async fn one_iteration(
     comm: &Arc<dyn Communicator>,
-    op: &str,
+    op: Op,
     tag: Tag,
     ack: Tag,
     msg: &Buffer,
 ) -> Result<(), BoxError> {
     match (op, comm.rank()) {
-        ("bw", 0) => {
+        (Op::Bw, 0) => {
             let sends: Vec<_> = (0..WINDOW)
                 .map(|_| comm.send(1, tag, msg.clone()))
                 .collect();
@@ -74,17 +120,17 @@ async fn one_iteration(
             }
             comm.recv(1, ack).await?;
         }
-        ("bw", _) => {
+        (Op::Bw, _) => {
             for _ in 0..WINDOW {
                 comm.recv(0, tag).await?;
             }
             comm.send(0, ack, Buffer::from_vec(vec![0])).await?;
         }
-        (_, 0) => {
+        (Op::PingPong, 0) => {
             comm.send(1, tag, msg.clone()).await?;
             comm.recv(1, tag).await?;
         }
-        _ => {
+        (Op::PingPong, _) => {
             let m = comm.recv(0, tag).await?;
             comm.send(0, tag, m).await?;
         }
@@ -92,43 +138,162 @@ async fn one_iteration(
     Ok(())
 }
 
-/// One rank of the braid side (run under mpirun).
+/// The same iteration in raw MPI, as `bench/mpi_coll.c` does it: blocking
+/// send and receive for ping-pong (rank 1 echoes what it received); for bw,
+/// `WINDOW` nonblocking sends against `WINDOW` preposted receives into
+/// distinct buffers.
+fn raw_iteration(world: &SimpleCommunicator, op: Op, msg: &[u8], rbuf: &mut [u8]) {
+    let n = msg.len();
+    match (op, world.rank()) {
+        (Op::Bw, 0) => {
+            let peer = world.process_at_rank(1);
+            mpi::request::scope(|scope| {
+                let reqs: Vec<_> = (0..WINDOW)
+                    .map(|_| peer.immediate_send_with_tag(scope, msg, RAW_TAG))
+                    .collect();
+                for r in reqs {
+                    r.wait();
+                }
+            });
+            let mut a = [0u8; 1];
+            peer.receive_into_with_tag(&mut a[..], RAW_ACK);
+        }
+        (Op::Bw, _) => {
+            let peer = world.process_at_rank(0);
+            mpi::request::scope(|scope| {
+                let reqs: Vec<_> = rbuf
+                    .chunks_mut(n.max(1))
+                    .take(WINDOW)
+                    .map(|c| peer.immediate_receive_into_with_tag(scope, &mut c[..n], RAW_TAG))
+                    .collect();
+                for r in reqs {
+                    r.wait();
+                }
+            });
+            peer.send_with_tag(&[0u8][..], RAW_ACK);
+        }
+        (Op::PingPong, 0) => {
+            let peer = world.process_at_rank(1);
+            peer.send_with_tag(msg, RAW_TAG);
+            peer.receive_into_with_tag(&mut rbuf[..n], RAW_TAG);
+        }
+        (Op::PingPong, _) => {
+            let peer = world.process_at_rank(0);
+            peer.receive_into_with_tag(&mut rbuf[..n], RAW_TAG);
+            peer.send_with_tag(&rbuf[..n], RAW_TAG);
+        }
+    }
+}
+
+/// One rank of the benchmark (run under mpirun): per point, warm-up, then
+/// `rounds` rounds of raw MPI and braid, alternating which goes first;
+/// rank 0 prints each round's two times (us per message).
 pub fn rank(args: MpiRankArgs) -> Result<(), BoxError> {
+    let op = Op::parse(&args.op)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
         .build()?;
     rt.block_on(async move {
-        let comm: Arc<dyn Communicator> = Arc::new(braid_core::comm::mpi::MpiComm::init()?);
-        let ctx = context_for(comm.clone(), MemoryLimits::UNLIMITED);
-        if ctx.nranks() != 2 {
+        let mpi = Arc::new(MpiComm::init()?);
+        let comm: Arc<dyn Communicator> = mpi.clone();
+        if comm.nranks() != 2 {
             return Err::<(), BoxError>("the MPI benchmark needs exactly 2 ranks".into());
         }
+        let no_raw = || -> BoxError {
+            "this MPI gives less than MPI_THREAD_SERIALIZED: the raw side cannot run".into()
+        };
         for (k, p) in args.points.iter().enumerate() {
             let (s, i) = p.split_once(':').ok_or("points are SIZE:ITERS")?;
             let (size, iters): (usize, usize) = (s.parse()?, i.parse()?);
             let tag = Tag::new(OpId(100 + k as u32), 0);
             let ack = Tag::new(OpId(100 + k as u32), 1);
             let msg = Buffer::from_vec(vec![1u8; size]);
-            // 5 warm-up iterations (connections, buffers), then the timed ones.
+            let raw_msg = vec![1u8; size];
+            let mut rbuf = vec![0u8; size.max(1) * WINDOW];
+            let raw = |n: usize, rbuf: &mut Vec<u8>| -> Result<f64, BoxError> {
+                mpi.with_world(|w| {
+                    // Both ranks hold their engines before any raw message
+                    // moves: a peer still finishing braid's round would
+                    // otherwise run a pass, whose any-source probe takes
+                    // the raw message.
+                    w.barrier();
+                    let t = Instant::now();
+                    for _ in 0..n {
+                        raw_iteration(w, op, &raw_msg, rbuf);
+                    }
+                    t.elapsed().as_secs_f64()
+                })
+                .ok_or_else(no_raw)
+            };
+            // 5 warm-up iterations each (connections, buffers).
+            raw(5, &mut rbuf)?;
             for _ in 0..5 {
-                one_iteration(&comm, &args.op, tag, ack, &msg).await?;
+                one_iteration(&comm, op, tag, ack, &msg).await?;
             }
-            let t = Instant::now();
-            for _ in 0..iters {
-                one_iteration(&comm, &args.op, tag, ack, &msg).await?;
-            }
-            let per = if args.op == "bw" { WINDOW as f64 } else { 2.0 };
-            if ctx.rank() == 0 {
-                println!(
-                    "RESULT bytes={size} us_per_iter={:.3}",
-                    t.elapsed().as_secs_f64() * 1e6 / iters as f64 / per
-                );
+            for round in 0..args.rounds.max(1) {
+                let braid_first = round % 2 == 1;
+                let mut raw_s = 0.0;
+                if !braid_first {
+                    raw_s = raw(iters, &mut rbuf)?;
+                }
+                let t = Instant::now();
+                for _ in 0..iters {
+                    one_iteration(&comm, op, tag, ack, &msg).await?;
+                }
+                let braid_s = t.elapsed().as_secs_f64();
+                if braid_first {
+                    raw_s = raw(iters, &mut rbuf)?;
+                }
+                if comm.rank() == 0 {
+                    let us = |s: f64| s * 1e6 / iters as f64 / op.per_iteration();
+                    println!(
+                        "ROUND bytes={size} raw_us={:.3} braid_us={:.3}",
+                        us(raw_s),
+                        us(braid_s)
+                    );
+                }
             }
         }
         comm.shutdown().await?;
         Ok(())
     })
+}
+
+/// The rounds of one launch: (bytes, raw us, braid us) per line.
+fn rounds(out: &std::process::Output) -> Result<Vec<(usize, f64, f64)>, BoxError> {
+    if !out.status.success() {
+        return Err(format!(
+            "braid over mpirun failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+        .into());
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let field = |l: &str, k: &str| -> Option<String> {
+        l.split_whitespace()
+            .find_map(|w| w.strip_prefix(k).map(str::to_string))
+    };
+    Ok(text
+        .lines()
+        .filter(|l| l.starts_with("ROUND"))
+        .filter_map(|l| {
+            Some((
+                field(l, "bytes=")?.parse().ok()?,
+                field(l, "raw_us=")?.parse().ok()?,
+                field(l, "braid_us=")?.parse().ok()?,
+            ))
+        })
+        .collect())
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
 }
 
 fn results(out: &std::process::Output, what: &str, n: usize) -> Result<Vec<f64>, BoxError> {
@@ -149,7 +314,11 @@ fn results(out: &std::process::Output, what: &str, n: usize) -> Result<Vec<f64>,
 
 /// Runs both sides for each transport and operation and prints the tables.
 pub fn run(args: MpiArgs) -> Result<(), BoxError> {
-    let mpi = super::coll::mpi_binary(&args.mpi)?;
+    let mpi = if args.reps > 0 {
+        Some(super::coll::mpi_binary(&args.mpi)?)
+    } else {
+        None
+    };
     let me = std::env::current_exe()?;
     let points: Vec<(usize, usize)> = args
         .sizes
@@ -164,12 +333,19 @@ pub fn run(args: MpiArgs) -> Result<(), BoxError> {
     println!("# braid-bench mpi: braid's mpi backend vs raw MPI, 2 ranks");
     println!();
     println!(
-        "bw: rank 0 sends {WINDOW} messages back to back, rank 1 receives them and acknowledges (as"
+        "bw: rank 0 sends {WINDOW} messages back to back, rank 1 receives them and acknowledges"
     );
+    println!("(as osu_bw); pingpong: one message there and back. Times are us per message.");
     println!(
-        "osu_bw); pingpong: one message there and back. Times are us per message, best of --reps"
+        "In one mpirun, each rank alternates {} rounds of raw MPI calls and of braid (which goes",
+        args.rounds
     );
-    println!("runs; x = braid bandwidth / MPI bandwidth (= MPI time / braid time).");
+    println!("first alternates too). braid and MPI: medians over the rounds; x: the median of the");
+    println!("rounds' MPI time / braid time (= braid bandwidth / MPI bandwidth), then its range.");
+    println!(
+        "mpi_coll: the separate C program's best of {} runs, for reference.",
+        args.reps
+    );
     for (name, btl) in [
         ("shared memory (self,vader)", "self,vader"),
         ("tcp (tcp,self)", "tcp,self"),
@@ -181,39 +357,54 @@ pub fn run(args: MpiArgs) -> Result<(), BoxError> {
                     .args(["--mca", "pml", "ob1", "--mca", "btl", btl]);
                 c
             };
-            let mut braid = vec![f64::INFINITY; points.len()];
-            let mut raw = vec![f64::INFINITY; points.len()];
-            for _ in 0..args.reps {
-                let bo = mpirun()
-                    .arg(&me)
-                    .args(["mpi-rank", "--op", op, "--points", &list])
-                    .output()?;
-                for (x, y) in braid
-                    .iter_mut()
-                    .zip(results(&bo, "braid over mpirun", points.len())?)
-                {
-                    *x = x.min(y);
-                }
-                let mo = mpirun().arg(&mpi).args([op, &list]).output()?;
-                for (x, y) in raw.iter_mut().zip(results(&mo, "mpi_coll", points.len())?) {
-                    *x = x.min(y);
+            let bo = mpirun()
+                .arg(&me)
+                .args(["mpi-rank", "--op", op, "--points", &list])
+                .args(["--rounds", &args.rounds.to_string()])
+                .output()?;
+            let all = rounds(&bo)?;
+            let mut separate = vec![f64::INFINITY; points.len()];
+            if let Some(mpi) = &mpi {
+                for _ in 0..args.reps {
+                    let mo = mpirun().arg(mpi).args([op, &list]).output()?;
+                    for (x, y) in separate
+                        .iter_mut()
+                        .zip(results(&mo, "mpi_coll", points.len())?)
+                    {
+                        *x = x.min(y);
+                    }
                 }
             }
             println!();
             println!("## {op}, {name}");
             println!();
-            println!("| size | braid us | MPI us | braid GB/s | MPI GB/s | x |");
-            println!("|---:|---:|---:|---:|---:|---:|");
+            println!(
+                "| size | braid us | MPI us | braid GB/s | MPI GB/s | x | x range | mpi_coll us |"
+            );
+            println!("|---:|---:|---:|---:|---:|---:|---|---:|");
             for (k, (size, _)) in points.iter().enumerate() {
+                let mine: Vec<_> = all.iter().filter(|r| r.0 == *size).collect();
+                if mine.is_empty() {
+                    return Err(format!(
+                        "no rounds for {size} bytes:\n{}",
+                        String::from_utf8_lossy(&bo.stdout)
+                    )
+                    .into());
+                }
+                let mut raw: Vec<f64> = mine.iter().map(|r| r.1).collect();
+                let mut braid: Vec<f64> = mine.iter().map(|r| r.2).collect();
+                let mut x: Vec<f64> = mine.iter().map(|r| r.1 / r.2).collect();
+                let (lo, hi) = x
+                    .iter()
+                    .fold((f64::INFINITY, 0.0f64), |(a, b), v| (a.min(*v), b.max(*v)));
+                let (b, r, xm) = (median(&mut braid), median(&mut raw), median(&mut x));
                 let gbs = |us: f64| *size as f64 / us / 1e3;
                 println!(
-                    "| {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} |",
+                    "| {} | {b:.2} | {r:.2} | {:.2} | {:.2} | {xm:.2} | {lo:.2}-{hi:.2} | {:.2} |",
                     size_name(*size),
-                    braid[k],
-                    raw[k],
-                    gbs(braid[k]),
-                    gbs(raw[k]),
-                    raw[k] / braid[k]
+                    gbs(b),
+                    gbs(r),
+                    separate[k]
                 );
             }
         }
