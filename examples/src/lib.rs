@@ -35,6 +35,18 @@ pub fn init_tracing() {
         .try_init();
 }
 
+/// The median of a benchmark's samples (robust against the odd
+/// descheduled run): the mean of the middle two for an even count, NaN
+/// for none.
+pub fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
 /// A byte count for tables: `8 B`, `64 KiB`, `16 MiB`.
 pub fn size_name(s: usize) -> String {
     if s >= 1 << 20 {
@@ -93,4 +105,16 @@ where
         }
     };
     Ok(JobOutcome::Ran(braid_core::run_world(&spec, limits, job)?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::median;
+
+    #[test]
+    fn median_of_odd_even_and_no_samples() {
+        assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(vec![4.0, 1.0, 3.0, 2.0]), 2.5);
+        assert!(median(Vec::new()).is_nan());
+    }
 }

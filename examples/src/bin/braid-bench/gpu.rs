@@ -29,7 +29,7 @@ use braid_core::cuda::cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT;
 use braid_core::cuda::ipc::IpcSendRecv;
 use braid_core::cuda::{CudaError, DeviceBuffer, Gpu, NcclDType, NcclMode, NcclOp, NcclWork};
 use braid_core::{BoxError, Context, Event, MemoryLimits};
-use braid_examples::{JobArgs, JobOutcome, run_job, size_name};
+use braid_examples::{JobArgs, JobOutcome, median, run_job, size_name};
 use braid_kernels::gpu::{NvlinkConfig, NvlinkSendRecv, Staging};
 
 /// Options of `braid-bench gpu`.
@@ -72,12 +72,6 @@ struct Point {
     raw_sync: f64,
     braid: f64,
     braid_await: f64,
-}
-
-/// The median of per-call times (robust against the odd descheduled call).
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(0.0)
 }
 
 fn bus_factor(coll: &str, n: usize) -> f64 {

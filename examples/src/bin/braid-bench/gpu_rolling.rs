@@ -9,6 +9,7 @@ use std::time::Instant;
 
 use braid_core::BoxError;
 use braid_core::cuda::{DeviceBuffer, Gpu};
+use braid_examples::median;
 use braid_kernels::gpu::{RollingInput, rolling};
 use braid_kernels::rolling::{Agg, Closed};
 
@@ -30,11 +31,6 @@ pub struct GpuRollingArgs {
     /// byte per row for each but count.
     #[arg(long, value_delimiter = ',')]
     aggs: Vec<Agg>,
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
 }
 
 /// Runs the benchmark on device 0.

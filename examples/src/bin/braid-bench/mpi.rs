@@ -19,7 +19,7 @@ use std::time::Instant;
 
 use braid_core::comm::mpi::MpiComm;
 use braid_core::{BoxError, Buffer, Communicator, OpId, Tag};
-use braid_examples::size_name;
+use braid_examples::{median, size_name};
 use mpi::topology::SimpleCommunicator;
 use mpi::traits::{Communicator as _, CommunicatorCollectives, Destination, Source};
 
@@ -210,7 +210,11 @@ pub fn rank(args: MpiRankArgs) -> Result<(), BoxError> {
             let ack = Tag::new(OpId(100 + k as u32), 1);
             let msg = Buffer::from_vec(vec![1u8; size]);
             let raw_msg = vec![1u8; size];
-            let mut rbuf = vec![0u8; size.max(1) * WINDOW];
+            let slots = match op {
+                Op::Bw => WINDOW,
+                Op::PingPong => 1,
+            };
+            let mut rbuf = vec![0u8; size.max(1) * slots];
             let raw = |n: usize, rbuf: &mut Vec<u8>| -> Result<f64, BoxError> {
                 mpi.with_world(|w| {
                     // Both ranks hold their engines before any raw message
@@ -285,15 +289,6 @@ fn rounds(out: &std::process::Output) -> Result<Vec<(usize, f64, f64)>, BoxError
             ))
         })
         .collect())
-}
-
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    match v.len() {
-        0 => f64::NAN,
-        n if n % 2 == 1 => v[n / 2],
-        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-    }
 }
 
 fn results(out: &std::process::Output, what: &str, n: usize) -> Result<Vec<f64>, BoxError> {
@@ -391,20 +386,25 @@ pub fn run(args: MpiArgs) -> Result<(), BoxError> {
                     )
                     .into());
                 }
-                let mut raw: Vec<f64> = mine.iter().map(|r| r.1).collect();
-                let mut braid: Vec<f64> = mine.iter().map(|r| r.2).collect();
-                let mut x: Vec<f64> = mine.iter().map(|r| r.1 / r.2).collect();
+                let raw: Vec<f64> = mine.iter().map(|r| r.1).collect();
+                let braid: Vec<f64> = mine.iter().map(|r| r.2).collect();
+                let x: Vec<f64> = mine.iter().map(|r| r.1 / r.2).collect();
                 let (lo, hi) = x
                     .iter()
                     .fold((f64::INFINITY, 0.0f64), |(a, b), v| (a.min(*v), b.max(*v)));
-                let (b, r, xm) = (median(&mut braid), median(&mut raw), median(&mut x));
+                let (b, r, xm) = (median(braid), median(raw), median(x));
                 let gbs = |us: f64| *size as f64 / us / 1e3;
+                // `--reps 0`: the C program did not run.
+                let sep = if separate[k].is_finite() {
+                    format!("{:.2}", separate[k])
+                } else {
+                    "-".to_string()
+                };
                 println!(
-                    "| {} | {b:.2} | {r:.2} | {:.2} | {:.2} | {xm:.2} | {lo:.2}-{hi:.2} | {:.2} |",
+                    "| {} | {b:.2} | {r:.2} | {:.2} | {:.2} | {xm:.2} | {lo:.2}-{hi:.2} | {sep} |",
                     size_name(*size),
                     gbs(b),
                     gbs(r),
-                    separate[k]
                 );
             }
         }
