@@ -25,7 +25,11 @@ fn mpirun(n: u32) -> Command {
 }
 
 fn run(n: u32, args: &[&str]) -> Vec<String> {
-    let out = mpirun(n).args(args).output().unwrap();
+    run_cmd(mpirun(n), n, args)
+}
+
+fn run_cmd(mut cmd: Command, n: u32, args: &[&str]) -> Vec<String> {
+    let out = cmd.args(args).output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(
         out.status.success(),
@@ -68,17 +72,42 @@ fn mpi_all_pairs_exchange() {
 
 #[test]
 fn mpi_collective_suite() {
+    collective_suite(None);
+}
+
+/// The suite as under an MPI with the standard's smallest tag bound
+/// (2^15 - 1: collective OpIds wrap every 64), so OpIds are reused on the wire
+/// many times over (its 1000 back-to-back collectives among them).
+#[test]
+fn mpi_collective_suite_at_the_smallest_tag_bound() {
+    // The ranks see the bound: one below the standard's minimum is refused.
+    let out = mpirun(2)
+        .env("BRAID_MPI_TAG_UB", "32766")
+        .args(["coll", "1"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a bound of 32766 was accepted");
+    assert!(err.contains("MPI_TAG_UB"), "no tag-bound error: {err}");
+    collective_suite(Some("32767"));
+}
+
+fn collective_suite(tag_ub: Option<&str>) {
     for n in RANK_COUNTS {
-        let lines: Vec<String> = run(n, &["coll", &(800 + n).to_string()])
+        let mut cmd = mpirun(n);
+        if let Some(ub) = tag_ub {
+            cmd.env("BRAID_MPI_TAG_UB", ub);
+        }
+        let lines: Vec<String> = run_cmd(cmd, n, &["coll", &(800 + n).to_string()])
             .into_iter()
             .filter(|l| l.starts_with("coll"))
             .collect();
-        assert_eq!(lines.len(), n as usize, "{n} ranks: {lines:?}");
+        assert_eq!(lines.len(), n as usize, "{n} ranks, {tag_ub:?}: {lines:?}");
         assert!(
             lines
                 .iter()
                 .all(|l| l.starts_with("coll ok") && *l == lines[0]),
-            "{n} ranks: {lines:?}"
+            "{n} ranks, {tag_ub:?}: {lines:?}"
         );
     }
 }

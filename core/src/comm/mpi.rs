@@ -30,10 +30,12 @@
 //! (a few hundred ns in the same thread); a thread hand-off (several us)
 //! happens only when no task is waiting.
 //!
-//! Tags: MPI tags are `int` and implementations guarantee as little as
-//! 2^15; braid uses `(op mod 2^20) << 8 | stage` (< 2^28, which MPICH and
-//! OpenMPI both allow), so two operations 2^20 OpIds apart must not be in
-//! flight together.
+//! Tags: MPI tags are `int` below the job's `MPI_TAG_UB`, which differs
+//! between MPI libraries and their transports (2^15 - 1 at the least);
+//! braid fits its tags to it (`TagLayout`: user and collective OpIds in
+//! separate halves, each wrapping), so two operations of one kind 2^22
+//! OpIds apart with Open MPI's ob1 (2^14 with its UCX layer) must not be
+//! in flight together.
 //!
 //! Failures: `abort` calls `MPI_Abort`, which ends every rank of the job;
 //! a rank that dies makes the MPI runtime end the others (mpirun, srun), so
@@ -48,6 +50,7 @@ use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
 use mpi::request::{Request, StaticScope};
+use mpi::topology::AnyCommunicator as _;
 use mpi::topology::SimpleCommunicator;
 use mpi::traits::{Communicator as _, CommunicatorCollectives, Destination, Equivalence, Source};
 use tokio::sync::oneshot;
@@ -60,21 +63,87 @@ use crate::memory::{Buffer, BufferPool};
 use crate::stats::Statistics;
 use crate::tag::{OpId, Tag};
 
-/// OpIds are reduced modulo this to fit MPI's tag range.
-const OP_WRAP: u32 = 1 << 20;
-
-fn mpi_tag(t: Tag) -> i32 {
-    (((t.op.0 % OP_WRAP) << 8) | t.stage as u32) as i32
+/// How braid's tags map onto MPI's, fitted to the job's `MPI_TAG_UB`:
+///
+/// ```text
+///   | class (1 bit) | op mod half (bits - 1) | stage (8) |
+/// ```
+///
+/// `class` keeps the user's point-to-point OpIds (below
+/// [`OpIdAllocator::FIRST`](crate::tag::OpIdAllocator::FIRST)) apart from
+/// collectives' (counted from `FIRST`), so they never share a wire tag;
+/// within a class OpIds wrap every `half = 2^(bits - 1)`, with `bits` the
+/// most (at most 23) whose tags stay within the bound. MPI guarantees a
+/// bound of only 2^15 - 1, and real ones differ: Open MPI's ob1 allows
+/// 2^31 - 1 (half 2^22), its UCX layer 2^23 - 1 (half 2^14), the minimum
+/// gives half 2^6. Two operations of one class `half` OpIds apart must not
+/// be in flight together.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct TagLayout {
+    /// OpIds per class before they wrap (a power of two).
+    half: u32,
 }
 
-/// The tag a receive waits under: the same reduction as the wire.
-fn reduced(t: Tag) -> Tag {
-    Tag::new(OpId(t.op.0 % OP_WRAP), t.stage)
+impl TagLayout {
+    const FIRST: u32 = crate::tag::OpIdAllocator::FIRST;
+
+    /// The widest layout within `tag_ub` (`MPI_TAG_UB`); `None` below the
+    /// standard's minimum of 2^15 - 1.
+    fn for_bound(tag_ub: i64) -> Option<TagLayout> {
+        if tag_ub < (1 << 15) - 1 {
+            return None;
+        }
+        // Largest b with (2^b << 8) - 1 <= tag_ub.
+        let bits = (tag_ub + 1).ilog2().saturating_sub(8).min(23);
+        Some(TagLayout {
+            half: 1 << (bits - 1),
+        })
+    }
+
+    /// (class, OpId within the class after wrapping).
+    fn split(self, op: u32) -> (u32, u32) {
+        if op >= Self::FIRST {
+            (1, (op - Self::FIRST) % self.half)
+        } else {
+            (0, op % self.half)
+        }
+    }
+
+    /// The MPI tag of `t`.
+    fn encode(self, t: Tag) -> i32 {
+        let (class, low) = self.split(t.op.0);
+        ((((class * self.half) | low) << 8) | t.stage as u32) as i32
+    }
+
+    /// The tag a receive waits under: the same reduction as the wire.
+    fn reduce(self, t: Tag) -> Tag {
+        self.decode(self.encode(t))
+    }
+
+    /// The (reduced) tag of an MPI tag that `encode` made.
+    fn decode(self, t: i32) -> Tag {
+        let w = (t as u32) >> 8;
+        let low = w % self.half;
+        let op = if w >= self.half {
+            Self::FIRST + low
+        } else {
+            low
+        };
+        Tag::new(OpId(op), (t as u32 & 0xff) as u8)
+    }
 }
 
-fn from_mpi_tag(t: i32) -> Tag {
-    let t = t as u32;
-    Tag::new(OpId(t >> 8), (t & 0xff) as u8)
+/// `MPI_TAG_UB` of `MPI_COMM_WORLD` (an attribute MPI always sets).
+#[repr(C)]
+#[derive(Clone)]
+struct TagUb(std::ffi::c_int);
+
+impl mpi::attribute::CommAttribute for TagUb {
+    fn get_key() -> mpi::attribute::AttributeKey {
+        // SAFETY: MPI_TAG_UB is a predefined attribute key of every
+        // communicator; it is never freed.
+        unsafe { mpi::attribute::AttributeKey::new_unchecked(mpi::ffi::MPI_TAG_UB as i32) }
+    }
 }
 
 /// How long a waiting task keeps polling before it sleeps until woken.
@@ -135,6 +204,7 @@ struct Incoming {
 struct Engine {
     world: SimpleCommunicator,
     rank: Rank,
+    tags: TagLayout,
     requests: mpsc::Receiver<Req>,
     pending: Vec<Pending>,
     /// Receives in match order; delivered in that order per (source, tag).
@@ -231,7 +301,7 @@ impl Engine {
                 req: Some(req),
                 buf,
                 src: status.source_rank() as Rank,
-                tag: from_mpi_tag(status.tag()),
+                tag: self.tags.decode(status.tag()),
             });
         }
         busy |= self.receive_completed();
@@ -305,7 +375,7 @@ impl Engine {
         let req = self
             .world
             .process_at_rank(dst as i32)
-            .immediate_send_with_tag(StaticScope, data, mpi_tag(tag));
+            .immediate_send_with_tag(StaticScope, data, self.tags.encode(tag));
         self.pending.push(Pending {
             req,
             _buf: buf,
@@ -430,6 +500,7 @@ impl Drive for Shared {
 pub struct MpiComm {
     rank: Rank,
     nranks: u32,
+    tags: TagLayout,
     mailbox: Arc<Mailbox>,
     stats: Arc<Statistics>,
     tx: mpsc::Sender<Req>,
@@ -458,13 +529,14 @@ impl MpiComm {
                 detail: "the MPI progress thread died during MPI_Init".into(),
             })?
             .map_err(|detail| CommError::Bootstrap { rank: 0, detail })?;
-        let (rank, nranks, stats) = {
+        let (rank, nranks, stats, tags) = {
             let e = shared.lock();
-            (e.rank, e.world.size() as u32, e.stats.clone())
+            (e.rank, e.world.size() as u32, e.stats.clone(), e.tags)
         };
         Ok(MpiComm {
             rank,
             nranks,
+            tags,
             mailbox,
             stats,
             tx,
@@ -546,11 +618,34 @@ fn progress(
     };
     let world = universe.world();
     let (rank, nranks) = (world.rank() as Rank, world.size() as u32);
+    let tag_ub = world.get_attr::<TagUb>().map_or(-1, |t| i64::from(t.0));
+    // BRAID_MPI_TAG_UB lowers the bound (to run a job as under an MPI with
+    // a smaller one, such as Open MPI over UCX); it never raises it.
+    let bound = match std::env::var("BRAID_MPI_TAG_UB")
+        .ok()
+        .map(|v| v.trim().parse::<i64>())
+    {
+        None => tag_ub,
+        Some(Ok(v)) => v.min(tag_ub),
+        Some(Err(e)) => {
+            let _ = ready.send(Err(format!(
+                "rank {rank}: BRAID_MPI_TAG_UB is not a number: {e}"
+            )));
+            return;
+        }
+    };
+    let Some(tags) = TagLayout::for_bound(bound) else {
+        let _ = ready.send(Err(format!(
+            "rank {rank}: MPI_TAG_UB is {tag_ub} (BRAID_MPI_TAG_UB: {bound}); braid needs at least 32767, as the MPI standard guarantees"
+        )));
+        return;
+    };
     mailbox.set_rank(rank);
     let shared = Arc::new(Shared {
         engine: Mutex::new(Engine {
             world,
             rank,
+            tags,
             requests: rx,
             pending: Vec::new(),
             incoming: Vec::new(),
@@ -646,7 +741,7 @@ impl Communicator for MpiComm {
         let (done, rx) = oneshot::channel();
         let req = Req::Send {
             dst,
-            tag: reduced(tag),
+            tag: self.tags.reduce(tag),
             buf: data,
             done,
         };
@@ -671,7 +766,7 @@ impl Communicator for MpiComm {
             return RecvFuture::ready(Err(e));
         }
         self.mailbox
-            .recv(src, reduced(tag))
+            .recv(src, self.tags.reduce(tag))
             .driven_by(self.shared.clone())
     }
 
@@ -705,5 +800,75 @@ impl Communicator for MpiComm {
 
     fn statistics(&self) -> &Arc<Statistics> {
         &self.stats
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const FIRST: u32 = TagLayout::FIRST;
+
+    #[test]
+    fn tag_layout_fits_the_bound() {
+        // (MPI_TAG_UB, OpIds per class): the standard's minimum, Open MPI
+        // over UCX, one below a power of two, ob1 (INT_MAX).
+        let cases = [
+            ((1i64 << 15) - 1, 1u32 << 6),
+            ((1 << 23) - 1, 1 << 14),
+            ((1 << 24) - 2, 1 << 14),
+            (i64::from(i32::MAX), 1 << 22),
+        ];
+        for (ub, half) in cases {
+            let l = TagLayout::for_bound(ub).unwrap();
+            assert_eq!(l.half, half, "MPI_TAG_UB {ub}");
+            // The largest tag it makes is within the bound.
+            let top = l.encode(Tag::new(OpId(FIRST + half - 1), u8::MAX));
+            assert!(top >= 0 && i64::from(top) <= ub, "MPI_TAG_UB {ub}: {top}");
+            assert_eq!(
+                i64::from(top),
+                ub.min(i64::from(i32::MAX)).min(((half as i64) << 9) - 1)
+            );
+        }
+        assert_eq!(TagLayout::for_bound((1 << 15) - 2), None);
+        assert_eq!(TagLayout::for_bound(-1), None);
+    }
+
+    #[test]
+    fn tag_layout_round_trips_and_keeps_classes_apart() {
+        let l = TagLayout::for_bound((1 << 23) - 1).unwrap();
+        let half = 1u32 << 14;
+        let mut seen = std::collections::HashMap::new();
+        for op in [0u32, 1, 255, half - 1, half, half + 3, FIRST - 1] {
+            for stage in [0u8, 1, 255] {
+                let t = Tag::new(OpId(op), stage);
+                let r = l.reduce(t);
+                assert_eq!(r, Tag::new(OpId(op % half), stage));
+                assert_eq!(l.decode(l.encode(t)), r);
+                assert_eq!(l.reduce(r), r);
+                seen.insert(l.encode(t), r);
+            }
+        }
+        for op in [
+            FIRST,
+            FIRST + 1,
+            FIRST + half - 1,
+            FIRST + half,
+            FIRST + 70_001,
+            u32::MAX,
+        ] {
+            for stage in [0u8, 1, 255] {
+                let t = Tag::new(OpId(op), stage);
+                let r = l.reduce(t);
+                assert_eq!(r, Tag::new(OpId(FIRST + (op - FIRST) % half), stage));
+                assert_eq!(l.decode(l.encode(t)), r);
+                assert_eq!(l.reduce(r), r);
+                // A collective's wire tag is never a user OpId's.
+                assert!(
+                    seen.get(&l.encode(t)).is_none_or(|u| u.op.0 >= FIRST),
+                    "{t:?}"
+                );
+            }
+        }
     }
 }
