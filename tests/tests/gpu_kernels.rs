@@ -324,6 +324,81 @@ fn rolling_matches_cpu() {
     }
 }
 
+/// Order values far from one step per unit: scaled steps (each bucket of
+/// the tile pass's ts index then spans many units), bursts split by wide
+/// gaps (buckets holding many rows, and gaps too wide for the index), and
+/// values up to both ends of i64 (ties at i64::MAX included).
+#[test]
+fn rolling_sparse_order_values_match_cpu() {
+    let Some(gpu) = gpu() else { return };
+    let mut g = SplitMix(braid_tests::fresh_seed());
+    for &n in &[1usize, 2, 2049, 4097, 100_003] {
+        for shape in 0..3 {
+            let (ts, unit): (Vec<i64>, i64) = match shape {
+                0 => {
+                    let mut t = g.next_u64() as i64 / 4;
+                    let ts = (0..n)
+                        .map(|_| {
+                            t += g.below(4) as i64 * 1_000_003;
+                            t
+                        })
+                        .collect();
+                    (ts, 1_000_003)
+                }
+                1 => {
+                    let mut t = -(g.below(1 << 40) as i64);
+                    let ts = (0..n)
+                        .map(|i| {
+                            t += if i % 50 == 49 {
+                                [1_000, 1_000_000, 1 << 40][g.below(3) as usize]
+                            } else {
+                                g.below(3) as i64
+                            };
+                            t
+                        })
+                        .collect();
+                    (ts, 1)
+                }
+                _ => {
+                    let mut t = i64::MIN + g.below(4) as i64;
+                    let ts = (0..n)
+                        .map(|_| {
+                            t = t.saturating_add((g.next_u64() >> (4 + g.below(56))) as i64);
+                            t
+                        })
+                        .collect();
+                    (ts, 1 << 50)
+                }
+            };
+            let v: Vec<f64> = (0..n)
+                .map(|_| (g.below(20_001) as f64 - 10_000.0) / 3.0)
+                .collect();
+            let d_ts = DeviceBuffer::from_slice(&gpu, &ts).unwrap();
+            let d_v = DeviceBuffer::from_slice(&gpu, &v).unwrap();
+            for closed in [Closed::Right, Closed::Both, Closed::Left, Closed::None] {
+                let window = [0, 1, 2 * unit, 40 * unit, 700 * unit, i64::MAX][g.below(6) as usize];
+                let emit_from = g.below(n as u64 / 4 + 1) as usize;
+                let input = RollingInput {
+                    ts: &d_ts,
+                    key: None,
+                    values: &d_v,
+                    valid: None,
+                    emit_from,
+                };
+                let got = rolling(&gpu, input, window, closed, &Agg::ALL).unwrap();
+                let want =
+                    cpu_rolling(&ts, &v, None, window, closed, &Agg::ALL, emit_from).unwrap();
+                let what = format!(
+                    "n = {n}, shape {shape}, {closed:?}, window {window}, emit from {emit_from}"
+                );
+                for (a, b) in got.iter().zip(&want.columns) {
+                    check_agg(a, b, &what);
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn rolling_grouped_matches_cpu() {
     let Some(gpu) = gpu() else { return };

@@ -640,9 +640,13 @@ extern "C" __global__ void rolling_window(const i64* ts, const i64* key, const d
 //              first, all of them when the first row's window reaches
 //              further back; values checked as they arrive; each thread's
 //              loads issued together
-//   2 bounds   each thread: 4 consecutive rows; the window [lo, hi) of the
-//              first by galloping, the rest by monotone pointers; the
-//              least lo and greatest hi bound every later pass
+//   2 bounds   no key column: a bucket index of the region's ts (first
+//              row per bucket, roll_lb), then every row's lo and hi by
+//              lookups, row-parallel; with a key column (or a gap in ts
+//              too wide for the index) each thread walks 4 consecutive
+//              rows: the first window by galloping, the rest by monotone
+//              pointers; the least lo and greatest hi bound every later
+//              pass
 //   3 sums     exclusive prefix sums over [least lo, greatest hi] in
 //              double-double (odd-length thread chunks, their totals
 //              scanned raked by one warp, see roll_block_scan);
@@ -722,6 +726,37 @@ __device__ __forceinline__ void roll_term(double* s, double* e, double x) {
         *e += err;
     }
     *s = t;
+}
+
+// The bucket index of ts (tile pass, no key column): the region's rows
+// [base, end), their ts from t0 to tl, fall in buckets b = (ts - t0) >>
+// shift, and first[b] is the first row of bucket b or of a later one
+// (first[nbk] = end), so bucket b's rows are [first[b], first[b + 1]).
+// It lives in s_cnt (free until phase 3) as u16 entries: ROLL_NB buckets
+// and the sentinel. A lookup is one index read and one ts compare when a
+// bucket is one ts value (shift 0), a bisection of one bucket otherwise.
+#define ROLL_NB (2 * ROLL_SLOTS - 1)
+// A row that is the first of more buckets than this (a gap in ts much
+// wider than the region's typical step) leaves its tile to the walks,
+// so no lane loops long filling the index.
+#define ROLL_GAP 64
+
+// The first region row in [base, end) with ts >= q: base when q <= t0,
+// end when q > tl.
+__device__ __forceinline__ u32 roll_lb(const i64* s_ts, const unsigned short* first, u32 base, u32 end,
+                                       i64 t0, i64 tl, u32 shift, i64 q) {
+    if (q <= t0) return base;
+    if (q > tl) return end;
+    u32 b = (u32)(((u64)q - (u64)t0) >> shift);
+    u32 j = first[b];
+    if (s_ts[ROLL_PT(j)] >= q) return j;
+    u32 lo = j + 1, hi = first[b + 1];  // the answer is in [lo, hi]
+    while (lo < hi) {
+        u32 mid = (lo + hi) >> 1;
+        if (s_ts[ROLL_PT(mid)] < q) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo;
 }
 
 // A thread's chunk of the region for the scans: rows [j0, j1), odd
@@ -935,6 +970,23 @@ struct RollOut {
     u64 p[14];
 };
 
+// Phase 2's block-wide results from each thread's: the highest table
+// level any window needs (only when min/max are wanted), and [least lo,
+// greatest hi], the rows the windows reach, which bound every scan and
+// table level after it (the region also holds rows for the first halo
+// guess and ties past the tile that no window uses).
+__device__ __forceinline__ void roll_bounds_reduce(bool need_mm, u32 top, u32 lmn, u32 hmx, RollShared& sh) {
+    u32 t = threadIdx.x;
+    top = __reduce_max_sync(ROLL_FULL, top);
+    if (need_mm && (t & 31) == 0 && top > 0) atomicMax(&sh.levels, top);
+    u32 wl = __reduce_min_sync(ROLL_FULL, lmn);
+    u32 wh = __reduce_max_sync(ROLL_FULL, hmx);
+    if ((t & 31) == 0) {
+        atomicMin(&sh.lmin, wl);
+        atomicMax(&sh.hmax, wh);
+    }
+}
+
 // The tile pass for one case: KEY, a key column; NUL, a validity column.
 template <bool KEY, bool NUL>
 __device__ __forceinline__ void roll_tile(const i64* ts, const i64* key, const double* v, const u8* valid,
@@ -1054,14 +1106,57 @@ __device__ __forceinline__ void roll_tile(const i64* ts, const i64* key, const d
         return;
     }
 
-    // 2. Window bounds (region indices [lo, hi)) of this thread's R
-    //    consecutive rows, into s_win; the highest table level any needs.
+    // 2. Window bounds (region indices [lo, hi)) of every tile row, into
+    //    s_win; the highest table level any needs. Without a key column
+    //    through the bucket index of ts (roll_lb; rows row-parallel);
+    //    with one, or when a gap in ts is too wide for the index, each
+    //    thread walks 4 consecutive rows with monotone pointers.
     u32 base = (u32)(ROLL_OFF - h);           // region index of row a - h
     u32 end = (u32)(ROLL_OFF + (e - a));      // one past the region's last row
     u32 rows = (u32)(b - a);
     u64 o0 = a - emit_from;
     bool over = false;
-    {
+    bool walks = KEY;
+    if (!KEY) {
+        // The index lives in s_cnt (free until phase 3) as u16 entries.
+        unsigned short* first = (unsigned short*)s_cnt;
+        i64 t0 = s_ts[ROLL_PT(base)], tl = s_ts[ROLL_PT(end - 1)];
+        u64 span = (u64)tl - (u64)t0;
+        u32 shift = span < ROLL_NB ? 0u : 64u - (u32)__clzll(span / ROLL_NB);
+        u32 nbk = (u32)(span >> shift) + 1;  // <= ROLL_NB
+        bool wide = false;
+        for (u32 j = base + t; j < end; j += T) {
+            u32 bj = (u32)(((u64)s_ts[ROLL_PT(j)] - (u64)t0) >> shift);
+            u32 from = j == base ? 0u : (u32)(((u64)s_ts[ROLL_PT(j - 1)] - (u64)t0) >> shift) + 1;
+            // Row j is the first of buckets [from, bj].
+            if (bj + 1 - from > ROLL_GAP) wide = true;
+            else for (u32 q = from; q <= bj; q++) first[q] = (unsigned short)j;
+        }
+        if (t == 0) first[nbk] = (unsigned short)end;
+        walks = __syncthreads_or(wide);
+        if (!walks) {
+            const i64 MAX = (i64)0x7FFFFFFFFFFFFFFFLL;
+            u32 top = 0, lmn = 0xFFFFFFFFu, hmx = 0;  // level, least lo, greatest hi
+#pragma unroll 1
+            for (u32 k = 0; k < R; k++) {
+                u32 r = t + T * k;
+                if (r >= rows) break;
+                i64 ti = s_ts[ROLL_PT(ROLL_OFF + r)];
+                bool empty;
+                i64 st = roll_start(ti, window, incl_lo, &empty);
+                u32 hp = incl_hi ? (ti == MAX ? end : roll_lb(s_ts, first, base, end, t0, tl, shift, ti + 1))
+                                 : roll_lb(s_ts, first, base, end, t0, tl, shift, ti);
+                u32 lp = empty ? hp : roll_lb(s_ts, first, base, end, t0, tl, shift, st);
+                if (hp == end && e < n) over = true;  // ties past the region
+                s_win[ROLL_PW(r)] = lp | (hp << 16);
+                if (hp - lp >= 2) top = max(top, 31u - __clz(hp - lp));
+                lmn = min(lmn, lp);
+                hmx = max(hmx, hp);
+            }
+            roll_bounds_reduce(need_mm, top, lmn, hmx, sh);
+        }
+    }
+    if (walks) {
         u32 r0 = ROLL_OFF + t * R;            // region index of the first own row
         u32 nact = t * R >= rows ? 0 : (rows - t * R < R ? rows - t * R : R);
         u32 hp = 0, lp = 0, top = 0, lp0 = 0xFFFFFFFFu;
@@ -1090,17 +1185,7 @@ __device__ __forceinline__ void roll_tile(const i64* ts, const i64* key, const d
             if (hp - lp >= 2) top = max(top, 31u - __clz(hp - lp));
             if (j == 0) lp0 = lp;
         }
-        top = __reduce_max_sync(ROLL_FULL, top);
-        if (need_mm && (t & 31) == 0 && top > 0) atomicMax(&s_levels, top);
-        // The rows the windows reach: [min lo, max hi] bounds every scan
-        // and table level below (the region also holds rows for the
-        // first halo guess and ties past the tile that no window uses).
-        u32 wl = __reduce_min_sync(ROLL_FULL, lp0);
-        u32 wh = __reduce_max_sync(ROLL_FULL, hp);
-        if ((t & 31) == 0) {
-            atomicMin(&s_lmin, wl);
-            atomicMax(&s_hmax, wh);
-        }
+        roll_bounds_reduce(need_mm, top, lp0, hp, sh);
     }
     if (__syncthreads_or(over)) {
         if (t == 0) roll_flag(flags, flagged);
@@ -1219,9 +1304,9 @@ __device__ __forceinline__ void roll_tile(const i64* ts, const i64* key, const d
         }
     }
     __syncthreads();  // every read of the prefixes is done
-    u32 top = s_levels;
+    u32 ltop = s_levels;
 #pragma unroll 1
-    for (u32 L = 1; L <= top; L++) {
+    for (u32 L = 1; L <= ltop; L++) {
         u32 half = 1u << (L - 1);
         // Entries [base, lim) of level L; lanes on consecutive slots (no
         // bank conflicts): this thread's m-th is slot base + t + T m, so

@@ -7,8 +7,10 @@
 //! ```text
 //!   tiles:    one block per 2048 output rows; the rows and the lookback
 //!             its windows need (up to 448 rows) in shared memory; window
-//!             bounds by galloping and monotone pointers (4 consecutive
-//!             rows per thread); count, sum and sum of squares as
+//!             bounds by lookups in a bucket index of the region's order
+//!             values (with a key column, or a gap too wide for the index:
+//!             galloping and monotone pointers, 4 consecutive rows per
+//!             thread); count, sum and sum of squares as
 //!             differences of double-double prefix sums over the region
 //!             (block scans); min/max from a sparse table built in place,
 //!             one level per power of two, each row reading its level as
