@@ -618,7 +618,12 @@ fn progress(
     };
     let world = universe.world();
     let (rank, nranks) = (world.rank() as Rank, world.size() as u32);
-    let tag_ub = world.get_attr::<TagUb>().map_or(-1, |t| i64::from(t.0));
+    let Some(tag_ub) = world.get_attr::<TagUb>().map(|t| i64::from(t.0)) else {
+        let _ = ready.send(Err(format!(
+            "rank {rank}: MPI_COMM_WORLD has no MPI_TAG_UB attribute (every MPI sets it)"
+        )));
+        return;
+    };
     // BRAID_MPI_TAG_UB lowers the bound (to run a job as under an MPI with
     // a smaller one, such as Open MPI over UCX); it never raises it.
     let bound = match std::env::var("BRAID_MPI_TAG_UB")
@@ -635,8 +640,13 @@ fn progress(
         }
     };
     let Some(tags) = TagLayout::for_bound(bound) else {
+        let what = if bound < tag_ub {
+            format!("BRAID_MPI_TAG_UB lowers MPI_TAG_UB ({tag_ub}) to {bound}")
+        } else {
+            format!("MPI_TAG_UB is {tag_ub}")
+        };
         let _ = ready.send(Err(format!(
-            "rank {rank}: MPI_TAG_UB is {tag_ub} (BRAID_MPI_TAG_UB: {bound}); braid needs at least 32767, as the MPI standard guarantees"
+            "rank {rank}: {what}; braid needs a tag bound of at least 32767, as the MPI standard guarantees"
         )));
         return;
     };
