@@ -1304,9 +1304,9 @@ __device__ __forceinline__ void roll_tile(const i64* ts, const i64* key, const d
         }
     }
     __syncthreads();  // every read of the prefixes is done
-    u32 ltop = s_levels;
+    u32 top = s_levels;
 #pragma unroll 1
-    for (u32 L = 1; L <= ltop; L++) {
+    for (u32 L = 1; L <= top; L++) {
         u32 half = 1u << (L - 1);
         // Entries [base, lim) of level L; lanes on consecutive slots (no
         // bank conflicts): this thread's m-th is slot base + t + T m, so
