@@ -3,7 +3,9 @@
 //! device-to-device copy measured in the same run, both as bytes read plus
 //! written per second. The kernel's bytes: ts and value read (16 B/row),
 //! seven outputs written (7 x 8 B) plus six validity bytes per row (fewer
-//! with `--aggs`).
+//! with `--aggs`). With `--keys K` the rows carry a key column (K runs
+//! of equal keys, ts rising within each) and the kernel also reads it
+//! (8 B/row more).
 
 use std::time::Instant;
 
@@ -31,6 +33,10 @@ pub struct GpuRollingArgs {
     /// byte per row for each but count.
     #[arg(long, value_delimiter = ',')]
     aggs: Vec<Agg>,
+    /// Distinct keys (0: no key column). Rows come sorted by (key, ts):
+    /// K runs of n / K rows, each with its own rising ts.
+    #[arg(long, default_value_t = 0)]
+    keys: usize,
 }
 
 /// Runs the benchmark on device 0.
@@ -43,19 +49,33 @@ pub fn run(a: GpuRollingArgs) -> Result<(), BoxError> {
         x ^= x << 17;
         x
     };
+    let run = a.n.div_ceil(a.keys.max(1)).max(1);
     let mut t = 0i64;
     let ts: Vec<i64> = (0..a.n)
-        .map(|_| {
+        .map(|i| {
+            if a.keys > 0 && i % run == 0 {
+                t = 0;
+            }
             t += (next() % 4) as i64;
             t
         })
         .collect();
+    let key: Vec<i64> = if a.keys > 0 {
+        (0..a.n).map(|i| (i / run) as i64).collect()
+    } else {
+        Vec::new()
+    };
     let v: Vec<f64> = (0..a.n)
         .map(|_| (next() % 1_000_000) as f64 / 1000.0)
         .collect();
     let d_ts = DeviceBuffer::from_slice(&gpu, &ts)?;
     let d_v = DeviceBuffer::from_slice(&gpu, &v)?;
-    drop((ts, v));
+    let d_key = if a.keys > 0 {
+        Some(DeviceBuffer::from_slice(&gpu, &key)?)
+    } else {
+        None
+    };
+    drop((ts, v, key));
     let aggs: Vec<Agg> = if a.aggs.is_empty() {
         Agg::ALL.to_vec()
     } else {
@@ -67,7 +87,7 @@ pub fn run(a: GpuRollingArgs) -> Result<(), BoxError> {
         let t0 = Instant::now();
         let input = RollingInput {
             ts: &d_ts,
-            key: None,
+            key: d_key.as_ref(),
             values: &d_v,
             valid: None,
             emit_from: 0,
@@ -97,15 +117,21 @@ pub fn run(a: GpuRollingArgs) -> Result<(), BoxError> {
     distinct.sort_by_key(|g| g.name());
     distinct.dedup();
     let nulls = distinct.iter().filter(|g| **g != Agg::Count).count();
-    let bytes = a.n as f64 * (16.0 + 8.0 * distinct.len() as f64 + nulls as f64);
+    let read = if a.keys > 0 { 24.0 } else { 16.0 };
+    let bytes = a.n as f64 * (read + 8.0 * distinct.len() as f64 + nulls as f64);
     let k = median(kernel);
     let c = median(copy);
     let kb = bytes / k / 1e9;
     let cb = 2.0 * size as f64 / c / 1e9;
     println!(
-        "# braid-bench gpu-rolling on {}: {} rows, window {} (~{:.0} rows), aggregations {} of one f64 column",
+        "# braid-bench gpu-rolling on {}: {} rows{}, window {} (~{:.0} rows), aggregations {} of one f64 column",
         gpu.context().name().unwrap_or_default(),
         a.n,
+        if a.keys > 0 {
+            format!(" in {} keys", a.keys)
+        } else {
+            String::new()
+        },
         a.window,
         a.window as f64 / 1.5,
         distinct
