@@ -1357,18 +1357,26 @@ __device__ __forceinline__ void roll_tile(const i64* ts, const i64* key, const d
     }
 }
 
+// The tile pass, one entry point per key case so that each gets its own
+// register allocation (the keyed walks need more registers than the
+// unkeyed index; in one function they made both spill).
 extern "C" __global__ void __launch_bounds__(ROLL_THREADS, 2)
 rolling_tile(const i64* ts, const i64* key, const double* v, const u8* valid,
              u64 n, u64 emit_from, i64 window, u32 closed,
              const RollOut out, u32* flags, u32* flagged) {
     __shared__ RollShared sh;
-    if (key) {
-        if (valid) roll_tile<true, true>(ts, key, v, valid, n, emit_from, window, closed, out, flags, flagged, sh);
-        else roll_tile<true, false>(ts, key, v, valid, n, emit_from, window, closed, out, flags, flagged, sh);
-    } else {
-        if (valid) roll_tile<false, true>(ts, key, v, valid, n, emit_from, window, closed, out, flags, flagged, sh);
-        else roll_tile<false, false>(ts, key, v, valid, n, emit_from, window, closed, out, flags, flagged, sh);
-    }
+    if (valid) roll_tile<false, true>(ts, key, v, valid, n, emit_from, window, closed, out, flags, flagged, sh);
+    else roll_tile<false, false>(ts, key, v, valid, n, emit_from, window, closed, out, flags, flagged, sh);
+}
+
+// The tile pass over input with a key column (sorted by key, then ts).
+extern "C" __global__ void __launch_bounds__(ROLL_THREADS, 2)
+rolling_tile_keyed(const i64* ts, const i64* key, const double* v, const u8* valid,
+                   u64 n, u64 emit_from, i64 window, u32 closed,
+                   const RollOut out, u32* flags, u32* flagged) {
+    __shared__ RollShared sh;
+    if (valid) roll_tile<true, true>(ts, key, v, valid, n, emit_from, window, closed, out, flags, flagged, sh);
+    else roll_tile<true, false>(ts, key, v, valid, n, emit_from, window, closed, out, flags, flagged, sh);
 }
 
 // ---------------------------------------------------------------------------

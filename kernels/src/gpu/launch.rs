@@ -63,6 +63,7 @@ const ENTRY_POINTS: &[&str] = &[
     "roll_level_up",
     "rolling_window",
     "rolling_tile",
+    "rolling_tile_keyed",
     "nvlink_sendrecv",
     "iota_u32",
 ];

@@ -127,7 +127,12 @@ impl Pass<'_> {
     ) -> Result<(), KernelError> {
         let rank = self.gpu.rank();
         let k = Kernels::get(self.gpu)?;
-        let f = k.func(rank, "rolling_tile")?;
+        let name = if self.input.key.is_some() {
+            "rolling_tile_keyed"
+        } else {
+            "rolling_tile"
+        };
+        let f = k.func(rank, name)?;
         let shared = tile_shared_bytes();
         // The attribute is the function's, shared by concurrent callers;
         // every caller sets the same size.
