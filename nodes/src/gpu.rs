@@ -24,7 +24,11 @@
 
 use std::sync::Arc;
 
-use arrow_schema::{DataType, Field, Schema, SchemaRef};
+use std::collections::{HashMap, HashSet};
+
+use arrow_array::{Array, ArrayRef, Int64Array, RecordBatch};
+use arrow_row::{RowConverter, Rows, SortField};
+use arrow_schema::{DataType, Field, FieldRef, Schema, SchemaRef};
 use braid_coll::allgather;
 use braid_coll::device::{DeviceAllToAllv, DeviceComm, DeviceHaloExchange, alltoallv};
 use braid_core::cuda::{DeviceBuffer, DeviceColumn, DeviceTable, Gpu};
@@ -64,15 +68,36 @@ fn num_type(t: &DataType) -> Option<NumType> {
     })
 }
 
-/// Checks that the GPU job can run `spec` on `schema` (before any work).
-pub fn check_gpu_spec(spec: &RollingSpec, schema: &Schema) -> Result<(), DataError> {
-    for f in schema.fields() {
-        if braid_core::cuda::device_width(f.data_type()).is_none() {
-            return Err(DataError::Invalid(format!(
-                "--device gpu: column {:?} of type {} has no device form (fixed-width types only)",
-                f.name(),
-                f.data_type()
-            )));
+/// Which columns of a GPU rolling run live on the device, and so which
+/// input types it takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Columns {
+    /// Every column travels on the device ([`gpu_rolling_node`]: device
+    /// chunks in and out): fixed-width columns only, and an integer group
+    /// column without nulls.
+    AllOnDevice,
+    /// Only the order, group and value columns go to the device; every
+    /// other column stays on the host at the rank that read it
+    /// ([`gpu_rolling_job_node`]): any column types, any group column.
+    Needed,
+}
+
+/// Checks that a GPU rolling run can take `spec` on `schema` (before any
+/// work).
+pub fn check_gpu_spec(
+    spec: &RollingSpec,
+    schema: &Schema,
+    columns: Columns,
+) -> Result<(), DataError> {
+    if columns == Columns::AllOnDevice {
+        for f in schema.fields() {
+            if braid_core::cuda::device_width(f.data_type()).is_none() {
+                return Err(DataError::Invalid(format!(
+                    "gpu rolling node: column {:?} of type {} has no device form (fixed-width types only)",
+                    f.name(),
+                    f.data_type()
+                )));
+            }
         }
     }
     for v in &spec.values {
@@ -87,11 +112,11 @@ pub fn check_gpu_spec(spec: &RollingSpec, schema: &Schema) -> Result<(), DataErr
     }
     if let Some(by) = &spec.by {
         let t = schema.field(column_index(schema, by)?).data_type();
-        if !num_type(t).is_some_and(NumType::is_integer) {
+        if columns == Columns::AllOnDevice && !num_type(t).is_some_and(NumType::is_integer) {
             return Err(DataError::WrongType {
                 name: by.clone(),
                 found: t.to_string(),
-                expected: "an integer type (on the GPU)".into(),
+                expected: "an integer type (in the gpu rolling node)".into(),
             });
         }
     }
@@ -420,15 +445,18 @@ async fn lookback(
 }
 
 /// Runs the rolling aggregation on the device: takes device (or host)
-/// chunks on `input`, sends device chunks of the output on `output`.
+/// chunks on `input`, sends device chunks of the output on `output`. Every
+/// column travels on the device ([`Columns::AllOnDevice`]).
 pub async fn gpu_rolling_node(
     dc: DeviceComm,
     spec: RollingSpec,
     schema: SchemaRef,
     chunk_rows: usize,
     mut input: Receiver,
-    output: Sender,
+    mut output: Sender,
 ) -> Result<(), NodeError> {
+    check_gpu_spec(&spec, &schema, Columns::AllOnDevice)?;
+    let out_schema = spec.output_schema(&schema)?;
     let gpu = dc.gpu().clone();
     let mut chunks = Vec::new();
     while let Some(m) = input.recv().await {
@@ -440,22 +468,60 @@ pub async fn gpu_rolling_node(
             Payload::Packed(_) => return Err(fail("gpu rolling got a non-table message")),
         }
     }
-    rolling_tables(dc, spec, schema, chunk_rows, chunks, output).await
+    let rolled = roll(&dc, &spec, &schema, chunks).await?;
+    let t = std::time::Instant::now();
+    let rows = rolled.sorted.num_rows();
+    let mut cols = rolled.sorted.into_columns().map_err(fail)?;
+    cols.extend(rolled.aggs);
+    let out = DeviceTable::new(&gpu, out_schema, cols, rows).map_err(fail)?;
+    let chunk = chunk_rows.max(1);
+    let mut seq = 0;
+    let mut s = 0;
+    while s < rows {
+        let e = (s + chunk).min(rows);
+        let part = if s == 0 && e == rows {
+            out.clone()
+        } else {
+            out.slice(&gpu, s, e - s).map_err(fail)?
+        };
+        output
+            .send(Message::new(seq, Payload::Device(part)))
+            .await?;
+        seq += 1;
+        s = e;
+    }
+    dc.ctx()
+        .statistics()
+        .record_op("gpu rolling: emit", t.elapsed());
+    Ok(())
 }
 
-/// The rolling job's GPU node: opens this rank's GPU and the NCCL
-/// communicator (and compiles or loads the kernels) while the host chunks
-/// stream in, so that start-up overlaps reading the input; then copies
-/// the chunks to the device and runs [`gpu_rolling_node`]'s work.
+/// The rolling job's GPU node ([`Columns::Needed`]): opens this rank's GPU
+/// and the NCCL communicator (and compiles or loads the kernels) while the
+/// host chunks stream in, so that start-up overlaps reading the input.
+/// Only the order, group and value columns (and each row's origin) go to
+/// the device; the aggregates come back to the rank that read the row,
+/// which sends its own host chunks out with the aggregate columns added.
+///
+/// ```text
+///   host chunks ──> core table: order, group code, values, origin
+///                   (origin = rank << 40 | row; the group column as is
+///                   when it is an integer column without nulls, else as
+///                   codes of one dictionary that every rank builds alike)
+///               ──> device: sort or shuffle, lookback, kernel (`roll`)
+///               ──> (origin, aggregates) back to the origin rank
+///                   (device AllToAllv), sorted by origin
+///               ──> host: own chunks ++ aggregate columns
+/// ```
 pub async fn gpu_rolling_job_node(
     ctx: braid_core::Context,
     spec: RollingSpec,
     schema: SchemaRef,
-    chunk_rows: usize,
     mut input: Receiver,
-    output: Sender,
+    mut output: Sender,
 ) -> Result<(), NodeError> {
-    check_gpu_spec(&spec, &schema)?;
+    check_gpu_spec(&spec, &schema, Columns::Needed)?;
+    let out_schema = spec.output_schema(&schema)?;
     let stats = ctx.statistics().clone();
     let init = async {
         let t = std::time::Instant::now();
@@ -485,27 +551,287 @@ pub async fn gpu_rolling_job_node(
         Ok(host)
     };
     let (dc, host) = futures::try_join!(init, collect)?;
-    let gpu = dc.gpu().clone();
-    let chunks = host
-        .iter()
-        .map(|b| DeviceTable::from_batch(&gpu, b))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(fail)?;
-    drop(host);
-    rolling_tables(dc, spec, schema, chunk_rows, chunks, output).await
+    let rows: usize = host.iter().map(RecordBatch::num_rows).sum();
+    let core = core_table(&dc, &spec, &schema, &host).await?;
+    let rolled = roll(&dc, &core.spec, &core.schema, core.chunks).await?;
+    let t = std::time::Instant::now();
+    let first_agg = schema.fields().len();
+    let agg_fields: Vec<FieldRef> = out_schema.fields()[first_agg..].to_vec();
+    let home = to_origin(&dc, rolled, agg_fields, rows).await?;
+    // Chunk by chunk: each input chunk's rows of aggregates come to the
+    // host as the chunk leaves, so the download overlaps the sink.
+    let base = u64::from(dc.rank()) << ORIGIN_ROW_BITS;
+    let mut at = 0;
+    for (seq, b) in host.into_iter().enumerate() {
+        let len = b.num_rows();
+        let aggs = home.rows_to_batch(at, len).map_err(fail)?;
+        let origins = aggs
+            .column(0)
+            .as_any()
+            .downcast_ref::<Int64Array>()
+            .ok_or_else(|| fail("origin column is not i64"))?;
+        let first = base + at as u64;
+        if let Some(i) = (0..len).find(|&i| origins.value(i) as u64 != first + i as u64) {
+            return Err(fail(format!(
+                "rank {}: row {} got the aggregates of origin {:#x}",
+                dc.rank(),
+                at + i,
+                origins.value(i)
+            )));
+        }
+        let mut cols = b.columns().to_vec();
+        cols.extend(aggs.columns()[1..].iter().cloned());
+        at += len;
+        let out = RecordBatch::try_new(out_schema.clone(), cols).map_err(fail)?;
+        output
+            .send(Message::new(seq as u64, Payload::from(out)))
+            .await?;
+    }
+    stats.record_op("gpu rolling: aggregates home and emit", t.elapsed());
+    Ok(())
 }
 
-/// The GPU rolling computation over this rank's device chunks.
-async fn rolling_tables(
-    dc: DeviceComm,
+/// The core table's name for each row's origin (`rank << ORIGIN_ROW_BITS |
+/// row`, row counted over the rank's input chunks).
+const ORIGIN: &str = "__braid_origin";
+/// The core table's name for the group column (as is, or as codes).
+const GROUP: &str = "__braid_group";
+/// Bits of the row in an origin: 2^40 rows per rank.
+const ORIGIN_ROW_BITS: u32 = 40;
+
+/// What goes to the device in the job: the spec and schema over the core
+/// columns, and this rank's core chunks on the device.
+struct Core {
     spec: RollingSpec,
     schema: SchemaRef,
-    chunk_rows: usize,
     chunks: Vec<DeviceTable>,
-    mut output: Sender,
-) -> Result<(), NodeError> {
-    let out_schema = spec.output_schema(&schema)?;
-    check_gpu_spec(&spec, &schema)?;
+}
+
+/// This rank's core chunks (order, group, values, origin) on the device.
+async fn core_table(
+    dc: &DeviceComm,
+    spec: &RollingSpec,
+    schema: &SchemaRef,
+    host: &[RecordBatch],
+) -> Result<Core, NodeError> {
+    let gpu = dc.gpu().clone();
+    let rank = u64::from(dc.rank());
+    let rows: usize = host.iter().map(RecordBatch::num_rows).sum();
+    if rows as u64 >= 1 << ORIGIN_ROW_BITS {
+        return Err(fail(format!(
+            "rank {rank}: {rows} rows is more than the GPU job's 2^{ORIGIN_ROW_BITS} per rank"
+        )));
+    }
+    let oi = column_index(schema, &spec.order)?;
+    let vis: Vec<usize> = spec
+        .values
+        .iter()
+        .map(|v| column_index(schema, v))
+        .collect::<Result<_, _>>()?;
+    let groups = match &spec.by {
+        Some(by) => {
+            let ki = column_index(schema, by)?;
+            let keys: Vec<ArrayRef> = host.iter().map(|b| b.column(ki).clone()).collect();
+            Some(group_codes(dc.ctx(), schema.field(ki), keys).await?)
+        }
+        None => None,
+    };
+    let mut fields: Vec<FieldRef> = vec![schema.fields()[oi].clone()];
+    if let Some(g) = &groups {
+        fields.push(Arc::new(Field::new(GROUP, g.data_type.clone(), false)));
+    }
+    fields.extend(vis.iter().map(|&i| schema.fields()[i].clone()));
+    fields.push(Arc::new(Field::new(ORIGIN, DataType::Int64, false)));
+    let core_schema = Arc::new(Schema::new(fields));
+    let mut chunks = Vec::with_capacity(host.len());
+    let mut at = rank << ORIGIN_ROW_BITS;
+    for (i, b) in host.iter().enumerate() {
+        let mut cols: Vec<ArrayRef> = vec![b.column(oi).clone()];
+        if let Some(g) = &groups {
+            cols.push(g.codes[i].clone());
+        }
+        cols.extend(vis.iter().map(|&v| b.column(v).clone()));
+        let n = b.num_rows() as u64;
+        cols.push(Arc::new(Int64Array::from_iter_values(
+            (at..at + n).map(|o| o as i64),
+        )));
+        at += n;
+        let core = RecordBatch::try_new(core_schema.clone(), cols).map_err(fail)?;
+        chunks.push(DeviceTable::from_batch(&gpu, &core).map_err(fail)?);
+    }
+    let core_spec = RollingSpec {
+        by: spec.by.as_ref().map(|_| GROUP.to_string()),
+        ..spec.clone()
+    };
+    Ok(Core {
+        spec: core_spec,
+        schema: core_schema,
+        chunks,
+    })
+}
+
+/// The group column in a form the device sorts and the kernel compares:
+/// equal exactly where the keys are equal (nulls one group of their own),
+/// the same on every rank.
+struct GroupCodes {
+    data_type: DataType,
+    /// Per input chunk.
+    codes: Vec<ArrayRef>,
+}
+
+/// An integer group column without nulls on any rank is its own code (the
+/// device casts it to i64). Any other (strings, floats, nulls) becomes the
+/// index of its key in the sorted union of every rank's distinct keys in
+/// Arrow's row format, which every rank gathers (one AllGather of the
+/// distinct keys: cheap for the usual few thousand groups, and exact).
+async fn group_codes(
+    ctx: &braid_core::Context,
+    field: &Field,
+    keys: Vec<ArrayRef>,
+) -> Result<GroupCodes, NodeError> {
+    let nulls_here = keys.iter().any(|k| k.null_count() > 0);
+    // Every rank must pick the same form, so the null check is global.
+    let nulls = allgather(ctx, vec![i64::from(nulls_here)])
+        .await
+        .map_err(fail)?
+        .iter()
+        .any(|x| *x != 0);
+    if !nulls && num_type(field.data_type()).is_some_and(NumType::is_integer) {
+        return Ok(GroupCodes {
+            data_type: field.data_type().clone(),
+            codes: keys,
+        });
+    }
+    let conv = RowConverter::new(vec![SortField::new(field.data_type().clone())]).map_err(fail)?;
+    let rows: Vec<Rows> = keys
+        .iter()
+        .map(|k| conv.convert_columns(std::slice::from_ref(k)))
+        .collect::<Result<_, _>>()
+        .map_err(fail)?;
+    let mut mine: Vec<&[u8]> = rows
+        .iter()
+        .flat_map(|r| r.iter().map(|x| x.data()))
+        .collect::<HashSet<&[u8]>>()
+        .into_iter()
+        .collect();
+    mine.sort_unstable();
+    let mut bytes = Vec::new();
+    for k in &mine {
+        bytes.extend_from_slice(&(k.len() as u64).to_le_bytes());
+        bytes.extend_from_slice(k);
+    }
+    let all = allgather(ctx, bytes).await.map_err(fail)?;
+    let mut dict: Vec<&[u8]> = Vec::new();
+    let mut i = 0;
+    while i < all.len() {
+        let len = all
+            .get(i..i + 8)
+            .and_then(|w| <[u8; 8]>::try_from(w).ok())
+            .map(u64::from_le_bytes)
+            .and_then(|l| usize::try_from(l).ok())
+            .filter(|l| i + 8 + l <= all.len())
+            .ok_or_else(|| {
+                fail(format!(
+                    "rank {}: the gathered keys of group column {:?} are malformed",
+                    ctx.rank(),
+                    field.name()
+                ))
+            })?;
+        dict.push(&all[i + 8..i + 8 + len]);
+        i += 8 + len;
+    }
+    dict.sort_unstable();
+    dict.dedup();
+    let index: HashMap<&[u8], i64> = dict
+        .iter()
+        .enumerate()
+        .map(|(c, k)| (*k, c as i64))
+        .collect();
+    let codes = rows
+        .iter()
+        .map(|r| {
+            r.iter()
+                .map(|x| index.get(x.data()).copied())
+                .collect::<Option<Int64Array>>()
+                .map(|a| Arc::new(a) as ArrayRef)
+                .ok_or_else(|| fail("a key is missing from the gathered keys"))
+        })
+        .collect::<Result<_, _>>()?;
+    Ok(GroupCodes {
+        data_type: DataType::Int64,
+        codes,
+    })
+}
+
+/// This rank's rows after the kernel: `sorted` (by the order column, or by
+/// group and then order), and the aggregate columns of those rows.
+struct Rolled {
+    sorted: DeviceTable,
+    aggs: Vec<DeviceColumn>,
+}
+
+/// Sends each row's aggregates back to the rank it came from (the origin
+/// column, last in `rolled.sorted`) and returns this rank's on the device,
+/// (origin, aggregates) in its input order, one row per input row (the
+/// count checked here, each row's origin as it is read out).
+async fn to_origin(
+    dc: &DeviceComm,
+    rolled: Rolled,
+    agg_fields: Vec<FieldRef>,
+    rows: usize,
+) -> Result<DeviceTable, NodeError> {
+    let gpu = dc.gpu().clone();
+    let (me, n) = (u64::from(dc.rank()), dc.nranks() as usize);
+    let m = rolled.sorted.num_rows();
+    let oc = rolled.sorted.columns().len() - 1;
+    let origin = rolled.sorted.columns()[oc].data.try_clone().map_err(fail)?;
+    drop(rolled.sorted);
+    let mut fields: Vec<FieldRef> = vec![Arc::new(Field::new(ORIGIN, DataType::Int64, false))];
+    fields.extend(agg_fields);
+    let mut cols = vec![DeviceColumn {
+        data: origin,
+        valid: None,
+    }];
+    cols.extend(rolled.aggs);
+    let back = DeviceTable::new(&gpu, Arc::new(Schema::new(fields)), cols, m).map_err(fail)?;
+    let back = if n > 1 {
+        let (keys, perm) = sort_perm_i64(&gpu, &back.columns()[0].data, None)?;
+        let by_dest = gather_table(&gpu, &back, &perm)?;
+        drop(back);
+        let firsts: Vec<u64> = (1..n as u64)
+            .map(|r| (r << ORIGIN_ROW_BITS) ^ (1 << 63))
+            .collect();
+        let q = DeviceBuffer::from_slice(&gpu, &firsts).map_err(fail)?;
+        let cut: Vec<u64> = lower_bound(&gpu, &keys, &q)
+            .map_err(fail)?
+            .to_vec()
+            .map_err(fail)?;
+        let mut bounds = vec![0usize];
+        bounds.extend(cut.iter().map(|c| *c as usize));
+        bounds.push(m);
+        exchange_rows(dc, &by_dest, &bounds).await?
+    } else {
+        back
+    };
+    let (_, perm) = sort_perm_i64(&gpu, &back.columns()[0].data, None)?;
+    let mine = gather_table(&gpu, &back, &perm)?;
+    if mine.num_rows() != rows {
+        return Err(fail(format!(
+            "rank {me}: {} aggregate rows came back for {rows} input rows",
+            mine.num_rows()
+        )));
+    }
+    Ok(mine)
+}
+
+/// The GPU rolling computation over this rank's device chunks: sorted (or
+/// shuffled and sorted) rows and their aggregates, still on the device.
+async fn roll(
+    dc: &DeviceComm,
+    spec: &RollingSpec,
+    schema: &SchemaRef,
+    chunks: Vec<DeviceTable>,
+) -> Result<Rolled, NodeError> {
     let gpu = dc.gpu().clone();
     let stats = dc.ctx().statistics().clone();
     let t0 = std::time::Instant::now();
@@ -513,7 +839,7 @@ async fn rolling_tables(
         chunks.iter().map(|c| (c, 0, c.num_rows())).collect();
     let table = DeviceTable::concat_ranges(&gpu, schema.clone(), &parts).map_err(fail)?;
     drop(chunks);
-    let oi = column_index(&schema, &spec.order)?;
+    let oi = column_index(schema, &spec.order)?;
     if table.columns()[oi].valid.is_some() {
         return Err(
             DataError::Invalid(format!("order column {:?} has null values", spec.order)).into(),
@@ -521,16 +847,16 @@ async fn rolling_tables(
     }
     let (sorted, narrow_t, key, ghost) = match &spec.by {
         None => {
-            let (sorted, keys) = global_sort(&dc, table, oi).await?;
+            let (sorted, keys) = global_sort(dc, table, oi).await?;
             stats.record_op("gpu rolling: distributed sort", t0.elapsed());
             let t1 = std::time::Instant::now();
-            let nt = narrow(&gpu, &sorted, &spec, oi)?;
-            let Narrow { table, ghost } = lookback(&dc, nt, &keys, &spec).await?;
+            let nt = narrow(&gpu, &sorted, spec, oi)?;
+            let Narrow { table, ghost } = lookback(dc, nt, &keys, spec).await?;
             stats.record_op("gpu rolling: lookback rounds", t1.elapsed());
             (sorted, table, None, ghost)
         }
         Some(by) => {
-            let ki = column_index(&schema, by)?;
+            let ki = column_index(schema, by)?;
             let kty = num_type(schema.field(ki).data_type())
                 .filter(|t| t.is_integer())
                 .ok_or_else(|| fail(format!("group column {by:?} is not an integer column")))?;
@@ -555,7 +881,7 @@ async fn rolling_tables(
                 for c in counts {
                     bounds.push(bounds[bounds.len() - 1] + c as usize);
                 }
-                exchange_rows(&dc, &by_dest, &bounds).await?
+                exchange_rows(dc, &by_dest, &bounds).await?
             } else {
                 table
             };
@@ -565,13 +891,13 @@ async fn rolling_tables(
             let (_, p2) = sort_perm_i64(&gpu, &key, Some(p1))?;
             let sorted = gather_table(&gpu, &table, &p2)?;
             let key = gather(&gpu, &key, 8, &p2).map_err(fail)?;
-            let nt = narrow(&gpu, &sorted, &spec, oi)?;
+            let nt = narrow(&gpu, &sorted, spec, oi)?;
             (sorted, nt, Some(key), 0)
         }
     };
     // The kernel, one value column at a time; outputs stay on the device.
     let t2 = std::time::Instant::now();
-    let mut agg_cols: Vec<DeviceColumn> = Vec::new();
+    let mut aggs: Vec<DeviceColumn> = Vec::new();
     for vi in 0..spec.values.len() {
         let c = &narrow_t.columns()[vi + 1];
         let input = RollingInput {
@@ -582,33 +908,12 @@ async fn rolling_tables(
             emit_from: ghost,
         };
         for col in rolling(&gpu, input, spec.window, spec.closed, &spec.aggs).map_err(fail)? {
-            agg_cols.push(DeviceColumn {
+            aggs.push(DeviceColumn {
                 data: col.values,
                 valid: col.valid,
             });
         }
     }
-    drop(narrow_t);
-    let rows = sorted.num_rows();
-    let mut cols = sorted.into_columns().map_err(fail)?;
-    cols.extend(agg_cols);
-    let out = DeviceTable::new(&gpu, out_schema, cols, rows).map_err(fail)?;
-    let chunk = chunk_rows.max(1);
-    let mut seq = 0;
-    let mut s = 0;
-    while s < rows {
-        let e = (s + chunk).min(rows);
-        let part = if s == 0 && e == rows {
-            out.clone()
-        } else {
-            out.slice(&gpu, s, e - s).map_err(fail)?
-        };
-        output
-            .send(Message::new(seq, Payload::Device(part)))
-            .await?;
-        seq += 1;
-        s = e;
-    }
-    stats.record_op("gpu rolling: aggregate and emit", t2.elapsed());
-    Ok(())
+    stats.record_op("gpu rolling: kernel", t2.elapsed());
+    Ok(Rolled { sorted, aggs })
 }

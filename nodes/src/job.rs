@@ -85,7 +85,7 @@ impl RollingJob {
         self.spec.output_schema(&schema)?;
         if self.device == Device::Gpu {
             #[cfg(feature = "cuda")]
-            crate::gpu::check_gpu_spec(&self.spec, &schema)?;
+            crate::gpu::check_gpu_spec(&self.spec, &schema, crate::gpu::Columns::Needed)?;
             #[cfg(not(feature = "cuda"))]
             return Err(DataError::Invalid(
                 "--device gpu needs a build with the `cuda` feature".into(),
@@ -142,20 +142,19 @@ impl RollingJob {
             }
             #[cfg(feature = "cuda")]
             Device::Gpu => {
-                // The GPU starts up inside the node, while the source reads.
-                let (res_tx, res_rx) = channel(4);
+                // The GPU starts up inside the node, while the source reads;
+                // the node sends host chunks (its input's, with the
+                // aggregates added).
                 g.add(
                     "gpu_rolling",
                     crate::gpu::gpu_rolling_job_node(
                         ctx.clone(),
                         self.spec.clone(),
                         schema.clone(),
-                        self.chunk_rows,
                         src_rx,
-                        res_tx,
+                        out_tx,
                     ),
                 );
-                g.add("to_host", crate::gpu::to_host(res_rx, out_tx));
             }
             #[cfg(not(feature = "cuda"))]
             Device::Gpu => {

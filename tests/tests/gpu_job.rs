@@ -3,14 +3,16 @@
 //! windows (none, a few rows, most of the data), an i32 value column next
 //! to an f64 one with nulls, unsorted input spread unevenly (a rank with
 //! no rows), ties in ts; 1 GPU and, where the host has them, 2 and more
-//! (one rank per GPU, ranks as threads). Without a GPU the test says it
-//! skipped and passes.
+//! (one rank per GPU, ranks as threads). A second test groups by a string
+//! column with nulls and carries columns that have no device form
+//! (strings, a null-keyed integer group). Without a GPU the tests say they
+//! skipped and pass.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use arrow_array::{Array, Float64Array, Int32Array, Int64Array, RecordBatch};
+use arrow_array::{Array, Float64Array, Int32Array, Int64Array, RecordBatch, StringArray};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use braid_core::cuda::Gpu;
 use braid_core::{MemoryLimits, WorldSpec};
@@ -65,7 +67,18 @@ fn share(seed: u64, rows: usize, span: u64, r: usize, n: usize) -> RecordBatch {
 
 type Out = HashMap<i64, Vec<Option<f64>>>;
 
-fn run(n: u32, device: Device, spec: &RollingSpec, seed: u64, rows: usize, span: u64) -> Out {
+/// Rank r's share of the rows of a case: (seed, rows, span, r, n).
+type Make = fn(u64, usize, u64, usize, usize) -> RecordBatch;
+
+fn run(
+    n: u32,
+    device: Device,
+    spec: &RollingSpec,
+    make: Make,
+    seed: u64,
+    rows: usize,
+    span: u64,
+) -> Out {
     let spec = spec.clone();
     let res = braid_core::run_world(
         &WorldSpec::Local { nranks: n },
@@ -75,8 +88,9 @@ fn run(n: u32, device: Device, spec: &RollingSpec, seed: u64, rows: usize, span:
             async move {
                 let r = ctx.rank() as usize;
                 let sink = CollectSink::new();
+                let part = make(seed, rows, span, r, n as usize);
                 let job = RollingJob {
-                    source: Source::Memory(schema(), vec![share(seed, rows, span, r, n as usize)]),
+                    source: Source::Memory(part.schema(), vec![part]),
                     spec,
                     output: Output::Collect(sink.clone()),
                     chunk_rows: 1000,
@@ -99,7 +113,7 @@ fn run(n: u32, device: Device, spec: &RollingSpec, seed: u64, rows: usize, span:
                 .downcast_ref::<Int64Array>()
                 .unwrap()
                 .clone();
-            let first = schema().fields().len();
+            let first = make(0, 0, 1, 0, 1).num_columns();
             for i in 0..b.num_rows() {
                 let vals = (first..b.num_columns())
                     .map(|c| {
@@ -153,23 +167,187 @@ fn gpu_job_equals_cpu_job() {
                     let what = format!(
                         "{n} GPUs, grouped {grouped}, {closed:?}, {rows} rows over {span}, window {window}, seed {seed}"
                     );
-                    let cpu = run(n, Device::Cpu, &spec, seed, rows, span);
-                    let gpu = run(n, Device::Gpu, &spec, seed, rows, span);
-                    assert_eq!(cpu.len(), rows, "{what}: cpu rows");
-                    assert_eq!(gpu.len(), rows, "{what}: gpu rows");
-                    for (id, want) in &cpu {
-                        let got = &gpu[id];
-                        for (c, (a, b)) in got.iter().zip(want).enumerate() {
-                            match (a, b) {
-                                (None, None) => {}
-                                (Some(x), Some(y)) if (x - y).abs() <= 1e-9 * (1.0 + y.abs()) => {}
-                                _ => panic!("{what}: row {id} column {c}: gpu {a:?}, cpu {b:?}"),
-                            }
-                        }
-                    }
+                    let cpu = run(n, Device::Cpu, &spec, share, seed, rows, span);
+                    let gpu = run(n, Device::Gpu, &spec, share, seed, rows, span);
+                    assert_same(&what, rows, &cpu, &gpu);
                 }
             }
         }
         eprintln!("gpu job = cpu job on {n} GPUs");
+    }
+}
+
+/// The GPU job's rows equal the CPU job's, value by value.
+fn assert_same(what: &str, rows: usize, cpu: &Out, gpu: &Out) {
+    assert_eq!(cpu.len(), rows, "{what}: cpu rows");
+    assert_eq!(gpu.len(), rows, "{what}: gpu rows");
+    for (id, want) in cpu {
+        let got = &gpu[id];
+        assert_eq!(got.len(), want.len(), "{what}: row {id}: columns");
+        for (c, (a, b)) in got.iter().zip(want).enumerate() {
+            match (a, b) {
+                (None, None) => {}
+                (Some(x), Some(y)) if (x - y).abs() <= 1e-9 * (1.0 + y.abs()) => {}
+                _ => panic!("{what}: row {id} column {c}: gpu {a:?}, cpu {b:?}"),
+            }
+        }
+    }
+}
+
+/// Rank r's share of a table with columns the device cannot hold: a
+/// string group column with nulls (`sym`), a string passenger (`note`,
+/// checked for every row), an i32 group column with nulls (`k32`).
+fn share_strings(seed: u64, rows: usize, span: u64, r: usize, n: usize) -> RecordBatch {
+    let mut g = SplitMix(seed);
+    let (mut id, mut ts, mut sym, mut note, mut k32, mut v) =
+        (vec![], vec![], vec![], vec![], vec![], vec![]);
+    for i in 0..rows {
+        let t = g.below(span) as i64 - 500;
+        let s = match g.below(9) {
+            0 => None,
+            k => Some(format!("s{}", "x".repeat(k as usize))),
+        };
+        let k = (g.below(6) != 0).then(|| g.below(5) as i32 - 2);
+        let x = (g.below(8) != 0).then(|| g.below(10_000) as f64 / 4.0 - 1000.0);
+        if i % n == r {
+            id.push(i as i64);
+            ts.push(t);
+            sym.push(s);
+            note.push((i % 3 != 0).then(|| format!("row {i}")));
+            k32.push(k);
+            v.push(x);
+        }
+    }
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("id", DataType::Int64, false),
+        Field::new("ts", DataType::Int64, false),
+        Field::new("sym", DataType::Utf8, true),
+        Field::new("note", DataType::Utf8, true),
+        Field::new("k32", DataType::Int32, true),
+        Field::new("v", DataType::Float64, true),
+    ]));
+    RecordBatch::try_new(
+        schema,
+        vec![
+            Arc::new(Int64Array::from(id)),
+            Arc::new(Int64Array::from(ts)),
+            Arc::new(StringArray::from(sym)),
+            Arc::new(StringArray::from(note)),
+            Arc::new(Int32Array::from(k32)),
+            Arc::new(Float64Array::from(v)),
+        ],
+    )
+    .unwrap()
+}
+
+/// Every row's string passenger (`note`) as the job wrote it, by id.
+fn notes(
+    n: u32,
+    device: Device,
+    spec: &RollingSpec,
+    seed: u64,
+    rows: usize,
+    span: u64,
+) -> HashMap<i64, Option<String>> {
+    let spec = spec.clone();
+    let res = braid_core::run_world(
+        &WorldSpec::Local { nranks: n },
+        MemoryLimits::UNLIMITED,
+        move |ctx| {
+            let spec = spec.clone();
+            async move {
+                let r = ctx.rank() as usize;
+                let sink = CollectSink::new();
+                let part = share_strings(seed, rows, span, r, n as usize);
+                let job = RollingJob {
+                    source: Source::Memory(part.schema(), vec![part]),
+                    spec,
+                    output: Output::Collect(sink.clone()),
+                    chunk_rows: 777,
+                    device,
+                };
+                job.check()?;
+                job.run(ctx, None).await?;
+                Ok(sink.batches())
+            }
+        },
+    )
+    .unwrap_or_else(|e| panic!("{device:?}, {n} ranks: {e}"));
+    let mut out = HashMap::new();
+    for (_, batches) in res {
+        for b in batches {
+            let ids = b
+                .column_by_name("id")
+                .unwrap()
+                .as_any()
+                .downcast_ref::<Int64Array>()
+                .unwrap()
+                .clone();
+            let note = b
+                .column_by_name("note")
+                .unwrap()
+                .as_any()
+                .downcast_ref::<StringArray>()
+                .unwrap()
+                .clone();
+            for i in 0..b.num_rows() {
+                out.insert(
+                    ids.value(i),
+                    (!note.is_null(i)).then(|| note.value(i).to_string()),
+                );
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn gpu_job_groups_by_strings_and_keeps_host_columns() {
+    braid_core::cuda::poison_new_allocations(true);
+    let gpus = Gpu::count() as u32;
+    if gpus == 0 {
+        use std::io::Write;
+        let _ = writeln!(
+            std::io::stderr(),
+            "gpu job test skipped: no CUDA device on this host"
+        );
+        return;
+    }
+    let mut g = SplitMix(braid_tests::fresh_seed());
+    for n in RANK_COUNTS.iter().copied().filter(|&n| n <= gpus) {
+        for by in [None, Some("sym"), Some("k32")] {
+            for closed in [Closed::Right, Closed::Both, Closed::Left, Closed::None] {
+                for (rows, span, window) in
+                    [(12_000usize, 20_000u64, 60i64), (500, 40, 7), (0, 1, 5)]
+                {
+                    let seed = g.next_u64();
+                    let spec = RollingSpec {
+                        order: "ts".into(),
+                        by: by.map(str::to_string),
+                        values: vec!["v".into()],
+                        window,
+                        closed,
+                        aggs: Agg::ALL.to_vec(),
+                    };
+                    let what = format!(
+                        "{n} GPUs, by {by:?}, {closed:?}, {rows} rows over {span}, window {window}, seed {seed}"
+                    );
+                    let cpu = run(n, Device::Cpu, &spec, share_strings, seed, rows, span);
+                    let gpu = run(n, Device::Gpu, &spec, share_strings, seed, rows, span);
+                    assert_same(&what, rows, &cpu, &gpu);
+                    if closed == Closed::Right {
+                        let want: HashMap<i64, Option<String>> = (0..rows as i64)
+                            .map(|i| (i, (i % 3 != 0).then(|| format!("row {i}"))))
+                            .collect();
+                        assert_eq!(
+                            notes(n, Device::Gpu, &spec, seed, rows, span),
+                            want,
+                            "{what}: notes"
+                        );
+                    }
+                }
+            }
+        }
+        eprintln!("gpu job with string and null-keyed groups = cpu job on {n} GPUs");
     }
 }

@@ -143,33 +143,51 @@ impl DeviceTable {
 
     /// Copies the table to a host batch.
     pub fn to_batch(&self) -> Result<RecordBatch, CudaError> {
+        self.rows_to_batch(0, self.rows)
+    }
+
+    /// Copies rows `offset..offset + len` to a host batch (no device copy
+    /// first: each column's range is read directly).
+    pub fn rows_to_batch(&self, offset: usize, len: usize) -> Result<RecordBatch, CudaError> {
+        if offset.checked_add(len).is_none_or(|e| e > self.rows) {
+            return Err(CudaError::Invalid {
+                rank: self.columns.first().map_or(0, |c| c.data.gpu().rank()),
+                detail: format!(
+                    "rows {offset}..{} of a {}-row device table",
+                    offset.saturating_add(len),
+                    self.rows
+                ),
+            });
+        }
         let mut arrays: Vec<ArrayRef> = Vec::with_capacity(self.columns.len());
         for (f, c) in self.schema.fields().iter().zip(self.columns.iter()) {
             let rank = c.data.gpu().rank();
             let dt = f.data_type().clone();
+            let w = device_width(&dt).unwrap_or(0);
             // Read into u64 words so that the buffer is aligned for any type.
-            let mut words = vec![0u64; c.data.len().div_ceil(8)];
+            let mut words = vec![0u64; (len * w).div_ceil(8)];
             c.data.read_at(
-                0,
-                &mut bytemuck::cast_slice_mut::<u64, u8>(&mut words)[..c.data.len()],
+                offset * w,
+                &mut bytemuck::cast_slice_mut::<u64, u8>(&mut words)[..len * w],
             )?;
             let nulls = match &c.valid {
                 Some(v) => {
-                    let bytes = v.to_host()?;
-                    Some(NullBuffer::from(
-                        bytes.iter().map(|b| *b != 0).collect::<Vec<bool>>(),
-                    ))
+                    let mut bytes = vec![0u8; len];
+                    v.read_at(offset, &mut bytes)?;
+                    Some(NullBuffer::new(BooleanBuffer::from_iter(
+                        bytes.iter().map(|b| *b != 0),
+                    )))
                 }
                 None => None,
             };
             let values = if dt == DataType::Boolean {
                 let bytes: &[u8] = bytemuck::cast_slice(&words);
-                BooleanBuffer::from_iter(bytes[..self.rows].iter().map(|b| *b != 0)).into_inner()
+                BooleanBuffer::from_iter(bytes[..len].iter().map(|b| *b != 0)).into_inner()
             } else {
                 Buffer::from_vec(words)
             };
             let data = ArrayData::builder(dt)
-                .len(self.rows)
+                .len(len)
                 .add_buffer(values)
                 .nulls(nulls)
                 .build()
