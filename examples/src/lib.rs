@@ -25,6 +25,26 @@ pub struct JobArgs {
     pub backend: Backend,
 }
 
+/// The most ranks `--ranks` starts on one host (tasks or processes); more
+/// would only exhaust its memory and threads.
+pub const MAX_HOST_RANKS: u32 = 1024;
+
+impl JobArgs {
+    /// Checks `--ranks` before any work (under MPI the launcher decides).
+    pub fn check(&self) -> Result<(), String> {
+        if self.ranks == 0 {
+            return Err("--ranks must be at least 1".into());
+        }
+        if self.backend != Backend::Mpi && self.ranks > MAX_HOST_RANKS {
+            return Err(format!(
+                "--ranks {} is more than the {MAX_HOST_RANKS} ranks one host runs (--backend {})",
+                self.ranks, self.backend
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// Installs a tracing subscriber reading `RUST_LOG` (default: warnings).
 pub fn init_tracing() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
@@ -81,9 +101,7 @@ where
     Fut: Future<Output = Result<T, BoxError>> + Send + 'static,
     T: Send + 'static,
 {
-    if args.ranks == 0 {
-        return Err("--ranks must be at least 1".into());
-    }
+    args.check()?;
     let spec = match (args.backend, TcpConfig::from_env()?) {
         #[cfg(feature = "mpi")]
         (Backend::Mpi, _) => WorldSpec::Mpi,

@@ -123,28 +123,81 @@ fn bad_input_is_a_clear_error_with_nothing_left_behind() {
         &under,
         "not writable",
     );
-    // The GPU path: without the `cuda` feature a clear error up front;
-    // with it, strings are refused before any work (they have no device
-    // form) whether or not this host has a GPU.
+    // The GPU path: a string value column is refused before any work
+    // (string columns may ride along, not be aggregated); without the
+    // `cuda` feature, a clear error up front.
     let csv_s = d.join("strings.csv");
     std::fs::write(&csv_s, "ts,v,name\n1,1.0,a\n2,2.0,b\n").unwrap();
-    let needle = if cfg!(feature = "cuda") {
-        "no device form"
-    } else {
-        "needs a build with the `cuda` feature"
-    };
     assert_clean_failure(
         &[
             "--input",
             csv_s.to_str().unwrap(),
+            "--values",
+            "name",
             "--device",
             "gpu",
             "--output",
             os,
         ],
         &out,
-        needle,
+        "numeric type",
     );
+    if !cfg!(feature = "cuda") {
+        assert_clean_failure(
+            &[
+                "--input",
+                csv_s.to_str().unwrap(),
+                "--device",
+                "gpu",
+                "--output",
+                os,
+            ],
+            &out,
+            "needs a build with the `cuda` feature",
+        );
+    }
+    // Each output column once.
+    assert_clean_failure(
+        &["--input", gs, "--aggs", "sum,sum", "--output", os],
+        &out,
+        "aggregation sum is given twice",
+    );
+    assert_clean_failure(
+        &["--input", gs, "--values", "v,v", "--output", os],
+        &out,
+        "value column \"v\" is given twice",
+    );
+    assert_clean_failure(
+        &[
+            "--input",
+            csv_s.to_str().unwrap(),
+            "--chunk-rows",
+            "100000000000",
+            "--output",
+            os,
+        ],
+        &out,
+        "chunk rows must be",
+    );
+    assert_clean_failure(
+        &["--input", gs, "--ranks", "100000", "--output", os],
+        &out,
+        "one host runs",
+    );
+    // CSV files of one table are read by position: headers that differ
+    // (here the same columns in another order) are an error, not swapped
+    // data.
+    let csv_dir = d.join("csvdir");
+    std::fs::create_dir(&csv_dir).unwrap();
+    std::fs::write(csv_dir.join("a.csv"), "ts,v\n1,1\n2,2\n").unwrap();
+    std::fs::write(csv_dir.join("b.csv"), "v,ts\n3,5\n4,6\n").unwrap();
+    assert_clean_failure(
+        &["--input", csv_dir.to_str().unwrap(), "--output", os],
+        &out,
+        "differs from the first file's",
+    );
+    // A directory output the job created is gone after a failure too.
+    let dir_out = d.join("dir-out");
     let (ok, _, err) = run(&["--device", "tpu", "--output", os]);
     assert!(!ok && err.contains("unknown device \"tpu\""), "{err}");
     assert!(!out.exists());
@@ -164,6 +217,56 @@ fn bad_input_is_a_clear_error_with_nothing_left_behind() {
         &out,
         "null",
     );
+    // One rank: nothing syncs its sink with the failing node, yet the
+    // failure must still leave nothing behind (it used to commit an empty
+    // output now and then).
+    for _ in 0..5 {
+        for target in [&out, &dir_out] {
+            assert_clean_failure(
+                &[
+                    "--input",
+                    csv.to_str().unwrap(),
+                    "--ranks",
+                    "1",
+                    "--output",
+                    target.to_str().unwrap(),
+                ],
+                target,
+                "null",
+            );
+        }
+    }
+}
+
+#[test]
+fn csv_output_keeps_its_header_and_quoted_line_breaks() {
+    let scratch = Scratch::new("cli-csv");
+    let d = scratch.path();
+    let input = d.join("in.csv");
+    // One row: with 2 ranks, rank 0's part is empty. The key holds a
+    // blank line inside quotes.
+    std::fs::write(&input, "ts,key,v\n1,\"a\n\nb\",1.5\n").unwrap();
+    for ranks in ["1", "2", "3"] {
+        let out = d.join(format!("out-{ranks}.csv"));
+        let (ok, _, err) = run(&[
+            "--input",
+            input.to_str().unwrap(),
+            "--aggs",
+            "count,sum",
+            "--window",
+            "10",
+            "--ranks",
+            ranks,
+            "--output",
+            out.to_str().unwrap(),
+        ]);
+        assert!(ok, "{err}");
+        assert_eq!(
+            std::fs::read_to_string(&out).unwrap(),
+            "ts,key,v,v_count,v_sum\n1,\"a\n\nb\",1.5,1,1.5\n",
+            "{ranks} ranks"
+        );
+    }
 }
 
 fn have_oracle() -> bool {

@@ -77,10 +77,20 @@ pub struct JobCounts {
     pub rows_out: u64,
 }
 
+/// The largest chunk a job takes: readers allocate a chunk's rows up
+/// front, so a huge one would only fail in the allocator.
+pub const MAX_CHUNK_ROWS: usize = 1 << 26;
+
 impl RollingJob {
     /// Checks the job on this rank before any work: the input's schema, the
     /// spec against it, the output's writability.
     pub fn check(&self) -> Result<(), DataError> {
+        if self.chunk_rows == 0 || self.chunk_rows > MAX_CHUNK_ROWS {
+            return Err(DataError::Invalid(format!(
+                "chunk rows must be 1 to {MAX_CHUNK_ROWS}, got {}",
+                self.chunk_rows
+            )));
+        }
         let schema = self.source.schema()?;
         self.spec.output_schema(&schema)?;
         if self.device == Device::Gpu {
@@ -171,10 +181,12 @@ impl RollingJob {
             _ => Some(count_tx),
         };
         g.add("count", count_rows(out_rx, downstream, rows_out.clone()));
+        let mut staged = None;
         match self.output {
             Output::File(mut f) => {
                 f.schema = out_schema;
-                g.add("sink", f.run(ctx.clone(), count_rx));
+                staged = Some(f.staged(ctx.rank()));
+                g.add("sink", f.write(ctx.clone(), count_rx));
             }
             Output::Collect(c) => {
                 g.add("sink", c.run(count_rx));
@@ -182,6 +194,9 @@ impl RollingJob {
             Output::Discard => {}
         }
         g.run().await.map_err(|e| NodeError::Other(Box::new(e)))?;
+        if let Some(s) = staged {
+            s.commit(&ctx).await?;
+        }
         Ok(JobCounts {
             rows_in: rows_in.load(Ordering::Relaxed),
             rows_out: rows_out.load(Ordering::Relaxed),

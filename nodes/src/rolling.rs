@@ -76,6 +76,23 @@ impl RollingSpec {
         if self.aggs.is_empty() {
             return Err(DataError::Invalid("no aggregations given".into()));
         }
+        // Each output column once: a repeated value or aggregation would
+        // name two columns alike (a file many readers refuse).
+        for (i, v) in self.values.iter().enumerate() {
+            if self.values[..i].contains(v) {
+                return Err(DataError::Invalid(format!(
+                    "value column {v:?} is given twice"
+                )));
+            }
+        }
+        for (i, a) in self.aggs.iter().enumerate() {
+            if self.aggs[..i].contains(a) {
+                return Err(DataError::Invalid(format!(
+                    "aggregation {} is given twice",
+                    a.name()
+                )));
+            }
+        }
         let o = column_index(schema, &self.order)?;
         let ot = schema.field(o).data_type();
         if !matches!(ot, DataType::Int64 | DataType::Timestamp(..)) {

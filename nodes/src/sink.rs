@@ -5,7 +5,8 @@
 //! output that looks complete:
 //!
 //! ```text
-//!   every rank: write STAGING/part-RRRRR.<ext>
+//!   every rank: write STAGING/part-RRRRR.<ext>      (the sink node)
+//!   the rank's whole graph succeeded                 (Staged::commit)
 //!   barrier (all ranks wrote their part; a failure aborts the job here)
 //!   directory output: each rank renames its part into DIR/
 //!   single file:      rank 0 appends the parts in rank order into FILE.tmp,
@@ -127,36 +128,37 @@ impl FileSink {
                 )
             }
             FileFormat::Csv => {
-                Writer::Csv(arrow_csv::WriterBuilder::new().with_header(true).build(f))
+                let mut w = arrow_csv::WriterBuilder::new().with_header(true).build(f);
+                // The header goes out now, so that a part with no rows is
+                // still a CSV file of this schema.
+                w.write(&RecordBatch::new_empty(self.schema.clone()))
+                    .map_err(|e| DataError::file(path, e))?;
+                Writer::Csv(w)
             }
         })
     }
 
-    /// Writes every chunk of `input`, then commits (see the module doc).
-    /// If the job fails or this node is cancelled, its staged part (and, on
-    /// rank 0, the staging directory) is removed.
-    pub fn run(
-        self,
-        ctx: Context,
-        mut input: Receiver,
-    ) -> impl std::future::Future<Output = Result<(), NodeError>> + Send + 'static {
-        let rank = ctx.rank();
-        // Created now, not at the first poll: a sink cancelled before it ran
-        // cleans up too.
-        let guard = StagingGuard {
+    /// This rank's staged part, to commit once the whole graph has
+    /// succeeded ([`Staged::commit`]); dropped uncommitted (a failure, a
+    /// cancelled job), it removes the part and, on rank 0, the staging
+    /// directory. Take it before the graph runs, so that nothing a failed
+    /// or cancelled job staged is left behind.
+    pub fn staged(&self, rank: u32) -> Staged {
+        Staged {
+            sink: self.clone(),
             part: self.part(rank),
             staging: (rank == 0).then(|| self.target.staging()),
             armed: true,
-        };
-        async move {
-            let mut guard = guard;
-            let part = guard.part.clone();
-            let res = self.write_and_commit(&ctx, &mut input, &part).await;
-            if res.is_ok() {
-                guard.armed = false;
-            }
-            res
         }
+    }
+
+    /// The sink node: writes every chunk of `input` into this rank's staged
+    /// part. The commit is separate ([`Staged::commit`]): a node cannot tell
+    /// a stream that ended from one whose producer failed, so only the
+    /// graph's outcome may move output into place.
+    pub async fn write(self, ctx: Context, mut input: Receiver) -> Result<(), NodeError> {
+        let part = self.part(ctx.rank());
+        self.write_part(&mut input, &part).await
     }
 
     /// Removes the staging area (after a failure outside the graph).
@@ -164,12 +166,7 @@ impl FileSink {
         let _ = std::fs::remove_dir_all(self.target.staging());
     }
 
-    async fn write_and_commit(
-        &self,
-        ctx: &Context,
-        input: &mut Receiver,
-        part: &Path,
-    ) -> Result<(), NodeError> {
+    async fn write_part(&self, input: &mut Receiver, part: &Path) -> Result<(), NodeError> {
         let mut w = self.open(part)?;
         while let Some(m) = input.recv().await {
             let Payload::Table(t) = m.payload else {
@@ -193,8 +190,7 @@ impl FileSink {
             }
             Writer::Csv(cw) => drop(cw),
         }
-        barrier(ctx).await.map_err(DataError::from)?;
-        self.commit(ctx, part).await
+        Ok(())
     }
 
     async fn commit(&self, ctx: &Context, part: &Path) -> Result<(), NodeError> {
@@ -264,18 +260,19 @@ impl FileSink {
                     let mut out = std::io::BufWriter::new(
                         File::create(&tmp).map_err(|e| DataError::file(&tmp, e))?,
                     );
+                    // Every part starts with the same header line: the
+                    // first part is copied whole, the others from their
+                    // second line on, byte for byte (quoted fields may
+                    // hold line breaks, even blank lines).
                     for (i, p) in parts.iter().enumerate() {
-                        let f = BufReader::new(File::open(p).map_err(|e| DataError::file(p, e))?);
-                        for (j, line) in f.split(b'\n').enumerate() {
-                            let line = line.map_err(|e| DataError::file(p, e))?;
-                            // Keep one header: the first part's.
-                            if j == 0 && i > 0 || line.is_empty() {
-                                continue;
-                            }
-                            out.write_all(&line)
-                                .and_then(|_| out.write_all(b"\n"))
-                                .map_err(|e| DataError::file(&tmp, e))?;
+                        let mut f =
+                            BufReader::new(File::open(p).map_err(|e| DataError::file(p, e))?);
+                        if i > 0 {
+                            let mut header = Vec::new();
+                            f.read_until(b'\n', &mut header)
+                                .map_err(|e| DataError::file(p, e))?;
                         }
+                        std::io::copy(&mut f, &mut out).map_err(|e| DataError::file(&tmp, e))?;
                     }
                     out.flush().map_err(|e| DataError::file(&tmp, e))?;
                 }
@@ -289,15 +286,28 @@ impl FileSink {
     }
 }
 
-/// Removes a rank's staged part, and on rank 0 the staging directory,
-/// unless the sink committed.
-struct StagingGuard {
+/// A rank's staged part of a [`FileSink`]'s output (see
+/// [`FileSink::staged`]).
+pub struct Staged {
+    sink: FileSink,
     part: PathBuf,
     staging: Option<PathBuf>,
     armed: bool,
 }
 
-impl Drop for StagingGuard {
+impl Staged {
+    /// Moves the output into place once every rank's graph succeeded: a
+    /// barrier (a rank that failed has aborted the job, so this fails
+    /// instead), then the commit of the module doc.
+    pub async fn commit(mut self, ctx: &Context) -> Result<(), NodeError> {
+        barrier(ctx).await.map_err(DataError::from)?;
+        self.sink.commit(ctx, &self.part).await?;
+        self.armed = false;
+        Ok(())
+    }
+}
+
+impl Drop for Staged {
     fn drop(&mut self) {
         if self.armed {
             let _ = std::fs::remove_file(&self.part);

@@ -135,13 +135,68 @@ fn parquet_builder(path: &Path) -> Result<ParquetRecordBatchReaderBuilder<File>>
     ParquetRecordBatchReaderBuilder::try_new(f).map_err(|e| DataError::file(path, e))
 }
 
-fn csv_schema(path: &Path) -> Result<SchemaRef> {
+fn csv_schema(path: &Path) -> Result<Schema> {
     let f = File::open(path).map_err(|e| DataError::file(path, e))?;
     let (schema, _) = arrow_csv::reader::Format::default()
         .with_header(true)
         .infer_schema(f, Some(10_000))
         .map_err(|e| DataError::file(path, e))?;
-    Ok(Arc::new(schema))
+    Ok(schema)
+}
+
+/// The schema of CSV files read as one table: every file's header must
+/// name the same columns in the same order (columns are read by
+/// position, so a different order would swap data). A column's type is
+/// the widest any file suggests: all-empty columns take the others' type
+/// (or f64 where every file's is empty), integers and floats give f64,
+/// anything else that disagrees is read as text.
+fn csv_table_schema(files: &[PathBuf]) -> Result<SchemaRef> {
+    let mut merged: Option<(Vec<String>, Vec<DataType>)> = None;
+    for f in files {
+        let s = csv_schema(f)?;
+        let names: Vec<String> = s.fields().iter().map(|x| x.name().clone()).collect();
+        let types: Vec<DataType> = s.fields().iter().map(|x| x.data_type().clone()).collect();
+        match &mut merged {
+            None => merged = Some((names, types)),
+            Some((first, acc)) => {
+                if *first != names {
+                    return Err(DataError::file(
+                        f,
+                        format!(
+                            "its header ({}) differs from the first file's ({})",
+                            names.join(","),
+                            first.join(",")
+                        ),
+                    ));
+                }
+                for (a, t) in acc.iter_mut().zip(types) {
+                    *a = match (&*a, &t) {
+                        (x, y) if x == y => t,
+                        (DataType::Null, _) => t,
+                        (_, DataType::Null) => continue,
+                        (DataType::Int64, DataType::Float64)
+                        | (DataType::Float64, DataType::Int64) => DataType::Float64,
+                        _ => DataType::Utf8,
+                    };
+                }
+            }
+        }
+    }
+    let (names, types) = merged.unwrap_or_default();
+    Ok(Arc::new(Schema::new(
+        names
+            .into_iter()
+            .zip(types)
+            .map(|(n, t)| {
+                let t = if t == DataType::Null {
+                    DataType::Float64
+                } else {
+                    t
+                };
+                Field::new(n, t, true)
+            })
+            .collect::<Vec<_>>(),
+    )))
 }
 
 impl Source {
@@ -159,7 +214,7 @@ impl Source {
                 }
                 Ok(first)
             }
-            Source::Csv(p) => csv_schema(&files_with(p, "csv")?[0]),
+            Source::Csv(p) => csv_table_schema(&files_with(p, "csv")?),
             Source::Memory(s, _) => Ok(s.clone()),
             Source::Generator(g) => Ok(g.schema()),
         }
@@ -237,7 +292,7 @@ impl Source {
             }
             Source::Csv(path) => {
                 let files = files_with(&path, "csv")?;
-                let schema = csv_schema(&files[0])?;
+                let schema = csv_table_schema(&files)?;
                 let mut k = 0usize;
                 for f in files {
                     let (schema, f2) = (schema.clone(), f.clone());

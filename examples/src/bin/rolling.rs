@@ -109,25 +109,36 @@ fn parse_bytes(s: &str) -> Result<u64, String> {
     Ok((num * mul) as u64)
 }
 
-/// The window in the order column's units.
-fn parse_window(s: &str, order_type: &DataType) -> Result<i64, String> {
-    if let Ok(v) = s.trim().parse::<i64>() {
-        if v < 0 {
-            return Err(format!("window must be >= 0, got {v}"));
-        }
-        return Ok(v);
+/// The window in the order column's units. A duration that is not a
+/// whole number of those units is rounded to the integer window that
+/// selects the same rows: up where the window's far end is open
+/// (`right`, `none`: t - w < ts), down where it is closed (`both`,
+/// `left`: t - w <= ts); order values are integers, so either way the
+/// window holds exactly the rows the exact duration does.
+fn parse_window(s: &str, order_type: &DataType, closed: Closed) -> Result<i64, String> {
+    let s = s.trim();
+    if !s.is_empty()
+        && s.trim_start_matches('-')
+            .bytes()
+            .all(|b| b.is_ascii_digit())
+    {
+        return match s.parse::<i64>() {
+            Ok(v) if v < 0 => Err(format!("window must be >= 0, got {v}")),
+            Ok(v) => Ok(v),
+            Err(_) if s.starts_with('-') => Err(format!("window must be >= 0, got {s}")),
+            Err(_) => Err(format!("window {s} is too large (at most {})", i64::MAX)),
+        };
     }
     let DataType::Timestamp(unit, _) = order_type else {
         return Err(format!(
             "window {s:?} is not an integer; durations need a timestamp order column (this one is {order_type})"
         ));
     };
-    let s = s.trim();
     let split = s
         .find(|c: char| !c.is_ascii_digit() && c != '-')
         .ok_or_else(|| format!("bad window {s:?}"))?;
     let (num, u) = s.split_at(split);
-    let num: i64 = num.parse().map_err(|_| format!("bad window {s:?}"))?;
+    let num: i128 = num.parse().map_err(|_| format!("bad window {s:?}"))?;
     if num < 0 {
         return Err(format!("window must be >= 0, got {s}"));
     }
@@ -151,10 +162,20 @@ fn parse_window(s: &str, order_type: &DataType) -> Result<i64, String> {
         TimeUnit::Microsecond => 1_000,
         TimeUnit::Nanosecond => 1,
     };
-    i64::try_from(num as i128 * nanos / per_unit).map_err(|_| format!("window {s:?} is too large"))
+    let total = num
+        .checked_mul(nanos)
+        .ok_or_else(|| format!("window {s:?} is too large"))?;
+    let open_far_end = matches!(closed, Closed::Right | Closed::None);
+    let units = if open_far_end {
+        (total + per_unit - 1) / per_unit
+    } else {
+        total / per_unit
+    };
+    i64::try_from(units).map_err(|_| format!("window {s:?} is too large"))
 }
 
 fn build(cli: &Cli) -> Result<(RollingJob, MemoryLimits, Option<u64>), BoxError> {
+    cli.job.check()?;
     let source = match &cli.input {
         Some(p) => {
             if p.extension().is_some_and(|e| e == "csv")
@@ -179,7 +200,7 @@ fn build(cli: &Cli) -> Result<(RollingJob, MemoryLimits, Option<u64>), BoxError>
         .field_with_name(&cli.order)
         .map(|f| f.data_type().clone())
         .map_err(|_| format!("input has no column {:?}", cli.order))?;
-    let window = parse_window(&cli.window, &order_type)?;
+    let window = parse_window(&cli.window, &order_type, cli.closed)?;
     let spec = RollingSpec {
         order: cli.order.clone(),
         by: cli.by.clone(),
@@ -242,9 +263,18 @@ fn has_ext(dir: &std::path::Path, ext: &str) -> bool {
 fn main() -> ExitCode {
     init_tracing();
     let cli = Cli::parse();
+    // A failed job removes an output directory it created (still empty:
+    // nothing is moved into it before every rank succeeded).
+    let created = cli.output.clone().filter(|p| !p.exists());
+    let remove_created = || {
+        if let Some(p) = &created {
+            let _ = std::fs::remove_dir(p);
+        }
+    };
     let (job, limits, total) = match build(&cli) {
         Ok(x) => x,
         Err(e) => {
+            remove_created();
             eprintln!("error: {e}");
             return ExitCode::FAILURE;
         }
@@ -316,8 +346,61 @@ fn main() -> ExitCode {
             if let Some(s) = sink {
                 s.abandon();
             }
+            remove_created();
             eprintln!("error: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: DataType = DataType::Timestamp(TimeUnit::Millisecond, None);
+
+    #[test]
+    fn durations_round_to_the_window_that_selects_the_same_rows() {
+        // 1.5 ms: t - 1.5 < ts (right) holds for ts >= t - 1, i.e. t - 2 < ts.
+        assert_eq!(parse_window("1500us", &MS, Closed::Right), Ok(2));
+        assert_eq!(parse_window("1500us", &MS, Closed::None), Ok(2));
+        // t - 1.5 <= ts (both, left) holds for ts >= t - 1.
+        assert_eq!(parse_window("1500us", &MS, Closed::Both), Ok(1));
+        assert_eq!(parse_window("1500us", &MS, Closed::Left), Ok(1));
+        assert_eq!(parse_window("999us", &MS, Closed::Right), Ok(1));
+        assert_eq!(parse_window("999us", &MS, Closed::Left), Ok(0));
+        assert_eq!(parse_window("2s", &MS, Closed::Right), Ok(2000));
+        assert_eq!(parse_window("2s", &MS, Closed::Both), Ok(2000));
+        assert_eq!(parse_window("0ms", &MS, Closed::Right), Ok(0));
+        let s = DataType::Timestamp(TimeUnit::Second, Some("UTC".into()));
+        assert_eq!(parse_window("90s", &s, Closed::Right), Ok(90));
+        assert_eq!(parse_window("1ns", &s, Closed::Right), Ok(1));
+        assert_eq!(parse_window("1ns", &s, Closed::Both), Ok(0));
+    }
+
+    #[test]
+    fn bad_windows_say_what_is_wrong() {
+        let e = parse_window("9223372036854775808", &DataType::Int64, Closed::Right);
+        assert!(e.as_ref().is_err_and(|e| e.contains("too large")), "{e:?}");
+        let e = parse_window("-5", &DataType::Int64, Closed::Right);
+        assert!(e.as_ref().is_err_and(|e| e.contains(">= 0")), "{e:?}");
+        let e = parse_window("5m", &DataType::Int64, Closed::Right);
+        assert!(
+            e.as_ref()
+                .is_err_and(|e| e.contains("durations need a timestamp")),
+            "{e:?}"
+        );
+        let e = parse_window("5y", &MS, Closed::Right);
+        assert!(
+            e.as_ref()
+                .is_err_and(|e| e.contains("unknown duration unit")),
+            "{e:?}"
+        );
+        let e = parse_window("999999999999d", &MS, Closed::Right);
+        assert!(e.as_ref().is_err_and(|e| e.contains("too large")), "{e:?}");
+        assert_eq!(
+            parse_window(" 42 ", &DataType::Int64, Closed::Right),
+            Ok(42)
+        );
     }
 }
