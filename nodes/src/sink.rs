@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use arrow_array::RecordBatch;
-use arrow_schema::SchemaRef;
+use arrow_schema::{DataType, Field, Schema, SchemaRef, TimeUnit};
 use braid_coll::barrier;
 use braid_core::{Context, NodeError, Payload, Receiver};
 use parquet::arrow::ArrowWriter;
@@ -94,6 +94,53 @@ enum Writer {
     Csv(arrow_csv::Writer<File>),
 }
 
+/// The schema a Parquet part is written in: Parquet has no timestamp
+/// unit of seconds (such a column would be stored as a bare INT64 that
+/// other readers take for a plain integer), so those columns are written
+/// in milliseconds, as pyarrow does; every other column as it is.
+fn parquet_schema(schema: &SchemaRef) -> SchemaRef {
+    if !schema.fields().iter().any(|f| is_seconds(f.data_type())) {
+        return schema.clone();
+    }
+    let fields: Vec<Field> = schema
+        .fields()
+        .iter()
+        .map(|f| match f.data_type() {
+            DataType::Timestamp(TimeUnit::Second, tz) => f
+                .as_ref()
+                .clone()
+                .with_data_type(DataType::Timestamp(TimeUnit::Millisecond, tz.clone())),
+            _ => f.as_ref().clone(),
+        })
+        .collect();
+    Arc::new(Schema::new_with_metadata(fields, schema.metadata().clone()))
+}
+
+fn is_seconds(t: &DataType) -> bool {
+    matches!(t, DataType::Timestamp(TimeUnit::Second, _))
+}
+
+/// `batch` in `schema` (from [`parquet_schema`]): second timestamps cast
+/// to milliseconds (exact: every second is a whole number of ms).
+fn to_parquet_batch(batch: RecordBatch, schema: &SchemaRef) -> Result<RecordBatch> {
+    if batch.schema().fields() == schema.fields() {
+        return Ok(batch);
+    }
+    let cols = batch
+        .columns()
+        .iter()
+        .zip(schema.fields())
+        .map(|(c, f)| {
+            if c.data_type() == f.data_type() {
+                Ok(c.clone())
+            } else {
+                arrow_cast::cast(c, f.data_type())
+            }
+        })
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    Ok(RecordBatch::try_new(schema.clone(), cols)?)
+}
+
 impl FileSink {
     /// Checks, before any work, that the destination can be written: makes
     /// the staging directory. Call on every rank.
@@ -123,7 +170,7 @@ impl FileSink {
                     .set_compression(Compression::SNAPPY)
                     .build();
                 Writer::Parquet(
-                    ArrowWriter::try_new(f, self.schema.clone(), Some(props))
+                    ArrowWriter::try_new(f, parquet_schema(&self.schema), Some(props))
                         .map_err(|e| DataError::file(path, e))?,
                 )
             }
@@ -168,15 +215,17 @@ impl FileSink {
 
     async fn write_part(&self, input: &mut Receiver, part: &Path) -> Result<(), NodeError> {
         let mut w = self.open(part)?;
+        let pq = parquet_schema(&self.schema);
         while let Some(m) = input.recv().await {
             let Payload::Table(t) = m.payload else {
                 return Err(NodeError::other("file sink got a non-table message"));
             };
             let b = t.into_batch();
+            let pq = pq.clone();
             // Encoding is CPU work: keep it off the runtime's threads.
             w = tokio::task::spawn_blocking(move || -> Result<Writer> {
                 match &mut w {
-                    Writer::Parquet(pw) => pw.write(&b)?,
+                    Writer::Parquet(pw) => pw.write(&to_parquet_batch(b, &pq)?)?,
                     Writer::Csv(cw) => cw.write(&b)?,
                 }
                 Ok(w)
@@ -349,5 +398,72 @@ impl CollectSink {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use arrow_array::{Array, Int64Array, TimestampMillisecondArray, TimestampSecondArray};
+
+    #[test]
+    fn second_timestamps_are_written_as_parquet_timestamps_in_ms() {
+        let dir = std::env::temp_dir().join(format!("braid-sink-secs-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("p.parquet");
+        let schema = Arc::new(Schema::new(vec![
+            Field::new(
+                "ts",
+                DataType::Timestamp(TimeUnit::Second, Some("UTC".into())),
+                false,
+            ),
+            Field::new("x", DataType::Int64, false),
+        ]));
+        let secs = [-5i64, 0, 1_700_000_000];
+        let batch = RecordBatch::try_new(
+            schema.clone(),
+            vec![
+                Arc::new(TimestampSecondArray::from(secs.to_vec()).with_timezone("UTC")),
+                Arc::new(Int64Array::from(vec![1, 2, 3])),
+            ],
+        )
+        .unwrap();
+        let sink = FileSink {
+            format: FileFormat::Parquet,
+            target: SinkTarget::File(path.clone()),
+            schema: schema.clone(),
+        };
+        let pq = parquet_schema(&schema);
+        match sink.open(&path).unwrap() {
+            Writer::Parquet(mut w) => {
+                w.write(&to_parquet_batch(batch, &pq).unwrap()).unwrap();
+                w.close().unwrap();
+            }
+            Writer::Csv(_) => unreachable!(),
+        }
+        let b = ParquetRecordBatchReaderBuilder::try_new(File::open(&path).unwrap()).unwrap();
+        // The Parquet column carries a timestamp logical type (readers
+        // that ignore the embedded Arrow schema still see a timestamp).
+        let col = b.parquet_schema().column(0);
+        assert!(
+            matches!(
+                col.logical_type_ref(),
+                Some(parquet::basic::LogicalType::Timestamp { .. })
+            ),
+            "{:?}",
+            col.logical_type_ref()
+        );
+        let got = b.build().unwrap().next().unwrap().unwrap();
+        let ts = got
+            .column(0)
+            .as_any()
+            .downcast_ref::<TimestampMillisecondArray>()
+            .unwrap();
+        assert_eq!(ts.timezone(), Some("UTC"));
+        let want: Vec<i64> = secs.iter().map(|s| s * 1000).collect();
+        assert_eq!(ts.values().to_vec(), want);
+        assert!(ts.nulls().is_none());
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
