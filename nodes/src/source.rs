@@ -135,6 +135,11 @@ fn parquet_builder(path: &Path) -> Result<ParquetRecordBatchReaderBuilder<File>>
     ParquetRecordBatchReaderBuilder::try_new(f).map_err(|e| DataError::file(path, e))
 }
 
+/// The most rows a file reader puts in one chunk: readers reserve a
+/// chunk's buffers before reading (the CSV reader about 128 bytes a row),
+/// so the largest `chunk_rows` would take gigabytes for a two-line file.
+const READ_BATCH_ROWS: usize = 1 << 20;
+
 fn csv_schema(path: &Path) -> Result<Schema> {
     let f = File::open(path).map_err(|e| DataError::file(path, e))?;
     let (schema, _) = arrow_csv::reader::Format::default()
@@ -274,7 +279,9 @@ impl Source {
                             let reader = parquet_builder(&f)?
                                 .with_row_groups(vec![g])
                                 .with_row_selection(selection)
-                                .with_batch_size(chunk_rows)
+                                // The reader sizes its buffers for a whole batch
+                                // up front; smaller chunks are allowed ("at most").
+                                .with_batch_size(chunk_rows.min(READ_BATCH_ROWS))
                                 .build()
                                 .map_err(|e| DataError::file(&f, e))?;
                             reader
@@ -300,7 +307,9 @@ impl Source {
                         let file = File::open(&f2).map_err(|e| DataError::file(&f2, e))?;
                         let reader = arrow_csv::ReaderBuilder::new(schema)
                             .with_header(true)
-                            .with_batch_size(chunk_rows)
+                            // The reader sizes its buffers for a whole batch
+                            // up front; smaller chunks are allowed ("at most").
+                            .with_batch_size(chunk_rows.min(READ_BATCH_ROWS))
                             .build(file)
                             .map_err(|e| DataError::file(&f2, e))?;
                         reader
