@@ -270,6 +270,27 @@ async fn exchange_rows(
     DeviceTable::new(&gpu, t.schema().clone(), cols, total).map_err(fail)
 }
 
+/// Where `rows` rows sorted by their order keys `keys` (u64, as
+/// `order_key_i64` makes them) split among ranks: rank p takes rows
+/// `[bounds[p], bounds[p + 1])`, cut at the first key >= each of the
+/// ascending `splitters` (one per rank after the first).
+fn split_bounds(
+    gpu: &Arc<Gpu>,
+    keys: &DeviceBuffer,
+    splitters: &[u64],
+    rows: usize,
+) -> Result<Vec<usize>, NodeError> {
+    let q = DeviceBuffer::from_slice(gpu, splitters).map_err(fail)?;
+    let cut: Vec<u64> = lower_bound(gpu, keys, &q)
+        .map_err(fail)?
+        .to_vec()
+        .map_err(fail)?;
+    let mut bounds = vec![0usize];
+    bounds.extend(cut.iter().map(|c| *c as usize));
+    bounds.push(rows);
+    Ok(bounds)
+}
+
 /// Samples per rank for the splitters of the distributed sort.
 const SAMPLES: usize = 64;
 
@@ -319,14 +340,7 @@ async fn global_sort(
             (x as u64) ^ (1 << 63)
         })
         .collect();
-    let q = DeviceBuffer::from_slice(&gpu, &splitters).map_err(fail)?;
-    let cut: Vec<u64> = lower_bound(&gpu, &keys, &q)
-        .map_err(fail)?
-        .to_vec()
-        .map_err(fail)?;
-    let mut bounds = vec![0usize];
-    bounds.extend(cut.iter().map(|c| *c as usize));
-    bounds.push(rows);
+    let bounds = split_bounds(&gpu, &keys, &splitters, rows)?;
     let got = exchange_rows(dc, &sorted, &bounds).await?;
     drop(sorted);
     let (keys, perm) = sort_perm_i64(&gpu, &got.columns()[oi].data, None)?;
@@ -801,14 +815,7 @@ async fn to_origin(
         let firsts: Vec<u64> = (1..n as u64)
             .map(|r| (r << ORIGIN_ROW_BITS) ^ (1 << 63))
             .collect();
-        let q = DeviceBuffer::from_slice(&gpu, &firsts).map_err(fail)?;
-        let cut: Vec<u64> = lower_bound(&gpu, &keys, &q)
-            .map_err(fail)?
-            .to_vec()
-            .map_err(fail)?;
-        let mut bounds = vec![0usize];
-        bounds.extend(cut.iter().map(|c| *c as usize));
-        bounds.push(m);
+        let bounds = split_bounds(&gpu, &keys, &firsts, m)?;
         exchange_rows(dc, &by_dest, &bounds).await?
     } else {
         back

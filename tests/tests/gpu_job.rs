@@ -70,7 +70,10 @@ type Out = HashMap<i64, Vec<Option<f64>>>;
 /// Rank r's share of the rows of a case: (seed, rows, span, r, n).
 type Make = fn(u64, usize, u64, usize, usize) -> RecordBatch;
 
-fn run(
+/// Every output batch of the job on `n` ranks (as threads), each rank
+/// reading its share in chunks of `chunk_rows`.
+#[allow(clippy::too_many_arguments)]
+fn job_batches(
     n: u32,
     device: Device,
     spec: &RollingSpec,
@@ -78,7 +81,8 @@ fn run(
     seed: u64,
     rows: usize,
     span: u64,
-) -> Out {
+    chunk_rows: usize,
+) -> Vec<RecordBatch> {
     let spec = spec.clone();
     let res = braid_core::run_world(
         &WorldSpec::Local { nranks: n },
@@ -93,7 +97,7 @@ fn run(
                     source: Source::Memory(part.schema(), vec![part]),
                     spec,
                     output: Output::Collect(sink.clone()),
-                    chunk_rows: 1000,
+                    chunk_rows,
                     device,
                 };
                 job.check()?;
@@ -103,31 +107,42 @@ fn run(
         },
     )
     .unwrap_or_else(|e| panic!("{device:?}, {n} ranks: {e}"));
+    res.into_iter().flat_map(|(_, b)| b).collect()
+}
+
+/// The job's aggregate columns as f64 per row id.
+fn run(
+    n: u32,
+    device: Device,
+    spec: &RollingSpec,
+    make: Make,
+    seed: u64,
+    rows: usize,
+    span: u64,
+) -> Out {
     let mut out = Out::new();
-    for (_, batches) in res {
-        for b in batches {
-            let ids = b
-                .column_by_name("id")
-                .unwrap()
-                .as_any()
-                .downcast_ref::<Int64Array>()
-                .unwrap()
-                .clone();
-            let first = make(0, 0, 1, 0, 1).num_columns();
-            for i in 0..b.num_rows() {
-                let vals = (first..b.num_columns())
-                    .map(|c| {
-                        let a = arrow_cast::cast(b.column(c), &DataType::Float64).unwrap();
-                        let a = a.as_any().downcast_ref::<Float64Array>().unwrap().clone();
-                        (!a.is_null(i)).then(|| a.value(i))
-                    })
-                    .collect();
-                assert!(
-                    out.insert(ids.value(i), vals).is_none(),
-                    "row {} twice",
-                    ids.value(i)
-                );
-            }
+    let first = make(0, 0, 1, 0, 1).num_columns();
+    for b in job_batches(n, device, spec, make, seed, rows, span, 1000) {
+        let ids = b
+            .column_by_name("id")
+            .unwrap()
+            .as_any()
+            .downcast_ref::<Int64Array>()
+            .unwrap()
+            .clone();
+        for i in 0..b.num_rows() {
+            let vals = (first..b.num_columns())
+                .map(|c| {
+                    let a = arrow_cast::cast(b.column(c), &DataType::Float64).unwrap();
+                    let a = a.as_any().downcast_ref::<Float64Array>().unwrap().clone();
+                    (!a.is_null(i)).then(|| a.value(i))
+                })
+                .collect();
+            assert!(
+                out.insert(ids.value(i), vals).is_none(),
+                "row {} twice",
+                ids.value(i)
+            );
         }
     }
     out
@@ -249,53 +264,27 @@ fn notes(
     rows: usize,
     span: u64,
 ) -> HashMap<i64, Option<String>> {
-    let spec = spec.clone();
-    let res = braid_core::run_world(
-        &WorldSpec::Local { nranks: n },
-        MemoryLimits::UNLIMITED,
-        move |ctx| {
-            let spec = spec.clone();
-            async move {
-                let r = ctx.rank() as usize;
-                let sink = CollectSink::new();
-                let part = share_strings(seed, rows, span, r, n as usize);
-                let job = RollingJob {
-                    source: Source::Memory(part.schema(), vec![part]),
-                    spec,
-                    output: Output::Collect(sink.clone()),
-                    chunk_rows: 777,
-                    device,
-                };
-                job.check()?;
-                job.run(ctx, None).await?;
-                Ok(sink.batches())
-            }
-        },
-    )
-    .unwrap_or_else(|e| panic!("{device:?}, {n} ranks: {e}"));
     let mut out = HashMap::new();
-    for (_, batches) in res {
-        for b in batches {
-            let ids = b
-                .column_by_name("id")
-                .unwrap()
-                .as_any()
-                .downcast_ref::<Int64Array>()
-                .unwrap()
-                .clone();
-            let note = b
-                .column_by_name("note")
-                .unwrap()
-                .as_any()
-                .downcast_ref::<StringArray>()
-                .unwrap()
-                .clone();
-            for i in 0..b.num_rows() {
-                out.insert(
-                    ids.value(i),
-                    (!note.is_null(i)).then(|| note.value(i).to_string()),
-                );
-            }
+    for b in job_batches(n, device, spec, share_strings, seed, rows, span, 777) {
+        let ids = b
+            .column_by_name("id")
+            .unwrap()
+            .as_any()
+            .downcast_ref::<Int64Array>()
+            .unwrap()
+            .clone();
+        let note = b
+            .column_by_name("note")
+            .unwrap()
+            .as_any()
+            .downcast_ref::<StringArray>()
+            .unwrap()
+            .clone();
+        for i in 0..b.num_rows() {
+            out.insert(
+                ids.value(i),
+                (!note.is_null(i)).then(|| note.value(i).to_string()),
+            );
         }
     }
     out
