@@ -418,3 +418,57 @@ fn tcp_backend_runs_the_job_in_processes() {
     assert!(out.contains("[rank 2]"), "rank output is prefixed: {out}");
     assert!(tcp.exists() && local.exists());
 }
+
+#[test]
+fn a_stopped_job_leaves_nothing_behind() {
+    let scratch = Scratch::new("cli-stop");
+    let d = scratch.path();
+    for (target, signal) in [(d.join("out"), "-TERM"), (d.join("out.parquet"), "-INT")] {
+        // Far more rows than a second generates: the signal comes mid-job.
+        let mut child = rolling()
+            .args([
+                "--rows",
+                "400000000",
+                "--ranks",
+                "2",
+                "--output",
+                target.to_str().unwrap(),
+            ])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(1500));
+        let st = Command::new("kill")
+            .args([signal, &child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(st.success());
+        // Bounded: a job that ignored the signal is killed and fails here.
+        let start = std::time::Instant::now();
+        let status = loop {
+            if let Some(s) = child.try_wait().unwrap() {
+                break s;
+            }
+            if start.elapsed() > std::time::Duration::from_secs(60) {
+                let _ = child.kill();
+                panic!("{signal}: the job did not stop within 60 s");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        };
+        let mut err = String::new();
+        use std::io::Read;
+        child
+            .stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut err)
+            .unwrap();
+        assert!(!status.success(), "{signal}: exited 0");
+        assert!(err.contains("stopped by SIG"), "{signal}: {err}");
+        assert!(!target.exists(), "{signal}: left {}", target.display());
+        let mut staging = target.as_os_str().to_owned();
+        staging.push(".braid-staging");
+        assert!(!PathBuf::from(staging).exists(), "{signal}: left staging");
+    }
+}

@@ -243,6 +243,33 @@ fn build(cli: &Cli) -> Result<(RollingJob, MemoryLimits, Option<u64>), BoxError>
     Ok((job, limits, total))
 }
 
+/// Resolves when this process is asked to stop (SIGINT, SIGTERM), so the
+/// job ends as a failure that cleans up instead of leaving its staging
+/// area behind; never where the handlers cannot be installed.
+async fn stop_signal() -> &'static str {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match (
+            signal(SignalKind::interrupt()),
+            signal(SignalKind::terminate()),
+        ) {
+            (Ok(mut int), Ok(mut term)) => tokio::select! {
+                _ = int.recv() => "SIGINT",
+                _ = term.recv() => "SIGTERM",
+            },
+            _ => std::future::pending().await,
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        match tokio::signal::ctrl_c().await {
+            Ok(()) => "Ctrl-C",
+            Err(_) => std::future::pending().await,
+        }
+    }
+}
+
 /// This process's peak resident memory (Linux), in MiB.
 fn peak_rss_mib() -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
@@ -308,7 +335,13 @@ fn main() -> ExitCode {
         let job = job.clone();
         let p = p2.clone();
         async move {
-            let counts = job.run(ctx.clone(), Some(p)).await?;
+            // A stop signal drops the job's future: its staged output is
+            // removed (the sink's `Staged` guard), and the error path
+            // below removes the rest.
+            let counts = tokio::select! {
+                r = job.run(ctx.clone(), Some(p)) => r?,
+                s = stop_signal() => return Err(format!("stopped by {s}").into()),
+            };
             Ok((counts, ctx.statistics().to_string()))
         }
     });
