@@ -22,9 +22,8 @@
 //! the job says which column before any work. Memory: the rank's rows, a
 //! sorted copy and the kernel's outputs on the device at once.
 
-use std::sync::Arc;
-
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 
 use arrow_array::{Array, ArrayRef, Int64Array, RecordBatch};
 use arrow_row::{RowConverter, Rows, SortField};
@@ -583,7 +582,7 @@ pub async fn gpu_rolling_job_node(
             .column(0)
             .as_any()
             .downcast_ref::<Int64Array>()
-            .ok_or_else(|| fail("origin column is not i64"))?;
+            .ok_or_else(|| fail(format!("rank {}: origin column is not i64", dc.rank())))?;
         let first = base + at as u64;
         if let Some(i) = (0..len).find(|&i| origins.value(i) as u64 != first + i as u64) {
             return Err(fail(format!(
@@ -768,7 +767,13 @@ async fn group_codes(
                 .map(|x| index.get(x.data()).copied())
                 .collect::<Option<Int64Array>>()
                 .map(|a| Arc::new(a) as ArrayRef)
-                .ok_or_else(|| fail("a key is missing from the gathered keys"))
+                .ok_or_else(|| {
+                    fail(format!(
+                        "rank {}: a key of group column {:?} is missing from the gathered keys",
+                        ctx.rank(),
+                        field.name()
+                    ))
+                })
         })
         .collect::<Result<_, _>>()?;
     Ok(GroupCodes {
