@@ -2,8 +2,8 @@
 //! fresh random data: every closed mode, grouped and ungrouped, several
 //! windows (none, a few rows, most of the data), an i32 value column next
 //! to an f64 one with nulls, unsorted input spread unevenly (a rank with
-//! no rows), ties in ts; 1 GPU and, where the host has them, 2 and more
-//! (one rank per GPU, ranks as threads). A second test groups by a string
+//! no rows), ties in ts; N in {1, 2, 3, 4, 5, 8} ranks as threads (ranks
+//! beyond the host's GPUs share them, through the host-staged transport). A second test groups by a string
 //! column with nulls and carries columns that have no device form
 //! (strings, a null-keyed integer group). Without a GPU the tests say they
 //! skipped and pass.
@@ -14,14 +14,13 @@ use std::sync::Arc;
 
 use arrow_array::{Array, Float64Array, Int32Array, Int64Array, RecordBatch, StringArray};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
-use braid_core::cuda::Gpu;
 use braid_core::{MemoryLimits, WorldSpec};
 use braid_kernels::rolling::{Agg, Closed};
 use braid_nodes::job::{Device, Output, RollingJob};
 use braid_nodes::rolling::RollingSpec;
 use braid_nodes::sink::CollectSink;
 use braid_nodes::source::Source;
-use braid_tests::{RANK_COUNTS, SplitMix};
+use braid_tests::SplitMix;
 
 fn schema() -> SchemaRef {
     Arc::new(Schema::new(vec![
@@ -156,20 +155,8 @@ fn aggregates(batches: &[RecordBatch], first: usize) -> Out {
     out
 }
 
-/// Rank counts this host can run, one rank per GPU (none without a GPU:
-/// the test says it skipped).
 fn counts() -> Vec<u32> {
-    // Every device allocation starts poisoned: unwritten outputs show.
-    braid_core::cuda::poison_new_allocations(true);
-    let gpus = Gpu::count() as u32;
-    if gpus == 0 {
-        use std::io::Write;
-        let _ = writeln!(
-            std::io::stderr(),
-            "gpu job test skipped: no CUDA device on this host"
-        );
-    }
-    RANK_COUNTS.iter().copied().filter(|&n| n <= gpus).collect()
+    braid_tests::gpu_suite::rank_counts("gpu job test")
 }
 
 #[test]

@@ -198,6 +198,13 @@ impl Gpu {
         self.ctx.ordinal()
     }
 
+    /// The device's UUID: the same for every rank that uses this physical
+    /// GPU, whatever its ordinal there (`CUDA_VISIBLE_DEVICES` renumbers).
+    pub fn uuid(&self) -> Result<[u8; 16], CudaError> {
+        let u = self.ctx.uuid().on(self.rank, "cuDeviceGetUuid")?;
+        Ok(u.bytes.map(|c| c as u8))
+    }
+
     /// The cudarc context.
     pub fn context(&self) -> &Arc<CudaContext> {
         &self.ctx

@@ -6,7 +6,9 @@
 //! - [`DeviceBuffer`]: bytes in device memory with the event of their latest
 //!   write; spilling to host ([`Resident`]).
 //! - [`NcclComm`]: an NCCL communicator on its own OS thread, serving
-//!   requests in call order and answering when the enqueued work completes.
+//!   requests in call order and answering when the enqueued work completes;
+//!   where ranks share a GPU its calls go through host memory instead
+//!   ([`Transport::HostStaged`]).
 //! - [`DeviceTable`]: a table chunk with its columns in device memory,
 //!   converted from and to Arrow on the host.
 //! - [`ipc`]: CUDA IPC between processes (and threads) of one host, and a
@@ -20,6 +22,7 @@ mod device;
 mod error;
 pub mod ipc;
 mod nccl;
+mod staged;
 mod table;
 
 pub use buffer::{DeviceBuffer, POISON, Resident, poison_new_allocations};
@@ -27,6 +30,7 @@ pub use device::{Gpu, GpuEvent};
 pub use error::CudaError;
 pub use nccl::{
     Completion, KeepAlive, NcclComm, NcclDType, NcclMode, NcclOp, NcclWork, OnDone, Slot,
+    TRANSPORT_VAR, Transport,
 };
 pub use table::{DeviceColumn, DeviceTable, device_width};
 

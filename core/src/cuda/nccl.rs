@@ -44,6 +44,7 @@ use tokio::sync::oneshot;
 
 use super::device::{Gpu, GpuEvent};
 use super::error::CudaError;
+use super::staged::{Env, Staged};
 use crate::comm::Communicator;
 use crate::context::Context;
 use crate::tag::Tag;
@@ -52,7 +53,7 @@ use crate::{Buffer, Rank};
 /// How long the thread keeps spinning after its last piece of work.
 const SPIN: Duration = Duration::from_micros(500);
 /// How often pending work checks for failures.
-const CHECK_EVERY: Duration = Duration::from_millis(1);
+pub(super) const CHECK_EVERY: Duration = Duration::from_millis(1);
 /// How long dropping the last handle waits for the thread to finish.
 const EXIT_WAIT: Duration = Duration::from_secs(10);
 
@@ -127,15 +128,17 @@ pub struct NcclWork<'a> {
     rank: Rank,
     nranks: u32,
     watch: Watch<'a>,
+    /// The host-staged transport, when the communicator has no NCCL.
+    staged: Option<&'a Staged>,
 }
 
 /// What a wait for NCCL watches so that it can give up: the abort flag
 /// (set by `NcclComm::abort` from any thread) and the host communicator.
 #[derive(Clone, Copy)]
-struct Watch<'a> {
-    flag: &'a AtomicBool,
-    host: &'a dyn Communicator,
-    rank: Rank,
+pub(super) struct Watch<'a> {
+    pub(super) flag: &'a AtomicBool,
+    pub(super) host: &'a dyn Communicator,
+    pub(super) rank: Rank,
 }
 
 impl Watch<'_> {
@@ -202,6 +205,16 @@ impl NcclWork<'_> {
         self.stream.cu_stream() as nsys::cudaStream_t
     }
 
+    /// The view a staged call needs.
+    fn env(&self) -> Env<'_> {
+        Env {
+            stream: self.stream,
+            rank: self.rank,
+            nranks: self.nranks,
+            watch: self.watch,
+        }
+    }
+
     /// Maps a call's result; a call left in progress (non-blocking
     /// communicator) is waited for until it settles.
     fn check(&self, call: &'static str, r: NcclResult) -> Result<(), CudaError> {
@@ -221,6 +234,9 @@ impl NcclWork<'_> {
         dt: NcclDType,
         op: NcclOp,
     ) -> Result<(), CudaError> {
+        if let Some(st) = self.staged {
+            return st.all_reduce(self.env(), send, recv, count, dt, op);
+        }
         // SAFETY: the caller guarantees the pointers and counts.
         let r = unsafe {
             nres::all_reduce(
@@ -245,6 +261,9 @@ impl NcclWork<'_> {
         dt: NcclDType,
         root: Rank,
     ) -> Result<(), CudaError> {
+        if let Some(st) = self.staged {
+            return st.broadcast(self.env(), send, recv, count, dt, root);
+        }
         // SAFETY: as above.
         let r = unsafe {
             nres::broadcast(
@@ -268,6 +287,9 @@ impl NcclWork<'_> {
         count: usize,
         dt: NcclDType,
     ) -> Result<(), CudaError> {
+        if let Some(st) = self.staged {
+            return st.all_gather(self.env(), send, recv, count, dt);
+        }
         // SAFETY: as above.
         let r =
             unsafe { nres::all_gather(send as _, recv as _, count, dt.raw(), self.comm, self.s()) };
@@ -283,6 +305,9 @@ impl NcclWork<'_> {
         dt: NcclDType,
         op: NcclOp,
     ) -> Result<(), CudaError> {
+        if let Some(st) = self.staged {
+            return st.reduce_scatter(self.env(), send, recv, count, dt, op);
+        }
         // SAFETY: as above.
         let r = unsafe {
             nres::reduce_scatter(
@@ -306,6 +331,9 @@ impl NcclWork<'_> {
         dt: NcclDType,
         peer: Rank,
     ) -> Result<(), CudaError> {
+        if let Some(st) = self.staged {
+            return st.send(self.env(), ptr, count * dt.size(), peer);
+        }
         // SAFETY: as above.
         let r = unsafe { nres::send(ptr as _, count, dt.raw(), peer as i32, self.comm, self.s()) };
         self.check("ncclSend", r)
@@ -319,6 +347,9 @@ impl NcclWork<'_> {
         dt: NcclDType,
         peer: Rank,
     ) -> Result<(), CudaError> {
+        if let Some(st) = self.staged {
+            return st.recv(self.env(), ptr, count * dt.size(), peer);
+        }
         // SAFETY: as above.
         let r = unsafe { nres::recv(ptr as _, count, dt.raw(), peer as i32, self.comm, self.s()) };
         self.check("ncclRecv", r)
@@ -327,6 +358,9 @@ impl NcclWork<'_> {
     /// Runs `f` between `ncclGroupStart` and `ncclGroupEnd` (the group is
     /// closed even when `f` fails).
     pub fn group<R>(&self, f: impl FnOnce(&Self) -> Result<R, CudaError>) -> Result<R, CudaError> {
+        if let Some(st) = self.staged {
+            return st.group(self.env(), || f(self));
+        }
         self.check("ncclGroupStart", nres::group_start())?;
         let r = f(self);
         let end = self.check("ncclGroupEnd", nres::group_end());
@@ -386,6 +420,7 @@ struct Shared {
     next_seq: AtomicU64,
     rank: Rank,
     nranks: u32,
+    transport: Transport,
     gpu: Arc<Gpu>,
     thread: Mutex<Option<std::thread::Thread>>,
     exited: Mutex<Option<mpsc::Receiver<()>>>,
@@ -576,40 +611,19 @@ impl NcclComm {
         let rank = ctx.rank();
         let nranks = ctx.nranks();
         let comm = ctx.comm().clone();
-        let tag = Tag::new(ctx.next_op_id(), 0);
-        // SAFETY: only probes whether the library can be loaded.
-        if !unsafe { nsys::is_culib_present() } {
-            return Err(CudaError::NoDevice {
-                rank,
-                detail: "libnccl could not be loaded (is it on LD_LIBRARY_PATH?)".into(),
-            });
-        }
-        let id_bytes: Vec<u8> = if rank == 0 {
-            let id =
-                nres::get_uniqueid().map_err(|e| CudaError::nccl(rank, "ncclGetUniqueId", e))?;
-            let bytes: Vec<u8> = id.internal.iter().map(|&c| c as u8).collect();
-            for r in 1..nranks {
-                comm.send(r, tag, Buffer::from_vec(bytes.clone())).await?;
+        let op = ctx.next_op_id();
+        let tag = Tag::new(op, 0);
+        let (transport, id) = agree_transport(comm.as_ref(), &gpu, tag).await?;
+        let staged = match transport {
+            Transport::Nccl => None,
+            Transport::HostStaged => {
+                let rt = tokio::runtime::Handle::try_current().map_err(|_| CudaError::Invalid {
+                    rank,
+                    detail: "the host-staged device transport needs a tokio runtime".into(),
+                })?;
+                Some(Staged::new(Tag::new(op, 1), rt))
             }
-            bytes
-        } else {
-            let b = comm.recv(0, tag).await?;
-            b.as_slice().to_vec()
         };
-        if id_bytes.len() != 128 {
-            return Err(CudaError::Invalid {
-                rank,
-                detail: format!(
-                    "NCCL unique id from rank 0 has {} bytes, not 128",
-                    id_bytes.len()
-                ),
-            });
-        }
-        let mut internal = [0 as std::ffi::c_char; 128];
-        for (d, s) in internal.iter_mut().zip(&id_bytes) {
-            *d = *s as std::ffi::c_char;
-        }
-        let id = nsys::ncclUniqueId { internal };
 
         let (tx, rx) = mpsc::channel();
         let (exited_tx, exited_rx) = mpsc::channel::<()>();
@@ -619,6 +633,7 @@ impl NcclComm {
             next_seq: AtomicU64::new(0),
             rank,
             nranks,
+            transport,
             gpu: gpu.clone(),
             thread: Mutex::new(None),
             exited: Mutex::new(Some(exited_rx)),
@@ -630,7 +645,11 @@ impl NcclComm {
         let handle = std::thread::Builder::new()
             .name(format!("braid-nccl-{rank}"))
             .spawn(move || {
-                serve(gpu, rank, nranks, id, rx, host, init_tx, thread_flag, mode);
+                let link = match staged {
+                    Some(st) => Link::Staged(st),
+                    None => Link::Nccl(id, mode),
+                };
+                serve(gpu, rank, nranks, link, rx, host, init_tx, thread_flag);
                 let _ = exited_tx.send(());
             })
             .map_err(|e| CudaError::Invalid {
@@ -672,6 +691,11 @@ impl NcclComm {
     /// The GPU.
     pub fn gpu(&self) -> &Arc<Gpu> {
         &self.shared.gpu
+    }
+
+    /// How this communicator moves device data.
+    pub fn transport(&self) -> Transport {
+        self.shared.transport
     }
 
     /// Takes the next place in the call order.
@@ -789,12 +813,11 @@ fn serve(
     gpu: Arc<Gpu>,
     rank: Rank,
     nranks: u32,
-    id: nsys::ncclUniqueId,
+    link: Link,
     rx: mpsc::Receiver<Msg>,
     host: Arc<dyn Communicator>,
     init: oneshot::Sender<Result<(), CudaError>>,
     flag: Arc<AtomicBool>,
-    mode: NcclMode,
 ) {
     let watch = Watch {
         flag: &flag,
@@ -805,6 +828,10 @@ fn serve(
     let setup = (|| -> Result<Arc<CudaStream>, CudaError> {
         gpu.bind()?;
         let stream = gpu.new_stream()?;
+        let Link::Nccl(id, mode) = &link else {
+            return Ok(stream);
+        };
+        let (id, mode) = (*id, *mode);
         let mut cfg = config(mode);
         // SAFETY: `comm` is written by NCCL; every rank joins with the same
         // id; `cfg` is a complete configuration.
@@ -837,14 +864,19 @@ fn serve(
             return;
         }
     };
+    let staged = match &link {
+        Link::Staged(st) => Some(st),
+        Link::Nccl(..) => None,
+    };
     let work = NcclWork {
         comm,
         stream: &stream,
         rank,
         nranks,
         watch,
+        staged,
     };
-    if mode == NcclMode::Blocking {
+    if matches!(link, Link::Nccl(_, NcclMode::Blocking)) {
         if let Err(e) = warm_up(&work, &gpu) {
             // SAFETY: abort frees a communicator that cannot be used.
             unsafe {
@@ -899,7 +931,7 @@ fn serve(
             last_check = Instant::now();
             if let Some(e) = host.failure() {
                 aborted = Some(e.to_string());
-            } else {
+            } else if !comm.is_null() {
                 let mut st = nsys::ncclResult_t::ncclSuccess;
                 // SAFETY: a live communicator and an out-parameter.
                 let _ = unsafe { nsys::ncclCommGetAsyncError(comm, &mut st) };
@@ -915,9 +947,11 @@ fn serve(
                 pending = pending.len(),
                 "aborting NCCL communicator: {why}"
             );
-            // SAFETY: abort is the documented way out of hung operations.
-            unsafe {
-                let _ = nsys::ncclCommAbort(comm);
+            if !comm.is_null() {
+                // SAFETY: abort is the documented way out of hung operations.
+                unsafe {
+                    let _ = nsys::ncclCommAbort(comm);
+                }
             }
             // Let what was enqueued finish (or fail) before the buffers the
             // pending requests hold go back to the pool.
@@ -1026,8 +1060,143 @@ fn serve(
             break;
         }
     }
-    // SAFETY: no work is pending; destroy frees the communicator.
-    unsafe {
-        let _ = nsys::ncclCommDestroy(comm);
+    if !comm.is_null() {
+        // SAFETY: no work is pending; destroy frees the communicator.
+        unsafe {
+            let _ = nsys::ncclCommDestroy(comm);
+        }
+    }
+}
+
+/// What the communicator's thread talks through.
+enum Link {
+    /// An NCCL communicator to create from the unique id, in this mode.
+    Nccl(nsys::ncclUniqueId, NcclMode),
+    /// Host staging (no NCCL communicator).
+    Staged(Staged),
+}
+
+/// How a communicator moves device data between ranks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transport {
+    /// NCCL, one rank per GPU: chosen wherever every rank has its own GPU.
+    Nccl,
+    /// Through host memory over the host communicator (see the `staged`
+    /// module): chosen when ranks share a GPU, which NCCL refuses, or with
+    /// `BRAID_DEVICE_TRANSPORT=host`. Much slower; for development
+    /// machines and tests.
+    HostStaged,
+}
+
+/// The environment variable that picks the transport at rank 0: `nccl`,
+/// `host`, or `auto` (the default: NCCL unless two ranks share a GPU).
+pub const TRANSPORT_VAR: &str = "BRAID_DEVICE_TRANSPORT";
+
+/// Collective: every rank sends rank 0 its GPU's UUID; rank 0 picks the
+/// transport (and, for NCCL, makes the unique id) and tells every rank.
+/// A failure at rank 0 reaches every rank as an error.
+async fn agree_transport(
+    comm: &dyn Communicator,
+    gpu: &Gpu,
+    tag: Tag,
+) -> Result<(Transport, nsys::ncclUniqueId), CudaError> {
+    const NCCL: u8 = 0;
+    const HOST: u8 = 1;
+    const FAILED: u8 = 255;
+    let rank = comm.rank();
+    let nranks = comm.nranks();
+    let uuid = gpu.uuid()?;
+    let msg = if rank == 0 {
+        let mut ids = vec![uuid.to_vec()];
+        for r in 1..nranks {
+            ids.push(comm.recv(r, tag).await?.as_slice().to_vec());
+        }
+        let decided = pick_transport(rank, &ids).and_then(|t| match t {
+            Transport::HostStaged => Ok((HOST, vec![0u8; 128])),
+            Transport::Nccl => {
+                nccl_present(rank)?;
+                let id = nres::get_uniqueid()
+                    .map_err(|e| CudaError::nccl(rank, "ncclGetUniqueId", e))?;
+                Ok((NCCL, id.internal.iter().map(|&c| c as u8).collect()))
+            }
+        });
+        let mut msg = vec![FAILED];
+        if let Ok((code, id)) = &decided {
+            msg = vec![*code];
+            msg.extend_from_slice(id);
+        }
+        for r in 1..nranks {
+            comm.send(r, tag, Buffer::from_vec(msg.clone())).await?;
+        }
+        decided?;
+        msg
+    } else {
+        comm.send(0, tag, Buffer::from_vec(uuid.to_vec())).await?;
+        comm.recv(0, tag).await?.as_slice().to_vec()
+    };
+    let bad = |detail: String| CudaError::Invalid { rank, detail };
+    let transport = match msg.first() {
+        Some(&NCCL) => {
+            nccl_present(rank)?;
+            Transport::Nccl
+        }
+        Some(&HOST) => Transport::HostStaged,
+        Some(&FAILED) => {
+            return Err(bad("rank 0 could not set up the device communicator".into()));
+        }
+        _ => return Err(bad(format!("bad transport message from rank 0: {msg:?}"))),
+    };
+    if msg.len() != 129 {
+        return Err(bad(format!(
+            "transport message from rank 0 has {} bytes, not 129",
+            msg.len()
+        )));
+    }
+    let mut internal = [0 as std::ffi::c_char; 128];
+    for (d, s) in internal.iter_mut().zip(&msg[1..]) {
+        *d = *s as std::ffi::c_char;
+    }
+    Ok((transport, nsys::ncclUniqueId { internal }))
+}
+
+/// Rank 0's choice from every rank's GPU UUID and `BRAID_DEVICE_TRANSPORT`.
+fn pick_transport(rank: Rank, uuids: &[Vec<u8>]) -> Result<Transport, CudaError> {
+    let shared = (0..uuids.len())
+        .flat_map(|a| (a + 1..uuids.len()).map(move |b| (a, b)))
+        .find(|&(a, b)| uuids[a] == uuids[b]);
+    let want = std::env::var(TRANSPORT_VAR).unwrap_or_default();
+    match want.as_str() {
+        "nccl" => Ok(Transport::Nccl),
+        "host" => Ok(Transport::HostStaged),
+        "" | "auto" => Ok(match shared {
+            Some((a, b)) => {
+                tracing::warn!(
+                    "ranks {a} and {b} share a GPU, which NCCL does not allow: device data \
+                     goes through host memory (slower; one GPU per rank is the fast path)"
+                );
+                Transport::HostStaged
+            }
+            None => Transport::Nccl,
+        }),
+        other => Err(CudaError::Invalid {
+            rank,
+            detail: format!("{TRANSPORT_VAR}={other:?}: expected nccl, host or auto"),
+        }),
+    }
+}
+
+/// Whether libnccl can be loaded (an error that says what to do if not).
+fn nccl_present(rank: Rank) -> Result<(), CudaError> {
+    // SAFETY: only probes whether the library can be loaded.
+    if unsafe { nsys::is_culib_present() } {
+        Ok(())
+    } else {
+        Err(CudaError::NoDevice {
+            rank,
+            detail: format!(
+                "libnccl could not be loaded (is it on LD_LIBRARY_PATH?); \
+                 {TRANSPORT_VAR}=host moves device data through host memory instead"
+            ),
+        })
     }
 }

@@ -75,8 +75,9 @@ struct Cli {
     /// Generate ts as `timestamp[us]` instead of int64.
     #[arg(long)]
     timestamp: bool,
-    /// Where to compute: cpu, or gpu (one GPU per rank; needs a build with
-    /// `--features cuda` and as many GPUs as ranks).
+    /// Where to compute: cpu, or gpu (needs a build with `--features
+    /// cuda`; one GPU per rank is the fast path: ranks beyond the host's
+    /// GPUs share them and move device data through host memory).
     #[arg(long, default_value = "cpu", value_parser = parse_device)]
     device: Device,
 }
