@@ -609,6 +609,27 @@ fn rolling_edges_match_cpu() {
         (vec![1, 2, 3, 4], vec![2e154, 2e154, 2e154, 2e154], 5),
         (vec![1, 2, 3, 4, 5], vec![1e300, 1.0, 1e-20, 3.0, 1e-20], 1),
     ];
+    // Random magnitudes up to 1e200 among ordinary values (x^2 and the
+    // shifted sums overflow in some windows, not in others), and the same
+    // with infinities: over the general pass's blocks and its row ends.
+    let mut cases = cases;
+    let mut g = SplitMix(braid_tests::fresh_seed());
+    for (n, window) in [(300usize, 3i64), (5000, 40), (5000, 1000)] {
+        for infinities in [false, true] {
+            let ts = sorted_ts(&mut g, n);
+            let v = (0..n)
+                .map(|_| {
+                    let u = (g.below(2_000_001) as f64 - 1e6) / 1e6;
+                    match g.below(10) {
+                        0..=2 => u * 10f64.powi(100 + g.below(100) as i32),
+                        3 if infinities => [f64::INFINITY, f64::NEG_INFINITY][g.below(2) as usize],
+                        _ => u * 50.0,
+                    }
+                })
+                .collect();
+            cases.push((ts, v, window));
+        }
+    }
     for (ts, v, window) in cases {
         for closed in [Closed::Right, Closed::Both, Closed::Left, Closed::None] {
             let d_ts = DeviceBuffer::from_slice(&gpu, &ts).unwrap();
@@ -622,8 +643,13 @@ fn rolling_edges_match_cpu() {
             };
             let got = rolling(&gpu, input, window, closed, &Agg::ALL).unwrap();
             let want = cpu_rolling(&ts, &v, None, window, closed, &Agg::ALL, 0).unwrap();
+            let what = if ts.len() <= 8 {
+                format!("{ts:?} {v:?} window {window} {closed:?}")
+            } else {
+                format!("{} random rows, window {window} {closed:?}", ts.len())
+            };
             for (a, b) in got.iter().zip(&want.columns) {
-                check_agg(a, b, &format!("{ts:?} {v:?} window {window} {closed:?}"));
+                check_agg(a, b, &what);
             }
         }
     }

@@ -383,6 +383,17 @@ __device__ __forceinline__ double finish_sum(double s, double c) {
     return (s - s == 0.0) ? s + c : s;  // finite
 }
 
+// The sum of squared deviations from the mean of n values whose
+// deviations from a shift sum to s1 and their squares to s2. s1 * (s1 / n)
+// is at most s2, so it cannot overflow where s2 does not (s1 * s1 / n
+// could: the variance then came out -inf, clamped to 0). Finite values
+// whose squared deviations overflow give +inf (as on the CPU), not
+// inf - inf; an infinity or NaN among the values gives NaN.
+__device__ __forceinline__ double roll_m2(double n, double s1, double s2) {
+    if (s2 > 1.7976931348623157e308 && s1 - s1 == 0.0) return s2;
+    return s2 - s1 * (s1 / n);
+}
+
 // Level 1 from rows (valid may be null: no nulls).
 extern "C" __global__ void roll_level_rows(const double* v, const u8* valid, RollAgg* out, u64 nout) {
     GRID_STRIDE(b, nout) {
@@ -405,7 +416,7 @@ extern "C" __global__ void roll_level_rows(const double* v, const u8* valid, Rol
         RollAgg a;
         a.n = n; a.sum = s; a.comp = c;
         a.mean = n > 0 ? K + s1 / n : 0;
-        a.m2 = n > 0 ? s2 - s1 * s1 / n : 0;
+        a.m2 = n > 0 ? roll_m2(n, s1, s2) : 0;
         a.mn = mn; a.mx = mx;
         out[b] = a;
     }
@@ -620,10 +631,7 @@ extern "C" __global__ void rolling_window(const i64* ts, const i64* key, const d
             }
         }
         double cnt = a.n, s = finish_sum(a.sum, a.comp);
-        double var = cnt >= 2 ? (a.s2 - a.s1 * a.s1 / cnt) / (cnt - 1) : 0;
-        // Finite values whose squared deviations overflow: the variance is
-        // +inf (as on the CPU), not inf - inf.
-        if (cnt >= 2 && a.s2 > 1.7976931348623157e308 && a.s1 - a.s1 == 0.0) var = a.s2;
+        double var = cnt >= 2 ? roll_m2(cnt, a.s1, a.s2) / (cnt - 1) : 0;
         roll_write(ptrs, r, cnt, s, cnt > 0 ? s / cnt : 0, a.mn, a.mx, var);
     }
 }

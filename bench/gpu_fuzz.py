@@ -1,0 +1,155 @@
+#!/usr/bin/env python3
+"""Differential fuzz of `rolling --device gpu` against `rolling --device cpu`.
+
+Each case writes a random CSV input (int64 ts with ties and gaps, unsorted;
+an int or string key with nulls; a float value column with nulls and, in
+some cases, NaN, infinities or huge magnitudes; an int value column with
+nulls), runs both devices with the same random parameters (ranks, backend,
+window, closed mode, grouping, aggregations, chunk size), and compares the
+outputs row by row (keyed by `id`): text must be equal, or both numbers
+within a relative 1e-9 (sums and variances are computed in different
+orders). Needs only the Python standard library.
+
+    python3 bench/gpu_fuzz.py --rolling target/release/rolling --cases 50 --out /tmp/fz
+
+Prints one line per case and a summary; exit status 1 if any case differs
+or fails on one device only.
+"""
+
+import argparse
+import csv
+import math
+import os
+import random
+import subprocess
+import sys
+
+
+def gen_input(rng, path, rows):
+    kind = rng.choice(["plain", "plain", "nan", "huge", "ties"])
+    string_key = rng.random() < 0.4
+    nkeys = rng.choice([1, 3, 50, 1000])
+    span = rng.choice([rows // 10 + 1, rows * 3 + 1, 10**9])
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["id", "ts", "key", "v", "w"])
+        for i in range(rows):
+            ts = rng.randrange(span) if kind != "ties" else rng.randrange(max(1, rows // 50))
+            if rng.random() < 0.05:
+                key = ""
+            elif string_key:
+                key = f"k{rng.randrange(nkeys)}"
+            else:
+                key = str(rng.randrange(nkeys) - nkeys // 2)
+            r = rng.random()
+            if r < 0.08:
+                v = ""
+            elif kind == "nan" and r < 0.11:
+                v = rng.choice(["NaN", "inf", "-inf"])
+            elif kind == "huge" and r < 0.2:
+                v = repr(rng.uniform(-1, 1) * 10 ** rng.randrange(100, 200))
+            else:
+                v = repr(rng.gauss(1e3 if rng.random() < 0.5 else 0, 50))
+            wv = "" if rng.random() < 0.1 else str(rng.randrange(-1000, 1000))
+            w.writerow([i, ts, key, v, wv])
+
+
+def run(rolling, args, out, log):
+    cmd = [rolling] + args + ["--output", out]
+    with open(log, "w") as lf:
+        p = subprocess.run(cmd, stdout=lf, stderr=subprocess.STDOUT, timeout=300)
+    return p.returncode
+
+
+def read(path):
+    with open(path, newline="") as f:
+        r = csv.reader(f)
+        head = next(r)
+        return head, {row[0]: row for row in r}
+
+
+def same(a, b):
+    if a == b:
+        return True
+    try:
+        x, y = float(a), float(b)
+    except ValueError:
+        return False
+    if math.isnan(x) and math.isnan(y):
+        return True
+    if math.isinf(x) or math.isinf(y):
+        return x == y
+    return abs(x - y) <= 1e-9 * max(abs(x), abs(y), 1e-300)
+
+
+def compare(a, b):
+    ha, ra = read(a)
+    hb, rb = read(b)
+    if ha != hb:
+        return f"headers differ: {ha} vs {hb}"
+    if ra.keys() != rb.keys():
+        return f"row ids differ: {len(ra)} vs {len(rb)} rows"
+    bad = 0
+    first = None
+    for k, row in ra.items():
+        other = rb[k]
+        for c, (x, y) in enumerate(zip(row, other)):
+            if not same(x, y):
+                bad += 1
+                if first is None:
+                    first = f"id {k}, column {ha[c]}: cpu {x!r}, gpu {y!r}"
+    return None if bad == 0 else f"{bad} values differ; first: {first}"
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rolling", required=True)
+    ap.add_argument("--cases", type=int, default=40)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--out", default="/tmp/gpu-fuzz")
+    ap.add_argument("--only", type=int, nargs="*", help="run only these cases (inputs are still drawn in order)")
+    ap.add_argument("--against", default="gpu", help="the second device (cpu checks the harness)")
+    a = ap.parse_args()
+    os.makedirs(a.out, exist_ok=True)
+    rng = random.Random(a.seed)
+    failed = 0
+    for case in range(a.cases):
+        rows = rng.choice([0, 1, 7, 300, 5000, 40000, 150000])
+        inp = os.path.join(a.out, f"in{case}.csv")
+        gen_input(rng, inp, rows)
+        ranks = rng.choice([1, 2, 3, 4, 5, 8])
+        backend = rng.choice(["local", "tcp"])
+        aggs = rng.sample(["sum", "mean", "min", "max", "count", "std", "var"], rng.randrange(1, 8))
+        args = [
+            "--input", inp, "--ranks", str(ranks), "--backend", backend,
+            "--window", str(rng.choice([0, 1, 10, 1000, 10**6, 10**12])),
+            "--closed", rng.choice(["right", "both", "left", "none"]),
+            "--values", rng.choice(["v", "w", "v,w"]),
+            "--aggs", ",".join(aggs),
+            "--chunk-rows", str(rng.choice([1000, 65536, 1 << 20])),
+        ]
+        if rng.random() < 0.6:
+            args += ["--by", "key"]
+        if a.only and case not in a.only:
+            continue
+        outs, rcs = {}, {}
+        for dev, name in [("cpu", "cpu"), (a.against, "gpu")]:
+            outs[name] = os.path.join(a.out, f"out{case}-{name}.csv")
+            rcs[name] = run(a.rolling, args + ["--device", dev], outs[name],
+                            os.path.join(a.out, f"log{case}-{name}.txt"))
+        what = " ".join(args[2:])
+        if rcs["cpu"] != 0 or rcs["gpu"] != 0:
+            ok = rcs["cpu"] != 0 and rcs["gpu"] != 0
+            verdict = "both failed" if ok else f"FAIL: exit cpu {rcs['cpu']}, gpu {rcs['gpu']}"
+        else:
+            diff = compare(outs["cpu"], outs["gpu"])
+            ok = diff is None
+            verdict = "same" if ok else f"DIFFER: {diff}"
+        failed += 0 if ok else 1
+        print(f"case {case}: {rows} rows, {what}: {verdict}", flush=True)
+    print(f"{a.cases - failed} of {a.cases} cases agree")
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
