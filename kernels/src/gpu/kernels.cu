@@ -383,40 +383,45 @@ __device__ __forceinline__ double finish_sum(double s, double c) {
     return (s - s == 0.0) ? s + c : s;  // finite
 }
 
-// The sum of squared deviations from the mean of n values whose
-// deviations from a shift sum to s1 and their squares to s2. s1 * (s1 / n)
-// is at most s2, so it cannot overflow where s2 does not (s1 * s1 / n
-// could: the variance then came out -inf, clamped to 0). Finite values
-// whose squared deviations overflow give +inf (as on the CPU), not
-// inf - inf; an infinity or NaN among the values gives NaN.
-__device__ __forceinline__ double roll_m2(double n, double s1, double s2) {
-    if (s2 > 1.7976931348623157e308 && s1 - s1 == 0.0) return s2;
-    return s2 - s1 * (s1 / n);
+// Welford's step: one value x into the count n (already counted), mean
+// and sum of squared deviations m2. Deviations are taken from the running
+// mean, as on the CPU, never from a fixed shift: a shift far from the
+// values (a huge first value) would overflow the squares where m2 itself
+// does not. Finite values whose m2 overflows give +inf; an infinity or NaN
+// gives NaN (inf * (inf - inf)), as on the CPU.
+__device__ __forceinline__ void roll_welford(double n, double x, double* mean, double* m2) {
+    double d = x - *mean;
+    *mean += d / n;
+    *m2 += d * (x - *mean);
+}
+
+// Chan et al.'s merge of (nb, mb, m2b) into (na, ma, m2a); na > 0, nb > 0.
+__device__ __forceinline__ void roll_chan(double na, double* ma, double* m2a, double nb, double mb, double m2b) {
+    double n = na + nb, d = mb - *ma;
+    *ma += d * (nb / n);
+    *m2a += m2b + d * (d * (na * nb / n));
 }
 
 // Level 1 from rows (valid may be null: no nulls).
 extern "C" __global__ void roll_level_rows(const double* v, const u8* valid, RollAgg* out, u64 nout) {
     GRID_STRIDE(b, nout) {
-        double n = 0, s = 0, c = 0, K = 0, s1 = 0, s2 = 0, mn = ROLL_NAN, mx = ROLL_NAN;
+        double n = 0, s = 0, c = 0, mean = 0, m2 = 0, mn = ROLL_NAN, mx = ROLL_NAN;
         for (u32 j = 0; j < ROLL_FAN; j++) {
             u64 i = b * ROLL_FAN + j;
             if (valid && !valid[i]) continue;
             double x = v[i];
-            if (n == 0) K = x;
             n += 1;
             double e;
             two_sum(s, x, &s, &e);
             c += e;
-            double d = x - K;
-            s1 += d;
-            s2 += d * d;
+            roll_welford(n, x, &mean, &m2);
             mn = fmin(mn, x);
             mx = fmax(mx, x);
         }
         RollAgg a;
         a.n = n; a.sum = s; a.comp = c;
-        a.mean = n > 0 ? K + s1 / n : 0;
-        a.m2 = n > 0 ? roll_m2(n, s1, s2) : 0;
+        a.mean = mean;
+        a.m2 = m2;
         a.mn = mn; a.mx = mx;
         out[b] = a;
     }
@@ -430,12 +435,11 @@ extern "C" __global__ void roll_level_up(const RollAgg* in, RollAgg* out, u64 no
             RollAgg o = in[b * ROLL_FAN + j];
             if (o.n == 0) continue;
             if (a.n == 0) { a = o; continue; }
-            double n = a.n + o.n, d = o.mean - a.mean, e;
+            double e;
             two_sum(a.sum, o.sum, &a.sum, &e);
             a.comp += o.comp + e;
-            a.mean += d * (o.n / n);
-            a.m2 += o.m2 + d * d * (a.n * o.n / n);
-            a.n = n;
+            roll_chan(a.n, &a.mean, &a.m2, o.n, o.mean, o.m2);
+            a.n += o.n;
             a.mn = fmin(a.mn, o.mn);
             a.mx = fmax(a.mx, o.mx);
         }
@@ -444,32 +448,31 @@ extern "C" __global__ void roll_level_up(const RollAgg* in, RollAgg* out, u64 no
 }
 
 struct RollAcc {
-    double n, sum, comp, K, s1, s2, mn, mx;
+    double n, sum, comp, mean, m2, mn, mx;
 };
 
 __device__ __forceinline__ void acc_row(RollAcc* a, double x) {
-    if (a->n == 0) a->K = x;
     a->n += 1;
     double e;
     two_sum(a->sum, x, &a->sum, &e);
     a->comp += e;
-    double d = x - a->K;
-    a->s1 += d;
-    a->s2 += d * d;
+    roll_welford(a->n, x, &a->mean, &a->m2);
     a->mn = fmin(a->mn, x);
     a->mx = fmax(a->mx, x);
 }
 
 __device__ __forceinline__ void acc_block(RollAcc* a, const RollAgg& o) {
     if (o.n == 0) return;
-    if (a->n == 0) a->K = o.mean;
-    a->n += o.n;
     double e;
     two_sum(a->sum, o.sum, &a->sum, &e);
     a->comp += o.comp + e;
-    double d = o.mean - a->K;
-    a->s1 += o.n * d;
-    a->s2 += o.m2 + o.n * d * d;
+    if (a->n == 0) {
+        a->mean = o.mean;
+        a->m2 = o.m2;
+    } else {
+        roll_chan(a->n, &a->mean, &a->m2, o.n, o.mean, o.m2);
+    }
+    a->n += o.n;
     a->mn = fmin(a->mn, o.mn);
     a->mx = fmax(a->mx, o.mx);
 }
@@ -601,7 +604,7 @@ extern "C" __global__ void rolling_window(const i64* ts, const i64* key, const d
         i64 start = roll_start(t, window, incl_lo, &empty);
         u64 lo = empty ? hi : roll_lower(ts, key, (u64)0, i, k, start);
         RollAcc a;
-        a.n = 0; a.sum = 0; a.comp = 0; a.K = 0; a.s1 = 0; a.s2 = 0;
+        a.n = 0; a.sum = 0; a.comp = 0; a.mean = 0; a.m2 = 0;
         a.mn = ROLL_NAN; a.mx = ROLL_NAN;
         if (lo < hi) {
             u64 p = lo, size = 1;
@@ -631,7 +634,7 @@ extern "C" __global__ void rolling_window(const i64* ts, const i64* key, const d
             }
         }
         double cnt = a.n, s = finish_sum(a.sum, a.comp);
-        double var = cnt >= 2 ? roll_m2(cnt, a.s1, a.s2) / (cnt - 1) : 0;
+        double var = cnt >= 2 ? a.m2 / (cnt - 1) : 0;
         roll_write(ptrs, r, cnt, s, cnt > 0 ? s / cnt : 0, a.mn, a.mx, var);
     }
 }
