@@ -9,9 +9,35 @@ use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use braid_tests::{RANK_COUNTS, expected_summary};
+use braid_tests::{RANK_COUNTS, Scratch, expected_summary};
 
-fn mpirun(n: u32) -> Command {
+/// An `mpirun` command with a session folder of its own (its `TMPDIR`,
+/// removed when this drops). OpenMPI keeps its session directory at
+/// `$TMPDIR/ompi.<host>.<uid>`, one for every mpirun of a user; the tests
+/// of this file run in parallel, and one mpirun removing it while another
+/// creates it failed a CI run ("mkdir /tmp/ompi.vm.0: File exists").
+struct Mpirun {
+    cmd: Command,
+    _tmp: Scratch,
+}
+
+impl std::ops::Deref for Mpirun {
+    type Target = Command;
+    fn deref(&self) -> &Command {
+        &self.cmd
+    }
+}
+
+impl std::ops::DerefMut for Mpirun {
+    fn deref_mut(&mut self) -> &mut Command {
+        &mut self.cmd
+    }
+}
+
+fn mpirun(n: u32) -> Mpirun {
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let k = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = Scratch::new(&format!("mpirun-{k}"));
     let mut c = Command::new("mpirun");
     c.args([
         "--allow-run-as-root",
@@ -20,15 +46,16 @@ fn mpirun(n: u32) -> Command {
         &n.to_string(),
     ])
     .arg(env!("CARGO_BIN_EXE_braid-test-worker"))
-    .env("BRAID_BACKEND", "mpi");
-    c
+    .env("BRAID_BACKEND", "mpi")
+    .env("TMPDIR", tmp.path());
+    Mpirun { cmd: c, _tmp: tmp }
 }
 
 fn run(n: u32, args: &[&str]) -> Vec<String> {
     run_cmd(mpirun(n), n, args)
 }
 
-fn run_cmd(mut cmd: Command, n: u32, args: &[&str]) -> Vec<String> {
+fn run_cmd(mut cmd: Mpirun, n: u32, args: &[&str]) -> Vec<String> {
     let out = cmd.args(args).output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(
@@ -114,7 +141,8 @@ fn collective_suite(tag_ub: Option<&str>) {
 
 #[test]
 fn mpi_killed_rank_ends_the_job() {
-    let mut child = mpirun(3)
+    let mut job = mpirun(3);
+    let mut child = job
         .arg("wait")
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
