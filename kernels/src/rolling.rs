@@ -529,7 +529,9 @@ impl Moments for VarM {
             c: self.c + o.c + e,
             k: self.k,
             mean: self.mean + delta * (nb / nf),
-            m2: self.m2 + o.m2 + delta * delta * (na * nb / nf),
+            // delta * (delta * f), not delta * delta * f: delta^2 can
+            // overflow where the term (f is na nb / n, as small as 1/2) does not.
+            m2: self.m2 + o.m2 + delta * (delta * (na * nb / nf)),
         }
     }
     #[inline(always)]
@@ -1258,6 +1260,26 @@ mod tests {
                 }
                 check(&got, &want, &aggs, TOL, "segments");
             }
+        }
+    }
+
+    #[test]
+    fn variance_near_the_overflow_threshold_stays_finite() {
+        // Windows of two rows, +-9e153: m2 = 2 * 8.1e307 = 1.62e308 fits,
+        // while the merge's delta^2 (3.24e308) alone would not.
+        let n = 40usize;
+        let ts: Vec<i64> = (0..n as i64).collect();
+        let values: Vec<f64> = (0..n)
+            .map(|i| if i % 2 == 0 { 9e153 } else { -9e153 })
+            .collect();
+        let got = rolling(&ts, &values, None, 2, Closed::Right, &[Agg::Var], 0).unwrap();
+        let var = &got.columns[0];
+        for i in 1..n {
+            let v = var.values[i];
+            assert!(
+                var.valid[i] && (v - 1.62e308).abs() <= 1e-12 * 1.62e308,
+                "row {i}: {v}"
+            );
         }
     }
 
