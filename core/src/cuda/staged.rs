@@ -94,14 +94,8 @@ impl Staged {
     ) -> Result<(), CudaError> {
         let bytes = count * dt.size();
         let mine = Buffer::from_vec(self.to_host(e, &[(send, bytes)])?.remove(0));
-        let others: Vec<Rank> = (0..e.nranks).filter(|&p| p != e.rank).collect();
-        let sends = others.iter().map(|&p| (p, mine.clone())).collect();
-        let recvs = others.iter().map(|&p| (p, bytes)).collect();
-        let got = self.exchange(e, sends, recvs)?;
-        let mut parts: Vec<&Buffer> = got.iter().collect();
-        parts.insert(e.rank as usize, &mine);
-        let acc = reduce(&parts, dt, op);
-        self.to_device(e, &[(recv, &acc)])
+        let parts = self.gather_parts(e, mine.clone(), |_| mine.clone(), bytes)?;
+        self.to_device(e, &[(recv, &reduce(&parts, dt, op))])
     }
 
     /// Broadcast from `root`.
@@ -143,12 +137,8 @@ impl Staged {
     ) -> Result<(), CudaError> {
         let bytes = count * dt.size();
         let mine = Buffer::from_vec(self.to_host(e, &[(send, bytes)])?.remove(0));
-        let others: Vec<Rank> = (0..e.nranks).filter(|&p| p != e.rank).collect();
-        let sends = others.iter().map(|&p| (p, mine.clone())).collect();
-        let recvs = others.iter().map(|&p| (p, bytes)).collect();
-        let mut got = self.exchange(e, sends, recvs)?;
-        got.insert(e.rank as usize, mine);
-        let dst: Vec<(CUdeviceptr, &[u8])> = got
+        let parts = self.gather_parts(e, mine.clone(), |_| mine.clone(), bytes)?;
+        let dst: Vec<(CUdeviceptr, &[u8])> = parts
             .iter()
             .enumerate()
             .map(|(p, b)| (recv + (p * bytes) as u64, b.as_slice()))
@@ -168,26 +158,35 @@ impl Staged {
         op: NcclOp,
     ) -> Result<(), CudaError> {
         let bytes = count * dt.size();
-        let n = e.nranks as usize;
-        let blocks: Vec<(CUdeviceptr, usize)> =
-            (0..n).map(|p| (send + (p * bytes) as u64, bytes)).collect();
+        let blocks: Vec<(CUdeviceptr, usize)> = (0..e.nranks as usize)
+            .map(|p| (send + (p * bytes) as u64, bytes))
+            .collect();
         let mut host: Vec<Option<Buffer>> = self
             .to_host(e, &blocks)?
             .into_iter()
             .map(|v| Some(Buffer::from_vec(v)))
             .collect();
-        let mine = host[e.rank as usize].take().unwrap_or_default();
+        let mut block = |p: Rank| host[p as usize].take().unwrap_or_default();
+        let mine = block(e.rank);
+        let parts = self.gather_parts(e, mine, block, bytes)?;
+        self.to_device(e, &[(recv, &reduce(&parts, dt, op))])
+    }
+
+    /// Sends `part(p)` to every peer p and receives `bytes` from each: every
+    /// rank's part for this rank, in rank order (`mine` at this rank's place).
+    fn gather_parts(
+        &self,
+        e: Env<'_>,
+        mine: Buffer,
+        mut part: impl FnMut(Rank) -> Buffer,
+        bytes: usize,
+    ) -> Result<Vec<Buffer>, CudaError> {
         let others: Vec<Rank> = (0..e.nranks).filter(|&p| p != e.rank).collect();
-        let sends = others
-            .iter()
-            .map(|&p| (p, host[p as usize].take().unwrap_or_default()))
-            .collect();
+        let sends = others.iter().map(|&p| (p, part(p))).collect();
         let recvs = others.iter().map(|&p| (p, bytes)).collect();
-        let got = self.exchange(e, sends, recvs)?;
-        let mut parts: Vec<&Buffer> = got.iter().collect();
-        parts.insert(e.rank as usize, &mine);
-        let acc = reduce(&parts, dt, op);
-        self.to_device(e, &[(recv, &acc)])
+        let mut got = self.exchange(e, sends, recvs)?;
+        got.insert(e.rank as usize, mine);
+        Ok(got)
     }
 
     /// A send of `bytes` to `peer`: queued inside a group, at once outside.
@@ -395,7 +394,7 @@ fn check_len(rank: Rank, peer: Rank, got: usize, want: usize) -> Result<(), Cuda
 }
 
 /// Combines equal-length parts element by element, in order.
-fn reduce(parts: &[&Buffer], dt: NcclDType, op: NcclOp) -> Vec<u8> {
+fn reduce(parts: &[Buffer], dt: NcclDType, op: NcclOp) -> Vec<u8> {
     let mut acc = parts
         .first()
         .map(|b| b.as_slice().to_vec())
@@ -428,28 +427,21 @@ fn combine(acc: &mut [u8], x: &[u8], dt: NcclDType, op: NcclOp) {
             }
         }};
     }
+    macro_rules! int {
+        ($t:ty) => {
+            apply!(
+                $t,
+                <$t>::wrapping_add,
+                <$t>::wrapping_mul,
+                <$t as Ord>::min,
+                <$t as Ord>::max
+            )
+        };
+    }
     match dt {
-        NcclDType::U8 => apply!(
-            u8,
-            |a, b| a.wrapping_add(b),
-            |a, b| a.wrapping_mul(b),
-            |a, b| a.min(b),
-            |a, b| a.max(b)
-        ),
-        NcclDType::I32 => apply!(
-            i32,
-            |a, b| a.wrapping_add(b),
-            |a, b| a.wrapping_mul(b),
-            |a, b| a.min(b),
-            |a, b| a.max(b)
-        ),
-        NcclDType::I64 => apply!(
-            i64,
-            |a, b| a.wrapping_add(b),
-            |a, b| a.wrapping_mul(b),
-            |a, b| a.min(b),
-            |a, b| a.max(b)
-        ),
+        NcclDType::U8 => int!(u8),
+        NcclDType::I32 => int!(i32),
+        NcclDType::I64 => int!(i64),
         NcclDType::F32 => apply!(f32, |a, b| a + b, |a, b| a * b, f32::min, f32::max),
         NcclDType::F64 => apply!(f64, |a, b| a + b, |a, b| a * b, f64::min, f64::max),
     }
@@ -469,7 +461,7 @@ mod tests {
         let a = buf(&[1.0, 5.0, -2.0], to);
         let b = buf(&[2.0, 4.0, -3.0], to);
         let c = buf(&[3.0, 6.0, 0.5], to);
-        let parts = [&a, &b, &c];
+        let parts = [a, b, c];
         let back = |v: Vec<u8>| -> Vec<f64> {
             v.chunks_exact(8)
                 .map(|c| {
@@ -498,7 +490,7 @@ mod tests {
         let to = |x: i32| x.to_ne_bytes().to_vec();
         let a = buf(&[i32::MAX, 7], to);
         let b = buf(&[1, -9], to);
-        let sum = reduce(&[&a, &b], NcclDType::I32, NcclOp::Sum);
+        let sum = reduce(&[a, b], NcclDType::I32, NcclOp::Sum);
         assert_eq!(sum, buf(&[i32::MIN, -2], to).as_slice());
     }
 }
