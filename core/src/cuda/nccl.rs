@@ -1,4 +1,6 @@
 //! `NcclComm`: an NCCL communicator, one rank per GPU, on its own OS thread.
+//! Where ranks share a GPU, the same thread serves the same calls through
+//! host memory instead (`Transport::HostStaged`, module `staged`).
 //!
 //! NCCL forbids concurrent calls on one communicator and cudarc's handle is
 //! neither `Send` nor `Sync`, so the communicator lives on a thread that
@@ -120,8 +122,9 @@ impl NcclOp {
 }
 
 /// What a request's work sees on the NCCL thread: thin, unchecked NCCL
-/// calls on the communicator's stream. Pointers must be valid device
-/// memory of the communicator's GPU for the counts given.
+/// calls on the communicator's stream (or their host-staged forms, which
+/// complete before they return). Pointers must be valid device memory of
+/// the communicator's GPU for the counts given.
 pub struct NcclWork<'a> {
     comm: nsys::ncclComm_t,
     stream: &'a Arc<CudaStream>,
@@ -596,8 +599,11 @@ impl Completion {
 impl NcclComm {
     /// Creates the communicator of every rank of `ctx` (collective: every
     /// rank calls it, in the same order relative to other collectives).
-    /// Rank 0 makes the NCCL unique id and sends it over the host
-    /// communicator; each rank then initialises NCCL on a new thread.
+    /// Every rank sends rank 0 its GPU's UUID; rank 0 picks the
+    /// [`Transport`] (host staging where ranks share a GPU, or as
+    /// `BRAID_DEVICE_TRANSPORT` says), makes the NCCL unique id and sends
+    /// both over the host communicator; each rank then initialises NCCL (or
+    /// the staged transport) on a new thread.
     pub async fn init(ctx: &Context, gpu: Arc<Gpu>) -> Result<NcclComm, CudaError> {
         Self::init_with(ctx, gpu, NcclMode::default()).await
     }
