@@ -3,10 +3,10 @@
 //! windows (none, a few rows, most of the data), an i32 value column next
 //! to an f64 one with nulls, unsorted input spread unevenly (a rank with
 //! no rows), ties in ts; N in {1, 2, 3, 4, 5, 8} ranks as threads (ranks
-//! beyond the host's GPUs share them, through the host-staged transport). A second test groups by a string
-//! column with nulls and carries columns that have no device form
-//! (strings, a null-keyed integer group). Without a GPU the tests say they
-//! skipped and pass.
+//! beyond the host's GPUs share them, through the host-staged transport).
+//! A second test groups by a string column with nulls and carries columns
+//! that have no device form (strings, a null-keyed integer group). Without
+//! a GPU the tests say they skipped and pass.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::HashMap;

@@ -1111,13 +1111,25 @@ async fn agree_transport(
     const FAILED: u8 = 255;
     let rank = comm.rank();
     let nranks = comm.nranks();
-    let uuid = gpu.uuid()?;
+    // A rank that cannot read its UUID still answers (with no bytes), so
+    // that rank 0 fails every rank instead of waiting for it.
+    let uuid = gpu.uuid();
+    let mine = uuid.as_ref().map(|u| u.to_vec()).unwrap_or_default();
     let msg = if rank == 0 {
-        let mut ids = vec![uuid.to_vec()];
+        let mut ids = vec![mine];
         for r in 1..nranks {
             ids.push(comm.recv(r, tag).await?.as_slice().to_vec());
         }
-        let decided = pick_transport(rank, &ids).and_then(|t| match t {
+        let unread = ids.iter().position(|id| id.len() != 16);
+        let decided = match (uuid.clone(), unread) {
+            (Err(e), _) => Err(e),
+            (Ok(_), Some(r)) => Err(CudaError::Invalid {
+                rank,
+                detail: format!("rank {r} could not read its GPU's UUID"),
+            }),
+            (Ok(_), None) => pick_transport(rank, &ids),
+        };
+        let decided = decided.and_then(|t| match t {
             Transport::HostStaged => Ok((HOST, vec![0u8; 128])),
             Transport::Nccl => {
                 nccl_present(rank)?;
@@ -1137,7 +1149,8 @@ async fn agree_transport(
         decided?;
         msg
     } else {
-        comm.send(0, tag, Buffer::from_vec(uuid.to_vec())).await?;
+        comm.send(0, tag, Buffer::from_vec(mine)).await?;
+        uuid?;
         comm.recv(0, tag).await?.as_slice().to_vec()
     };
     let bad = |detail: String| CudaError::Invalid { rank, detail };

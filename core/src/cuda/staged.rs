@@ -309,21 +309,29 @@ impl Staged {
     ) -> Result<Vec<Buffer>, CudaError> {
         let host = e.watch.host;
         let tag = self.tag;
+        let mut peers: Vec<Rank> = sends
+            .iter()
+            .map(|p| p.0)
+            .chain(recvs.iter().map(|p| p.0))
+            .collect();
+        peers.sort_unstable();
+        peers.dedup();
         let send_all =
             futures::future::try_join_all(sends.into_iter().map(|(p, b)| host.send(p, tag, b)));
         let recv_all = futures::future::try_join_all(recvs.iter().map(|&(p, _)| host.recv(p, tag)));
-        let (_, got) = self.block(e, futures::future::try_join(send_all, recv_all))?;
+        let (_, got) = self.block(e, &peers, futures::future::try_join(send_all, recv_all))?;
         for (b, &(p, want)) in got.iter().zip(&recvs) {
             check_len(e.rank, p, b.len(), want)?;
         }
         Ok(got)
     }
 
-    /// Waits for `fut` on the runtime, giving up when the communicator is
-    /// aborted or the host communicator fails.
+    /// Waits for `fut` (messages with `peers`) on the runtime, giving up
+    /// when the communicator is aborted or the host communicator fails.
     fn block<T>(
         &self,
         e: Env<'_>,
+        peers: &[Rank],
         fut: impl Future<Output = Result<T, crate::error::CommError>>,
     ) -> Result<T, CudaError> {
         let w = e.watch;
@@ -337,7 +345,7 @@ impl Staged {
                             return Err(CudaError::Nccl {
                                 rank: w.rank,
                                 call: "staged transfer",
-                                detail: "aborted while waiting for a peer".into(),
+                                detail: format!("aborted while moving data with ranks {peers:?}"),
                             });
                         }
                         if let Some(err) = w.host.failure() {
