@@ -324,6 +324,70 @@ fn rolling_matches_cpu() {
     }
 }
 
+/// Min and max asked alone (the tile pass then keeps infinities, which
+/// only the sums send to the general pass), over windows of one row to
+/// hundreds, inside one min/max block and over many, with nulls from none
+/// to nearly all (windows of nothing but nulls, blocks of nothing but
+/// nulls), and with count asked next to them.
+#[test]
+fn rolling_min_max_match_cpu() {
+    let Some(gpu) = gpu() else { return };
+    let mut g = SplitMix(braid_tests::fresh_seed());
+    let sets: [&[Agg]; 3] = [&[Agg::Min, Agg::Max], &[Agg::Min], &[Agg::Max, Agg::Count]];
+    for &n in &[1usize, 2, 7, 513, 2049, 5000, 100_003] {
+        for (c, closed) in [Closed::Right, Closed::Both, Closed::Left, Closed::None]
+            .into_iter()
+            .enumerate()
+        {
+            let ts = sorted_ts(&mut g, n);
+            // Per mille of null rows.
+            let null_pm = [0u64, 100, 500, 950][(c + n) % 4];
+            let v: Vec<f64> = (0..n)
+                .map(|_| match g.below(200) {
+                    0 => f64::INFINITY,
+                    1 => f64::NEG_INFINITY,
+                    _ => (g.below(20_001) as f64 - 10_000.0) / 7.0,
+                })
+                .collect();
+            let valid: Vec<bool> = (0..n).map(|_| g.below(1000) >= null_pm).collect();
+            let ok: Vec<u8> = valid.iter().map(|b| u8::from(*b)).collect();
+            let d_ts = DeviceBuffer::from_slice(&gpu, &ts).unwrap();
+            let d_v = DeviceBuffer::from_slice(&gpu, &v).unwrap();
+            let d_ok = DeviceBuffer::from_host(&gpu, &ok).unwrap();
+            for aggs in sets {
+                let window = [0i64, 1, 3, 7, 12, 40, 300, 700][g.below(8) as usize];
+                let nulls = null_pm > 0;
+                let emit_from = g.below(n as u64 / 4 + 1) as usize;
+                let input = RollingInput {
+                    ts: &d_ts,
+                    key: None,
+                    values: &d_v,
+                    valid: nulls.then_some(&d_ok),
+                    emit_from,
+                };
+                let got = rolling(&gpu, input, window, closed, aggs).unwrap();
+                let want = cpu_rolling(
+                    &ts,
+                    &v,
+                    nulls.then_some(&valid[..]),
+                    window,
+                    closed,
+                    aggs,
+                    emit_from,
+                )
+                .unwrap();
+                let what = format!(
+                    "n = {n}, {aggs:?}, {closed:?}, window {window}, nulls {null_pm}/1000, emit from {emit_from}"
+                );
+                assert_eq!(got.len(), want.columns.len(), "{what}");
+                for (a, b) in got.iter().zip(&want.columns) {
+                    check_agg(a, b, &what);
+                }
+            }
+        }
+    }
+}
+
 /// Order values far from one step per unit: scaled steps (each bucket of
 /// the tile pass's ts index then spans many units), bursts split by wide
 /// gaps (buckets holding many rows, and gaps too wide for the index), and

@@ -10,6 +10,32 @@ use braid_core::cuda::{CudaError, Gpu};
 /// The CUDA C source of every kernel.
 const SOURCE: &str = include_str!("kernels.cu");
 
+/// Names a file whose text replaces the built-in kernel source, for
+/// kernel work: a changed kernel runs without rebuilding the binary (and
+/// several variants can be timed by one binary). Entry points, argument
+/// lists and the tile constants `rolling.rs` mirrors must stay as they are.
+pub const SOURCE_VAR: &str = "BRAID_KERNEL_SOURCE";
+
+/// The kernel source in use: `SOURCE_VAR`'s file if set, else the built-in
+/// one (read once per process).
+fn source(rank: u32) -> Result<&'static str, KernelError> {
+    static OVERRIDE: OnceLock<Result<Option<String>, String>> = OnceLock::new();
+    let o = OVERRIDE.get_or_init(|| match std::env::var_os(SOURCE_VAR) {
+        None => Ok(None),
+        Some(path) => std::fs::read_to_string(&path)
+            .map(Some)
+            .map_err(|e| format!("{SOURCE_VAR}={}: {e}", path.to_string_lossy())),
+    });
+    match o {
+        Ok(Some(text)) => Ok(text.as_str()),
+        Ok(None) => Ok(SOURCE),
+        Err(detail) => Err(KernelError::Compile {
+            rank,
+            detail: detail.clone(),
+        }),
+    }
+}
+
 /// Failures of compiling or launching kernels.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum KernelError {
@@ -85,25 +111,25 @@ fn ptx_cache_dir() -> Option<std::path::PathBuf> {
     Some(base.join("braid"))
 }
 
-/// The cache file of the kernels compiled with `options` (FNV-1a of the
-/// source and the options: a changed source is a new file).
-fn ptx_path(options: &[String]) -> Option<std::path::PathBuf> {
+/// The cache file of the kernels compiled from `source` with `options`
+/// (FNV-1a of both: a changed source is a new file).
+fn ptx_path(source: &str, options: &[String]) -> Option<std::path::PathBuf> {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in SOURCE.bytes().chain(options.join(" ").bytes()) {
+    for b in source.bytes().chain(options.join(" ").bytes()) {
         h = (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
     }
     Some(ptx_cache_dir()?.join(format!("kernels-{h:016x}.ptx")))
 }
 
-fn cached_ptx(options: &[String]) -> Option<Ptx> {
-    let text = std::fs::read_to_string(ptx_path(options)?).ok()?;
+fn cached_ptx(source: &str, options: &[String]) -> Option<Ptx> {
+    let text = std::fs::read_to_string(ptx_path(source, options)?).ok()?;
     text.contains(".entry").then(|| Ptx::from_src(text))
 }
 
 /// Writes the PTX to the cache (atomically: a temporary file, renamed);
 /// failures only cost the next process a compile.
-fn store_ptx(options: &[String], ptx: &Ptx) {
-    let Some(path) = ptx_path(options) else {
+fn store_ptx(source: &str, options: &[String], ptx: &Ptx) {
+    let Some(path) = ptx_path(source, options) else {
         return;
     };
     let Some(dir) = path.parent() else { return };
@@ -155,16 +181,17 @@ impl Kernels {
             ],
             ..Default::default()
         };
-        let ptx = match cached_ptx(&opts.options) {
+        let source = source(rank)?;
+        let ptx = match cached_ptx(source, &opts.options) {
             Some(p) => p,
             None => {
-                let ptx = compile_ptx_with_opts(SOURCE, opts.clone()).map_err(|e| {
+                let ptx = compile_ptx_with_opts(source, opts.clone()).map_err(|e| {
                     KernelError::Compile {
                         rank,
                         detail: format!("{e:?}"),
                     }
                 })?;
-                store_ptx(&opts.options, &ptx);
+                store_ptx(source, &opts.options, &ptx);
                 ptx
             }
         };
