@@ -7,7 +7,7 @@ Setup, once (pip wheels; no CUDA install needed):
     python3 -m pip install --target /tmp/cuda-tools \
         nvidia-cuda-nvrtc-cu12 nvidia-cuda-nvcc-cu12
 Usage:
-    python3 bench/check_kernels.py [--tools /tmp/cuda-tools] [--arch 90] [KERNEL ...]
+    python3 bench/check_kernels.py [--tools /tmp/cuda-tools] [--arch 90] [-D NAME=VALUE] [KERNEL ...]
 With KERNEL names, only their ptxas lines are printed.
 """
 import argparse
@@ -20,6 +20,8 @@ import tempfile
 ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 ap.add_argument("--tools", default="/tmp/cuda-tools")
 ap.add_argument("--arch", default="90", help="compute capability, e.g. 90 for H100/H200")
+ap.add_argument("-D", dest="defines", action="append", default=[],
+                help="a macro for NVRTC, e.g. -D ROLL_CAP=3456 (the long-window module)")
 ap.add_argument("kernels", nargs="*")
 args = ap.parse_args()
 
@@ -31,6 +33,7 @@ if lib.nvrtcCreateProgram(ctypes.byref(prog), src_path.read_bytes(), b"kernels.c
     sys.exit("nvrtcCreateProgram failed")
 # The options launch.rs passes (virtual architecture: ptxas takes the PTX).
 opts = [f"--gpu-architecture=compute_{args.arch}".encode(), b"-std=c++17"]
+opts += [f"-D{d}".encode() for d in args.defines]
 rc = lib.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*opts))
 size = ctypes.c_size_t()
 lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))

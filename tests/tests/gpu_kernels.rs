@@ -263,7 +263,7 @@ fn rolling_matches_cpu() {
             let shape = (c + n) % 4;
             let window = match shape {
                 1 => 1 << 40,
-                _ => [0i64, 1, 3, 40, 700][g.below(5) as usize],
+                _ => [0i64, 1, 3, 40, 700, 1500, 2500][g.below(7) as usize],
             };
             let ts = if shape == 2 {
                 let mut t = 0i64;
@@ -355,7 +355,7 @@ fn rolling_min_max_match_cpu() {
             let d_v = DeviceBuffer::from_slice(&gpu, &v).unwrap();
             let d_ok = DeviceBuffer::from_host(&gpu, &ok).unwrap();
             for aggs in sets {
-                let window = [0i64, 1, 3, 7, 12, 40, 300, 700][g.below(8) as usize];
+                let window = [0i64, 1, 3, 7, 12, 40, 300, 700, 1500][g.below(9) as usize];
                 let nulls = null_pm > 0;
                 let emit_from = g.below(n as u64 / 4 + 1) as usize;
                 let input = RollingInput {

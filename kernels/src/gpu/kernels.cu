@@ -353,7 +353,12 @@ extern "C" __global__ void cast_to_i64(const void* in, u32 ty, i64* out, u64 n) 
 #define ROLL_FAN 32
 #define ROLL_TILE 2048  // output rows per block of the tile pass
 #define ROLL_EXTRA 64     // rows past the tile (ties of its last rows)
-#define ROLL_CAP 2560     // region rows: halo (up to ROLL_OFF), tile, extra
+// Region rows (halo up to ROLL_OFF, tile, extra): 2560 by default, a
+// larger region in the module compiled for long windows (-DROLL_CAP=3456;
+// see rolling.rs: it takes the tiles the default one leaves).
+#ifndef ROLL_CAP
+#define ROLL_CAP 2560
+#endif
 #define ROLL_OFF (ROLL_CAP - ROLL_TILE - ROLL_EXTRA)
 #define ROLL_FIRST_HALO 64
 #define ROLL_MAX_LEVELS 8
@@ -699,6 +704,10 @@ extern "C" __global__ void rolling_window(const i64* ts, const i64* key, const d
 #define ROLL_THREADS 512
 #define ROLL_R (ROLL_TILE / ROLL_THREADS)                          // rows per thread
 #define ROLL_CHUNK ((ROLL_CAP + ROLL_THREADS - 1) / ROLL_THREADS)  // region rows per thread
+// Min/max table entries a thread builds per round with a larger region
+// (held in registers; with the default one a thread builds all of its
+// entries at once: the rounds made ptxas spill in the keyed entry point).
+#define ROLL_MMB 4
 // Region slots (ts/key padded), P[end] included; even, so s_a and s_b together are
 // ROLL_SLOTS 16-byte (min, max) pairs in the min/max phase.
 #define ROLL_SLOTS (ROLL_PT(ROLL_CAP) + 2)
@@ -1335,6 +1344,7 @@ __device__ __forceinline__ void roll_tile(const i64* ts, const i64* key, const d
 #pragma unroll 1
     for (u32 L = 2; L <= top; L += 2) {
         u32 q = 1u << (L - 2);
+#if ROLL_CAP <= 2560
         // Entries [base, lim) of level L; lanes on consecutive slots (no
         // bank conflicts): this thread's m-th is slot base + t + T m, so
         // its addresses are one register plus constants.
@@ -1376,6 +1386,52 @@ __device__ __forceinline__ void roll_tile(const i64* ts, const i64* key, const d
             if (T * m < rem) dst[T * m] = nm[m];
         }
         __syncthreads();
+#else
+        // Entries [base, lim) of level L; lanes on consecutive slots (no
+        // bank conflicts): this thread's m-th is slot base + t + T m.
+        u32 lim = end > base + 3 * q ? end - 3 * q : base;
+        if (L == 2) {
+            // From s_x: nothing is read after it is written.
+#pragma unroll 1
+            for (u32 j = base + t; j < lim; j += T) {
+                double mn = ROLL_INF, mx = -ROLL_INF;
+#pragma unroll
+                for (u32 i = 0; i < 4; i++) {
+                    double a = s_x[j + i];
+                    bool oa = !NUL || a == a;  // a null adds nothing
+                    mn = roll_min(mn, oa ? a : ROLL_INF);
+                    mx = roll_max(mx, oa ? a : -ROLL_INF);
+                }
+                s_mm[j] = make_double2(mn, mx);
+            }
+        } else {
+            // In place, in rounds of ROLL_MMB entries per thread from the
+            // low slots up: a round reads only entries at or above its own
+            // (no later round has written yet) and writes after a barrier.
+#pragma unroll 1
+            for (u32 r0 = base; r0 < lim; r0 += T * ROLL_MMB) {
+                u32 jt = r0 + t;
+                u32 rem = lim > jt ? lim - jt : 0;  // own entries: T m < rem
+                const double2* p = s_mm + jt;
+                double2 nm[ROLL_MMB];
+#pragma unroll
+                for (u32 m = 0; m < ROLL_MMB; m++) {
+                    if (T * m < rem) {
+                        double2 x = p[T * m], y = p[T * m + q], z = p[T * m + 2 * q], u = p[T * m + 3 * q];
+                        nm[m] = make_double2(roll_min(roll_min(x.x, y.x), roll_min(z.x, u.x)),
+                                             roll_max(roll_max(x.y, y.y), roll_max(z.y, u.y)));
+                    }
+                }
+                __syncthreads();  // every read of this round's level L - 2 entries is done
+                double2* dst = s_mm + jt;
+#pragma unroll
+                for (u32 m = 0; m < ROLL_MMB; m++) {
+                    if (T * m < rem) dst[T * m] = nm[m];
+                }
+            }
+        }
+        __syncthreads();
+#endif
 #pragma unroll
         for (u32 k = 0; k < R; k++) {
             u32 lk = (lvl >> (8 * k)) & 0xFFu;
@@ -1402,8 +1458,9 @@ __device__ __forceinline__ void roll_tile(const i64* ts, const i64* key, const d
 extern "C" __global__ void __launch_bounds__(ROLL_THREADS, 2)
 rolling_tile(const i64* ts, const i64* key, const double* v, const u8* valid,
              u64 n, u64 emit_from, i64 window, u32 closed,
-             const RollOut out, u32* flags, u32* flagged) {
+             const RollOut out, u32* flags, u32* flagged, const u32* only) {
     __shared__ RollShared sh;
+    if (only && !only[blockIdx.x]) return;
     if (valid) roll_tile<false, true>(ts, key, v, valid, n, emit_from, window, closed, out, flags, flagged, sh);
     else roll_tile<false, false>(ts, key, v, valid, n, emit_from, window, closed, out, flags, flagged, sh);
 }
@@ -1412,8 +1469,9 @@ rolling_tile(const i64* ts, const i64* key, const double* v, const u8* valid,
 extern "C" __global__ void __launch_bounds__(ROLL_THREADS, 2)
 rolling_tile_keyed(const i64* ts, const i64* key, const double* v, const u8* valid,
                    u64 n, u64 emit_from, i64 window, u32 closed,
-                   const RollOut out, u32* flags, u32* flagged) {
+                   const RollOut out, u32* flags, u32* flagged, const u32* only) {
     __shared__ RollShared sh;
+    if (only && !only[blockIdx.x]) return;
     if (valid) roll_tile<true, true>(ts, key, v, valid, n, emit_from, window, closed, out, flags, flagged, sh);
     else roll_tile<true, false>(ts, key, v, valid, n, emit_from, window, closed, out, flags, flagged, sh);
 }

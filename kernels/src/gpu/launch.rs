@@ -62,6 +62,27 @@ pub enum KernelError {
     },
 }
 
+/// Which compilation of `kernels.cu`: the tile pass's region size is a
+/// compile-time constant (`ROLL_CAP`), so long windows get a module of
+/// their own, compiled on first use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Build {
+    /// Every kernel, with the default region.
+    Default,
+    /// The same source with a larger tile region (`-DROLL_CAP=3456`), for
+    /// the tiles whose windows the default region cannot hold.
+    LongWindows,
+}
+
+impl Build {
+    fn defines(self) -> &'static [&'static str] {
+        match self {
+            Build::Default => &[],
+            Build::LongWindows => &["-DROLL_CAP=3456"],
+        }
+    }
+}
+
 /// The kernels compiled for one device.
 pub struct Kernels {
     _module: Arc<CudaModule>,
@@ -94,7 +115,7 @@ const ENTRY_POINTS: &[&str] = &[
     "iota_u32",
 ];
 
-type Cache = Mutex<HashMap<usize, Arc<Kernels>>>;
+type Cache = Mutex<HashMap<(usize, Build), Arc<Kernels>>>;
 
 /// Where compiled PTX is kept between processes: `BRAID_KERNEL_CACHE`, or
 /// `$XDG_CACHE_HOME/braid`, or `$HOME/.cache/braid`; `None` when none is
@@ -151,11 +172,16 @@ impl Kernels {
     /// The kernels for `gpu`'s device, compiled on first use (NVRTC) and
     /// cached for the life of the process.
     pub fn get(gpu: &Gpu) -> Result<Arc<Kernels>, KernelError> {
+        Self::get_build(gpu, Build::Default)
+    }
+
+    /// The kernels of one [`Build`] for `gpu`'s device, as [`Kernels::get`].
+    pub fn get_build(gpu: &Gpu, build: Build) -> Result<Arc<Kernels>, KernelError> {
         let ordinal = gpu.ordinal();
         if let Some(k) = cache()
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .get(&ordinal)
+            .get(&(ordinal, build))
         {
             return Ok(k.clone());
         }
@@ -178,7 +204,10 @@ impl Kernels {
             options: vec![
                 format!("--gpu-architecture=sm_{major}{minor}"),
                 "-std=c++17".into(),
-            ],
+            ]
+            .into_iter()
+            .chain(build.defines().iter().map(|d| (*d).to_string()))
+            .collect(),
             ..Default::default()
         };
         let source = source(rank)?;
@@ -219,7 +248,7 @@ impl Kernels {
         cache()
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(ordinal, k.clone());
+            .insert((ordinal, build), k.clone());
         Ok(k)
     }
 

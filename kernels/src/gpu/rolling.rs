@@ -13,11 +13,15 @@
 //!             thread); count, sum and sum of squares as
 //!             differences of double-double prefix sums over the region
 //!             (block scans); min/max from a sparse table built in place,
-//!             one level per power of two, each row reading its level as
+//!             every second power of two, each row reading its level as
 //!             it is built. Outputs row-parallel and coalesced: one read
 //!             of the inputs, one write of the outputs.
-//!   general:  only for tiles the first pass flags (a window longer than
-//!             the shared region, a long run of one ts, a NaN, an
+//!   long:     the same pass compiled with a larger region (lookback up
+//!             to 1344 rows, `Build::LongWindows`), only over the tiles
+//!             the first one flagged; 6-7x faster than the general pass
+//!             on windows of 700-1200 rows (H200)
+//!   general:  only for tiles both tile passes flag (a window longer than
+//!             the larger region, a long run of one ts, a NaN, an
 //!             infinity, magnitudes 2^40 apart): level 1 = aggregates of
 //!             32 rows, level L = of 32 level L-1 entries; one thread per
 //!             row gallops to its window and merges at most 2 * 31
@@ -38,7 +42,7 @@ use std::sync::Arc;
 use braid_core::cuda::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 use braid_core::cuda::{DeviceBuffer, Gpu};
 
-use super::launch::{KernelError, Kernels, grid, launched};
+use super::launch::{Build, KernelError, Kernels, grid, launched};
 use super::ops::{mark_written, wait_inputs};
 use crate::rolling::{Agg, Closed};
 
@@ -50,16 +54,26 @@ const ENTRY: usize = 56;
 const MAX_LEVELS: usize = 8;
 /// Output rows per block of the shared-memory pass (`ROLL_TILE`).
 const TILE: usize = 2048;
-/// Region rows a block holds (`ROLL_CAP`): halo, tile and ties past it.
-const CAP: usize = 2560;
+/// Region rows a block holds (`ROLL_CAP`): halo, tile and ties past it;
+/// lookback up to 448 rows with the default build, 1344 with
+/// [`Build::LongWindows`] (the same pass over a larger region: more
+/// shared memory, which costs the default case ~5% on an H200 through a
+/// smaller L1, so it only takes the tiles the default build leaves).
+fn region_rows(build: Build) -> usize {
+    match build {
+        Build::Default => 2560,
+        Build::LongWindows => 3456,
+    }
+}
 
 /// The shared memory `rolling_tile` needs: per region row (and one past
 /// it) the value, two 8-byte slots (ts and key, then the double-double
 /// prefix, then the min/max table) and a prefix count; per tile row the
 /// window bounds. The ts/key arrays are padded by one slot per 16 and the
 /// bounds by one per 32 (`ROLL_PT`, `ROLL_PW`).
-fn tile_shared_bytes() -> usize {
-    let slots = CAP + (CAP >> 4) + 2;
+fn tile_shared_bytes(build: Build) -> usize {
+    let cap = region_rows(build);
+    let slots = cap + (cap >> 4) + 2;
     3 * slots * 8 + slots * 4 + (TILE + (TILE >> 5)) * 4
 }
 
@@ -116,24 +130,28 @@ impl Pass<'_> {
         Ok(())
     }
 
-    /// The shared-memory pass over every tile; flags the tiles it leaves.
+    /// The shared-memory pass of `build` over every tile, or only over
+    /// those `only` flags; flags the tiles it leaves in `flags`.
+    #[allow(clippy::too_many_arguments)]
     fn tiles(
         &self,
+        build: Build,
         reads: &[&DeviceBuffer],
         written: &mut [&mut DeviceBuffer],
+        only: Option<&DeviceBuffer>,
         flags: &mut DeviceBuffer,
         flagged: &mut DeviceBuffer,
         tiles: usize,
     ) -> Result<(), KernelError> {
         let rank = self.gpu.rank();
-        let k = Kernels::get(self.gpu)?;
+        let k = Kernels::get_build(self.gpu, build)?;
         let name = if self.input.key.is_some() {
             "rolling_tile_keyed"
         } else {
             "rolling_tile"
         };
         let f = k.func(rank, name)?;
-        let shared = tile_shared_bytes();
+        let shared = tile_shared_bytes(build);
         // The attribute is the function's, shared by concurrent callers;
         // every caller sets the same size.
         f.set_attribute(
@@ -151,9 +169,10 @@ impl Pass<'_> {
         all.extend(written.iter().map(|b| &**b));
         all.push(flags);
         all.push(flagged);
+        all.extend(only);
         wait_inputs(self.gpu, &all)?;
         let (tp, kp, vp, okp, n, e) = self.args();
-        let (fp, cp) = (flags.ptr(), flagged.ptr());
+        let (fp, cp, op) = (flags.ptr(), flagged.ptr(), only.map_or(0, |b| b.ptr()));
         let mut b = self.gpu.stream().launch_builder(f);
         b.arg(&tp)
             .arg(&kp)
@@ -165,7 +184,8 @@ impl Pass<'_> {
             .arg(&self.closed)
             .arg(&self.outs)
             .arg(&fp)
-            .arg(&cp);
+            .arg(&cp)
+            .arg(&op);
         let cfg = LaunchConfig {
             grid_dim: (tiles as u32, 1, 1),
             block_dim: (TILE_THREADS, 1, 1),
@@ -174,11 +194,48 @@ impl Pass<'_> {
         // SAFETY: every pointer is a live buffer of the checked sizes; the
         // tile count covers the output rows; shared memory as declared.
         launched(rank, unsafe { b.launch(cfg) })?;
-        self.mark(reads, written)?;
+        let mut reads2 = reads.to_vec();
+        reads2.extend(only);
+        self.mark(&reads2, written)?;
         let ev = self.gpu.record(self.gpu.stream())?;
         flags.set_ready(ev.clone());
         flagged.set_ready(ev);
         Ok(())
+    }
+
+    /// One tile pass: the default build over every tile (`after` None), or
+    /// the long-window build over the tiles `after` flags. Returns the
+    /// flags of the tiles it left, `None` when it left none (read back:
+    /// one small device-to-host copy).
+    fn tile_pass(
+        &self,
+        reads: &[&DeviceBuffer],
+        written: &mut [&mut DeviceBuffer],
+        tiles: usize,
+        after: Option<&DeviceBuffer>,
+    ) -> Result<Option<DeviceBuffer>, KernelError> {
+        let gpu = self.gpu;
+        let mut flags = DeviceBuffer::alloc(gpu, tiles * 4)?;
+        flags.fill(0)?;
+        let mut flagged = DeviceBuffer::alloc(gpu, 4)?;
+        flagged.fill(0)?;
+        let build = if after.is_some() {
+            Build::LongWindows
+        } else {
+            Build::Default
+        };
+        self.tiles(
+            build,
+            reads,
+            written,
+            after,
+            &mut flags,
+            &mut flagged,
+            tiles,
+        )?;
+        let n_flagged: Vec<u32> = flagged.to_vec()?;
+        // No count read back: treat every tile as left (slower, never wrong).
+        Ok((n_flagged.first().copied().unwrap_or(1) > 0).then_some(flags))
     }
 
     /// The level entries of the general pass (levels 1..).
@@ -391,10 +448,6 @@ pub fn rolling(
             }
         }
         let tiles = rows.div_ceil(TILE);
-        let mut flags = DeviceBuffer::alloc(gpu, tiles * 4)?;
-        flags.fill(0)?;
-        let mut flagged = DeviceBuffer::alloc(gpu, 4)?;
-        flagged.fill(0)?;
         let mut reads: Vec<&DeviceBuffer> = vec![input.ts, input.values];
         reads.extend(input.key);
         reads.extend(input.valid);
@@ -405,11 +458,14 @@ pub fn rolling(
             closed: code(closed),
             outs: TileOutputs(ptrs),
         };
-        pass.tiles(&reads, &mut written, &mut flags, &mut flagged, tiles)?;
-        let n_flagged: Vec<u32> = flagged.to_vec()?;
-        if n_flagged[0] > 0 {
+        let mut left = pass.tile_pass(&reads, &mut written, tiles, None)?;
+        if let Some(flags) = &left {
+            // Windows longer than the default region: the larger one.
+            left = pass.tile_pass(&reads, &mut written, tiles, Some(flags))?;
+        }
+        if let Some(flags) = &left {
             let levels = pass.levels()?;
-            pass.general(&reads, &levels, &flags, &mut written)?;
+            pass.general(&reads, &levels, flags, &mut written)?;
         }
     }
     // One column per requested aggregation, in the order asked.
