@@ -75,10 +75,23 @@ pub enum Build {
 }
 
 impl Build {
-    fn defines(self) -> &'static [&'static str] {
+    /// Region rows a tile block holds (`ROLL_CAP`: halo, tile and ties
+    /// past it): lookback up to 448 rows by default, 1344 for long
+    /// windows. The larger region's shared memory costs the default case
+    /// ~5% on an H200 (a smaller L1), so it only takes the tiles the
+    /// default build leaves.
+    pub fn region_rows(self) -> usize {
         match self {
-            Build::Default => &[],
-            Build::LongWindows => &["-DROLL_CAP=3456"],
+            Build::Default => 2560,
+            Build::LongWindows => 3456,
+        }
+    }
+
+    /// NVRTC options beyond the common ones.
+    fn defines(self) -> Vec<String> {
+        match self {
+            Build::Default => Vec::new(),
+            Build::LongWindows => vec![format!("-DROLL_CAP={}", self.region_rows())],
         }
     }
 }
@@ -206,7 +219,7 @@ impl Kernels {
                 "-std=c++17".into(),
             ]
             .into_iter()
-            .chain(build.defines().iter().map(|d| (*d).to_string()))
+            .chain(build.defines())
             .collect(),
             ..Default::default()
         };

@@ -54,25 +54,13 @@ const ENTRY: usize = 56;
 const MAX_LEVELS: usize = 8;
 /// Output rows per block of the shared-memory pass (`ROLL_TILE`).
 const TILE: usize = 2048;
-/// Region rows a block holds (`ROLL_CAP`): halo, tile and ties past it;
-/// lookback up to 448 rows with the default build, 1344 with
-/// [`Build::LongWindows`] (the same pass over a larger region: more
-/// shared memory, which costs the default case ~5% on an H200 through a
-/// smaller L1, so it only takes the tiles the default build leaves).
-fn region_rows(build: Build) -> usize {
-    match build {
-        Build::Default => 2560,
-        Build::LongWindows => 3456,
-    }
-}
-
 /// The shared memory `rolling_tile` needs: per region row (and one past
 /// it) the value, two 8-byte slots (ts and key, then the double-double
 /// prefix, then the min/max table) and a prefix count; per tile row the
 /// window bounds. The ts/key arrays are padded by one slot per 16 and the
 /// bounds by one per 32 (`ROLL_PT`, `ROLL_PW`).
 fn tile_shared_bytes(build: Build) -> usize {
-    let cap = region_rows(build);
+    let cap = build.region_rows();
     let slots = cap + (cap >> 4) + 2;
     3 * slots * 8 + slots * 4 + (TILE + (TILE >> 5)) * 4
 }
@@ -130,20 +118,27 @@ impl Pass<'_> {
         Ok(())
     }
 
-    /// The shared-memory pass of `build` over every tile, or only over
-    /// those `only` flags; flags the tiles it leaves in `flags`.
-    #[allow(clippy::too_many_arguments)]
+    /// One tile pass: the default build over every tile (`after` None), or
+    /// the long-window build over the tiles `after` flags. Returns the
+    /// flags of the tiles it left, `None` when it left none (read back:
+    /// one small device-to-host copy).
     fn tiles(
         &self,
-        build: Build,
         reads: &[&DeviceBuffer],
         written: &mut [&mut DeviceBuffer],
-        only: Option<&DeviceBuffer>,
-        flags: &mut DeviceBuffer,
-        flagged: &mut DeviceBuffer,
         tiles: usize,
-    ) -> Result<(), KernelError> {
+        after: Option<&DeviceBuffer>,
+    ) -> Result<Option<DeviceBuffer>, KernelError> {
         let rank = self.gpu.rank();
+        let build = if after.is_some() {
+            Build::LongWindows
+        } else {
+            Build::Default
+        };
+        let mut flags = DeviceBuffer::alloc(self.gpu, tiles * 4)?;
+        flags.fill(0)?;
+        let mut flagged = DeviceBuffer::alloc(self.gpu, 4)?;
+        flagged.fill(0)?;
         let k = Kernels::get_build(self.gpu, build)?;
         let name = if self.input.key.is_some() {
             "rolling_tile_keyed"
@@ -167,12 +162,12 @@ impl Pass<'_> {
         })?;
         let mut all: Vec<&DeviceBuffer> = reads.to_vec();
         all.extend(written.iter().map(|b| &**b));
-        all.push(flags);
-        all.push(flagged);
-        all.extend(only);
+        all.push(&flags);
+        all.push(&flagged);
+        all.extend(after);
         wait_inputs(self.gpu, &all)?;
         let (tp, kp, vp, okp, n, e) = self.args();
-        let (fp, cp, op) = (flags.ptr(), flagged.ptr(), only.map_or(0, |b| b.ptr()));
+        let (fp, cp, op) = (flags.ptr(), flagged.ptr(), after.map_or(0, |b| b.ptr()));
         let mut b = self.gpu.stream().launch_builder(f);
         b.arg(&tp)
             .arg(&kp)
@@ -195,44 +190,11 @@ impl Pass<'_> {
         // tile count covers the output rows; shared memory as declared.
         launched(rank, unsafe { b.launch(cfg) })?;
         let mut reads2 = reads.to_vec();
-        reads2.extend(only);
+        reads2.extend(after);
         self.mark(&reads2, written)?;
         let ev = self.gpu.record(self.gpu.stream())?;
         flags.set_ready(ev.clone());
         flagged.set_ready(ev);
-        Ok(())
-    }
-
-    /// One tile pass: the default build over every tile (`after` None), or
-    /// the long-window build over the tiles `after` flags. Returns the
-    /// flags of the tiles it left, `None` when it left none (read back:
-    /// one small device-to-host copy).
-    fn tile_pass(
-        &self,
-        reads: &[&DeviceBuffer],
-        written: &mut [&mut DeviceBuffer],
-        tiles: usize,
-        after: Option<&DeviceBuffer>,
-    ) -> Result<Option<DeviceBuffer>, KernelError> {
-        let gpu = self.gpu;
-        let mut flags = DeviceBuffer::alloc(gpu, tiles * 4)?;
-        flags.fill(0)?;
-        let mut flagged = DeviceBuffer::alloc(gpu, 4)?;
-        flagged.fill(0)?;
-        let build = if after.is_some() {
-            Build::LongWindows
-        } else {
-            Build::Default
-        };
-        self.tiles(
-            build,
-            reads,
-            written,
-            after,
-            &mut flags,
-            &mut flagged,
-            tiles,
-        )?;
         let n_flagged: Vec<u32> = flagged.to_vec()?;
         // No count read back: treat every tile as left (slower, never wrong).
         Ok((n_flagged.first().copied().unwrap_or(1) > 0).then_some(flags))
@@ -458,10 +420,10 @@ pub fn rolling(
             closed: code(closed),
             outs: TileOutputs(ptrs),
         };
-        let mut left = pass.tile_pass(&reads, &mut written, tiles, None)?;
+        let mut left = pass.tiles(&reads, &mut written, tiles, None)?;
         if let Some(flags) = &left {
             // Windows longer than the default region: the larger one.
-            left = pass.tile_pass(&reads, &mut written, tiles, Some(flags))?;
+            left = pass.tiles(&reads, &mut written, tiles, Some(flags))?;
         }
         if let Some(flags) = &left {
             let levels = pass.levels()?;
