@@ -1,15 +1,16 @@
 #!/usr/bin/env python3
 """Differential fuzz of `rolling --device gpu` against `rolling --device cpu`.
 
-Each case writes a random CSV input (int64 ts, or ISO times read as
-timestamps with duration windows, with ties and gaps, unsorted;
-an int or string key with nulls; a float value column with nulls and, in
-some cases, NaN, infinities or huge magnitudes; an int value column with
-nulls), runs both devices with the same random parameters (ranks, backend,
-window, closed mode, grouping, aggregations, chunk size), and compares the
-outputs row by row (keyed by `id`): text must be equal, or both numbers
-within a relative 1e-9 (sums and variances are computed in different
-orders). Needs only the Python standard library.
+Each case writes a random CSV input (int64 ts, also near either end of
+i64, or ISO times read as timestamps with duration windows; with ties and
+gaps, unsorted; an int or string key with nulls; a float value column with
+nulls and, in some cases, NaN, infinities, huge magnitudes or a large mean
+with a small spread; an int value column with nulls), runs both devices with
+the same random parameters (ranks, backend, window, closed mode, grouping,
+aggregations, chunk size), and compares the outputs row by row (keyed by
+`id`): text must be equal, or both numbers within a relative 1e-9 (sums and
+variances are computed in different orders). Needs only the Python
+standard library.
 
     python3 bench/gpu_fuzz.py --rolling target/release/rolling --cases 50 --out /tmp/fz
 
@@ -38,7 +39,9 @@ def iso(ms):
 
 
 def gen_input(rng, path, rows, iso_ts=False):
-    kind = rng.choice(["plain", "plain", "nan", "huge", "ties"])
+    kind = rng.choice(["plain", "plain", "nan", "huge", "ties", "offset"])
+    # Order values near either end of i64 (t - window must not wrap).
+    ts_base = rng.choice([0, 0, 0, -2**63, 2**63 - 1 - 10**10]) if not iso_ts else 0
     string_key = rng.random() < 0.4
     nkeys = rng.choice([1, 3, 50, 1000])
     span = rng.choice([rows // 10 + 1, rows * 3 + 1, 10**9 if not iso_ts else 10**10])
@@ -46,7 +49,7 @@ def gen_input(rng, path, rows, iso_ts=False):
         w = csv.writer(f)
         w.writerow(["id", "ts", "key", "v", "w"])
         for i in range(rows):
-            ts = rng.randrange(span) if kind != "ties" else rng.randrange(max(1, rows // 50))
+            ts = ts_base + (rng.randrange(span) if kind != "ties" else rng.randrange(max(1, rows // 50)))
             if rng.random() < 0.05:
                 key = ""
             elif string_key:
@@ -58,6 +61,9 @@ def gen_input(rng, path, rows, iso_ts=False):
                 v = ""
             elif kind == "nan" and r < 0.11:
                 v = rng.choice(["NaN", "inf", "-inf"])
+            elif kind == "offset":
+                # A large mean with a small spread (variance cancels).
+                v = repr(1e9 + rng.random())
             elif kind == "huge" and r < 0.2:
                 v = repr(rng.uniform(-1, 1) * 10 ** rng.randrange(100, 200))
             else:

@@ -2,7 +2,9 @@
 //! non-zero exit and no output that looks complete; the tcp backend runs
 //! the job in processes; and (the oracle test) its Parquet output on a
 //! million generated rows matches DuckDB and Polars for every closed mode,
-//! grouped and ungrouped.
+//! grouped and ungrouped; and (the fuzz test) random inputs and parameters
+//! at the edges (ties, i64's ends, few rows, nulls, NaN, many ranks) match
+//! them too.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail by panicking
 
@@ -269,6 +271,39 @@ fn csv_output_keeps_its_header_and_quoted_line_breaks() {
     }
 }
 
+#[test]
+fn header_only_csv_gives_an_empty_result() {
+    let scratch = Scratch::new("cli-empty-csv");
+    let d = scratch.path();
+    let input = d.join("in.csv");
+    // Nothing to infer types from: the columns read as integers.
+    std::fs::write(&input, "id,ts,key,v\n").unwrap();
+    for (ranks, by) in [("1", None), ("3", Some("key")), ("5", None)] {
+        let out = d.join(format!("out-{ranks}.csv"));
+        let mut args = vec![
+            "--input",
+            input.to_str().unwrap(),
+            "--aggs",
+            "count,sum,std",
+            "--ranks",
+            ranks,
+            "--output",
+            out.to_str().unwrap(),
+        ];
+        if let Some(by) = by {
+            args.extend(["--by", by]);
+        }
+        let (ok, stdout, err) = run(&args);
+        assert!(ok, "{ranks} ranks: {err}");
+        assert!(stdout.contains("0 rows"), "{ranks} ranks: {stdout}");
+        assert_eq!(
+            std::fs::read_to_string(&out).unwrap(),
+            "id,ts,key,v,v_count,v_sum,v_std\n",
+            "{ranks} ranks"
+        );
+    }
+}
+
 fn have_oracle() -> bool {
     Command::new("python3")
         .args(["-c", "import duckdb, polars, pyarrow"])
@@ -378,6 +413,39 @@ fn oracle_duckdb_and_polars_agree_with_the_job() {
             let _ = std::fs::remove_dir_all(&out);
         }
     }
+}
+
+/// `tests/oracle/fuzz.py`: random inputs and parameters (order values near
+/// i64's ends, all ties, 0-2 rows, more ranks than rows, string and null
+/// keys, NaN and infinities, integer value columns, duration windows, tiny
+/// chunks, spilling) against DuckDB and Polars. A fixed seed keeps CI
+/// repeatable; `BRAID_FUZZ_SEED` and `BRAID_FUZZ_CASES` explore further.
+#[test]
+fn random_cases_agree_with_the_oracle() {
+    if !have_oracle() {
+        assert!(
+            std::env::var_os("BRAID_SKIP_ORACLE").is_some(),
+            "the fuzz test needs python3 with duckdb, polars and pyarrow, or BRAID_SKIP_ORACLE=1"
+        );
+        return;
+    }
+    let scratch = Scratch::new("cli-fuzz");
+    let seed = std::env::var("BRAID_FUZZ_SEED").unwrap_or_else(|_| "11".into());
+    let cases = std::env::var("BRAID_FUZZ_CASES").unwrap_or_else(|_| "40".into());
+    let out = Command::new("python3")
+        .arg(repo().join("tests/oracle/fuzz.py"))
+        .args(["--rolling", env!("CARGO_BIN_EXE_rolling")])
+        .args(["--cases", &cases, "--seed", &seed])
+        .arg("--out")
+        .arg(scratch.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "fuzz seed {seed}: some cases disagree with the oracle:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[test]

@@ -153,8 +153,10 @@ fn csv_schema(path: &Path) -> Result<Schema> {
 /// name the same columns in the same order (columns are read by
 /// position, so a different order would swap data). A column's type is
 /// the widest any file suggests: all-empty columns take the others' type
-/// (or f64 where every file's is empty), integers and floats give f64,
-/// anything else that disagrees is read as text.
+/// (or i64 where every file's is empty, so that a header-only input, which
+/// has nothing to infer from, still has an integer order column and gives
+/// an empty result), integers and floats give f64, anything else that
+/// disagrees is read as text.
 fn csv_table_schema(files: &[PathBuf]) -> Result<SchemaRef> {
     let mut merged: Option<(Vec<String>, Vec<DataType>)> = None;
     for f in files {
@@ -194,7 +196,7 @@ fn csv_table_schema(files: &[PathBuf]) -> Result<SchemaRef> {
             .zip(types)
             .map(|(n, t)| {
                 let t = if t == DataType::Null {
-                    DataType::Float64
+                    DataType::Int64
                 } else {
                     t
                 };

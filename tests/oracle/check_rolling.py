@@ -182,9 +182,15 @@ class Spec:
         # Window lower bound that already covers every row can be replaced by
         # "unbounded" without changing the result; avoids t - w overflow in the
         # engines for huge windows.
+        # Windows are translation-invariant: both engines see the order value
+        # minus its minimum, so t - w cannot leave i64 for data near its ends
+        # (DuckDB raises, Polars wraps).
+        self.shift = 0
         if base.height:
-            o = base.select(self.ord_expr(pl)).to_series()
+            o = base.select(self.raw_ord_expr(pl)).to_series()
             self.ord_span = int(o.max()) - int(o.min())
+            if self.ord_span < 2**63:
+                self.shift = int(o.min())
         else:
             self.ord_span = 0
         self.unbounded = self.window > self.ord_span
@@ -199,10 +205,14 @@ class Spec:
         else:
             self.join_cols = list(self.input_cols)
 
-    def ord_expr(self, pl):
+    def raw_ord_expr(self, pl):
         if self.unit is None:
             return pl.col(self.order).cast(pl.Int64).alias(ORD)
         return pl.col(self.order).dt.epoch(self.unit).alias(ORD)
+
+    def ord_expr(self, pl):
+        """The order value minus its minimum (see `shift`)."""
+        return (self.raw_ord_expr(pl) - pl.lit(self.shift, pl.Int64)).alias(ORD)
 
     def keys(self):
         return [self.by] if self.by else []
@@ -221,13 +231,10 @@ def expected_duckdb(spec, base, pl):
 
     con = duckdb.connect()
     con.execute(f"SET threads TO {os.cpu_count() or 1}")
-    src = base.select([RID, spec.order] + spec.keys() + spec.values)
+    # The order value as an integer comes from Polars: DuckDB 2.0's
+    # epoch_ms/epoch_ns refuse TIMESTAMP_MS/TIMESTAMP_NS columns.
+    src = base.select([RID] + spec.keys() + spec.values + [spec.ord_expr(pl)])
     con.register("braid_input", src.to_arrow())
-
-    if spec.unit is None:
-        ord_sql = f"CAST({qi(spec.order)} AS BIGINT)"
-    else:
-        ord_sql = f"epoch_{spec.unit}({qi(spec.order)})"
 
     w = spec.window
     if spec.unbounded:
@@ -259,8 +266,7 @@ def expected_duckdb(spec, base, pl):
                 }[a]
                 expr = fn
             sel.append(f"{expr} AS {out}")
-    sql = (f"WITH b AS (SELECT *, {ord_sql} AS {ORD} FROM braid_input) "
-           f"SELECT {', '.join(sel)} FROM b")
+    sql = f"SELECT {', '.join(sel)} FROM braid_input"
     if not spec.empty:
         sql += f" WINDOW win AS {window}"
     res = con.sql(sql).pl()
@@ -271,7 +277,9 @@ def expected_duckdb(spec, base, pl):
 
 def expected_polars(spec, base, pl):
     keys = spec.keys()
-    df = base.select(keys + spec.values + [spec.ord_expr(pl)])
+    # Values as f64, as braid computes them: Polars sums an int32 column in
+    # int32 and wraps on overflow.
+    df = base.select(keys + [pl.col(v).cast(pl.Float64) for v in spec.values] + [spec.ord_expr(pl)])
     cnt = {v: f"__cnt_{i}" for i, v in enumerate(spec.values)}
     exprs = []
     for v in spec.values:

@@ -1,0 +1,228 @@
+#!/usr/bin/env python3
+"""Differential fuzz of braid's `rolling` (CPU) against DuckDB and Polars.
+
+Each case writes a random Parquet input and runs `rolling` on it with random
+parameters, then `check_rolling.py` (this folder) compares the output with
+DuckDB and Polars. The inputs aim at edges a fixed test misses:
+
+  - order column: int64 or timestamp[s|ms|us|ns]; uniform, bursts with long
+    gaps, heavy ties, all equal, negative values; windows from 0 to past the
+    whole span, as integers or (timestamps) durations such as 90s;
+  - group column: none, int64 or string, few or many keys, nulls (one group);
+  - values: float64 with nulls, NaN, +-inf or huge magnitudes next to tiny
+    ones; int64, int32, uint8, float32 columns; all-null columns;
+  - sizes: 0, 1 and 2 rows, fewer rows than ranks, up to ~200k rows;
+  - job: 1-8 ranks, local or tcp, tiny chunks, a memory limit that spills.
+
+    python3 tests/oracle/fuzz.py --rolling target/release/rolling --cases 40 \
+        --seed 1 [--out /tmp/braid-fuzz] [--keep]
+
+Prints one line per case and a summary; exit status 1 if any case fails
+(the case's input, command and the oracle's report stay under --out).
+Needs duckdb, polars and pyarrow.
+"""
+
+import argparse
+import os
+import random
+import shutil
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+AGGS = ["sum", "mean", "min", "max", "count", "std", "var"]
+CLOSED = ["right", "both", "left", "none"]
+# A duration suffix and its length in seconds, for --window on timestamps.
+DURATIONS = [("ms", 1e-3), ("s", 1), ("m", 60), ("h", 3600), ("d", 86400)]
+UNIT_PER_SECOND = {"ms": 10**3, "us": 10**6, "ns": 10**9}
+
+
+def order_values(rng, rows):
+    """Random order values (ints) and the span they cover."""
+    kind = rng.choice(["uniform", "uniform", "bursts", "ties", "equal", "negative", "extreme"])
+    if kind == "uniform":
+        span = rng.choice([rows + 1, 10 * rows + 1, 10**6, 10**12])
+        ts = [rng.randrange(span) for _ in range(rows)]
+    elif kind == "bursts":
+        ts, t = [], 0
+        while len(ts) < rows:
+            t += rng.choice([1, 10, 10**4, 10**7])
+            for _ in range(min(rows - len(ts), rng.randrange(1, 400))):
+                ts.append(t + rng.randrange(50))
+        rng.shuffle(ts)
+        span = t + 50
+    elif kind == "ties":
+        span = max(1, rows // rng.choice([2, 20, 500]))
+        ts = [rng.randrange(span) for _ in range(rows)]
+    elif kind == "equal":
+        span = 1
+        ts = [12345] * rows
+    elif kind == "negative":
+        span = 2 * 10**6
+        ts = [rng.randrange(span) - 10**6 for _ in range(rows)]
+    else:
+        # Near either end of i64: t - w must not wrap.
+        span = 10**6
+        base = rng.choice([-2**63, 2**63 - span])
+        ts = [base + rng.randrange(span) for _ in range(rows)]
+    return kind, ts, max(span, 1)
+
+
+def value_column(rng, rows, kind):
+    """(values, arrow type name) for one value column of the given kind."""
+    null = rng.choice([0.0, 0.05, 0.5, 0.95, 1.0])
+    out = []
+    for _ in range(rows):
+        if rng.random() < null:
+            out.append(None)
+            continue
+        if kind == "f64":
+            out.append(round(rng.gauss(0, 100), 3))
+        elif kind == "f64_special":
+            r = rng.random()
+            out.append(
+                float("nan") if r < 0.03 else
+                float("inf") if r < 0.05 else
+                float("-inf") if r < 0.07 else
+                round(rng.gauss(0, 100), 3))
+        elif kind == "f64_offset":
+            # A large mean with a small spread: variance by sums of squares
+            # cancels here unless computed with care.
+            out.append(1e9 + rng.random())
+        elif kind == "i64":
+            out.append(rng.randrange(-10**6, 10**6))
+        elif kind == "i64_big":
+            out.append(rng.randrange(-2**62, 2**62))
+        elif kind == "f64_huge":
+            # Sums overflow to +inf; tiny values next to huge ones. (No
+            # -1e308: sums that cancel huge terms depend on the order of
+            # addition, and each engine has its own.)
+            out.append(rng.choice([1e308, 1e-300, 3.5, 1e300]))
+        elif kind == "i32":
+            out.append(rng.randrange(-2**31, 2**31))
+        elif kind == "u8":
+            out.append(rng.randrange(256))
+        elif kind == "f32":
+            out.append(float(rng.randrange(-5000, 5000)) / 8)
+    return out
+
+
+ARROW_TYPE = {
+    "f64": "float64", "f64_special": "float64", "f64_offset": "float64",
+    "i64": "int64", "i64_big": "int64", "f64_huge": "float64", "i32": "int32", "u8": "uint8", "f32": "float32",
+}
+
+
+def make_case(rng, i, d):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = rng.choice([0, 1, 2, 3, 7, 50, 1000, 5000, 30000, 200000])
+    ts_kind, ts, span = order_values(rng, rows)
+    unit = rng.choice([None, None, "ms", "us", "ns"])  # parquet stores s as ms
+    cols = {
+        "id": pa.array(rng.sample(range(rows * 3 + 1), rows), pa.int64()),
+        "ts": pa.array(ts, pa.int64()),
+    }
+    if unit:
+        cols["ts"] = cols["ts"].cast(pa.timestamp(unit))
+    key = rng.choice([None, "int", "str"])
+    if key:
+        nkeys = rng.choice([1, 2, 7, 100, 5000])
+        knull = rng.choice([0.0, 0.05, 0.5])
+        ks = [None if rng.random() < knull else rng.randrange(nkeys) for _ in range(rows)]
+        if key == "str":
+            cols["key"] = pa.array([None if k is None else f"k{k}" for k in ks], pa.string())
+        else:
+            cols["key"] = pa.array([None if k is None else k - nkeys // 2 for k in ks], pa.int64())
+    kinds = rng.sample(list(ARROW_TYPE), rng.choice([1, 1, 2, 3]))
+    values = []
+    for j, kind in enumerate(kinds):
+        name = f"v{j}"
+        cols[name] = pa.array(value_column(rng, rows, kind), ARROW_TYPE[kind])
+        values.append(name)
+    inp = os.path.join(d, "in.parquet")
+    pq.write_table(pa.table(cols), inp, row_group_size=rng.choice([1000, 65536]))
+
+    # The window: an integer in storage units, or a duration on timestamps.
+    w = rng.choice([0, 1, 2, 10, span // 100, span // 3, span, 10 * span])
+    w_arg = str(w)
+    if unit and rng.random() < 0.5:
+        suffix, secs = rng.choice(DURATIONS)
+        n = rng.choice([0, 1, 3, 90, 1000])
+        per = UNIT_PER_SECOND[unit] * secs
+        if per >= 1 and float(per).is_integer():
+            w = n * int(per)
+            w_arg = f"{n}{suffix}"
+    closed = rng.choice(CLOSED)
+    aggs = rng.sample(AGGS, rng.randrange(1, len(AGGS) + 1))
+    ranks = rng.choice([1, 2, 3, 4, 5, 8])
+    backend = "tcp" if rng.random() < 0.25 else "local"
+    out = os.path.join(d, rng.choice(["out", "out.parquet"]))
+    cmd = [
+        "--input", inp, "--output", out, "--order", "ts", "--values", ",".join(values),
+        "--window", w_arg, "--closed", closed, "--aggs", ",".join(aggs),
+        "--ranks", str(ranks), "--backend", backend,
+        "--chunk-rows", str(rng.choice([1, 7, 1000, 65536])),
+    ]
+    check = [
+        "--input", inp, "--output", out, "--order", "ts", "--values", ",".join(values),
+        "--window", str(w), "--closed", closed, "--aggs", ",".join(aggs),
+    ]
+    if "f64_huge" in kinds:
+        # Polars' rolling variance of values near f64's limit gives 0 where
+        # the true (and DuckDB's) value overflows to inf.
+        check += ["--engines", "duckdb"]
+    if key:
+        cmd += ["--by", "key"]
+        check += ["--by", "key"]
+    if rows > 1000 and rng.random() < 0.2:
+        cmd += ["--memory-limit", "1MiB"]
+    desc = (f"rows={rows} ts={ts_kind}/{unit or 'i64'} key={key} values={kinds} "
+            f"w={w_arg} closed={closed} ranks={ranks}/{backend}")
+    return cmd, check, desc
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rolling", default="target/release/rolling")
+    ap.add_argument("--cases", type=int, default=40)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--out", default="/tmp/braid-fuzz")
+    ap.add_argument("--keep", action="store_true", help="keep passing cases' files too")
+    a = ap.parse_args()
+    failed = []
+    for i in range(a.cases):
+        rng = random.Random(a.seed * 1_000_003 + i)
+        d = os.path.join(a.out, f"case-{a.seed}-{i}")
+        shutil.rmtree(d, ignore_errors=True)
+        os.makedirs(d)
+        cmd, check, desc = make_case(rng, i, d)
+        t0 = time.time()
+        run = subprocess.run([a.rolling] + cmd, capture_output=True, text=True, timeout=600)
+        verdict = "ok"
+        if run.returncode != 0:
+            verdict = "rolling failed"
+            report = run.stderr
+        else:
+            orc = subprocess.run(
+                [sys.executable, os.path.join(HERE, "check_rolling.py")] + check,
+                capture_output=True, text=True, timeout=600)
+            report = orc.stdout + orc.stderr
+            if orc.returncode != 0:
+                verdict = "oracle disagrees"
+        print(f"case {a.seed}-{i}: {verdict} ({time.time() - t0:.1f} s) {desc}", flush=True)
+        if verdict != "ok":
+            failed.append(i)
+            with open(os.path.join(d, "report.txt"), "w") as f:
+                f.write("rolling " + " ".join(cmd) + "\n\ncheck_rolling.py " + " ".join(check) + "\n\n" + report)
+            print("  " + "\n  ".join(report.strip().splitlines()[-12:]), flush=True)
+        elif not a.keep:
+            shutil.rmtree(d, ignore_errors=True)
+    print(f"{a.cases - len(failed)} of {a.cases} cases agree" + (f"; failed: {failed}" if failed else ""))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
