@@ -93,7 +93,7 @@ impl Staged {
         op: NcclOp,
     ) -> Result<(), CudaError> {
         let bytes = count * dt.size();
-        let mine = Buffer::from_vec(self.to_host(e, &[(send, bytes)])?.remove(0));
+        let mine = self.to_host_one(e, send, bytes)?;
         let parts = self.gather_parts(e, mine.clone(), |_| mine.clone(), bytes)?;
         self.to_device(e, &[(recv, &reduce(&parts, dt, op))])
     }
@@ -110,7 +110,7 @@ impl Staged {
     ) -> Result<(), CudaError> {
         let bytes = count * dt.size();
         if e.rank == root {
-            let data = Buffer::from_vec(self.to_host(e, &[(send, bytes)])?.remove(0));
+            let data = self.to_host_one(e, send, bytes)?;
             let sends = (0..e.nranks)
                 .filter(|&p| p != root)
                 .map(|p| (p, data.clone()))
@@ -136,7 +136,7 @@ impl Staged {
         dt: NcclDType,
     ) -> Result<(), CudaError> {
         let bytes = count * dt.size();
-        let mine = Buffer::from_vec(self.to_host(e, &[(send, bytes)])?.remove(0));
+        let mine = self.to_host_one(e, send, bytes)?;
         let parts = self.gather_parts(e, mine.clone(), |_| mine.clone(), bytes)?;
         let dst: Vec<(CUdeviceptr, &[u8])> = parts
             .iter()
@@ -370,6 +370,12 @@ impl Staged {
         }
         e.stream.synchronize().on(e.rank, "cuStreamSynchronize")?;
         Ok(out)
+    }
+
+    /// One device range as a host buffer (this rank's part of a collective).
+    fn to_host_one(&self, e: Env<'_>, src: CUdeviceptr, bytes: usize) -> Result<Buffer, CudaError> {
+        let mut v = self.to_host(e, &[(src, bytes)])?;
+        Ok(Buffer::from_vec(v.swap_remove(0)))
     }
 
     /// Copies host bytes to device ranges on the stream and waits for them.
