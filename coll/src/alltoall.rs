@@ -57,13 +57,14 @@ pub struct AllToAllvSpec {
 impl AllToAllvSpec {
     /// Equal blocks of `block` elements to and from each of `n` ranks.
     pub fn equal(n: usize, block: usize) -> Self {
-        let offs: Vec<usize> = (0..n).map(|i| i * block).collect();
+        // Saturating: an impossible size fails validation, not here.
+        let offs: Vec<usize> = (0..n).map(|i| i.saturating_mul(block)).collect();
         AllToAllvSpec {
             send_counts: vec![block; n],
             send_offsets: offs.clone(),
             recv_counts: vec![block; n],
             recv_offsets: offs,
-            recv_len: n * block,
+            recv_len: n.saturating_mul(block),
         }
     }
 
@@ -102,7 +103,14 @@ impl AllToAllvSpec {
         (sent, recv)
     }
 
-    fn validate(&self, n: usize, send_len: usize) -> Result<(), String> {
+    fn validate(&self, n: usize, send_len: usize, elem_bytes: usize) -> Result<(), String> {
+        // Byte lengths are counts times the element size: never overflowing.
+        if self.recv_len.checked_mul(elem_bytes).is_none() {
+            return Err(format!(
+                "a result of {} elements of {elem_bytes} bytes overflows",
+                self.recv_len
+            ));
+        }
         for (name, v) in [
             ("send_counts", &self.send_counts),
             ("send_offsets", &self.send_offsets),
@@ -214,7 +222,7 @@ fn start_parts<T: Element, R: Send + 'static>(
     let comm = ctx.comm().clone();
     start(ctx, CollKind::AllToAll, op, callback, async move {
         let n = comm.nranks();
-        spec.validate(n as usize, send.len())
+        spec.validate(n as usize, send.len(), std::mem::size_of::<T>())
             .map_err(|d| site.invalid(d))?;
         let parts = exchange(&comm, site, send, &spec).await?;
         Ok(finish(parts, &spec))

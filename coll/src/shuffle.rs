@@ -20,7 +20,7 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use braid_core::{
     Buffer, BufferResource, Context, Event, MemoryError, MemoryType, PackedData, Rank, Statistics,
@@ -72,6 +72,7 @@ struct Store {
     resource: Arc<BufferResource>,
     stats: Arc<Statistics>,
     dir: PathBuf,
+    dir_made: OnceLock<Result<(), String>>,
     next_file: AtomicU64,
 }
 
@@ -99,13 +100,13 @@ impl Store {
                 })
             }
             Err(_) => {
-                std::fs::create_dir_all(&self.dir)
-                    .map_err(|e| site.memory(MemoryError::Spill(e.to_string())))?;
+                self.dir_ready()
+                    .map_err(|e| site.memory(MemoryError::Spill(e)))?;
                 let path = self.dir.join(format!(
                     "chunk-{}",
                     self.next_file.fetch_add(1, Ordering::Relaxed)
                 ));
-                std::fs::write(&path, chunk.data.as_slice()).map_err(|e| {
+                write_new(&path, chunk.data.as_slice()).map_err(|e| {
                     site.memory(MemoryError::Spill(format!("{}: {e}", path.display())))
                 })?;
                 self.stats.record_spill(len as u64);
@@ -124,6 +125,34 @@ impl Store {
             .push((src, seq, stored));
         Ok(())
     }
+}
+
+impl Store {
+    /// Creates the spill directory on first use: this process's own
+    /// (created, never adopted: a name taken already fails), readable by
+    /// this user only.
+    fn dir_ready(&self) -> Result<(), String> {
+        self.dir_made
+            .get_or_init(|| {
+                let mut b = std::fs::DirBuilder::new();
+                #[cfg(unix)]
+                std::os::unix::fs::DirBuilderExt::mode(&mut b, 0o700);
+                b.create(&self.dir)
+                    .map_err(|e| format!("{}: {e}", self.dir.display()))
+            })
+            .clone()
+    }
+}
+
+/// Writes a new file (never through an existing name or link), readable by
+/// this user only.
+fn write_new(path: &std::path::Path, data: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut o = std::fs::OpenOptions::new();
+    o.write(true).create_new(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut o, 0o600);
+    o.open(path)?.write_all(data)
 }
 
 impl Drop for Store {
@@ -150,7 +179,23 @@ pub struct Shuffle {
     store: Arc<Store>,
     local_done: Event,
     done: Event,
-    handle: Mutex<Option<Handle<()>>>,
+    progress: Mutex<Progress>,
+}
+
+/// The shuffle's core: running, or its outcome (kept for every later call,
+/// so that a failed shuffle never reads as finished).
+enum Progress {
+    Running(Handle<()>),
+    Ended(Result<(), CollError>),
+}
+
+/// A random number (std's hasher keys are random per process and
+/// instance).
+fn random_u64() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(NEXT_SPILL_DIR.load(Ordering::Relaxed));
+    h.finish()
 }
 
 /// Numbers the spill directories of this process.
@@ -175,13 +220,17 @@ impl Shuffle {
             // Unique per shuffle of this process: contexts of one process
             // (tests, in-process ranks of two jobs) reuse OpIds, and one
             // shuffle's clean-up must not remove another's files.
+            // A random part keeps the name from being guessed (and
+            // taken) in advance by another user of the temp directory.
             dir: std::env::temp_dir().join(format!(
-                "braid-spill-{}-{}-r{}-op{}",
+                "braid-spill-{}-{}-r{}-op{}-{:016x}",
                 std::process::id(),
                 NEXT_SPILL_DIR.fetch_add(1, Ordering::Relaxed),
                 site.rank,
-                op.0
+                op.0,
+                random_u64()
             )),
+            dir_made: OnceLock::new(),
             next_file: AtomicU64::new(0),
         });
         let state = Arc::new(Mutex::new(State {
@@ -217,6 +266,18 @@ impl Shuffle {
                         ),
                     ));
                 }
+                // A chunk this rank does not own (the sender's owner policy
+                // differs) would never be extracted: lost data.
+                let to = owner.owner(f.meta.aux, nparts, n);
+                if to != me {
+                    return Err(site.mismatch(
+                        p,
+                        format!(
+                            "partition {} from rank {p} belongs to rank {to} here ({owner:?} owners)",
+                            f.meta.aux
+                        ),
+                    ));
+                }
                 let chunk = PackedData {
                     metadata: f.user_meta,
                     data: f.data,
@@ -246,7 +307,7 @@ impl Shuffle {
             store,
             local_done,
             done,
-            handle: Mutex::new(Some(handle)),
+            progress: Mutex::new(Progress::Running(handle)),
         }
     }
 
@@ -328,20 +389,15 @@ impl Shuffle {
         self.result()
     }
 
+    /// The core's outcome, once `done` is set.
     fn result(&self) -> Result<(), CollError> {
-        let h = self.handle.lock().unwrap_or_else(|p| p.into_inner()).take();
-        match h {
-            Some(h) => {
-                let r = h.take();
-                if let Err(e) = &r {
-                    // Keep the failure for later calls.
-                    *self.handle.lock().unwrap_or_else(|p| p.into_inner()) = None;
-                    return Err(e.clone());
-                }
-                r
-            }
-            None => Ok(()),
-        }
+        let mut p = self.progress.lock().unwrap_or_else(|p| p.into_inner());
+        let r = match std::mem::replace(&mut *p, Progress::Ended(Ok(()))) {
+            Progress::Running(h) => h.take(),
+            Progress::Ended(r) => r,
+        };
+        *p = Progress::Ended(r.clone());
+        r
     }
 
     /// Waits until every rank has finished inserting, then takes partition

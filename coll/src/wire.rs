@@ -718,24 +718,31 @@ pub(crate) async fn gather_all(
         let src = (me + dist) % n;
         let got = comm.recv(src, tag).await.map_err(|e| site.comm(e))?;
         send.await.map_err(|e| site.comm(e))?;
+        if got.len() % 8 != 0 {
+            return Err(site.mismatch(src, "malformed gather message"));
+        }
         let words: Vec<u64> = got
             .as_slice()
-            .chunks(8)
+            .chunks_exact(8)
             .map(|c| {
                 let mut x = [0u8; 8];
-                x[..c.len()].copy_from_slice(c);
+                x.copy_from_slice(c);
                 u64::from_le_bytes(x)
             })
             .collect();
         let mut i = 0;
         while i + 2 <= words.len() {
-            let (r, len) = (words[i] as usize, words[i + 1] as usize);
-            let end = i + 2 + len;
-            if r >= n as usize || end > words.len() {
+            let (r, len) = (words[i], words[i + 1]);
+            // Lengths come from the peer: compared, never added unchecked.
+            if r >= n as u64 || len > (words.len() - i - 2) as u64 {
                 return Err(site.mismatch(src, "malformed gather message"));
             }
+            let (r, end) = (r as usize, i + 2 + len as usize);
             known[r].get_or_insert_with(|| words[i + 2..end].to_vec());
             i = end;
+        }
+        if i != words.len() {
+            return Err(site.mismatch(src, "malformed gather message"));
         }
         dist *= 2;
         round += 1;

@@ -77,6 +77,23 @@ pub enum CommError {
         /// The reservation's size.
         reserved: u64,
     },
+    /// A message is larger than the backend can carry (MPI counts bytes
+    /// in a C int; tcp frames have a configured limit).
+    #[error(
+        "rank {rank}: a message of {size} bytes to rank {peer} is over the {backend} limit of {limit} bytes"
+    )]
+    MessageTooLarge {
+        /// The sending rank.
+        rank: Rank,
+        /// The destination.
+        peer: Rank,
+        /// The message size.
+        size: u64,
+        /// The largest message the backend carries.
+        limit: u64,
+        /// The backend.
+        backend: &'static str,
+    },
     /// The job could not be set up.
     #[error("rank {rank}: bootstrap failed: {detail}")]
     Bootstrap {
@@ -117,7 +134,8 @@ impl CommError {
             CommError::InvalidRank { peer, .. }
             | CommError::PeerDied { peer, .. }
             | CommError::Aborted { peer, .. }
-            | CommError::ReservationTooSmall { peer, .. } => Some(*peer),
+            | CommError::ReservationTooSmall { peer, .. }
+            | CommError::MessageTooLarge { peer, .. } => Some(*peer),
             CommError::Io { peer, .. } | CommError::Protocol { peer, .. } => *peer,
             _ => None,
         }

@@ -22,7 +22,10 @@ The window holds rows of the same key (null keys form one group of their
 own), rows with equal ts share one window, nulls in values are skipped,
 count counts non-null values (0 for an empty window), every other agg is null
 when the window holds no non-null value, std/var are sample (ddof=1) and null
-below two values.
+below two values. NaN: min and max skip it unless the window holds nothing
+else (as Polars' rolling min/max do; DuckDB orders NaN above every number, so
+its min/max are computed with NaN as null, falling back to NaN); sums, means
+and variances with a NaN are NaN everywhere.
 
 Output columns: every input column, plus `<value>_<agg>` for each value/agg.
 Rows are matched on the column `id` when the input has a unique non-null `id`
@@ -247,6 +250,14 @@ def expected_duckdb(spec, base, pl):
     part = f"PARTITION BY {qi(spec.by)} " if spec.by else ""
     window = f"({part}ORDER BY {ORD} RANGE BETWEEN {lower} AND {upper})"
 
+    def nan_last(fn, c):
+        # NaN loses against any number (braid, Polars' rolling min/max);
+        # DuckDB orders NaN above every number, so NaN is taken as null
+        # here, and is the result only when the window holds nothing else.
+        x = f"CAST({c} AS DOUBLE)"
+        return (f"coalesce({fn}(CASE WHEN isnan({x}) THEN NULL ELSE {x} END) OVER win, "
+                f"CASE WHEN count({c}) OVER win > 0 THEN CAST('NaN' AS DOUBLE) END)")
+
     sel = [RID]
     for v in spec.values:
         c = qi(v)
@@ -258,8 +269,8 @@ def expected_duckdb(spec, base, pl):
                 fn = {
                     "sum": f"CAST(sum({c}) OVER win AS DOUBLE)",
                     "mean": f"avg({c}) OVER win",
-                    "min": f"min({c}) OVER win",
-                    "max": f"max({c}) OVER win",
+                    "min": nan_last("min", c),
+                    "max": nan_last("max", c),
                     "count": f"count({c}) OVER win",
                     "std": f"stddev_samp({c}) OVER win",
                     "var": f"var_samp({c}) OVER win",
@@ -402,10 +413,13 @@ def compare(spec, expected, actual, rtol, atol, show, pl):
             valmis = (ev != av).fill_null(False)
         else:
             bothnan = (ev.is_nan() & av.is_nan()).fill_null(False)
+            # Polars compares NaN as equal to NaN and not below anything
+            # else, so a NaN on one side only must be caught by name.
+            onenan = (ev.is_nan() != av.is_nan()).fill_null(False)
             diff = (ev - av).abs()
             close = ((ev == av) | (diff <= atol + rtol * ev.abs())).fill_null(False)
             both_nn = ev.is_not_null() & av.is_not_null()
-            valmis = both_nn & ~(close | bothnan)
+            valmis = both_nn & (onenan | ~(close | bothnan))
             d = diff.filter(both_nn & ~bothnan & (ev != av))
             if d.len():
                 dmax = d.max()

@@ -308,6 +308,9 @@ def corruption(tmp, rows):
     def off_by_one(vals):
         vals[len(vals) // 2] += 1
 
+    def to_nan(vals):  # NaN where a number is expected (NaN == NaN in Polars)
+        vals[first(vals, lambda x: x is not None)] = float("nan")
+
     def one_value_std(vals):  # population std (0.0) where the sample std is null
         i = next(i for i, c in enumerate(counts) if c == 1)
         vals[i] = 0.0
@@ -315,6 +318,7 @@ def corruption(tmp, rows):
     cases = [
         ("float agg perturbed 1e-4", mutate("v_mean", perturb), [], ["'v_mean': 1 mismatching"]),
         ("value -> null", mutate("v_max", nullify), [], ["'v_max': 1 mismatching"]),
+        ("value -> NaN", mutate("v_max", to_nan), [], ["'v_max': 1 mismatching"]),
         ("sum 0 on empty window", mutate("v_sum", zero_sum_on_empty), [], ["'v_sum': 1 mismatching"]),
         ("count off by one", mutate("w_count", off_by_one), [], ["'w_count': 1 mismatching"]),
         ("std for single value", mutate("v_std", one_value_std), [], ["'v_std': 1 mismatching"]),

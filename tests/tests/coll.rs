@@ -9,12 +9,14 @@ use std::future::Future;
 use std::time::Duration;
 
 use braid_coll::{
-    AllToAllvSpec, ReduceKind, allgather, allreduce, alltoallv, barrier, broadcast, sendrecv,
+    AllToAllvSpec, PartitionOwner, ReduceKind, Shuffle, allgather, allreduce, alltoallv, barrier,
+    broadcast, sendrecv,
 };
 use braid_core::launch::{LaunchSpec, OutputMode, launch};
 use braid_core::world::contexts;
-use braid_core::{Buffer, Context, MemoryLimits, WorldSpec};
+use braid_core::{Buffer, Context, MemoryLimits, PackedData, WorldSpec};
 use braid_tests::{RANK_COUNTS, coll_suite, runtime};
+use bytes::Bytes;
 
 async fn local_ctxs(n: u32, limits: MemoryLimits) -> Vec<Context> {
     contexts(&WorldSpec::Local { nranks: n }, limits)
@@ -186,6 +188,40 @@ fn alltoallv_count_mismatch(
 
 fn mismatch_cases() -> Vec<(&'static str, Case)> {
     vec![
+        ("shuffle owners", |c| {
+            Box::pin(async move {
+                // Rank 0 routes partitions round-robin, the others in
+                // ranges: every rank is sent a chunk it does not own. A
+                // failed shuffle must stay failed for every later call.
+                let (me, n) = (c.rank(), c.nranks());
+                let owner = if me == 0 {
+                    PartitionOwner::RoundRobin
+                } else {
+                    PartitionOwner::Contiguous
+                };
+                let nparts = 4 * n;
+                let sh = Shuffle::new(&c, nparts, owner, None);
+                for pid in 0..nparts {
+                    let chunk = PackedData {
+                        metadata: Bytes::new(),
+                        data: Buffer::from_vec(vec![me as u8; 8]),
+                    };
+                    sh.insert(pid, chunk).map_err(|e| e.to_string())?;
+                }
+                sh.insert_finished().map_err(|e| e.to_string())?;
+                let first = sh.wait().await;
+                let again = sh.wait().await;
+                let part = sh.extract(me).await;
+                match (first, again, part) {
+                    (Err(e), Err(_), Err(_)) => Err(e.to_string()),
+                    (Ok(()), Ok(()), Ok(_)) => Ok(()),
+                    (a, b, x) => Err(format!(
+                        "a failed shuffle read as finished later: {a:?}, then {b:?}, then {:?}",
+                        x.map(|v| v.len())
+                    )),
+                }
+            })
+        }),
         ("allreduce counts", |c| {
             Box::pin(async move {
                 let len = if c.rank() == 0 { 10 } else { 11 };

@@ -123,3 +123,47 @@ fn tcp_processes_one_gib_message() {
     let report = rt.block_on(launch(spec)).expect("launch");
     assert_eq!(parse_line(&report.stdout[1], "big ok "), Some(vec![size]));
 }
+
+/// A message over the tcp frame limit fails at the sender with an error
+/// that names it; the next message within the limit still goes through.
+#[test]
+fn tcp_message_over_the_limit_is_refused_at_the_sender() {
+    use braid_core::comm::tcp::{TcpConfig, random_token};
+    use braid_core::{Buffer, CommError, Tag};
+    let rt = runtime();
+    rt.block_on(async {
+        let root = tokio::net::TcpListener::bind(("127.0.0.1", 0))
+            .await
+            .expect("bind");
+        let addr = root.local_addr().expect("addr").to_string();
+        let token = random_token();
+        let cfg = |r| {
+            let mut c = TcpConfig::new(r, 2, addr.clone(), token.clone());
+            c.max_message_bytes = 1024;
+            c
+        };
+        let a = tokio::spawn(TcpComm::with_listener(cfg(0), root));
+        let b = tokio::spawn(TcpComm::connect(cfg(1)));
+        let a = a.await.expect("task").expect("rank 0");
+        let b = b.await.expect("task").expect("rank 1");
+        let tag = Tag::new(braid_core::OpId(1), 0);
+        match a.send(1, tag, Buffer::from_vec(vec![7u8; 1025])).await {
+            Err(CommError::MessageTooLarge {
+                rank: 0,
+                peer: 1,
+                size: 1025,
+                limit: 1024,
+                ..
+            }) => {}
+            other => panic!("expected MessageTooLarge, got {other:?}"),
+        }
+        a.send(1, tag, Buffer::from_vec(vec![9u8; 1024]))
+            .await
+            .expect("a message at the limit");
+        let got = b.recv(0, tag).await.expect("recv");
+        assert_eq!(got.as_slice(), &[9u8; 1024][..]);
+        let (x, y) = tokio::join!(a.shutdown(), b.shutdown());
+        x.expect("shutdown 0");
+        y.expect("shutdown 1");
+    });
+}

@@ -616,6 +616,10 @@ fn progress(
         mpi::Threading::Serialized | mpi::Threading::Multiple => Driving::AnyThread,
         _ => Driving::ProgressThread,
     };
+    // braid's probes take any message on the world. braid initialises MPI
+    // itself (it refuses a process where MPI is initialised already), so
+    // no other traffic shares it. (A duplicate would have to be freed
+    // before MPI_Finalize, which runs while the engine may still live.)
     let world = universe.world();
     let (rank, nranks) = (world.rank() as Rank, world.size() as u32);
     let Some(tag_ub) = world.get_attr::<TagUb>().map(|t| i64::from(t.0)) else {
@@ -747,6 +751,17 @@ impl Communicator for MpiComm {
             return SendFuture::ready(Err(e));
         }
         let rank = self.rank;
+        // MPI counts bytes in a C int (rsmpi panics past it, in the
+        // progress pass): refuse such a message here, where it is clear.
+        if data.len() > i32::MAX as usize {
+            return SendFuture::ready(Err(CommError::MessageTooLarge {
+                rank,
+                peer: dst,
+                size: data.len() as u64,
+                limit: i32::MAX as u64,
+                backend: "MPI",
+            }));
+        }
         self.stats.record_send(dst, data.len());
         let (done, rx) = oneshot::channel();
         let req = Req::Send {

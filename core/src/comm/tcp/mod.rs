@@ -589,6 +589,10 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
+/// How long a data connection's error waits for the control plane to
+/// explain it (a peer's death) before it fails the job itself.
+const DATA_ERROR_GRACE: Duration = Duration::from_secs(2);
+
 async fn reader_task(shared: Arc<Shared>, src: Rank, stream: TcpStream) {
     let mut r = BufReader::with_capacity(32 << 10, stream);
     loop {
@@ -598,8 +602,20 @@ async fn reader_task(shared: Arc<Shared>, src: Rank, stream: TcpStream) {
             Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return,
             Err(e) => {
                 // The control plane reports deaths; a reset here usually is
-                // one, but only fail the job if nothing else explains it.
+                // one, but only fail the job if nothing else explains it
+                // soon (a broken connection to a live peer would otherwise
+                // leave its receives waiting for ever).
                 tracing::debug!(rank = shared.rank, peer = src, error = %e, "data connection error");
+                tokio::time::sleep(DATA_ERROR_GRACE).await;
+                if !shared.shutting_down.load(Ordering::Relaxed)
+                    && shared.mailbox.failure().is_none()
+                {
+                    shared.fail(CommError::PeerDied {
+                        rank: shared.rank,
+                        peer: src,
+                        detail: format!("data connection failed: {e}"),
+                    });
+                }
                 return;
             }
         }
@@ -951,6 +967,17 @@ impl Communicator for TcpComm {
         }
         if let Some(e) = self.shared.mailbox.failure() {
             return SendFuture::ready(Err(e));
+        }
+        // The receiver refuses a frame over the limit (and fails the job):
+        // say so here, at the sender, naming the message.
+        if data.len() as u64 > self.shared.max_message {
+            return SendFuture::ready(Err(CommError::MessageTooLarge {
+                rank: self.shared.rank,
+                peer: dst,
+                size: data.len() as u64,
+                limit: self.shared.max_message,
+                backend: "tcp",
+            }));
         }
         self.shared.stats.record_send(dst, data.len());
         if dst == self.shared.rank {
