@@ -302,32 +302,62 @@ impl Source {
             Source::Csv(path) => {
                 let files = files_with(&path, "csv")?;
                 let schema = csv_table_schema(&files)?;
+                // With at least as many files as ranks, each rank reads
+                // whole files of its own. Otherwise every rank parses each
+                // file and keeps every n-th batch: a CSV cannot be cut at a
+                // byte offset safely (quoted fields may hold line breaks).
+                // Batches stream from the parser (two in flight), so a
+                // rank holds its own share only, never a whole file.
+                let by_file = files.len() >= n;
                 let mut k = 0usize;
-                for f in files {
-                    let (schema, f2) = (schema.clone(), f.clone());
-                    let all = tokio::task::spawn_blocking(move || -> Result<Vec<RecordBatch>> {
-                        let file = File::open(&f2).map_err(|e| DataError::file(&f2, e))?;
-                        let reader = arrow_csv::ReaderBuilder::new(schema)
-                            .with_header(true)
-                            // The reader sizes its buffers for a whole batch
-                            // up front; smaller chunks are allowed ("at most").
-                            .with_batch_size(chunk_rows.min(READ_BATCH_ROWS))
-                            .build(file)
-                            .map_err(|e| DataError::file(&f2, e))?;
-                        reader
-                            .map(|b| b.map_err(|e| DataError::file(&f2, e)))
-                            .collect()
-                    })
-                    .await
-                    .map_err(NodeError::other)??;
-                    for b in all {
-                        if k % n == rank {
+                for (i, f) in files.into_iter().enumerate() {
+                    if by_file && i % n != rank {
+                        continue;
+                    }
+                    let (tx, mut rx) = tokio::sync::mpsc::channel::<Result<RecordBatch>>(2);
+                    let schema = schema.clone();
+                    let parser = tokio::task::spawn_blocking(move || {
+                        let reader =
+                            File::open(&f)
+                                .map_err(|e| DataError::file(&f, e))
+                                .and_then(|file| {
+                                    arrow_csv::ReaderBuilder::new(schema)
+                                        .with_header(true)
+                                        // The reader sizes its buffers for a whole
+                                        // batch up front; smaller chunks are
+                                        // allowed ("at most").
+                                        .with_batch_size(chunk_rows.min(READ_BATCH_ROWS))
+                                        .build(file)
+                                        .map_err(|e| DataError::file(&f, e))
+                                });
+                        match reader {
+                            Err(e) => {
+                                let _ = tx.blocking_send(Err(e));
+                            }
+                            Ok(reader) => {
+                                for b in reader {
+                                    // A closed channel: the node stopped.
+                                    if tx
+                                        .blocking_send(b.map_err(|e| DataError::file(&f, e)))
+                                        .is_err()
+                                    {
+                                        break;
+                                    }
+                                }
+                            }
+                        }
+                    });
+                    while let Some(b) = rx.recv().await {
+                        let b = b?;
+                        let mine = by_file || k % n == rank;
+                        k += 1;
+                        if mine {
                             count(b.num_rows());
                             out.send(Message::new(seq, b)).await?;
                             seq += 1;
                         }
-                        k += 1;
                     }
+                    parser.await.map_err(NodeError::other)?;
                 }
             }
             Source::Memory(_, batches) => {
