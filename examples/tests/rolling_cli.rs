@@ -95,6 +95,14 @@ fn bad_input_is_a_clear_error_with_nothing_left_behind() {
         &out,
         "durations need a timestamp",
     );
+    // A header that names a column twice: which one is meant is unclear.
+    let twice = d.join("twice.csv");
+    std::fs::write(&twice, "ts,ts,v\n1,2,3.5\n").unwrap();
+    assert_clean_failure(
+        &["--input", twice.to_str().unwrap(), "--output", os],
+        &out,
+        "2 input columns are named \"ts\"",
+    );
     let missing = d.join("missing.parquet");
     assert_clean_failure(
         &["--input", missing.to_str().unwrap(), "--output", os],
@@ -269,6 +277,26 @@ fn csv_output_keeps_its_header_and_quoted_line_breaks() {
             "{ranks} ranks"
         );
     }
+    // Extensions in any letter case: DATA.CSV in, OUT.CSV out.
+    let upper = d.join("DATA.CSV");
+    std::fs::copy(&input, &upper).unwrap();
+    let out = d.join("OUT.CSV");
+    let (ok, _, err) = run(&[
+        "--input",
+        upper.to_str().unwrap(),
+        "--aggs",
+        "count,sum",
+        "--window",
+        "10",
+        "--output",
+        out.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    assert_eq!(
+        std::fs::read_to_string(&out).unwrap(),
+        "ts,key,v,v_count,v_sum\n1,\"a\n\nb\",1.5,1,1.5\n",
+        "upper-case extensions"
+    );
 }
 
 #[test]

@@ -30,6 +30,18 @@ pub fn hash_bytes(b: &[u8]) -> u64 {
 
 /// Index of the named column, or a clear error.
 pub fn column_index(batch_schema: &arrow_schema::Schema, name: &str) -> Result<usize> {
+    // A name that several columns carry (a CSV header can repeat one)
+    // would silently pick the first.
+    let times = batch_schema
+        .fields()
+        .iter()
+        .filter(|f| f.name() == name)
+        .count();
+    if times > 1 {
+        return Err(DataError::Invalid(format!(
+            "{times} input columns are named {name:?}; rename them to tell them apart"
+        )));
+    }
     batch_schema
         .index_of(name)
         .map_err(|_| DataError::MissingColumn {

@@ -57,9 +57,10 @@ pub enum SinkTarget {
 }
 
 impl SinkTarget {
-    /// A file when the path ends in `.<ext>` of the format, else a directory.
+    /// A file when the path ends in `.<ext>` of the format (any case), else
+    /// a directory.
     pub fn from_path(path: PathBuf, format: FileFormat) -> Self {
-        if path.extension().is_some_and(|e| e == format.ext()) {
+        if crate::source::has_extension(&path, format.ext()) {
             SinkTarget::File(path)
         } else {
             SinkTarget::Dir(path)

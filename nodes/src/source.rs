@@ -110,6 +110,12 @@ pub enum Source {
     Generator(GeneratorSpec),
 }
 
+/// Whether `path` ends in `.ext`, in any letter case (`DATA.CSV` is CSV).
+pub fn has_extension(path: &Path, ext: &str) -> bool {
+    path.extension()
+        .is_some_and(|x| x.to_str().is_some_and(|x| x.eq_ignore_ascii_case(ext)))
+}
+
 fn files_with(path: &Path, ext: &str) -> Result<Vec<PathBuf>> {
     let meta = std::fs::metadata(path).map_err(|e| DataError::file(path, e))?;
     if meta.is_file() {
@@ -118,7 +124,7 @@ fn files_with(path: &Path, ext: &str) -> Result<Vec<PathBuf>> {
     let mut files: Vec<PathBuf> = std::fs::read_dir(path)
         .map_err(|e| DataError::file(path, e))?
         .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == ext) && p.is_file())
+        .filter(|p| has_extension(p, ext) && p.is_file())
         .collect();
     files.sort();
     if files.is_empty() {

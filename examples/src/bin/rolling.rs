@@ -20,7 +20,7 @@ use braid_kernels::rolling::{Agg, Closed};
 use braid_nodes::job::{Device, Output, RollingJob};
 use braid_nodes::rolling::RollingSpec;
 use braid_nodes::sink::{FileFormat, FileSink, SinkTarget};
-use braid_nodes::source::{GeneratorSpec, Source};
+use braid_nodes::source::{GeneratorSpec, Source, has_extension};
 use clap::Parser;
 
 /// Distributed rolling-window aggregation.
@@ -179,7 +179,7 @@ fn build(cli: &Cli) -> Result<(RollingJob, MemoryLimits, Option<u64>), BoxError>
     cli.job.check()?;
     let source = match &cli.input {
         Some(p) => {
-            if p.extension().is_some_and(|e| e == "csv")
+            if has_extension(p, "csv")
                 || (p.is_dir() && has_ext(p, "csv") && !has_ext(p, "parquet"))
             {
                 Source::Csv(p.clone())
@@ -213,7 +213,7 @@ fn build(cli: &Cli) -> Result<(RollingJob, MemoryLimits, Option<u64>), BoxError>
     let output = match &cli.output {
         None => Output::Discard,
         Some(p) => {
-            let format = if p.extension().is_some_and(|e| e == "csv") {
+            let format = if has_extension(p, "csv") {
                 FileFormat::Csv
             } else {
                 FileFormat::Parquet
@@ -281,10 +281,7 @@ fn peak_rss_mib() -> Option<u64> {
 
 fn has_ext(dir: &std::path::Path, ext: &str) -> bool {
     std::fs::read_dir(dir)
-        .map(|rd| {
-            rd.flatten()
-                .any(|e| e.path().extension().is_some_and(|x| x == ext))
-        })
+        .map(|rd| rd.flatten().any(|e| has_extension(&e.path(), ext)))
         .unwrap_or(false)
 }
 
