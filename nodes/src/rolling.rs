@@ -56,8 +56,9 @@ pub struct RollingSpec {
     pub aggs: Vec<Agg>,
 }
 
+/// Value columns: every integer, float and decimal type (read as f64).
 fn is_numeric(t: &DataType) -> bool {
-    t.is_numeric() && !matches!(t, DataType::Decimal32(..) | DataType::Decimal64(..))
+    t.is_numeric()
 }
 
 impl RollingSpec {
@@ -561,6 +562,49 @@ mod tests {
             window,
             closed,
             aggs: vec![Agg::Count],
+        }
+    }
+
+    #[test]
+    fn decimal_values_read_as_f64() {
+        use arrow_array::{Decimal32Array, Decimal64Array, Decimal128Array};
+        let cols: Vec<(DataType, ArrayRef)> = vec![
+            (
+                DataType::Decimal32(9, 2),
+                Arc::new(
+                    Decimal32Array::from(vec![Some(125), None, Some(-7)])
+                        .with_precision_and_scale(9, 2)
+                        .unwrap(),
+                ),
+            ),
+            (
+                DataType::Decimal64(18, 2),
+                Arc::new(
+                    Decimal64Array::from(vec![Some(125), None, Some(-7)])
+                        .with_precision_and_scale(18, 2)
+                        .unwrap(),
+                ),
+            ),
+            (
+                DataType::Decimal128(38, 2),
+                Arc::new(
+                    Decimal128Array::from(vec![Some(125), None, Some(-7)])
+                        .with_precision_and_scale(38, 2)
+                        .unwrap(),
+                ),
+            ),
+        ];
+        for (dt, a) in cols {
+            let schema = Schema::new(vec![
+                Field::new("ts", DataType::Int64, false),
+                Field::new("v", dt.clone(), true),
+            ]);
+            spec(5, Closed::Right).output_schema(&schema).unwrap();
+            let ts: ArrayRef = Arc::new(Int64Array::from(vec![1, 2, 3]));
+            let b = RecordBatch::try_new(Arc::new(schema), vec![ts, a]).unwrap();
+            let (v, valid) = value_columns(&b, 1).unwrap();
+            assert_eq!((v[0], v[2]), (1.25, -0.07), "{dt}");
+            assert_eq!(valid, Some(vec![true, false, true]), "{dt}");
         }
     }
 

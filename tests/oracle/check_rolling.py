@@ -179,8 +179,8 @@ class Spec:
             raise UsageError(f"order column {self.order!r} holds nulls; semantics unspecified")
         for v in self.values:
             vdt = base.schema[v]
-            if not (vdt.is_integer() or vdt.is_float()):
-                raise UsageError(f"value column {v!r} has dtype {vdt}; need an integer or float")
+            if not (vdt.is_integer() or vdt.is_float() or isinstance(vdt, pl.Decimal)):
+                raise UsageError(f"value column {v!r} has dtype {vdt}; need an integer, float or decimal")
 
         # Window lower bound that already covers every row can be replaced by
         # "unbounded" without changing the result; avoids t - w overflow in the
