@@ -1,5 +1,5 @@
 //! Fault tests of the tcp backend: a killed rank, a wrong token, random
-//! bytes on a rank's port.
+//! bytes on a rank's port, a second data connection from one rank.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail by panicking
 
@@ -158,4 +158,46 @@ fn random_bytes_on_a_port_are_an_error_not_a_panic() {
     for c in &comms {
         assert_eq!(c.statistics().rejected_connections(), 4);
     }
+}
+
+/// A second data connection from a rank that has one (the right token and
+/// all) is refused: two would interleave its messages and break their
+/// per-tag order. The job carries on over the first.
+#[test]
+fn a_second_data_connection_from_one_rank_is_refused() {
+    let rt = runtime();
+    let token = braid_core::comm::tcp::random_token();
+    let comms: Vec<Arc<TcpComm>> = rt.block_on(async {
+        let root = tokio::net::TcpListener::bind(("127.0.0.1", 0))
+            .await
+            .expect("bind");
+        let addr = root.local_addr().expect("addr").to_string();
+        let cfg = |r| braid_core::comm::tcp::TcpConfig::new(r, 2, addr.clone(), token.clone());
+        let a = tokio::spawn(TcpComm::with_listener(cfg(0), root));
+        let b = tokio::spawn(TcpComm::connect(cfg(1)));
+        vec![
+            Arc::new(a.await.expect("task").expect("rank 0")),
+            Arc::new(b.await.expect("task").expect("rank 1")),
+        ]
+    });
+    // Rank 0's data connection to rank 1 exists after an exchange.
+    exchange_all(&rt, &comms, 21);
+    let mut s = std::net::TcpStream::connect(comms[1].listen_addr()).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(20)))
+        .expect("timeout");
+    let hello = Hello {
+        kind: ConnKind::Data,
+        token: token.clone().into_bytes(),
+        rank: 0,
+        nranks: 2,
+    };
+    s.write_all(&hello.encode()).expect("write");
+    let mut b = [0u8; 1];
+    assert_eq!(
+        s.read(&mut b).unwrap_or(0),
+        0,
+        "a second data connection must not be acknowledged"
+    );
+    exchange_all(&rt, &comms, 22);
+    assert_eq!(comms[1].statistics().rejected_connections(), 1);
 }

@@ -154,6 +154,9 @@ struct Shared {
     stats: Arc<Statistics>,
     addrs: OnceLock<Vec<String>>,
     writers: Mutex<Vec<Option<Arc<PeerWriter>>>>,
+    /// Per peer: whether its data connection was accepted (one each: two
+    /// would interleave its messages and break their per-tag order).
+    data_accepted: Vec<AtomicBool>,
     /// Large received messages are allocated from here.
     pool: Arc<BufferPool>,
     control: OnceLock<mpsc::UnboundedSender<CtrlItem>>,
@@ -345,6 +348,7 @@ impl TcpComm {
             stats: Arc::new(Statistics::new(config.rank, config.nranks)),
             addrs: OnceLock::new(),
             writers: Mutex::new((0..config.nranks).map(|_| None).collect()),
+            data_accepted: (0..config.nranks).map(|_| AtomicBool::new(false)).collect(),
             pool: BufferPool::new(RECV_POOL_BYTES),
             control: OnceLock::new(),
             root_state: OnceLock::new(),
@@ -570,6 +574,15 @@ async fn handshake(
     let _ = stream.set_nodelay(true);
     match hello.kind {
         ConnKind::Data => {
+            let first = shared
+                .data_accepted
+                .get(hello.rank as usize)
+                .is_some_and(|a| !a.swap(true, Ordering::AcqRel));
+            if !first {
+                return Err(WireError::Malformed(
+                    "a second data connection from one rank",
+                ));
+            }
             stream.write_all(&[ACK]).await?;
             tokio::spawn(reader_task(shared.clone(), hello.rank, stream));
         }
