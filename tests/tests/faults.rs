@@ -201,3 +201,27 @@ fn a_second_data_connection_from_one_rank_is_refused() {
     exchange_all(&rt, &comms, 22);
     assert_eq!(comms[1].statistics().rejected_connections(), 1);
 }
+
+/// A root address where no braid rank answers fails the rank within its
+/// timeout. What the address does depends on the network (unreachable,
+/// refused, answered by a proxy that is not braid, or SYNs dropped, which
+/// without the bounded connect held an attempt for the OS's connect
+/// timeout of minutes).
+#[test]
+fn an_unanswering_root_fails_within_the_timeout() {
+    let rt = runtime();
+    let mut cfg = braid_core::comm::tcp::TcpConfig::new(
+        1,
+        2,
+        "10.255.255.1:9",
+        braid_core::comm::tcp::random_token(),
+    );
+    cfg.timeout = Duration::from_secs(2);
+    let t0 = Instant::now();
+    let r = rt.block_on(TcpComm::connect(cfg));
+    let took = t0.elapsed();
+    assert!(r.is_err(), "connected to a blackholed address");
+    // A bound on a hang, not a speed check: the OS's own connect timeout
+    // is over two minutes.
+    assert!(took < Duration::from_secs(30), "took {took:?}");
+}

@@ -491,7 +491,16 @@ async fn open(
                 secs: shared.timeout.as_secs(),
             });
         }
-        match TcpStream::connect(addr).await {
+        // Bounded by the deadline: a silently dropped SYN would otherwise
+        // hold this attempt for the OS's connect timeout (minutes).
+        let attempt = match tokio::time::timeout_at(deadline, TcpStream::connect(addr)).await {
+            Ok(r) => r,
+            Err(_) => {
+                last_err = "no answer".into();
+                continue;
+            }
+        };
+        match attempt {
             Ok(mut s) => {
                 let _ = s.set_nodelay(true);
                 let hello = Hello {
@@ -505,7 +514,14 @@ async fn open(
                     peer: Some(peer),
                     detail: e.to_string(),
                 };
-                s.write_all(&hello.encode()).await.map_err(io)?;
+                tokio::time::timeout(HANDSHAKE_TIMEOUT, s.write_all(&hello.encode()))
+                    .await
+                    .map_err(|_| CommError::Io {
+                        rank: shared.rank,
+                        peer: Some(peer),
+                        detail: "the opening was not taken within the handshake time".into(),
+                    })?
+                    .map_err(io)?;
                 let mut ack = [0u8; 1];
                 let r = tokio::time::timeout(HANDSHAKE_TIMEOUT, s.read_exact(&mut ack)).await;
                 return match r {
