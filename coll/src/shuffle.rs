@@ -125,9 +125,7 @@ impl Store {
             .push((src, seq, stored));
         Ok(())
     }
-}
 
-impl Store {
     /// Creates the spill directory on first use: this process's own
     /// (created, never adopted: a name taken already fails), readable by
     /// this user only.
