@@ -3,7 +3,8 @@
 
 Each case writes a random CSV input (int64 ts, also near either end of
 i64, or ISO times read as timestamps with duration windows; with ties and
-gaps, unsorted; an int or string key with nulls; a float value column with
+gaps, unsorted; an int, string or float key with nulls (0.0 and -0.0,
+NaN); a float value column with
 nulls and, in some cases, NaN, infinities, huge magnitudes or a large mean
 with a small spread; an int value column with nulls), runs both devices with
 the same random parameters (ranks, backend, window, closed mode, grouping,
@@ -42,7 +43,7 @@ def gen_input(rng, path, rows, iso_ts=False):
     kind = rng.choice(["plain", "plain", "nan", "huge", "ties", "offset"])
     # Order values near either end of i64 (t - window must not wrap).
     ts_base = rng.choice([0, 0, 0, -2**63, 2**63 - 1 - 10**10]) if not iso_ts else 0
-    string_key = rng.random() < 0.4
+    key_kind = rng.choice(["int", "int", "str", "float"])
     nkeys = rng.choice([1, 3, 50, 1000])
     span = rng.choice([rows // 10 + 1, rows * 3 + 1, 10**9 if not iso_ts else 10**10])
     with open(path, "w", newline="") as f:
@@ -52,8 +53,12 @@ def gen_input(rng, path, rows, iso_ts=False):
             ts = ts_base + (rng.randrange(span) if kind != "ties" else rng.randrange(max(1, rows // 50)))
             if rng.random() < 0.05:
                 key = ""
-            elif string_key:
+            elif key_kind == "str":
                 key = f"k{rng.randrange(nkeys)}"
+            elif key_kind == "float":
+                # 0.0 and -0.0 are one group, as are NaNs.
+                k = rng.randrange(nkeys)
+                key = rng.choice(["0.0", "-0.0"]) if k == 0 else "NaN" if k == 1 else repr(k + 0.5)
             else:
                 key = str(rng.randrange(nkeys) - nkeys // 2)
             r = rng.random()

@@ -38,7 +38,7 @@ use braid_kernels::gpu::{
 };
 
 use crate::error::DataError;
-use crate::partition::column_index;
+use crate::partition::{canonical_group_key, column_index};
 use crate::rolling::RollingSpec;
 
 /// Any failure of the GPU path, as a node error.
@@ -715,7 +715,16 @@ async fn group_codes(
             codes: keys,
         });
     }
-    let conv = RowConverter::new(vec![SortField::new(field.data_type().clone())]).map_err(fail)?;
+    // Float keys group as DuckDB and Polars group them (one 0.0, one NaN).
+    let keys: Vec<ArrayRef> = keys
+        .into_iter()
+        .map(|k| Ok(canonical_group_key(&k)?.unwrap_or(k)))
+        .collect::<Result<_, DataError>>()?;
+    let key_type = match field.data_type() {
+        DataType::Float16 | DataType::Float32 | DataType::Float64 => DataType::Float64,
+        t => t.clone(),
+    };
+    let conv = RowConverter::new(vec![SortField::new(key_type)]).map_err(fail)?;
     let rows: Vec<Rows> = keys
         .iter()
         .map(|k| conv.convert_columns(std::slice::from_ref(k)))

@@ -4,7 +4,9 @@
 //! placement all work the same way. Equal keys always land in the same
 //! partition.
 
-use arrow_array::{ArrayRef, RecordBatch, UInt32Array};
+use std::sync::Arc;
+
+use arrow_array::{Array, ArrayRef, Float64Array, RecordBatch, UInt32Array};
 use arrow_row::{RowConverter, Rows, SortField};
 use arrow_schema::SortOptions;
 use arrow_select::take::take_record_batch;
@@ -97,19 +99,53 @@ pub fn split_by(batch: &RecordBatch, dest: &[u32], nparts: usize) -> Result<Vec<
         .collect()
 }
 
+/// A key column as grouping compares it: a float column becomes f64 with
+/// -0.0 as 0.0 and every NaN as one NaN, as DuckDB and Polars group (the
+/// row format orders floats totally, so it would tell those apart);
+/// `None` for any other type, which groups by its values as they are.
+pub fn canonical_group_key(col: &ArrayRef) -> Result<Option<ArrayRef>> {
+    use arrow_schema::DataType;
+    if !matches!(
+        col.data_type(),
+        DataType::Float16 | DataType::Float32 | DataType::Float64
+    ) {
+        return Ok(None);
+    }
+    let wide = arrow_cast::cast(col, &DataType::Float64)?;
+    let f = wide
+        .as_any()
+        .downcast_ref::<Float64Array>()
+        .ok_or_else(|| DataError::Invalid("float key cast failed".into()))?;
+    let canon: Float64Array = f.unary(|x| {
+        if x.is_nan() {
+            f64::NAN
+        } else if x == 0.0 {
+            0.0
+        } else {
+            x
+        }
+    });
+    Ok(Some(Arc::new(canon)))
+}
+
 /// Hash partitioning on the key columns: row i goes to
-/// `hash(key_i) % nparts`.
+/// `hash(key_i) % nparts`. Float keys hash as `canonical_group_key` makes
+/// them, so keys that group together land together.
 pub fn hash_partition(
     batch: &RecordBatch,
     key_cols: &[usize],
     nparts: usize,
 ) -> Result<Vec<RecordBatch>> {
-    let keys: Vec<(usize, SortOptions)> = key_cols
-        .iter()
-        .map(|i| (*i, SortOptions::default()))
-        .collect();
-    let conv = converter(batch.schema_ref(), &keys)?;
-    let rows = key_rows(&conv, batch, &keys)?;
+    let mut fields = Vec::with_capacity(key_cols.len());
+    let mut cols = Vec::with_capacity(key_cols.len());
+    for &i in key_cols {
+        let c = batch.column(i);
+        let c = canonical_group_key(c)?.unwrap_or_else(|| c.clone());
+        fields.push(SortField::new(c.data_type().clone()));
+        cols.push(c);
+    }
+    let conv = RowConverter::new(fields)?;
+    let rows = conv.convert_columns(&cols)?;
     let dest: Vec<u32> = (0..rows.num_rows())
         .map(|i| (hash_bytes(rows.row(i).as_ref()) % nparts as u64) as u32)
         .collect();
@@ -179,7 +215,7 @@ fn decode_ints(
         let w: [u8; 8] = b.try_into().ok()?;
         ints.push((u64::from_be_bytes(w) ^ (1 << 63)) as i64);
     }
-    let values: ArrayRef = std::sync::Arc::new(arrow_array::Int64Array::from(ints.clone()));
+    let values: ArrayRef = Arc::new(arrow_array::Int64Array::from(ints.clone()));
     let typed = arrow_cast::cast(&values, t).ok()?;
     let back = conv.convert_columns(&[typed]).ok()?;
     let same = back.num_rows() == rows.len()

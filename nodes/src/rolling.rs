@@ -35,7 +35,7 @@ use braid_kernels::rolling::{Agg, Closed, rolling, rolling_segments};
 
 use crate::error::{DataError, Result};
 use crate::ipc::{pack, unpack};
-use crate::partition::column_index;
+use crate::partition::{canonical_group_key, column_index};
 use crate::shuffle::hash_shuffle;
 use crate::sort::{DistributedSort, SortKey, sort_parts};
 
@@ -412,19 +412,61 @@ fn emit(
     Ok(())
 }
 
-/// Grouped: `local` holds whole groups; sort by (group, ts).
+/// Name of the grouping form of a float group column while `grouped`
+/// sorts (dropped before output; no input column can be named so, as the
+/// name starts with a NUL).
+const CANONICAL_KEY: &str = "\0braid_group";
+
+/// Grouped: `local` holds whole groups; sort by (group, ts). A float group
+/// column is sorted and split by its grouping form (`canonical_group_key`:
+/// 0.0 and -0.0 one group, every NaN one group), and output as it came.
 fn grouped(local: Vec<RecordBatch>, schema: SchemaRef, spec: &RollingSpec) -> Result<Prepared> {
     let by = spec.by.clone().unwrap_or_default();
-    let sorted = sort_parts(
-        &schema,
-        local,
-        &[SortKey::asc(&by), SortKey::asc(&spec.order)],
-    )?;
+    let ki = column_index(&schema, &by)?;
+    let canonical = match schema.field(ki).data_type() {
+        DataType::Float16 | DataType::Float32 | DataType::Float64 => {
+            let mut fields = schema.fields().to_vec();
+            fields.push(Arc::new(Field::new(CANONICAL_KEY, DataType::Float64, true)));
+            let wide = Arc::new(Schema::new(fields));
+            let mut parts = Vec::with_capacity(local.len());
+            for b in &local {
+                let mut cols = b.columns().to_vec();
+                let c = b.column(ki);
+                cols.push(canonical_group_key(c)?.unwrap_or_else(|| c.clone()));
+                parts.push(RecordBatch::try_new(wide.clone(), cols)?);
+            }
+            Some((wide, parts))
+        }
+        _ => None,
+    };
+    let (sorted, group_col) = match canonical {
+        Some((wide, parts)) => {
+            drop(local);
+            let all = sort_parts(
+                &wide,
+                parts,
+                &[SortKey::asc(CANONICAL_KEY), SortKey::asc(&spec.order)],
+            )?;
+            let g = all.num_columns() - 1;
+            let group_col = all.column(g).clone();
+            let keep: Vec<usize> = (0..g).collect();
+            (all.project(&keep)?, group_col)
+        }
+        None => {
+            let sorted = sort_parts(
+                &schema,
+                local,
+                &[SortKey::asc(&by), SortKey::asc(&spec.order)],
+            )?;
+            let group_col = sorted.column(ki).clone();
+            (sorted, group_col)
+        }
+    };
     let schema = sorted.schema();
     let ts = order_values(&sorted, column_index(&schema, &spec.order)?, &spec.order)?;
     let mut groups = vec![0];
     if sorted.num_rows() > 0 {
-        let key = sorted.column(column_index(&schema, &by)?).clone();
+        let key = group_col;
         groups.extend(
             arrow_ord::partition::partition(&[key])?
                 .ranges()

@@ -8,7 +8,8 @@ DuckDB and Polars. The inputs aim at edges a fixed test misses:
   - order column: int64 or timestamp[s|ms|us|ns]; uniform, bursts with long
     gaps, heavy ties, all equal, negative values; windows from 0 to past the
     whole span, as integers or (timestamps) durations such as 90s;
-  - group column: none, int64 or string, few or many keys, nulls (one group);
+  - group column: none, int64, string or float64 (0.0 and -0.0, NaNs of
+    several bit patterns), few or many keys, nulls (one group);
   - values: float64 with nulls, NaN, +-inf or huge magnitudes next to tiny
     ones; int64, int32, uint8, float32 columns; all-null columns;
   - sizes: 0, 1 and 2 rows, fewer rows than ranks, up to ~200k rows;
@@ -23,9 +24,11 @@ Needs duckdb, polars and pyarrow.
 """
 
 import argparse
+import math
 import os
 import random
 import shutil
+import struct
 import subprocess
 import sys
 import time
@@ -127,13 +130,19 @@ def make_case(rng, i, d):
     }
     if unit:
         cols["ts"] = cols["ts"].cast(pa.timestamp(unit))
-    key = rng.choice([None, "int", "str"])
+    key = rng.choice([None, "int", "str", "float"])
     if key:
         nkeys = rng.choice([1, 2, 7, 100, 5000])
         knull = rng.choice([0.0, 0.05, 0.5])
         ks = [None if rng.random() < knull else rng.randrange(nkeys) for _ in range(rows)]
         if key == "str":
             cols["key"] = pa.array([None if k is None else f"k{k}" for k in ks], pa.string())
+        elif key == "float":
+            # 0.0 and -0.0 group together, as do NaNs of any bit pattern.
+            nans = [math.nan, -math.nan, struct.unpack("<d", struct.pack("<Q", 0x7FF8_0000_DEAD_BEEF))[0]]
+            cols["key"] = pa.array(
+                [None if k is None else rng.choice([0.0, -0.0]) if k == 0
+                 else rng.choice(nans) if k == 1 else k + 0.5 for k in ks], pa.float64())
         else:
             cols["key"] = pa.array([None if k is None else k - nkeys // 2 for k in ks], pa.int64())
     kinds = rng.sample(list(ARROW_TYPE), rng.choice([1, 1, 2, 3]))

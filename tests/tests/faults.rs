@@ -1,5 +1,6 @@
 //! Fault tests of the tcp backend: a killed rank, a wrong token, random
-//! bytes on a rank's port, a second data connection from one rank.
+//! bytes on a rank's port, a second data connection from one rank, a frame
+//! claiming more memory than there is.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail by panicking
 
@@ -8,9 +9,9 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use braid_core::Communicator;
 use braid_core::comm::tcp::TcpComm;
-use braid_core::comm::tcp::wire::{ConnKind, Hello};
+use braid_core::comm::tcp::wire::{ConnKind, FrameHeader, Hello};
+use braid_core::{CommError, Communicator, OpId, Tag};
 use braid_tests::{exchange, expected_summary, payload, runtime};
 
 fn free_port() -> u16 {
@@ -163,23 +164,37 @@ fn random_bytes_on_a_port_are_an_error_not_a_panic() {
 /// A second data connection from a rank that has one (the right token and
 /// all) is refused: two would interleave its messages and break their
 /// per-tag order. The job carries on over the first.
-#[test]
-fn a_second_data_connection_from_one_rank_is_refused() {
-    let rt = runtime();
-    let token = braid_core::comm::tcp::random_token();
-    let comms: Vec<Arc<TcpComm>> = rt.block_on(async {
+/// Two tcp ranks in this process whose token the test knows (to connect
+/// as one of them), accepting messages of up to `max_message` bytes.
+fn two_ranks(rt: &tokio::runtime::Runtime, token: &str, max_message: u64) -> Vec<Arc<TcpComm>> {
+    rt.block_on(async {
         let root = tokio::net::TcpListener::bind(("127.0.0.1", 0))
             .await
             .expect("bind");
         let addr = root.local_addr().expect("addr").to_string();
-        let cfg = |r| braid_core::comm::tcp::TcpConfig::new(r, 2, addr.clone(), token.clone());
+        let cfg = |r| {
+            let mut c = braid_core::comm::tcp::TcpConfig::new(r, 2, addr.clone(), token);
+            c.max_message_bytes = max_message;
+            c
+        };
         let a = tokio::spawn(TcpComm::with_listener(cfg(0), root));
         let b = tokio::spawn(TcpComm::connect(cfg(1)));
         vec![
             Arc::new(a.await.expect("task").expect("rank 0")),
             Arc::new(b.await.expect("task").expect("rank 1")),
         ]
-    });
+    })
+}
+
+#[test]
+fn a_second_data_connection_from_one_rank_is_refused() {
+    let rt = runtime();
+    let token = braid_core::comm::tcp::random_token();
+    let comms = two_ranks(
+        &rt,
+        &token,
+        braid_core::comm::tcp::TcpConfig::DEFAULT_MAX_MESSAGE,
+    );
     // Rank 0's data connection to rank 1 exists after an exchange.
     exchange_all(&rt, &comms, 21);
     let mut s = std::net::TcpStream::connect(comms[1].listen_addr()).expect("connect");
@@ -200,6 +215,56 @@ fn a_second_data_connection_from_one_rank_is_refused() {
     );
     exchange_all(&rt, &comms, 22);
     assert_eq!(comms[1].statistics().rejected_connections(), 1);
+}
+
+/// A frame that claims more bytes than the host can allocate (a peer with a
+/// corrupted header, under a limit raised as far as it goes) fails the
+/// receiving rank with an error that names the peer: the process must not
+/// abort on the allocation.
+#[test]
+fn a_frame_claiming_more_memory_than_exists_fails_the_rank() {
+    let rt = runtime();
+    let token = braid_core::comm::tcp::random_token();
+    let comms = two_ranks(&rt, &token, u64::MAX);
+    // Nothing has gone from rank 0 to rank 1 yet, so a data connection as
+    // rank 0 is its first and is accepted.
+    let mut s = std::net::TcpStream::connect(comms[1].listen_addr()).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(20)))
+        .expect("timeout");
+    let hello = Hello {
+        kind: ConnKind::Data,
+        token: token.into_bytes(),
+        rank: 0,
+        nranks: 2,
+    };
+    s.write_all(&hello.encode()).expect("write");
+    let mut b = [0u8; 1];
+    assert_eq!(
+        s.read(&mut b).expect("ack"),
+        1,
+        "the connection is accepted"
+    );
+    let tag = Tag::new(OpId(5), 0);
+    let header = FrameHeader { tag, len: 1 << 62 };
+    s.write_all(&header.encode()).expect("write");
+    let err = rt
+        .block_on(async {
+            tokio::time::timeout(Duration::from_secs(20), comms[1].recv(0, tag)).await
+        })
+        .expect("rank 1 fails in time")
+        .expect_err("no such message can be received");
+    assert!(
+        matches!(
+            err,
+            CommError::Io {
+                rank: 1,
+                peer: Some(0),
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(err.to_string().contains("cannot allocate"), "{err}");
 }
 
 /// A root address where no braid rank answers fails the rank within its

@@ -2,7 +2,8 @@
 //! count, local and tcp, every closed mode, grouped and ungrouped; windows
 //! covering no rows, about 10 rows, rows on several other ranks, and all the
 //! data; ranks with no rows; all rows with one ts; null values and keys;
-//! unsorted input; int64 and timestamp order columns.
+//! unsorted input; int64 and timestamp order columns; float group keys
+//! with 0.0, -0.0 and several NaNs.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail by panicking
 
@@ -70,7 +71,32 @@ fn rows(data: Data, seed: u64) -> (Vec<Row>, i64) {
     (rows, span)
 }
 
-fn schema(timestamp: bool) -> SchemaRef {
+/// Whether and by what the job groups.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Grouping {
+    None,
+    /// By the int64 key.
+    Int,
+    /// By a float64 key: key 0 is 0.0 or -0.0, key 1 a NaN with one of
+    /// several bit patterns, key k > 1 is k + 0.5. DuckDB and Polars group
+    /// 0.0 with -0.0 and every NaN together, so the int key's groups are the
+    /// reference.
+    Float,
+}
+
+/// The float form of a row's key (see `Grouping::Float`).
+fn float_key(r: &Row) -> Option<f64> {
+    r.key.map(|k| match (k, r.id % 3) {
+        (0, 0) => -0.0,
+        (0, _) => 0.0,
+        (1, 0) => f64::NAN,
+        (1, 1) => -f64::NAN,
+        (1, _) => f64::from_bits(0x7ff8_0000_dead_beef),
+        (k, _) => k as f64 + 0.5,
+    })
+}
+
+fn schema(timestamp: bool, grouping: Grouping) -> SchemaRef {
     let ts = if timestamp {
         DataType::Timestamp(TimeUnit::Millisecond, None)
     } else {
@@ -79,28 +105,43 @@ fn schema(timestamp: bool) -> SchemaRef {
     Arc::new(Schema::new(vec![
         Field::new("id", DataType::Int64, false),
         Field::new("ts", ts, false),
-        Field::new("key", DataType::Int64, true),
+        Field::new(
+            "key",
+            if grouping == Grouping::Float {
+                DataType::Float64
+            } else {
+                DataType::Int64
+            },
+            true,
+        ),
         Field::new("v", DataType::Float64, true),
     ]))
 }
 
-fn batch(rows: &[Row], timestamp: bool) -> RecordBatch {
+fn batch(rows: &[Row], timestamp: bool, grouping: Grouping) -> RecordBatch {
     let ts: Vec<i64> = rows.iter().map(|r| r.ts).collect();
     let ts: ArrayRef = if timestamp {
         Arc::new(TimestampMillisecondArray::from(ts))
     } else {
         Arc::new(Int64Array::from(ts))
     };
+    let key: ArrayRef = if grouping == Grouping::Float {
+        Arc::new(Float64Array::from(
+            rows.iter().map(float_key).collect::<Vec<_>>(),
+        ))
+    } else {
+        Arc::new(Int64Array::from(
+            rows.iter().map(|r| r.key).collect::<Vec<_>>(),
+        ))
+    };
     RecordBatch::try_new(
-        schema(timestamp),
+        schema(timestamp, grouping),
         vec![
             Arc::new(Int64Array::from(
                 rows.iter().map(|r| r.id).collect::<Vec<_>>(),
             )),
             ts,
-            Arc::new(Int64Array::from(
-                rows.iter().map(|r| r.key).collect::<Vec<_>>(),
-            )),
+            key,
             Arc::new(Float64Array::from(
                 rows.iter().map(|r| r.v).collect::<Vec<_>>(),
             )),
@@ -171,7 +212,7 @@ async fn run_case(
     ctxs: &[Context],
     rows: &[Row],
     timestamp: bool,
-    grouped: bool,
+    grouping: Grouping,
     w: i64,
     closed: Closed,
     what: &str,
@@ -179,7 +220,7 @@ async fn run_case(
     let n = ctxs.len();
     let spec = RollingSpec {
         order: "ts".into(),
-        by: grouped.then(|| "key".to_string()),
+        by: (grouping != Grouping::None).then(|| "key".to_string()),
         values: vec!["v".into()],
         window: w,
         closed,
@@ -205,7 +246,10 @@ async fn run_case(
         let sink = CollectSink::new();
         sinks.push(sink.clone());
         let job = RollingJob {
-            source: Source::Memory(schema(timestamp), vec![batch(&mine, timestamp)]),
+            source: Source::Memory(
+                schema(timestamp, grouping),
+                vec![batch(&mine, timestamp, grouping)],
+            ),
             spec: spec.clone(),
             output: Output::Collect(sink),
             chunk_rows: 37,
@@ -224,7 +268,7 @@ async fn run_case(
         total_in += c.rows_in;
     }
     assert_eq!(total_in as usize, rows.len(), "{what}");
-    let want = brute(rows, grouped, w, closed);
+    let want = brute(rows, grouping != Grouping::None, w, closed);
     let mut seen = 0;
     for s in sinks {
         for b in s.batches() {
@@ -281,11 +325,10 @@ async fn matrix(ctxs: Vec<Context>, backend: &str) {
         };
         for w in windows {
             for closed in [Closed::Right, Closed::Both, Closed::Left, Closed::None] {
-                for grouped in [false, true] {
-                    let what = format!(
-                        "{backend} {n} ranks, {data:?}, w={w}, {closed:?}, grouped={grouped}"
-                    );
-                    run_case(&ctxs, &rows, timestamp, grouped, w, closed, &what).await;
+                for grouping in [Grouping::None, Grouping::Int] {
+                    let what =
+                        format!("{backend} {n} ranks, {data:?}, w={w}, {closed:?}, {grouping:?}");
+                    run_case(&ctxs, &rows, timestamp, grouping, w, closed, &what).await;
                 }
             }
         }
@@ -333,7 +376,7 @@ fn rolling_under_a_memory_limit_spills_and_matches() {
             &ctxs,
             &rows,
             false,
-            false,
+            Grouping::None,
             span / 20,
             Closed::Right,
             "memory limit, ungrouped",
@@ -343,7 +386,7 @@ fn rolling_under_a_memory_limit_spills_and_matches() {
             &ctxs,
             &rows,
             false,
-            true,
+            Grouping::Int,
             span / 20,
             Closed::Both,
             "memory limit, grouped",
@@ -352,4 +395,28 @@ fn rolling_under_a_memory_limit_spills_and_matches() {
         let spilled: u64 = ctxs.iter().map(|c| c.statistics().spilled_bytes()).sum();
         assert!(spilled > 0, "nothing spilled under a 4 KiB limit");
     });
+}
+
+/// Float group keys: 0.0 and -0.0 are one group, every NaN one group, as in
+/// DuckDB and Polars; checked against the int keys' groups, every rank count,
+/// local and tcp.
+#[test]
+fn float_keys_group_like_duckdb_and_polars() {
+    let rt = runtime();
+    let (rows, span) = rows(Data::Uniform, 7);
+    for n in RANK_COUNTS {
+        rt.block_on(async {
+            let local = contexts(&WorldSpec::Local { nranks: n }, MemoryLimits::UNLIMITED)
+                .await
+                .unwrap();
+            let tcp = tcp_contexts(n, MemoryLimits::UNLIMITED).await;
+            for (backend, ctxs) in [("local", &local), ("tcp", &tcp)] {
+                for (w, closed) in [(span / 40, Closed::Right), (span * 4, Closed::Both)] {
+                    let what = format!("{backend} {n} ranks, float keys, w={w}, {closed:?}");
+                    run_case(ctxs, &rows, false, Grouping::Float, w, closed, &what).await;
+                }
+            }
+            shutdown_all(&tcp).await;
+        });
+    }
 }

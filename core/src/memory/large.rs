@@ -55,7 +55,20 @@ const HUGE_PAGE: usize = 2 << 20;
 /// is at least [`HUGE_PAGE_MIN`] bytes, is advised to be backed by huge
 /// pages before anything touches it.
 pub fn large_vec<T>(len: usize) -> Vec<T> {
-    let v: Vec<T> = Vec::with_capacity(len);
+    advised(Vec::with_capacity(len))
+}
+
+/// [`large_vec`] for a length that a peer or a user claims: `None` where
+/// the allocator cannot provide it, where `large_vec` would abort the
+/// process.
+pub fn try_large_vec<T>(len: usize) -> Option<Vec<T>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(len).ok()?;
+    Some(advised(v))
+}
+
+/// `v`, its memory advised to use huge pages where it is large enough.
+fn advised<T>(v: Vec<T>) -> Vec<T> {
     // Zero-sized elements own no memory (and report an unbounded capacity).
     let bytes = match std::mem::size_of::<T>() {
         0 => 0,
@@ -89,6 +102,14 @@ fn advise_huge(_addr: usize, _len: usize) {}
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn try_large_vec_refuses_what_cannot_be_had() {
+        let v: Vec<u64> = try_large_vec(1000).unwrap();
+        assert!(v.capacity() >= 1000);
+        assert!(try_large_vec::<u8>(usize::MAX).is_none());
+        assert!(try_large_vec::<u64>(usize::MAX / 4).is_none());
+    }
 
     #[test]
     fn large_vec_has_the_capacity_and_keeps_writes() {

@@ -13,7 +13,7 @@ mod pool;
 mod resource;
 
 pub use buffer::{Buffer, MemoryType};
-pub use large::{HUGE_PAGE_MIN, large_vec, reuse_freed_memory};
+pub use large::{HUGE_PAGE_MIN, large_vec, reuse_freed_memory, try_large_vec};
 pub use pool::BufferPool;
 #[cfg(feature = "cuda")]
 pub(crate) use resource::Charge;

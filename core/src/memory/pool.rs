@@ -72,7 +72,7 @@ impl BufferPool {
     /// content, for a caller that overwrites all of it: a pooled one is
     /// reused without clearing where it already held that many bytes.
     pub fn take_filled(&self, len: usize) -> Vec<u8> {
-        let mut v = self.take_raw(len);
+        let mut v = self.take_raw(len).unwrap_or_else(|| super::large_vec(len));
         if v.len() >= len {
             v.truncate(len);
         } else {
@@ -82,14 +82,16 @@ impl BufferPool {
     }
 
     /// An empty vector with capacity for at least `len` bytes: a pooled one
-    /// of at most twice that capacity if there is one.
-    pub fn take(&self, len: usize) -> Vec<u8> {
-        let mut v = self.take_raw(len);
+    /// of at most twice that capacity if there is one. `None` where the
+    /// allocator cannot provide `len` bytes (the length may be a peer's
+    /// claim: a refusal must not abort the process).
+    pub fn try_take(&self, len: usize) -> Option<Vec<u8>> {
+        let mut v = self.take_raw(len)?;
         v.clear();
-        v
+        Some(v)
     }
 
-    fn take_raw(&self, len: usize) -> Vec<u8> {
+    fn take_raw(&self, len: usize) -> Option<Vec<u8>> {
         if len >= Self::MIN_SIZE {
             let mut f = self.free.lock().unwrap_or_else(|p| p.into_inner());
             let cap = f
@@ -104,12 +106,12 @@ impl BufferPool {
                             f.by_cap.remove(&cap);
                         }
                         f.bytes -= v.capacity();
-                        return v;
+                        return Some(v);
                     }
                 }
             }
         }
-        super::large_vec(len)
+        super::try_large_vec(len)
     }
 
     /// Wraps `v` as `Bytes` (no copy) whose memory returns to this pool.
@@ -179,7 +181,7 @@ mod tests {
     #[test]
     fn reuses_and_bounds() {
         let pool = BufferPool::new(3 << 20);
-        let mut v = pool.take(1 << 20);
+        let mut v = pool.try_take(1 << 20).unwrap();
         v.resize(1 << 20, 7);
         let ptr = v.as_ptr();
         let b = pool.wrap(v);
@@ -189,11 +191,11 @@ mod tests {
         assert_eq!(pool.idle_bytes(), 0);
         drop(b2);
         assert_eq!(pool.idle_bytes(), 1 << 20);
-        let v = pool.take(900 << 10);
+        let v = pool.try_take(900 << 10).unwrap();
         assert_eq!(v.as_ptr(), ptr);
         assert!(v.is_empty());
         // Too small to match a 4 MiB buffer's pool slot.
-        let big = pool.take(4 << 20);
+        let big = pool.try_take(4 << 20).unwrap();
         assert!(big.capacity() >= 4 << 20);
         let mut big = big;
         big.resize(4 << 20, 0);
@@ -225,12 +227,12 @@ mod tests {
         assert_eq!(pool.idle_bytes(), 8 * mib, "every 2 MiB buffer kept");
         let mut left = Vec::new();
         for _ in 0..3 {
-            left.push(pool.take(2 * mib).as_ptr() as usize);
+            left.push(pool.try_take(2 * mib).unwrap().as_ptr() as usize);
         }
         assert!(left.contains(&new[0]));
         assert_eq!(pool.idle_bytes(), 2 * mib);
         // What is left is 1 MiB buffers (a 2 MiB request cannot use them).
-        assert!(pool.take(mib).capacity() >= mib);
+        assert!(pool.try_take(mib).unwrap().capacity() >= mib);
         assert_eq!(pool.idle_bytes(), mib);
         // A buffer larger than the whole pool is never kept, nor evicts.
         give_fresh(&pool, 1, 16 * mib);

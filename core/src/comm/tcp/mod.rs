@@ -660,7 +660,14 @@ async fn reader_task(shared: Arc<Shared>, src: Rank, stream: TcpStream) {
             }
         };
         let len = header.len as usize;
-        let mut buf = shared.pool.take(len);
+        let Some(mut buf) = shared.pool.try_take(len) else {
+            shared.fail(CommError::Io {
+                rank: shared.rank,
+                peer: Some(src),
+                detail: format!("cannot allocate {len} bytes for a message from this peer"),
+            });
+            return;
+        };
         while buf.len() < len {
             let want = (len - buf.len()) as u64;
             match (&mut r).take(want).read_buf(&mut buf).await {
