@@ -2,7 +2,8 @@
 """Differential fuzz of `rolling --device gpu` against `rolling --device cpu`.
 
 Each case writes a random CSV input (int64 ts, also near either end of
-i64, or ISO times read as timestamps with duration windows; with ties and
+i64, or ISO times read as timestamps, or ISO dates read as Date32, with
+duration windows; with ties and
 gaps, unsorted; an int, string or float key with nulls (0.0 and -0.0,
 NaN); a float value column with
 nulls and, in some cases, NaN, infinities, huge magnitudes or a large mean
@@ -39,7 +40,8 @@ def iso(ms):
     return f"{2020 + mon // 12:04d}-{mon % 12 + 1:02d}-{day + 1:02d}T{h:02d}:{m:02d}:{sec:02d}.{milli:03d}"
 
 
-def gen_input(rng, path, rows, iso_ts=False):
+def gen_input(rng, path, rows, ts_mode="int"):
+    iso_ts = ts_mode != "int"
     kind = rng.choice(["plain", "plain", "nan", "huge", "ties", "offset"])
     # Order values near either end of i64 (t - window must not wrap).
     ts_base = rng.choice([0, 0, 0, -2**63, 2**63 - 1 - 10**10]) if not iso_ts else 0
@@ -74,7 +76,8 @@ def gen_input(rng, path, rows, iso_ts=False):
             else:
                 v = repr(rng.gauss(1e3 if rng.random() < 0.5 else 0, 50))
             wv = "" if rng.random() < 0.1 else str(rng.randrange(-1000, 1000))
-            w.writerow([i, iso(ts) if iso_ts else ts, key, v, wv])
+            t_text = iso(ts)[:10] if ts_mode == "date" else iso(ts) if iso_ts else ts
+            w.writerow([i, t_text, key, v, wv])
 
 
 def run(rolling, args, out, log):
@@ -139,14 +142,16 @@ def main():
     for case in range(a.cases):
         rows = rng.choice([0, 1, 7, 300, 5000, 40000, 150000])
         inp = os.path.join(a.out, f"in{case}.csv")
-        iso_ts = rows > 0 and rng.random() < 0.3
-        gen_input(rng, inp, rows, iso_ts)
+        r = rng.random()
+        ts_mode = "int" if rows == 0 or r >= 0.4 else "iso" if r < 0.3 else "date"
+        gen_input(rng, inp, rows, ts_mode)
         ranks = rng.choice([1, 2, 3, 4, 5, 8])
         backend = rng.choice(["local", "tcp"])
         aggs = rng.sample(["sum", "mean", "min", "max", "count", "std", "var"], rng.randrange(1, 8))
         args = [
             "--input", inp, "--ranks", str(ranks), "--backend", backend,
-            "--window", rng.choice(["1ms", "250ms", "5s", "90s", "1h", "2d"]) if iso_ts
+            "--window", rng.choice(["1ms", "250ms", "5s", "90s", "1h", "2d"]) if ts_mode == "iso"
+            else rng.choice(["1d", "3d", "36h", "30d", "0", "2"]) if ts_mode == "date"
             else str(rng.choice([0, 1, 10, 1000, 10**6, 10**12])),
             "--closed", rng.choice(["right", "both", "left", "none"]),
             "--values", rng.choice(["v", "w", "v,w"]),

@@ -39,7 +39,7 @@ use braid_kernels::gpu::{
 
 use crate::error::DataError;
 use crate::partition::{canonical_group_key, column_index};
-use crate::rolling::RollingSpec;
+use crate::rolling::{RollingSpec, order_as_i64};
 
 /// Any failure of the GPU path, as a node error.
 fn fail(e: impl std::fmt::Display) -> NodeError {
@@ -97,6 +97,17 @@ pub fn check_gpu_spec(
                     f.data_type()
                 )));
             }
+        }
+    }
+    if columns == Columns::AllOnDevice {
+        // The node reads the order column on the device as i64.
+        let t = schema.field(column_index(schema, &spec.order)?).data_type();
+        if num_type(t) != Some(NumType::I64) {
+            return Err(DataError::WrongType {
+                name: spec.order.clone(),
+                found: t.to_string(),
+                expected: "Int64, Date64 or Timestamp (in the gpu rolling node)".into(),
+            });
         }
     }
     for v in &spec.values {
@@ -649,7 +660,13 @@ async fn core_table(
         }
         None => None,
     };
-    let mut fields: Vec<FieldRef> = vec![schema.fields()[oi].clone()];
+    // The device sorts and compares the order column as i64.
+    let order = schema.field(oi);
+    let mut fields: Vec<FieldRef> = vec![Arc::new(Field::new(
+        order.name(),
+        DataType::Int64,
+        order.is_nullable(),
+    ))];
     if let Some(g) = &groups {
         fields.push(Arc::new(Field::new(GROUP, g.data_type.clone(), false)));
     }
@@ -659,7 +676,7 @@ async fn core_table(
     let mut chunks = Vec::with_capacity(host.len());
     let mut at = rank << ORIGIN_ROW_BITS;
     for (i, b) in host.iter().enumerate() {
-        let mut cols: Vec<ArrayRef> = vec![b.column(oi).clone()];
+        let mut cols: Vec<ArrayRef> = vec![order_as_i64(b.column(oi), &spec.order)?];
         if let Some(g) = &groups {
             cols.push(g.codes[i].clone());
         }

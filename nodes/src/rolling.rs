@@ -42,7 +42,7 @@ use crate::sort::{DistributedSort, SortKey, sort_parts};
 /// What to compute.
 #[derive(Debug, Clone)]
 pub struct RollingSpec {
-    /// The order column (int64 or timestamp).
+    /// The order column (any integer type, a date or a timestamp).
     pub order: String,
     /// The group column, if grouped.
     pub by: Option<String>,
@@ -54,6 +54,16 @@ pub struct RollingSpec {
     pub closed: Closed,
     /// Aggregations.
     pub aggs: Vec<Agg>,
+}
+
+/// Order columns: every integer type, dates and timestamps (read as their
+/// stored integer: days for Date32, milliseconds for Date64).
+pub fn is_order_type(t: &DataType) -> bool {
+    t.is_integer()
+        || matches!(
+            t,
+            DataType::Date32 | DataType::Date64 | DataType::Timestamp(..)
+        )
 }
 
 /// Value columns: every integer, float and decimal type (read as f64).
@@ -96,11 +106,11 @@ impl RollingSpec {
         }
         let o = column_index(schema, &self.order)?;
         let ot = schema.field(o).data_type();
-        if !matches!(ot, DataType::Int64 | DataType::Timestamp(..)) {
+        if !is_order_type(ot) {
             return Err(DataError::WrongType {
                 name: self.order.clone(),
                 found: ot.to_string(),
-                expected: "Int64 or Timestamp".into(),
+                expected: "an integer, Date32, Date64 or Timestamp type".into(),
             });
         }
         if let Some(by) = &self.by {
@@ -136,7 +146,23 @@ impl RollingSpec {
     }
 }
 
-/// The order column as i64 (timestamps by their stored integer).
+/// An order column as Int64 (dates and timestamps by their stored
+/// integer); nulls stay nulls, and a value i64 cannot hold (u64 above
+/// i64::MAX) is an error.
+pub fn order_as_i64(a: &ArrayRef, name: &str) -> Result<ArrayRef> {
+    let c = arrow_cast::cast(a, &DataType::Int64)?;
+    // The cast makes a null of a value it cannot hold.
+    if c.null_count() > a.null_count() {
+        return Err(DataError::Invalid(format!(
+            "order column {name:?} has {} values above {}",
+            c.null_count() - a.null_count(),
+            i64::MAX
+        )));
+    }
+    Ok(c)
+}
+
+/// The order column as i64 values (no nulls).
 fn order_values(batch: &RecordBatch, col: usize, name: &str) -> Result<Vec<i64>> {
     let a = batch.column(col);
     if a.null_count() > 0 {
@@ -145,7 +171,7 @@ fn order_values(batch: &RecordBatch, col: usize, name: &str) -> Result<Vec<i64>>
             a.null_count()
         )));
     }
-    let a = arrow_cast::cast(a, &DataType::Int64)?;
+    let a = order_as_i64(a, name)?;
     let a = a
         .as_any()
         .downcast_ref::<Int64Array>()

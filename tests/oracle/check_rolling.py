@@ -15,7 +15,8 @@ OUT is one Parquet file or a directory of `part-*.parquet` files (if the
 directory holds no `part-*.parquet`, every `*.parquet` in it is read).
 
 Semantics (t = the row's order value, w = window, integer in the order
-column's storage unit; timestamps are converted to integer epoch units):
+column's storage unit; timestamps are converted to integer epoch units, dates
+to days since the epoch):
   closed=right: t-w <  ts <= t      closed=both: t-w <= ts <= t
   closed=left:  t-w <= ts <  t      closed=none: t-w <  ts <  t
 The window holds rows of the same key (null keys form one group of their
@@ -173,8 +174,10 @@ class Spec:
             self.unit = None
         elif isinstance(dt, pl.Datetime):
             self.unit = dt.time_unit  # 'ms' | 'us' | 'ns'
+        elif dt == pl.Date:
+            self.unit = "d"  # days since the epoch
         else:
-            raise UsageError(f"order column {self.order!r} has dtype {dt}; need an integer or a timestamp")
+            raise UsageError(f"order column {self.order!r} has dtype {dt}; need an integer, a date or a timestamp")
         if base[self.order].null_count():
             raise UsageError(f"order column {self.order!r} holds nulls; semantics unspecified")
         for v in self.values:
@@ -211,6 +214,8 @@ class Spec:
     def raw_ord_expr(self, pl):
         if self.unit is None:
             return pl.col(self.order).cast(pl.Int64).alias(ORD)
+        if self.unit == "d":
+            return pl.col(self.order).cast(pl.Int32).cast(pl.Int64).alias(ORD)
         return pl.col(self.order).dt.epoch(self.unit).alias(ORD)
 
     def ord_expr(self, pl):

@@ -5,9 +5,10 @@ Each case writes a random Parquet input and runs `rolling` on it with random
 parameters, then `check_rolling.py` (this folder) compares the output with
 DuckDB and Polars. The inputs aim at edges a fixed test misses:
 
-  - order column: int64 or timestamp[s|ms|us|ns]; uniform, bursts with long
-    gaps, heavy ties, all equal, negative values; windows from 0 to past the
-    whole span, as integers or (timestamps) durations such as 90s;
+  - order column: int64, int32, date32 or timestamp[s|ms|us|ns]; uniform,
+    bursts with long gaps, heavy ties, all equal, negative values; windows
+    from 0 to past the whole span, as integers or (timestamps, dates)
+    durations such as 90s or 3d;
   - group column: none, int64, string or float64 (0.0 and -0.0, NaNs of
     several bit patterns), few or many keys, nulls (one group);
   - values: float64 with nulls, NaN, +-inf or huge magnitudes next to tiny
@@ -38,7 +39,7 @@ AGGS = ["sum", "mean", "min", "max", "count", "std", "var"]
 CLOSED = ["right", "both", "left", "none"]
 # A duration suffix and its length in seconds, for --window on timestamps.
 DURATIONS = [("ms", 1e-3), ("s", 1), ("m", 60), ("h", 3600), ("d", 86400)]
-UNIT_PER_SECOND = {"ms": 10**3, "us": 10**6, "ns": 10**9}
+UNIT_PER_SECOND = {"ms": 10**3, "us": 10**6, "ns": 10**9, "date": 1 / 86400}
 
 
 def order_values(rng, rows):
@@ -123,12 +124,19 @@ def make_case(rng, i, d):
 
     rows = rng.choice([0, 1, 2, 3, 7, 50, 1000, 5000, 30000, 200000])
     ts_kind, ts, span = order_values(rng, rows)
-    unit = rng.choice([None, None, "ms", "us", "ns"])  # parquet stores s as ms
+    # Parquet stores s as ms; i32 and date (days) where the values fit.
+    unit = rng.choice([None, None, "ms", "us", "ns", "i32", "date"])
     cols = {
         "id": pa.array(rng.sample(range(rows * 3 + 1), rows), pa.int64()),
         "ts": pa.array(ts, pa.int64()),
     }
-    if unit:
+    if unit in ("i32", "date") and not all(-2**31 <= t < 2**31 for t in ts):
+        unit = None
+    if unit == "i32":
+        cols["ts"] = cols["ts"].cast(pa.int32())
+    elif unit == "date":
+        cols["ts"] = cols["ts"].cast(pa.int32()).cast(pa.date32())
+    elif unit:
         cols["ts"] = cols["ts"].cast(pa.timestamp(unit))
     key = rng.choice([None, "int", "str", "float"])
     if key:
@@ -157,7 +165,7 @@ def make_case(rng, i, d):
     # The window: an integer in storage units, or a duration on timestamps.
     w = rng.choice([0, 1, 2, 10, span // 100, span // 3, span, 10 * span])
     w_arg = str(w)
-    if unit and rng.random() < 0.5:
+    if unit in UNIT_PER_SECOND and rng.random() < 0.5:
         suffix, secs = rng.choice(DURATIONS)
         n = rng.choice([0, 1, 3, 90, 1000])
         per = UNIT_PER_SECOND[unit] * secs

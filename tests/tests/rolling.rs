@@ -2,8 +2,8 @@
 //! count, local and tcp, every closed mode, grouped and ungrouped; windows
 //! covering no rows, about 10 rows, rows on several other ranks, and all the
 //! data; ranks with no rows; all rows with one ts; null values and keys;
-//! unsorted input; int64 and timestamp order columns; float group keys
-//! with 0.0, -0.0 and several NaNs.
+//! unsorted input; order columns of every integer type, dates and
+//! timestamps; float group keys with 0.0, -0.0 and several NaNs.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail by panicking
 
@@ -11,9 +11,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use arrow_array::{
-    Array, ArrayRef, Float64Array, Int64Array, RecordBatch, TimestampMillisecondArray,
-};
+use arrow_array::{Array, ArrayRef, Float64Array, Int64Array, RecordBatch};
 use arrow_schema::{DataType, Field, Schema, SchemaRef, TimeUnit};
 use braid_core::world::contexts;
 use braid_core::{Context, MemoryLimits, WorldSpec};
@@ -96,15 +94,13 @@ fn float_key(r: &Row) -> Option<f64> {
     })
 }
 
-fn schema(timestamp: bool, grouping: Grouping) -> SchemaRef {
-    let ts = if timestamp {
-        DataType::Timestamp(TimeUnit::Millisecond, None)
-    } else {
-        DataType::Int64
-    };
+/// The order column as a timestamp in ms.
+const MS: DataType = DataType::Timestamp(TimeUnit::Millisecond, None);
+
+fn schema(ts: &DataType, grouping: Grouping) -> SchemaRef {
     Arc::new(Schema::new(vec![
         Field::new("id", DataType::Int64, false),
-        Field::new("ts", ts, false),
+        Field::new("ts", ts.clone(), false),
         Field::new(
             "key",
             if grouping == Grouping::Float {
@@ -118,13 +114,13 @@ fn schema(timestamp: bool, grouping: Grouping) -> SchemaRef {
     ]))
 }
 
-fn batch(rows: &[Row], timestamp: bool, grouping: Grouping) -> RecordBatch {
-    let ts: Vec<i64> = rows.iter().map(|r| r.ts).collect();
-    let ts: ArrayRef = if timestamp {
-        Arc::new(TimestampMillisecondArray::from(ts))
-    } else {
-        Arc::new(Int64Array::from(ts))
-    };
+/// The rows with their order values as `ts` (which must hold them).
+fn batch(rows: &[Row], ts: &DataType, grouping: Grouping) -> RecordBatch {
+    let order: ArrayRef = Arc::new(Int64Array::from(
+        rows.iter().map(|r| r.ts).collect::<Vec<_>>(),
+    ));
+    let order = arrow_cast::cast(&order, ts).unwrap();
+    assert_eq!(order.null_count(), 0, "{ts} holds every order value");
     let key: ArrayRef = if grouping == Grouping::Float {
         Arc::new(Float64Array::from(
             rows.iter().map(float_key).collect::<Vec<_>>(),
@@ -135,12 +131,12 @@ fn batch(rows: &[Row], timestamp: bool, grouping: Grouping) -> RecordBatch {
         ))
     };
     RecordBatch::try_new(
-        schema(timestamp, grouping),
+        schema(ts, grouping),
         vec![
             Arc::new(Int64Array::from(
                 rows.iter().map(|r| r.id).collect::<Vec<_>>(),
             )),
-            ts,
+            order,
             key,
             Arc::new(Float64Array::from(
                 rows.iter().map(|r| r.v).collect::<Vec<_>>(),
@@ -211,7 +207,7 @@ fn close(a: f64, b: f64) -> bool {
 async fn run_case(
     ctxs: &[Context],
     rows: &[Row],
-    timestamp: bool,
+    ts: &DataType,
     grouping: Grouping,
     w: i64,
     closed: Closed,
@@ -246,10 +242,7 @@ async fn run_case(
         let sink = CollectSink::new();
         sinks.push(sink.clone());
         let job = RollingJob {
-            source: Source::Memory(
-                schema(timestamp, grouping),
-                vec![batch(&mine, timestamp, grouping)],
-            ),
+            source: Source::Memory(schema(ts, grouping), vec![batch(&mine, ts, grouping)]),
             spec: spec.clone(),
             output: Output::Collect(sink),
             chunk_rows: 37,
@@ -316,7 +309,11 @@ async fn matrix(ctxs: Vec<Context>, backend: &str) {
         .enumerate()
     {
         // Timestamps for the one-ts data and, on odd rank counts, the rest.
-        let timestamp = d == 1 || n % 2 == 1;
+        let ts = if d == 1 || n % 2 == 1 {
+            MS
+        } else {
+            DataType::Int64
+        };
         let (rows, span) = rows(data, seed_of(&[n as u64, d as u64]));
         // No rows, ~10 rows, several ranks' worth, everything.
         let windows: Vec<i64> = match data {
@@ -328,7 +325,7 @@ async fn matrix(ctxs: Vec<Context>, backend: &str) {
                 for grouping in [Grouping::None, Grouping::Int] {
                     let what =
                         format!("{backend} {n} ranks, {data:?}, w={w}, {closed:?}, {grouping:?}");
-                    run_case(&ctxs, &rows, timestamp, grouping, w, closed, &what).await;
+                    run_case(&ctxs, &rows, &ts, grouping, w, closed, &what).await;
                 }
             }
         }
@@ -375,7 +372,7 @@ fn rolling_under_a_memory_limit_spills_and_matches() {
         run_case(
             &ctxs,
             &rows,
-            false,
+            &DataType::Int64,
             Grouping::None,
             span / 20,
             Closed::Right,
@@ -385,7 +382,7 @@ fn rolling_under_a_memory_limit_spills_and_matches() {
         run_case(
             &ctxs,
             &rows,
-            false,
+            &DataType::Int64,
             Grouping::Int,
             span / 20,
             Closed::Both,
@@ -413,7 +410,63 @@ fn float_keys_group_like_duckdb_and_polars() {
             for (backend, ctxs) in [("local", &local), ("tcp", &tcp)] {
                 for (w, closed) in [(span / 40, Closed::Right), (span * 4, Closed::Both)] {
                     let what = format!("{backend} {n} ranks, float keys, w={w}, {closed:?}");
-                    run_case(ctxs, &rows, false, Grouping::Float, w, closed, &what).await;
+                    run_case(
+                        ctxs,
+                        &rows,
+                        &DataType::Int64,
+                        Grouping::Float,
+                        w,
+                        closed,
+                        &what,
+                    )
+                    .await;
+                }
+            }
+            shutdown_all(&tcp).await;
+        });
+    }
+}
+
+/// Order columns of other integer types and dates (read as their stored
+/// integer, days for Date32), grouped and not, every rank count, local and
+/// tcp; unsigned types get order values shifted to start at 0.
+#[test]
+fn order_columns_of_every_integer_and_date_type() {
+    let rt = runtime();
+    let (rows, span) = rows(Data::Uniform, 8);
+    let lowest = rows.iter().map(|r| r.ts).min().unwrap();
+    let shifted: Vec<Row> = rows
+        .iter()
+        .map(|r| Row {
+            ts: r.ts - lowest,
+            ..*r
+        })
+        .collect();
+    let types = [
+        (DataType::Int32, &rows),
+        (DataType::Int16, &rows),
+        (DataType::Date32, &rows),
+        (DataType::Date64, &rows),
+        (DataType::UInt16, &shifted),
+        (DataType::UInt32, &shifted),
+        (DataType::UInt64, &shifted),
+    ];
+    for n in RANK_COUNTS {
+        rt.block_on(async {
+            let local = contexts(&WorldSpec::Local { nranks: n }, MemoryLimits::UNLIMITED)
+                .await
+                .unwrap();
+            let tcp = tcp_contexts(n, MemoryLimits::UNLIMITED).await;
+            for (backend, ctxs) in [("local", &local), ("tcp", &tcp)] {
+                for (k, (ts, rows)) in types.iter().enumerate() {
+                    let grouping = if k % 2 == 0 {
+                        Grouping::Int
+                    } else {
+                        Grouping::None
+                    };
+                    let closed = [Closed::Right, Closed::Both, Closed::Left, Closed::None][k % 4];
+                    let what = format!("{backend} {n} ranks, order {ts}, {grouping:?}, {closed:?}");
+                    run_case(ctxs, rows, ts, grouping, span / 40, closed, &what).await;
                 }
             }
             shutdown_all(&tcp).await;

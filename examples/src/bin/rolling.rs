@@ -37,7 +37,7 @@ struct Cli {
     /// .parquet or .csv. Without it the result is computed and counted only.
     #[arg(long)]
     output: Option<PathBuf>,
-    /// The order column (int64 or timestamp).
+    /// The order column: any integer type, a date or a timestamp.
     #[arg(long, default_value = "ts")]
     order: String,
     /// The group column (optional).
@@ -46,8 +46,9 @@ struct Cli {
     /// Value columns, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "v")]
     values: Vec<String>,
-    /// Window: an integer in the order column's units, or for timestamp
-    /// columns a duration such as 250ms, 90s, 5m, 1h, 2d.
+    /// Window: an integer in the order column's units (days for a date
+    /// column), or for timestamp and date columns a duration such as
+    /// 250ms, 90s, 5m, 1h, 2d.
     #[arg(long, default_value = "1000", allow_hyphen_values = true)]
     window: String,
     /// Which window ends are closed: right, both, left, none.
@@ -130,10 +131,18 @@ fn parse_window(s: &str, order_type: &DataType, closed: Closed) -> Result<i64, S
             Err(_) => Err(format!("window {s} is too large (at most {})", i64::MAX)),
         };
     }
-    let DataType::Timestamp(unit, _) = order_type else {
-        return Err(format!(
-            "window {s:?} is not an integer; durations need a timestamp order column (this one is {order_type})"
-        ));
+    // Nanoseconds per unit of the order column.
+    let per_unit: i128 = match order_type {
+        DataType::Timestamp(TimeUnit::Second, _) => 1_000_000_000,
+        DataType::Timestamp(TimeUnit::Millisecond, _) | DataType::Date64 => 1_000_000,
+        DataType::Timestamp(TimeUnit::Microsecond, _) => 1_000,
+        DataType::Timestamp(TimeUnit::Nanosecond, _) => 1,
+        DataType::Date32 => 86_400_000_000_000,
+        _ => {
+            return Err(format!(
+                "window {s:?} is not an integer; durations need a timestamp or date order column (this one is {order_type})"
+            ));
+        }
     };
     let split = s
         .find(|c: char| !c.is_ascii_digit() && c != '-')
@@ -156,12 +165,6 @@ fn parse_window(s: &str, order_type: &DataType, closed: Closed) -> Result<i64, S
                 "unknown duration unit {other:?} in window {s:?} (ns, us, ms, s, m, h, d)"
             ));
         }
-    };
-    let per_unit: i128 = match unit {
-        TimeUnit::Second => 1_000_000_000,
-        TimeUnit::Millisecond => 1_000_000,
-        TimeUnit::Microsecond => 1_000,
-        TimeUnit::Nanosecond => 1,
     };
     let total = num
         .checked_mul(nanos)
@@ -407,6 +410,14 @@ mod tests {
         assert_eq!(parse_window("90s", &s, Closed::Right), Ok(90));
         assert_eq!(parse_window("1ns", &s, Closed::Right), Ok(1));
         assert_eq!(parse_window("1ns", &s, Closed::Both), Ok(0));
+        // Dates: Date32 counts days, Date64 milliseconds.
+        assert_eq!(parse_window("3d", &DataType::Date32, Closed::Right), Ok(3));
+        assert_eq!(parse_window("36h", &DataType::Date32, Closed::Right), Ok(2));
+        assert_eq!(parse_window("36h", &DataType::Date32, Closed::Both), Ok(1));
+        assert_eq!(
+            parse_window("2s", &DataType::Date64, Closed::Right),
+            Ok(2000)
+        );
     }
 
     #[test]
@@ -418,7 +429,7 @@ mod tests {
         let e = parse_window("5m", &DataType::Int64, Closed::Right);
         assert!(
             e.as_ref()
-                .is_err_and(|e| e.contains("durations need a timestamp")),
+                .is_err_and(|e| e.contains("durations need a timestamp or date")),
             "{e:?}"
         );
         let e = parse_window("5y", &MS, Closed::Right);
