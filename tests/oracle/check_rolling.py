@@ -84,7 +84,7 @@ def parse_args(argv):
         description="Check braid rolling-window output against DuckDB and Polars.")
     p.add_argument("--input", required=True, help="input Parquet file (or directory of parts)")
     p.add_argument("--output", required=True, help="braid output: Parquet file or directory of part-*.parquet")
-    p.add_argument("--order", required=True, help="order column (integer or timestamp)")
+    p.add_argument("--order", required=True, help="order column (integer, date or timestamp)")
     p.add_argument("--by", default=None, help="optional group column")
     p.add_argument("--values", required=True, help="comma-separated value columns")
     p.add_argument("--window", required=True, type=int, help="window length, >= 0, in order-column units")

@@ -161,9 +161,6 @@ fn random_bytes_on_a_port_are_an_error_not_a_panic() {
     }
 }
 
-/// A second data connection from a rank that has one (the right token and
-/// all) is refused: two would interleave its messages and break their
-/// per-tag order. The job carries on over the first.
 /// Two tcp ranks in this process whose token the test knows (to connect
 /// as one of them), accepting messages of up to `max_message` bytes.
 fn two_ranks(rt: &tokio::runtime::Runtime, token: &str, max_message: u64) -> Vec<Arc<TcpComm>> {
@@ -186,6 +183,9 @@ fn two_ranks(rt: &tokio::runtime::Runtime, token: &str, max_message: u64) -> Vec
     })
 }
 
+/// A second data connection from a rank that has one (the right token and
+/// all) is refused: two would interleave its messages and break their
+/// per-tag order. The job carries on over the first.
 #[test]
 fn a_second_data_connection_from_one_rank_is_refused() {
     let rt = runtime();

@@ -324,6 +324,74 @@ fn rolling_matches_cpu() {
     }
 }
 
+/// Variance of data far from 0 with a small spread (a mean of 1e9, a
+/// spread of 1e-3, windows of 2 to ~40 rows): the tile pass sums the
+/// squares about a value of the tile, so std and var keep every digit the
+/// CPU kernel keeps (relative 1e-9; about 0 they lost ~1e-7).
+#[test]
+fn rolling_variance_of_offset_data_matches_cpu() {
+    let Some(gpu) = gpu() else { return };
+    let mut g = SplitMix(braid_tests::fresh_seed());
+    let aggs = [Agg::Std, Agg::Var];
+    let n = 200_003;
+    for (k, window) in [2i64, 12, 40].into_iter().enumerate() {
+        let ts = sorted_ts(&mut g, n);
+        let sign = if k == 1 { -1.0 } else { 1.0 };
+        let v: Vec<f64> = (0..n)
+            .map(|_| sign * (1e9 + g.below(1000) as f64 * 1e-6))
+            .collect();
+        let nulls = k == 2;
+        let valid: Vec<bool> = (0..n).map(|_| !nulls || g.below(10) != 0).collect();
+        let ok: Vec<u8> = valid.iter().map(|b| u8::from(*b)).collect();
+        let (d_ts, d_v) = (
+            DeviceBuffer::from_slice(&gpu, &ts).unwrap(),
+            DeviceBuffer::from_slice(&gpu, &v).unwrap(),
+        );
+        let d_ok = DeviceBuffer::from_host(&gpu, &ok).unwrap();
+        let input = RollingInput {
+            ts: &d_ts,
+            key: None,
+            values: &d_v,
+            valid: nulls.then_some(&d_ok),
+            emit_from: 0,
+        };
+        let got = rolling(&gpu, input, window, Closed::Both, &aggs).unwrap();
+        let want = cpu_rolling(
+            &ts,
+            &v,
+            nulls.then_some(&valid[..]),
+            window,
+            Closed::Both,
+            &aggs,
+            0,
+        )
+        .unwrap();
+        for (a, b) in got.iter().zip(&want.columns) {
+            let vals: Vec<f64> = a.values.to_vec().unwrap();
+            let okg = a.valid.as_ref().unwrap().to_host().unwrap();
+            for i in 0..n {
+                assert_eq!(
+                    okg[i] != 0,
+                    b.valid[i],
+                    "window {window}: validity of row {i}"
+                );
+                if b.valid[i] {
+                    let (x, y) = (vals[i], b.values[i]);
+                    // A window of equal values: 0 on the CPU, within
+                    // rounding of it here (the smallest non-zero variance
+                    // of these values is 5e-13, its std 7e-7).
+                    let zero = if b.agg == Agg::Std { 1e-14 } else { 1e-28 };
+                    assert!(
+                        (x - y).abs() <= 1e-9 * y.abs() + zero,
+                        "window {window}, {:?}: row {i}: gpu {x} cpu {y}",
+                        b.agg
+                    );
+                }
+            }
+        }
+    }
+}
+
 /// Min and max asked alone (the tile pass then keeps infinities, which
 /// only the sums send to the general pass), over windows of one row to
 /// hundreds, inside one min/max block and over many, with nulls from none

@@ -126,6 +126,12 @@ fn parse_window(s: &str, order_type: &DataType, closed: Closed) -> Result<i64, S
     {
         return match s.parse::<i64>() {
             Ok(v) if v < 0 => Err(format!("window must be >= 0, got {v}")),
+            // A Date64 column stores whole days in milliseconds; its
+            // integer windows count days, as on a Date32 column (and as
+            // DuckDB and Polars, which read it as a date, count them).
+            Ok(v) if *order_type == DataType::Date64 => v
+                .checked_mul(86_400_000)
+                .ok_or_else(|| format!("window {s} days is too large")),
             Ok(v) => Ok(v),
             Err(_) if s.starts_with('-') => Err(format!("window must be >= 0, got {s}")),
             Err(_) => Err(format!("window {s} is too large (at most {})", i64::MAX)),
@@ -410,7 +416,8 @@ mod tests {
         assert_eq!(parse_window("90s", &s, Closed::Right), Ok(90));
         assert_eq!(parse_window("1ns", &s, Closed::Right), Ok(1));
         assert_eq!(parse_window("1ns", &s, Closed::Both), Ok(0));
-        // Dates: Date32 counts days, Date64 milliseconds.
+        // Dates: durations in the stored unit (days for Date32, ms for
+        // Date64); integers count days on both.
         assert_eq!(parse_window("3d", &DataType::Date32, Closed::Right), Ok(3));
         assert_eq!(parse_window("36h", &DataType::Date32, Closed::Right), Ok(2));
         assert_eq!(parse_window("36h", &DataType::Date32, Closed::Both), Ok(1));
@@ -418,6 +425,11 @@ mod tests {
             parse_window("2s", &DataType::Date64, Closed::Right),
             Ok(2000)
         );
+        assert_eq!(
+            parse_window("3", &DataType::Date64, Closed::Right),
+            Ok(3 * 86_400_000)
+        );
+        assert_eq!(parse_window("3", &DataType::Date32, Closed::Right), Ok(3));
     }
 
     #[test]
