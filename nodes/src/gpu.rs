@@ -112,11 +112,23 @@ pub fn check_gpu_spec(
     }
     for v in &spec.values {
         let t = schema.field(column_index(schema, v)?).data_type();
-        if num_type(t).is_none() {
+        // The job casts other numeric types (decimals, f16) to f64 on the
+        // host; the node takes device columns as they are.
+        let takes = match columns {
+            Columns::AllOnDevice => num_type(t).is_some(),
+            Columns::Needed => t.is_numeric(),
+        };
+        if !takes {
             return Err(DataError::WrongType {
                 name: v.clone(),
                 found: t.to_string(),
-                expected: "a numeric type of 8 to 64 bits (on the GPU)".into(),
+                expected: match columns {
+                    Columns::AllOnDevice => {
+                        "a numeric type of 8 to 64 bits (in the gpu rolling node)"
+                    }
+                    Columns::Needed => "a numeric type",
+                }
+                .into(),
             });
         }
     }
@@ -670,7 +682,17 @@ async fn core_table(
     if let Some(g) = &groups {
         fields.push(Arc::new(Field::new(GROUP, g.data_type.clone(), false)));
     }
-    fields.extend(vis.iter().map(|&i| schema.fields()[i].clone()));
+    // Value columns the device has no form for (decimals, f16) go as f64,
+    // which is how the kernel reads every value.
+    let on_host_f64 = |t: &DataType| num_type(t).is_none();
+    fields.extend(vis.iter().map(|&i| {
+        let f = &schema.fields()[i];
+        if on_host_f64(f.data_type()) {
+            Arc::new(f.as_ref().clone().with_data_type(DataType::Float64))
+        } else {
+            f.clone()
+        }
+    }));
     fields.push(Arc::new(Field::new(ORIGIN, DataType::Int64, false)));
     let core_schema = Arc::new(Schema::new(fields));
     let mut chunks = Vec::with_capacity(host.len());
@@ -680,7 +702,14 @@ async fn core_table(
         if let Some(g) = &groups {
             cols.push(g.codes[i].clone());
         }
-        cols.extend(vis.iter().map(|&v| b.column(v).clone()));
+        for &v in &vis {
+            let c = b.column(v);
+            cols.push(if on_host_f64(c.data_type()) {
+                arrow_cast::cast(c, &DataType::Float64).map_err(fail)?
+            } else {
+                c.clone()
+            });
+        }
         let n = b.num_rows() as u64;
         cols.push(Arc::new(Int64Array::from_iter_values(
             (at..at + n).map(|o| o as i64),

@@ -12,7 +12,9 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use arrow_array::{Array, Float64Array, Int32Array, Int64Array, RecordBatch, StringArray};
+use arrow_array::{
+    Array, Decimal128Array, Float64Array, Int32Array, Int64Array, RecordBatch, StringArray,
+};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use braid_core::{MemoryLimits, WorldSpec};
 use braid_kernels::rolling::{Agg, Closed};
@@ -212,20 +214,34 @@ fn assert_same(what: &str, rows: usize, cpu: &Out, gpu: &Out) {
 
 /// Rank r's share of a table with columns the device cannot hold: a
 /// string group column with nulls (`sym`), a string passenger (`note`,
-/// checked for every row), an i32 group column with nulls (`k32`).
+/// checked for every row), an i32 group column with nulls (`k32`), a
+/// float group column with 0.0 and -0.0, NaNs and nulls (`fk`), a decimal
+/// value column (`dec`); the order column is i32.
 fn share_strings(seed: u64, rows: usize, span: u64, r: usize, n: usize) -> RecordBatch {
     let mut g = SplitMix(seed);
     let (mut id, mut ts, mut sym, mut note, mut k32, mut v) =
         (vec![], vec![], vec![], vec![], vec![], vec![]);
+    let (mut fk, mut dec) = (vec![], vec![]);
     for i in 0..rows {
-        let t = g.below(span) as i64 - 500;
+        let t = g.below(span) as i32 - 500;
         let s = match g.below(9) {
             0 => None,
             k => Some(format!("s{}", "x".repeat(k as usize))),
         };
         let k = (g.below(6) != 0).then(|| g.below(5) as i32 - 2);
         let x = (g.below(8) != 0).then(|| g.below(10_000) as f64 / 4.0 - 1000.0);
+        let f = match g.below(7) {
+            0 => None,
+            1 => Some(-0.0),
+            2 => Some(0.0),
+            3 => Some(f64::NAN),
+            4 => Some(-f64::NAN),
+            k => Some(k as f64 + 0.5),
+        };
+        let d = (g.below(5) != 0).then(|| g.below(2_000_000) as i128 - 1_000_000);
         if i % n == r {
+            fk.push(f);
+            dec.push(d);
             id.push(i as i64);
             ts.push(t);
             sym.push(s);
@@ -236,21 +252,29 @@ fn share_strings(seed: u64, rows: usize, span: u64, r: usize, n: usize) -> Recor
     }
     let schema = Arc::new(Schema::new(vec![
         Field::new("id", DataType::Int64, false),
-        Field::new("ts", DataType::Int64, false),
+        Field::new("ts", DataType::Int32, false),
         Field::new("sym", DataType::Utf8, true),
         Field::new("note", DataType::Utf8, true),
         Field::new("k32", DataType::Int32, true),
         Field::new("v", DataType::Float64, true),
+        Field::new("fk", DataType::Float64, true),
+        Field::new("dec", DataType::Decimal128(12, 3), true),
     ]));
     RecordBatch::try_new(
         schema,
         vec![
             Arc::new(Int64Array::from(id)),
-            Arc::new(Int64Array::from(ts)),
+            Arc::new(Int32Array::from(ts)),
             Arc::new(StringArray::from(sym)),
             Arc::new(StringArray::from(note)),
             Arc::new(Int32Array::from(k32)),
             Arc::new(Float64Array::from(v)),
+            Arc::new(Float64Array::from(fk)),
+            Arc::new(
+                Decimal128Array::from(dec)
+                    .with_precision_and_scale(12, 3)
+                    .unwrap(),
+            ),
         ],
     )
     .unwrap()
@@ -288,7 +312,7 @@ fn notes(batches: &[RecordBatch]) -> HashMap<i64, Option<String>> {
 fn gpu_job_groups_by_strings_and_keeps_host_columns() {
     let mut g = SplitMix(braid_tests::fresh_seed());
     for n in counts() {
-        for by in [None, Some("sym"), Some("k32")] {
+        for by in [None, Some("sym"), Some("k32"), Some("fk")] {
             for closed in [Closed::Right, Closed::Both, Closed::Left, Closed::None] {
                 for (rows, span, window) in
                     [(12_000usize, 20_000u64, 60i64), (500, 40, 7), (0, 1, 5)]
@@ -297,7 +321,7 @@ fn gpu_job_groups_by_strings_and_keeps_host_columns() {
                     let spec = RollingSpec {
                         order: "ts".into(),
                         by: by.map(str::to_string),
-                        values: vec!["v".into()],
+                        values: vec!["v".into(), "dec".into()],
                         window,
                         closed,
                         aggs: Agg::ALL.to_vec(),
