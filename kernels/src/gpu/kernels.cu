@@ -373,8 +373,10 @@ extern "C" __global__ void cast_to_i64(const void* in, u32 ty, i64* out, u64 n) 
 #define ROLL_PT(k) ((k) + ((k) >> 4))
 #define ROLL_PW(k) ((k) + ((k) >> 5))
 
+// A level entry: count, sum (with its compensation), mean as a
+// double-double (mean + mlo), sum of squared deviations, min, max.
 struct RollAgg {
-    double n, sum, comp, mean, m2, mn, mx;
+    double n, sum, comp, mean, mlo, m2, mn, mx;
 };
 
 __device__ __forceinline__ void two_sum(double a, double b, double* s, double* e) {
@@ -388,29 +390,44 @@ __device__ __forceinline__ double finish_sum(double s, double c) {
     return (s - s == 0.0) ? s + c : s;  // finite
 }
 
-// Welford's step: one value x into the count n (already counted), mean
-// and sum of squared deviations m2. Deviations are taken from the running
-// mean, as on the CPU, never from a fixed shift: a shift far from the
-// values (a huge first value) would overflow the squares where m2 itself
-// does not. Finite values whose m2 overflows give +inf; an infinity or NaN
-// gives NaN (inf * (inf - inf)), as on the CPU.
-__device__ __forceinline__ void roll_welford(double n, double x, double* mean, double* m2) {
-    double d = x - *mean;
-    *mean += d / n;
-    *m2 += d * (x - *mean);
+// (h, l) += x, normalised (the mean's double-double update).
+__device__ __forceinline__ void roll_mean_add(double* h, double* l, double x) {
+    double s, e;
+    two_sum(*h, x, &s, &e);
+    e += *l;
+    double r = s + e;
+    *l = e - (r - s);
+    *h = r;
 }
 
-// Chan et al.'s merge of (nb, mb, m2b) into (na, ma, m2a); na > 0, nb > 0.
-__device__ __forceinline__ void roll_chan(double na, double* ma, double* m2a, double nb, double mb, double m2b) {
-    double n = na + nb, d = mb - *ma;
-    *ma += d * (nb / n);
+// Welford's step: one value x into the count n (already counted), mean
+// (mh + ml) and sum of squared deviations m2. Deviations are taken from the
+// running mean, as on the CPU, never from a fixed shift: a shift far from
+// the values (a huge first value) would overflow the squares where m2
+// itself does not. The mean is a double-double: in one double, a mean of
+// 1e9 rounds each step to 1.2e-7, which a spread of 1 feels at 1e-9 in the
+// variance (and a spread of 1e-3 at 1e-5). Finite values whose m2
+// overflows give +inf; an infinity or NaN gives NaN (inf * (inf - inf)),
+// as on the CPU.
+__device__ __forceinline__ void roll_welford(double n, double x, double* mh, double* ml, double* m2) {
+    double d = (x - *mh) - *ml;
+    roll_mean_add(mh, ml, d / n);
+    *m2 += d * ((x - *mh) - *ml);
+}
+
+// Chan et al.'s merge of (nb, mb, m2b) into (na, ma, m2a); na > 0, nb > 0;
+// means as double-doubles.
+__device__ __forceinline__ void roll_chan(double na, double* mah, double* mal, double* m2a, double nb,
+                                          double mbh, double mbl, double m2b) {
+    double n = na + nb, d = (mbh - *mah) + (mbl - *mal);
+    roll_mean_add(mah, mal, d * (nb / n));
     *m2a += m2b + d * (d * (na * nb / n));
 }
 
 // Level 1 from rows (valid may be null: no nulls).
 extern "C" __global__ void roll_level_rows(const double* v, const u8* valid, RollAgg* out, u64 nout) {
     GRID_STRIDE(b, nout) {
-        double n = 0, s = 0, c = 0, mean = 0, m2 = 0, mn = ROLL_NAN, mx = ROLL_NAN;
+        double n = 0, s = 0, c = 0, mean = 0, mlo = 0, m2 = 0, mn = ROLL_NAN, mx = ROLL_NAN;
         for (u32 j = 0; j < ROLL_FAN; j++) {
             u64 i = b * ROLL_FAN + j;
             if (valid && !valid[i]) continue;
@@ -419,13 +436,14 @@ extern "C" __global__ void roll_level_rows(const double* v, const u8* valid, Rol
             double e;
             two_sum(s, x, &s, &e);
             c += e;
-            roll_welford(n, x, &mean, &m2);
+            roll_welford(n, x, &mean, &mlo, &m2);
             mn = fmin(mn, x);
             mx = fmax(mx, x);
         }
         RollAgg a;
         a.n = n; a.sum = s; a.comp = c;
         a.mean = mean;
+        a.mlo = mlo;
         a.m2 = m2;
         a.mn = mn; a.mx = mx;
         out[b] = a;
@@ -443,7 +461,7 @@ extern "C" __global__ void roll_level_up(const RollAgg* in, RollAgg* out, u64 no
             double e;
             two_sum(a.sum, o.sum, &a.sum, &e);
             a.comp += o.comp + e;
-            roll_chan(a.n, &a.mean, &a.m2, o.n, o.mean, o.m2);
+            roll_chan(a.n, &a.mean, &a.mlo, &a.m2, o.n, o.mean, o.mlo, o.m2);
             a.n += o.n;
             a.mn = fmin(a.mn, o.mn);
             a.mx = fmax(a.mx, o.mx);
@@ -453,7 +471,7 @@ extern "C" __global__ void roll_level_up(const RollAgg* in, RollAgg* out, u64 no
 }
 
 struct RollAcc {
-    double n, sum, comp, mean, m2, mn, mx;
+    double n, sum, comp, mean, mlo, m2, mn, mx;
 };
 
 __device__ __forceinline__ void acc_row(RollAcc* a, double x) {
@@ -461,7 +479,7 @@ __device__ __forceinline__ void acc_row(RollAcc* a, double x) {
     double e;
     two_sum(a->sum, x, &a->sum, &e);
     a->comp += e;
-    roll_welford(a->n, x, &a->mean, &a->m2);
+    roll_welford(a->n, x, &a->mean, &a->mlo, &a->m2);
     a->mn = fmin(a->mn, x);
     a->mx = fmax(a->mx, x);
 }
@@ -473,9 +491,10 @@ __device__ __forceinline__ void acc_block(RollAcc* a, const RollAgg& o) {
     a->comp += o.comp + e;
     if (a->n == 0) {
         a->mean = o.mean;
+        a->mlo = o.mlo;
         a->m2 = o.m2;
     } else {
-        roll_chan(a->n, &a->mean, &a->m2, o.n, o.mean, o.m2);
+        roll_chan(a->n, &a->mean, &a->mlo, &a->m2, o.n, o.mean, o.mlo, o.m2);
     }
     a->n += o.n;
     a->mn = fmin(a->mn, o.mn);
@@ -609,7 +628,7 @@ extern "C" __global__ void rolling_window(const i64* ts, const i64* key, const d
         i64 start = roll_start(t, window, incl_lo, &empty);
         u64 lo = empty ? hi : roll_lower(ts, key, (u64)0, i, k, start);
         RollAcc a;
-        a.n = 0; a.sum = 0; a.comp = 0; a.mean = 0; a.m2 = 0;
+        a.n = 0; a.sum = 0; a.comp = 0; a.mean = 0; a.mlo = 0; a.m2 = 0;
         a.mn = ROLL_NAN; a.mx = ROLL_NAN;
         if (lo < hi) {
             u64 p = lo, size = 1;

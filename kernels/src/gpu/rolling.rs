@@ -48,8 +48,8 @@ use crate::rolling::{Agg, Closed};
 
 /// Entries merged into one of the next level.
 const FAN: usize = 32;
-/// Bytes of one level entry (`RollAgg` in `kernels.cu`: 7 f64).
-const ENTRY: usize = 56;
+/// Bytes of one level entry (`RollAgg` in `kernels.cu`: 8 f64).
+const ENTRY: usize = 64;
 /// Levels the query kernel can hold, level 0 (rows) included.
 const MAX_LEVELS: usize = 8;
 /// Output rows per block of the shared-memory pass (`ROLL_TILE`).
