@@ -38,7 +38,7 @@ use braid_kernels::gpu::{
 };
 
 use crate::error::DataError;
-use crate::partition::{canonical_group_key, column_index};
+use crate::partition::{canonical_group_key, column_index, is_float_key};
 use crate::rolling::{RollingSpec, order_as_i64};
 
 /// Any failure of the GPU path, as a node error.
@@ -767,7 +767,7 @@ async fn group_codes(
         .map(|k| Ok(canonical_group_key(&k)?.unwrap_or(k)))
         .collect::<Result<_, DataError>>()?;
     let key_type = match field.data_type() {
-        DataType::Float16 | DataType::Float32 | DataType::Float64 => DataType::Float64,
+        t if is_float_key(t) => DataType::Float64,
         t => t.clone(),
     };
     let conv = RowConverter::new(vec![SortField::new(key_type)]).map_err(fail)?;

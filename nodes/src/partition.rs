@@ -99,16 +99,14 @@ pub fn split_by(batch: &RecordBatch, dest: &[u32], nparts: usize) -> Result<Vec<
         .collect()
 }
 
-/// A key column as grouping compares it: a float column becomes f64 with
-/// -0.0 as 0.0 and every NaN as one NaN, as DuckDB and Polars group (the
-/// row format orders floats totally, so it would tell those apart);
-/// `None` for any other type, which groups by its values as they are.
+/// A key column as grouping compares it: a float column (or a dictionary
+/// of floats) becomes f64 with -0.0 as 0.0 and every NaN as one NaN, as
+/// DuckDB and Polars group (the row format orders floats totally, so it
+/// would tell those apart); `None` for any other type, which groups by its
+/// values as they are.
 pub fn canonical_group_key(col: &ArrayRef) -> Result<Option<ArrayRef>> {
     use arrow_schema::DataType;
-    if !matches!(
-        col.data_type(),
-        DataType::Float16 | DataType::Float32 | DataType::Float64
-    ) {
+    if !is_float_key(col.data_type()) {
         return Ok(None);
     }
     let wide = arrow_cast::cast(col, &DataType::Float64)?;
@@ -126,6 +124,17 @@ pub fn canonical_group_key(col: &ArrayRef) -> Result<Option<ArrayRef>> {
         }
     });
     Ok(Some(Arc::new(canon)))
+}
+
+/// Whether a key column of this type groups by `canonical_group_key`:
+/// floats, and dictionaries of floats (a categorical of floats).
+pub fn is_float_key(t: &arrow_schema::DataType) -> bool {
+    use arrow_schema::DataType;
+    match t {
+        DataType::Float16 | DataType::Float32 | DataType::Float64 => true,
+        DataType::Dictionary(_, v) => is_float_key(v),
+        _ => false,
+    }
 }
 
 /// Hash partitioning on the key columns: row i goes to
@@ -263,6 +272,63 @@ mod tests {
     use arrow_array::{Int64Array, StringArray};
 
     use super::*;
+
+    /// 0.0 and -0.0, and NaNs of any bit pattern, land in one partition
+    /// each, for f32, f64 and dictionary-of-f64 keys; other values keep
+    /// their own keys.
+    #[test]
+    fn float_keys_hash_as_they_group() {
+        use arrow_array::types::Int32Type;
+        use arrow_array::{DictionaryArray, Float32Array, Int32Array};
+        let odd_nan = f64::from_bits(0x7ff8_0000_dead_beef);
+        let f64s = vec![0.0, -0.0, f64::NAN, -f64::NAN, odd_nan, 1.5];
+        let cols: Vec<ArrayRef> = vec![
+            Arc::new(Float64Array::from(f64s.clone())),
+            Arc::new(Float32Array::from(
+                f64s.iter().map(|x| *x as f32).collect::<Vec<_>>(),
+            )),
+            Arc::new(DictionaryArray::<Int32Type>::new(
+                Int32Array::from(vec![0, 1, 2, 3, 4, 5]),
+                Arc::new(Float64Array::from(f64s.clone())),
+            )),
+        ];
+        for col in cols {
+            let what = col.data_type().to_string();
+            let c = canonical_group_key(&col).unwrap().expect("a float key");
+            let c = c.as_any().downcast_ref::<Float64Array>().unwrap();
+            assert_eq!(c.value(0).to_bits(), c.value(1).to_bits(), "{what}: zeros");
+            for i in 3..5 {
+                assert_eq!(
+                    c.value(2).to_bits(),
+                    c.value(i).to_bits(),
+                    "{what}: NaN {i}"
+                );
+            }
+            assert_eq!(c.value(5), 1.5, "{what}");
+            let schema = Arc::new(arrow_schema::Schema::new(vec![
+                arrow_schema::Field::new("k", col.data_type().clone(), true),
+                arrow_schema::Field::new("row", arrow_schema::DataType::Int32, false),
+            ]));
+            let rows: ArrayRef = Arc::new(Int32Array::from(vec![0, 1, 2, 3, 4, 5]));
+            let b = RecordBatch::try_new(schema, vec![col, rows]).unwrap();
+            for nparts in [2, 7, 64] {
+                let parts = hash_partition(&b, &[0], nparts).unwrap();
+                // The partition that holds input row `row`.
+                let with = |row: i32| {
+                    parts
+                        .iter()
+                        .position(|p| {
+                            let r = p.column(1).as_any().downcast_ref::<Int32Array>().unwrap();
+                            r.values().contains(&row)
+                        })
+                        .unwrap()
+                };
+                assert_eq!(with(0), with(1), "{what}: zeros, {nparts} parts");
+                assert_eq!(with(2), with(3), "{what}: NaNs, {nparts} parts");
+                assert_eq!(with(2), with(4), "{what}: NaNs, {nparts} parts");
+            }
+        }
+    }
 
     #[test]
     fn equal_keys_share_a_partition() {

@@ -35,7 +35,7 @@ use braid_kernels::rolling::{Agg, Closed, rolling, rolling_segments};
 
 use crate::error::{DataError, Result};
 use crate::ipc::{pack, unpack};
-use crate::partition::{canonical_group_key, column_index};
+use crate::partition::{canonical_group_key, column_index, is_float_key};
 use crate::shuffle::hash_shuffle;
 use crate::sort::{DistributedSort, SortKey, sort_parts};
 
@@ -450,7 +450,7 @@ fn grouped(local: Vec<RecordBatch>, schema: SchemaRef, spec: &RollingSpec) -> Re
     let by = spec.by.clone().unwrap_or_default();
     let ki = column_index(&schema, &by)?;
     let canonical = match schema.field(ki).data_type() {
-        DataType::Float16 | DataType::Float32 | DataType::Float64 => {
+        t if is_float_key(t) => {
             let mut fields = schema.fields().to_vec();
             fields.push(Arc::new(Field::new(CANONICAL_KEY, DataType::Float64, true)));
             let wide = Arc::new(Schema::new(fields));
