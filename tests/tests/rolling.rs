@@ -394,6 +394,14 @@ fn rolling_under_a_memory_limit_spills_and_matches() {
     });
 }
 
+/// `n` in-process ranks and `n` tcp ranks (shut the latter down after).
+async fn local_and_tcp(n: u32) -> (Vec<Context>, Vec<Context>) {
+    let local = contexts(&WorldSpec::Local { nranks: n }, MemoryLimits::UNLIMITED)
+        .await
+        .unwrap();
+    (local, tcp_contexts(n, MemoryLimits::UNLIMITED).await)
+}
+
 /// Float group keys: 0.0 and -0.0 are one group, every NaN one group, as in
 /// DuckDB and Polars; checked against the int keys' groups, every rank count,
 /// local and tcp.
@@ -403,10 +411,7 @@ fn float_keys_group_like_duckdb_and_polars() {
     let (rows, span) = rows(Data::Uniform, 7);
     for n in RANK_COUNTS {
         rt.block_on(async {
-            let local = contexts(&WorldSpec::Local { nranks: n }, MemoryLimits::UNLIMITED)
-                .await
-                .unwrap();
-            let tcp = tcp_contexts(n, MemoryLimits::UNLIMITED).await;
+            let (local, tcp) = local_and_tcp(n).await;
             for (backend, ctxs) in [("local", &local), ("tcp", &tcp)] {
                 for (w, closed) in [(span / 40, Closed::Right), (span * 4, Closed::Both)] {
                     let what = format!("{backend} {n} ranks, float keys, w={w}, {closed:?}");
@@ -453,10 +458,7 @@ fn order_columns_of_every_integer_and_date_type() {
     ];
     for n in RANK_COUNTS {
         rt.block_on(async {
-            let local = contexts(&WorldSpec::Local { nranks: n }, MemoryLimits::UNLIMITED)
-                .await
-                .unwrap();
-            let tcp = tcp_contexts(n, MemoryLimits::UNLIMITED).await;
+            let (local, tcp) = local_and_tcp(n).await;
             for (backend, ctxs) in [("local", &local), ("tcp", &tcp)] {
                 for (k, (ts, rows)) in types.iter().enumerate() {
                     let grouping = if k % 2 == 0 {
