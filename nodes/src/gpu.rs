@@ -38,7 +38,7 @@ use braid_kernels::gpu::{
 };
 
 use crate::error::DataError;
-use crate::partition::{canonical_group_key, column_index, is_float_key};
+use crate::partition::{canonical_group_key, column_index, group_key_type};
 use crate::rolling::{RollingSpec, order_as_i64};
 
 /// Any failure of the GPU path, as a node error.
@@ -766,11 +766,8 @@ async fn group_codes(
         .into_iter()
         .map(|k| Ok(canonical_group_key(&k)?.unwrap_or(k)))
         .collect::<Result<_, DataError>>()?;
-    let key_type = match field.data_type() {
-        t if is_float_key(t) => DataType::Float64,
-        t => t.clone(),
-    };
-    let conv = RowConverter::new(vec![SortField::new(key_type)]).map_err(fail)?;
+    let conv =
+        RowConverter::new(vec![SortField::new(group_key_type(field.data_type()))]).map_err(fail)?;
     let rows: Vec<Rows> = keys
         .iter()
         .map(|k| conv.convert_columns(std::slice::from_ref(k)))

@@ -137,6 +137,15 @@ pub fn is_float_key(t: &arrow_schema::DataType) -> bool {
     }
 }
 
+/// The type [`canonical_group_key`] gives a key column of type `t`.
+pub fn group_key_type(t: &arrow_schema::DataType) -> arrow_schema::DataType {
+    if is_float_key(t) {
+        arrow_schema::DataType::Float64
+    } else {
+        t.clone()
+    }
+}
+
 /// Hash partitioning on the key columns: row i goes to
 /// `hash(key_i) % nparts`. Float keys hash as `canonical_group_key` makes
 /// them, so keys that group together land together.

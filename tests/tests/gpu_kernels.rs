@@ -245,6 +245,36 @@ fn check_agg(
     }
 }
 
+/// An ungrouped rolling input on the device: order values, values and
+/// validity (one byte per row).
+struct Uploaded {
+    ts: DeviceBuffer,
+    v: DeviceBuffer,
+    ok: DeviceBuffer,
+}
+
+impl Uploaded {
+    fn new(gpu: &Arc<Gpu>, ts: &[i64], v: &[f64], valid: &[bool]) -> Self {
+        let ok: Vec<u8> = valid.iter().map(|b| u8::from(*b)).collect();
+        Uploaded {
+            ts: DeviceBuffer::from_slice(gpu, ts).unwrap(),
+            v: DeviceBuffer::from_slice(gpu, v).unwrap(),
+            ok: DeviceBuffer::from_host(gpu, &ok).unwrap(),
+        }
+    }
+
+    /// The kernel's input: with the validity column only where `nulls`.
+    fn input(&self, nulls: bool, emit_from: usize) -> RollingInput<'_> {
+        RollingInput {
+            ts: &self.ts,
+            key: None,
+            values: &self.v,
+            valid: nulls.then_some(&self.ok),
+            emit_from,
+        }
+    }
+}
+
 #[test]
 fn rolling_matches_cpu() {
     let Some(gpu) = gpu() else { return };
@@ -295,18 +325,8 @@ fn rolling_matches_cpu() {
             let what = format!(
                 "n = {n}, shape {shape}, {closed:?}, window {window}, nulls {nulls}, emit from {emit_from}"
             );
-            let d_ts = DeviceBuffer::from_slice(&gpu, &ts).unwrap();
-            let d_v = DeviceBuffer::from_slice(&gpu, &v).unwrap();
-            let ok: Vec<u8> = valid.iter().map(|b| u8::from(*b)).collect();
-            let d_ok = DeviceBuffer::from_host(&gpu, &ok).unwrap();
-            let input = RollingInput {
-                ts: &d_ts,
-                key: None,
-                values: &d_v,
-                valid: nulls.then_some(&d_ok),
-                emit_from,
-            };
-            let got = rolling(&gpu, input, window, closed, &aggs).unwrap();
+            let up = Uploaded::new(&gpu, &ts, &v, &valid);
+            let got = rolling(&gpu, up.input(nulls, emit_from), window, closed, &aggs).unwrap();
             let want = cpu_rolling(
                 &ts,
                 &v,
@@ -342,20 +362,8 @@ fn rolling_variance_of_offset_data_matches_cpu() {
             .collect();
         let nulls = k == 2;
         let valid: Vec<bool> = (0..n).map(|_| !nulls || g.below(10) != 0).collect();
-        let ok: Vec<u8> = valid.iter().map(|b| u8::from(*b)).collect();
-        let (d_ts, d_v) = (
-            DeviceBuffer::from_slice(&gpu, &ts).unwrap(),
-            DeviceBuffer::from_slice(&gpu, &v).unwrap(),
-        );
-        let d_ok = DeviceBuffer::from_host(&gpu, &ok).unwrap();
-        let input = RollingInput {
-            ts: &d_ts,
-            key: None,
-            values: &d_v,
-            valid: nulls.then_some(&d_ok),
-            emit_from: 0,
-        };
-        let got = rolling(&gpu, input, window, Closed::Both, &aggs).unwrap();
+        let up = Uploaded::new(&gpu, &ts, &v, &valid);
+        let got = rolling(&gpu, up.input(nulls, 0), window, Closed::Both, &aggs).unwrap();
         let want = cpu_rolling(
             &ts,
             &v,
@@ -418,22 +426,12 @@ fn rolling_min_max_match_cpu() {
                 })
                 .collect();
             let valid: Vec<bool> = (0..n).map(|_| g.below(1000) >= null_pm).collect();
-            let ok: Vec<u8> = valid.iter().map(|b| u8::from(*b)).collect();
-            let d_ts = DeviceBuffer::from_slice(&gpu, &ts).unwrap();
-            let d_v = DeviceBuffer::from_slice(&gpu, &v).unwrap();
-            let d_ok = DeviceBuffer::from_host(&gpu, &ok).unwrap();
+            let up = Uploaded::new(&gpu, &ts, &v, &valid);
             for aggs in sets {
                 let window = [0i64, 1, 3, 7, 12, 40, 300, 700, 1500][g.below(9) as usize];
                 let nulls = null_pm > 0;
                 let emit_from = g.below(n as u64 / 4 + 1) as usize;
-                let input = RollingInput {
-                    ts: &d_ts,
-                    key: None,
-                    values: &d_v,
-                    valid: nulls.then_some(&d_ok),
-                    emit_from,
-                };
-                let got = rolling(&gpu, input, window, closed, aggs).unwrap();
+                let got = rolling(&gpu, up.input(nulls, emit_from), window, closed, aggs).unwrap();
                 let want = cpu_rolling(
                     &ts,
                     &v,
