@@ -8,7 +8,7 @@ DuckDB and Polars. The inputs aim at edges a fixed test misses:
   - order column: int64, int32, date32 or timestamp[s|ms|us|ns]; uniform,
     bursts with long gaps, heavy ties, all equal, negative values; windows
     from 0 to past the whole span, as integers or (timestamps, dates)
-    durations such as 90s or 3d;
+    durations such as 90s, 3d or 1h30m (Polars' forms; 10i on integers);
   - group column: none, int64, string or float64 (0.0 and -0.0, NaNs of
     several bit patterns), few or many keys, nulls (one group);
   - values: float64 with nulls, NaN, +-inf or huge magnitudes next to tiny
@@ -166,12 +166,19 @@ def make_case(rng, i, d):
     w = rng.choice([0, 1, 2, 10, span // 100, span // 3, span, 10 * span])
     w_arg = str(w)
     if unit in UNIT_PER_SECOND and rng.random() < 0.5:
-        suffix, secs = rng.choice(DURATIONS)
-        n = rng.choice([0, 1, 3, 90, 1000])
-        per = UNIT_PER_SECOND[unit] * secs
-        if per >= 1 and float(per).is_integer():
-            w = n * int(per)
-            w_arg = f"{n}{suffix}"
+        # One term (90s) or, as Polars writes them, several (1h30m, "2d 3h").
+        terms = []
+        for _ in range(rng.choice([1, 1, 2, 3])):
+            suffix, secs = rng.choice(DURATIONS)
+            n = rng.choice([0, 1, 3, 90, 1000])
+            per = UNIT_PER_SECOND[unit] * secs
+            if per >= 1 and float(per).is_integer():
+                terms.append((n, suffix, n * int(per)))
+        if terms:
+            w = sum(t[2] for t in terms)
+            w_arg = rng.choice(["", " "]).join(f"{n}{sfx}" for n, sfx, _ in terms)
+    elif unit in (None, "i32") and rng.random() < 0.2:
+        w_arg = f"{w}i"  # Polars' index form on an integer column
     closed = rng.choice(CLOSED)
     aggs = rng.sample(AGGS, rng.randrange(1, len(AGGS) + 1))
     ranks = rng.choice([1, 2, 3, 4, 5, 8])

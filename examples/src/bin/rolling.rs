@@ -47,8 +47,8 @@ struct Cli {
     #[arg(long, value_delimiter = ',', default_value = "v")]
     values: Vec<String>,
     /// Window: an integer in the order column's units (days for a date
-    /// column), or for timestamp and date columns a duration such as
-    /// 250ms, 90s, 5m, 1h, 2d.
+    /// column; `10i` too), or for timestamp and date columns a duration
+    /// such as 250ms, 90s, 1h30m, 1.5h, 2d, 1w, "1 hour".
     #[arg(long, default_value = "1000", allow_hyphen_values = true)]
     window: String,
     /// Which window ends are closed: right, both, left, none.
@@ -111,21 +111,29 @@ fn parse_bytes(s: &str) -> Result<u64, String> {
     Ok((num * mul) as u64)
 }
 
-/// The window in the order column's units. A duration that is not a
-/// whole number of those units is rounded to the integer window that
-/// selects the same rows: up where the window's far end is open
-/// (`right`, `none`: t - w < ts), down where it is closed (`both`,
-/// `left`: t - w <= ts); order values are integers, so either way the
-/// window holds exactly the rows the exact duration does.
+/// The window in the order column's units. Forms, as Polars and DuckDB
+/// write them:
+/// - an integer, in the order column's units (days on a date column), or
+///   with Polars' index suffix (`10i`);
+/// - on timestamp and date columns, a duration: one or more terms of a
+///   number and a unit, `90s`, `1h30m`, `1.5h`, `2w`, `1 hour 30 minutes`
+///   (units ns, us, ms, s, m, h, d, w and their English names).
+///
+/// Calendar units (`mo`, `q`, `y`) vary in length and are refused. A
+/// duration that is not a whole number of the column's units is rounded
+/// to the integer window that selects the same rows: up where the
+/// window's far end is open (`right`, `none`: t - w < ts), down where it
+/// is closed (`both`, `left`: t - w <= ts); order values are integers, so
+/// either way the window holds exactly the rows the exact duration does.
 fn parse_window(s: &str, order_type: &DataType, closed: Closed) -> Result<i64, String> {
     let s = s.trim();
-    if !s.is_empty()
-        && s.trim_start_matches('-')
-            .bytes()
-            .all(|b| b.is_ascii_digit())
-    {
-        return match s.parse::<i64>() {
-            Ok(v) if v < 0 => Err(format!("window must be >= 0, got {v}")),
+    if s.starts_with('-') {
+        return Err(format!("window must be >= 0, got {s}"));
+    }
+    // A plain integer, or Polars' index form `10i`.
+    let int = s.strip_suffix('i').unwrap_or(s);
+    if !int.is_empty() && int.bytes().all(|b| b.is_ascii_digit()) {
+        return match int.parse::<i64>() {
             // A Date64 column stores whole days in milliseconds; its
             // integer windows count days, as on a Date32 column (and as
             // DuckDB and Polars, which read it as a date, count them).
@@ -133,7 +141,6 @@ fn parse_window(s: &str, order_type: &DataType, closed: Closed) -> Result<i64, S
                 .checked_mul(86_400_000)
                 .ok_or_else(|| format!("window {s} days is too large")),
             Ok(v) => Ok(v),
-            Err(_) if s.starts_with('-') => Err(format!("window must be >= 0, got {s}")),
             Err(_) => Err(format!("window {s} is too large (at most {})", i64::MAX)),
         };
     }
@@ -150,31 +157,7 @@ fn parse_window(s: &str, order_type: &DataType, closed: Closed) -> Result<i64, S
             ));
         }
     };
-    let split = s
-        .find(|c: char| !c.is_ascii_digit() && c != '-')
-        .ok_or_else(|| format!("bad window {s:?}"))?;
-    let (num, u) = s.split_at(split);
-    let num: i128 = num.parse().map_err(|_| format!("bad window {s:?}"))?;
-    if num < 0 {
-        return Err(format!("window must be >= 0, got {s}"));
-    }
-    let nanos: i128 = match u {
-        "ns" => 1,
-        "us" => 1_000,
-        "ms" => 1_000_000,
-        "s" => 1_000_000_000,
-        "m" => 60_000_000_000,
-        "h" => 3_600_000_000_000,
-        "d" => 86_400_000_000_000,
-        other => {
-            return Err(format!(
-                "unknown duration unit {other:?} in window {s:?} (ns, us, ms, s, m, h, d)"
-            ));
-        }
-    };
-    let total = num
-        .checked_mul(nanos)
-        .ok_or_else(|| format!("window {s:?} is too large"))?;
+    let total = duration_nanos(s)?;
     let open_far_end = matches!(closed, Closed::Right | Closed::None);
     let units = if open_far_end {
         (total + per_unit - 1) / per_unit
@@ -182,6 +165,81 @@ fn parse_window(s: &str, order_type: &DataType, closed: Closed) -> Result<i64, S
         total / per_unit
     };
     i64::try_from(units).map_err(|_| format!("window {s:?} is too large"))
+}
+
+/// Nanoseconds in a duration of one or more `<number><unit>` terms
+/// (`1h30m`, `1.5h`, `2 weeks`); a number may have a fraction as long as
+/// the term is a whole number of nanoseconds.
+fn duration_nanos(s: &str) -> Result<i128, String> {
+    const UNITS: &str = "ns, us, ms, s, m, h, d, w";
+    let mut rest = s;
+    let mut total: i128 = 0;
+    let too_large = || format!("window {s:?} is too large");
+    while !rest.trim_start().is_empty() {
+        rest = rest.trim_start();
+        let n = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(rest.len());
+        let (num, after) = rest.split_at(n);
+        if num.is_empty() {
+            return Err(format!("bad window {s:?}: expected a number at {rest:?}"));
+        }
+        let after = after.trim_start();
+        let u = after
+            .find(|c: char| !c.is_alphabetic())
+            .unwrap_or(after.len());
+        let (unit, next) = after.split_at(u);
+        rest = next;
+        let nanos: i128 = match unit.to_ascii_lowercase().as_str() {
+            "ns" | "nanosecond" | "nanoseconds" => 1,
+            "us" | "µs" | "microsecond" | "microseconds" => 1_000,
+            "ms" | "millisecond" | "milliseconds" => 1_000_000,
+            "s" | "sec" | "secs" | "second" | "seconds" => 1_000_000_000,
+            "m" | "min" | "mins" | "minute" | "minutes" => 60_000_000_000,
+            "h" | "hr" | "hrs" | "hour" | "hours" => 3_600_000_000_000,
+            "d" | "day" | "days" => 86_400_000_000_000,
+            "w" | "week" | "weeks" => 604_800_000_000_000,
+            "mo" | "month" | "months" | "q" | "quarter" | "quarters" | "y" | "year" | "years" => {
+                return Err(format!(
+                    "window {s:?}: calendar units (months, quarters, years) vary in length and are not supported; give days (e.g. 30d)"
+                ));
+            }
+            "" => return Err(format!("bad window {s:?}: {num:?} has no unit ({UNITS})")),
+            other => {
+                return Err(format!(
+                    "unknown duration unit {other:?} in window {s:?} ({UNITS})"
+                ));
+            }
+        };
+        // num = whole.frac: whole * nanos + frac * nanos / 10^len(frac).
+        let (whole, frac) = num.split_once('.').unwrap_or((num, ""));
+        if frac.contains('.') || (whole.is_empty() && frac.is_empty()) || frac.len() > 18 {
+            return Err(format!("bad window {s:?}: bad number {num:?}"));
+        }
+        let whole: i128 = if whole.is_empty() {
+            0
+        } else {
+            whole.parse().map_err(|_| too_large())?
+        };
+        let scale = 10i128.pow(frac.len() as u32);
+        let frac_n: i128 = if frac.is_empty() {
+            0
+        } else {
+            frac.parse().map_err(|_| format!("bad window {s:?}: bad number {num:?}"))?
+        };
+        let frac_ns = frac_n * nanos;
+        if frac_ns % scale != 0 {
+            return Err(format!(
+                "window {s:?}: {num}{unit} is not a whole number of nanoseconds"
+            ));
+        }
+        let term = whole
+            .checked_mul(nanos)
+            .and_then(|w| w.checked_add(frac_ns / scale))
+            .ok_or_else(too_large)?;
+        total = total.checked_add(term).ok_or_else(too_large)?;
+    }
+    Ok(total)
 }
 
 fn build(cli: &Cli) -> Result<(RollingJob, MemoryLimits, Option<u64>), BoxError> {
@@ -433,6 +491,36 @@ mod tests {
     }
 
     #[test]
+    fn durations_take_the_forms_polars_and_duckdb_write() {
+        let ms = |w: &str| parse_window(w, &MS, Closed::Right);
+        // Compound terms, in any order, with or without spaces.
+        assert_eq!(ms("1h30m"), Ok(5_400_000));
+        assert_eq!(ms("30m1h"), Ok(5_400_000));
+        assert_eq!(ms("1d2h3m4s5ms"), Ok(((26 * 60 + 3) * 60 + 4) * 1000 + 5));
+        assert_eq!(ms("1h 30m"), Ok(5_400_000));
+        // Fractions that are whole nanoseconds; weeks; English names.
+        assert_eq!(ms("1.5h"), Ok(5_400_000));
+        assert_eq!(ms("0.25s"), Ok(250));
+        assert_eq!(ms(".5s"), Ok(500));
+        assert_eq!(ms("2w"), Ok(14 * 86_400_000));
+        assert_eq!(ms("1 hour 30 minutes"), Ok(5_400_000));
+        assert_eq!(ms("2 days"), Ok(2 * 86_400_000));
+        assert_eq!(ms("90 SECONDS"), Ok(90_000));
+        assert_eq!(ms("1500µs"), Ok(2));
+        // Polars' index suffix on an integer order column.
+        assert_eq!(parse_window("10i", &DataType::Int64, Closed::Right), Ok(10));
+        assert_eq!(parse_window("3i", &DataType::Date32, Closed::Right), Ok(3));
+        // The same duration spelled two ways gives one window.
+        let us = DataType::Timestamp(TimeUnit::Microsecond, None);
+        for closed in [Closed::Right, Closed::Both, Closed::Left, Closed::None] {
+            assert_eq!(
+                parse_window("1.000001s", &us, closed),
+                parse_window("1s1us", &us, closed)
+            );
+        }
+    }
+
+    #[test]
     fn bad_windows_say_what_is_wrong() {
         let e = parse_window("9223372036854775808", &DataType::Int64, Closed::Right);
         assert!(e.as_ref().is_err_and(|e| e.contains("too large")), "{e:?}");
@@ -444,12 +532,20 @@ mod tests {
                 .is_err_and(|e| e.contains("durations need a timestamp or date")),
             "{e:?}"
         );
-        let e = parse_window("5y", &MS, Closed::Right);
-        assert!(
-            e.as_ref()
-                .is_err_and(|e| e.contains("unknown duration unit")),
-            "{e:?}"
-        );
+        let err = |w: &str, want: &str| {
+            let e = parse_window(w, &MS, Closed::Right);
+            assert!(e.as_ref().is_err_and(|e| e.contains(want)), "{w}: {e:?}");
+        };
+        err("5x", "unknown duration unit \"x\"");
+        err("1h5", "has no unit");
+        err("h", "expected a number");
+        err("1.2.3h", "bad number");
+        err(".h", "bad number");
+        err("-5m", ">= 0");
+        err("1.5ns", "not a whole number of nanoseconds");
+        for calendar in ["1mo", "2q", "1y", "3 months"] {
+            err(calendar, "calendar units");
+        }
         let e = parse_window("999999999999d", &MS, Closed::Right);
         assert!(e.as_ref().is_err_and(|e| e.contains("too large")), "{e:?}");
         assert_eq!(
