@@ -225,7 +225,8 @@ fn duration_nanos(s: &str) -> Result<i128, String> {
         let frac_n: i128 = if frac.is_empty() {
             0
         } else {
-            frac.parse().map_err(|_| format!("bad window {s:?}: bad number {num:?}"))?
+            frac.parse()
+                .map_err(|_| format!("bad window {s:?}: bad number {num:?}"))?
         };
         let frac_ns = frac_n * nanos;
         if frac_ns % scale != 0 {
