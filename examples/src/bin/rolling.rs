@@ -127,6 +127,9 @@ fn parse_bytes(s: &str) -> Result<u64, String> {
 /// either way the window holds exactly the rows the exact duration does.
 fn parse_window(s: &str, order_type: &DataType, closed: Closed) -> Result<i64, String> {
     let s = s.trim();
+    if s.is_empty() {
+        return Err("the window is empty".into());
+    }
     if s.starts_with('-') {
         return Err(format!("window must be >= 0, got {s}"));
     }
@@ -543,6 +546,7 @@ mod tests {
         err("1.2.3h", "bad number");
         err(".h", "bad number");
         err("-5m", ">= 0");
+        err(" ", "empty");
         err("1.5ns", "not a whole number of nanoseconds");
         for calendar in ["1mo", "2q", "1y", "3 months"] {
             err(calendar, "calendar units");
