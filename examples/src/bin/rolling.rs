@@ -47,8 +47,8 @@ struct Cli {
     #[arg(long, value_delimiter = ',', default_value = "v")]
     values: Vec<String>,
     /// Window: an integer in the order column's units (days for a date
-    /// column; `10i` too), or for timestamp and date columns a duration
-    /// such as 250ms, 90s, 1h30m, 1.5h, 2d, 1w, "1 hour".
+    /// column; `10i` on integer columns), or for timestamp and date
+    /// columns a duration such as 250ms, 90s, 1h30m, 1.5h, 2d, 1w, "1 hour".
     #[arg(long, default_value = "1000", allow_hyphen_values = true)]
     window: String,
     /// Which window ends are closed: right, both, left, none.
@@ -114,7 +114,7 @@ fn parse_bytes(s: &str) -> Result<u64, String> {
 /// The window in the order column's units. Forms, as Polars and DuckDB
 /// write them:
 /// - an integer, in the order column's units (days on a date column), or
-///   with Polars' index suffix (`10i`);
+///   on integer columns, with Polars' index suffix (`10i`);
 /// - on timestamp and date columns, a duration: one or more terms of a
 ///   number and a unit, `90s`, `1h30m`, `1.5h`, `2w`, `1 hour 30 minutes`
 ///   (units ns, us, ms, s, m, h, d, w and their English names).
@@ -133,9 +133,16 @@ fn parse_window(s: &str, order_type: &DataType, closed: Closed) -> Result<i64, S
     if s.starts_with('-') {
         return Err(format!("window must be >= 0, got {s}"));
     }
-    // A plain integer, or Polars' index form `10i`.
+    // A plain integer, or Polars' index form `10i` (integer columns only:
+    // on a timestamp it would read as 10 of its units, which a user who
+    // meant 10 rows would not notice; Polars refuses it there too).
     let int = s.strip_suffix('i').unwrap_or(s);
     if !int.is_empty() && int.bytes().all(|b| b.is_ascii_digit()) {
+        if int.len() < s.len() && !order_type.is_integer() {
+            return Err(format!(
+                "window {s:?}: the `i` form is for integer order columns; give a duration or a plain integer for this {order_type} column"
+            ));
+        }
         return match int.parse::<i64>() {
             // A Date64 column stores whole days in milliseconds; its
             // integer windows count days, as on a Date32 column (and as
@@ -214,8 +221,10 @@ fn duration_nanos(s: &str) -> Result<i128, String> {
                 ));
             }
         };
-        // num = whole.frac: whole * nanos + frac * nanos / 10^len(frac).
+        // num = whole.frac: whole * nanos + frac * nanos / 10^len(frac)
+        // (trailing zeros of the fraction change nothing).
         let (whole, frac) = num.split_once('.').unwrap_or((num, ""));
+        let frac = frac.trim_end_matches('0');
         if frac.contains('.') || (whole.is_empty() && frac.is_empty()) || frac.len() > 18 {
             return Err(format!("bad window {s:?}: bad number {num:?}"));
         }
@@ -513,7 +522,17 @@ mod tests {
         assert_eq!(ms("1500µs"), Ok(2));
         // Polars' index suffix on an integer order column.
         assert_eq!(parse_window("10i", &DataType::Int64, Closed::Right), Ok(10));
-        assert_eq!(parse_window("3i", &DataType::Date32, Closed::Right), Ok(3));
+        assert_eq!(parse_window("7i", &DataType::UInt16, Closed::Right), Ok(7));
+        for temporal in [DataType::Date32, DataType::Date64, MS] {
+            let e = parse_window("3i", &temporal, Closed::Right);
+            assert!(
+                e.as_ref()
+                    .is_err_and(|e| e.contains("for integer order columns")),
+                "{temporal}: {e:?}"
+            );
+        }
+        // Trailing zeros of a fraction, however many.
+        assert_eq!(ms("1.50000000000000000000000h"), Ok(5_400_000));
         // The same duration spelled two ways gives one window.
         let us = DataType::Timestamp(TimeUnit::Microsecond, None);
         for closed in [Closed::Right, Closed::Both, Closed::Left, Closed::None] {
