@@ -6,6 +6,8 @@
 //! - [`sort`]: stable LSD radix sort of 64-bit keys with a payload.
 //! - [`mod@rolling`]: rolling time-window aggregations (sum, mean, min, max,
 //!   count, std, var) in one O(n) pass over a sorted group.
+//! - [`window`]: how far back a window reaches: a fixed length or
+//!   calendar months (date arithmetic as DuckDB and Polars do it).
 //! - `gpu` (feature `cuda`): NVRTC-compiled GPU kernels (gather, hash
 //!   partition, order keys, radix sort).
 
@@ -15,6 +17,8 @@ pub mod hash;
 pub mod reduce;
 pub mod rolling;
 pub mod sort;
+pub mod window;
 
 pub use reduce::{DType, Element, ReduceKind};
 pub use rolling::{Agg, AggColumn, Closed, RollingError, RollingResult, rolling, rolling_segments};
+pub use window::{CalendarUnit, Window};

@@ -2,7 +2,8 @@
 //! over one group sorted by its order column, all computed in one pass.
 //!
 //! For a row with order value `t` and window `w >= 0` the window holds the
-//! rows `j` with `t - w < ts[j] <= t` ([`Closed::Right`], the default); the
+//! rows `j` with `t - w < ts[j] <= t` ([`Closed::Right`], the default;
+//! `t - w` is calendar arithmetic for a [`Window::Calendar`]); the
 //! other [`Closed`] modes make either bound inclusive or exclusive. Rows with
 //! equal `ts` share one window. Nulls are skipped; std/var are sample
 //! statistics (ddof = 1), as in DuckDB and Polars.
@@ -16,6 +17,8 @@
 
 use std::fmt;
 use std::str::FromStr;
+
+pub use crate::window::{CalendarUnit, Window};
 
 /// Which ends of the window `[t - w, t]` are included (default: right).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -257,12 +260,13 @@ pub fn rolling(
     ts: &[i64],
     values: &[f64],
     valid: Option<&[bool]>,
-    window: i64,
+    window: impl Into<Window>,
     closed: Closed,
     aggs: &[Agg],
     emit_from: usize,
 ) -> Result<RollingResult, RollingError> {
     let n = ts.len();
+    let window = window.into();
     check_inputs(ts, values, valid, window)?;
     if emit_from > n {
         return Err(RollingError::EmitFromOutOfRange { emit_from, len: n });
@@ -289,11 +293,12 @@ pub fn rolling_segments(
     values: &[f64],
     valid: Option<&[bool]>,
     offsets: &[usize],
-    window: i64,
+    window: impl Into<Window>,
     closed: Closed,
     aggs: &[Agg],
 ) -> Result<RollingResult, RollingError> {
     let n = ts.len();
+    let window = window.into();
     check_inputs(ts, values, valid, window)?;
     match (offsets.first(), offsets.last()) {
         (Some(0), Some(&last)) if last == n => {}
@@ -323,10 +328,10 @@ fn check_inputs(
     ts: &[i64],
     values: &[f64],
     valid: Option<&[bool]>,
-    window: i64,
+    window: Window,
 ) -> Result<(), RollingError> {
-    if window < 0 {
-        return Err(RollingError::NegativeWindow(window));
+    if window.length() < 0 {
+        return Err(RollingError::NegativeWindow(window.length()));
     }
     let n = ts.len();
     if values.len() != n {
@@ -357,7 +362,7 @@ struct Input<'a> {
     ts: &'a [i64],
     values: &'a [f64],
     valid: Option<&'a [bool]>,
-    window: i64,
+    window: Window,
     closed: Closed,
 }
 
@@ -619,8 +624,10 @@ impl<M: Moments, const MIN: bool, const MAX: bool> TwoStacks<M, MIN, MAX> {
         self.front.clear();
     }
 
-    /// Moves the window to `[lo, hi)` (both at least their previous values,
-    /// `lo <= hi`) and returns its aggregate.
+    /// Moves the window to `[lo, hi)` (`hi` at least its previous value,
+    /// `lo <= hi`) and returns its aggregate. `lo` may move back (a
+    /// calendar window's start does at a clamped month end): rows below
+    /// the front are prepended to it, one push each.
     #[inline(always)]
     fn window(
         &mut self,
@@ -650,6 +657,15 @@ impl<M: Moments, const MIN: bool, const MAX: bool> TwoStacks<M, MIN, MAX> {
             }
             self.mid = hi;
             self.back = State::EMPTY;
+        } else if lo < self.mid - self.front.len() {
+            // The start moved back past the front: extend it downwards.
+            let mut acc = self.front.last().copied().unwrap_or(State::EMPTY);
+            for j in (lo..self.mid - self.front.len()).rev() {
+                if is_valid(valid, j) {
+                    acc.push(values[j]);
+                }
+                self.front.push(acc);
+            }
         }
         if lo < self.mid {
             self.front[self.mid - 1 - lo].merge(&self.back)
@@ -722,6 +738,7 @@ fn run<M: Moments, const MIN: bool, const MAX: bool>(
     let lower_incl = i64::from(closed.lower_inclusive());
     let upper_incl = closed.upper_inclusive();
     let mut stacks = TwoStacks::<M, MIN, MAX>::new();
+    let mut lower = window.cursor();
 
     for seg in offsets.windows(2) {
         let (s, e) = (seg[0], seg[1]);
@@ -739,13 +756,17 @@ fn run<M: Moments, const MIN: bool, const MAX: bool>(
             }
             if re > emit_from {
                 // Rows with ts <= cut are below the window; None: none are.
-                if let Some(cut) = t
-                    .checked_sub(window)
-                    .and_then(|b| b.checked_sub(lower_incl))
-                {
-                    while lo < e && ts[lo] <= cut {
-                        lo += 1;
+                match lower.lower(t).and_then(|b| b.checked_sub(lower_incl)) {
+                    Some(cut) => {
+                        while lo < e && ts[lo] <= cut {
+                            lo += 1;
+                        }
+                        // A calendar window's start can move back.
+                        while lo > s && ts[lo - 1] > cut {
+                            lo -= 1;
+                        }
                     }
+                    None => lo = s,
                 }
                 let hi = if upper_incl { re } else { i };
                 let st = stacks.window(values, valid, lo.min(hi), hi);
@@ -809,8 +830,12 @@ mod tests {
     const TOL: (f64, f64) = (1e-9, 1.0);
     const CLOSED: [Closed; 4] = [Closed::Right, Closed::Both, Closed::Left, Closed::None];
 
-    fn in_window(tj: i64, t: i64, w: i64, closed: Closed) -> bool {
-        let (tj, t, lower) = (tj as i128, t as i128, t as i128 - w as i128);
+    fn in_window(tj: i64, t: i64, w: Window, closed: Closed) -> bool {
+        let lower = match w {
+            Window::Fixed(w) => t as i128 - w as i128,
+            _ => w.lower(t).map_or(i128::MIN, i128::from),
+        };
+        let (tj, t) = (tj as i128, t as i128);
         let lo_ok = match closed {
             Closed::Both | Closed::Left => tj >= lower,
             _ => tj > lower,
@@ -862,10 +887,11 @@ mod tests {
         ts: &[i64],
         values: &[f64],
         valid: Option<&[bool]>,
-        w: i64,
+        w: impl Into<Window>,
         closed: Closed,
         emit_from: usize,
     ) -> Vec<[Option<f64>; 7]> {
+        let w = w.into();
         (emit_from..ts.len())
             .map(|i| {
                 let xs: Vec<f64> = (0..ts.len())
@@ -1381,6 +1407,74 @@ mod tests {
                         .fold(f64::INFINITY, f64::min);
                     eprintln!("{aggs:?} w {w} nulls {}: {best:.3} s", v.is_some());
                 }
+            }
+        }
+    }
+
+    /// Calendar windows against the O(n^2) reference, whose edges are
+    /// each row's own `t - w`: rows over a few months of microseconds,
+    /// many at the ends of months (where the day is clamped and a later
+    /// row's window can start before an earlier row's), in groups.
+    #[test]
+    fn calendar_windows_match_the_reference() {
+        const DAY: i64 = 86_400_000_000;
+        let mut rng = Rng(77);
+        for case in 0..60 {
+            let n = 1 + rng.below(400) as usize;
+            // 2023-12-01 (a year before a leap February) plus a few months.
+            let t0 = 19_692 * DAY;
+            let mut ts: Vec<i64> = (0..n)
+                .map(|_| {
+                    let day = if rng.chance(0.5) {
+                        // Days 27..31 of some month, then clamped targets.
+                        let m = rng.below(6) as i64;
+                        m * 30 + 26 + rng.below(6) as i64
+                    } else {
+                        rng.below(200) as i64
+                    };
+                    t0 + day * DAY + rng.below(4) as i64 * (DAY / 4) * i64::from(rng.chance(0.7))
+                })
+                .collect();
+            ts.sort_unstable();
+            let values: Vec<f64> = (0..n).map(|_| rng.unit() * 20.0 - 10.0).collect();
+            let valid: Vec<bool> = (0..n).map(|_| !rng.chance(0.1)).collect();
+            let months = [1u32, 1, 2, 3, 12][rng.below(5) as usize];
+            let then = [0, 0, 1, DAY / 2, 15 * DAY][rng.below(5) as usize];
+            let w = Window::Calendar {
+                months,
+                then,
+                unit: CalendarUnit::Micros,
+            };
+            for closed in [Closed::Right, Closed::Both, Closed::Left, Closed::None] {
+                let ctx = format!("case {case} months {months} then {then} {closed:?}");
+                let emit_from = rng.below(n as u64 + 1) as usize;
+                let got =
+                    rolling(&ts, &values, Some(&valid), w, closed, &Agg::ALL, emit_from).unwrap();
+                let want = reference(&ts, &values, Some(&valid), w, closed, emit_from);
+                check(&got, &want, &Agg::ALL, (1e-9, 1e-9), &ctx);
+                // Groups: split at random points.
+                let mut offsets = vec![0];
+                for j in 1..n {
+                    if rng.chance(0.02) && ts[j] > ts[j - 1] {
+                        offsets.push(j);
+                    }
+                }
+                offsets.push(n);
+                let got =
+                    rolling_segments(&ts, &values, Some(&valid), &offsets, w, closed, &Agg::ALL)
+                        .unwrap();
+                let mut want = Vec::new();
+                for g in offsets.windows(2) {
+                    want.extend(reference(
+                        &ts[g[0]..g[1]],
+                        &values[g[0]..g[1]],
+                        Some(&valid[g[0]..g[1]]),
+                        w,
+                        closed,
+                        0,
+                    ));
+                }
+                check(&got, &want, &Agg::ALL, (1e-9, 1e-9), &ctx);
             }
         }
     }

@@ -31,7 +31,7 @@ use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use arrow_select::concat::concat_batches;
 use braid_coll::{HaloExchange, allgather};
 use braid_core::{Context, Message, NodeError, PackedData, Payload, Receiver, Sender};
-use braid_kernels::rolling::{Agg, Closed, rolling, rolling_segments};
+use braid_kernels::rolling::{Agg, CalendarUnit, Closed, Window, rolling, rolling_segments};
 
 use crate::error::{DataError, Result};
 use crate::ipc::{pack, unpack};
@@ -48,8 +48,10 @@ pub struct RollingSpec {
     pub by: Option<String>,
     /// Value columns (numeric).
     pub values: Vec<String>,
-    /// Window length in the order column's units.
-    pub window: i64,
+    /// How far back a window reaches: a length in the order column's units
+    /// (`Window::Fixed`, also `1000.into()`), or calendar months on a
+    /// timestamp or date column.
+    pub window: Window,
     /// Which window ends are closed.
     pub closed: Closed,
     /// Aggregations.
@@ -75,10 +77,10 @@ impl RollingSpec {
     /// Checks the spec against the input schema (clear errors before any
     /// work) and returns the output schema.
     pub fn output_schema(&self, schema: &Schema) -> Result<SchemaRef> {
-        if self.window < 0 {
+        if self.window.length() < 0 {
             return Err(DataError::Invalid(format!(
                 "window must be >= 0, got {}",
-                self.window
+                self.window.length()
             )));
         }
         if self.values.is_empty() {
@@ -113,6 +115,9 @@ impl RollingSpec {
                 expected: "an integer, Date32, Date64 or Timestamp type".into(),
             });
         }
+        if let Window::Calendar { unit, .. } = self.window {
+            check_calendar(&self.order, ot, unit)?;
+        }
         if let Some(by) = &self.by {
             column_index(schema, by)?;
         }
@@ -143,6 +148,39 @@ impl RollingSpec {
             }
         }
         Ok(Arc::new(Schema::new(fields)))
+    }
+}
+
+/// A calendar window needs an order column whose stored integer counts
+/// `unit` from the epoch in UTC: a date, or a timestamp without a time
+/// zone or in UTC (months in another zone start at its local midnight,
+/// which braid does not model).
+fn check_calendar(order: &str, t: &DataType, unit: CalendarUnit) -> Result<()> {
+    use arrow_schema::TimeUnit;
+    let (stored, tz) = match t {
+        DataType::Date32 => (Some(CalendarUnit::Days), None),
+        DataType::Date64 => (Some(CalendarUnit::Millis), None),
+        DataType::Timestamp(u, tz) => (
+            Some(match u {
+                TimeUnit::Second => CalendarUnit::Seconds,
+                TimeUnit::Millisecond => CalendarUnit::Millis,
+                TimeUnit::Microsecond => CalendarUnit::Micros,
+                TimeUnit::Nanosecond => CalendarUnit::Nanos,
+            }),
+            tz.as_deref(),
+        ),
+        _ => (None, None),
+    };
+    if stored != Some(unit) {
+        return Err(DataError::Invalid(format!(
+            "a calendar window (months, quarters, years) needs a date or timestamp order column counting {unit:?}; {order:?} is {t}"
+        )));
+    }
+    match tz {
+        None | Some("UTC" | "utc" | "Etc/UTC" | "+00:00" | "Z") => Ok(()),
+        Some(z) => Err(DataError::Invalid(format!(
+            "a calendar window on order column {order:?} in time zone {z}: months are only supported without a time zone or in UTC"
+        ))),
     }
 }
 
@@ -287,10 +325,12 @@ fn agg_array(agg: Agg, values: Vec<f64>, valid: Vec<bool>) -> ArrayRef {
     }
 }
 
-/// Smallest order value inside the window of a row at `t`. When `t - w`
-/// is below `i64::MIN` the window has no lower cut (as in the kernel).
+/// Smallest order value inside the window of any row at `t` or later
+/// (`Window::reach`: a calendar window's start can move back at a clamped
+/// month end). When `t - w` is below `i64::MIN` the window has no lower
+/// cut (as in the kernel).
 pub(crate) fn window_start(t: i64, spec: &RollingSpec) -> i64 {
-    match t.checked_sub(spec.window) {
+    match spec.window.reach(t) {
         None => i64::MIN,
         Some(lo) => match spec.closed {
             Closed::Right | Closed::None => lo.saturating_add(1),
@@ -627,7 +667,7 @@ mod tests {
             order: "ts".into(),
             by: None,
             values: vec!["v".into()],
-            window,
+            window: window.into(),
             closed,
             aggs: vec![Agg::Count],
         }

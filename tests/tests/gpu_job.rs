@@ -178,7 +178,7 @@ fn gpu_job_equals_cpu_job() {
                         order: "ts".into(),
                         by: grouped.then(|| "key".to_string()),
                         values: vec!["v".into(), "w".into()],
-                        window,
+                        window: window.into(),
                         closed,
                         aggs: Agg::ALL.to_vec(),
                     };
@@ -322,7 +322,7 @@ fn gpu_job_groups_by_strings_and_keeps_host_columns() {
                         order: "ts".into(),
                         by: by.map(str::to_string),
                         values: vec!["v".into(), "dec".into()],
-                        window,
+                        window: window.into(),
                         closed,
                         aggs: Agg::ALL.to_vec(),
                     };

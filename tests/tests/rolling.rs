@@ -3,7 +3,8 @@
 //! covering no rows, about 10 rows, rows on several other ranks, and all the
 //! data; ranks with no rows; all rows with one ts; null values and keys;
 //! unsorted input; order columns of every integer type, dates and
-//! timestamps; float group keys with 0.0, -0.0 and several NaNs.
+//! timestamps; float group keys with 0.0, -0.0 and several NaNs; calendar
+//! windows (months back by chrono's calendar, not braid's).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail by panicking
 
@@ -15,7 +16,7 @@ use arrow_array::{Array, ArrayRef, Float64Array, Int64Array, RecordBatch};
 use arrow_schema::{DataType, Field, Schema, SchemaRef, TimeUnit};
 use braid_core::world::contexts;
 use braid_core::{Context, MemoryLimits, WorldSpec};
-use braid_kernels::rolling::{Agg, Closed};
+use braid_kernels::rolling::{Agg, CalendarUnit, Closed, Window};
 use braid_nodes::job::{Output, RollingJob};
 use braid_nodes::rolling::RollingSpec;
 use braid_nodes::sink::CollectSink;
@@ -156,18 +157,40 @@ const AGGS: [Agg; 7] = [
     Agg::Var,
 ];
 
-fn in_window(t: i64, x: i64, w: i64, closed: Closed) -> bool {
-    let (t, x, w) = (t as i128, x as i128, w as i128);
+/// `t - w` as a wide integer. A calendar window (microseconds only here)
+/// goes through chrono's calendar: months back with the day clamped to
+/// the month's end, as DuckDB's `ts - INTERVAL`, then the fixed part.
+fn lower_edge(t: i64, w: Window) -> i128 {
+    match w {
+        Window::Fixed(w) => t as i128 - w as i128,
+        Window::Calendar {
+            months,
+            then,
+            unit: CalendarUnit::Micros,
+        } => {
+            let dt = chrono::DateTime::from_timestamp_micros(t)
+                .unwrap()
+                .naive_utc();
+            let back = dt.checked_sub_months(chrono::Months::new(months)).unwrap();
+            back.and_utc().timestamp_micros() as i128 - then as i128
+        }
+        w => panic!("the reference takes microseconds, not {w:?}"),
+    }
+}
+
+fn in_window(t: i64, x: i64, w: Window, closed: Closed) -> bool {
+    let lo = lower_edge(t, w);
+    let (t, x) = (t as i128, x as i128);
     match closed {
-        Closed::Right => t - w < x && x <= t,
-        Closed::Both => t - w <= x && x <= t,
-        Closed::Left => t - w <= x && x < t,
-        Closed::None => t - w < x && x < t,
+        Closed::Right => lo < x && x <= t,
+        Closed::Both => lo <= x && x <= t,
+        Closed::Left => lo <= x && x < t,
+        Closed::None => lo < x && x < t,
     }
 }
 
 /// The expected aggregates of every row, by id, computed directly.
-fn brute(rows: &[Row], grouped: bool, w: i64, closed: Closed) -> HashMap<i64, Vec<Option<f64>>> {
+fn brute(rows: &[Row], grouped: bool, w: Window, closed: Closed) -> HashMap<i64, Vec<Option<f64>>> {
     let mut out = HashMap::new();
     for r in rows {
         let vals: Vec<f64> = rows
@@ -209,11 +232,12 @@ async fn run_case(
     rows: &[Row],
     ts: &DataType,
     grouping: Grouping,
-    w: i64,
+    w: impl Into<Window>,
     closed: Closed,
     what: &str,
 ) {
     let n = ctxs.len();
+    let w = w.into();
     let spec = RollingSpec {
         order: "ts".into(),
         by: (grouping != Grouping::None).then(|| "key".to_string()),
@@ -392,6 +416,60 @@ fn rolling_under_a_memory_limit_spills_and_matches() {
         let spilled: u64 = ctxs.iter().map(|c| c.statistics().spilled_bytes()).sum();
         assert!(spilled > 0, "nothing spilled under a 4 KiB limit");
     });
+}
+
+/// Calendar windows (`1mo`, `1q`, `1mo15d`) on a microsecond timestamp
+/// column, every rank count, local and tcp, every closed mode, grouped
+/// and not. Half the rows fall on the last days of months (where the day
+/// is clamped, and a later row's window can start before an earlier
+/// row's), at several times of day, so lookback and chunk bounds are
+/// tested where a row's own `t - w` would not bound its successors'.
+#[test]
+fn calendar_windows_match_brute_force() {
+    const DAY: i64 = 86_400_000_000;
+    let rt = runtime();
+    let mut g = SplitMix(2024);
+    // 2024-01-01 plus about half a year.
+    let t0 = 19_723 * DAY;
+    let rows: Vec<Row> = (0..300)
+        .map(|i| {
+            let day = if g.below(2) == 0 {
+                let month = g.below(6) as i64;
+                month * 30 + 27 + g.below(5) as i64
+            } else {
+                g.below(190) as i64
+            };
+            Row {
+                id: i,
+                ts: t0 + day * DAY + g.below(6) as i64 * (DAY / 6) + g.below(3) as i64,
+                key: (g.below(10) != 0).then(|| g.below(3) as i64),
+                v: (g.below(8) != 0).then(|| (g.below(2_000_000) as f64 - 1e6) / 1e3),
+            }
+        })
+        .collect();
+    let us = DataType::Timestamp(TimeUnit::Microsecond, None);
+    let cal = |months, then| Window::Calendar {
+        months,
+        then,
+        unit: CalendarUnit::Micros,
+    };
+    for n in RANK_COUNTS {
+        rt.block_on(async {
+            let (local, tcp) = local_and_tcp(n).await;
+            for (backend, ctxs) in [("local", &local), ("tcp", &tcp)] {
+                for w in [cal(1, 0), cal(3, 0), cal(1, 15 * DAY + 1)] {
+                    for closed in [Closed::Right, Closed::Both, Closed::Left, Closed::None] {
+                        for grouping in [Grouping::None, Grouping::Int] {
+                            let what =
+                                format!("{backend} {n} ranks, {w:?}, {closed:?}, {grouping:?}");
+                            run_case(ctxs, &rows, &us, grouping, w, closed, &what).await;
+                        }
+                    }
+                }
+            }
+            shutdown_all(&tcp).await;
+        });
+    }
 }
 
 /// `n` in-process ranks and `n` tcp ranks (shut the latter down after).

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use arrow_schema::{DataType, TimeUnit};
 use braid_core::{BoxError, MemoryLimits};
 use braid_examples::{JobArgs, JobOutcome, init_tracing, run_job};
-use braid_kernels::rolling::{Agg, Closed};
+use braid_kernels::rolling::{Agg, CalendarUnit, Closed, Window};
 use braid_nodes::job::{Device, Output, RollingJob};
 use braid_nodes::rolling::RollingSpec;
 use braid_nodes::sink::{FileFormat, FileSink, SinkTarget};
@@ -111,21 +111,23 @@ fn parse_bytes(s: &str) -> Result<u64, String> {
     Ok((num * mul) as u64)
 }
 
-/// The window in the order column's units. Forms, as Polars and DuckDB
-/// write them:
+/// The window. Forms, as Polars and DuckDB write them:
 /// - an integer, in the order column's units (days on a date column), or
 ///   on integer columns, with Polars' index suffix (`10i`);
 /// - on timestamp and date columns, a duration: one or more terms of a
 ///   number and a unit, `90s`, `1h30m`, `1.5h`, `2w`, `1 hour 30 minutes`
-///   (units ns, us, ms, s, m, h, d, w and their English names).
+///   (units ns, us, ms, s, m, h, d, w and their English names);
+/// - there also calendar units, whole numbers of months, quarters and
+///   years (`1mo`, `2q`, `1y`, `1y6mo`, `3 months`), alone or before fixed
+///   terms (`1mo15d`): months back on the calendar, then the rest
+///   (`Window::Calendar`, as DuckDB's `ts - INTERVAL` and Polars do).
 ///
-/// Calendar units (`mo`, `q`, `y`) vary in length and are refused. A
-/// duration that is not a whole number of the column's units is rounded
+/// A fixed duration that is not a whole number of the column's units is rounded
 /// to the integer window that selects the same rows: up where the
 /// window's far end is open (`right`, `none`: t - w < ts), down where it
 /// is closed (`both`, `left`: t - w <= ts); order values are integers, so
 /// either way the window holds exactly the rows the exact duration does.
-fn parse_window(s: &str, order_type: &DataType, closed: Closed) -> Result<i64, String> {
+fn parse_window(s: &str, order_type: &DataType, closed: Closed) -> Result<Window, String> {
     let s = s.trim();
     if s.is_empty() {
         return Err("the window is empty".into());
@@ -149,41 +151,54 @@ fn parse_window(s: &str, order_type: &DataType, closed: Closed) -> Result<i64, S
             // DuckDB and Polars, which read it as a date, count them).
             Ok(v) if *order_type == DataType::Date64 => v
                 .checked_mul(86_400_000)
+                .map(Window::Fixed)
                 .ok_or_else(|| format!("window {s} days is too large")),
-            Ok(v) => Ok(v),
+            Ok(v) => Ok(Window::Fixed(v)),
             Err(_) => Err(format!("window {s} is too large (at most {})", i64::MAX)),
         };
     }
-    // Nanoseconds per unit of the order column.
-    let per_unit: i128 = match order_type {
-        DataType::Timestamp(TimeUnit::Second, _) => 1_000_000_000,
-        DataType::Timestamp(TimeUnit::Millisecond, _) | DataType::Date64 => 1_000_000,
-        DataType::Timestamp(TimeUnit::Microsecond, _) => 1_000,
-        DataType::Timestamp(TimeUnit::Nanosecond, _) => 1,
-        DataType::Date32 => 86_400_000_000_000,
+    // Nanoseconds per unit of the order column, and the unit.
+    let (per_unit, unit): (i128, CalendarUnit) = match order_type {
+        DataType::Timestamp(TimeUnit::Second, _) => (1_000_000_000, CalendarUnit::Seconds),
+        DataType::Timestamp(TimeUnit::Millisecond, _) | DataType::Date64 => {
+            (1_000_000, CalendarUnit::Millis)
+        }
+        DataType::Timestamp(TimeUnit::Microsecond, _) => (1_000, CalendarUnit::Micros),
+        DataType::Timestamp(TimeUnit::Nanosecond, _) => (1, CalendarUnit::Nanos),
+        DataType::Date32 => (86_400_000_000_000, CalendarUnit::Days),
         _ => {
             return Err(format!(
                 "window {s:?} is not an integer; durations need a timestamp or date order column (this one is {order_type})"
             ));
         }
     };
-    let total = duration_nanos(s)?;
+    let (months, total) = duration(s)?;
     let open_far_end = matches!(closed, Closed::Right | Closed::None);
     let units = if open_far_end {
         (total + per_unit - 1) / per_unit
     } else {
         total / per_unit
     };
-    i64::try_from(units).map_err(|_| format!("window {s:?} is too large"))
+    let units = i64::try_from(units).map_err(|_| format!("window {s:?} is too large"))?;
+    Ok(match months {
+        0 => Window::Fixed(units),
+        months => Window::Calendar {
+            months,
+            then: units,
+            unit,
+        },
+    })
 }
 
-/// Nanoseconds in a duration of one or more `<number><unit>` terms
-/// (`1h30m`, `1.5h`, `2 weeks`); a number may have a fraction as long as
-/// the term is a whole number of nanoseconds.
-fn duration_nanos(s: &str) -> Result<i128, String> {
-    const UNITS: &str = "ns, us, ms, s, m, h, d, w";
+/// Calendar months and nanoseconds in a duration of one or more
+/// `<number><unit>` terms (`1h30m`, `1.5h`, `2 weeks`, `1y6mo`); a number
+/// may have a fraction as long as the term is a whole number of
+/// nanoseconds (months: a whole number of months).
+fn duration(s: &str) -> Result<(u32, i128), String> {
+    const UNITS: &str = "ns, us, ms, s, m, h, d, w, mo, q, y";
     let mut rest = s;
     let mut total: i128 = 0;
+    let mut months: u32 = 0;
     let too_large = || format!("window {s:?} is too large");
     while !rest.trim_start().is_empty() {
         rest = rest.trim_start();
@@ -209,10 +224,21 @@ fn duration_nanos(s: &str) -> Result<i128, String> {
             "h" | "hr" | "hrs" | "hour" | "hours" => 3_600_000_000_000,
             "d" | "day" | "days" => 86_400_000_000_000,
             "w" | "week" | "weeks" => 604_800_000_000_000,
-            "mo" | "month" | "months" | "q" | "quarter" | "quarters" | "y" | "year" | "years" => {
-                return Err(format!(
-                    "window {s:?}: calendar units (months, quarters, years) vary in length and are not supported; give days (e.g. 30d)"
-                ));
+            calendar @ ("mo" | "month" | "months" | "q" | "quarter" | "quarters" | "y" | "yr"
+            | "yrs" | "year" | "years") => {
+                let per: u32 = match calendar.as_bytes()[0] {
+                    b'm' => 1,
+                    b'q' => 3,
+                    _ => 12,
+                };
+                let n: u32 = num.parse().map_err(|_| {
+                    format!("window {s:?}: {num}{unit} is not a whole number of months")
+                })?;
+                months = n
+                    .checked_mul(per)
+                    .and_then(|m| months.checked_add(m))
+                    .ok_or_else(too_large)?;
+                continue;
             }
             "" => return Err(format!("bad window {s:?}: {num:?} has no unit ({UNITS})")),
             other => {
@@ -252,7 +278,7 @@ fn duration_nanos(s: &str) -> Result<i128, String> {
             .ok_or_else(too_large)?;
         total = total.checked_add(term).ok_or_else(too_large)?;
     }
-    Ok(total)
+    Ok((months, total))
 }
 
 fn build(cli: &Cli) -> Result<(RollingJob, MemoryLimits, Option<u64>), BoxError> {
@@ -470,42 +496,95 @@ mod tests {
 
     const MS: DataType = DataType::Timestamp(TimeUnit::Millisecond, None);
 
+    /// A fixed window's length (a calendar window is an error here).
+    fn pw(s: &str, t: &DataType, closed: Closed) -> Result<i64, String> {
+        match parse_window(s, t, closed)? {
+            Window::Fixed(w) => Ok(w),
+            w => Err(format!("calendar window {w:?}")),
+        }
+    }
+
+    #[test]
+    fn calendar_units_count_months_then_the_rest() {
+        let cal = |s: &str, t: &DataType, closed: Closed| parse_window(s, t, closed);
+        let months = |months, then, unit| Ok(Window::Calendar { months, then, unit });
+        use CalendarUnit::{Days, Micros, Millis};
+        let us = DataType::Timestamp(TimeUnit::Microsecond, None);
+        assert_eq!(cal("1mo", &us, Closed::Right), months(1, 0, Micros));
+        assert_eq!(cal("2q", &us, Closed::Right), months(6, 0, Micros));
+        assert_eq!(cal("1y6mo", &us, Closed::Right), months(18, 0, Micros));
+        assert_eq!(cal("3 months", &us, Closed::Right), months(3, 0, Micros));
+        assert_eq!(cal("1 year", &us, Closed::Right), months(12, 0, Micros));
+        // Months first, whatever the order of the terms, then the rest.
+        let day = 86_400_000_000;
+        assert_eq!(
+            cal("1mo15d", &us, Closed::Right),
+            months(1, 15 * day, Micros)
+        );
+        assert_eq!(
+            cal("15d 1mo", &us, Closed::Both),
+            months(1, 15 * day, Micros)
+        );
+        // The fixed part rounds as a fixed window does.
+        assert_eq!(cal("1mo1500us", &MS, Closed::Right), months(1, 2, Millis));
+        assert_eq!(cal("1mo1500us", &MS, Closed::Left), months(1, 1, Millis));
+        assert_eq!(
+            cal("1mo", &DataType::Date32, Closed::Right),
+            months(1, 0, Days)
+        );
+        assert_eq!(
+            cal("1mo", &DataType::Date64, Closed::Right),
+            months(1, 0, Millis)
+        );
+        // Whole months only, and not on integer columns.
+        let e = cal("1.5mo", &us, Closed::Right);
+        assert!(
+            e.as_ref()
+                .is_err_and(|e| e.contains("whole number of months")),
+            "{e:?}"
+        );
+        let e = cal("1mo", &DataType::Int64, Closed::Right);
+        assert!(
+            e.as_ref().is_err_and(|e| e.contains("timestamp or date")),
+            "{e:?}"
+        );
+        let e = cal("4294967295y", &us, Closed::Right);
+        assert!(e.as_ref().is_err_and(|e| e.contains("too large")), "{e:?}");
+    }
+
     #[test]
     fn durations_round_to_the_window_that_selects_the_same_rows() {
         // 1.5 ms: t - 1.5 < ts (right) holds for ts >= t - 1, i.e. t - 2 < ts.
-        assert_eq!(parse_window("1500us", &MS, Closed::Right), Ok(2));
-        assert_eq!(parse_window("1500us", &MS, Closed::None), Ok(2));
+        assert_eq!(pw("1500us", &MS, Closed::Right), Ok(2));
+        assert_eq!(pw("1500us", &MS, Closed::None), Ok(2));
         // t - 1.5 <= ts (both, left) holds for ts >= t - 1.
-        assert_eq!(parse_window("1500us", &MS, Closed::Both), Ok(1));
-        assert_eq!(parse_window("1500us", &MS, Closed::Left), Ok(1));
-        assert_eq!(parse_window("999us", &MS, Closed::Right), Ok(1));
-        assert_eq!(parse_window("999us", &MS, Closed::Left), Ok(0));
-        assert_eq!(parse_window("2s", &MS, Closed::Right), Ok(2000));
-        assert_eq!(parse_window("2s", &MS, Closed::Both), Ok(2000));
-        assert_eq!(parse_window("0ms", &MS, Closed::Right), Ok(0));
+        assert_eq!(pw("1500us", &MS, Closed::Both), Ok(1));
+        assert_eq!(pw("1500us", &MS, Closed::Left), Ok(1));
+        assert_eq!(pw("999us", &MS, Closed::Right), Ok(1));
+        assert_eq!(pw("999us", &MS, Closed::Left), Ok(0));
+        assert_eq!(pw("2s", &MS, Closed::Right), Ok(2000));
+        assert_eq!(pw("2s", &MS, Closed::Both), Ok(2000));
+        assert_eq!(pw("0ms", &MS, Closed::Right), Ok(0));
         let s = DataType::Timestamp(TimeUnit::Second, Some("UTC".into()));
-        assert_eq!(parse_window("90s", &s, Closed::Right), Ok(90));
-        assert_eq!(parse_window("1ns", &s, Closed::Right), Ok(1));
-        assert_eq!(parse_window("1ns", &s, Closed::Both), Ok(0));
+        assert_eq!(pw("90s", &s, Closed::Right), Ok(90));
+        assert_eq!(pw("1ns", &s, Closed::Right), Ok(1));
+        assert_eq!(pw("1ns", &s, Closed::Both), Ok(0));
         // Dates: durations in the stored unit (days for Date32, ms for
         // Date64); integers count days on both.
-        assert_eq!(parse_window("3d", &DataType::Date32, Closed::Right), Ok(3));
-        assert_eq!(parse_window("36h", &DataType::Date32, Closed::Right), Ok(2));
-        assert_eq!(parse_window("36h", &DataType::Date32, Closed::Both), Ok(1));
+        assert_eq!(pw("3d", &DataType::Date32, Closed::Right), Ok(3));
+        assert_eq!(pw("36h", &DataType::Date32, Closed::Right), Ok(2));
+        assert_eq!(pw("36h", &DataType::Date32, Closed::Both), Ok(1));
+        assert_eq!(pw("2s", &DataType::Date64, Closed::Right), Ok(2000));
         assert_eq!(
-            parse_window("2s", &DataType::Date64, Closed::Right),
-            Ok(2000)
-        );
-        assert_eq!(
-            parse_window("3", &DataType::Date64, Closed::Right),
+            pw("3", &DataType::Date64, Closed::Right),
             Ok(3 * 86_400_000)
         );
-        assert_eq!(parse_window("3", &DataType::Date32, Closed::Right), Ok(3));
+        assert_eq!(pw("3", &DataType::Date32, Closed::Right), Ok(3));
     }
 
     #[test]
     fn durations_take_the_forms_polars_and_duckdb_write() {
-        let ms = |w: &str| parse_window(w, &MS, Closed::Right);
+        let ms = |w: &str| pw(w, &MS, Closed::Right);
         // Compound terms, in any order, with or without spaces.
         assert_eq!(ms("1h30m"), Ok(5_400_000));
         assert_eq!(ms("30m1h"), Ok(5_400_000));
@@ -521,10 +600,10 @@ mod tests {
         assert_eq!(ms("90 SECONDS"), Ok(90_000));
         assert_eq!(ms("1500µs"), Ok(2));
         // Polars' index suffix on an integer order column.
-        assert_eq!(parse_window("10i", &DataType::Int64, Closed::Right), Ok(10));
-        assert_eq!(parse_window("7i", &DataType::UInt16, Closed::Right), Ok(7));
+        assert_eq!(pw("10i", &DataType::Int64, Closed::Right), Ok(10));
+        assert_eq!(pw("7i", &DataType::UInt16, Closed::Right), Ok(7));
         for temporal in [DataType::Date32, DataType::Date64, MS] {
-            let e = parse_window("3i", &temporal, Closed::Right);
+            let e = pw("3i", &temporal, Closed::Right);
             assert!(
                 e.as_ref()
                     .is_err_and(|e| e.contains("for integer order columns")),
@@ -536,27 +615,24 @@ mod tests {
         // The same duration spelled two ways gives one window.
         let us = DataType::Timestamp(TimeUnit::Microsecond, None);
         for closed in [Closed::Right, Closed::Both, Closed::Left, Closed::None] {
-            assert_eq!(
-                parse_window("1.000001s", &us, closed),
-                parse_window("1s1us", &us, closed)
-            );
+            assert_eq!(pw("1.000001s", &us, closed), pw("1s1us", &us, closed));
         }
     }
 
     #[test]
     fn bad_windows_say_what_is_wrong() {
-        let e = parse_window("9223372036854775808", &DataType::Int64, Closed::Right);
+        let e = pw("9223372036854775808", &DataType::Int64, Closed::Right);
         assert!(e.as_ref().is_err_and(|e| e.contains("too large")), "{e:?}");
-        let e = parse_window("-5", &DataType::Int64, Closed::Right);
+        let e = pw("-5", &DataType::Int64, Closed::Right);
         assert!(e.as_ref().is_err_and(|e| e.contains(">= 0")), "{e:?}");
-        let e = parse_window("5m", &DataType::Int64, Closed::Right);
+        let e = pw("5m", &DataType::Int64, Closed::Right);
         assert!(
             e.as_ref()
                 .is_err_and(|e| e.contains("durations need a timestamp or date")),
             "{e:?}"
         );
         let err = |w: &str, want: &str| {
-            let e = parse_window(w, &MS, Closed::Right);
+            let e = pw(w, &MS, Closed::Right);
             assert!(e.as_ref().is_err_and(|e| e.contains(want)), "{w}: {e:?}");
         };
         err("5x", "unknown duration unit \"x\"");
@@ -567,14 +643,8 @@ mod tests {
         err("-5m", ">= 0");
         err(" ", "empty");
         err("1.5ns", "not a whole number of nanoseconds");
-        for calendar in ["1mo", "2q", "1y", "3 months"] {
-            err(calendar, "calendar units");
-        }
-        let e = parse_window("999999999999d", &MS, Closed::Right);
+        let e = pw("999999999999d", &MS, Closed::Right);
         assert!(e.as_ref().is_err_and(|e| e.contains("too large")), "{e:?}");
-        assert_eq!(
-            parse_window(" 42 ", &DataType::Int64, Closed::Right),
-            Ok(42)
-        );
+        assert_eq!(pw(" 42 ", &DataType::Int64, Closed::Right), Ok(42));
     }
 }
