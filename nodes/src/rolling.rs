@@ -731,4 +731,54 @@ mod tests {
         assert_eq!(window_start(10, &spec(3, Closed::None)), 8);
         assert_eq!(window_start(10, &spec(3, Closed::Left)), 7);
     }
+
+    #[test]
+    fn calendar_windows_need_a_date_or_utc_timestamp_of_their_unit() {
+        use arrow_schema::TimeUnit;
+        let cal = |unit| RollingSpec {
+            window: Window::Calendar {
+                months: 1,
+                then: 0,
+                unit,
+            },
+            ..spec(0, Closed::Right)
+        };
+        let with = |t: DataType| {
+            Schema::new(vec![
+                Field::new("ts", t, false),
+                Field::new("v", DataType::Float64, true),
+            ])
+        };
+        let us = |tz: Option<&str>| DataType::Timestamp(TimeUnit::Microsecond, tz.map(Into::into));
+        for (t, unit) in [
+            (us(None), CalendarUnit::Micros),
+            (us(Some("UTC")), CalendarUnit::Micros),
+            (DataType::Date32, CalendarUnit::Days),
+            (DataType::Date64, CalendarUnit::Millis),
+        ] {
+            cal(unit)
+                .output_schema(&with(t.clone()))
+                .unwrap_or_else(|e| panic!("{t}: {e}"));
+        }
+        for (t, unit, want) in [
+            (
+                DataType::Int64,
+                CalendarUnit::Micros,
+                "needs a date or timestamp",
+            ),
+            (us(None), CalendarUnit::Millis, "counting Millis"),
+            (DataType::Date32, CalendarUnit::Micros, "counting Micros"),
+            (
+                us(Some("Europe/Paris")),
+                CalendarUnit::Micros,
+                "time zone Europe/Paris",
+            ),
+        ] {
+            let e = cal(unit)
+                .output_schema(&with(t.clone()))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(want), "{t}: {e}");
+        }
+    }
 }

@@ -9,6 +9,7 @@ DuckDB and Polars. The inputs aim at edges a fixed test misses:
     bursts with long gaps, heavy ties, all equal, negative values; windows
     from 0 to past the whole span, as integers or (timestamps, dates)
     durations such as 90s, 3d or 1h30m (Polars' forms; 10i on integers);
+    calendar windows (1mo, 1q, 1y, 1mo15d) on ms, us and date columns;
   - group column: none, int64, string or float64 (0.0 and -0.0, NaNs of
     several bit patterns), few or many keys, nulls (one group);
   - values: float64 with nulls, NaN, +-inf or huge magnitudes next to tiny
@@ -179,6 +180,16 @@ def make_case(rng, i, d):
             w_arg = rng.choice(["", " "]).join(f"{n}{sfx}" for n, sfx, _ in terms)
     elif unit in (None, "i32") and rng.random() < 0.2:
         w_arg = f"{w}i"  # Polars' index form on an integer column
+    period = None
+    in_range = unit in UNIT_PER_SECOND and max(map(abs, ts), default=0) / UNIT_PER_SECOND[unit] < 9e12
+    # (DuckDB's timestamps end about 290000 years from 1970.)
+    if unit in ("ms", "us", "date") and in_range and rng.random() < 0.3:
+        # A calendar window (Polars' form; braid and DuckDB step back
+        # months on the calendar). Sub-day parts only on timestamps.
+        forms = ["1mo", "2mo", "1q", "1y", "1mo15d", "1y6mo", "1mo1w"]
+        if unit != "date":
+            forms += ["1mo12h", "1mo90s"]
+        period = w_arg = rng.choice(forms)
     closed = rng.choice(CLOSED)
     aggs = rng.sample(AGGS, rng.randrange(1, len(AGGS) + 1))
     ranks = rng.choice([1, 2, 3, 4, 5, 8])
@@ -192,8 +203,8 @@ def make_case(rng, i, d):
     ]
     check = [
         "--input", inp, "--output", out, "--order", "ts", "--values", ",".join(values),
-        "--window", str(w), "--closed", closed, "--aggs", ",".join(aggs),
-    ]
+        "--closed", closed, "--aggs", ",".join(aggs),
+    ] + (["--period", period] if period else ["--window", str(w)])
     if "f64_huge" in kinds:
         # Polars' rolling variance of values near f64's limit gives 0 where
         # the true (and DuckDB's) value overflows to inf.

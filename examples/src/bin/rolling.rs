@@ -48,7 +48,9 @@ struct Cli {
     values: Vec<String>,
     /// Window: an integer in the order column's units (days for a date
     /// column; `10i` on integer columns), or for timestamp and date
-    /// columns a duration such as 250ms, 90s, 1h30m, 1.5h, 2d, 1w, "1 hour".
+    /// columns a duration such as 250ms, 90s, 1h30m, 1.5h, 2d, 1w, "1 hour",
+    /// or calendar months: 1mo, 1q, 1y, 1mo15d (months back on the calendar,
+    /// then the rest).
     #[arg(long, default_value = "1000", allow_hyphen_values = true)]
     window: String,
     /// Which window ends are closed: right, both, left, none.
