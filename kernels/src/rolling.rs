@@ -635,6 +635,7 @@ impl<M: Moments, const MIN: bool, const MAX: bool> TwoStacks<M, MIN, MAX> {
         valid: Option<&[bool]>,
         lo: usize,
         hi: usize,
+        moves_back: bool,
     ) -> State<M, MIN, MAX> {
         if lo > self.added {
             self.reset(lo);
@@ -657,7 +658,7 @@ impl<M: Moments, const MIN: bool, const MAX: bool> TwoStacks<M, MIN, MAX> {
             }
             self.mid = hi;
             self.back = State::EMPTY;
-        } else if lo < self.mid - self.front.len() {
+        } else if moves_back && lo < self.mid - self.front.len() {
             // The start moved back past the front: extend it downwards.
             let mut acc = self.front.last().copied().unwrap_or(State::EMPTY);
             for j in (lo..self.mid - self.front.len()).rev() {
@@ -675,6 +676,35 @@ impl<M: Moments, const MIN: bool, const MAX: bool> TwoStacks<M, MIN, MAX> {
     }
 }
 
+/// Each row's `t - w` for the kernel: a subtraction, or the calendar
+/// ([`crate::window::LowerCursor`]), whose edges can move back (the start
+/// pointer then moves back too; a fixed window's code has no such step).
+trait Edge {
+    /// Whether a later row's edge can lie below an earlier row's.
+    const MOVES_BACK: bool;
+    /// `t - w`; `None` below `i64::MIN`.
+    fn lower(&mut self, t: i64) -> Option<i64>;
+}
+
+/// A fixed window's edge.
+struct FixedEdge(i64);
+
+impl Edge for FixedEdge {
+    const MOVES_BACK: bool = false;
+    #[inline(always)]
+    fn lower(&mut self, t: i64) -> Option<i64> {
+        t.checked_sub(self.0)
+    }
+}
+
+impl Edge for crate::window::LowerCursor {
+    const MOVES_BACK: bool = true;
+    #[inline(always)]
+    fn lower(&mut self, t: i64) -> Option<i64> {
+        crate::window::LowerCursor::lower(self, t)
+    }
+}
+
 fn run_dispatch(
     input: &Input<'_>,
     offsets: &[usize],
@@ -689,21 +719,37 @@ fn run_dispatch(
     let has = |set: &[Agg]| aggs.iter().any(|a| set.contains(a));
     let (min, max) = (has(&[Agg::Min]), has(&[Agg::Max]));
     macro_rules! go {
-        ($m:ty) => {
+        ($m:ty, $e:expr) => {
             match (min, max) {
-                (false, false) => run::<$m, false, false>(input, offsets, emit_from, &mut columns),
-                (true, false) => run::<$m, true, false>(input, offsets, emit_from, &mut columns),
-                (false, true) => run::<$m, false, true>(input, offsets, emit_from, &mut columns),
-                (true, true) => run::<$m, true, true>(input, offsets, emit_from, &mut columns),
+                (false, false) => {
+                    run::<$m, false, false, _>(input, offsets, emit_from, &mut columns, $e)
+                }
+                (true, false) => {
+                    run::<$m, true, false, _>(input, offsets, emit_from, &mut columns, $e)
+                }
+                (false, true) => {
+                    run::<$m, false, true, _>(input, offsets, emit_from, &mut columns, $e)
+                }
+                (true, true) => {
+                    run::<$m, true, true, _>(input, offsets, emit_from, &mut columns, $e)
+                }
             }
         };
     }
-    if has(&[Agg::Var, Agg::Std]) {
-        go!(VarM)
-    } else if has(&[Agg::Sum, Agg::Mean]) {
-        go!(SumM)
-    } else {
-        go!(CountM)
+    macro_rules! moments {
+        ($e:expr) => {
+            if has(&[Agg::Var, Agg::Std]) {
+                go!(VarM, $e)
+            } else if has(&[Agg::Sum, Agg::Mean]) {
+                go!(SumM, $e)
+            } else {
+                go!(CountM, $e)
+            }
+        };
+    }
+    match input.window {
+        Window::Fixed(w) => moments!(FixedEdge(w)),
+        w => moments!(w.cursor()),
     }
     RollingResult { columns }
 }
@@ -722,23 +768,23 @@ fn sample_var<M: Moments>(m: &M) -> Option<f64> {
 /// The kernel proper, monomorphised on the tracked moments and on whether
 /// min / max are wanted. Rows before `emit_from` (global index) get no
 /// output; output row `r - emit_from` belongs to input row `r`.
-fn run<M: Moments, const MIN: bool, const MAX: bool>(
+fn run<M: Moments, const MIN: bool, const MAX: bool, E: Edge>(
     input: &Input<'_>,
     offsets: &[usize],
     emit_from: usize,
     columns: &mut [AggColumn],
+    mut lower: E,
 ) {
     let Input {
         ts,
         values,
         valid,
-        window,
         closed,
+        ..
     } = *input;
     let lower_incl = i64::from(closed.lower_inclusive());
     let upper_incl = closed.upper_inclusive();
     let mut stacks = TwoStacks::<M, MIN, MAX>::new();
-    let mut lower = window.cursor();
 
     for seg in offsets.windows(2) {
         let (s, e) = (seg[0], seg[1]);
@@ -762,14 +808,14 @@ fn run<M: Moments, const MIN: bool, const MAX: bool>(
                             lo += 1;
                         }
                         // A calendar window's start can move back.
-                        while lo > s && ts[lo - 1] > cut {
+                        while E::MOVES_BACK && lo > s && ts[lo - 1] > cut {
                             lo -= 1;
                         }
                     }
                     None => lo = s,
                 }
                 let hi = if upper_incl { re } else { i };
-                let st = stacks.window(values, valid, lo.min(hi), hi);
+                let st = stacks.window(values, valid, lo.min(hi), hi, E::MOVES_BACK);
                 let count = st.m.count();
                 let (a, b) = (i.max(emit_from) - emit_from, re - emit_from);
                 for col in columns.iter_mut() {
