@@ -498,6 +498,88 @@ fn oracle_duckdb_and_polars_agree_with_the_job() {
     }
 }
 
+/// Calendar windows against DuckDB (each row's own `ts - INTERVAL`) and
+/// Polars (where its window start never moves back, which the checker
+/// tests and otherwise skips): timestamps crowded onto the last days of
+/// months at every hour, and the same rows as dates, grouped and not.
+#[test]
+fn calendar_windows_agree_with_the_oracle() {
+    if !have_oracle() {
+        assert!(
+            std::env::var_os("BRAID_SKIP_ORACLE").is_some(),
+            "the oracle test needs python3 with duckdb, polars and pyarrow, or BRAID_SKIP_ORACLE=1"
+        );
+        return;
+    }
+    let scratch = Scratch::new("cli-calendar");
+    let d = scratch.path();
+    let gen_input = r#"
+import calendar, datetime as dt, random, sys
+import polars as pl
+r = random.Random(3)
+rows = []
+for i in range(20000):
+    y = r.choice([2023, 2024])
+    m = r.randrange(1, 13)
+    last = calendar.monthrange(y, m)[1]
+    day = r.randrange(last - 4, last + 1) if r.random() < 0.6 else r.randrange(1, last + 1)
+    t = dt.datetime(y, m, day, r.randrange(24), r.randrange(60), r.randrange(60), r.randrange(1000) * 1000)
+    rows.append((i, t, r.randrange(7) if r.random() < 0.9 else None,
+                 None if r.random() < 0.1 else r.uniform(-1e3, 1e3)))
+df = pl.DataFrame(rows, schema=["id", "ts", "key", "v"], orient="row")
+df.with_columns(pl.col("ts").cast(pl.Datetime("ms"))).write_parquet(sys.argv[1])
+df.with_columns(pl.col("ts").dt.date()).write_parquet(sys.argv[2])
+"#;
+    let (ts_in, date_in) = (d.join("ts.parquet"), d.join("date.parquet"));
+    let st = Command::new("python3")
+        .args(["-c", gen_input])
+        .args([&ts_in, &date_in])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let aggs = "sum,mean,min,max,count,std,var";
+    let cases = [
+        (&ts_in, "1mo", "right", false, "local"),
+        (&ts_in, "1mo15d", "both", true, "tcp"),
+        (&ts_in, "1q", "none", false, "local"),
+        (&ts_in, "1mo12h", "left", true, "local"),
+        (&date_in, "1mo", "right", true, "local"),
+        (&date_in, "1y", "both", false, "tcp"),
+    ];
+    for (input, period, closed, grouped, backend) in cases {
+        let out = d.join(format!("out-{period}-{closed}"));
+        let mut args = vec![
+            "--input",
+            input.to_str().unwrap(),
+            "--output",
+            out.to_str().unwrap(),
+            "--window",
+            period,
+            "--closed",
+            closed,
+            "--aggs",
+            aggs,
+            "--ranks",
+            "4",
+            "--backend",
+            backend,
+            "--chunk-rows",
+            "1000",
+        ];
+        let mut extra = vec![
+            "--order", "ts", "--values", "v", "--period", period, "--closed", closed, "--aggs",
+            aggs,
+        ];
+        if grouped {
+            args.extend(["--by", "key"]);
+            extra.extend(["--by", "key"]);
+        }
+        let (ok, _, err) = run(&args);
+        assert!(ok, "{args:?}: {err}");
+        check(input, &out, &extra, "duckdb,polars");
+    }
+}
+
 /// `tests/oracle/fuzz.py`: random inputs and parameters (order values near
 /// i64's ends, all ties, 0-2 rows, more ranks than rows, string and null
 /// keys, NaN and infinities, integer value columns, duration windows, tiny

@@ -14,6 +14,10 @@
 //! mean/M2, min, max) lives in a two-stacks sliding aggregate: values are
 //! only merged, never subtracted, so nothing drifts and the result matches a
 //! two-pass computation to rounding. Memory: O(window) scratch plus output.
+//! A calendar window's start can step back (at a clamped month end, see
+//! [`crate::window`]): by at most the rows of one day of its target, each
+//! prepended to the two-stacks front with one push, so the pass stays
+//! O(n + steps back) and a fixed window's loop has no such step at all.
 
 use std::fmt;
 use std::str::FromStr;

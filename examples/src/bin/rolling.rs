@@ -226,8 +226,8 @@ fn duration(s: &str) -> Result<(u32, i128), String> {
             "h" | "hr" | "hrs" | "hour" | "hours" => 3_600_000_000_000,
             "d" | "day" | "days" => 86_400_000_000_000,
             "w" | "week" | "weeks" => 604_800_000_000_000,
-            calendar @ ("mo" | "month" | "months" | "q" | "quarter" | "quarters" | "y" | "yr"
-            | "yrs" | "year" | "years") => {
+            calendar @ ("mo" | "mon" | "mons" | "month" | "months" | "q" | "quarter"
+            | "quarters" | "y" | "yr" | "yrs" | "year" | "years") => {
                 let per: u32 = match calendar.as_bytes()[0] {
                     b'm' => 1,
                     b'q' => 3,
@@ -517,6 +517,7 @@ mod tests {
         assert_eq!(cal("1y6mo", &us, Closed::Right), months(18, 0, Micros));
         assert_eq!(cal("3 months", &us, Closed::Right), months(3, 0, Micros));
         assert_eq!(cal("1 year", &us, Closed::Right), months(12, 0, Micros));
+        assert_eq!(cal("2 mons", &us, Closed::Right), months(2, 0, Micros));
         // Months first, whatever the order of the terms, then the rest.
         let day = 86_400_000_000;
         assert_eq!(
