@@ -351,14 +351,28 @@ extern "C" __global__ void cast_to_i64(const void* in, u32 ty, i64* out, u64 n) 
 // ---------------------------------------------------------------------------
 
 #define ROLL_FAN 32
-#define ROLL_TILE 2048  // output rows per block of the tile pass
-#define ROLL_EXTRA 64     // rows past the tile (ties of its last rows)
-// Region rows (halo up to ROLL_OFF, tile, extra): 2560 by default, a
-// larger region in the module compiled for long windows (-DROLL_CAP=3456;
-// see rolling.rs: it takes the tiles the default one leaves).
-#ifndef ROLL_CAP
-#define ROLL_CAP 2560
+// The tile pass's geometry (launch.rs, `Build`): by default blocks of 256
+// threads on 1024-row tiles, four blocks an SM (a barrier stalls a quarter
+// of the SM's warps, not half: 6-7% faster on an H200 than two blocks of
+// 512 on 2048 rows); the module for long windows keeps two blocks of 512
+// on 2048-row tiles with a larger region (-DROLL_TILE=2048 ... ; 25-30%
+// faster there than small blocks, whose region would not fit four an SM).
+#ifndef ROLL_TILE
+#define ROLL_TILE 1024  // output rows per block of the tile pass
 #endif
+#define ROLL_EXTRA 64     // rows past the tile (ties of its last rows)
+// Region rows (halo up to ROLL_OFF, tile, extra): 1536 by default (a
+// lookback of 448 rows), 3456 in the module for long windows (rolling.rs:
+// it takes the tiles the default one leaves).
+#ifndef ROLL_CAP
+#define ROLL_CAP 1536
+#endif
+// Flags (tiles left to a later pass, `only`) are kept per 1024 output rows
+// (the default tile) whatever the build, so every pass reads and writes
+// the same array; a block of a larger tile covers ROLL_SUB of them.
+#define ROLL_FLAG_TILE 1024
+#define ROLL_SUB (ROLL_TILE / ROLL_FLAG_TILE)
+static_assert(ROLL_TILE % ROLL_FLAG_TILE == 0, "a tile must cover whole flag tiles");
 #define ROLL_OFF (ROLL_CAP - ROLL_TILE - ROLL_EXTRA)
 #define ROLL_FIRST_HALO 64
 #define ROLL_MAX_LEVELS 8
@@ -617,7 +631,7 @@ extern "C" __global__ void rolling_window(const i64* ts, const i64* key, const d
                                           u64 n, u64 emit_from, i64 window, u32 closed,
                                           const u64* ptrs, u32 nlevels, const u32* only) {
     GRID_STRIDE(r, n - emit_from) {
-        if (only && !only[r / ROLL_TILE]) continue;
+        if (only && !only[r / ROLL_FLAG_TILE]) continue;
         u64 i = emit_from + r;
         i64 t = ts[i];
         i64 k = key ? key[i] : 0;
@@ -707,9 +721,9 @@ extern "C" __global__ void rolling_window(const i64* ts, const i64* key, const d
 // second wavefront: ncu showed ~2x the ideal wavefronts with one pad per
 // 8 slots everywhere).
 //
-// Tile size: 2048 rows, 512 threads, 2 blocks per SM (shared memory);
-// against 1024 rows, 256 threads and 4 blocks, 2-3% faster on an H100
-// (less halo and fewer per-block steps per row).
+// Tile size: see ROLL_TILE. (The fifth session's kernel was 2-3% faster
+// on an H100 with 2048 rows and 512 threads than with 1024 and 256; the
+// nineteenth session's is 6-7% faster on an H200 with the smaller blocks.)
 //
 // Cost per output row: ~1.05 region rows loaded and scanned twice; two
 // prefix differences; one reciprocal and one square root; log2(w) / 2
@@ -720,7 +734,12 @@ extern "C" __global__ void rolling_window(const i64* ts, const i64* key, const d
 // flagged and left to the general path (rolling_window with `only`).
 // ---------------------------------------------------------------------------
 
-#define ROLL_THREADS 512
+#ifndef ROLL_THREADS
+#define ROLL_THREADS 256
+#endif
+#ifndef ROLL_MINB
+#define ROLL_MINB 4  // blocks an SM (caps registers at 64 a thread either way)
+#endif
 #define ROLL_R (ROLL_TILE / ROLL_THREADS)                          // rows per thread
 #define ROLL_CHUNK ((ROLL_CAP + ROLL_THREADS - 1) / ROLL_THREADS)  // region rows per thread
 // Min/max table entries a thread builds per round with a larger region
@@ -984,9 +1003,28 @@ __device__ __forceinline__ double roll_rcp(double c) {
     return r;
 }
 
-__device__ __forceinline__ void roll_flag(u32* flags, u32* flagged) {
-    flags[blockIdx.x] = 1;
+// Flag tiles for n - emit_from output rows.
+__device__ __forceinline__ u64 roll_flag_tiles(u64 n, u64 emit_from) {
+    return (n - emit_from + ROLL_FLAG_TILE - 1) / ROLL_FLAG_TILE;
+}
+
+// Leaves this block's rows to a later pass: its flag tiles, as many as exist.
+__device__ __forceinline__ void roll_flag(u32* flags, u32* flagged, u64 nft) {
+    for (u32 i = 0; i < ROLL_SUB; i++) {
+        u64 f = (u64)blockIdx.x * ROLL_SUB + i;
+        if (f < nft) flags[f] = 1;
+    }
     atomicAdd(flagged, 1u);
+}
+
+// Whether a later pass runs this block: one of its flag tiles is set.
+__device__ __forceinline__ bool roll_only(const u32* only, u64 nft) {
+    if (!only) return true;
+    for (u32 i = 0; i < ROLL_SUB; i++) {
+        u64 f = (u64)blockIdx.x * ROLL_SUB + i;
+        if (f < nft && only[f]) return true;
+    }
+    return false;
 }
 
 // Stores vals[k] as row o0 + t + T k of the output column at p (0: not
@@ -1127,7 +1165,7 @@ __device__ __forceinline__ void roll_tile(const i64* ts, const i64* key, const d
         u64 full = a < ROLL_OFF ? a : ROLL_OFF;
         if (pass == 1 || full == h) {
             // The window starts before anything this block can hold.
-            if (t == 0) roll_flag(flags, flagged);
+            if (t == 0) roll_flag(flags, flagged, roll_flag_tiles(n, emit_from));
             return;
         }
         h = full;
@@ -1148,7 +1186,7 @@ __device__ __forceinline__ void roll_tile(const i64* ts, const i64* key, const d
             1099511627776.0 * __longlong_as_double((long long)((u64)s_amin << 32)))
         bad = true;
     if (__syncthreads_or(bad)) {
-        if (t == 0) roll_flag(flags, flagged);
+        if (t == 0) roll_flag(flags, flagged, roll_flag_tiles(n, emit_from));
         return;
     }
 
@@ -1234,7 +1272,7 @@ __device__ __forceinline__ void roll_tile(const i64* ts, const i64* key, const d
         roll_bounds_reduce(need_mm, top, lp0, hp, sh);
     }
     if (__syncthreads_or(over)) {
-        if (t == 0) roll_flag(flags, flagged);
+        if (t == 0) roll_flag(flags, flagged, roll_flag_tiles(n, emit_from));
         return;
     }
 
@@ -1506,23 +1544,23 @@ __device__ __forceinline__ void roll_tile(const i64* ts, const i64* key, const d
 // The tile pass, one entry point per key case so that each gets its own
 // register allocation (the keyed walks need more registers than the
 // unkeyed index; in one function they made both spill).
-extern "C" __global__ void __launch_bounds__(ROLL_THREADS, 2)
+extern "C" __global__ void __launch_bounds__(ROLL_THREADS, ROLL_MINB)
 rolling_tile(const i64* ts, const i64* key, const double* v, const u8* valid,
              u64 n, u64 emit_from, i64 window, u32 closed,
              const RollOut out, u32* flags, u32* flagged, const u32* only) {
     __shared__ RollShared sh;
-    if (only && !only[blockIdx.x]) return;
+    if (!roll_only(only, roll_flag_tiles(n, emit_from))) return;
     if (valid) roll_tile<false, true>(ts, key, v, valid, n, emit_from, window, closed, out, flags, flagged, sh);
     else roll_tile<false, false>(ts, key, v, valid, n, emit_from, window, closed, out, flags, flagged, sh);
 }
 
 // The tile pass over input with a key column (sorted by key, then ts).
-extern "C" __global__ void __launch_bounds__(ROLL_THREADS, 2)
+extern "C" __global__ void __launch_bounds__(ROLL_THREADS, ROLL_MINB)
 rolling_tile_keyed(const i64* ts, const i64* key, const double* v, const u8* valid,
                    u64 n, u64 emit_from, i64 window, u32 closed,
                    const RollOut out, u32* flags, u32* flagged, const u32* only) {
     __shared__ RollShared sh;
-    if (only && !only[blockIdx.x]) return;
+    if (!roll_only(only, roll_flag_tiles(n, emit_from))) return;
     if (valid) roll_tile<true, true>(ts, key, v, valid, n, emit_from, window, closed, out, flags, flagged, sh);
     else roll_tile<true, false>(ts, key, v, valid, n, emit_from, window, closed, out, flags, flagged, sh);
 }

@@ -62,36 +62,63 @@ pub enum KernelError {
     },
 }
 
-/// Which compilation of `kernels.cu`: the tile pass's region size is a
-/// compile-time constant (`ROLL_CAP`), so long windows get a module of
+/// Which compilation of `kernels.cu`: the tile pass's geometry (region,
+/// tile, block) is compile-time constant, so long windows get a module of
 /// their own, compiled on first use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Build {
-    /// Every kernel, with the default region.
+    /// Every kernel; the tile pass on 1024-row tiles, blocks of 256, four
+    /// an SM, a lookback of 448 rows.
     Default,
-    /// The same source with a larger tile region (`-DROLL_CAP=3456`), for
-    /// the tiles whose windows the default region cannot hold.
+    /// The same source with 2048-row tiles, blocks of 512, two an SM and a
+    /// larger region (a lookback of 1344 rows), for the tiles whose windows
+    /// the default region cannot hold.
     LongWindows,
 }
 
+/// Output rows per flag of the tile passes (`ROLL_FLAG_TILE`): the
+/// default tile. Every build reads and writes flags at this grain.
+pub const FLAG_TILE_ROWS: usize = 1024;
+
 impl Build {
     /// Region rows a tile block holds (`ROLL_CAP`: halo, tile and ties
-    /// past it): lookback up to 448 rows by default, 1344 for long
-    /// windows. The larger region's shared memory costs the default case
-    /// ~5% on an H200 (a smaller L1), so it only takes the tiles the
-    /// default build leaves.
+    /// past it). The larger region's shared memory would cost the default
+    /// case (fewer blocks an SM, a smaller L1), so it only takes the tiles
+    /// the default build leaves.
     pub fn region_rows(self) -> usize {
         match self {
-            Build::Default => 2560,
+            Build::Default => 1536,
             Build::LongWindows => 3456,
         }
     }
 
-    /// NVRTC options beyond the common ones.
+    /// Output rows per block of the tile pass (`ROLL_TILE`).
+    pub fn tile_rows(self) -> usize {
+        match self {
+            Build::Default => FLAG_TILE_ROWS,
+            Build::LongWindows => 2 * FLAG_TILE_ROWS,
+        }
+    }
+
+    /// Threads per block of the tile pass (`ROLL_THREADS`; 4 rows each).
+    pub fn tile_threads(self) -> u32 {
+        match self {
+            Build::Default => 256,
+            Build::LongWindows => 512,
+        }
+    }
+
+    /// NVRTC options beyond the common ones (the source's defaults are
+    /// the default build's).
     fn defines(self) -> Vec<String> {
         match self {
             Build::Default => Vec::new(),
-            Build::LongWindows => vec![format!("-DROLL_CAP={}", self.region_rows())],
+            Build::LongWindows => vec![
+                format!("-DROLL_CAP={}", self.region_rows()),
+                format!("-DROLL_TILE={}", self.tile_rows()),
+                format!("-DROLL_THREADS={}", self.tile_threads()),
+                "-DROLL_MINB=2".into(),
+            ],
         }
     }
 }

@@ -5,7 +5,7 @@
 //! Two passes (see `kernels.cu`):
 //!
 //! ```text
-//!   tiles:    one block per 2048 output rows; the rows and the lookback
+//!   tiles:    one block per 1024 output rows; the rows and the lookback
 //!             its windows need (up to 448 rows) in shared memory; window
 //!             bounds by lookups in a bucket index of the region's order
 //!             values (with a key column, or a gap too wide for the index:
@@ -17,9 +17,9 @@
 //!             it is built. Outputs row-parallel and coalesced: one read
 //!             of the inputs, one write of the outputs.
 //!   long:     the same pass compiled with a larger region (lookback up
-//!             to 1344 rows, `Build::LongWindows`), only over the tiles
-//!             the first one flagged; 6-7x faster than the general pass
-//!             on windows of 700-1200 rows (H200)
+//!             to 1344 rows) on 2048-row tiles (`Build::LongWindows`), only
+//!             over the tiles the first one flagged; 6-7x faster than the
+//!             general pass on windows of 700-1200 rows (H200)
 //!   general:  only for tiles both tile passes flag (a window longer than
 //!             the larger region, a long run of one ts, a NaN, an
 //!             infinity, magnitudes 2^40 apart): level 1 = aggregates of
@@ -42,7 +42,7 @@ use std::sync::Arc;
 use braid_core::cuda::cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
 use braid_core::cuda::{DeviceBuffer, Gpu};
 
-use super::launch::{Build, KernelError, Kernels, grid, launched};
+use super::launch::{Build, FLAG_TILE_ROWS, KernelError, Kernels, grid, launched};
 use super::ops::{mark_written, wait_inputs};
 use crate::rolling::{Agg, Closed};
 
@@ -52,21 +52,16 @@ const FAN: usize = 32;
 const ENTRY: usize = 64;
 /// Levels the query kernel can hold, level 0 (rows) included.
 const MAX_LEVELS: usize = 8;
-/// Output rows per block of the shared-memory pass (`ROLL_TILE`).
-const TILE: usize = 2048;
 /// The shared memory `rolling_tile` needs: per region row (and one past
 /// it) the value, two 8-byte slots (ts and key, then the double-double
 /// prefix, then the min/max table) and a prefix count; per tile row the
 /// window bounds. The ts/key arrays are padded by one slot per 16 and the
 /// bounds by one per 32 (`ROLL_PT`, `ROLL_PW`).
 fn tile_shared_bytes(build: Build) -> usize {
-    let cap = build.region_rows();
+    let (cap, tile) = (build.region_rows(), build.tile_rows());
     let slots = cap + (cap >> 4) + 2;
-    3 * slots * 8 + slots * 4 + (TILE + (TILE >> 5)) * 4
+    3 * slots * 8 + slots * 4 + (tile + (tile >> 5)) * 4
 }
-
-/// Threads per block of the shared-memory pass (4 rows each).
-const TILE_THREADS: u32 = 512;
 
 /// The tile pass's output pointers (`RollOut` in `kernels.cu`): values
 /// per slot, then validity per slot; 0 where not wanted. Passed by value,
@@ -121,7 +116,8 @@ impl Pass<'_> {
     /// One tile pass: the default build over every tile (`after` None), or
     /// the long-window build over the tiles `after` flags. Returns the
     /// flags of the tiles it left, `None` when it left none (read back:
-    /// one small device-to-host copy).
+    /// one small device-to-host copy). `tiles` counts flag tiles
+    /// ([`FLAG_TILE_ROWS`] rows each), whatever the build's tile.
     fn tiles(
         &self,
         reads: &[&DeviceBuffer],
@@ -181,9 +177,10 @@ impl Pass<'_> {
             .arg(&fp)
             .arg(&cp)
             .arg(&op);
+        let blocks = tiles.div_ceil(build.tile_rows() / FLAG_TILE_ROWS);
         let cfg = LaunchConfig {
-            grid_dim: (tiles as u32, 1, 1),
-            block_dim: (TILE_THREADS, 1, 1),
+            grid_dim: (blocks as u32, 1, 1),
+            block_dim: (build.tile_threads(), 1, 1),
             shared_mem_bytes: shared as u32,
         };
         // SAFETY: every pointer is a live buffer of the checked sizes; the
@@ -409,7 +406,7 @@ pub fn rolling(
                 written.push(ok);
             }
         }
-        let tiles = rows.div_ceil(TILE);
+        let tiles = rows.div_ceil(FLAG_TILE_ROWS);
         let mut reads: Vec<&DeviceBuffer> = vec![input.ts, input.values];
         reads.extend(input.key);
         reads.extend(input.valid);
