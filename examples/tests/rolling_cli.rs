@@ -395,6 +395,21 @@ fn have_oracle() -> bool {
         .unwrap_or(false)
 }
 
+/// Whether the oracle can run. Without it a test fails unless the user
+/// chose to skip the oracle tests (`BRAID_SKIP_ORACLE=1`): a missing
+/// python package must not turn them silently green.
+fn oracle_or_skip(what: &str) -> bool {
+    if have_oracle() {
+        return true;
+    }
+    assert!(
+        std::env::var_os("BRAID_SKIP_ORACLE").is_some(),
+        "the {what} needs python3 with duckdb, polars and pyarrow (pip install duckdb polars pyarrow), \
+         or BRAID_SKIP_ORACLE=1 to skip it"
+    );
+    false
+}
+
 fn check(input: &Path, output: &Path, extra: &[&str], engines: &str) {
     let oracle = repo().join("tests/oracle/check_rolling.py");
     let mut args: Vec<String> = vec![
@@ -418,12 +433,7 @@ fn check(input: &Path, output: &Path, extra: &[&str], engines: &str) {
 
 #[test]
 fn oracle_duckdb_and_polars_agree_with_the_job() {
-    assert!(
-        have_oracle() || std::env::var_os("BRAID_SKIP_ORACLE").is_some(),
-        "the oracle test needs python3 with duckdb, polars and pyarrow (pip install duckdb polars pyarrow), \
-         or BRAID_SKIP_ORACLE=1 to skip it"
-    );
-    if !have_oracle() {
+    if !oracle_or_skip("oracle test") {
         return;
     }
     let scratch = Scratch::new("cli-oracle");
@@ -504,11 +514,7 @@ fn oracle_duckdb_and_polars_agree_with_the_job() {
 /// months at every hour, and the same rows as dates, grouped and not.
 #[test]
 fn calendar_windows_agree_with_the_oracle() {
-    if !have_oracle() {
-        assert!(
-            std::env::var_os("BRAID_SKIP_ORACLE").is_some(),
-            "the oracle test needs python3 with duckdb, polars and pyarrow, or BRAID_SKIP_ORACLE=1"
-        );
+    if !oracle_or_skip("calendar oracle test") {
         return;
     }
     let scratch = Scratch::new("cli-calendar");
@@ -587,11 +593,7 @@ df.with_columns(pl.col("ts").dt.date()).write_parquet(sys.argv[2])
 /// repeatable; `BRAID_FUZZ_SEED` and `BRAID_FUZZ_CASES` explore further.
 #[test]
 fn random_cases_agree_with_the_oracle() {
-    if !have_oracle() {
-        assert!(
-            std::env::var_os("BRAID_SKIP_ORACLE").is_some(),
-            "the fuzz test needs python3 with duckdb, polars and pyarrow, or BRAID_SKIP_ORACLE=1"
-        );
+    if !oracle_or_skip("fuzz test") {
         return;
     }
     let scratch = Scratch::new("cli-fuzz");
