@@ -228,10 +228,12 @@ fn duration(s: &str) -> Result<(u32, i128), String> {
             "w" | "week" | "weeks" => 604_800_000_000_000,
             calendar @ ("mo" | "mon" | "mons" | "month" | "months" | "q" | "quarter"
             | "quarters" | "y" | "yr" | "yrs" | "year" | "years") => {
-                let per: u32 = match calendar.as_bytes()[0] {
-                    b'm' => 1,
-                    b'q' => 3,
-                    _ => 12,
+                let per: u32 = if calendar.starts_with('q') {
+                    3
+                } else if calendar.starts_with('y') {
+                    12
+                } else {
+                    1
                 };
                 let n: u32 = num.parse().map_err(|_| {
                     format!("window {s:?}: {num}{unit} is not a whole number of months")
