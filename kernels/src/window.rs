@@ -92,7 +92,8 @@ impl Window {
     }
 
     /// `t - w`, or `None` when it lies below `i64::MIN` (the window has no
-    /// lower edge). Never decreases as `t` grows.
+    /// lower edge). For a fixed window it never decreases as `t` grows; a
+    /// calendar window's can, at a clamped month end (see [`Window::reach`]).
     pub fn lower(self, t: i64) -> Option<i64> {
         match self {
             Window::Fixed(w) => t.checked_sub(w),

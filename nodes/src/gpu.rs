@@ -88,11 +88,6 @@ pub fn check_gpu_spec(
     schema: &Schema,
     columns: Columns,
 ) -> Result<(), DataError> {
-    if spec.window.fixed().is_none() {
-        return Err(DataError::Invalid(
-            "calendar windows (months, quarters, years) run on the CPU only; use --device cpu or a fixed window such as 30d".into(),
-        ));
-    }
     if columns == Columns::AllOnDevice {
         for f in schema.fields() {
             if braid_core::cuda::device_width(f.data_type()).is_none() {
@@ -976,11 +971,7 @@ async fn roll(
             valid: c.valid.as_ref(),
             emit_from: ghost,
         };
-        let window = spec
-            .window
-            .fixed()
-            .ok_or_else(|| fail("calendar windows run on the CPU only"))?;
-        for col in rolling(&gpu, input, window, spec.closed, &spec.aggs).map_err(fail)? {
+        for col in rolling(&gpu, input, spec.window, spec.closed, &spec.aggs).map_err(fail)? {
             aggs.push(DeviceColumn {
                 data: col.values,
                 valid: col.valid,

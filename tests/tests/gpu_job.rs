@@ -4,6 +4,7 @@
 //! to an f64 one with nulls, unsorted input spread unevenly (a rank with
 //! no rows), ties in ts; N in {1, 2, 3, 4, 5, 8} ranks as threads (ranks
 //! beyond the host's GPUs share them, through the host-staged transport).
+//! Calendar windows (months back on timestamp and date columns) too.
 //! A second test groups by a string column with nulls and carries columns
 //! that have no device form (strings, a null-keyed integer group). Without
 //! a GPU the tests say they skipped and pass.
@@ -13,11 +14,13 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use arrow_array::{
-    Array, Decimal128Array, Float64Array, Int32Array, Int64Array, RecordBatch, StringArray,
+    Array, Date32Array, Decimal128Array, Float64Array, Int32Array, Int64Array, RecordBatch,
+    StringArray, TimestampMillisecondArray,
 };
-use arrow_schema::{DataType, Field, Schema, SchemaRef};
+use arrow_schema::{DataType, Field, Schema, SchemaRef, TimeUnit};
 use braid_core::{MemoryLimits, WorldSpec};
 use braid_kernels::rolling::{Agg, Closed};
+use braid_kernels::{CalendarUnit, Window};
 use braid_nodes::job::{Device, Output, RollingJob};
 use braid_nodes::rolling::RollingSpec;
 use braid_nodes::sink::CollectSink;
@@ -342,5 +345,124 @@ fn gpu_job_groups_by_strings_and_keeps_host_columns() {
             }
         }
         eprintln!("gpu job with string and null-keyed groups = cpu job on {n} GPUs");
+    }
+}
+
+/// Rank r's share of rows dated over `span` days from 2023-01-01, half of
+/// them on the 28th to the 31st of a month (where a month back clamps),
+/// the order column a millisecond timestamp (`share_ms`) or a date
+/// (`share_days`).
+fn share_dated(
+    seed: u64,
+    rows: usize,
+    span: u64,
+    r: usize,
+    n: usize,
+    order: DataType,
+) -> RecordBatch {
+    use chrono::Datelike;
+    let mut g = SplitMix(seed);
+    let (mut id, mut ts, mut key, mut v) = (vec![], vec![], vec![], vec![]);
+    for i in 0..rows {
+        let mut day = 19_358 + g.below(span) as i64;
+        if g.below(2) == 0 {
+            let dom = chrono::NaiveDate::from_num_days_from_ce_opt((day + 719_163) as i32)
+                .unwrap()
+                .day() as i64;
+            if dom < 28 {
+                day += 28 - dom + g.below(4) as i64;
+            }
+        }
+        let t = match order {
+            DataType::Date32 => day,
+            _ => day * 86_400_000 + g.below(86_400_000) as i64,
+        };
+        let k = g.below(5) as i64;
+        let x = (g.below(10) != 0).then(|| g.below(100_000) as f64 / 8.0 - 5000.0);
+        let owner = if n > 2 && i % n == 1 { 0 } else { i % n };
+        if owner == r {
+            id.push(i as i64);
+            ts.push(t);
+            key.push(k);
+            v.push(x);
+        }
+    }
+    let ts: Arc<dyn Array> = match order {
+        DataType::Date32 => Arc::new(Date32Array::from(
+            ts.iter().map(|&d| d as i32).collect::<Vec<_>>(),
+        )),
+        _ => Arc::new(TimestampMillisecondArray::from(ts)),
+    };
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("id", DataType::Int64, false),
+        Field::new("ts", ts.data_type().clone(), false),
+        Field::new("key", DataType::Int64, false),
+        Field::new("v", DataType::Float64, true),
+    ]));
+    RecordBatch::try_new(
+        schema,
+        vec![
+            Arc::new(Int64Array::from(id)),
+            ts,
+            Arc::new(Int64Array::from(key)),
+            Arc::new(Float64Array::from(v)),
+        ],
+    )
+    .unwrap()
+}
+
+fn share_ms(seed: u64, rows: usize, span: u64, r: usize, n: usize) -> RecordBatch {
+    share_dated(
+        seed,
+        rows,
+        span,
+        r,
+        n,
+        DataType::Timestamp(TimeUnit::Millisecond, None),
+    )
+}
+
+fn share_days(seed: u64, rows: usize, span: u64, r: usize, n: usize) -> RecordBatch {
+    share_dated(seed, rows, span, r, n, DataType::Date32)
+}
+
+#[test]
+fn gpu_job_calendar_windows_equal_cpu_job() {
+    let mut g = SplitMix(braid_tests::fresh_seed());
+    for n in counts() {
+        for grouped in [false, true] {
+            for closed in [Closed::Right, Closed::Both, Closed::Left, Closed::None] {
+                for (make, unit, rows, span, months, then) in [
+                    (
+                        share_ms as Make,
+                        CalendarUnit::Millis,
+                        20_000usize,
+                        900u64,
+                        1u32,
+                        0i64,
+                    ),
+                    (share_days, CalendarUnit::Days, 6_000, 2_000, 3, 15),
+                    (share_ms, CalendarUnit::Millis, 3_000, 40, 1, 86_400_000),
+                ] {
+                    let seed = g.next_u64();
+                    let window = Window::Calendar { months, then, unit };
+                    let spec = RollingSpec {
+                        order: "ts".into(),
+                        by: grouped.then(|| "key".to_string()),
+                        values: vec!["v".into()],
+                        window,
+                        closed,
+                        aggs: Agg::ALL.to_vec(),
+                    };
+                    let what = format!(
+                        "{n} GPUs, grouped {grouped}, {closed:?}, {rows} rows over {span} days, {window:?}, seed {seed}"
+                    );
+                    let cpu = run(n, Device::Cpu, &spec, make, seed, rows, span);
+                    let gpu = run(n, Device::Gpu, &spec, make, seed, rows, span);
+                    assert_same(&what, rows, &cpu, &gpu);
+                }
+            }
+        }
+        eprintln!("gpu job = cpu job with calendar windows on {n} GPUs");
     }
 }

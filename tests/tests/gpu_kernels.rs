@@ -12,6 +12,7 @@ use braid_kernels::gpu::{
     order_key_f64, order_key_i64, radix_sort, rolling,
 };
 use braid_kernels::rolling::{Agg, Closed, rolling as cpu_rolling, rolling_segments};
+use braid_kernels::{CalendarUnit, Window};
 use braid_tests::SplitMix;
 
 const SIZES: [usize; 9] = [0, 1, 2, 255, 257, 4095, 4097, 100_003, 3_000_001];
@@ -781,6 +782,181 @@ fn rolling_edges_match_cpu() {
             for (a, b) in got.iter().zip(&want.columns) {
                 check_agg(a, b, &what);
             }
+        }
+    }
+}
+
+/// Sorted order values in `unit`s, `per_day` rows a day on average over
+/// about three years from 2022 (or from the given day), half of them on
+/// the 28th to the 31st of a month (where the edge of a month back is
+/// clamped and can move back), at random times of day.
+fn calendar_ts(
+    g: &mut SplitMix,
+    n: usize,
+    per_day: f64,
+    unit: CalendarUnit,
+    from_day: i64,
+) -> Vec<i64> {
+    let span = ((n as f64 / per_day).ceil() as u64).max(1);
+    let mut ts: Vec<i64> = (0..n)
+        .map(|_| {
+            let mut day = from_day + g.below(span) as i64;
+            if g.below(2) == 0 {
+                // Move to day 28-31 of its month (or into the next).
+                let dom = day_of_month(day);
+                if dom < 28 {
+                    day += 28 - dom as i64 + g.below(4) as i64;
+                }
+            }
+            let per = unit.per_day();
+            day * per + g.below(per as u64) as i64
+        })
+        .collect();
+    ts.sort_unstable();
+    ts
+}
+
+/// Day of month of a day count since 1970-01-01 (chrono's calendar, not
+/// the kernels' formulas).
+fn day_of_month(day: i64) -> u32 {
+    use chrono::Datelike;
+    chrono::NaiveDate::from_num_days_from_ce_opt((day + 719_163) as i32)
+        .expect("a date chrono holds")
+        .day()
+}
+
+#[test]
+fn rolling_calendar_windows_match_cpu() {
+    let Some(gpu) = gpu() else { return };
+    let mut g = SplitMix(braid_tests::fresh_seed());
+    let units = [
+        CalendarUnit::Millis,
+        CalendarUnit::Days,
+        CalendarUnit::Micros,
+        CalendarUnit::Seconds,
+    ];
+    // Rows a day: a month's window of ~15-300 rows (the tile pass), of
+    // ~900-1300 (the long-window pass), of thousands (the general pass).
+    for (i, &(n, per_day)) in [
+        (1usize, 1.0f64),
+        (2, 1.0),
+        (1025, 0.5),
+        (4097, 3.0),
+        (100_003, 10.0),
+        (100_003, 40.0),
+        (300_001, 150.0),
+    ]
+    .iter()
+    .enumerate()
+    {
+        for (c, closed) in [Closed::Right, Closed::Both, Closed::Left, Closed::None]
+            .into_iter()
+            .enumerate()
+        {
+            let unit = units[(i + c) % units.len()];
+            let months = [1u32, 2, 3, 12][g.below(4) as usize];
+            let then = [0, 15 * unit.per_day(), 1][g.below(3) as usize];
+            let window = Window::Calendar { months, then, unit };
+            // Dates before and after 1970 (Days also far back).
+            let from = if unit == CalendarUnit::Days && g.below(2) == 0 {
+                -800_000
+            } else {
+                [18_993i64, -1200][g.below(2) as usize]
+            };
+            let per_day = if unit == CalendarUnit::Days {
+                per_day.min(40.0)
+            } else {
+                per_day
+            };
+            let ts = calendar_ts(&mut g, n, per_day, unit, from);
+            let v: Vec<f64> = (0..n)
+                .map(|_| (g.below(20_001) as f64 - 10_000.0) / 7.0)
+                .collect();
+            let nulls = g.below(2) == 0;
+            let valid: Vec<bool> = (0..n).map(|_| !nulls || g.below(9) != 0).collect();
+            let emit_from = g.below(n as u64 / 4 + 1) as usize;
+            let what = format!(
+                "calendar n = {n}, {per_day} a day, {window:?}, {closed:?}, nulls {nulls}, emit from {emit_from}"
+            );
+            let up = Uploaded::new(&gpu, &ts, &v, &valid);
+            let got = rolling(&gpu, up.input(nulls, emit_from), window, closed, &Agg::ALL).unwrap();
+            let want = cpu_rolling(
+                &ts,
+                &v,
+                nulls.then_some(&valid[..]),
+                window,
+                closed,
+                &Agg::ALL,
+                emit_from,
+            )
+            .unwrap();
+            for (a, b) in got.iter().zip(&want.columns) {
+                check_agg(a, b, &what);
+            }
+            // Grouped: the same rows cut into keys, each its own series.
+            if n >= 2 {
+                let mut key = Vec::with_capacity(n);
+                let mut offsets = vec![0usize];
+                let mut k = -3i64;
+                while key.len() < n {
+                    let len = (1 + g.below(5000) as usize).min(n - key.len());
+                    key.extend(std::iter::repeat_n(k, len));
+                    offsets.push(key.len());
+                    k += 1 + g.below(2) as i64;
+                }
+                let mut gts = Vec::with_capacity(n);
+                for w in offsets.windows(2) {
+                    gts.extend(calendar_ts(&mut g, w[1] - w[0], per_day, unit, from));
+                }
+                let d_ts = DeviceBuffer::from_slice(&gpu, &gts).unwrap();
+                let d_key = DeviceBuffer::from_slice(&gpu, &key).unwrap();
+                let input = RollingInput {
+                    ts: &d_ts,
+                    key: Some(&d_key),
+                    values: &up.v,
+                    valid: nulls.then_some(&up.ok),
+                    emit_from: 0,
+                };
+                let got = rolling(&gpu, input, window, closed, &Agg::ALL).unwrap();
+                let want = rolling_segments(
+                    &gts,
+                    &v,
+                    nulls.then_some(&valid[..]),
+                    &offsets,
+                    window,
+                    closed,
+                    &Agg::ALL,
+                )
+                .unwrap();
+                for (a, b) in got.iter().zip(&want.columns) {
+                    check_agg(a, b, &format!("grouped {what}"));
+                }
+            }
+        }
+    }
+    // Near the ends of i64 (nanoseconds): a month back from the first rows
+    // lies below i64::MIN (no lower edge), from the last ones it does not.
+    for (start, closed) in [
+        (i64::MIN, Closed::Right),
+        (i64::MIN + 5_000_000_000_000_000, Closed::Both),
+        (i64::MAX - 9_000_000_000_000_000, Closed::Left),
+    ] {
+        let n = 3000usize;
+        let mut ts: Vec<i64> = (0..n)
+            .map(|_| start.saturating_add((g.next_u64() >> 2) as i64 % 4_000_000_000_000_000))
+            .collect();
+        ts.sort_unstable();
+        let v: Vec<f64> = (0..n).map(|_| g.below(1000) as f64).collect();
+        let window = Window::Calendar {
+            months: 1,
+            then: 0,
+            unit: CalendarUnit::Nanos,
+        };
+        let up = Uploaded::new(&gpu, &ts, &v, &vec![true; n]);
+        let got = rolling(&gpu, up.input(false, 0), window, closed, &Agg::ALL).unwrap();
+        let want = cpu_rolling(&ts, &v, None, window, closed, &Agg::ALL, 0).unwrap();
+        for (a, b) in got.iter().zip(&want.columns) {
+            check_agg(a, b, &format!("nanoseconds from {start}, {closed:?}"));
         }
     }
 }

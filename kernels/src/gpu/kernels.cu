@@ -590,14 +590,117 @@ __device__ I roll_upper(const i64* ts, const i64* key, I end, I i, i64 k, i64 x)
     return lo;
 }
 
-// The smallest ts inside the window of a row at t (window >= 0); *empty
+// How far back a row's window reaches (braid_kernels::window::Window):
+// `len` units back (a fixed window: months 0), or `months` calendar months
+// back on the civil date (the day clamped to the month's end, the time of
+// day kept), then `len` units more, on a column with `per` units a day.
+// Passed by value (the constant bank); `months` is the same for every
+// thread, so a fixed window pays one uniform branch for the choice.
+struct RollWin {
+    i64 len;
+    i64 per;
+    u32 months;
+    u32 pad;
+};
+
+__device__ __forceinline__ i64 roll_floor_div(i64 a, i64 b) {
+    i64 q = a / b;
+    return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
+}
+
+// Days since 1970-01-01 of a proleptic Gregorian date, and back (H.
+// Hinnant's algorithms, as window.rs; i64 holds every day count of an i64
+// order column and its year).
+__device__ i64 roll_days_from_civil(i64 y, u32 m, u32 d) {
+    if (m <= 2) y -= 1;
+    i64 era = roll_floor_div(y, 400);
+    i64 yoe = y - era * 400;
+    i64 mp = (i64)((m + 9) % 12);
+    i64 doy = (153 * mp + 2) / 5 + (i64)d - 1;
+    i64 doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    return era * 146097 + doe - 719468;
+}
+
+__device__ void roll_civil_from_days(i64 z, i64* y, u32* m, u32* d) {
+    z += 719468;
+    i64 era = roll_floor_div(z, 146097);
+    i64 doe = z - era * 146097;
+    i64 yoe = (doe - doe / 1460 + doe / 36524 - doe / 146096) / 365;
+    i64 doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    i64 mp = (5 * doy + 2) / 153;
+    *d = (u32)(doy - (153 * mp + 2) / 5 + 1);
+    *m = (u32)(mp < 10 ? mp + 3 : mp - 9);
+    i64 yy = yoe + era * 400;
+    *y = *m <= 2 ? yy + 1 : yy;
+}
+
+// Day `day` moved `months` calendar months back, its day of month clamped
+// to the target month's last.
+__device__ i64 roll_days_back(i64 day, u32 months) {
+    i64 y;
+    u32 m, d;
+    roll_civil_from_days(day, &y, &m, &d);
+    i64 total = y * 12 + (i64)(m - 1) - (i64)months;
+    i64 y2 = roll_floor_div(total, 12);
+    u32 m2 = (u32)(total - y2 * 12) + 1;
+    bool leap = (y2 % 4 == 0 && y2 % 100 != 0) || y2 % 400 == 0;
+    u32 dim = m2 == 2 ? (leap ? 29u : 28u) : (m2 == 4 || m2 == 6 || m2 == 9 || m2 == 11) ? 30u : 31u;
+    return roll_days_from_civil(y2, m2, d < dim ? d : dim);
+}
+
+// day * per + tod - len, given tod in [0, per), len >= 0 and day * per +
+// tod <= i64::MAX (day is at most the row's own day); *none when that lies
+// below i64::MIN (the window has no lower edge), computed without
+// overflowing.
+__device__ i64 roll_cal_edge(i64 day, i64 tod, i64 per, i64 len, bool* none) {
+    const i64 MIN = (i64)0x8000000000000000LL;
+    *none = false;
+    i64 q = MIN / per;  // truncated: q * per >= MIN
+    i64 a;
+    if (day >= q) {
+        a = day * per + tod;
+    } else if (day + 1 == q) {
+        a = q * per + tod;
+        if (a < MIN + per) { *none = true; return MIN; }
+        a -= per;
+    } else {
+        *none = true;
+        return MIN;
+    }
+    if (a < MIN + len) { *none = true; return MIN; }
+    return a - len;
+}
+
+// A calendar window's edge t - w (reach: of the start of t's day, which
+// bounds the edge of every later row; see Window::reach).
+__device__ i64 roll_cal_lower(i64 t, const RollWin& w, bool reach, bool* none) {
+    i64 day = roll_floor_div(t, w.per);
+    i64 tod = reach ? 0 : t - day * w.per;
+    return roll_cal_edge(roll_days_back(day, w.months), tod, w.per, w.len, none);
+}
+
+// The smallest ts inside the window of a row at t (len >= 0); *empty
 // when no row can be inside (window 0 with the lower end open). When
-// t - window is below i64::MIN there is no lower cut at all.
-__device__ __forceinline__ i64 roll_start(i64 t, i64 window, bool incl_lo, bool* empty) {
+// t - w is below i64::MIN there is no lower cut at all. With `reach`, the
+// least such ts of any row at t or later (a calendar window's edge can
+// move back at a clamped month end; a fixed one's never does). CAL: the
+// window may be a calendar one (months != 0); the tile pass compiles its
+// fixed-window entry points without that code (with it their register
+// allocation cost 3-6% at window 64 on an H200).
+template <bool CAL = true>
+__device__ __forceinline__ i64 roll_start(i64 t, const RollWin& w, bool incl_lo, bool* empty,
+                                          bool reach = false) {
     const i64 MIN = (i64)0x8000000000000000LL;
     *empty = false;
-    if (t < MIN + window) return MIN;
-    i64 st = t - window;
+    i64 st;
+    if (!CAL || w.months == 0) {
+        if (t < MIN + w.len) return MIN;
+        st = t - w.len;
+    } else {
+        bool none;
+        st = roll_cal_lower(t, w, reach, &none);
+        if (none) return MIN;
+    }
     if (!incl_lo) {
         if (st == t) *empty = true;
         else st += 1;
@@ -628,7 +731,7 @@ __device__ __forceinline__ void roll_write(const u64* ptrs, u64 r, double cnt, d
 // The general path: every output row of the tiles flagged in `only` (all
 // rows when `only` is null).
 extern "C" __global__ void rolling_window(const i64* ts, const i64* key, const double* v, const u8* valid,
-                                          u64 n, u64 emit_from, i64 window, u32 closed,
+                                          u64 n, u64 emit_from, const RollWin win, u32 closed,
                                           const u64* ptrs, u32 nlevels, const u32* only) {
     GRID_STRIDE(r, n - emit_from) {
         if (only && !only[r / ROLL_FLAG_TILE]) continue;
@@ -639,7 +742,7 @@ extern "C" __global__ void rolling_window(const i64* ts, const i64* key, const d
         bool incl_lo = closed == 1 || closed == 2;
         u64 hi = incl_hi ? roll_upper(ts, key, n, i, k, t) : roll_lower(ts, key, (u64)0, i, k, t);
         bool empty;
-        i64 start = roll_start(t, window, incl_lo, &empty);
+        i64 start = roll_start(t, win, incl_lo, &empty);
         u64 lo = empty ? hi : roll_lower(ts, key, (u64)0, i, k, start);
         RollAcc a;
         a.n = 0; a.sum = 0; a.comp = 0; a.mean = 0; a.mlo = 0; a.m2 = 0;
@@ -1069,9 +1172,9 @@ __device__ __forceinline__ void roll_bounds_reduce(bool need_mm, u32 top, u32 lm
 }
 
 // The tile pass for one case: KEY, a key column; NUL, a validity column.
-template <bool KEY, bool NUL>
+template <bool KEY, bool NUL, bool CAL>
 __device__ __forceinline__ void roll_tile(const i64* ts, const i64* key, const double* v, const u8* valid,
-                                          u64 n, u64 emit_from, i64 window, u32 closed,
+                                          u64 n, u64 emit_from, const RollWin win, u32 closed,
                                           const RollOut& out, u32* flags, u32* flagged, RollShared& sh) {
     const u32 T = ROLL_THREADS, R = ROLL_R;
     constexpr int KM = KEY ? 1 : 2;
@@ -1150,12 +1253,14 @@ __device__ __forceinline__ void roll_tile(const i64* ts, const i64* key, const d
         lo_row = from;
         __syncthreads();
         if (t == 0) {
-            // Does row a's window start before the first loaded row?
+            // Can the window of row a, or of a later row (a calendar
+            // window's edge moves back at most to the start of a's day),
+            // start before the first loaded row?
             u32 f = (u32)(ROLL_OFF - h);
             i64 t0 = s_ts[ROLL_PT(ROLL_OFF)];
             i64 k0 = KEY ? s_key[ROLL_PT(ROLL_OFF)] : 0;
             bool empty0;
-            i64 st = roll_start(t0, window, incl_lo, &empty0);
+            i64 st = roll_start<CAL>(t0, win, incl_lo, &empty0, true);
             bool more = false;
             if (h < a && !empty0) more = !roll_before<true, KM>(s_ts, s_key, f, k0, st);
             s_halo = more ? 1u : 0u;
@@ -1227,7 +1332,7 @@ __device__ __forceinline__ void roll_tile(const i64* ts, const i64* key, const d
                 if (r >= rows) break;
                 i64 ti = s_ts[ROLL_PT(ROLL_OFF + r)];
                 bool empty;
-                i64 st = roll_start(ti, window, incl_lo, &empty);
+                i64 st = roll_start<CAL>(ti, win, incl_lo, &empty);
                 u32 hp = incl_hi ? (ti == MAX ? end : roll_lb(s_ts, first, base, end, t0, tl, shift, ti + 1))
                                  : roll_lb(s_ts, first, base, end, t0, tl, shift, ti);
                 u32 lp = empty ? hp : roll_lb(s_ts, first, base, end, t0, tl, shift, st);
@@ -1243,14 +1348,14 @@ __device__ __forceinline__ void roll_tile(const i64* ts, const i64* key, const d
     if (walks) {
         u32 r0 = ROLL_OFF + t * R;            // region index of the first own row
         u32 nact = t * R >= rows ? 0 : (rows - t * R < R ? rows - t * R : R);
-        u32 hp = 0, lp = 0, top = 0, lp0 = 0xFFFFFFFFu;
+        u32 hp = 0, lp = 0, top = 0, lmn = 0xFFFFFFFFu;
 #pragma unroll 1
         for (u32 j = 0; j < nact; j++) {
             u32 ri = r0 + j;
             i64 ti = s_ts[ROLL_PT(ri)];
             i64 ki = KEY ? s_key[ROLL_PT(ri)] : 0;
             bool empty;
-            i64 st = roll_start(ti, window, incl_lo, &empty);
+            i64 st = roll_start<CAL>(ti, win, incl_lo, &empty);
             if (j == 0) {
                 hp = incl_hi ? roll_upper<true, KM>(s_ts, s_key, end, ri, ki, ti) : roll_lower<true, KM>(s_ts, s_key, base, ri, ki, ti);
                 lp = empty ? hp : roll_lower<true, KM>(s_ts, s_key, base, ri, ki, st);
@@ -1261,15 +1366,24 @@ __device__ __forceinline__ void roll_tile(const i64* ts, const i64* key, const d
                 } else {
                     while (hp < ri && roll_before<true, KM>(s_ts, s_key, hp, ki, ti)) hp++;
                 }
-                if (empty) lp = hp;
-                else while (lp < ri && roll_before<true, KM>(s_ts, s_key, lp, ki, st)) lp++;
+                if (empty) {
+                    lp = hp;
+                } else {
+                    while (lp < ri && roll_before<true, KM>(s_ts, s_key, lp, ki, st)) lp++;
+                    // A calendar window's edge can move back (a clamped
+                    // month end), never below the region's first row (the
+                    // halo check above reached back for it).
+                    if (CAL)
+                        while (lp > base && !roll_before<true, KM>(s_ts, s_key, lp - 1, ki, st)) lp--;
+                }
             }
             if (hp == end && e < n) over = true;  // ties past the region
             s_win[ROLL_PW(t * R + j)] = lp | (hp << 16);
             if (hp - lp >= 2) top = max(top, 31u - __clz(hp - lp));
-            if (j == 0) lp0 = lp;
+            // (Fixed windows: lp never moves back, the first is least.)
+            if (CAL || j == 0) lmn = min(lmn, lp);
         }
-        roll_bounds_reduce(need_mm, top, lp0, hp, sh);
+        roll_bounds_reduce(need_mm, top, lmn, hp, sh);
     }
     if (__syncthreads_or(over)) {
         if (t == 0) roll_flag(flags, flagged, roll_flag_tiles(n, emit_from));
@@ -1541,29 +1655,30 @@ __device__ __forceinline__ void roll_tile(const i64* ts, const i64* key, const d
     }
 }
 
-// The tile pass, one entry point per key case so that each gets its own
-// register allocation (the keyed walks need more registers than the
-// unkeyed index; in one function they made both spill).
-extern "C" __global__ void __launch_bounds__(ROLL_THREADS, ROLL_MINB)
-rolling_tile(const i64* ts, const i64* key, const double* v, const u8* valid,
-             u64 n, u64 emit_from, i64 window, u32 closed,
-             const RollOut out, u32* flags, u32* flagged, const u32* only) {
-    __shared__ RollShared sh;
-    if (!roll_only(only, roll_flag_tiles(n, emit_from))) return;
-    if (valid) roll_tile<false, true>(ts, key, v, valid, n, emit_from, window, closed, out, flags, flagged, sh);
-    else roll_tile<false, false>(ts, key, v, valid, n, emit_from, window, closed, out, flags, flagged, sh);
-}
+// The tile pass, one entry point per key case and window kind (fixed or
+// calendar) so that each gets its own register allocation (the keyed
+// walks need more registers than the unkeyed index; in one function they
+// made both spill).
+#define ROLL_TILE_ENTRY(NAME, KEY, CAL)                                                              \
+    extern "C" __global__ void __launch_bounds__(ROLL_THREADS, ROLL_MINB)                           \
+    NAME(const i64* ts, const i64* key, const double* v, const u8* valid, u64 n, u64 emit_from,      \
+         const RollWin win, u32 closed, const RollOut out, u32* flags, u32* flagged,                 \
+         const u32* only) {                                                                          \
+        __shared__ RollShared sh;                                                                    \
+        if (!roll_only(only, roll_flag_tiles(n, emit_from))) return;                                 \
+        if (valid)                                                                                   \
+            roll_tile<KEY, true, CAL>(ts, key, v, valid, n, emit_from, win, closed, out, flags,      \
+                                      flagged, sh);                                                  \
+        else                                                                                         \
+            roll_tile<KEY, false, CAL>(ts, key, v, valid, n, emit_from, win, closed, out, flags,     \
+                                       flagged, sh);                                                 \
+    }
 
-// The tile pass over input with a key column (sorted by key, then ts).
-extern "C" __global__ void __launch_bounds__(ROLL_THREADS, ROLL_MINB)
-rolling_tile_keyed(const i64* ts, const i64* key, const double* v, const u8* valid,
-                   u64 n, u64 emit_from, i64 window, u32 closed,
-                   const RollOut out, u32* flags, u32* flagged, const u32* only) {
-    __shared__ RollShared sh;
-    if (!roll_only(only, roll_flag_tiles(n, emit_from))) return;
-    if (valid) roll_tile<true, true>(ts, key, v, valid, n, emit_from, window, closed, out, flags, flagged, sh);
-    else roll_tile<true, false>(ts, key, v, valid, n, emit_from, window, closed, out, flags, flagged, sh);
-}
+// Input without a key column, and with one (sorted by key, then ts).
+ROLL_TILE_ENTRY(rolling_tile, false, false)
+ROLL_TILE_ENTRY(rolling_tile_keyed, true, false)
+ROLL_TILE_ENTRY(rolling_tile_cal, false, true)
+ROLL_TILE_ENTRY(rolling_tile_keyed_cal, true, true)
 
 // ---------------------------------------------------------------------------
 // NVLink SendRecv: SMs copy through staging slots in the receiver's memory.

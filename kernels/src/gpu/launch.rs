@@ -151,6 +151,8 @@ const ENTRY_POINTS: &[&str] = &[
     "rolling_window",
     "rolling_tile",
     "rolling_tile_keyed",
+    "rolling_tile_cal",
+    "rolling_tile_keyed_cal",
     "nvlink_sendrecv",
     "iota_u32",
 ];

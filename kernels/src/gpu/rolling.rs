@@ -36,6 +36,12 @@
 //! which is why tiles with magnitudes far apart go to the general pass (it
 //! only merges). Rows sorted by (key, ts) with a key column make every
 //! group its own series: a window never crosses a key boundary.
+//!
+//! Calendar windows ([`Window::Calendar`]: `1mo`, `1q`, ...) take the same
+//! passes: each row's edge comes from civil-date arithmetic on the device
+//! (as `crate::window`), and a tile reaches back to the edge of the start
+//! of its first row's day, which bounds every later row's edge (at a
+//! clamped month end an edge moves back).
 
 use std::sync::Arc;
 
@@ -45,6 +51,7 @@ use braid_core::cuda::{DeviceBuffer, Gpu};
 use super::launch::{Build, FLAG_TILE_ROWS, KernelError, Kernels, grid, launched};
 use super::ops::{mark_written, wait_inputs};
 use crate::rolling::{Agg, Closed};
+use crate::window::Window;
 
 /// Entries merged into one of the next level.
 const FAN: usize = 32;
@@ -73,11 +80,45 @@ struct TileOutputs([u64; 14]);
 // SAFETY: plain old data, laid out as the kernel's `RollOut`.
 unsafe impl DeviceRepr for TileOutputs {}
 
+/// A window as the kernels take it (`RollWin` in `kernels.cu`): a fixed
+/// length (`months` 0), or calendar months then a fixed part, on a column
+/// with `per` units a day. Passed by value.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+struct KernelWindow {
+    len: i64,
+    per: i64,
+    months: u32,
+    pad: u32,
+}
+
+// SAFETY: plain old data, laid out as the kernel's `RollWin`.
+unsafe impl DeviceRepr for KernelWindow {}
+
+impl From<Window> for KernelWindow {
+    fn from(w: Window) -> Self {
+        match w {
+            Window::Fixed(len) => KernelWindow {
+                len,
+                per: 1,
+                months: 0,
+                pad: 0,
+            },
+            Window::Calendar { months, then, unit } => KernelWindow {
+                len: then,
+                per: unit.per_day(),
+                months,
+                pad: 0,
+            },
+        }
+    }
+}
+
 /// One call's launches.
 struct Pass<'a> {
     gpu: &'a Arc<Gpu>,
     input: RollingInput<'a>,
-    window: i64,
+    window: KernelWindow,
     closed: u32,
     /// Where the outputs go (the general pass puts its level pointers in
     /// front of them in its own table).
@@ -136,10 +177,12 @@ impl Pass<'_> {
         let mut flagged = DeviceBuffer::alloc(self.gpu, 4)?;
         flagged.fill(0)?;
         let k = Kernels::get_build(self.gpu, build)?;
-        let name = if self.input.key.is_some() {
-            "rolling_tile_keyed"
-        } else {
-            "rolling_tile"
+        // Fixed windows have entry points without the calendar code.
+        let name = match (self.input.key.is_some(), self.window.months != 0) {
+            (false, false) => "rolling_tile",
+            (true, false) => "rolling_tile_keyed",
+            (false, true) => "rolling_tile_cal",
+            (true, true) => "rolling_tile_keyed_cal",
         };
         let f = k.func(rank, name)?;
         let shared = tile_shared_bytes(build);
@@ -336,17 +379,19 @@ fn code(c: Closed) -> u32 {
     }
 }
 
-/// Rolling aggregations of `input` over windows of length `window`; one
-/// column per entry of `aggs` (a repeated aggregation is computed once and
-/// copied). The caller guarantees the sort order (the kernel does not
-/// check it; the job sorts on the device right before).
+/// Rolling aggregations of `input` over `window` (a fixed length, `1000`
+/// or `Window::Fixed(1000)`, or calendar months); one column per entry of
+/// `aggs` (a repeated aggregation is computed once and copied). The caller
+/// guarantees the sort order (the kernel does not check it; the job sorts
+/// on the device right before).
 pub fn rolling(
     gpu: &Arc<Gpu>,
     input: RollingInput<'_>,
-    window: i64,
+    window: impl Into<Window>,
     closed: Closed,
     aggs: &[Agg],
 ) -> Result<Vec<GpuAggColumn>, KernelError> {
+    let window: Window = window.into();
     let rank = gpu.rank();
     let bad = |detail: String| KernelError::Invalid {
         rank,
@@ -366,8 +411,8 @@ pub fn rolling(
             "key or validity length differs from the {n} rows"
         )));
     }
-    if window < 0 {
-        return Err(bad(format!("window must be >= 0, got {window}")));
+    if window.length() < 0 {
+        return Err(bad(format!("window must be >= 0, got {}", window.length())));
     }
     if input.emit_from > n {
         return Err(bad(format!(
@@ -413,7 +458,7 @@ pub fn rolling(
         let pass = Pass {
             gpu,
             input,
-            window,
+            window: window.into(),
             closed: code(closed),
             outs: TileOutputs(ptrs),
         };

@@ -14,6 +14,7 @@ use braid_core::cuda::{DeviceBuffer, Gpu};
 use braid_examples::median;
 use braid_kernels::gpu::{RollingInput, rolling};
 use braid_kernels::rolling::{Agg, Closed};
+use braid_kernels::{CalendarUnit, Window};
 
 /// Options of `braid-bench gpu-rolling`.
 #[derive(Debug, clap::Args)]
@@ -33,6 +34,12 @@ pub struct GpuRollingArgs {
     /// byte per row for each but count.
     #[arg(long, value_delimiter = ',')]
     aggs: Vec<Agg>,
+    /// Calendar months instead of `--window`: ts counts days, and each
+    /// row's window reaches `M` months back on the calendar (a month holds
+    /// about 20 rows), to compare with a fixed window of as many rows
+    /// (`--window 30`).
+    #[arg(long, default_value_t = 0)]
+    months: u32,
     /// Distinct keys (0: no key column). Rows come sorted by (key, ts):
     /// K runs of n / K rows, each with its own rising ts.
     #[arg(long, default_value_t = 0)]
@@ -81,6 +88,15 @@ pub fn run(a: GpuRollingArgs) -> Result<(), BoxError> {
     } else {
         a.aggs.clone()
     };
+    let window = if a.months > 0 {
+        Window::Calendar {
+            months: a.months,
+            then: 0,
+            unit: CalendarUnit::Days,
+        }
+    } else {
+        Window::Fixed(a.window)
+    };
     let mut kernel = Vec::new();
     for rep in 0..=a.reps.max(1) {
         gpu.stream().synchronize()?;
@@ -92,7 +108,7 @@ pub fn run(a: GpuRollingArgs) -> Result<(), BoxError> {
             valid: None,
             emit_from: 0,
         };
-        let out = rolling(&gpu, input, a.window, Closed::Right, &aggs)?;
+        let out = rolling(&gpu, input, window, Closed::Right, &aggs)?;
         gpu.stream().synchronize()?;
         if rep > 0 {
             kernel.push(t0.elapsed().as_secs_f64());
@@ -132,8 +148,16 @@ pub fn run(a: GpuRollingArgs) -> Result<(), BoxError> {
         } else {
             String::new()
         },
-        a.window,
-        a.window as f64 / 1.5,
+        if a.months > 0 {
+            format!("{} months (days)", a.months)
+        } else {
+            a.window.to_string()
+        },
+        if a.months > 0 {
+            a.months as f64 * 30.44 / 1.5
+        } else {
+            a.window as f64 / 1.5
+        },
         distinct
             .iter()
             .map(|g| g.name())
