@@ -790,15 +790,18 @@ extern "C" __global__ void rolling_window(const i64* ts, const i64* key, const d
 //   1 load     region = [ halo (up to ROLL_OFF rows) | tile | ROLL_EXTRA ]:
 //              ts (and key), values (NaN marks a null); 64 halo rows
 //              first, all of them when the first row's window reaches
-//              further back; values checked as they arrive; each thread's
-//              loads issued together
+//              further back (a calendar window: the edge of the start of
+//              that row's day, below every later row's edge); values
+//              checked as they arrive; each thread's loads issued together
 //   2 bounds   no key column: a bucket index of the region's ts (first
 //              row per bucket, roll_lb), then every row's lo and hi by
 //              lookups, row-parallel; with a key column (or a gap in ts
 //              too wide for the index) each thread walks 4 consecutive
 //              rows: the first window by galloping, the rest by monotone
-//              pointers; the least lo and greatest hi bound every later
-//              pass
+//              pointers (for a calendar window also back, at a clamped
+//              month end); the least lo and greatest hi bound every later
+//              pass. A calendar window's edge: civil-date arithmetic per
+//              row (roll_cal_lower), in entry points of its own
 //   3 sums     exclusive prefix sums over [least lo, greatest hi] in
 //              double-double (odd-length thread chunks, their totals
 //              scanned raked by one warp, see roll_block_scan);
