@@ -240,6 +240,23 @@ pub async fn shutdown_all(ctxs: &[braid_core::Context]) {
 /// Rank counts every multi-rank test covers.
 pub const RANK_COUNTS: [u32; 6] = [1, 2, 3, 4, 5, 8];
 
+/// Day count `day` (days since 1970-01-01) moved to the 28th + `extra`
+/// (0 to 3) of its month when it falls before the 28th, by chrono's
+/// calendar (a day past a short month's end spills into the next): rows
+/// where a month back is clamped, for calendar-window tests. Days outside
+/// chrono's range stay as they are.
+pub fn toward_month_end(day: i64, extra: i64) -> i64 {
+    use chrono::Datelike;
+    let date = day
+        .checked_add(719_163)
+        .and_then(|ce| i32::try_from(ce).ok())
+        .and_then(chrono::NaiveDate::from_num_days_from_ce_opt);
+    match date {
+        Some(d) if d.day() < 28 => day + 28 - i64::from(d.day()) + extra,
+        _ => day,
+    }
+}
+
 /// A fresh seed per run (`BRAID_TEST_SEED` repeats one), printed so that
 /// a failure can be reproduced.
 pub fn fresh_seed() -> u64 {
@@ -291,3 +308,18 @@ impl Drop for Scratch {
 pub mod coll_suite;
 #[cfg(feature = "cuda")]
 pub mod gpu_suite;
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn toward_month_end_lands_on_the_28th_or_later() {
+        // 2024-02-10 is day 19_763; 2024-02-28 is 19_781, 2024-03-02 is 19_784.
+        assert_eq!(super::toward_month_end(19_763, 0), 19_781);
+        assert_eq!(super::toward_month_end(19_763, 3), 19_784);
+        // Already the 29th: unchanged.
+        assert_eq!(super::toward_month_end(19_782, 2), 19_782);
+        // 1969-12-01 (day -31) moves to 1969-12-28 (day -4).
+        assert_eq!(super::toward_month_end(-31, 0), -4);
+        assert_eq!(super::toward_month_end(i64::MAX, 1), i64::MAX);
+    }
+}

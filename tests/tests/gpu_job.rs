@@ -360,18 +360,12 @@ fn share_dated(
     n: usize,
     order: DataType,
 ) -> RecordBatch {
-    use chrono::Datelike;
     let mut g = SplitMix(seed);
     let (mut id, mut ts, mut key, mut v) = (vec![], vec![], vec![], vec![]);
     for i in 0..rows {
         let mut day = 19_358 + g.below(span) as i64;
         if g.below(2) == 0 {
-            let dom = chrono::NaiveDate::from_num_days_from_ce_opt((day + 719_163) as i32)
-                .unwrap()
-                .day() as i64;
-            if dom < 28 {
-                day += 28 - dom + g.below(4) as i64;
-            }
+            day = braid_tests::toward_month_end(day, g.below(4) as i64);
         }
         let t = match order {
             DataType::Date32 => day,

@@ -802,11 +802,7 @@ fn calendar_ts(
         .map(|_| {
             let mut day = from_day + g.below(span) as i64;
             if g.below(2) == 0 {
-                // Move to day 28-31 of its month (or into the next).
-                let dom = day_of_month(day);
-                if dom < 28 {
-                    day += 28 - dom as i64 + g.below(4) as i64;
-                }
+                day = braid_tests::toward_month_end(day, g.below(4) as i64);
             }
             let per = unit.per_day();
             day * per + g.below(per as u64) as i64
@@ -814,15 +810,6 @@ fn calendar_ts(
         .collect();
     ts.sort_unstable();
     ts
-}
-
-/// Day of month of a day count since 1970-01-01 (chrono's calendar, not
-/// the kernels' formulas).
-fn day_of_month(day: i64) -> u32 {
-    use chrono::Datelike;
-    chrono::NaiveDate::from_num_days_from_ce_opt((day + 719_163) as i32)
-        .expect("a date chrono holds")
-        .day()
 }
 
 #[test]
@@ -934,29 +921,60 @@ fn rolling_calendar_windows_match_cpu() {
             }
         }
     }
-    // Near the ends of i64 (nanoseconds): a month back from the first rows
-    // lies below i64::MIN (no lower edge), from the last ones it does not.
-    for (start, closed) in [
-        (i64::MIN, Closed::Right),
-        (i64::MIN + 5_000_000_000_000_000, Closed::Both),
-        (i64::MAX - 9_000_000_000_000_000, Closed::Left),
-    ] {
+    // Near the ends of i64: a month back from the first rows lies below
+    // i64::MIN (no lower edge), from the last ones it does not; day counts
+    // past 2^28 and 2^24 months or more (the kernels' 64-bit date path).
+    let cases = [
+        (CalendarUnit::Nanos, i64::MIN, 1u32, Closed::Right),
+        (
+            CalendarUnit::Nanos,
+            i64::MIN + 5_000_000_000_000_000,
+            1,
+            Closed::Both,
+        ),
+        (
+            CalendarUnit::Nanos,
+            i64::MAX - 9_000_000_000_000_000,
+            1,
+            Closed::Left,
+        ),
+        (CalendarUnit::Seconds, i64::MIN, 1, Closed::None),
+        (
+            CalendarUnit::Seconds,
+            i64::MAX - 4_000_000_000_000_000_000,
+            1 << 25,
+            Closed::Right,
+        ),
+        (
+            CalendarUnit::Millis,
+            -2_000_000_000_000_000_000,
+            13,
+            Closed::Both,
+        ),
+        (CalendarUnit::Days, -100_000, 1 << 24, Closed::Left),
+    ];
+    for (unit, start, months, closed) in cases {
         let n = 3000usize;
+        let span = if unit == CalendarUnit::Days {
+            200_000
+        } else {
+            4_000_000_000_000_000
+        };
         let mut ts: Vec<i64> = (0..n)
-            .map(|_| start.saturating_add((g.next_u64() >> 2) as i64 % 4_000_000_000_000_000))
+            .map(|_| start.saturating_add((g.next_u64() >> 2) as i64 % span))
             .collect();
         ts.sort_unstable();
         let v: Vec<f64> = (0..n).map(|_| g.below(1000) as f64).collect();
         let window = Window::Calendar {
-            months: 1,
+            months,
             then: 0,
-            unit: CalendarUnit::Nanos,
+            unit,
         };
         let up = Uploaded::new(&gpu, &ts, &v, &vec![true; n]);
         let got = rolling(&gpu, up.input(false, 0), window, closed, &Agg::ALL).unwrap();
         let want = cpu_rolling(&ts, &v, None, window, closed, &Agg::ALL, 0).unwrap();
         for (a, b) in got.iter().zip(&want.columns) {
-            check_agg(a, b, &format!("nanoseconds from {start}, {closed:?}"));
+            check_agg(a, b, &format!("{window:?} from {start}, {closed:?}"));
         }
     }
 }

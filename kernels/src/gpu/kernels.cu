@@ -599,63 +599,79 @@ __device__ I roll_upper(const i64* ts, const i64* key, I end, I i, i64 k, i64 x)
 struct RollWin {
     i64 len;
     i64 per;
+    i64 qmin;    // i64::MIN / per, truncated (roll_cal_edge)
+    double inv;  // 1.0 / per (roll_cal_lower)
     u32 months;
     u32 pad;
 };
 
-__device__ __forceinline__ i64 roll_floor_div(i64 a, i64 b) {
-    i64 q = a / b;
+template <typename I>
+__device__ __forceinline__ I roll_floor_div(I a, I b) {
+    I q = a / b;
     return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q;
 }
 
 // Days since 1970-01-01 of a proleptic Gregorian date, and back (H.
-// Hinnant's algorithms, as window.rs; i64 holds every day count of an i64
-// order column and its year).
-__device__ i64 roll_days_from_civil(i64 y, u32 m, u32 d) {
+// Hinnant's algorithms, as window.rs). I = i64 holds every day count of
+// an i64 order column and its year; roll_days_back takes I = int (each
+// division by a constant a multiply, not a 64-bit sequence) where the day
+// count and the months allow.
+template <typename I>
+__device__ __forceinline__ I roll_days_from_civil(I y, u32 m, u32 d) {
     if (m <= 2) y -= 1;
-    i64 era = roll_floor_div(y, 400);
-    i64 yoe = y - era * 400;
-    i64 mp = (i64)((m + 9) % 12);
-    i64 doy = (153 * mp + 2) / 5 + (i64)d - 1;
-    i64 doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    I era = roll_floor_div<I>(y, 400);
+    I yoe = y - era * 400;
+    I mp = (I)((m + 9) % 12);
+    I doy = (153 * mp + 2) / 5 + (I)d - 1;
+    I doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
     return era * 146097 + doe - 719468;
 }
 
-__device__ void roll_civil_from_days(i64 z, i64* y, u32* m, u32* d) {
+template <typename I>
+__device__ __forceinline__ void roll_civil_from_days(I z, I* y, u32* m, u32* d) {
     z += 719468;
-    i64 era = roll_floor_div(z, 146097);
-    i64 doe = z - era * 146097;
-    i64 yoe = (doe - doe / 1460 + doe / 36524 - doe / 146096) / 365;
-    i64 doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    i64 mp = (5 * doy + 2) / 153;
+    I era = roll_floor_div<I>(z, 146097);
+    I doe = z - era * 146097;
+    I yoe = (doe - doe / 1460 + doe / 36524 - doe / 146096) / 365;
+    I doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    I mp = (5 * doy + 2) / 153;
     *d = (u32)(doy - (153 * mp + 2) / 5 + 1);
     *m = (u32)(mp < 10 ? mp + 3 : mp - 9);
-    i64 yy = yoe + era * 400;
+    I yy = yoe + era * 400;
     *y = *m <= 2 ? yy + 1 : yy;
 }
 
-// Day `day` moved `months` calendar months back, its day of month clamped
-// to the target month's last.
-__device__ i64 roll_days_back(i64 day, u32 months) {
-    i64 y;
+template <typename I>
+__device__ __forceinline__ I roll_days_back_in(I day, u32 months) {
+    I y;
     u32 m, d;
-    roll_civil_from_days(day, &y, &m, &d);
-    i64 total = y * 12 + (i64)(m - 1) - (i64)months;
-    i64 y2 = roll_floor_div(total, 12);
+    roll_civil_from_days<I>(day, &y, &m, &d);
+    I total = y * 12 + (I)(m - 1) - (I)months;
+    I y2 = roll_floor_div<I>(total, 12);
     u32 m2 = (u32)(total - y2 * 12) + 1;
     bool leap = (y2 % 4 == 0 && y2 % 100 != 0) || y2 % 400 == 0;
     u32 dim = m2 == 2 ? (leap ? 29u : 28u) : (m2 == 4 || m2 == 6 || m2 == 9 || m2 == 11) ? 30u : 31u;
-    return roll_days_from_civil(y2, m2, d < dim ? d : dim);
+    return roll_days_from_civil<I>(y2, m2, d < dim ? d : dim);
+}
+
+// Day `day` moved `months` calendar months back, its day of month clamped
+// to the target month's last. In 32 bits for days within 2^28 of 1970
+// (735000 years) and fewer than 2^24 months: every intermediate (years
+// times 12, eras times 146097) stays below 2^31.
+__device__ i64 roll_days_back(i64 day, u32 months) {
+    const i64 R = 1LL << 28;
+    if (day > -R && day < R && months < (1u << 24)) return (i64)roll_days_back_in<int>((int)day, months);
+    return roll_days_back_in<i64>(day, months);
 }
 
 // day * per + tod - len, given tod in [0, per), len >= 0 and day * per +
 // tod <= i64::MAX (day is at most the row's own day); *none when that lies
 // below i64::MIN (the window has no lower edge), computed without
 // overflowing.
-__device__ i64 roll_cal_edge(i64 day, i64 tod, i64 per, i64 len, bool* none) {
+__device__ i64 roll_cal_edge(i64 day, i64 tod, i64 per, i64 qmin, i64 len, bool* none) {
     const i64 MIN = (i64)0x8000000000000000LL;
     *none = false;
-    i64 q = MIN / per;  // truncated: q * per >= MIN
+    i64 q = qmin;  // MIN / per, truncated: q * per >= MIN
     i64 a;
     if (day >= q) {
         a = day * per + tod;
@@ -674,9 +690,23 @@ __device__ i64 roll_cal_edge(i64 day, i64 tod, i64 per, i64 len, bool* none) {
 // A calendar window's edge t - w (reach: of the start of t's day, which
 // bounds the edge of every later row; see Window::reach).
 __device__ i64 roll_cal_lower(i64 t, const RollWin& w, bool reach, bool* none) {
-    i64 day = roll_floor_div(t, w.per);
-    i64 tod = reach ? 0 : t - day * w.per;
-    return roll_cal_edge(roll_days_back(day, w.months), tod, w.per, w.len, none);
+    // t's day: for a day count (per 1) t itself; otherwise the quotient
+    // in double, off by at most one from the floor (|t| / per carries less
+    // than 0.1 of error for per >= 86400), then corrected (in u64: day *
+    // per may pass i64::MAX by less than per, and t - day * per is in
+    // [-per, 2 per) either way). An i64 division by a run-time divisor
+    // costs about ten times as much.
+    i64 day = w.per == 1 ? t : (i64)floor((double)t * w.inv);
+    i64 tod = (i64)((u64)t - (u64)day * (u64)w.per);
+    if (tod < 0) {
+        day -= 1;
+        tod += w.per;
+    } else if (tod >= w.per) {
+        day += 1;
+        tod -= w.per;
+    }
+    if (reach) tod = 0;
+    return roll_cal_edge(roll_days_back(day, w.months), tod, w.per, w.qmin, w.len, none);
 }
 
 // The smallest ts inside the window of a row at t (len >= 0); *empty

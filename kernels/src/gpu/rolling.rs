@@ -88,6 +88,10 @@ unsafe impl DeviceRepr for TileOutputs {}
 struct KernelWindow {
     len: i64,
     per: i64,
+    /// `i64::MIN / per`, truncated.
+    qmin: i64,
+    /// `1 / per`.
+    inv: f64,
     months: u32,
     pad: u32,
 }
@@ -101,15 +105,22 @@ impl From<Window> for KernelWindow {
             Window::Fixed(len) => KernelWindow {
                 len,
                 per: 1,
+                qmin: i64::MIN,
+                inv: 1.0,
                 months: 0,
                 pad: 0,
             },
-            Window::Calendar { months, then, unit } => KernelWindow {
-                len: then,
-                per: unit.per_day(),
-                months,
-                pad: 0,
-            },
+            Window::Calendar { months, then, unit } => {
+                let per = unit.per_day();
+                KernelWindow {
+                    len: then,
+                    per,
+                    qmin: i64::MIN / per,
+                    inv: 1.0 / per as f64,
+                    months,
+                    pad: 0,
+                }
+            }
         }
     }
 }
