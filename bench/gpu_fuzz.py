@@ -3,7 +3,7 @@
 
 Each case writes a random CSV input (int64 ts, also near either end of
 i64, or ISO times read as timestamps, or ISO dates read as Date32, with
-duration windows; with ties and
+duration and calendar (`1mo`, `1mo15d`, `2q`) windows; with ties and
 gaps, unsorted; an int, string or float key with nulls (0.0 and -0.0,
 NaN); a float value column with
 nulls and, in some cases, NaN, infinities, huge magnitudes or a large mean
@@ -22,6 +22,7 @@ or fails on one device only.
 
 import argparse
 import csv
+import datetime
 import math
 import os
 import random
@@ -30,14 +31,11 @@ import sys
 
 
 def iso(ms):
-    """Epoch milliseconds as an ISO time (CSV readers infer a timestamp)."""
-    d, r = divmod(ms, 86_400_000)
-    h, r = divmod(r, 3_600_000)
-    m, r = divmod(r, 60_000)
-    sec, milli = divmod(r, 1000)
-    # 2020-01-01 plus d days, within one 28-day month for simplicity.
-    mon, day = divmod(d, 28)
-    return f"{2020 + mon // 12:04d}-{mon % 12 + 1:02d}-{day + 1:02d}T{h:02d}:{m:02d}:{sec:02d}.{milli:03d}"
+    """Milliseconds after 2020-01-01 as an ISO time (CSV readers infer a
+    timestamp), on the real calendar: month ends (29th-31st) included, where
+    a calendar window's month back is clamped."""
+    t = datetime.datetime(2020, 1, 1) + datetime.timedelta(milliseconds=ms)
+    return t.strftime("%Y-%m-%dT%H:%M:%S.") + f"{t.microsecond // 1000:03d}"
 
 
 def gen_input(rng, path, rows, ts_mode="int"):
@@ -150,8 +148,8 @@ def main():
         aggs = rng.sample(["sum", "mean", "min", "max", "count", "std", "var"], rng.randrange(1, 8))
         args = [
             "--input", inp, "--ranks", str(ranks), "--backend", backend,
-            "--window", rng.choice(["1ms", "250ms", "5s", "90s", "1h", "2d"]) if ts_mode == "iso"
-            else rng.choice(["1d", "3d", "36h", "30d", "0", "2"]) if ts_mode == "date"
+            "--window", rng.choice(["1ms", "250ms", "5s", "90s", "1h", "2d", "1mo", "1mo15d"]) if ts_mode == "iso"
+            else rng.choice(["1d", "3d", "36h", "30d", "0", "2", "1mo", "2q"]) if ts_mode == "date"
             else str(rng.choice([0, 1, 10, 1000, 10**6, 10**12])),
             "--closed", rng.choice(["right", "both", "left", "none"]),
             "--values", rng.choice(["v", "w", "v,w"]),
