@@ -594,8 +594,9 @@ __device__ I roll_upper(const i64* ts, const i64* key, I end, I i, i64 k, i64 x)
 // `len` units back (a fixed window: months 0), or `months` calendar months
 // back on the civil date (the day clamped to the month's end, the time of
 // day kept), then `len` units more, on a column with `per` units a day.
-// Passed by value (the constant bank); `months` is the same for every
-// thread, so a fixed window pays one uniform branch for the choice.
+// Passed by value (the constant bank). The general pass tests `months`
+// at run time (a branch every thread takes alike); the tile pass has
+// separate entry points for each kind (CAL below).
 struct RollWin {
     i64 len;
     i64 per;
