@@ -188,14 +188,28 @@ fn gpu_job_equals_cpu_job() {
                     let what = format!(
                         "{n} GPUs, grouped {grouped}, {closed:?}, {rows} rows over {span}, window {window}, seed {seed}"
                     );
-                    let cpu = run(n, Device::Cpu, &spec, share, seed, rows, span);
-                    let gpu = run(n, Device::Gpu, &spec, share, seed, rows, span);
-                    assert_same(&what, rows, &cpu, &gpu);
+                    gpu_equals_cpu(&what, n, &spec, share, seed, rows, span);
                 }
             }
         }
         eprintln!("gpu job = cpu job on {n} GPUs");
     }
+}
+
+/// Runs the case on both devices and checks the GPU job's rows equal the
+/// CPU job's.
+fn gpu_equals_cpu(
+    what: &str,
+    n: u32,
+    spec: &RollingSpec,
+    make: Make,
+    seed: u64,
+    rows: usize,
+    span: u64,
+) {
+    let cpu = run(n, Device::Cpu, spec, make, seed, rows, span);
+    let gpu = run(n, Device::Gpu, spec, make, seed, rows, span);
+    assert_same(what, rows, &cpu, &gpu);
 }
 
 /// The GPU job's rows equal the CPU job's, value by value.
@@ -451,9 +465,7 @@ fn gpu_job_calendar_windows_equal_cpu_job() {
                     let what = format!(
                         "{n} GPUs, grouped {grouped}, {closed:?}, {rows} rows over {span} days, {window:?}, seed {seed}"
                     );
-                    let cpu = run(n, Device::Cpu, &spec, make, seed, rows, span);
-                    let gpu = run(n, Device::Gpu, &spec, make, seed, rows, span);
-                    assert_same(&what, rows, &cpu, &gpu);
+                    gpu_equals_cpu(&what, n, &spec, make, seed, rows, span);
                 }
             }
         }

@@ -530,6 +530,27 @@ fn rolling_sparse_order_values_match_cpu() {
     }
 }
 
+/// Ascending keys (from `first`, with gaps) in runs of 1 to `most(g)` rows
+/// covering `n` rows, and the offsets where each run starts (and `n`).
+fn random_groups(
+    g: &mut SplitMix,
+    n: usize,
+    first: i64,
+    most: impl Fn(&mut SplitMix) -> u64,
+) -> (Vec<i64>, Vec<usize>) {
+    let mut key = Vec::with_capacity(n);
+    let mut offsets = vec![0usize];
+    let mut k = first;
+    while key.len() < n {
+        let m = most(g);
+        let len = (1 + g.below(m) as usize).min(n - key.len());
+        key.extend(std::iter::repeat_n(k, len));
+        offsets.push(key.len());
+        k += 1 + g.below(3) as i64;
+    }
+    (key, offsets)
+}
+
 #[test]
 fn rolling_grouped_matches_cpu() {
     let Some(gpu) = gpu() else { return };
@@ -548,16 +569,9 @@ fn rolling_grouped_matches_cpu() {
         for closed in [Closed::Right, Closed::Both, Closed::Left, Closed::None] {
             let window = [0i64, 2, 25, 1 << 40][g.below(4) as usize];
             // Groups of random length, keys ascending (with gaps).
-            let mut key = Vec::with_capacity(n);
-            let mut offsets = vec![0usize];
-            let mut k = g.below(100) as i64 - 50;
-            while key.len() < n {
-                let most = if g.below(2) == 0 { 5 } else { 3000 };
-                let len = (1 + g.below(most) as usize).min(n - key.len());
-                key.extend(std::iter::repeat_n(k, len));
-                offsets.push(key.len());
-                k += 1 + g.below(3) as i64;
-            }
+            let first = g.below(100) as i64 - 50;
+            let (key, offsets) =
+                random_groups(&mut g, n, first, |g| if g.below(2) == 0 { 5 } else { 3000 });
             let mut ts = Vec::with_capacity(n);
             for w in offsets.windows(2) {
                 ts.extend(sorted_ts(&mut g, w[1] - w[0]));
@@ -882,15 +896,7 @@ fn rolling_calendar_windows_match_cpu() {
             }
             // Grouped: the same rows cut into keys, each its own series.
             if n >= 2 {
-                let mut key = Vec::with_capacity(n);
-                let mut offsets = vec![0usize];
-                let mut k = -3i64;
-                while key.len() < n {
-                    let len = (1 + g.below(5000) as usize).min(n - key.len());
-                    key.extend(std::iter::repeat_n(k, len));
-                    offsets.push(key.len());
-                    k += 1 + g.below(2) as i64;
-                }
+                let (key, offsets) = random_groups(&mut g, n, -3, |_| 5000);
                 let mut gts = Vec::with_capacity(n);
                 for w in offsets.windows(2) {
                     gts.extend(calendar_ts(&mut g, w[1] - w[0], per_day, unit, from));

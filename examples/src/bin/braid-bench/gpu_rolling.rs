@@ -88,14 +88,24 @@ pub fn run(a: GpuRollingArgs) -> Result<(), BoxError> {
     } else {
         a.aggs.clone()
     };
-    let window = if a.months > 0 {
-        Window::Calendar {
+    // (ts grows by 1.5 a row on average; a month is 30.44 days.)
+    let (window, label, rows_per_window) = if a.months > 0 {
+        let w = Window::Calendar {
             months: a.months,
             then: 0,
             unit: CalendarUnit::Days,
-        }
+        };
+        (
+            w,
+            format!("{} months (days)", a.months),
+            a.months as f64 * 30.44 / 1.5,
+        )
     } else {
-        Window::Fixed(a.window)
+        (
+            Window::Fixed(a.window),
+            a.window.to_string(),
+            a.window as f64 / 1.5,
+        )
     };
     let mut kernel = Vec::new();
     for rep in 0..=a.reps.max(1) {
@@ -148,16 +158,8 @@ pub fn run(a: GpuRollingArgs) -> Result<(), BoxError> {
         } else {
             String::new()
         },
-        if a.months > 0 {
-            format!("{} months (days)", a.months)
-        } else {
-            a.window.to_string()
-        },
-        if a.months > 0 {
-            a.months as f64 * 30.44 / 1.5
-        } else {
-            a.window as f64 / 1.5
-        },
+        label,
+        rows_per_window,
         distinct
             .iter()
             .map(|g| g.name())
