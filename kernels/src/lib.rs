@@ -21,4 +21,4 @@ pub mod window;
 
 pub use reduce::{DType, Element, ReduceKind};
 pub use rolling::{Agg, AggColumn, Closed, RollingError, RollingResult, rolling, rolling_segments};
-pub use window::{CalendarUnit, Window};
+pub use window::{CalendarUnit, Window, Zone};

@@ -22,6 +22,21 @@
 //! keeps its start pointer from moving back. [`Window::reach`] (the edge
 //! of the start of the row's day) bounds every later row's edge, which
 //! is what a rank or a chunk needs to hold below its first row.
+//!
+//! On a timestamp column in a time zone other than UTC the calendar steps
+//! run on the zone's local clock ([`Window::Zoned`]), as RFC 5545 and
+//! Polars (2.1) do: months, then weeks, then days back on the local date
+//! and time, each step mapped back to an instant, then the fixed part
+//! (hours and below) in absolute time:
+//!
+//! ```text
+//!   America/New_York, w = 1 day:
+//!   t = 2024-11-03 12:00 EST  ->  2024-11-02 12:00 EDT   (25 hours back)
+//!   t = 2024-03-10 12:00 EDT  ->  2024-03-09 12:00 EST   (23 hours back)
+//!   a local time that occurs twice (2024-11-03 01:30) keeps the offset the
+//!   step started from where it can; one that does not occur (2024-03-10
+//!   02:30) is read with the offset before the gap (03:30 EDT).
+//! ```
 
 /// What one unit of a temporal order column is, for calendar arithmetic.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -39,6 +54,17 @@ pub enum CalendarUnit {
 }
 
 impl CalendarUnit {
+    /// Units in one second (1 for days: a date column has no time zone,
+    /// and [`Window::Zoned`] is not built on one).
+    pub const fn per_second(self) -> i64 {
+        match self {
+            CalendarUnit::Days | CalendarUnit::Seconds => 1,
+            CalendarUnit::Millis => 1_000,
+            CalendarUnit::Micros => 1_000_000,
+            CalendarUnit::Nanos => 1_000_000_000,
+        }
+    }
+
     /// Units in one day.
     pub const fn per_day(self) -> i64 {
         match self {
@@ -47,6 +73,153 @@ impl CalendarUnit {
             CalendarUnit::Millis => 86_400_000,
             CalendarUnit::Micros => 86_400_000_000,
             CalendarUnit::Nanos => 86_400_000_000_000,
+        }
+    }
+}
+
+/// Seconds in a day, for the local-clock arithmetic of [`Window::Zoned`].
+const DAY_S: i128 = 86_400;
+
+/// The time zone of a timestamp column, as Arrow names it: a zone of the
+/// IANA database (`America/New_York`) or a fixed offset (`+05:30`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Zone {
+    /// A named zone, whose offset can change (daylight saving time).
+    Named(chrono_tz::Tz),
+    /// A fixed offset from UTC, in seconds east.
+    Fixed(i32),
+}
+
+impl std::str::FromStr for Zone {
+    type Err = String;
+
+    /// `+HH:MM`, `-HHMM`, `+HH`, or a name of the IANA database.
+    fn from_str(s: &str) -> Result<Self, String> {
+        let s = s.trim();
+        if let Some(rest) = s.strip_prefix('+').or_else(|| s.strip_prefix('-')) {
+            let digits: String = rest.chars().filter(|c| *c != ':').collect();
+            let ok = digits.bytes().all(|b| b.is_ascii_digit())
+                && matches!(digits.len(), 2 | 4)
+                && (rest.len() == digits.len() || rest.find(':') == Some(2));
+            if !ok {
+                return Err(format!("bad time zone offset {s:?} (expected +HH:MM)"));
+            }
+            let h: i32 = digits[..2]
+                .parse()
+                .map_err(|_| format!("bad offset {s:?}"))?;
+            let m: i32 = match &digits[2..] {
+                "" => 0,
+                mm => mm.parse().map_err(|_| format!("bad offset {s:?}"))?,
+            };
+            if h > 23 || m > 59 {
+                return Err(format!("time zone offset {s:?} is out of range"));
+            }
+            let secs = h * 3600 + m * 60;
+            return Ok(Zone::Fixed(if s.starts_with('-') { -secs } else { secs }));
+        }
+        s.parse::<chrono_tz::Tz>()
+            .map(Zone::Named)
+            .map_err(|_| format!("unknown time zone {s:?}"))
+    }
+}
+
+impl std::fmt::Display for Zone {
+    /// The zone as Arrow names it: `America/New_York`, `+05:30`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Zone::Named(tz) => f.write_str(tz.name()),
+            Zone::Fixed(o) => {
+                let a = o.unsigned_abs();
+                let sign = if *o < 0 { '-' } else { '+' };
+                write!(f, "{sign}{:02}:{:02}", a / 3600, a % 3600 / 60)
+            }
+        }
+    }
+}
+
+/// Instants (seconds) the zone database is asked about: chrono's range,
+/// well inside it. Further out the offset is the one at the bound.
+const ZONE_RANGE_S: i64 = 200_000 * 365 * 86_400;
+
+impl Zone {
+    /// Whether this zone is UTC under another name: its local clock is
+    /// UTC's, so calendar steps need no zone.
+    pub fn is_utc(self) -> bool {
+        match self {
+            Zone::Fixed(o) => o == 0,
+            Zone::Named(tz) => matches!(
+                tz.name(),
+                "UTC"
+                    | "Etc/UTC"
+                    | "Etc/UCT"
+                    | "UCT"
+                    | "Etc/Universal"
+                    | "Universal"
+                    | "Etc/Zulu"
+                    | "Zulu"
+                    | "Etc/GMT"
+                    | "GMT"
+                    | "Etc/GMT0"
+                    | "GMT0"
+                    | "Etc/GMT+0"
+                    | "Etc/GMT-0"
+                    | "GMT+0"
+                    | "GMT-0"
+                    | "Etc/Greenwich"
+                    | "Greenwich"
+            ),
+        }
+    }
+
+    /// The offset (seconds east of UTC) at the instant `u` (seconds since
+    /// the epoch).
+    pub fn offset_at(self, u: i64) -> i32 {
+        use chrono::{Offset, TimeZone};
+        match self {
+            Zone::Fixed(o) => o,
+            Zone::Named(tz) => {
+                let u = u.clamp(-ZONE_RANGE_S, ZONE_RANGE_S);
+                match chrono::DateTime::from_timestamp(u, 0) {
+                    Some(d) => tz
+                        .offset_from_utc_datetime(&d.naive_utc())
+                        .fix()
+                        .local_minus_utc(),
+                    None => 0,
+                }
+            }
+        }
+    }
+
+    /// The instant (seconds since the epoch) of local time `n` (seconds
+    /// since the local epoch), RFC 5545's way: a local time that occurs
+    /// twice takes the instant with offset `prefer` if one has it (the
+    /// offset the arithmetic started from), else the earlier; one that
+    /// does not occur (a gap) is read with the offset before the gap.
+    /// `None` where the instant leaves i64.
+    fn localize(self, n: i128, prefer: i32) -> Option<i64> {
+        use chrono::{LocalResult, Offset, TimeZone};
+        let at = |o: i32| i64::try_from(n - i128::from(o)).ok();
+        let tz = match self {
+            Zone::Fixed(o) => return at(o),
+            Zone::Named(tz) => tz,
+        };
+        let q = i64::try_from(n.clamp(-i128::from(ZONE_RANGE_S), i128::from(ZONE_RANGE_S))).ok()?;
+        let naive = chrono::DateTime::from_timestamp(q, 0)?.naive_utc();
+        match tz.offset_from_local_datetime(&naive) {
+            LocalResult::Single(o) => at(o.fix().local_minus_utc()),
+            LocalResult::Ambiguous(a, b) => {
+                let (oa, ob) = (a.fix().local_minus_utc(), b.fix().local_minus_utc());
+                if oa == prefer {
+                    at(oa)
+                } else if ob == prefer {
+                    at(ob)
+                } else {
+                    // The earlier instant: the larger offset.
+                    at(oa.max(ob))
+                }
+            }
+            // In a gap: the offset a day before (before the gap).
+            LocalResult::None => at(self.offset_at(q.saturating_sub(86_400))),
         }
     }
 }
@@ -66,6 +239,25 @@ pub enum Window {
         /// What the order column counts.
         unit: CalendarUnit,
     },
+    /// Calendar steps on the local clock of `zone` (see the module doc):
+    /// `months` back, then `weeks`, then `days`, each mapped back to an
+    /// instant, then `then` units of absolute time, on a timestamp column
+    /// of `unit` in that zone.
+    Zoned {
+        /// Calendar months (a quarter is 3, a year 12).
+        months: u32,
+        /// Local weeks (a step of its own, as Polars takes it).
+        weeks: u32,
+        /// Local days.
+        days: u32,
+        /// The absolute part after the calendar steps, in the column's units.
+        then: i64,
+        /// What the order column counts (not [`CalendarUnit::Days`]: a
+        /// date has no zone).
+        unit: CalendarUnit,
+        /// The column's time zone.
+        zone: Zone,
+    },
 }
 
 impl From<i64> for Window {
@@ -79,7 +271,7 @@ impl Window {
     pub const fn fixed(self) -> Option<i64> {
         match self {
             Window::Fixed(w) => Some(w),
-            Window::Calendar { .. } => None,
+            Window::Calendar { .. } | Window::Zoned { .. } => None,
         }
     }
 
@@ -87,7 +279,7 @@ impl Window {
     pub const fn length(self) -> i64 {
         match self {
             Window::Fixed(w) => w,
-            Window::Calendar { then, .. } => then,
+            Window::Calendar { then, .. } | Window::Zoned { then, .. } => then,
         }
     }
 
@@ -101,6 +293,33 @@ impl Window {
                 let per = unit.per_day();
                 let day = days_back(t.div_euclid(per), months);
                 edge(day, t.rem_euclid(per), per, then)
+            }
+            Window::Zoned {
+                months,
+                weeks,
+                days,
+                then,
+                unit,
+                zone,
+            } => {
+                let per = unit.per_second();
+                let mut u = t.div_euclid(per);
+                let local = |u: i64| i128::from(u) + i128::from(zone.offset_at(u));
+                if months > 0 {
+                    let n = local(u);
+                    let day = i64::try_from(n.div_euclid(DAY_S)).ok()?;
+                    let n2 = days_back(day, months) * DAY_S + n.rem_euclid(DAY_S);
+                    u = zone.localize(n2, zone.offset_at(u))?;
+                }
+                for d in [weeks.saturating_mul(7), days] {
+                    if d > 0 {
+                        let n2 = local(u) - i128::from(d) * DAY_S;
+                        u = zone.localize(n2, zone.offset_at(u))?;
+                    }
+                }
+                let r = i128::from(u) * i128::from(per) + i128::from(t.rem_euclid(per))
+                    - i128::from(then);
+                i64::try_from(r).ok()
             }
         }
     }
@@ -117,6 +336,25 @@ impl Window {
             Window::Calendar { months, then, unit } => {
                 let per = unit.per_day();
                 edge(days_back(t.div_euclid(per), months), 0, per, then)
+            }
+            Window::Zoned {
+                months,
+                weeks,
+                days,
+                then,
+                unit,
+                ..
+            } => {
+                // A later row's local time is at most a day (any offset)
+                // below t read as UTC; each calendar step keeps the local
+                // day order (a gap only moves a time forward); the instant
+                // is at most a day from its local time. Another day of
+                // slack covers two transitions within a day.
+                let per = unit.per_second();
+                let day0 = t.div_euclid(per).div_euclid(86_400) - 1;
+                let day = days_back(day0, months) - i128::from(weeks) * 7 - i128::from(days) - 2;
+                let r = day * DAY_S * i128::from(per) - i128::from(then);
+                i64::try_from(r).ok()
             }
         }
     }
@@ -407,5 +645,165 @@ mod tests {
         assert_eq!(d.cursor().lower(i64::MIN), None);
         assert_eq!(Window::Fixed(5).lower(i64::MIN + 4), None);
         assert_eq!(Window::Fixed(5).lower(10), Some(5));
+    }
+
+    const H_US: i64 = 3_600_000_000;
+
+    fn zoned(months: u32, weeks: u32, days: u32, then: i64, zone: &str) -> Window {
+        Window::Zoned {
+            months,
+            weeks,
+            days,
+            then,
+            unit: CalendarUnit::Micros,
+            zone: zone.parse().unwrap(),
+        }
+    }
+
+    /// Expected instants from Polars 2.1's `offset_by` on the same inputs
+    /// (UTC hours given as `us(.., h) + minutes`).
+    #[test]
+    fn local_days_and_months_follow_the_zone() {
+        let ny = |m, w, d, then| zoned(m, w, d, then, "America/New_York");
+        let half = 30 * 60_000_000;
+        // 1 day back over the fall-back: 25 hours; over the spring-forward: 23.
+        assert_eq!(
+            ny(0, 0, 1, 0).lower(us(2024, 11, 3, 17)),
+            Some(us(2024, 11, 2, 16))
+        );
+        assert_eq!(
+            ny(0, 0, 1, 0).lower(us(2024, 3, 10, 16)),
+            Some(us(2024, 3, 9, 17))
+        );
+        // Hours are absolute, after the days (RFC 5545).
+        assert_eq!(
+            ny(0, 0, 1, H_US).lower(us(2024, 3, 10, 7) + half),
+            Some(us(2024, 3, 9, 7) + half)
+        );
+        // A gap: 2024-03-10 02:30 does not occur; read with EST: 03:30 EDT.
+        assert_eq!(
+            ny(0, 0, 1, 0).lower(us(2024, 3, 11, 6) + half),
+            Some(us(2024, 3, 10, 7) + half)
+        );
+        // A gap in the middle: 1 month to 2024-03-10 02:30 (03:30 EDT),
+        // then 1 day from there (03:30 EST).
+        assert_eq!(
+            ny(1, 0, 1, 0).lower(us(2024, 4, 10, 6) + half),
+            Some(us(2024, 3, 9, 8) + half)
+        );
+        // 2024-11-03 01:30 occurs twice: the offset the step started from.
+        assert_eq!(
+            ny(1, 0, 0, 0).lower(us(2024, 12, 3, 6) + half),
+            Some(us(2024, 11, 3, 6) + half)
+        );
+        assert_eq!(
+            ny(20, 0, 0, 0).lower(us(2025, 7, 5, 5) + half),
+            Some(us(2023, 11, 5, 5) + half)
+        );
+        // Weeks, then days, each its own step.
+        assert_eq!(
+            ny(0, 1, 0, 0).lower(us(2024, 11, 10, 5) + half),
+            Some(us(2024, 11, 3, 4) + half)
+        );
+        assert_eq!(
+            ny(0, 1, 1, 0).lower(us(2024, 11, 11, 5) + half),
+            Some(us(2024, 11, 3, 4) + half)
+        );
+        // A fixed offset's local month: 2023-03-31 01:30 +05:30 back to
+        // 2023-02-28 01:30 (UTC's calendar would give 02-28 20:00 UTC).
+        let ist = zoned(1, 0, 0, 0, "+05:30");
+        assert_eq!(ist.lower(us(2023, 3, 30, 20)), Some(us(2023, 2, 27, 20)));
+        // A zone without DST: a day is 24 hours.
+        let kol = zoned(0, 0, 1, 0, "Asia/Kolkata");
+        assert_eq!(kol.lower(us(2024, 6, 1, 3)), Some(us(2024, 5, 31, 3)));
+        // Other units keep the part below a second.
+        let ns = Window::Zoned {
+            months: 0,
+            weeks: 0,
+            days: 1,
+            then: 2,
+            unit: CalendarUnit::Nanos,
+            zone: "America/New_York".parse().unwrap(),
+        };
+        assert_eq!(
+            ns.lower(us(2024, 11, 3, 17) * 1000 + 7),
+            Some(us(2024, 11, 2, 16) * 1000 + 5)
+        );
+    }
+
+    #[test]
+    fn zones_parse_as_arrow_names_them() {
+        assert_eq!("+05:30".parse::<Zone>(), Ok(Zone::Fixed(19_800)));
+        assert_eq!("-0800".parse::<Zone>(), Ok(Zone::Fixed(-28_800)));
+        assert_eq!("+01".parse::<Zone>(), Ok(Zone::Fixed(3_600)));
+        assert!("+5:30".parse::<Zone>().is_err());
+        assert!("+25:00".parse::<Zone>().is_err());
+        assert!("Mars/Olympus".parse::<Zone>().is_err());
+        let ny: Zone = "America/New_York".parse().unwrap();
+        assert_eq!(ny.to_string(), "America/New_York");
+        assert_eq!(Zone::Fixed(-19_800).to_string(), "-05:30");
+        assert!("Etc/UTC".parse::<Zone>().unwrap().is_utc());
+        assert!("+00:00".parse::<Zone>().unwrap().is_utc());
+        assert!(!ny.is_utc());
+    }
+
+    #[test]
+    fn zoned_reach_bounds_every_later_edge() {
+        let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng
+        };
+        for zone in [
+            "America/New_York",
+            "Australia/Lord_Howe",
+            "Pacific/Apia",
+            "Europe/Dublin",
+            "America/St_Johns",
+            "-03:30",
+        ] {
+            for (m, w, d, then) in [(0, 0, 1, 0), (1, 0, 0, 0), (0, 1, 1, H_US), (13, 0, 2, 5)] {
+                let win = zoned(m, w, d, then, zone);
+                let mut cur = win.cursor();
+                let mut t = us(2011, 1, 1, 0);
+                let mut prev = None;
+                while t < us(2013, 1, 1, 0) {
+                    let l = win.lower(t);
+                    assert_eq!(cur.lower(t), l, "{zone} t {t}");
+                    assert!(l <= Some(t), "{zone} t {t}");
+                    let r = win.reach(t);
+                    assert!(r >= prev, "{zone}: reach went back at {t}");
+                    prev = r;
+                    // Every later edge within 40 days stays above reach(t).
+                    let mut u = t;
+                    for _ in 0..40 {
+                        u += (next() % (DAY_US as u64)) as i64;
+                        assert!(
+                            win.lower(u) >= r,
+                            "{zone} {m}/{w}/{d}: lower({u}) below reach({t})"
+                        );
+                    }
+                    t += (next() % (3 * DAY_US as u64)) as i64;
+                }
+            }
+        }
+        // Far out of the zone database's range, and at the ends of i64.
+        let w = zoned(1, 0, 1, 0, "America/New_York");
+        assert!(w.lower(i64::MAX).is_some());
+        assert_eq!(w.lower(i64::MIN), None);
+        assert!(w.reach(i64::MAX).is_some_and(|r| r < i64::MAX));
+        let s = Window::Zoned {
+            months: u32::MAX,
+            weeks: u32::MAX,
+            days: u32::MAX,
+            then: i64::MAX,
+            unit: CalendarUnit::Seconds,
+            zone: "Pacific/Apia".parse().unwrap(),
+        };
+        assert_eq!(s.lower(0), None);
+        assert_eq!(s.reach(0), None);
+        assert!(s.reach(i64::MAX) <= s.lower(i64::MAX));
     }
 }

@@ -99,9 +99,18 @@ struct KernelWindow {
 // SAFETY: plain old data, laid out as the kernel's `RollWin`.
 unsafe impl DeviceRepr for KernelWindow {}
 
-impl From<Window> for KernelWindow {
-    fn from(w: Window) -> Self {
-        match w {
+impl TryFrom<Window> for KernelWindow {
+    type Error = String;
+
+    /// The kernels' form of a window; a window on a zone's local clock
+    /// has none (its steps need the zone database).
+    fn try_from(w: Window) -> Result<Self, String> {
+        Ok(match w {
+            Window::Zoned { zone, .. } => {
+                return Err(format!(
+                    "a window of days, weeks or months in time zone {zone} runs on the CPU only (give it in hours, or run with --device cpu)"
+                ));
+            }
             Window::Fixed(len) => KernelWindow {
                 len,
                 per: 1,
@@ -121,7 +130,7 @@ impl From<Window> for KernelWindow {
                     pad: 0,
                 }
             }
-        }
+        })
     }
 }
 
@@ -425,6 +434,7 @@ pub fn rolling(
     if window.length() < 0 {
         return Err(bad(format!("window must be >= 0, got {}", window.length())));
     }
+    let kernel_window = KernelWindow::try_from(window).map_err(bad)?;
     if input.emit_from > n {
         return Err(bad(format!(
             "first output row {} is past the {n} rows",
@@ -469,7 +479,7 @@ pub fn rolling(
         let pass = Pass {
             gpu,
             input,
-            window: window.into(),
+            window: kernel_window,
             closed: code(closed),
             outs: TileOutputs(ptrs),
         };
