@@ -32,6 +32,7 @@ use arrow_select::concat::concat_batches;
 use braid_coll::{HaloExchange, allgather};
 use braid_core::{Context, Message, NodeError, PackedData, Payload, Receiver, Sender};
 use braid_kernels::rolling::{Agg, CalendarUnit, Closed, Window, rolling, rolling_segments};
+use braid_kernels::window::Zone;
 
 use crate::error::{DataError, Result};
 use crate::ipc::{pack, unpack};
@@ -115,8 +116,10 @@ impl RollingSpec {
                 expected: "an integer, Date32, Date64 or Timestamp type".into(),
             });
         }
-        if let Window::Calendar { unit, .. } = self.window {
-            check_calendar(&self.order, ot, unit)?;
+        match self.window {
+            Window::Calendar { unit, .. } => check_calendar(&self.order, ot, unit)?,
+            Window::Zoned { unit, zone, .. } => check_zoned(&self.order, ot, unit, zone)?,
+            Window::Fixed(_) => {}
         }
         if let Some(by) = &self.by {
             column_index(schema, by)?;
@@ -179,8 +182,33 @@ fn check_calendar(order: &str, t: &DataType, unit: CalendarUnit) -> Result<()> {
     match tz {
         None | Some("UTC" | "utc" | "Etc/UTC" | "+00:00" | "Z") => Ok(()),
         Some(z) => Err(DataError::Invalid(format!(
-            "a calendar window on order column {order:?} in time zone {z}: months are only supported without a time zone or in UTC"
+            "a calendar window on order column {order:?} in time zone {z}: Window::Calendar steps on UTC's calendar; use Window::Zoned for the zone's local one"
         ))),
+    }
+}
+
+/// A window on a zone's local clock needs a timestamp column of `unit` in
+/// that zone (its values are instants; the zone gives their local time).
+fn check_zoned(order: &str, t: &DataType, unit: CalendarUnit, zone: Zone) -> Result<()> {
+    use arrow_schema::TimeUnit;
+    let ok = match t {
+        DataType::Timestamp(u, Some(z)) => {
+            let stored = match u {
+                TimeUnit::Second => CalendarUnit::Seconds,
+                TimeUnit::Millisecond => CalendarUnit::Millis,
+                TimeUnit::Microsecond => CalendarUnit::Micros,
+                TimeUnit::Nanosecond => CalendarUnit::Nanos,
+            };
+            stored == unit && z.parse::<Zone>().is_ok_and(|c| c == zone)
+        }
+        _ => false,
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err(DataError::Invalid(format!(
+            "a window on the local clock of time zone {zone} needs a timestamp order column counting {unit:?} in that zone; {order:?} is {t}"
+        )))
     }
 }
 
@@ -771,7 +799,7 @@ mod tests {
             (
                 us(Some("Europe/Paris")),
                 CalendarUnit::Micros,
-                "time zone Europe/Paris",
+                "Window::Zoned",
             ),
         ] {
             let e = cal(unit)

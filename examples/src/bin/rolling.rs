@@ -17,6 +17,7 @@ use arrow_schema::{DataType, TimeUnit};
 use braid_core::{BoxError, MemoryLimits};
 use braid_examples::{JobArgs, JobOutcome, init_tracing, run_job};
 use braid_kernels::rolling::{Agg, CalendarUnit, Closed, Window};
+use braid_kernels::window::Zone;
 use braid_nodes::job::{Device, Output, RollingJob};
 use braid_nodes::rolling::RollingSpec;
 use braid_nodes::sink::{FileFormat, FileSink, SinkTarget};
@@ -174,15 +175,46 @@ fn parse_window(s: &str, order_type: &DataType, closed: Closed) -> Result<Window
             ));
         }
     };
-    let (months, total) = duration(s)?;
+    let d = duration(s)?;
+    // A zone other than UTC: months, weeks and days step on its local
+    // clock (Window::Zoned); the rest is absolute time.
+    let zone = match order_type {
+        DataType::Timestamp(_, Some(z)) => {
+            let zone: Zone = z.parse().map_err(|e| format!("order column: {e}"))?;
+            (!zone.is_utc()).then_some(zone)
+        }
+        _ => None,
+    };
+    let local = zone.filter(|_| d.months > 0 || d.day_nanos > 0);
+    let fixed = if local.is_some() {
+        d.total - d.day_nanos
+    } else {
+        d.total
+    };
     let open_far_end = matches!(closed, Closed::Right | Closed::None);
     let units = if open_far_end {
-        (total + per_unit - 1) / per_unit
+        (fixed + per_unit - 1) / per_unit
     } else {
-        total / per_unit
+        fixed / per_unit
     };
     let units = i64::try_from(units).map_err(|_| format!("window {s:?} is too large"))?;
-    Ok(match months {
+    if let Some(zone) = local {
+        let Some((weeks, days)) = d.weeks_days else {
+            return Err(format!(
+                "window {s:?}: on a column in time zone {zone} days and weeks are steps of the local calendar and must be whole (give fractions in hours)"
+            ));
+        };
+        let whole = |n: i128| u32::try_from(n).map_err(|_| format!("window {s:?} is too large"));
+        return Ok(Window::Zoned {
+            months: d.months,
+            weeks: whole(weeks)?,
+            days: whole(days)?,
+            then: units,
+            unit,
+            zone,
+        });
+    }
+    Ok(match d.months {
         0 => Window::Fixed(units),
         months => Window::Calendar {
             months,
@@ -192,15 +224,31 @@ fn parse_window(s: &str, order_type: &DataType, closed: Closed) -> Result<Window
     })
 }
 
-/// Calendar months and nanoseconds in a duration of one or more
-/// `<number><unit>` terms (`1h30m`, `1.5h`, `2 weeks`, `1y6mo`); a number
-/// may have a fraction as long as the term is a whole number of
-/// nanoseconds (months: a whole number of months).
-fn duration(s: &str) -> Result<(u32, i128), String> {
+/// A parsed duration: calendar months, the weeks and days (local-clock
+/// steps on a column with a time zone), and everything in nanoseconds.
+#[derive(Debug, Default)]
+struct WindowTerms {
+    months: u32,
+    /// Whole weeks and days given as `w` and `d` terms (`None`: one of
+    /// them has a fraction).
+    weeks_days: Option<(i128, i128)>,
+    /// Nanoseconds of the `w` and `d` terms.
+    day_nanos: i128,
+    /// All nanoseconds, the `w` and `d` terms included.
+    total: i128,
+}
+
+/// Parses a duration of one or more `<number><unit>` terms (`1h30m`,
+/// `1.5h`, `2 weeks`, `1y6mo`); a number may have a fraction as long as
+/// the term is a whole number of nanoseconds (months: a whole number of
+/// months).
+fn duration(s: &str) -> Result<WindowTerms, String> {
     const UNITS: &str = "ns, us, ms, s, m, h, d, w, mo, q, y";
     let mut rest = s;
     let mut total: i128 = 0;
     let mut months: u32 = 0;
+    let mut weeks_days = Some((0i128, 0i128));
+    let mut day_nanos: i128 = 0;
     let too_large = || format!("window {s:?} is too large");
     while !rest.trim_start().is_empty() {
         rest = rest.trim_start();
@@ -224,8 +272,8 @@ fn duration(s: &str) -> Result<(u32, i128), String> {
             "s" | "sec" | "secs" | "second" | "seconds" => 1_000_000_000,
             "m" | "min" | "mins" | "minute" | "minutes" => 60_000_000_000,
             "h" | "hr" | "hrs" | "hour" | "hours" => 3_600_000_000_000,
-            "d" | "day" | "days" => 86_400_000_000_000,
-            "w" | "week" | "weeks" => 604_800_000_000_000,
+            "d" | "day" | "days" => DAY_NS,
+            "w" | "week" | "weeks" => 7 * DAY_NS,
             calendar @ ("mo" | "mon" | "mons" | "month" | "months" | "q" | "quarter"
             | "quarters" | "y" | "yr" | "yrs" | "year" | "years") => {
                 let per: u32 = if calendar.starts_with('q') {
@@ -281,9 +329,25 @@ fn duration(s: &str) -> Result<(u32, i128), String> {
             .and_then(|w| w.checked_add(frac_ns / scale))
             .ok_or_else(too_large)?;
         total = total.checked_add(term).ok_or_else(too_large)?;
+        if nanos >= DAY_NS {
+            day_nanos += term;
+            weeks_days = match weeks_days {
+                Some((w, d)) if frac_n == 0 && nanos == DAY_NS => Some((w, d + whole)),
+                Some((w, d)) if frac_n == 0 => Some((w + whole, d)),
+                _ => None,
+            };
+        }
     }
-    Ok((months, total))
+    Ok(WindowTerms {
+        months,
+        weeks_days,
+        day_nanos,
+        total,
+    })
 }
+
+/// Nanoseconds in a day.
+const DAY_NS: i128 = 86_400_000_000_000;
 
 fn build(cli: &Cli) -> Result<(RollingJob, MemoryLimits, Option<u64>), BoxError> {
     cli.job.check()?;
