@@ -10,6 +10,8 @@ DuckDB and Polars. The inputs aim at edges a fixed test misses:
     from 0 to past the whole span, as integers or (timestamps, dates)
     durations such as 90s, 3d or 1h30m (Polars' forms; 10i on integers);
     calendar windows (1mo, 1q, 1y, 1mo15d) on ms, us and date columns;
+    timestamps in time zones (daylight-saving changes, a skipped day) with
+    days, weeks and months on the local clock (1d, 1w1d, 1mo) or hours;
   - group column: none, int64, string or float64 (0.0 and -0.0, NaNs of
     several bit patterns), few or many keys, nulls (one group);
   - values: float64 with nulls, NaN, +-inf or huge magnitudes next to tiny
@@ -26,6 +28,7 @@ Needs duckdb, polars and pyarrow.
 """
 
 import argparse
+import calendar
 import math
 import os
 import random
@@ -41,6 +44,10 @@ CLOSED = ["right", "both", "left", "none"]
 # A duration suffix and its length in seconds, for --window on timestamps.
 DURATIONS = [("ms", 1e-3), ("s", 1), ("m", 60), ("h", 3600), ("d", 86400)]
 UNIT_PER_SECOND = {"ms": 10**3, "us": 10**6, "ns": 10**9, "date": 1 / 86400}
+# Zones of timestamp columns: daylight-saving changes in either hemisphere,
+# a 30-minute one (Lord Howe), a skipped day (Apia, 2011-12-30), none.
+ZONES = ["UTC", "America/New_York", "Europe/Berlin", "Australia/Lord_Howe", "Pacific/Apia",
+         "America/Santiago", "Asia/Kolkata"]
 
 
 def order_values(rng, rows):
@@ -139,6 +146,21 @@ def make_case(rng, i, d):
         cols["ts"] = cols["ts"].cast(pa.int32()).cast(pa.date32())
     elif unit:
         cols["ts"] = cols["ts"].cast(pa.timestamp(unit))
+    zone = None
+    if unit in ("ms", "us", "ns") and rows and rng.random() < 0.3:
+        # Local times around daylight-saving changes (spring and autumn of
+        # both hemispheres, a 30-minute change, a skipped day in Apia).
+        zone = rng.choice(ZONES)
+        ts_kind = "local"
+        per = UNIT_PER_SECOND[unit]
+        start = calendar.timegm((rng.randrange(1995, 2035), rng.choice([3, 4, 9, 10, 11, 12]),
+                                 rng.randrange(1, 29), 0, 0, 0))
+        span_s = rng.choice([3, 20, 70]) * 86400
+        ts = sorted(int((start + rng.randrange(span_s)) * per + rng.randrange(int(per))) for _ in range(rows))
+        if rng.random() < 0.3:  # ties
+            ts = [ts[j - j % 3] for j in range(rows)]
+        rng.shuffle(ts)
+        cols["ts"] = pa.array(ts, pa.int64()).cast(pa.timestamp(unit, tz=zone))
     key = rng.choice([None, "int", "str", "float"])
     if key:
         nkeys = rng.choice([1, 2, 7, 100, 5000])
@@ -190,6 +212,9 @@ def make_case(rng, i, d):
         if unit != "date":
             forms += ["1mo12h", "1mo90s"]
         period = w_arg = rng.choice(forms)
+    if zone is not None:
+        # Days, weeks and months on the zone's local clock; hours absolute.
+        period = w_arg = rng.choice(["1d", "2d", "1w", "1d12h", "1mo", "1w1d", "3h", "1mo1d", "36h", "1q"])
     closed = rng.choice(CLOSED)
     aggs = rng.sample(AGGS, rng.randrange(1, len(AGGS) + 1))
     ranks = rng.choice([1, 2, 3, 4, 5, 8])
@@ -215,7 +240,7 @@ def make_case(rng, i, d):
     if rows > 1000 and rng.random() < 0.2:
         cmd += ["--memory-limit", "1MiB"]
     desc = (f"rows={rows} ts={ts_kind}/{unit or 'i64'} key={key} values={kinds} "
-            f"w={w_arg} closed={closed} ranks={ranks}/{backend}")
+            f"{' zone=' + zone if zone else ''} w={w_arg} closed={closed} ranks={ranks}/{backend}")
     return cmd, check, desc
 
 
