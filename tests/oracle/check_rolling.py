@@ -42,7 +42,9 @@ days, weeks and months step on the zone's local clock (RFC 5545, Polars'
 rolling): a repeated local time keeps the offset the step started from, a
 skipped one is read with the offset before the gap, hours and below are
 absolute. DuckDB's ICU arithmetic differs there (the later instant; the time
-part first), so such columns are checked with Polars only.
+part first), so DuckDB gets each row's edge from Polars' `offset_by` and
+evaluates the row's own window (where Polars' rolling, which keeps its start
+from moving back, is skipped as above).
 
 Output columns: every input column, plus `<value>_<agg>` for each value/agg.
 Rows are matched on the column `id` when the input has a unique non-null `id`
@@ -310,18 +312,33 @@ def expected_duckdb(spec, base, pl):
     con.execute(f"SET threads TO {os.cpu_count() or 1}")
     # The order value as an integer comes from Polars: DuckDB 2.0's
     # epoch_ms/epoch_ns refuse TIMESTAMP_MS/TIMESTAMP_NS columns.
-    src = base.select([RID] + spec.keys() + spec.values + [spec.ord_expr(pl)])
+    local = spec.zone is not None and any(u in ("mo", "q", "y", "w", "d") for u in period_units(spec.period or ""))
+    if local:
+        # Local-clock steps: DuckDB's ICU arithmetic takes a repeated local
+        # time as the later instant and the time part before the days, where
+        # Polars (and braid) keep the offset the step started from and take
+        # the days first. So each row's edge comes from Polars' offset_by,
+        # and DuckDB evaluates every row's own window over integers.
+        t = spec.raw_ord_expr(pl)
+        start = pl.col(spec.order).dt.offset_by("-" + spec.period).dt.epoch(spec.unit)
+        src = base.select([RID] + spec.keys() + spec.values + [t, (t - start).alias("__delta")])
+    else:
+        src = base.select([RID] + spec.keys() + spec.values + [spec.ord_expr(pl)])
     con.register("braid_input", src.to_arrow())
 
     w = spec.window
-    if spec.period is not None:
+    empty = None  # rows whose window is empty whatever the frame says
+    if local:
+        # t - delta <= ts, or t - delta < ts  <=>  t - (delta - 1) <= ts; a
+        # delta of 0 with an open lower end (a skipped local day) is empty.
+        if spec.closed in ("both", "left"):
+            lower = "__delta PRECEDING"
+        else:
+            lower = "greatest(__delta - 1, 0) PRECEDING"
+            empty = "__delta = 0"
+    elif spec.period is not None:
         if spec.unit == "ns":
             raise SkipEngine("DuckDB intervals stop at microseconds")
-        if spec.zone is not None and any(u in ("mo", "q", "y", "w", "d") for u in period_units(spec.period)):
-            # ICU takes a repeated local time as the later instant and the
-            # time part before the days; Polars (and braid) keep the
-            # offset the step started from and take the days first.
-            raise SkipEngine(f"local-clock arithmetic in time zone {spec.zone} is checked with Polars only")
         one = {"d": "1 day", "s": "1 second", "ms": "1 millisecond", "us": "1 microsecond"}[spec.unit]
         finer = {"d": ("h", "m", "s", "ms", "us", "ns"), "s": ("ms", "us", "ns"), "ms": ("us", "ns"),
                  "us": ("ns",)}[spec.unit]
@@ -339,7 +356,7 @@ def expected_duckdb(spec, base, pl):
         lower = f"{w} PRECEDING"  # t - w <= ts
     else:
         lower = f"{w - 1} PRECEDING"  # t - w < ts  <=>  t - (w-1) <= ts  (integers)
-    if spec.period is None:
+    if spec.period is None or local:
         upper = "CURRENT ROW" if spec.closed in ("both", "right") else "1 PRECEDING"
     part = f"PARTITION BY {qi(spec.by)} " if spec.by else ""
     window = f"({part}ORDER BY {ORD} RANGE BETWEEN {lower} AND {upper})"
@@ -370,6 +387,8 @@ def expected_duckdb(spec, base, pl):
                     "var": f"var_samp({c}) OVER win",
                 }[a]
                 expr = fn
+            if empty is not None:
+                expr = f"CASE WHEN {empty} THEN {'0' if a == 'count' else 'NULL'} ELSE {expr} END"
             sel.append(f"{expr} AS {out}")
     sql = f"SELECT {', '.join(sel)} FROM braid_input"
     if not spec.empty:
@@ -414,8 +433,9 @@ def expected_polars(spec, base, pl):
             (pl.col("__start").diff().over(keys) < pl.duration(microseconds=0)).any()
             if keys else (pl.col("__start").diff() < pl.duration(microseconds=0)).any()).item()
         if back:
-            raise SkipEngine("a clamped month end moves a later row's window start below an "
-                             "earlier row's; Polars' rolling keeps its start from moving back")
+            raise SkipEngine("a later row's window start lies below an earlier row's (a clamped month "
+                             "end, or a change of the zone's offset); Polars' rolling keeps its start "
+                             "from moving back")
         res = (srt.rolling(index_column=ORD, period=spec.period, closed=spec.closed, group_by=keys or None)
                .agg(exprs)
                .unique(subset=keys + [ORD], keep="any"))

@@ -176,7 +176,9 @@ def make_case(rng, i, d):
                  else rng.choice(nans) if k == 1 else k + 0.5 for k in ks], pa.float64())
         else:
             cols["key"] = pa.array([None if k is None else k - nkeys // 2 for k in ks], pa.int64())
-    kinds = rng.sample(list(ARROW_TYPE), rng.choice([1, 1, 2, 3]))
+    # (Huge values are checked with DuckDB only, which does not check
+    # local-clock windows.)
+    kinds = rng.sample([k for k in ARROW_TYPE if not (zone and k == "f64_huge")], rng.choice([1, 1, 2, 3]))
     values = []
     for j, kind in enumerate(kinds):
         name = f"v{j}"

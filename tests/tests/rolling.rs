@@ -4,7 +4,8 @@
 //! data; ranks with no rows; all rows with one ts; null values and keys;
 //! unsorted input; order columns of every integer type, dates and
 //! timestamps; float group keys with 0.0, -0.0 and several NaNs; calendar
-//! windows (months back by chrono's calendar, not braid's).
+//! windows (months back by chrono's calendar, not braid's), also on the
+//! local clock of time zones with daylight saving.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail by panicking
 
@@ -17,6 +18,7 @@ use arrow_schema::{DataType, Field, Schema, SchemaRef, TimeUnit};
 use braid_core::world::contexts;
 use braid_core::{Context, MemoryLimits, WorldSpec};
 use braid_kernels::rolling::{Agg, CalendarUnit, Closed, Window};
+use braid_kernels::window::Zone;
 use braid_nodes::job::{Output, RollingJob};
 use braid_nodes::rolling::RollingSpec;
 use braid_nodes::sink::CollectSink;
@@ -174,12 +176,74 @@ fn lower_edge(t: i64, w: Window) -> i128 {
             let back = dt.checked_sub_months(chrono::Months::new(months)).unwrap();
             back.and_utc().timestamp_micros() as i128 - then as i128
         }
+        Window::Zoned {
+            months,
+            weeks,
+            days,
+            then,
+            unit: CalendarUnit::Micros,
+            zone: Zone::Named(tz),
+        } => zoned_lower_edge(t, months, weeks, days, tz) as i128 - then as i128,
         w => panic!("the reference takes microseconds, not {w:?}"),
     }
 }
 
-fn in_window(t: i64, x: i64, w: Window, closed: Closed) -> bool {
-    let lo = lower_edge(t, w);
+/// RFC 5545 steps on `tz`'s local clock by chrono's calendar: months (day
+/// clamped), then weeks, then days, each mapped back to an instant; a
+/// repeated local time keeps the offset of the instant the step started
+/// from; a skipped one is read with the offset in force just before the
+/// gap, found by walking forward minute by minute to the gap's end.
+fn zoned_lower_edge(t: i64, months: u32, weeks: u32, days: u32, tz: chrono_tz::Tz) -> i64 {
+    use chrono::{LocalResult, Offset, TimeZone, Timelike};
+    let mut at = tz.timestamp_micros(t).unwrap();
+    let steps = [
+        (months, None),
+        (weeks, Some(chrono::Days::new(7 * u64::from(weeks)))),
+        (days, Some(chrono::Days::new(u64::from(days)))),
+    ];
+    for (n, by) in steps {
+        if n == 0 {
+            continue;
+        }
+        let local = at.naive_local();
+        let target = match by {
+            None => local.checked_sub_months(chrono::Months::new(n)).unwrap(),
+            Some(d) => local.checked_sub_days(d).unwrap(),
+        };
+        let prev = at.offset().fix();
+        at = match tz.from_local_datetime(&target) {
+            LocalResult::Single(x) => x,
+            LocalResult::Ambiguous(a, b) => {
+                if b.offset().fix() == prev {
+                    b
+                } else {
+                    a
+                }
+            }
+            LocalResult::None => {
+                // (From the whole minute: gaps end on one.)
+                let mut end = target
+                    .with_second(0)
+                    .and_then(|x| x.with_nanosecond(0))
+                    .unwrap();
+                while let LocalResult::None = tz.from_local_datetime(&end) {
+                    end += chrono::TimeDelta::minutes(1);
+                }
+                let first = tz.from_local_datetime(&end).earliest().unwrap();
+                let before = tz
+                    .offset_from_utc_datetime(&(first.naive_utc() - chrono::TimeDelta::seconds(1)))
+                    .fix();
+                let u = target - chrono::TimeDelta::seconds(i64::from(before.local_minus_utc()));
+                tz.from_utc_datetime(&u)
+            }
+        };
+    }
+    at.timestamp_micros()
+}
+
+/// Whether order value `x` is in the window of a row at `t` whose lower
+/// edge is `lo`.
+fn in_window(lo: i128, t: i64, x: i64, closed: Closed) -> bool {
     let (t, x) = (t as i128, x as i128);
     match closed {
         Closed::Right => lo < x && x <= t,
@@ -193,9 +257,10 @@ fn in_window(t: i64, x: i64, w: Window, closed: Closed) -> bool {
 fn brute(rows: &[Row], grouped: bool, w: Window, closed: Closed) -> HashMap<i64, Vec<Option<f64>>> {
     let mut out = HashMap::new();
     for r in rows {
+        let lo = lower_edge(r.ts, w);
         let vals: Vec<f64> = rows
             .iter()
-            .filter(|o| (!grouped || o.key == r.key) && in_window(r.ts, o.ts, w, closed))
+            .filter(|o| (!grouped || o.key == r.key) && in_window(lo, r.ts, o.ts, closed))
             .filter_map(|o| o.v)
             .collect();
         let n = vals.len();
@@ -458,6 +523,83 @@ fn calendar_windows_match_brute_force() {
             let (local, tcp) = local_and_tcp(n).await;
             for (backend, ctxs) in [("local", &local), ("tcp", &tcp)] {
                 for w in [cal(1, 0), cal(3, 0), cal(1, 15 * DAY + 1)] {
+                    for closed in [Closed::Right, Closed::Both, Closed::Left, Closed::None] {
+                        for grouping in [Grouping::None, Grouping::Int] {
+                            let what =
+                                format!("{backend} {n} ranks, {w:?}, {closed:?}, {grouping:?}");
+                            run_case(ctxs, &rows, &us, grouping, w, closed, &what).await;
+                        }
+                    }
+                }
+            }
+            shutdown_all(&tcp).await;
+        });
+    }
+}
+
+/// Days, weeks and months on a zone's local clock: rows crowded around
+/// daylight-saving changes (New York's, Lord Howe's 30 minutes, Apia's
+/// skipped 2011-12-30), many at local times that a step lands in a gap or
+/// on a repeated hour; every rank count (each with one of the zones),
+/// local and tcp, every closed mode, grouped and not.
+#[test]
+fn local_clock_windows_match_brute_force() {
+    const H: i64 = 3_600_000_000;
+    let rt = runtime();
+    // (zone, instants (UTC, us) the rows crowd around)
+    let zones: [(&str, [i64; 3]); 3] = [
+        // 2024-03-10 07:00Z, 2024-11-03 06:00Z, 2024-04-10 06:00Z
+        (
+            "America/New_York",
+            [1_710_054_000, 1_730_613_600, 1_712_728_800],
+        ),
+        // 2024-04-06 15:00Z, 2024-10-05 15:30Z, 2024-05-06 15:00Z
+        (
+            "Australia/Lord_Howe",
+            [1_712_415_600, 1_728_142_200, 1_715_007_600],
+        ),
+        // 2011-12-29 10:00Z (the skipped day), 2012-03-31 14:00Z, 2012-01-29 10:00Z
+        (
+            "Pacific/Apia",
+            [1_325_152_800, 1_333_202_400, 1_327_831_200],
+        ),
+    ];
+    for (i, n) in RANK_COUNTS.into_iter().enumerate() {
+        let (name, around) = zones[i % zones.len()];
+        let zone: Zone = name.parse().unwrap();
+        let mut g = SplitMix(77 + i as u64);
+        let rows: Vec<Row> = (0..240)
+            .map(|id| {
+                // Within ~2 days of a change, at whole and half hours (the
+                // hours a step lands in) plus a few microseconds.
+                let c = around[g.below(3) as usize] * 1_000_000;
+                let off = (g.below(200) as i64 - 100) * H / 2;
+                Row {
+                    id,
+                    ts: c + off + (g.below(4) as i64 - 1) * (g.below(2) as i64),
+                    key: (g.below(10) != 0).then(|| g.below(3) as i64),
+                    v: (g.below(8) != 0).then(|| (g.below(2_000_000) as f64 - 1e6) / 1e3),
+                }
+            })
+            .collect();
+        let us = DataType::Timestamp(TimeUnit::Microsecond, Some(name.into()));
+        let local = |months, weeks, days, then| Window::Zoned {
+            months,
+            weeks,
+            days,
+            then,
+            unit: CalendarUnit::Micros,
+            zone,
+        };
+        rt.block_on(async {
+            let (local_ctxs, tcp) = local_and_tcp(n).await;
+            for (backend, ctxs) in [("local", &local_ctxs), ("tcp", &tcp)] {
+                for w in [
+                    local(0, 0, 1, 0),
+                    local(0, 1, 1, H),
+                    local(1, 0, 0, 0),
+                    local(0, 0, 2, 3 * H / 2),
+                ] {
                     for closed in [Closed::Right, Closed::Both, Closed::Left, Closed::None] {
                         for grouping in [Grouping::None, Grouping::Int] {
                             let what =
