@@ -88,6 +88,7 @@ pub fn check_gpu_spec(
     schema: &Schema,
     columns: Columns,
 ) -> Result<(), DataError> {
+    braid_kernels::gpu::check_window(spec.window).map_err(DataError::Invalid)?;
     if columns == Columns::AllOnDevice {
         for f in schema.fields() {
             if braid_core::cuda::device_width(f.data_type()).is_none() {

@@ -472,3 +472,43 @@ fn gpu_job_calendar_windows_equal_cpu_job() {
         eprintln!("gpu job = cpu job with calendar windows on {n} GPUs");
     }
 }
+
+/// A window on a zone's local clock needs the zone database, which the
+/// kernels lack: the GPU job refuses it before any work (no GPU needed to
+/// check), naming the zone, and the CPU job takes it.
+#[test]
+fn gpu_job_refuses_local_clock_windows_by_name() {
+    let ts = DataType::Timestamp(TimeUnit::Millisecond, Some("America/New_York".into()));
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("ts", ts, false),
+        Field::new("v", DataType::Float64, true),
+    ]));
+    let spec = RollingSpec {
+        order: "ts".into(),
+        by: None,
+        values: vec!["v".into()],
+        window: Window::Zoned {
+            months: 0,
+            weeks: 0,
+            days: 1,
+            then: 0,
+            unit: CalendarUnit::Millis,
+            zone: "America/New_York".parse().unwrap(),
+        },
+        closed: Closed::Right,
+        aggs: vec![Agg::Sum],
+    };
+    let job = |device| RollingJob {
+        source: Source::Memory(schema.clone(), vec![]),
+        spec: spec.clone(),
+        output: Output::Collect(CollectSink::new()),
+        chunk_rows: 1000,
+        device,
+    };
+    let e = job(Device::Gpu).check().unwrap_err().to_string();
+    assert!(
+        e.contains("America/New_York") && e.contains("CPU only"),
+        "{e}"
+    );
+    job(Device::Cpu).check().unwrap();
+}

@@ -134,6 +134,12 @@ impl TryFrom<Window> for KernelWindow {
     }
 }
 
+/// Whether the kernels take `window`: `Err` says why not (a window on a
+/// zone's local clock needs the zone database, which the device lacks).
+pub fn check_window(window: Window) -> Result<(), String> {
+    KernelWindow::try_from(window).map(|_| ())
+}
+
 /// One call's launches.
 struct Pass<'a> {
     gpu: &'a Arc<Gpu>,
