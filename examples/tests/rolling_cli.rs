@@ -586,6 +586,86 @@ df.with_columns(pl.col("ts").dt.date()).write_parquet(sys.argv[2])
     }
 }
 
+/// Days, weeks and months on a zone's local clock (`1d` back over a
+/// daylight-saving change is 23 or 25 hours) against Polars' rolling and
+/// DuckDB over each row's edge from Polars' `offset_by`: timestamps at
+/// whole and half hours around the changes of New York and Berlin, so
+/// steps land in gaps and on repeated hours; grouped and not, local and
+/// tcp, every closed mode.
+#[test]
+fn local_clock_windows_agree_with_the_oracle() {
+    if !oracle_or_skip("local-clock oracle test") {
+        return;
+    }
+    let scratch = Scratch::new("cli-local-clock");
+    let d = scratch.path();
+    let gen_input = r#"
+import datetime as dt, random, sys
+import polars as pl
+r = random.Random(5)
+changes = [dt.datetime(2024, 3, 10, 7), dt.datetime(2024, 11, 3, 6), dt.datetime(2024, 3, 31, 1),
+           dt.datetime(2024, 10, 27, 1), dt.datetime(2024, 4, 10, 6)]
+rows = []
+for i in range(20000):
+    c = r.choice(changes)
+    t = c + dt.timedelta(minutes=30 * r.randrange(-200, 200), microseconds=r.choice([0, 0, 1, 999]) * 1000)
+    rows.append((i, t, r.randrange(7) if r.random() < 0.9 else None,
+                 None if r.random() < 0.1 else r.uniform(-1e3, 1e3)))
+df = pl.DataFrame(rows, schema=["id", "ts", "key", "v"], orient="row")
+ts = pl.col("ts").cast(pl.Datetime("ms")).dt.replace_time_zone("UTC")
+df.with_columns(ts.dt.convert_time_zone("America/New_York")).write_parquet(sys.argv[1])
+df.with_columns(ts.dt.convert_time_zone("Europe/Berlin")).write_parquet(sys.argv[2])
+"#;
+    let (ny, berlin) = (d.join("ny.parquet"), d.join("berlin.parquet"));
+    let st = Command::new("python3")
+        .args(["-c", gen_input])
+        .args([&ny, &berlin])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let aggs = "sum,mean,min,max,count,std,var";
+    let cases = [
+        (&ny, "1d", "right", false, "local"),
+        (&ny, "1w1d", "both", true, "tcp"),
+        (&ny, "1mo", "left", true, "local"),
+        (&ny, "1d12h", "none", false, "local"),
+        (&berlin, "2d", "right", true, "local"),
+        (&berlin, "1mo1d", "both", false, "tcp"),
+    ];
+    for (input, period, closed, grouped, backend) in cases {
+        let out = d.join(format!("out-{period}-{closed}"));
+        let mut args = vec![
+            "--input",
+            input.to_str().unwrap(),
+            "--output",
+            out.to_str().unwrap(),
+            "--window",
+            period,
+            "--closed",
+            closed,
+            "--aggs",
+            aggs,
+            "--ranks",
+            "4",
+            "--backend",
+            backend,
+            "--chunk-rows",
+            "1000",
+        ];
+        let mut extra = vec![
+            "--order", "ts", "--values", "v", "--period", period, "--closed", closed, "--aggs",
+            aggs,
+        ];
+        if grouped {
+            args.extend(["--by", "key"]);
+            extra.extend(["--by", "key"]);
+        }
+        let (ok, _, err) = run(&args);
+        assert!(ok, "{args:?}: {err}");
+        check(input, &out, &extra, "duckdb,polars");
+    }
+}
+
 /// `tests/oracle/fuzz.py`: random inputs and parameters (order values near
 /// i64's ends, all ties, 0-2 rows, more ranks than rows, string and null
 /// keys, NaN and infinities, integer value columns, duration windows, tiny
