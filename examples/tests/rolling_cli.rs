@@ -543,7 +543,6 @@ df.with_columns(pl.col("ts").dt.date()).write_parquet(sys.argv[2])
         .status()
         .unwrap();
     assert!(st.success());
-    let aggs = "sum,mean,min,max,count,std,var";
     let cases = [
         (&ts_in, "1mo", "right", false, "local"),
         (&ts_in, "1mo15d", "both", true, "tcp"),
@@ -552,38 +551,7 @@ df.with_columns(pl.col("ts").dt.date()).write_parquet(sys.argv[2])
         (&date_in, "1mo", "right", true, "local"),
         (&date_in, "1y", "both", false, "tcp"),
     ];
-    for (input, period, closed, grouped, backend) in cases {
-        let out = d.join(format!("out-{period}-{closed}"));
-        let mut args = vec![
-            "--input",
-            input.to_str().unwrap(),
-            "--output",
-            out.to_str().unwrap(),
-            "--window",
-            period,
-            "--closed",
-            closed,
-            "--aggs",
-            aggs,
-            "--ranks",
-            "4",
-            "--backend",
-            backend,
-            "--chunk-rows",
-            "1000",
-        ];
-        let mut extra = vec![
-            "--order", "ts", "--values", "v", "--period", period, "--closed", closed, "--aggs",
-            aggs,
-        ];
-        if grouped {
-            args.extend(["--by", "key"]);
-            extra.extend(["--by", "key"]);
-        }
-        let (ok, _, err) = run(&args);
-        assert!(ok, "{args:?}: {err}");
-        check(input, &out, &extra, "duckdb,polars");
-    }
+    period_cases_agree(d, &cases);
 }
 
 /// Days, weeks and months on a zone's local clock (`1d` back over a
@@ -623,7 +591,6 @@ df.with_columns(ts.dt.convert_time_zone("Europe/Berlin")).write_parquet(sys.argv
         .status()
         .unwrap();
     assert!(st.success());
-    let aggs = "sum,mean,min,max,count,std,var";
     let cases = [
         (&ny, "1d", "right", false, "local"),
         (&ny, "1w1d", "both", true, "tcp"),
@@ -632,7 +599,15 @@ df.with_columns(ts.dt.convert_time_zone("Europe/Berlin")).write_parquet(sys.argv
         (&berlin, "2d", "right", true, "local"),
         (&berlin, "1mo1d", "both", false, "tcp"),
     ];
-    for (input, period, closed, grouped, backend) in cases {
+    period_cases_agree(d, &cases);
+}
+
+/// Runs `rolling --window PERIOD` on 4 ranks for each (input, period,
+/// closed, grouped, backend) and checks the output with DuckDB and Polars
+/// (`--period`).
+fn period_cases_agree(d: &Path, cases: &[(&PathBuf, &str, &str, bool, &str)]) {
+    let aggs = "sum,mean,min,max,count,std,var";
+    for &(input, period, closed, grouped, backend) in cases {
         let out = d.join(format!("out-{period}-{closed}"));
         let mut args = vec![
             "--input",

@@ -3,7 +3,8 @@
 //!
 //! For a row with order value `t` and window `w >= 0` the window holds the
 //! rows `j` with `t - w < ts[j] <= t` ([`Closed::Right`], the default;
-//! `t - w` is calendar arithmetic for a [`Window::Calendar`]); the
+//! `t - w` is calendar arithmetic for a [`Window::Calendar`], on a time
+//! zone's local clock for a [`Window::Zoned`]); the
 //! other [`Closed`] modes make either bound inclusive or exclusive. Rows with
 //! equal `ts` share one window. Nulls are skipped; std/var are sample
 //! statistics (ddof = 1), as in DuckDB and Polars.
@@ -14,7 +15,8 @@
 //! mean/M2, min, max) lives in a two-stacks sliding aggregate: values are
 //! only merged, never subtracted, so nothing drifts and the result matches a
 //! two-pass computation to rounding. Memory: O(window) scratch plus output.
-//! A calendar window's start can step back (at a clamped month end, see
+//! A calendar window's start can step back (at a clamped month end, or a
+//! change of a zone's offset, see
 //! [`crate::window`]): by at most the rows of one day of its target, each
 //! prepended to the two-stacks front with one push, so the pass stays
 //! O(n + steps back) and a fixed window's loop has no such step at all.

@@ -519,21 +519,8 @@ fn calendar_windows_match_brute_force() {
         unit: CalendarUnit::Micros,
     };
     for n in RANK_COUNTS {
-        rt.block_on(async {
-            let (local, tcp) = local_and_tcp(n).await;
-            for (backend, ctxs) in [("local", &local), ("tcp", &tcp)] {
-                for w in [cal(1, 0), cal(3, 0), cal(1, 15 * DAY + 1)] {
-                    for closed in [Closed::Right, Closed::Both, Closed::Left, Closed::None] {
-                        for grouping in [Grouping::None, Grouping::Int] {
-                            let what =
-                                format!("{backend} {n} ranks, {w:?}, {closed:?}, {grouping:?}");
-                            run_case(ctxs, &rows, &us, grouping, w, closed, &what).await;
-                        }
-                    }
-                }
-            }
-            shutdown_all(&tcp).await;
-        });
+        let windows = [cal(1, 0), cal(3, 0), cal(1, 15 * DAY + 1)];
+        rt.block_on(every_mode(n, &rows, &us, &windows));
     }
 }
 
@@ -591,27 +578,31 @@ fn local_clock_windows_match_brute_force() {
             unit: CalendarUnit::Micros,
             zone,
         };
-        rt.block_on(async {
-            let (local_ctxs, tcp) = local_and_tcp(n).await;
-            for (backend, ctxs) in [("local", &local_ctxs), ("tcp", &tcp)] {
-                for w in [
-                    local(0, 0, 1, 0),
-                    local(0, 1, 1, H),
-                    local(1, 0, 0, 0),
-                    local(0, 0, 2, 3 * H / 2),
-                ] {
-                    for closed in [Closed::Right, Closed::Both, Closed::Left, Closed::None] {
-                        for grouping in [Grouping::None, Grouping::Int] {
-                            let what =
-                                format!("{backend} {n} ranks, {w:?}, {closed:?}, {grouping:?}");
-                            run_case(ctxs, &rows, &us, grouping, w, closed, &what).await;
-                        }
-                    }
+        let windows = [
+            local(0, 0, 1, 0),
+            local(0, 1, 1, H),
+            local(1, 0, 0, 0),
+            local(0, 0, 2, 3 * H / 2),
+        ];
+        rt.block_on(every_mode(n, &rows, &us, &windows));
+    }
+}
+
+/// `run_case` on `n` ranks, local and tcp, for each of `windows`, every
+/// closed mode, ungrouped and grouped by the int key.
+async fn every_mode(n: u32, rows: &[Row], ts: &DataType, windows: &[Window]) {
+    let (local, tcp) = local_and_tcp(n).await;
+    for (backend, ctxs) in [("local", &local), ("tcp", &tcp)] {
+        for &w in windows {
+            for closed in [Closed::Right, Closed::Both, Closed::Left, Closed::None] {
+                for grouping in [Grouping::None, Grouping::Int] {
+                    let what = format!("{backend} {n} ranks, {w:?}, {closed:?}, {grouping:?}");
+                    run_case(ctxs, rows, ts, grouping, w, closed, &what).await;
                 }
             }
-            shutdown_all(&tcp).await;
-        });
+        }
     }
+    shutdown_all(&tcp).await;
 }
 
 /// `n` in-process ranks and `n` tcp ranks (shut the latter down after).

@@ -51,7 +51,9 @@ struct Cli {
     /// column; `10i` on integer columns), or for timestamp and date
     /// columns a duration such as 250ms, 90s, 1h30m, 1.5h, 2d, 1w, "1 hour",
     /// or calendar months: 1mo, 1q, 1y, 1mo15d (months back on the calendar,
-    /// then the rest).
+    /// then the rest). On a timestamp column in a time zone other than UTC,
+    /// days, weeks and months step on the zone's local clock (a day across
+    /// a daylight-saving change is 23 or 25 hours), as Polars does.
     #[arg(long, default_value = "1000", allow_hyphen_values = true)]
     window: String,
     /// Which window ends are closed: right, both, left, none.
