@@ -2,9 +2,12 @@
 //!
 //! Algorithm: binomial tree rooted at `root` (ranks renumbered relative to
 //! the root). Cost: ceil(log2 N) * (alpha + m * beta); on the local backend
-//! beta is ~0 (buffers are shared, not copied). Every rank also checks its
-//! root against its left neighbour's, so ranks that disagree on the root
-//! fail instead of returning different data.
+//! beta is ~0 (buffers are shared, not copied). Alongside the tree every
+//! rank takes part in an agreement on the root (`wire::check_signature`:
+//! ceil(log2 N) dissemination rounds of one small message), so ranks that
+//! disagree on the root all fail instead of returning different data. That
+//! round is what a broadcast costs over an unchecked one: the root cannot
+//! return until it has heard from the other ranks.
 //!
 //! In-process ranks (the local backend) instead meet once at (op, 0)
 //! (`Communicator::meet`): every rank sees every rank's root, and the
