@@ -180,14 +180,13 @@ fn parse_window(s: &str, order_type: &DataType, closed: Closed) -> Result<Window
     let d = duration(s)?;
     // A zone other than UTC: months, weeks and days step on its local
     // clock (Window::Zoned); the rest is absolute time.
-    let zone = match order_type {
-        DataType::Timestamp(_, Some(z)) => {
+    let local = match order_type {
+        DataType::Timestamp(_, Some(z)) if d.months > 0 || d.day_nanos > 0 => {
             let zone: Zone = z.parse().map_err(|e| format!("order column: {e}"))?;
             (!zone.is_utc()).then_some(zone)
         }
         _ => None,
     };
-    let local = zone.filter(|_| d.months > 0 || d.day_nanos > 0);
     let fixed = if local.is_some() {
         d.total - d.day_nanos
     } else {
@@ -572,6 +571,44 @@ mod tests {
             Window::Fixed(w) => Ok(w),
             w => Err(format!("calendar window {w:?}")),
         }
+    }
+
+    #[test]
+    fn days_weeks_and_months_in_a_zone_step_on_its_local_clock() {
+        let ny = DataType::Timestamp(TimeUnit::Millisecond, Some("America/New_York".into()));
+        let zone: Zone = "America/New_York".parse().unwrap();
+        let zoned = |months, weeks, days, then| {
+            Ok(Window::Zoned {
+                months,
+                weeks,
+                days,
+                then,
+                unit: CalendarUnit::Millis,
+                zone,
+            })
+        };
+        let w = |s: &str, t: &DataType| parse_window(s, t, Closed::Right);
+        assert_eq!(w("1d", &ny), zoned(0, 0, 1, 0));
+        assert_eq!(w("1w1d2h", &ny), zoned(0, 1, 1, 7_200_000));
+        assert_eq!(w("1mo 3 days", &ny), zoned(1, 0, 3, 0));
+        // Hours alone are absolute, as are days on UTC columns.
+        assert_eq!(w("24h", &ny), Ok(Window::Fixed(86_400_000)));
+        let utc = DataType::Timestamp(TimeUnit::Millisecond, Some("UTC".into()));
+        assert_eq!(w("1d", &utc), Ok(Window::Fixed(86_400_000)));
+        // A local day has no fraction.
+        assert!(w("1.5d", &ny).unwrap_err().contains("must be whole"));
+        let ist = DataType::Timestamp(TimeUnit::Millisecond, Some("+05:30".into()));
+        assert!(matches!(
+            w("1mo", &ist),
+            Ok(Window::Zoned {
+                zone: Zone::Fixed(19_800),
+                ..
+            })
+        ));
+        // An unknown zone matters only to a window that needs it.
+        let mars = DataType::Timestamp(TimeUnit::Millisecond, Some("Mars/Olympus".into()));
+        assert_eq!(w("3h", &mars), Ok(Window::Fixed(10_800_000)));
+        assert!(w("1d", &mars).unwrap_err().contains("unknown time zone"));
     }
 
     #[test]
