@@ -157,6 +157,10 @@ pub enum RollingError {
     /// The window length is negative.
     #[error("rolling window must be >= 0, got {0}")]
     NegativeWindow(i64),
+    /// A window on a zone's local clock over a column of days (a date has
+    /// no time zone).
+    #[error("a window on the local clock of time zone {0} needs a timestamp column, not days")]
+    ZonedDays(crate::window::Zone),
     /// An input column's length differs from the order column's.
     #[error("{what} has {got} rows, expected {expected}")]
     LengthMismatch {
@@ -338,6 +342,14 @@ fn check_inputs(
 ) -> Result<(), RollingError> {
     if window.length() < 0 {
         return Err(RollingError::NegativeWindow(window.length()));
+    }
+    if let Window::Zoned {
+        unit: CalendarUnit::Days,
+        zone,
+        ..
+    } = window
+    {
+        return Err(RollingError::ZonedDays(zone));
     }
     let n = ts.len();
     if values.len() != n {
@@ -876,6 +888,20 @@ mod tests {
         fn chance(&mut self, p: f64) -> bool {
             self.unit() < p
         }
+    }
+
+    #[test]
+    fn a_local_clock_window_over_days_is_refused() {
+        let w = Window::Zoned {
+            months: 1,
+            weeks: 0,
+            days: 0,
+            then: 0,
+            unit: CalendarUnit::Days,
+            zone: "Europe/Berlin".parse().unwrap(),
+        };
+        let e = rolling(&[1, 2], &[1.0, 2.0], None, w, Closed::Right, &[Agg::Sum], 0);
+        assert!(matches!(e, Err(RollingError::ZonedDays(_))));
     }
 
     /// Relative 1e-9, absolute 1e-9 near zero.
