@@ -93,9 +93,13 @@ pub enum Zone {
 impl std::str::FromStr for Zone {
     type Err = String;
 
-    /// `+HH:MM`, `-HHMM`, `+HH`, or a name of the IANA database.
+    /// `+HH:MM`, `-HHMM`, `+HH`, `Z` or `utc` (UTC), or a name of the
+    /// IANA database.
     fn from_str(s: &str) -> Result<Self, String> {
         let s = s.trim();
+        if s == "Z" || s.eq_ignore_ascii_case("utc") {
+            return Ok(Zone::Fixed(0));
+        }
         if let Some(rest) = s.strip_prefix('+').or_else(|| s.strip_prefix('-')) {
             let digits: String = rest.chars().filter(|c| *c != ':').collect();
             let ok = digits.bytes().all(|b| b.is_ascii_digit())
@@ -304,17 +308,20 @@ impl Window {
             } => {
                 let per = unit.per_second();
                 let mut u = t.div_euclid(per);
-                let local = |u: i64| i128::from(u) + i128::from(zone.offset_at(u));
+                // Each step: the local time of u (one offset lookup), the
+                // calendar step, the instant of the result.
                 if months > 0 {
-                    let n = local(u);
+                    let o = zone.offset_at(u);
+                    let n = i128::from(u) + i128::from(o);
                     let day = i64::try_from(n.div_euclid(DAY_S)).ok()?;
                     let n2 = days_back(day, months) * DAY_S + n.rem_euclid(DAY_S);
-                    u = zone.localize(n2, zone.offset_at(u))?;
+                    u = zone.localize(n2, o)?;
                 }
                 for d in [weeks.saturating_mul(7), days] {
                     if d > 0 {
-                        let n2 = local(u) - i128::from(d) * DAY_S;
-                        u = zone.localize(n2, zone.offset_at(u))?;
+                        let o = zone.offset_at(u);
+                        let n2 = i128::from(u) + i128::from(o) - i128::from(d) * DAY_S;
+                        u = zone.localize(n2, o)?;
                     }
                 }
                 let r = i128::from(u) * i128::from(per) + i128::from(t.rem_euclid(per))
@@ -744,6 +751,8 @@ mod tests {
         assert_eq!(Zone::Fixed(-19_800).to_string(), "-05:30");
         assert!("Etc/UTC".parse::<Zone>().unwrap().is_utc());
         assert!("+00:00".parse::<Zone>().unwrap().is_utc());
+        assert!("Z".parse::<Zone>().unwrap().is_utc());
+        assert!("utc".parse::<Zone>().unwrap().is_utc());
         assert!(!ny.is_utc());
     }
 

@@ -159,8 +159,36 @@ impl RollingSpec {
 /// zone or in UTC (months in another zone start at its local midnight,
 /// which braid does not model).
 fn check_calendar(order: &str, t: &DataType, unit: CalendarUnit) -> Result<()> {
+    let (stored, tz) = stored_unit(t);
+    if stored != Some(unit) {
+        return Err(DataError::Invalid(format!(
+            "a calendar window (months, quarters, years) needs a date or timestamp order column counting {unit:?}; {order:?} is {t}"
+        )));
+    }
+    match tz {
+        Some(z) if !z.parse::<Zone>().is_ok_and(Zone::is_utc) => Err(DataError::Invalid(format!(
+            "a calendar window on order column {order:?} in time zone {z}: Window::Calendar steps on UTC's calendar; use Window::Zoned for the zone's local one"
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// A window on a zone's local clock needs a timestamp column of `unit` in
+/// that zone (its values are instants; the zone gives their local time).
+fn check_zoned(order: &str, t: &DataType, unit: CalendarUnit, zone: Zone) -> Result<()> {
+    match stored_unit(t) {
+        (Some(u), Some(z)) if u == unit && z.parse::<Zone>().is_ok_and(|c| c == zone) => Ok(()),
+        _ => Err(DataError::Invalid(format!(
+            "a window on the local clock of time zone {zone} needs a timestamp order column counting {unit:?} in that zone; {order:?} is {t}"
+        ))),
+    }
+}
+
+/// What a date or timestamp column counts from the epoch, and its time
+/// zone (`None` for other types and for no zone).
+fn stored_unit(t: &DataType) -> (Option<CalendarUnit>, Option<&str>) {
     use arrow_schema::TimeUnit;
-    let (stored, tz) = match t {
+    match t {
         DataType::Date32 => (Some(CalendarUnit::Days), None),
         DataType::Date64 => (Some(CalendarUnit::Millis), None),
         DataType::Timestamp(u, tz) => (
@@ -173,42 +201,6 @@ fn check_calendar(order: &str, t: &DataType, unit: CalendarUnit) -> Result<()> {
             tz.as_deref(),
         ),
         _ => (None, None),
-    };
-    if stored != Some(unit) {
-        return Err(DataError::Invalid(format!(
-            "a calendar window (months, quarters, years) needs a date or timestamp order column counting {unit:?}; {order:?} is {t}"
-        )));
-    }
-    match tz {
-        None | Some("UTC" | "utc" | "Etc/UTC" | "+00:00" | "Z") => Ok(()),
-        Some(z) => Err(DataError::Invalid(format!(
-            "a calendar window on order column {order:?} in time zone {z}: Window::Calendar steps on UTC's calendar; use Window::Zoned for the zone's local one"
-        ))),
-    }
-}
-
-/// A window on a zone's local clock needs a timestamp column of `unit` in
-/// that zone (its values are instants; the zone gives their local time).
-fn check_zoned(order: &str, t: &DataType, unit: CalendarUnit, zone: Zone) -> Result<()> {
-    use arrow_schema::TimeUnit;
-    let ok = match t {
-        DataType::Timestamp(u, Some(z)) => {
-            let stored = match u {
-                TimeUnit::Second => CalendarUnit::Seconds,
-                TimeUnit::Millisecond => CalendarUnit::Millis,
-                TimeUnit::Microsecond => CalendarUnit::Micros,
-                TimeUnit::Nanosecond => CalendarUnit::Nanos,
-            };
-            stored == unit && z.parse::<Zone>().is_ok_and(|c| c == zone)
-        }
-        _ => false,
-    };
-    if ok {
-        Ok(())
-    } else {
-        Err(DataError::Invalid(format!(
-            "a window on the local clock of time zone {zone} needs a timestamp order column counting {unit:?} in that zone; {order:?} is {t}"
-        )))
     }
 }
 
@@ -781,6 +773,8 @@ mod tests {
         for (t, unit) in [
             (us(None), CalendarUnit::Micros),
             (us(Some("UTC")), CalendarUnit::Micros),
+            (us(Some("Etc/GMT")), CalendarUnit::Micros),
+            (us(Some("+00:00")), CalendarUnit::Micros),
             (DataType::Date32, CalendarUnit::Days),
             (DataType::Date64, CalendarUnit::Millis),
         ] {
