@@ -104,10 +104,15 @@ impl AllToAllvSpec {
     }
 
     fn validate(&self, n: usize, send_len: usize, elem_bytes: usize) -> Result<(), String> {
-        // Byte lengths are counts times the element size: never overflowing.
-        if self.recv_len.checked_mul(elem_bytes).is_none() {
+        // Byte lengths are counts times the element size: never overflowing,
+        // and within what one allocation may span (isize::MAX bytes).
+        if self
+            .recv_len
+            .checked_mul(elem_bytes)
+            .is_none_or(|b| b > isize::MAX as usize)
+        {
             return Err(format!(
-                "a result of {} elements of {elem_bytes} bytes overflows",
+                "a result of {} elements of {elem_bytes} bytes is larger than one allocation may be",
                 self.recv_len
             ));
         }
@@ -497,5 +502,19 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn a_result_larger_than_an_allocation_is_refused() {
+        // 2^60 u64s is 2^63 bytes: it fits usize but not one allocation
+        // (isize::MAX), where `Vec::with_capacity` would panic.
+        let mut spec = AllToAllvSpec::equal(1, 0);
+        spec.recv_len = 1 << 60;
+        let e = spec.validate(1, 0, 8).unwrap_err();
+        assert!(e.contains("larger than one allocation"), "{e}");
+        spec.recv_len = usize::MAX;
+        assert!(spec.validate(1, 0, 8).is_err());
+        spec.recv_len = 1 << 20;
+        assert_eq!(spec.validate(1, 0, 8), Ok(()));
     }
 }

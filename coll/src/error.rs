@@ -138,6 +138,19 @@ pub enum CollError {
         #[source]
         source: MemoryError,
     },
+    /// The collective's protocol panicked (a user-supplied operator, or a
+    /// bug in braid); the job is aborted so no peer waits for it.
+    #[error("rank {rank}: {coll} ({op}): panicked: {detail}")]
+    Panicked {
+        /// This rank.
+        rank: Rank,
+        /// The collective.
+        coll: CollKind,
+        /// Its OpId.
+        op: OpId,
+        /// The panic's message.
+        detail: String,
+    },
     /// A CUDA or NCCL call failed, or the NCCL communicator was aborted.
     #[error("rank {rank}: {coll} ({op}): {detail}")]
     Device {
@@ -160,6 +173,7 @@ impl CollError {
             | CollError::Mismatch { rank, .. }
             | CollError::InvalidArgument { rank, .. }
             | CollError::Memory { rank, .. }
+            | CollError::Panicked { rank, .. }
             | CollError::Device { rank, .. } => *rank,
         }
     }

@@ -14,6 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use braid_core::{Context, Event, OpId};
+use futures::FutureExt as _;
 
 use crate::error::{CollError, CollKind};
 
@@ -97,6 +98,7 @@ where
     });
     let i2 = inner.clone();
     let ctx2 = ctx.clone();
+    let rank = ctx.rank();
     // Boxed: a protocol's state machine is kilobytes, and the runtime
     // copies a task's whole future in and out of its cell (at spawn and
     // at completion); moving a pointer instead saves microseconds on small
@@ -111,7 +113,18 @@ where
     ctx.progress().spawn(tracing::Instrument::instrument(
         async move {
             let t = Instant::now();
-            let r = protocol.await;
+            // A panic (a user's reduction operator, say) still completes
+            // the handle: its waiter gets an error instead of waiting
+            // forever, and the job is aborted below.
+            let r = match std::panic::AssertUnwindSafe(protocol).catch_unwind().await {
+                Ok(r) => r,
+                Err(p) => Err(CollError::Panicked {
+                    rank,
+                    coll,
+                    op,
+                    detail: braid_core::graph::panic_message(p),
+                }),
+            };
             ctx2.statistics().record_op(coll.name(), t.elapsed());
             if let Err(e) = &r {
                 if e.aborts_job() {

@@ -80,7 +80,11 @@ impl Event {
     /// Like [`Event::wait_blocking`] with a time limit; returns whether the
     /// event was set.
     pub fn wait_blocking_timeout(&self, timeout: Duration) -> bool {
-        let deadline = std::time::Instant::now() + timeout;
+        let Some(deadline) = std::time::Instant::now().checked_add(timeout) else {
+            // Beyond what an Instant holds: no limit in effect.
+            self.wait_blocking();
+            return true;
+        };
         let _b = Blocked::enter(&self.inner);
         let mut g = self.inner.lock.lock().unwrap_or_else(|p| p.into_inner());
         while !self.inner.set.load(Ordering::SeqCst) {

@@ -158,7 +158,8 @@ impl NodeError {
     }
 }
 
-fn panic_message(p: Box<dyn std::any::Any + Send>) -> String {
+/// The text of a caught panic's payload (a `&str` or `String` message).
+pub fn panic_message(p: Box<dyn std::any::Any + Send>) -> String {
     if let Some(s) = p.downcast_ref::<&str>() {
         (*s).to_string()
     } else if let Some(s) = p.downcast_ref::<String>() {

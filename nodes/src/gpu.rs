@@ -354,7 +354,10 @@ async fn global_sort(
     let gathered = allgather(dc.ctx(), padded).await.map_err(fail)?;
     let mut pool: Vec<i64> = Vec::new();
     for (r, c) in counts.iter().enumerate() {
-        pool.extend_from_slice(&gathered[r * most..r * most + c]);
+        let part = gathered
+            .get(r * most..r * most + c)
+            .ok_or_else(|| fail(format!("rank {r}'s order samples came short")))?;
+        pool.extend_from_slice(part);
     }
     pool.sort_unstable();
     let splitters: Vec<u64> = (1..n)
@@ -429,7 +432,7 @@ async fn lookback(
     let info = allgather(dc.ctx(), vec![rows_me as i64, first, last])
         .await
         .map_err(fail)?;
-    let plan = crate::rolling::HaloPlan::new(&info, n, spec);
+    let plan = crate::rolling::HaloPlan::new(&info, n, spec).map_err(fail)?;
     let (rounds, rows) = (plan.rounds, |r: usize| plan.rows(r));
     let need = |r: usize| plan.need(r);
     let pass_from = |r: usize| plan.pass_from(r);

@@ -372,7 +372,17 @@ pub(crate) struct HaloPlan<'a> {
 }
 
 impl<'a> HaloPlan<'a> {
-    pub(crate) fn new(info: &'a [i64], n: usize, spec: &'a RollingSpec) -> Self {
+    /// The plan for `n` ranks; `info` must hold 3 values per rank (a peer
+    /// that gathered something else is an error, not a panic or a plan
+    /// that differs between ranks).
+    pub(crate) fn new(info: &'a [i64], n: usize, spec: &'a RollingSpec) -> Result<Self> {
+        if info.len() != 3 * n {
+            return Err(DataError::Invalid(format!(
+                "the ranks' (rows, first, last) order values came as {} values for {n} ranks, not {}",
+                info.len(),
+                3 * n
+            )));
+        }
         let mut p = HaloPlan {
             info,
             n,
@@ -389,7 +399,7 @@ impl<'a> HaloPlan<'a> {
             })
             .max()
             .unwrap_or(0);
-        p
+        Ok(p)
     }
 
     /// Rows of rank r.
@@ -590,7 +600,7 @@ async fn ungrouped(ctx: &Context, sorted: RecordBatch, spec: &RollingSpec) -> Re
         ],
     )
     .await?;
-    let plan = HaloPlan::new(&info, n, spec);
+    let plan = HaloPlan::new(&info, n, spec)?;
     let (rounds, rows) = (plan.rounds, |r: usize| plan.rows(r));
     let need = |r: usize| plan.need(r);
     let pass_from = |r: usize| plan.pass_from(r);
@@ -620,7 +630,9 @@ async fn ungrouped(ctx: &Context, sorted: RecordBatch, spec: &RollingSpec) -> Re
         let out = pack(&to_pass)?;
         let halo = HaloExchange::new(ctx).exchange(empty, out).await?;
         let got = match halo.from_left {
-            Some(p) if !p.data.is_empty() => concat_batches(&narrow_schema, &unpack(&p)?)?,
+            Some(p) if !p.data.is_empty() => {
+                concat_batches(&narrow_schema, &unpack(&p, &narrow_schema)?)?
+            }
             _ => narrow.slice(0, 0),
         };
         let got_ts = order_values(&got, 0, &spec.order)?;

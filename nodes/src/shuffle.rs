@@ -17,15 +17,18 @@ use crate::partition::{column_index, hash_partition};
 /// stays as it is.
 pub(crate) struct TableShuffle {
     ctx: Context,
+    /// The columns every part has (a peer's parts are checked against it).
+    schema: SchemaRef,
     shuffle: Shuffle,
     own: Vec<RecordBatch>,
 }
 
 impl TableShuffle {
-    /// A new shuffle over the ranks of `ctx`.
-    pub(crate) fn new(ctx: &Context) -> Self {
+    /// A new shuffle over the ranks of `ctx` of batches with `schema`.
+    pub(crate) fn new(ctx: &Context, schema: SchemaRef) -> Self {
         TableShuffle {
             ctx: ctx.clone(),
+            schema,
             shuffle: Shuffle::new(ctx, ctx.nranks(), PartitionOwner::RoundRobin, None),
             own: Vec::new(),
         }
@@ -80,11 +83,11 @@ impl TableShuffle {
         self.shuffle.insert_finished()?;
         let mine = self.shuffle.extract(self.ctx.rank()).await?;
         drop(self.shuffle);
-        let own = self.own;
+        let (own, schema) = (self.own, self.schema);
         tokio::task::spawn_blocking(move || -> Result<Vec<RecordBatch>> {
             let mut parts = own;
             for p in mine {
-                parts.extend(unpack(&p)?);
+                parts.extend(unpack(&p, &schema)?);
             }
             Ok(parts)
         })
@@ -106,7 +109,7 @@ pub async fn hash_shuffle(
         .iter()
         .map(|k| column_index(&schema, k))
         .collect::<Result<_>>()?;
-    let mut shuffle = TableShuffle::new(ctx);
+    let mut shuffle = TableShuffle::new(ctx, schema.clone());
     while let Some(m) = input.recv().await {
         let Payload::Table(t) = m.payload else {
             return Err(DataError::Invalid("shuffle got a non-table message".into()));

@@ -390,9 +390,9 @@ impl DistributedSort {
             let mut off = 0usize;
             for l in lens.chunks_exact(4) {
                 let l = u32::from_le_bytes([l[0], l[1], l[2], l[3]]) as usize;
-                let s = data
-                    .as_slice()
-                    .get(off..off + l)
+                let s = off
+                    .checked_add(l)
+                    .and_then(|end| data.as_slice().get(off..end))
                     .ok_or_else(|| DataError::Invalid("malformed sample from a peer".into()))?;
                 samples.push(s.to_vec());
                 off += l;
@@ -409,7 +409,7 @@ impl DistributedSort {
         // 3 + 4. Partition, shuffle, sort locally. This rank's own range
         // stays as batches (no packing, no copy).
         let splitters = Arc::new(Splitters::new(&schema, &conv, &keys, splitters));
-        let mut shuffle = TableShuffle::new(ctx);
+        let mut shuffle = TableShuffle::new(ctx, schema.clone());
         for b in batches {
             let (c2, k2, s2) = (conv.clone(), keys.clone(), splitters.clone());
             shuffle

@@ -267,7 +267,10 @@ impl Source {
                 let mut work = Vec::new();
                 for (f, g, rows) in groups {
                     for p in 0..pieces {
-                        let (lo, hi) = (rows * p / pieces, rows * (p + 1) / pieces);
+                        // In u128: a footer's row count times pieces may
+                        // not fit a usize.
+                        let cut = |q: usize| (rows as u128 * q as u128 / pieces as u128) as usize;
+                        let (lo, hi) = (cut(p), cut(p + 1));
                         if hi > lo || (p == 0 && rows == 0) {
                             work.push((f.clone(), g, lo, hi - lo));
                         }
@@ -379,8 +382,9 @@ impl Source {
                 }
             }
             Source::Generator(g) => {
-                let lo = g.rows * rank as u64 / n as u64;
-                let hi = g.rows * (rank as u64 + 1) / n as u64;
+                // In u128: rows times ranks may not fit a u64.
+                let share = |r: u64| (u128::from(g.rows) * u128::from(r) / n as u128) as u64;
+                let (lo, hi) = (share(rank as u64), share(rank as u64 + 1));
                 let mut at = lo;
                 while at < hi {
                     let end = (at + chunk_rows as u64).min(hi);

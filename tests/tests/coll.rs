@@ -6,11 +6,12 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail by panicking
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use braid_coll::{
-    AllToAllvSpec, PartitionOwner, ReduceKind, Shuffle, allgather, allreduce, alltoallv, barrier,
-    broadcast, sendrecv,
+    AllToAllvSpec, PartitionOwner, ReduceKind, ReduceOp, Shuffle, allgather, allreduce, alltoallv,
+    barrier, broadcast, sendrecv,
 };
 use braid_core::launch::{LaunchSpec, OutputMode, launch};
 use braid_core::world::contexts;
@@ -110,6 +111,51 @@ fn a_failing_rank_ends_the_others() {
             for (r, x) in res.iter().enumerate() {
                 let err = x.as_ref().expect_err("no rank can finish");
                 assert!(err.contains("rank gives up"), "{n} ranks, rank {r}: {err}");
+            }
+        });
+    }
+}
+
+/// A user-supplied reduction operator that panics on one rank fails the
+/// collective on every rank (the panicking rank names the panic, the others
+/// hear of it through the abort) within the harness's deadline: the panic
+/// completes the core's handle instead of leaving its waiter hanging.
+#[test]
+fn a_panicking_operator_fails_every_rank() {
+    let rt = runtime();
+    for n in RANK_COUNTS.into_iter().filter(|n| *n >= 2) {
+        let case = |c: Context| async move {
+            let me = c.rank();
+            let op: ReduceOp<i64> =
+                ReduceOp::Custom(Arc::new(move |acc: &mut [i64], x: &[i64]| {
+                    assert!(me != 0, "operator refuses rank {me}");
+                    for (a, b) in acc.iter_mut().zip(x) {
+                        *a += *b;
+                    }
+                }));
+            allreduce(&c, vec![1i64; 1000], op)
+                .await
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        };
+        rt.block_on(async {
+            for (world, res) in [
+                (
+                    "local",
+                    on_all(local_ctxs(n, MemoryLimits::UNLIMITED).await, case).await,
+                ),
+                (
+                    "tcp",
+                    on_all(tcp_ctxs(n, MemoryLimits::UNLIMITED).await, case).await,
+                ),
+            ] {
+                for (r, x) in res.iter().enumerate() {
+                    let err = x.as_ref().expect_err("no rank can finish");
+                    assert!(
+                        err.contains("panicked") && err.contains("operator refuses rank 0"),
+                        "{world}, {n} ranks, rank {r}: {err}"
+                    );
+                }
             }
         });
     }

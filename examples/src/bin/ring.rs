@@ -59,6 +59,14 @@ fn main() -> ExitCode {
             }
             // Each lap adds 0 + 1 + ... + (n - 1).
             let per_lap = (n as u64) * (n as u64 - 1) / 2;
+            if token.len() != initial.len() * 8 {
+                return Err(format!(
+                    "the token came back with {} bytes, not {}",
+                    token.len(),
+                    initial.len() * 8
+                )
+                .into());
+            }
             for (i, c) in token.as_slice().chunks_exact(8).enumerate() {
                 let got = u64::from_le_bytes(c.try_into().unwrap_or([0; 8]));
                 let want = initial[i].wrapping_add(per_lap * laps as u64);

@@ -194,7 +194,7 @@ fn parse_window(s: &str, order_type: &DataType, closed: Closed) -> Result<Window
     };
     let open_far_end = matches!(closed, Closed::Right | Closed::None);
     let units = if open_far_end {
-        (fixed + per_unit - 1) / per_unit
+        fixed / per_unit + i128::from(fixed % per_unit != 0)
     } else {
         fixed / per_unit
     };

@@ -58,6 +58,10 @@ use crate::tag::Tag;
 const RECV_POOL_BYTES: usize = 1 << 30;
 /// Time a connecting peer has to present its opening.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// The most ranks a tcp job may have: every rank keeps a connection and
+/// per-peer state for each other rank, so a mistyped count should fail
+/// here rather than in an allocation.
+const MAX_RANKS: u32 = 1 << 16;
 
 /// How a tcp rank finds and joins its job.
 #[derive(Debug, Clone)]
@@ -115,6 +119,11 @@ impl TcpConfig {
         let rank: Rank = rank_s
             .parse()
             .map_err(|_| bad(format!("BRAID_RANK={rank_s:?} is not a number")))?;
+        if nranks > MAX_RANKS {
+            return Err(bad(format!(
+                "BRAID_NRANKS={nranks} is more than the {MAX_RANKS} ranks a tcp job may have"
+            )));
+        }
         if nranks == 0 || rank >= nranks {
             return Err(bad(format!(
                 "BRAID_RANK={rank} is not below BRAID_NRANKS={nranks}"
@@ -475,13 +484,21 @@ async fn resolve(addr: &str, rank: Rank) -> Result<SocketAddr, CommError> {
 
 /// Connects to `addr`, retrying until `timeout` (the peer may not be up yet),
 /// and presents our opening; waits for the ack.
+/// Now plus `timeout`, or a year from now where the sum does not fit (a
+/// timeout set past what an `Instant` can hold means "no limit" in effect).
+fn deadline_after(timeout: Duration) -> tokio::time::Instant {
+    let now = tokio::time::Instant::now();
+    now.checked_add(timeout)
+        .unwrap_or_else(|| now + Duration::from_secs(365 * 24 * 3600))
+}
+
 async fn open(
     shared: &Shared,
     addr: &str,
     kind: ConnKind,
     peer: Rank,
 ) -> Result<TcpStream, CommError> {
-    let deadline = tokio::time::Instant::now() + shared.timeout;
+    let deadline = deadline_after(shared.timeout);
     let mut last_err = String::new();
     loop {
         if tokio::time::Instant::now() >= deadline {
@@ -771,7 +788,7 @@ async fn bootstrap_root(
     let n = shared.nranks as usize;
     let mut conns: Vec<Option<(TcpStream, String)>> = (0..n).map(|_| None).collect();
     let mut missing = n - 1;
-    let deadline = tokio::time::Instant::now() + shared.timeout;
+    let deadline = deadline_after(shared.timeout);
     while missing > 0 {
         let next = tokio::time::timeout_at(deadline, ctrl_rx.recv()).await;
         let (r, mut s) = match next {

@@ -36,7 +36,7 @@ pub struct CollArgs {
     )]
     sizes: Vec<usize>,
     /// Rank counts.
-    #[arg(long, value_delimiter = ',', default_value = "2,4")]
+    #[arg(long, value_delimiter = ',', default_value = "2,4", value_parser = clap::value_parser!(u32).range(1..))]
     ranks: Vec<u32>,
     /// Operations (barrier, bcast, allgather, allreduce, reduce_scatter,
     /// alltoall, alltoallv, alltoallv_parts, allreduce_parts, sendrecv).

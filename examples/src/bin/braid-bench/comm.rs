@@ -30,7 +30,7 @@ pub struct CommArgs {
     #[arg(long, default_value_t = 3)]
     reps: u32,
     /// Round trips per latency measurement.
-    #[arg(long, default_value_t = 20_000)]
+    #[arg(long, default_value_t = 20_000, value_parser = clap::value_parser!(u32).range(1..))]
     pingpongs: u32,
 }
 
