@@ -20,7 +20,7 @@ use braid_kernels::{DType, Element};
 use futures::future::BoxFuture;
 
 use crate::error::{CollError, CollKind, Site};
-use crate::handle::{Callback, Handle, start};
+use crate::handle::{Callback, Handle, start, then_set};
 use crate::wire::{LAST, Meta, recv_streams_all, send_finish, send_framed, typed, vec_to_buffer};
 
 /// How extracted chunks are ordered.
@@ -86,12 +86,7 @@ impl AllGather {
         let done = Event::new();
         let comm = ctx.comm().clone();
         let (st, ld, d2) = (state.clone(), local_done.clone(), done.clone());
-        let cb: Callback = Box::new(move || {
-            if let Some(cb) = callback {
-                cb();
-            }
-            d2.set();
-        });
+        let cb = then_set(callback, d2);
         let handle = start(ctx, CollKind::AllGather, op, Some(cb), async move {
             let n = comm.nranks();
             let me = site.rank;

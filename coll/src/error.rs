@@ -187,11 +187,14 @@ fn peer_text(peer: Option<Rank>) -> String {
 }
 
 impl CollError {
-    /// Whether this error should abort the job: every failure except the
-    /// transport's own (which the other ranks hear about already) leaves
-    /// peers waiting for messages that will never come.
-    pub(crate) fn aborts_job(&self) -> bool {
-        !matches!(self, CollError::Comm { .. })
+    /// Whether this error should abort the job. Every failure leaves peers
+    /// waiting for messages that will never come, except the transport's
+    /// own failure (`comm_failed`: a dead peer, another rank's abort), which
+    /// the other ranks hear about already. A transport error that only this
+    /// rank saw (a message over the transport's limit, a send refused at
+    /// once) aborts too: a peer may wait for the data after its header.
+    pub(crate) fn aborts_job(&self, comm_failed: bool) -> bool {
+        !(matches!(self, CollError::Comm { .. }) && comm_failed)
     }
 }
 

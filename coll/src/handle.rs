@@ -80,6 +80,51 @@ impl<T: Send + 'static> Handle<T> {
     }
 }
 
+/// Runs a completed collective's callback. A callback that panics (a
+/// user's) fails the handle with [`CollError::Panicked`] and aborts the job,
+/// and the caller still sets the handle's event: nothing waits forever.
+fn run_callback<T>(
+    callback: Option<Callback>,
+    ctx: &Context,
+    coll: CollKind,
+    op: OpId,
+    inner: &Inner<T>,
+) {
+    let Some(cb) = callback else {
+        return;
+    };
+    if let Err(p) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(cb)) {
+        let e = CollError::Panicked {
+            rank: ctx.rank(),
+            coll,
+            op,
+            detail: format!(
+                "in its completion callback: {}",
+                braid_core::graph::panic_message(p)
+            ),
+        };
+        ctx.comm().abort(&e.to_string());
+        *inner.result.lock().unwrap_or_else(|p| p.into_inner()) = Some(Err(e));
+    }
+}
+
+/// A callback that runs `user` (if any), then sets `ev`, which it sets
+/// even when `user` panics (the panic then goes on to [`run_callback`]).
+pub(crate) fn then_set(user: Option<Callback>, ev: Event) -> Callback {
+    struct SetOnDrop(Event);
+    impl Drop for SetOnDrop {
+        fn drop(&mut self) {
+            self.0.set();
+        }
+    }
+    Box::new(move || {
+        let _set = SetOnDrop(ev);
+        if let Some(cb) = user {
+            cb();
+        }
+    })
+}
+
 /// Starts a collective's protocol on the context's progress engine.
 pub(crate) fn start<T, F>(
     ctx: &Context,
@@ -127,14 +172,12 @@ where
             };
             ctx2.statistics().record_op(coll.name(), t.elapsed());
             if let Err(e) = &r {
-                if e.aborts_job() {
+                if e.aborts_job(ctx2.comm().failure().is_some()) {
                     ctx2.comm().abort(&e.to_string());
                 }
             }
             *i2.result.lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
-            if let Some(cb) = callback {
-                cb();
-            }
+            run_callback(callback, &ctx2, coll, op, &i2);
             i2.done.set();
         },
         span,
@@ -175,14 +218,18 @@ impl<T> Finisher<T> {
             .statistics()
             .record_op(self.coll.name(), self.started.elapsed());
         if let Err(e) = &r {
-            if e.aborts_job() {
+            if e.aborts_job(self.ctx.comm().failure().is_some()) {
                 self.ctx.comm().abort(&e.to_string());
             }
         }
         *self.inner.result.lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
-        if let Some(cb) = self.callback.take() {
-            cb();
-        }
+        run_callback(
+            self.callback.take(),
+            &self.ctx,
+            self.coll,
+            self.op,
+            &self.inner,
+        );
         self.inner.done.set();
     }
 }

@@ -31,7 +31,7 @@ use bytes::Bytes;
 use futures::future::BoxFuture;
 
 use crate::error::{CollError, CollKind, Site};
-use crate::handle::{Callback, Handle, start};
+use crate::handle::{Callback, Handle, start, then_set};
 use crate::wire::{Meta, recv_streams_all, send_finish, send_framed};
 
 /// Which rank owns a partition.
@@ -244,12 +244,7 @@ impl Shuffle {
             done.clone(),
             store.clone(),
         );
-        let cb: Callback = Box::new(move || {
-            if let Some(cb) = callback {
-                cb();
-            }
-            d2.set();
-        });
+        let cb = then_set(callback, d2);
         let handle = start(ctx, CollKind::Shuffle, op, Some(cb), async move {
             let me = site.rank;
             let tag = Tag::new(op, 0);

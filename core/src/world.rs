@@ -4,6 +4,8 @@
 use std::future::Future;
 use std::sync::Arc;
 
+use futures::FutureExt as _;
+
 use crate::Rank;
 use crate::comm::local::LocalComm;
 use crate::comm::tcp::{TcpComm, TcpConfig};
@@ -151,7 +153,13 @@ where
             let err_tx = err_tx.clone();
             let rank = comm.rank();
             handles.push(tokio::spawn(async move {
-                let r = match job(ctx).await {
+                // A job that panics fails its rank like one that returns an
+                // error: the others are told (abort) instead of waiting for
+                // it forever.
+                let run = std::panic::AssertUnwindSafe(job(ctx)).catch_unwind();
+                let r = match run.await.unwrap_or_else(|p| {
+                    Err(format!("panicked: {}", crate::graph::panic_message(p)).into())
+                }) {
                     Ok(v) => comm
                         .shutdown()
                         .await

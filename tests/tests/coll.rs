@@ -161,6 +161,55 @@ fn a_panicking_operator_fails_every_rank() {
     }
 }
 
+/// A user's completion callback that panics neither hangs the caller of
+/// `extract` nor goes unnoticed: the collective still completes on every
+/// rank and the job is aborted with the panic's message.
+#[test]
+fn a_panicking_completion_callback_aborts_without_a_hang() {
+    let rt = runtime();
+    for n in RANK_COUNTS {
+        let case = |c: Context| async move {
+            let cb: braid_coll::Callback = Box::new(|| panic!("callback refuses"));
+            let ag = braid_coll::AllGather::new(&c, Some(cb));
+            ag.insert_last(
+                0,
+                PackedData {
+                    metadata: Bytes::new(),
+                    data: Buffer::from_vec(vec![c.rank() as u8]),
+                },
+            )
+            .map_err(|e| e.to_string())?;
+            // Either outcome of the call is fine; what must hold is that it
+            // returns and that the communicator carries the abort.
+            let _ = ag.extract(braid_coll::ExtractOrder::RankSeq).await;
+            match c.comm().failure() {
+                Some(f) => Err(f.to_string()),
+                None => Ok(()),
+            }
+        };
+        rt.block_on(async {
+            for (world, res) in [
+                (
+                    "local",
+                    on_all(local_ctxs(n, MemoryLimits::UNLIMITED).await, case).await,
+                ),
+                (
+                    "tcp",
+                    on_all(tcp_ctxs(n, MemoryLimits::UNLIMITED).await, case).await,
+                ),
+            ] {
+                for (r, x) in res.iter().enumerate() {
+                    let err = x.as_ref().expect_err("the job is aborted");
+                    assert!(
+                        err.contains("completion callback") && err.contains("callback refuses"),
+                        "{world}, {n} ranks, rank {r}: {err}"
+                    );
+                }
+            }
+        });
+    }
+}
+
 #[test]
 fn suite_tcp_processes() {
     let rt = runtime();

@@ -290,3 +290,45 @@ fn an_unanswering_root_fails_within_the_timeout() {
     // is over two minutes.
     assert!(took < Duration::from_secs(30), "took {took:?}");
 }
+
+/// A send that only its own rank sees fail (a broadcast's data over the
+/// receiver's message limit, refused at the sender before any byte
+/// moves) aborts the job: the receiver, which already has the frame's
+/// header and waits for the data after it, gets an error in bounded time
+/// instead of waiting forever.
+#[test]
+fn a_send_refused_at_the_sender_fails_the_receiver_too() {
+    let rt = runtime();
+    let token = braid_core::comm::tcp::random_token();
+    let comms = two_ranks(&rt, &token, 1024);
+    let res: Vec<Result<(), String>> = rt.block_on(async {
+        let hs: Vec<_> = comms
+            .iter()
+            .map(|c| {
+                let ctx =
+                    braid_core::world::context_for(c.clone(), braid_core::MemoryLimits::UNLIMITED);
+                tokio::spawn(async move {
+                    let data = (ctx.rank() == 0)
+                        .then(|| braid_core::Buffer::from_vec(vec![7u8; 64 << 10]));
+                    braid_coll::broadcast(&ctx, 0, data)
+                        .await
+                        .map(|_| ())
+                        .map_err(|e| e.to_string())
+                })
+            })
+            .collect();
+        let mut out = Vec::new();
+        for h in hs {
+            let r = tokio::time::timeout(Duration::from_secs(30), h)
+                .await
+                .expect("a rank hung")
+                .expect("task");
+            out.push(r);
+        }
+        out
+    });
+    let e0 = res[0].as_ref().expect_err("the root's send is refused");
+    assert!(e0.contains("1024"), "rank 0: {e0}");
+    let e1 = res[1].as_ref().expect_err("the receiver hears of it");
+    assert!(e1.contains("rank 0"), "rank 1: {e1}");
+}

@@ -225,3 +225,34 @@ fn graph_failures_tcp() {
         }
     }
 }
+
+/// A rank whose job panics outside any graph node (in the job's own code)
+/// fails the in-process world with the panic's message, on every rank
+/// count, while the other ranks wait for it in a collective: they are told
+/// (abort) instead of waiting forever.
+#[test]
+fn a_panicking_rank_job_fails_the_local_world() {
+    for n in RANK_COUNTS {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let r = braid_core::run_world(
+                &WorldSpec::Local { nranks: n },
+                MemoryLimits::UNLIMITED,
+                move |ctx| async move {
+                    assert!(ctx.rank() != n - 1, "job refuses rank {}", ctx.rank());
+                    braid_coll::barrier(&ctx).await?;
+                    Ok(())
+                },
+            );
+            let _ = tx.send(r.map(|v| v.len()).map_err(|e| e.to_string()));
+        });
+        let r = rx
+            .recv_timeout(Duration::from_secs(60))
+            .unwrap_or_else(|_| panic!("{n} ranks: the world hung"));
+        let e = r.expect_err("a rank panicked");
+        assert!(
+            e.contains("panicked") && e.contains(&format!("job refuses rank {}", n - 1)),
+            "{n} ranks: {e}"
+        );
+    }
+}
