@@ -102,6 +102,20 @@ pub enum CommError {
         /// What went wrong.
         detail: String,
     },
+    /// A peer finished its job (shut down) and every message it sent this
+    /// rank has arrived, yet this rank waits for another one: the ranks'
+    /// calls differ (a collective or a receive the peer did not make).
+    #[error(
+        "rank {rank}: rank {peer} finished its job while this rank waits for a message from it ({tag:?}): the ranks' calls differ (a collective or receive that rank did not make)"
+    )]
+    PeerFinished {
+        /// The waiting rank.
+        rank: Rank,
+        /// The rank that finished.
+        peer: Rank,
+        /// The message waited for.
+        tag: crate::tag::Tag,
+    },
     /// The communicator was shut down before the operation finished.
     #[error("rank {rank}: communicator is shut down")]
     Shutdown {
@@ -133,6 +147,7 @@ impl CommError {
         match self {
             CommError::InvalidRank { peer, .. }
             | CommError::PeerDied { peer, .. }
+            | CommError::PeerFinished { peer, .. }
             | CommError::Aborted { peer, .. }
             | CommError::ReservationTooSmall { peer, .. }
             | CommError::MessageTooLarge { peer, .. } => Some(*peer),

@@ -210,6 +210,72 @@ fn a_panicking_completion_callback_aborts_without_a_hang() {
     }
 }
 
+/// A rank that leaves without a call the others make (a collective it
+/// skips, a message it never sends) fails every rank in bounded time, on
+/// both backends: once it has finished and all it sent has arrived, a
+/// receive from it, or a meeting without it, can never complete.
+#[test]
+fn a_rank_that_skips_a_call_fails_every_rank() {
+    let rt = runtime();
+    for n in RANK_COUNTS.into_iter().filter(|n| *n >= 2) {
+        for what in ["allreduce", "barrier after allreduce", "recv"] {
+            let case = move |c: Context| async move {
+                let skipper = c.rank() == n - 1;
+                let e = |e: braid_coll::CollError| e.to_string();
+                match what {
+                    "allreduce" if !skipper => {
+                        allreduce(&c, vec![1i64; 16], ReduceKind::Sum)
+                            .await
+                            .map_err(e)?;
+                    }
+                    "barrier after allreduce" => {
+                        let v = allreduce(&c, vec![1i64; 16], ReduceKind::Sum)
+                            .await
+                            .map_err(e)?;
+                        assert_eq!(v, vec![n as i64; 16]);
+                        if !skipper {
+                            barrier(&c).await.map_err(e)?;
+                        }
+                    }
+                    "recv" if c.rank() == 0 => {
+                        let tag = braid_core::Tag::new(braid_core::OpId(3), 0);
+                        c.comm().recv(n - 1, tag).await.map_err(|e| e.to_string())?;
+                    }
+                    _ => {}
+                }
+                Ok::<(), String>(())
+            };
+            rt.block_on(async {
+                for (world, res) in [
+                    (
+                        "local",
+                        on_all(local_ctxs(n, MemoryLimits::UNLIMITED).await, case).await,
+                    ),
+                    (
+                        "tcp",
+                        on_all(tcp_ctxs(n, MemoryLimits::UNLIMITED).await, case).await,
+                    ),
+                ] {
+                    let errs: Vec<String> = res
+                        .into_iter()
+                        .enumerate()
+                        .map(|(r, x)| {
+                            x.expect_err(&format!(
+                                "{world}, {n} ranks, {what}: rank {r} cannot finish"
+                            ))
+                        })
+                        .collect();
+                    assert!(
+                        errs.iter()
+                            .any(|e| e.contains(&format!("rank {} finished its job", n - 1))),
+                        "{world}, {n} ranks, {what}: {errs:?}"
+                    );
+                }
+            });
+        }
+    }
+}
+
 #[test]
 fn suite_tcp_processes() {
     let rt = runtime();

@@ -160,6 +160,22 @@ impl Communicator for LocalComm {
     fn shutdown(&self) -> BoxFuture<'static, Result<(), CommError>> {
         let world = self.world.clone();
         let rank = self.rank;
+        // This rank sends nothing more: a rank that waits for a message
+        // from it, or meets without it, would wait forever (their calls
+        // differ). Such receives fail; such a meeting fails the job.
+        if self.mailbox().failure().is_none() {
+            for (q, mb) in world.mailboxes.iter().enumerate() {
+                if q != rank as usize {
+                    mb.peer_finished(rank, None);
+                }
+            }
+            if let Some(tag) = world.rendezvous.finish(rank) {
+                self.abort(&format!(
+                    "mismatched calls: rank {rank} finished its job while other ranks wait for it in operation {} (a collective it did not call)",
+                    tag.op.0
+                ));
+            }
+        }
         {
             let mut n = world.shut.lock().unwrap_or_else(|p| p.into_inner());
             *n += 1;

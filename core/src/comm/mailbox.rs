@@ -148,6 +148,57 @@ impl<T> IntoIterator for Fifo<T> {
 struct Inner {
     slots: KeyMap<Slot>,
     failed: Option<CommError>,
+    /// Messages delivered so far, by source rank (grown on demand).
+    delivered: Vec<u64>,
+    /// Peers that finished their job: (rank, messages it sent to this rank
+    /// in all). Once that many have been delivered, a receive from it
+    /// that finds nothing queued can never complete.
+    finished: Vec<(Rank, u64)>,
+}
+
+impl Inner {
+    fn delivered(&self, src: Rank) -> u64 {
+        self.delivered.get(src as usize).copied().unwrap_or(0)
+    }
+
+    /// Whether `src` finished and everything it sent has been delivered.
+    fn drained(&self, src: Rank) -> bool {
+        !self.finished.is_empty()
+            && self
+                .finished
+                .iter()
+                .any(|(r, sent)| *r == src && self.delivered(src) >= *sent)
+    }
+
+    /// Fails the receives waiting on a drained `src` with nothing queued.
+    fn fail_orphans(&mut self, me: Rank, src: Rank) {
+        self.fail_orphans_after(me, src, None);
+    }
+
+    /// [`Inner::fail_orphans`], except the slot of `keep` (which the
+    /// message being delivered is for).
+    fn fail_orphans_after(&mut self, me: Rank, src: Rank, keep: Option<Tag>) {
+        if !self.drained(src) {
+            return;
+        }
+        let orphans: Vec<Key> = self
+            .slots
+            .iter()
+            .filter(|((s, t), slot)| *s == src && Some(*t) != keep && slot.queue.is_empty())
+            .map(|(k, _)| *k)
+            .collect();
+        for key in orphans {
+            if let Some(slot) = self.slots.remove(&key) {
+                for w in slot.waiters {
+                    let _ = w.send(Err(CommError::PeerFinished {
+                        rank: me,
+                        peer: src,
+                        tag: key.1,
+                    }));
+                }
+            }
+        }
+    }
 }
 
 /// Per-rank receive queues.
@@ -191,6 +242,21 @@ impl Mailbox {
         if g.failed.is_some() {
             return;
         }
+        // A message handed back by a dropped receive (`front`) was counted
+        // when it first came.
+        if !front {
+            let i = src as usize;
+            if g.delivered.len() <= i {
+                g.delivered.resize(i + 1, 0);
+            }
+            g.delivered[i] += 1;
+            if !g.finished.is_empty() {
+                // Its last message: receives waiting on its other tags
+                // can never complete.
+                let me = self.rank.load(std::sync::atomic::Ordering::Relaxed);
+                g.fail_orphans_after(me, src, Some(tag));
+            }
+        }
         let slot = g.slots.entry((src, tag)).or_default();
         while let Some(w) = slot.waiters.pop_front() {
             match w.send(Ok(buf)) {
@@ -224,6 +290,13 @@ impl Mailbox {
                 }
                 return RecvFuture::ready(Ok(buf));
             }
+        }
+        if g.drained(src) {
+            return RecvFuture::ready(Err(CommError::PeerFinished {
+                rank: self.rank.load(std::sync::atomic::Ordering::Relaxed),
+                peer: src,
+                tag,
+            }));
         }
         let (tx, rx) = oneshot::channel();
         g.slots.entry((src, tag)).or_default().waiters.push_back(tx);
@@ -259,6 +332,21 @@ impl Mailbox {
                 let _ = w.send(Err(err.clone()));
             }
         }
+    }
+
+    /// Records that `src` finished its job after sending this rank `sent`
+    /// messages in all (`None`: the ones delivered so far, for a transport
+    /// that delivers at once). Receives from it that find nothing queued
+    /// once all have come fail with [`CommError::PeerFinished`].
+    pub(crate) fn peer_finished(&self, src: Rank, sent: Option<u64>) {
+        let mut g = self.lock();
+        if g.failed.is_some() {
+            return;
+        }
+        let sent = sent.unwrap_or_else(|| g.delivered(src));
+        g.finished.push((src, sent));
+        let me = self.rank.load(std::sync::atomic::Ordering::Relaxed);
+        g.fail_orphans(me, src);
     }
 
     /// The failure, if the mailbox has failed.

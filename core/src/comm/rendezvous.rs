@@ -75,6 +75,9 @@ struct State {
     meets: HashMap<Tag, Meet, std::hash::BuildHasherDefault<KeyHasher>>,
     /// Set once the job failed: (the rank that failed it, why).
     failed: Option<(Rank, String)>,
+    /// Ranks that finished their job (shut down): no meeting without them
+    /// can complete.
+    finished: Vec<Rank>,
 }
 
 /// The meeting table of one local world.
@@ -122,7 +125,8 @@ impl Rendezvous {
                 });
             }
         }
-        let mut g = self.lock();
+        let mut guard = self.lock();
+        let g = &mut *guard;
         if let Some(f) = &g.failed {
             return Err(Self::failure(rank, f));
         }
@@ -151,6 +155,14 @@ impl Rendezvous {
             });
         }
         *slot = Some(offer);
+        let missing = |r: &&Rank| m.offers.get(**r as usize).is_some_and(|o| o.is_none());
+        if let Some(gone) = g.finished.iter().find(missing) {
+            return Err(CommError::PeerFinished {
+                rank,
+                peer: *gone,
+                tag,
+            });
+        }
         m.arrived += 1;
         if m.arrived == n {
             m.done.set();
@@ -224,6 +236,17 @@ impl Rendezvous {
             .meets
             .iter()
             .any(|(t, m)| t.op == op && m.arrived < n)
+    }
+
+    /// Records that `rank` finished its job; returns the tag of a meeting
+    /// that still waits for it (which can then never complete), if any.
+    pub(crate) fn finish(&self, rank: Rank) -> Option<Tag> {
+        let mut g = self.lock();
+        g.finished.push(rank);
+        g.meets
+            .iter()
+            .find(|(_, m)| m.offers.get(rank as usize).is_some_and(|o| o.is_none()))
+            .map(|(t, _)| *t)
     }
 
     /// Fails every meeting, now and later, on behalf of `origin`.

@@ -881,7 +881,31 @@ async fn root_control_reader(
 ) {
     loop {
         match Control::read(&mut rd).await {
-            Ok(Some(Control::Done)) => state.mark_done(peer),
+            Ok(Some(Control::Done { sent })) => {
+                // Tell every other rank how many messages to expect from
+                // `peer` (rank 0 itself included) before marking it done.
+                if sent.len() == shared.nranks as usize {
+                    for (q, count) in sent.iter().enumerate() {
+                        if q == peer as usize {
+                            continue;
+                        }
+                        if q == 0 {
+                            shared.mailbox.peer_finished(peer, Some(*count));
+                        } else if let Some(Some(s)) = state.senders.get(q) {
+                            let _ = s.send(CtrlItem::Msg(Control::Finished { peer, sent: *count }));
+                        }
+                    }
+                } else {
+                    tracing::warn!(
+                        rank = 0,
+                        peer,
+                        "Done with {} message counts for {} ranks",
+                        sent.len(),
+                        shared.nranks
+                    );
+                }
+                state.mark_done(peer)
+            }
             Ok(Some(Control::Abort { reason, .. })) => {
                 // First failure wins: a rank that aborts because it saw an
                 // earlier failure adds nothing.
@@ -974,6 +998,9 @@ async fn peer_control_reader(shared: Arc<Shared>, mut rd: tokio::net::tcp::Owned
     loop {
         match Control::read(&mut rd).await {
             Ok(Some(Control::AllDone)) => shared.all_done.set(),
+            Ok(Some(Control::Finished { peer, sent })) => {
+                shared.mailbox.peer_finished(peer, Some(sent))
+            }
             Ok(Some(Control::Died { peer, detail })) => shared.fail(CommError::PeerDied {
                 rank: shared.rank,
                 peer,
@@ -1120,13 +1147,26 @@ impl Communicator for TcpComm {
                 }
             }
             shared.shutting_down.store(true, Ordering::Relaxed);
+            // Messages sent to each rank: a rank still waiting for one from
+            // here beyond these learns that it never comes.
+            let sent: Vec<u64> = (0..shared.nranks)
+                .map(|q| shared.stats.peer(q).msgs_sent)
+                .collect();
             let root_state = shared.root_state.get().cloned();
             if let Some(state) = &root_state {
+                for (q, s) in state.senders.iter().enumerate() {
+                    if let (Some(s), Some(count)) = (s, sent.get(q)) {
+                        let _ = s.send(CtrlItem::Msg(Control::Finished {
+                            peer: 0,
+                            sent: *count,
+                        }));
+                    }
+                }
                 state.mark_done(0);
             } else if shared.nranks == 1 {
                 shared.all_done.set();
             } else if let Some(c) = shared.control.get() {
-                let _ = c.send(CtrlItem::Msg(Control::Done));
+                let _ = c.send(CtrlItem::Msg(Control::Done { sent }));
             }
             tokio::select! {
                 _ = shared.all_done.wait() => {}

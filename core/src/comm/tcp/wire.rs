@@ -199,8 +199,20 @@ pub enum Control {
     Register(String),
     /// 0 -> rank: every rank's data address, by rank (entry 0 unused).
     Table(Vec<String>),
-    /// rank -> 0: this rank has flushed its sends and is shutting down.
-    Done,
+    /// rank -> 0: this rank has flushed its sends and is shutting down,
+    /// after sending `sent[q]` messages to rank q.
+    Done {
+        /// Messages sent to each rank, by rank.
+        sent: Vec<u64>,
+    },
+    /// 0 -> rank: rank `peer` finished after sending the receiver `sent`
+    /// messages (a receive from it beyond those can never complete).
+    Finished {
+        /// The rank that finished.
+        peer: Rank,
+        /// Messages it sent the receiver in all.
+        sent: u64,
+    },
     /// 0 -> rank: every rank is done; leave.
     AllDone,
     /// Either way: rank `origin` aborted the job.
@@ -233,6 +245,13 @@ fn get_u32(b: &mut &[u8]) -> Result<u32, WireError> {
     Ok(v)
 }
 
+/// A little-endian u64 from a slice of exactly 8 bytes.
+fn get_u64_le(c: &[u8]) -> u64 {
+    let mut w = [0u8; 8];
+    w.copy_from_slice(c);
+    u64::from_le_bytes(w)
+}
+
 fn get_str(b: &mut &[u8]) -> Result<String, WireError> {
     let n = get_u32(b)? as usize;
     if b.len() < n {
@@ -259,7 +278,18 @@ impl Control {
                 }
                 1
             }
-            Control::Done => 2,
+            Control::Done { sent } => {
+                body.extend_from_slice(&(sent.len() as u32).to_le_bytes());
+                for c in sent {
+                    body.extend_from_slice(&c.to_le_bytes());
+                }
+                2
+            }
+            Control::Finished { peer, sent } => {
+                body.extend_from_slice(&peer.to_le_bytes());
+                body.extend_from_slice(&sent.to_le_bytes());
+                6
+            }
             Control::AllDone => 3,
             Control::Abort { origin, reason } => {
                 body.extend_from_slice(&origin.to_le_bytes());
@@ -316,7 +346,25 @@ impl Control {
                 }
                 Control::Table(t)
             }
-            2 => Control::Done,
+            2 => {
+                let n = get_u32(&mut b)? as usize;
+                if b.len() != n.saturating_mul(8) {
+                    return Err(WireError::Malformed("message counts"));
+                }
+                Control::Done {
+                    sent: b.chunks_exact(8).map(get_u64_le).collect(),
+                }
+            }
+            6 => {
+                let peer = get_u32(&mut b)?;
+                if b.len() != 8 {
+                    return Err(WireError::Malformed("message count"));
+                }
+                Control::Finished {
+                    peer,
+                    sent: get_u64_le(b),
+                }
+            }
             3 => Control::AllDone,
             4 => Control::Abort {
                 origin: get_u32(&mut b)?,
@@ -376,7 +424,10 @@ mod tests {
         let msgs = vec![
             Control::Register("127.0.0.1:5".into()),
             Control::Table(vec!["".into(), "a:1".into()]),
-            Control::Done,
+            Control::Done {
+                sent: vec![0, 3, u64::MAX],
+            },
+            Control::Finished { peer: 4, sent: 17 },
             Control::AllDone,
             Control::Abort {
                 origin: 3,
