@@ -265,6 +265,32 @@ fn a_frame_claiming_more_memory_than_exists_fails_the_rank() {
         "{err}"
     );
     assert!(err.to_string().contains("cannot allocate"), "{err}");
+    // Rank 0 (in this process, so no process exit tells it) hears of rank
+    // 1's failure through the control plane, in bounded time.
+    let heard = rt.block_on(async {
+        let t = Instant::now();
+        loop {
+            if let Some(e) = comms[0].failure() {
+                return Some(e);
+            }
+            if t.elapsed() > Duration::from_secs(20) {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    });
+    let heard = heard.expect("rank 0 hears of rank 1's failure");
+    assert!(
+        matches!(
+            heard,
+            CommError::Aborted {
+                rank: 0,
+                peer: 1,
+                ..
+            }
+        ) && heard.to_string().contains("cannot allocate"),
+        "{heard}"
+    );
 }
 
 /// A root address where no braid rank answers fails the rank within its

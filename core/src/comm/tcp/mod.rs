@@ -184,6 +184,33 @@ impl Shared {
         self.failed.set();
     }
 
+    /// Fails this rank for a reason only it has seen (a bad frame, a
+    /// broken data connection) and tells every other rank (an Abort through
+    /// rank 0), so that none waits for it until its process ends, which a
+    /// rank of an in-process world never does.
+    fn fail_and_tell(&self, reason: String, err: CommError) {
+        if self.mailbox.failure().is_some() {
+            return;
+        }
+        let msg = Control::Abort {
+            origin: self.rank,
+            reason,
+        };
+        if let Some(state) = self.root_state.get() {
+            state.announce(self, msg, None, err);
+            return;
+        }
+        if let Some(c) = self.control.get() {
+            let _ = c.send(CtrlItem::Msg(msg));
+        }
+        self.fail(err);
+    }
+
+    /// [`Shared::fail_and_tell`] with the error's text as the reason.
+    fn fail_seen(&self, err: CommError) {
+        self.fail_and_tell(err.to_string(), err);
+    }
+
     fn bootstrap_err(&self, detail: impl Into<String>) -> CommError {
         CommError::Bootstrap {
             rank: self.rank,
@@ -656,7 +683,7 @@ async fn reader_task(shared: Arc<Shared>, src: Rank, stream: TcpStream) {
                 if !shared.shutting_down.load(Ordering::Relaxed)
                     && shared.mailbox.failure().is_none()
                 {
-                    shared.fail(CommError::PeerDied {
+                    shared.fail_seen(CommError::PeerDied {
                         rank: shared.rank,
                         peer: src,
                         detail: format!("data connection failed: {e}"),
@@ -668,7 +695,7 @@ async fn reader_task(shared: Arc<Shared>, src: Rank, stream: TcpStream) {
         let header = match FrameHeader::decode(&hb, shared.max_message) {
             Ok(h) => h,
             Err(e) => {
-                shared.fail(CommError::Protocol {
+                shared.fail_seen(CommError::Protocol {
                     rank: shared.rank,
                     peer: Some(src),
                     detail: format!("bad data frame: {e}"),
@@ -678,7 +705,7 @@ async fn reader_task(shared: Arc<Shared>, src: Rank, stream: TcpStream) {
         };
         let len = header.len as usize;
         let Some(mut buf) = shared.pool.try_take(len) else {
-            shared.fail(CommError::Io {
+            shared.fail_seen(CommError::Io {
                 rank: shared.rank,
                 peer: Some(src),
                 detail: format!("cannot allocate {len} bytes for a message from this peer"),
@@ -689,8 +716,14 @@ async fn reader_task(shared: Arc<Shared>, src: Rank, stream: TcpStream) {
             let want = (len - buf.len()) as u64;
             match (&mut r).take(want).read_buf(&mut buf).await {
                 Ok(0) | Err(_) => {
-                    if !shared.shutting_down.load(Ordering::Relaxed) {
-                        shared.fail(CommError::PeerDied {
+                    // A peer that died is reported by the control plane
+                    // (naming it to every rank); tell the others ourselves
+                    // only if nothing explains it soon.
+                    tokio::time::sleep(DATA_ERROR_GRACE).await;
+                    if !shared.shutting_down.load(Ordering::Relaxed)
+                        && shared.mailbox.failure().is_none()
+                    {
+                        shared.fail_seen(CommError::PeerDied {
                             rank: shared.rank,
                             peer: src,
                             detail: format!(
@@ -744,7 +777,7 @@ async fn connection_task(shared: Arc<Shared>, dst: Rank, pw: Arc<PeerWriter>) {
         Ok(s) => s,
         Err(e) => {
             let e = root_cause(&shared, e).await;
-            shared.fail(e.clone());
+            shared.fail_seen(e.clone());
             pw.fail(e);
             return;
         }
@@ -764,7 +797,7 @@ async fn connection_task(shared: Arc<Shared>, dst: Rank, pw: Arc<PeerWriter>) {
         };
         let err = root_cause(&shared, err).await;
         pw.fail(err.clone());
-        shared.fail(err);
+        shared.fail_seen(err);
     }
 }
 
@@ -1100,23 +1133,12 @@ impl Communicator for TcpComm {
             // Already failed: that failure is what every rank hears.
             return;
         }
-        let msg = Control::Abort {
-            origin: s.rank,
-            reason: reason.to_string(),
-        };
         let err = CommError::Aborted {
             rank: s.rank,
             peer: s.rank,
             reason: reason.to_string(),
         };
-        if let Some(state) = s.root_state.get() {
-            state.announce(s, msg, None, err);
-            return;
-        }
-        if let Some(c) = s.control.get() {
-            let _ = c.send(CtrlItem::Msg(msg));
-        }
-        s.fail(err);
+        s.fail_and_tell(reason.to_string(), err);
     }
 
     fn failure(&self) -> Option<CommError> {
