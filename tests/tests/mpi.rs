@@ -178,3 +178,43 @@ fn mpi_killed_rank_ends_the_job() {
     };
     assert!(!status.success(), "the job must fail when a rank is killed");
 }
+
+/// A rank that leaves without a call the others make (an AllReduce, a
+/// message rank 0 waits for) ends the job with an error naming it, for N
+/// in {2, 3, 4, 5, 8}: its finish notice says how many messages it sent,
+/// and a receive beyond those fails instead of waiting in MPI forever.
+#[test]
+fn mpi_a_rank_that_skips_a_call_fails_the_job() {
+    for n in RANK_COUNTS.into_iter().filter(|n| *n >= 2) {
+        for what in ["0", "1"] {
+            let mut job = mpirun(n);
+            let mut child = job
+                .args(["skip", what])
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap();
+            let t = Instant::now();
+            let status = loop {
+                if let Some(s) = child.try_wait().unwrap() {
+                    break s;
+                }
+                if t.elapsed() > Duration::from_secs(60) {
+                    let _ = child.kill();
+                    panic!("{n} ranks, case {what}: the MPI job still runs after 60 s");
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            };
+            let mut err = String::new();
+            std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+            assert!(
+                !status.success(),
+                "{n} ranks, case {what}: the job must fail"
+            );
+            assert!(
+                err.contains(&format!("rank {} finished its job", n - 1)),
+                "{n} ranks, case {what}: {err}"
+            );
+        }
+    }
+}

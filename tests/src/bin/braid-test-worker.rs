@@ -60,6 +60,18 @@ fn main() -> ExitCode {
                     let line = braid_tests::gpu_suite::run(ctx.clone(), arg).await?;
                     println!("{line}");
                 }
+                "skip" => {
+                    // The last rank leaves without the AllReduce the others
+                    // make (arg 0) or without the message rank 0 waits for
+                    // (arg 1): the job must fail, not hang.
+                    let last = ctx.rank() + 1 == ctx.nranks();
+                    if arg == 0 && !last {
+                        braid_coll::allreduce(&ctx, vec![1i64; 8], braid_coll::ReduceKind::Sum)
+                            .await?;
+                    } else if arg == 1 && ctx.rank() == 0 {
+                        comm.recv(ctx.nranks() - 1, Tag::new(OpId(9), 0)).await?;
+                    }
+                }
                 "wait" => {
                     println!("ready {}", std::process::id());
                     let src = (ctx.rank() + 1) % ctx.nranks();
