@@ -10,6 +10,9 @@
 //!   MPI_Improbe(any source, any tag) -> MPI_Imrecv into a fresh (pooled)
 //!   buffer; MPI_Test the receives in flight; completed ones -> the
 //!   mailbox (per (src, tag) in match order: MPI does not overtake)
+//!   every 64th pass: finish notices (a peer that shut down, and how many
+//!   messages it sent here) -> the mailbox, which fails a receive beyond
+//!   them; at shutdown: a notice to every peer, then an MPI_Ibarrier
 //! ```
 //!
 //! Who runs passes: with `MPI_THREAD_SERIALIZED` (what every common MPI
@@ -678,8 +681,9 @@ fn progress(
     };
     // braid's probes take any message on the world. braid initialises MPI
     // itself (it refuses a process where MPI is initialised already), so
-    // no other traffic shares it. (A duplicate would have to be freed
-    // before MPI_Finalize, which runs while the engine may still live.)
+    // no other traffic shares it. (The finish notices' duplicate is freed
+    // by hand before MPI_Finalize, which runs while the engine may still
+    // live: see `Engine::notices`.)
     let world = universe.world();
     let (rank, nranks) = (world.rank() as Rank, world.size() as u32);
     let Some(tag_ub) = world.get_attr::<TagUb>().map(|t| i64::from(t.0)) else {
