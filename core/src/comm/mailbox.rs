@@ -3,7 +3,10 @@
 //! receives posted before their message wait in a per-(src, tag) queue of
 //! waiters. One lock orders both, so per-(src, tag) order is the delivery
 //! order. A failure (dead peer, abort) fails every waiter and every later
-//! receive.
+//! receive. A peer that finished its job (`peer_finished`, with the number
+//! of messages it sent here) fails, once all of those are delivered, the
+//! receives from it that find nothing queued: the ranks' calls differ, and
+//! such a receive would otherwise wait for ever.
 //!
 //! Receive futures are cancel-safe: a message handed to a receive that is
 //! dropped before it is polled again goes back to the front of its queue.

@@ -5,7 +5,8 @@
 //!   rank r ──connect──> root address (rank 0's listener)
 //!   rank r ── Hello{control, token, r} + Register(its data address) ──> 0
 //!   0 waits for all ranks, then 0 ── Table(addresses) ──> every rank
-//!   the control connections stay open: they carry Done / AllDone
+//!   the control connections stay open: they carry Done (with the
+//!   messages sent to each rank) / Finished (relayed by 0) / AllDone
 //!   (shutdown), Abort and Died notices for the rest of the job.
 //!
 //! data plane (lazy, one direction per connection)
