@@ -20,7 +20,7 @@ use braid_kernels::{DType, Element};
 use futures::future::BoxFuture;
 
 use crate::error::{CollError, CollKind, Site};
-use crate::handle::{Callback, Handle, start, then_set};
+use crate::handle::{Callback, Handle, start_then};
 use crate::wire::{LAST, Meta, recv_streams_all, send_finish, send_framed, typed, vec_to_buffer};
 
 /// How extracted chunks are ordered.
@@ -86,46 +86,52 @@ impl AllGather {
         let done = Event::new();
         let comm = ctx.comm().clone();
         let (st, ld, d2) = (state.clone(), local_done.clone(), done.clone());
-        let cb = then_set(callback, d2);
-        let handle = start(ctx, CollKind::AllGather, op, Some(cb), async move {
-            let n = comm.nranks();
-            let me = site.rank;
-            let tag = Tag::new(op, 0);
-            let check = |p: Rank, d: DType| {
-                if d == dtype {
+        let handle = start_then(
+            ctx,
+            CollKind::AllGather,
+            op,
+            callback,
+            Some(d2),
+            async move {
+                let n = comm.nranks();
+                let me = site.rank;
+                let tag = Tag::new(op, 0);
+                let check = |p: Rank, d: DType| {
+                    if d == dtype {
+                        Ok(())
+                    } else {
+                        Err(site.mismatch(p, format!("element type {dtype} here, {d} on rank {p}")))
+                    }
+                };
+                let mut remote = Vec::new();
+                let peers = (0..n).filter(|p| *p != me);
+                let fins = recv_streams_all(comm.as_ref(), site, peers, tag, |p, f| {
+                    check(p, f.meta.dtype)?;
+                    remote.push(Gathered {
+                        rank: p,
+                        seq: f.meta.seq,
+                        data: PackedData {
+                            metadata: f.user_meta,
+                            data: f.data,
+                        },
+                    });
                     Ok(())
-                } else {
-                    Err(site.mismatch(p, format!("element type {dtype} here, {d} on rank {p}")))
+                })
+                .await?;
+                for (p, fin) in fins {
+                    check(p, fin.dtype)?;
                 }
-            };
-            let mut remote = Vec::new();
-            let peers = (0..n).filter(|p| *p != me);
-            let fins = recv_streams_all(comm.as_ref(), site, peers, tag, |p, f| {
-                check(p, f.meta.dtype)?;
-                remote.push(Gathered {
-                    rank: p,
-                    seq: f.meta.seq,
-                    data: PackedData {
-                        metadata: f.user_meta,
-                        data: f.data,
-                    },
-                });
-                Ok(())
-            })
-            .await?;
-            for (p, fin) in fins {
-                check(p, fin.dtype)?;
-            }
-            ld.wait().await;
-            let (local, sends) = {
-                let mut s = st.lock().unwrap_or_else(|p| p.into_inner());
-                (std::mem::take(&mut s.local), std::mem::take(&mut s.sends))
-            };
-            futures::future::try_join_all(sends).await?;
-            let mut all = local;
-            all.extend(remote);
-            Ok(all)
-        });
+                ld.wait().await;
+                let (local, sends) = {
+                    let mut s = st.lock().unwrap_or_else(|p| p.into_inner());
+                    (std::mem::take(&mut s.local), std::mem::take(&mut s.sends))
+                };
+                futures::future::try_join_all(sends).await?;
+                let mut all = local;
+                all.extend(remote);
+                Ok(all)
+            },
+        );
         AllGather {
             site,
             dtype,

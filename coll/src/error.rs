@@ -194,7 +194,15 @@ impl CollError {
     /// rank saw (a message over the transport's limit, a send refused at
     /// once) aborts too: a peer may wait for the data after its header.
     pub(crate) fn aborts_job(&self, comm_failed: bool) -> bool {
-        !(matches!(self, CollError::Comm { .. }) && comm_failed)
+        match self {
+            // Another rank's failure, already the job's.
+            CollError::Comm {
+                source: CommError::Aborted { .. } | CommError::PeerDied { .. },
+                ..
+            } => false,
+            CollError::Comm { .. } => !comm_failed,
+            _ => true,
+        }
     }
 }
 

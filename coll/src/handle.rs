@@ -108,29 +108,30 @@ fn run_callback<T>(
     }
 }
 
-/// A callback that runs `user` (if any), then sets `ev`, which it sets
-/// even when `user` panics (the panic then goes on to [`run_callback`]).
-pub(crate) fn then_set(user: Option<Callback>, ev: Event) -> Callback {
-    struct SetOnDrop(Event);
-    impl Drop for SetOnDrop {
-        fn drop(&mut self) {
-            self.0.set();
-        }
-    }
-    Box::new(move || {
-        let _set = SetOnDrop(ev);
-        if let Some(cb) = user {
-            cb();
-        }
-    })
-}
-
 /// Starts a collective's protocol on the context's progress engine.
 pub(crate) fn start<T, F>(
     ctx: &Context,
     coll: CollKind,
     op: OpId,
     callback: Option<Callback>,
+    protocol: F,
+) -> Handle<T>
+where
+    T: Send + 'static,
+    F: Future<Output = Result<T, CollError>> + Send + 'static,
+{
+    start_then(ctx, coll, op, callback, None, protocol)
+}
+
+/// [`start`], also setting `after` once the handle is complete: after the
+/// result is stored and the callback has run (or failed the handle, if it
+/// panicked), so a waiter on `after` sees the final result.
+pub(crate) fn start_then<T, F>(
+    ctx: &Context,
+    coll: CollKind,
+    op: OpId,
+    callback: Option<Callback>,
+    after: Option<Event>,
     protocol: F,
 ) -> Handle<T>
 where
@@ -179,6 +180,9 @@ where
             *i2.result.lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
             run_callback(callback, &ctx2, coll, op, &i2);
             i2.done.set();
+            if let Some(ev) = after {
+                ev.set();
+            }
         },
         span,
     ));

@@ -31,7 +31,7 @@ use bytes::Bytes;
 use futures::future::BoxFuture;
 
 use crate::error::{CollError, CollKind, Site};
-use crate::handle::{Callback, Handle, start, then_set};
+use crate::handle::{Callback, Handle, start_then};
 use crate::wire::{Meta, recv_streams_all, send_finish, send_framed};
 
 /// Which rank owns a partition.
@@ -244,8 +244,7 @@ impl Shuffle {
             done.clone(),
             store.clone(),
         );
-        let cb = then_set(callback, d2);
-        let handle = start(ctx, CollKind::Shuffle, op, Some(cb), async move {
+        let handle = start_then(ctx, CollKind::Shuffle, op, callback, Some(d2), async move {
             let me = site.rank;
             let tag = Tag::new(op, 0);
             let peers = (0..n).filter(|p| *p != me);

@@ -156,10 +156,19 @@ where
                 // A job that panics fails its rank like one that returns an
                 // error: the others are told (abort) instead of waiting for
                 // it forever.
-                let run = std::panic::AssertUnwindSafe(job(ctx)).catch_unwind();
-                let r = match run.await.unwrap_or_else(|p| {
-                    Err(format!("panicked: {}", crate::graph::panic_message(p)).into())
-                }) {
+                // (Building the job's future may panic too.)
+                let panicked = |p| -> BoxError {
+                    format!("panicked: {}", crate::graph::panic_message(p)).into()
+                };
+                let ran = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(ctx)))
+                {
+                    Ok(fut) => std::panic::AssertUnwindSafe(fut)
+                        .catch_unwind()
+                        .await
+                        .unwrap_or_else(|p| Err(panicked(p))),
+                    Err(p) => Err(panicked(p)),
+                };
+                let r = match ran {
                     Ok(v) => comm
                         .shutdown()
                         .await

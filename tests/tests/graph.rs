@@ -232,27 +232,35 @@ fn graph_failures_tcp() {
 /// (abort) instead of waiting forever.
 #[test]
 fn a_panicking_rank_job_fails_the_local_world() {
-    for n in RANK_COUNTS {
+    // The panic in the job's future, or in the closure that builds it.
+    for (n, early) in RANK_COUNTS
+        .into_iter()
+        .flat_map(|n| [(n, false), (n, true)])
+    {
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             let r = braid_core::run_world(
                 &WorldSpec::Local { nranks: n },
                 MemoryLimits::UNLIMITED,
-                move |ctx| async move {
-                    assert!(ctx.rank() != n - 1, "job refuses rank {}", ctx.rank());
-                    braid_coll::barrier(&ctx).await?;
-                    Ok(())
+                move |ctx: Context| {
+                    let me = ctx.rank();
+                    assert!(!early || me != n - 1, "job refuses rank {me}");
+                    async move {
+                        assert!(me != n - 1, "job refuses rank {me}");
+                        braid_coll::barrier(&ctx).await?;
+                        Ok(())
+                    }
                 },
             );
             let _ = tx.send(r.map(|v| v.len()).map_err(|e| e.to_string()));
         });
         let r = rx
             .recv_timeout(Duration::from_secs(60))
-            .unwrap_or_else(|_| panic!("{n} ranks: the world hung"));
+            .unwrap_or_else(|_| panic!("{n} ranks (early {early}): the world hung"));
         let e = r.expect_err("a rank panicked");
         assert!(
             e.contains("panicked") && e.contains(&format!("job refuses rank {}", n - 1)),
-            "{n} ranks: {e}"
+            "{n} ranks (early {early}): {e}"
         );
     }
 }

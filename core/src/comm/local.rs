@@ -117,6 +117,12 @@ impl Communicator for LocalComm {
         let rank = self.rank;
         let done = match rv.deposit(rank, tag, offer) {
             Ok(ev) => ev,
+            Err(e @ CommError::PeerFinished { .. }) => {
+                // The meeting can never complete: release the ranks that
+                // wait in it too.
+                self.abort(&e.to_string());
+                return Ok(Box::pin(std::future::ready(Err(e))));
+            }
             Err(e) => return Ok(Box::pin(std::future::ready(Err(e)))),
         };
         // A message for this operation, while its meeting still waits for
@@ -136,19 +142,20 @@ impl Communicator for LocalComm {
     }
 
     fn abort(&self, reason: &str) {
+        // Mailboxes first, then meetings: a rank released from a meeting
+        // finds its communicator failed already (and does not abort again
+        // in its own name). Already failed: that failure is what every
+        // rank hears.
+        if self.mailbox().failure().is_none() {
+            for (r, mb) in self.world.mailboxes.iter().enumerate() {
+                mb.fail(CommError::Aborted {
+                    rank: r as Rank,
+                    peer: self.rank,
+                    reason: reason.to_string(),
+                });
+            }
+        }
         self.world.rendezvous.fail(self.rank, reason);
-        if self.mailbox().failure().is_some() {
-            // Already failed: that failure is what every rank hears.
-            self.world.all_shut.set();
-            return;
-        }
-        for (r, mb) in self.world.mailboxes.iter().enumerate() {
-            mb.fail(CommError::Aborted {
-                rank: r as Rank,
-                peer: self.rank,
-                reason: reason.to_string(),
-            });
-        }
         // Release ranks waiting in shutdown too.
         self.world.all_shut.set();
     }

@@ -6,7 +6,10 @@
 //! receive. A peer that finished its job (`peer_finished`, with the number
 //! of messages it sent here) fails, once all of those are delivered, the
 //! receives from it that find nothing queued: the ranks' calls differ, and
-//! such a receive would otherwise wait for ever.
+//! such a receive would otherwise wait for ever. (This assumes one receive
+//! at a time per (src, tag), as every braid protocol posts: with two, the
+//! last message could go to one that is then dropped, after the other was
+//! failed.)
 //!
 //! Receive futures are cancel-safe: a message handed to a receive that is
 //! dropped before it is polled again goes back to the front of its queue.
