@@ -15,6 +15,7 @@ variances are computed in different orders). Needs only the Python
 standard library.
 
     python3 bench/gpu_fuzz.py --rolling target/release/rolling --cases 50 --out /tmp/fz
+    python3 bench/gpu_fuzz.py --rolling target/release/rolling --ranks 2   # 2 GPUs: NCCL only
 
 Prints one line per case and a summary; exit status 1 if any case differs
 or fails on one device only.
@@ -133,6 +134,8 @@ def main():
     ap.add_argument("--out", default="/tmp/gpu-fuzz")
     ap.add_argument("--only", type=int, nargs="*", help="run only these cases (inputs are still drawn in order)")
     ap.add_argument("--against", default="gpu", help="the second device (cpu checks the harness)")
+    ap.add_argument("--ranks", type=int, nargs="*", default=[1, 2, 3, 4, 5, 8],
+                    help="rank counts to draw from (e.g. --ranks 2 on two GPUs: one rank per GPU, NCCL)")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     rng = random.Random(a.seed)
@@ -143,7 +146,7 @@ def main():
         r = rng.random()
         ts_mode = "int" if rows == 0 or r >= 0.4 else "iso" if r < 0.3 else "date"
         gen_input(rng, inp, rows, ts_mode)
-        ranks = rng.choice([1, 2, 3, 4, 5, 8])
+        ranks = rng.choice(a.ranks)
         backend = rng.choice(["local", "tcp"])
         aggs = rng.sample(["sum", "mean", "min", "max", "count", "std", "var"], rng.randrange(1, 8))
         args = [
