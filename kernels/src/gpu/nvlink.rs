@@ -11,6 +11,17 @@
 //! receiving blocks while a call runs; 32 MiB of staging per source rank; one one-way NVLink latency for
 //! the length handshake. A failed call (lengths that differ, a peer that
 //! never comes within 10 s) leaves the object unusable.
+//!
+//! Bandwidth ceiling: an SM writes to a peer in NVLink packets of at most
+//! 128 bytes of payload, the copy engine in 256-byte ones. On NV18
+//! (H100, H200) this kernel reaches ~360 GB/s a direction from 512 MiB up,
+//! the same as NCCL's send/recv (also SM-driven), and 1.2-1.3x NCCL from 8
+//! to 256 MiB; the copy engine ([`IpcSendRecv`]) reaches ~388 GB/s, so it
+//! is the faster choice for the largest steps. Bulk stores through the
+//! Tensor Memory Accelerator were measured at the SM's ceiling too
+//! (BENCHMARKS.md, 2026-11-26).
+//!
+//! [`IpcSendRecv`]: braid_core::cuda::ipc::IpcSendRecv
 
 use std::sync::Arc;
 
