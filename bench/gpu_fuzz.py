@@ -134,9 +134,11 @@ def main():
     ap.add_argument("--out", default="/tmp/gpu-fuzz")
     ap.add_argument("--only", type=int, nargs="*", help="run only these cases (inputs are still drawn in order)")
     ap.add_argument("--against", default="gpu", help="the second device (cpu checks the harness)")
-    ap.add_argument("--ranks", type=int, nargs="*", default=[1, 2, 3, 4, 5, 8],
+    ap.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 3, 4, 5, 8],
                     help="rank counts to draw from (e.g. --ranks 2 on two GPUs: one rank per GPU, NCCL)")
     a = ap.parse_args()
+    if any(r < 1 for r in a.ranks):
+        ap.error(f"--ranks: rank counts must be at least 1, got {a.ranks}")
     os.makedirs(a.out, exist_ok=True)
     rng = random.Random(a.seed)
     failed = ran = 0
