@@ -56,10 +56,7 @@ impl ProgressEngine {
         if bytes > Waiting::POLL_MAX_BYTES {
             return Waiting::Park;
         }
-        // (available_parallelism reads cgroup files: asked once.)
-        static CORES: OnceLock<usize> = OnceLock::new();
-        let cores =
-            *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+        let cores = host_cores();
         let workers = self.handle.metrics().num_workers();
         wait_override().unwrap_or_else(|| Waiting::choose(ranks_on_host(), workers, cores))
     }
@@ -135,6 +132,21 @@ fn wait_override() -> Option<Waiting> {
 
 /// Ranks this process hosts (live contexts).
 static LIVE_RANKS: AtomicUsize = AtomicUsize::new(0);
+
+/// Cores of this host (or of this process's CPU quota), at least 1.
+fn host_cores() -> usize {
+    // (available_parallelism reads cgroup files: asked once.)
+    static CORES: OnceLock<usize> = OnceLock::new();
+    *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+}
+
+/// Threads a rank may give to CPU work of its own, such as decoding or
+/// encoding file data: the host's cores shared evenly among the ranks on
+/// the host (see `ranks_on_host`), at least 1. Ranks of one host that each
+/// took every core would only take turns on them.
+pub fn cores_per_rank() -> usize {
+    (host_cores() / ranks_on_host().max(1)).max(1)
+}
 
 /// Ranks on this host: this process's live contexts, or a launcher's
 /// count of the processes it started here, whichever is more. Launchers

@@ -22,12 +22,11 @@ use arrow_array::RecordBatch;
 use arrow_schema::{DataType, Field, Schema, SchemaRef, TimeUnit};
 use braid_coll::barrier;
 use braid_core::{Context, NodeError, Payload, Receiver};
-use parquet::arrow::ArrowWriter;
-use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::basic::Compression;
 use parquet::file::properties::WriterProperties;
 
 use crate::error::{DataError, Result};
+use crate::parquet_writer::{ColumnParallelWriter, concat_parquet};
 
 /// File format of a sink.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -91,8 +90,8 @@ pub struct FileSink {
 }
 
 enum Writer {
-    Parquet(ArrowWriter<File>),
-    Csv(arrow_csv::Writer<File>),
+    Parquet(Box<ColumnParallelWriter>),
+    Csv(Box<arrow_csv::Writer<File>>),
 }
 
 /// The schema a Parquet part is written in: Parquet has no timestamp
@@ -115,6 +114,14 @@ fn parquet_schema(schema: &SchemaRef) -> SchemaRef {
         })
         .collect();
     Arc::new(Schema::new_with_metadata(fields, schema.metadata().clone()))
+}
+
+/// How Parquet parts (and the file they are joined into) are written:
+/// snappy, as DuckDB, Spark and pyarrow write by default.
+fn parquet_props() -> WriterProperties {
+    WriterProperties::builder()
+        .set_compression(Compression::SNAPPY)
+        .build()
 }
 
 fn is_seconds(t: &DataType) -> bool {
@@ -166,22 +173,23 @@ impl FileSink {
     fn open(&self, path: &Path) -> Result<Writer> {
         let f = File::create(path).map_err(|e| DataError::file(path, e))?;
         Ok(match self.format {
-            FileFormat::Parquet => {
-                let props = WriterProperties::builder()
-                    .set_compression(Compression::SNAPPY)
-                    .build();
-                Writer::Parquet(
-                    ArrowWriter::try_new(f, parquet_schema(&self.schema), Some(props))
-                        .map_err(|e| DataError::file(path, e))?,
+            // Both boxed: a writer moves into a blocking task per chunk.
+            FileFormat::Parquet => Writer::Parquet(Box::new(
+                ColumnParallelWriter::try_new(
+                    f,
+                    parquet_schema(&self.schema),
+                    parquet_props(),
+                    crate::io_threads(),
                 )
-            }
+                .map_err(|e| DataError::file(path, e))?,
+            )),
             FileFormat::Csv => {
                 let mut w = arrow_csv::WriterBuilder::new().with_header(true).build(f);
                 // The header goes out now, so that a part with no rows is
                 // still a CSV file of this schema.
                 w.write(&RecordBatch::new_empty(self.schema.clone()))
                     .map_err(|e| DataError::file(path, e))?;
-                Writer::Csv(w)
+                Writer::Csv(Box::new(w))
             }
         })
     }
@@ -290,20 +298,11 @@ impl FileSink {
         let res = (|| -> Result<()> {
             match self.format {
                 FileFormat::Parquet => {
-                    let mut w = match self.open(&tmp)? {
-                        Writer::Parquet(w) => w,
-                        Writer::Csv(_) => return Err(DataError::Invalid("format mix-up".into())),
-                    };
-                    for p in parts {
-                        let f = File::open(p).map_err(|e| DataError::file(p, e))?;
-                        let reader = ParquetRecordBatchReaderBuilder::try_new(f)
-                            .and_then(|b| b.with_batch_size(64 * 1024).build())
-                            .map_err(|e| DataError::file(p, e))?;
-                        for b in reader {
-                            w.write(&b?).map_err(|e| DataError::file(&tmp, e))?;
-                        }
-                    }
-                    w.close().map_err(|e| DataError::file(&tmp, e))?;
+                    // The parts' encoded row groups are copied, not
+                    // decoded and encoded again.
+                    let out = File::create(&tmp).map_err(|e| DataError::file(&tmp, e))?;
+                    concat_parquet(parts, out, parquet_schema(&self.schema), parquet_props())
+                        .map_err(|e| DataError::file(&tmp, e))?;
                 }
                 FileFormat::Csv => {
                     use std::io::{BufRead, BufReader, Write};
@@ -407,6 +406,7 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
     use arrow_array::{Array, Int64Array, TimestampMillisecondArray, TimestampSecondArray};
+    use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 
     #[test]
     fn second_timestamps_are_written_as_parquet_timestamps_in_ms() {

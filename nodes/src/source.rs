@@ -19,6 +19,7 @@ use arrow_array::{ArrayRef, Float64Array, Int64Array, RecordBatch, TimestampMicr
 use arrow_schema::{DataType, Field, Schema, SchemaRef, TimeUnit};
 use braid_core::{Context, Message, NodeError, Sender};
 use braid_kernels::hash::{GOLDEN, mix64};
+use futures::StreamExt;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 
 use crate::error::{DataError, Result};
@@ -139,6 +140,30 @@ fn files_with(path: &Path, ext: &str) -> Result<Vec<PathBuf>> {
 fn parquet_builder(path: &Path) -> Result<ParquetRecordBatchReaderBuilder<File>> {
     let f = File::open(path).map_err(|e| DataError::file(path, e))?;
     ParquetRecordBatchReaderBuilder::try_new(f).map_err(|e| DataError::file(path, e))
+}
+
+/// Rows `start..start + len` of row group `g` of the Parquet file `f`, in
+/// chunks of at most `chunk_rows` rows.
+fn read_parquet_piece(
+    f: &Path,
+    g: usize,
+    start: usize,
+    len: usize,
+    chunk_rows: usize,
+) -> Result<Vec<RecordBatch>> {
+    use parquet::arrow::arrow_reader::{RowSelection, RowSelector};
+    let selection = RowSelection::from(vec![RowSelector::skip(start), RowSelector::select(len)]);
+    let reader = parquet_builder(f)?
+        .with_row_groups(vec![g])
+        .with_row_selection(selection)
+        // The reader sizes its buffers for a whole batch up front; smaller
+        // chunks are allowed ("at most").
+        .with_batch_size(chunk_rows.min(READ_BATCH_ROWS))
+        .build()
+        .map_err(|e| DataError::file(f, e))?;
+    reader
+        .map(|b| b.map_err(|e| DataError::file(f, e)))
+        .collect()
 }
 
 /// The most rows a file reader puts in one chunk: readers reserve a
@@ -276,32 +301,24 @@ impl Source {
                         }
                     }
                 }
-                for (k, (f, g, start, len)) in work.into_iter().enumerate() {
-                    if k % n != rank {
-                        continue;
-                    }
-                    let batches =
-                        tokio::task::spawn_blocking(move || -> Result<Vec<RecordBatch>> {
-                            use parquet::arrow::arrow_reader::{RowSelection, RowSelector};
-                            let selection = RowSelection::from(vec![
-                                RowSelector::skip(start),
-                                RowSelector::select(len),
-                            ]);
-                            let reader = parquet_builder(&f)?
-                                .with_row_groups(vec![g])
-                                .with_row_selection(selection)
-                                // The reader sizes its buffers for a whole batch
-                                // up front; smaller chunks are allowed ("at most").
-                                .with_batch_size(chunk_rows.min(READ_BATCH_ROWS))
-                                .build()
-                                .map_err(|e| DataError::file(&f, e))?;
-                            reader
-                                .map(|b| b.map_err(|e| DataError::file(&f, e)))
-                                .collect()
+                // This rank's pieces decode on up to `io_threads()`
+                // threads at once (the host's cores shared among its
+                // ranks), read ahead of the chunks being sent; chunks still
+                // leave in piece order.
+                let mine = work
+                    .into_iter()
+                    .enumerate()
+                    .filter(|(k, _)| k % n == rank)
+                    .map(|(_, piece)| piece);
+                let mut reads = futures::stream::iter(mine)
+                    .map(|(f, g, start, len)| {
+                        tokio::task::spawn_blocking(move || {
+                            read_parquet_piece(&f, g, start, len, chunk_rows)
                         })
-                        .await
-                        .map_err(NodeError::other)??;
-                    for b in batches {
+                    })
+                    .buffered(crate::io_threads());
+                while let Some(read) = reads.next().await {
+                    for b in read.map_err(NodeError::other)?? {
                         count(b.num_rows());
                         out.send(Message::new(seq, b)).await?;
                         seq += 1;
