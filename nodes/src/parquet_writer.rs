@@ -36,6 +36,8 @@ use parquet::file::metadata::{PageIndexPolicy, ParquetMetaDataReader};
 use parquet::file::properties::WriterProperties;
 use parquet::file::writer::SerializedFileWriter;
 
+use crate::threads::map_scoped;
+
 /// Parquet writer with column-parallel encoding (see the module doc).
 pub struct ColumnParallelWriter {
     file: SerializedFileWriter<File>,
@@ -123,7 +125,7 @@ impl ColumnParallelWriter {
             )));
         }
         let work: Vec<_> = self.columns.iter_mut().zip(leaves.iter()).collect();
-        for r in in_parallel(work, self.threads, |(w, leaf)| w.write(leaf)) {
+        for r in map_scoped(work, self.threads, |(w, leaf)| w.write(leaf)) {
             r?;
         }
         Ok(())
@@ -132,7 +134,7 @@ impl ColumnParallelWriter {
     fn flush_row_group(&mut self) -> Result<(), ParquetError> {
         let next = self.factory.create_column_writers(self.row_group + 1)?;
         let done = std::mem::replace(&mut self.columns, next);
-        let chunks: Vec<ArrowColumnChunk> = in_parallel(done, self.threads, |w| w.close())
+        let chunks: Vec<ArrowColumnChunk> = map_scoped(done, self.threads, |w| w.close())
             .into_iter()
             .collect::<Result<_, _>>()?;
         let mut rg = self.file.next_row_group()?;
@@ -144,43 +146,6 @@ impl ColumnParallelWriter {
         self.rows = 0;
         Ok(())
     }
-}
-
-/// `f` over `items` on up to `threads` scoped threads (contiguous shares,
-/// the caller's thread taking the first), results in `items`' order.
-fn in_parallel<T: Send, R: Send>(
-    items: Vec<T>,
-    threads: usize,
-    f: impl Fn(T) -> R + Sync,
-) -> Vec<R> {
-    let threads = threads.min(items.len()).max(1);
-    if threads == 1 {
-        return items.into_iter().map(f).collect();
-    }
-    let per = items.len().div_ceil(threads);
-    let mut shares: Vec<Vec<T>> = Vec::with_capacity(threads);
-    let mut it = items.into_iter().peekable();
-    while it.peek().is_some() {
-        shares.push(it.by_ref().take(per).collect());
-    }
-    let f = &f;
-    std::thread::scope(|s| {
-        let mut rest = shares.into_iter();
-        let first = rest.next().unwrap_or_default();
-        let handles: Vec<_> = rest
-            .map(|share| s.spawn(move || share.into_iter().map(f).collect::<Vec<R>>()))
-            .collect();
-        let mut out: Vec<R> = first.into_iter().map(f).collect();
-        for h in handles {
-            match h.join() {
-                Ok(v) => out.extend(v),
-                // An encoder that panicked: let the panic go on, as it
-                // would have on one thread (the node reports it).
-                Err(p) => std::panic::resume_unwind(p),
-            }
-        }
-        out
-    })
 }
 
 /// Writes the row groups of `parts` (Parquet files of `schema`, as

@@ -179,7 +179,7 @@ impl FileSink {
                     f,
                     parquet_schema(&self.schema),
                     parquet_props(),
-                    crate::io_threads(),
+                    crate::threads::rank_threads(),
                 )
                 .map_err(|e| DataError::file(path, e))?,
             )),

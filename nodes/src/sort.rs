@@ -18,7 +18,7 @@
 //! sort. Skew: a key that repeats more than n/N times makes
 //! its rank larger than the others (the price of never splitting keys).
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use arrow_array::{Array, ArrayRef, RecordBatch, make_array};
 use arrow_buffer::{ArrowNativeType, BooleanBufferBuilder, NullBuffer, ScalarBuffer};
@@ -34,6 +34,7 @@ use braid_kernels::sort::{gather_packed, order_key, radix_sort_pairs, unpack_row
 use crate::error::{DataError, Result};
 use crate::partition::{Splitters, column_index, converter, key_rows, range_partition};
 use crate::shuffle::TableShuffle;
+use crate::threads::{map_scoped, rank_threads};
 
 /// One sort key.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -240,31 +241,38 @@ fn range_bits(parts: &[ScalarBuffer<i64>]) -> Option<(i64, u32)> {
 /// decimals) are gathered straight from the parts' value buffers, with
 /// their validity; other columns go through Arrow's `interleave`.
 pub fn gather_rows(schema: &SchemaRef, parts: &[RecordBatch], rows: &[u64]) -> Result<RecordBatch> {
-    let mut pairs: Option<Vec<(usize, usize)>> = None;
-    let mut cols: Vec<ArrayRef> = Vec::with_capacity(schema.fields().len());
-    for c in 0..schema.fields().len() {
-        let arrays: Vec<&ArrayRef> = parts.iter().map(|p| p.column(c)).collect();
-        let datas: Vec<ArrayData> = arrays.iter().map(|a| a.to_data()).collect();
-        let dtype = schema.field(c).data_type();
-        let gathered = match dtype.primitive_width() {
-            Some(1) => gather_fixed::<u8>(dtype, &datas, rows),
-            Some(2) => gather_fixed::<u16>(dtype, &datas, rows),
-            Some(4) => gather_fixed::<u32>(dtype, &datas, rows),
-            Some(8) => gather_fixed::<u64>(dtype, &datas, rows),
-            Some(16) => gather_fixed::<i128>(dtype, &datas, rows),
-            _ => None,
-        };
-        let col = match gathered {
-            Some(d) => make_array(d?),
-            None => {
-                let idx =
-                    pairs.get_or_insert_with(|| rows.iter().map(|r| unpack_row(*r)).collect());
-                let dyns: Vec<&dyn Array> = arrays.iter().map(|a| a.as_ref()).collect();
-                arrow_select::interleave::interleave(&dyns, idx)?
-            }
-        };
-        cols.push(col);
-    }
+    // (batch, row) pairs for the columns that go through `interleave`,
+    // made once by the first such column.
+    let pairs: OnceLock<Vec<(usize, usize)>> = OnceLock::new();
+    // Columns are gathered on the rank's threads (each column is one
+    // pass over `rows`, independent of the others).
+    let cols = map_scoped(
+        (0..schema.fields().len()).collect(),
+        rank_threads(),
+        |c| -> Result<ArrayRef> {
+            let arrays: Vec<&ArrayRef> = parts.iter().map(|p| p.column(c)).collect();
+            let datas: Vec<ArrayData> = arrays.iter().map(|a| a.to_data()).collect();
+            let dtype = schema.field(c).data_type();
+            let gathered = match dtype.primitive_width() {
+                Some(1) => gather_fixed::<u8>(dtype, &datas, rows),
+                Some(2) => gather_fixed::<u16>(dtype, &datas, rows),
+                Some(4) => gather_fixed::<u32>(dtype, &datas, rows),
+                Some(8) => gather_fixed::<u64>(dtype, &datas, rows),
+                Some(16) => gather_fixed::<i128>(dtype, &datas, rows),
+                _ => None,
+            };
+            Ok(match gathered {
+                Some(d) => make_array(d?),
+                None => {
+                    let idx = pairs.get_or_init(|| rows.iter().map(|r| unpack_row(*r)).collect());
+                    let dyns: Vec<&dyn Array> = arrays.iter().map(|a| a.as_ref()).collect();
+                    arrow_select::interleave::interleave(&dyns, idx)?
+                }
+            })
+        },
+    )
+    .into_iter()
+    .collect::<Result<Vec<_>>>()?;
     Ok(RecordBatch::try_new(schema.clone(), cols)?)
 }
 

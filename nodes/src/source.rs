@@ -301,7 +301,7 @@ impl Source {
                         }
                     }
                 }
-                // This rank's pieces decode on up to `io_threads()`
+                // This rank's pieces decode on up to `rank_threads()`
                 // threads at once (the host's cores shared among its
                 // ranks), read ahead of the chunks being sent; chunks still
                 // leave in piece order.
@@ -316,7 +316,7 @@ impl Source {
                             read_parquet_piece(&f, g, start, len, chunk_rows)
                         })
                     })
-                    .buffered(crate::io_threads());
+                    .buffered(crate::threads::rank_threads());
                 while let Some(read) = reads.next().await {
                     for b in read.map_err(NodeError::other)?? {
                         count(b.num_rows());

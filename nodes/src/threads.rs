@@ -1,0 +1,84 @@
+//! How a rank spreads its CPU-heavy steps (Parquet decoding and encoding,
+//! the sort's gather) over threads.
+//!
+//! A rank's graph runs as tokio tasks; a step that is CPU work runs in a
+//! blocking task, and there it may split its work over scoped threads:
+//! [`map_scoped`] over [`rank_threads`] of them. The count is the host's
+//! cores shared among the host's ranks, so ranks that fill the cores keep
+//! one thread each (as before), while one or two ranks on a many-core host
+//! use the rest.
+
+/// The variable that sets [`rank_threads`] for a whole process.
+pub const RANK_THREADS_ENV: &str = "BRAID_RANK_THREADS";
+
+/// Threads a rank's CPU-heavy steps use: the host's cores shared among its
+/// ranks ([`braid_core::context::cores_per_rank`]), or `BRAID_RANK_THREADS`
+/// where set to a number of at least 1.
+pub fn rank_threads() -> usize {
+    std::env::var(RANK_THREADS_ENV)
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .filter(|&t| t >= 1)
+        .unwrap_or_else(braid_core::context::cores_per_rank)
+}
+
+/// `f` over `items` on up to `threads` scoped threads (contiguous shares,
+/// the caller's thread taking the first), results in `items`' order. A
+/// panic in `f` goes on in the caller, as it would on one thread.
+pub fn map_scoped<T: Send, R: Send>(
+    items: Vec<T>,
+    threads: usize,
+    f: impl Fn(T) -> R + Sync,
+) -> Vec<R> {
+    let threads = threads.min(items.len()).max(1);
+    if threads == 1 {
+        return items.into_iter().map(f).collect();
+    }
+    let per = items.len().div_ceil(threads);
+    let mut shares: Vec<Vec<T>> = Vec::with_capacity(threads);
+    let mut it = items.into_iter().peekable();
+    while it.peek().is_some() {
+        shares.push(it.by_ref().take(per).collect());
+    }
+    let f = &f;
+    std::thread::scope(|s| {
+        let mut rest = shares.into_iter();
+        let first = rest.next().unwrap_or_default();
+        let handles: Vec<_> = rest
+            .map(|share| s.spawn(move || share.into_iter().map(f).collect::<Vec<R>>()))
+            .collect();
+        let mut out: Vec<R> = first.into_iter().map(f).collect();
+        for h in handles {
+            match h.join() {
+                Ok(v) => out.extend(v),
+                Err(p) => std::panic::resume_unwind(p),
+            }
+        }
+        out
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn map_scoped_keeps_order_for_any_thread_count() {
+        for n in [0usize, 1, 2, 7, 64] {
+            let items: Vec<usize> = (0..n).collect();
+            let want: Vec<usize> = items.iter().map(|x| x * x + 1).collect();
+            for t in [1, 2, 3, 8, 100] {
+                let got = map_scoped(items.clone(), t, |x| x * x + 1);
+                assert_eq!(got, want, "{n} items, {t} threads");
+            }
+        }
+    }
+
+    #[test]
+    fn map_scoped_uses_other_threads() {
+        let main = std::thread::current().id();
+        let ids = map_scoped((0..4).collect(), 4, |_| std::thread::current().id());
+        assert_eq!(ids[0], main);
+        assert!(ids[1..].iter().all(|id| *id != main));
+    }
+}
