@@ -39,6 +39,7 @@ use crate::ipc::{pack, unpack};
 use crate::partition::{canonical_group_key, column_index, is_float_key};
 use crate::shuffle::hash_shuffle;
 use crate::sort::{DistributedSort, SortKey, sort_parts};
+use crate::threads::{map_scoped, rank_threads};
 
 /// What to compute.
 #[derive(Debug, Clone)]
@@ -427,7 +428,8 @@ impl<'a> HaloPlan<'a> {
 /// is computed over the rows from the first one its earliest window needs;
 /// a chunk is made at least twice as long as that lookback, so the total
 /// work stays O(n) even when windows span most of the data. Grouped: a
-/// chunk is whole groups.
+/// chunk is whole groups. Up to [`rank_threads`] chunks are computed at
+/// once on scoped threads, then sent in order.
 fn emit(
     p: Prepared,
     spec: &RollingSpec,
@@ -471,9 +473,18 @@ fn emit(
         }
         Ok(cols)
     };
-    let mut s = 0usize;
-    while s < n {
-        let (e, cols) = match &p.groups {
+    // A chunk: output rows [s, e), computed over rows [lo, hi) whose first
+    // `emit_from` only feed windows; grouped, with its groups' offsets.
+    struct Chunk {
+        s: usize,
+        e: usize,
+        lo: usize,
+        hi: usize,
+        emit_from: usize,
+        offsets: Option<Vec<usize>>,
+    }
+    let next = |s: usize| -> Chunk {
+        match &p.groups {
             None => {
                 let g0 = p.ghost;
                 let lo =
@@ -484,7 +495,14 @@ fn emit(
                 while e < n && p.ts[g0 + e] == p.ts[g0 + e - 1] {
                     e += 1;
                 }
-                (e, run(lo, g0 + e, lookback, None)?)
+                Chunk {
+                    s,
+                    e,
+                    lo,
+                    hi: g0 + e,
+                    emit_from: lookback,
+                    offsets: None,
+                }
             }
             Some(groups) => {
                 // Whole groups, at least chunk_rows rows (or one group).
@@ -495,15 +513,38 @@ fn emit(
                 }
                 let e = groups[last];
                 let offsets: Vec<usize> = groups[first..=last].iter().map(|o| o - s).collect();
-                (e, run(s, e, 0, Some(&offsets))?)
+                Chunk {
+                    s,
+                    e,
+                    lo: s,
+                    hi: e,
+                    emit_from: 0,
+                    offsets: Some(offsets),
+                }
             }
-        };
-        let b = with_aggs(&p.sorted.slice(s, e - s), out_schema.clone(), cols)?;
-        if tx.blocking_send(Ok(b)).is_err() {
-            // The node stopped listening (cancelled): stop quietly.
-            return Ok(());
         }
-        s = e;
+    };
+    // Chunks are independent: up to `rank_threads()` of them are computed
+    // at once, then sent in order (so at most that many wait in memory).
+    let threads = rank_threads();
+    let mut s = 0usize;
+    while s < n {
+        let mut batch = Vec::with_capacity(threads);
+        while batch.len() < threads && s < n {
+            let c = next(s);
+            s = c.e;
+            batch.push(c);
+        }
+        let outs = map_scoped(batch, threads, |c| -> Result<RecordBatch> {
+            let cols = run(c.lo, c.hi, c.emit_from, c.offsets.as_deref())?;
+            with_aggs(&p.sorted.slice(c.s, c.e - c.s), out_schema.clone(), cols)
+        });
+        for b in outs {
+            if tx.blocking_send(Ok(b?)).is_err() {
+                // The node stopped listening (cancelled): stop quietly.
+                return Ok(());
+            }
+        }
     }
     Ok(())
 }

@@ -1,5 +1,5 @@
 //! How a rank spreads its CPU-heavy steps (Parquet decoding and encoding,
-//! the sort's gather) over threads.
+//! the local sort's gather, the rolling kernel's chunks) over threads.
 //!
 //! A rank's graph runs as tokio tasks; a step that is CPU work runs in a
 //! blocking task, and there it may split its work over scoped threads:

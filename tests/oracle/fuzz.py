@@ -17,7 +17,8 @@ DuckDB and Polars. The inputs aim at edges a fixed test misses:
   - values: float64 with nulls, NaN, +-inf or huge magnitudes next to tiny
     ones; int64, int32, uint8, float32 columns; all-null columns;
   - sizes: 0, 1 and 2 rows, fewer rows than ranks, up to ~200k rows;
-  - job: 1-8 ranks, local or tcp, tiny chunks, a memory limit that spills.
+  - job: 1-8 ranks, local or tcp, tiny chunks, a memory limit that spills,
+    1-5 threads a rank (BRAID_RANK_THREADS) or the default share of cores.
 
     python3 tests/oracle/fuzz.py --rolling target/release/rolling --cases 40 \
         --seed 1 [--out /tmp/braid-fuzz] [--keep]
@@ -264,8 +265,17 @@ def main():
         shutil.rmtree(d, ignore_errors=True)
         os.makedirs(d)
         cmd, check, desc = make_case(rng, i, d, a.local_share)
+        # Threads a rank spreads its CPU work over (BRAID_RANK_THREADS; the
+        # default shares the cores), drawn apart so the cases stay as seeds
+        # drew them before.
+        threads = random.Random(f"threads-{a.seed}-{i}").choice([None, 1, 2, 3, 5])
+        env = dict(os.environ)
+        env.pop("BRAID_RANK_THREADS", None)
+        if threads is not None:
+            env["BRAID_RANK_THREADS"] = str(threads)
+            desc += f" threads={threads}"
         t0 = time.time()
-        run = subprocess.run([a.rolling] + cmd, capture_output=True, text=True, timeout=600)
+        run = subprocess.run([a.rolling] + cmd, capture_output=True, text=True, timeout=600, env=env)
         verdict = "ok"
         if run.returncode != 0:
             verdict = "rolling failed"
@@ -281,7 +291,7 @@ def main():
         if verdict != "ok":
             failed.append(i)
             with open(os.path.join(d, "report.txt"), "w") as f:
-                f.write("rolling " + " ".join(cmd) + "\n\ncheck_rolling.py " + " ".join(check) + "\n\n" + report)
+                f.write((f"BRAID_RANK_THREADS={threads} " if threads else "") + "rolling " + " ".join(cmd) + "\n\ncheck_rolling.py " + " ".join(check) + "\n\n" + report)
             print("  " + "\n  ".join(report.strip().splitlines()[-12:]), flush=True)
         elif not a.keep:
             shutil.rmtree(d, ignore_errors=True)
