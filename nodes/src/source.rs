@@ -166,6 +166,11 @@ fn read_parquet_piece(
         .collect()
 }
 
+/// The most decoded Parquet bytes (by the footers' uncompressed sizes) a
+/// rank's source reads ahead of what it has sent: 256 MiB (10M rows of 5
+/// numeric columns in row groups of 1M rows decode to ~40 MiB a group).
+const READ_AHEAD_BYTES: u64 = 256 << 20;
+
 /// The most rows a file reader puts in one chunk: readers reserve a
 /// chunk's buffers before reading (the CSV reader about 128 bytes a row),
 /// so the largest `chunk_rows` would take gigabytes for a two-line file.
@@ -282,10 +287,14 @@ impl Source {
                 // fewer row groups than ranks, row groups are cut into row
                 // ranges so every rank reads a share.
                 let mut groups = Vec::new();
+                // The largest row group's decoded size (the footer's
+                // uncompressed bytes), which bounds the read-ahead below.
+                let mut widest = 0u64;
                 for f in &files {
                     let b = parquet_builder(f)?;
                     for (g, rg) in b.metadata().row_groups().iter().enumerate() {
                         groups.push((f.clone(), g, rg.num_rows().max(0) as usize));
+                        widest = widest.max(rg.total_byte_size().max(0) as u64);
                     }
                 }
                 let pieces = n.div_ceil(groups.len().max(1)).max(1);
@@ -303,8 +312,11 @@ impl Source {
                 }
                 // This rank's pieces decode on up to `rank_threads()`
                 // threads at once (the host's cores shared among its
-                // ranks), read ahead of the chunks being sent; chunks still
-                // leave in piece order.
+                // ranks), read ahead of the chunks being sent, and no more
+                // at once than READ_AHEAD_BYTES of decoded row groups hold
+                // (at least one); chunks still leave in piece order.
+                let by_bytes = (READ_AHEAD_BYTES / widest.max(1)).max(1);
+                let in_flight = crate::threads::rank_threads().min(by_bytes as usize);
                 let mine = work
                     .into_iter()
                     .enumerate()
@@ -316,7 +328,7 @@ impl Source {
                             read_parquet_piece(&f, g, start, len, chunk_rows)
                         })
                     })
-                    .buffered(crate::threads::rank_threads());
+                    .buffered(in_flight);
                 while let Some(read) = reads.next().await {
                     for b in read.map_err(NodeError::other)?? {
                         count(b.num_rows());
