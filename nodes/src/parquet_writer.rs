@@ -6,9 +6,12 @@
 //! dictionary attempt, statistics: about 2.4 s for 10M rows of 10 columns
 //! on one core of the 2-core VM, 2026-11-26), and Arrow's `ArrowWriter`
 //! does it column after column on one thread. [`ColumnParallelWriter`]
-//! writes the same file (same properties, row groups, metadata) with the
-//! columns of each batch, and the closing of each row group's column chunks,
-//! spread over up to `threads` scoped threads:
+//! writes the file `ArrowWriter` writes (same properties, row groups cut at
+//! the same row counts, the same metadata) with the columns of each batch,
+//! and the closing of each row group's column chunks, spread over up to
+//! `threads` scoped threads. It takes properties without a row-group byte
+//! limit or content-defined chunking (it refuses them; braid's sink sets
+//! neither):
 //!
 //! ```text
 //!   batch -> leaves (one per Parquet column) -> [threads] encode into
@@ -18,7 +21,8 @@
 //!
 //! Cost model: a batch costs its encoding split over the threads, plus one
 //! thread start per thread used (tens of us, against the ~15 ms that
-//! encoding a 64K-row chunk of 10 columns takes on one core); columns are
+//! encoding a 64K-row chunk of 10 columns takes on one core); batches of
+//! fewer than [`PARALLEL_MIN_CELLS`] values stay on one thread. Columns are
 //! the unit of work, so a table of k columns gains at most k-fold.
 
 use std::fs::File;
@@ -38,6 +42,10 @@ use parquet::file::writer::SerializedFileWriter;
 
 use crate::threads::map_scoped;
 
+/// Values (rows x leaf columns) below which a batch, or a row group's
+/// closing, stays on the caller's thread.
+pub const PARALLEL_MIN_CELLS: usize = 1 << 16;
+
 /// Parquet writer with column-parallel encoding (see the module doc).
 pub struct ColumnParallelWriter {
     file: SerializedFileWriter<File>,
@@ -51,6 +59,9 @@ pub struct ColumnParallelWriter {
     rows: usize,
     max_rows: usize,
     threads: usize,
+    /// A write failed: the columns may hold different row counts, so
+    /// every later call fails.
+    failed: bool,
 }
 
 impl ColumnParallelWriter {
@@ -62,6 +73,13 @@ impl ColumnParallelWriter {
         props: WriterProperties,
         threads: usize,
     ) -> Result<Self, ParquetError> {
+        if props.max_row_group_bytes().is_some() || props.content_defined_chunking().is_some() {
+            return Err(ParquetError::General(
+                "column-parallel Parquet writer: row-group byte limits and content-defined \
+                 chunking are not supported"
+                    .into(),
+            ));
+        }
         let max_rows = props.max_row_group_row_count().unwrap_or(usize::MAX).max(1);
         // Through ArrowWriter so the file carries the same metadata (the
         // Arrow schema) as one that ArrowWriter writes.
@@ -77,12 +95,14 @@ impl ColumnParallelWriter {
             rows: 0,
             max_rows,
             threads: threads.max(1),
+            failed: false,
         })
     }
 
     /// Appends `batch` (of the writer's schema), cutting row groups at the
     /// properties' row count.
     pub fn write(&mut self, batch: &RecordBatch) -> Result<(), ParquetError> {
+        self.check()?;
         if batch.schema().fields() != self.schema.fields() {
             return Err(ParquetError::General(format!(
                 "batch schema {:?} differs from the file's {:?}",
@@ -93,23 +113,44 @@ impl ColumnParallelWriter {
         let mut at = 0;
         while at < batch.num_rows() {
             let take = (self.max_rows - self.rows).min(batch.num_rows() - at);
+            self.failed = true;
             self.encode(&batch.slice(at, take))?;
             at += take;
             self.rows += take;
             if self.rows >= self.max_rows {
                 self.flush_row_group()?;
             }
+            self.failed = false;
         }
         Ok(())
     }
 
     /// Writes the open row group (if it has rows) and the footer.
     pub fn close(mut self) -> Result<(), ParquetError> {
+        self.check()?;
         if self.rows > 0 {
             self.flush_row_group()?;
         }
         self.file.close()?;
         Ok(())
+    }
+
+    fn check(&self) -> Result<(), ParquetError> {
+        if self.failed {
+            return Err(ParquetError::General(
+                "an earlier write to this Parquet file failed".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Threads for `cells` values of work.
+    fn threads_for(&self, cells: usize) -> usize {
+        if cells < PARALLEL_MIN_CELLS {
+            1
+        } else {
+            self.threads
+        }
     }
 
     fn encode(&mut self, batch: &RecordBatch) -> Result<(), ParquetError> {
@@ -124,8 +165,9 @@ impl ColumnParallelWriter {
                 self.columns.len()
             )));
         }
+        let threads = self.threads_for(batch.num_rows() * leaves.len());
         let work: Vec<_> = self.columns.iter_mut().zip(leaves.iter()).collect();
-        for r in map_scoped(work, self.threads, |(w, leaf)| w.write(leaf)) {
+        for r in map_scoped(work, threads, |(w, leaf)| w.write(leaf)) {
             r?;
         }
         Ok(())
@@ -134,7 +176,8 @@ impl ColumnParallelWriter {
     fn flush_row_group(&mut self) -> Result<(), ParquetError> {
         let next = self.factory.create_column_writers(self.row_group + 1)?;
         let done = std::mem::replace(&mut self.columns, next);
-        let chunks: Vec<ArrowColumnChunk> = map_scoped(done, self.threads, |w| w.close())
+        let threads = self.threads_for(self.rows * done.len());
+        let chunks: Vec<ArrowColumnChunk> = map_scoped(done, threads, |w| w.close())
             .into_iter()
             .collect::<Result<_, _>>()?;
         let mut rg = self.file.next_row_group()?;
@@ -149,9 +192,13 @@ impl ColumnParallelWriter {
 }
 
 /// Writes the row groups of `parts` (Parquet files of `schema`, as
-/// [`ColumnParallelWriter`] or `ArrowWriter` wrote them with `props`), in
-/// order, into `out`, copying their encoded column chunks (no decoding).
-/// Parts whose Parquet schema differs from the first's are refused.
+/// [`ColumnParallelWriter`] or `ArrowWriter` wrote them), in order, into
+/// `out`, copying their encoded column chunks with their statistics and
+/// page indexes (no decoding); `props` serve the output's footer. Each
+/// part's row groups stay as they were (the output has at least one per
+/// non-empty part). Bloom filters are not copied (braid writes none).
+/// Parts whose Parquet schema differs from `schema`'s are refused; errors
+/// name the part.
 pub fn concat_parquet(
     parts: &[impl AsRef<Path>],
     out: File,
@@ -162,15 +209,16 @@ pub fn concat_parquet(
         ArrowWriter::try_new(out, schema, Some(props))?.into_serialized_writer()?;
     let expected = writer.schema_descr().root_schema().clone();
     for p in parts {
-        let input = File::open(p.as_ref())?;
+        let named = |e: &dyn std::fmt::Display| {
+            ParquetError::General(format!("{}: {e}", p.as_ref().display()))
+        };
+        let input = File::open(p.as_ref()).map_err(|e| named(&e))?;
         let meta = ParquetMetaDataReader::new()
             .with_page_index_policy(PageIndexPolicy::Optional)
-            .parse_and_finish(&input)?;
+            .parse_and_finish(&input)
+            .map_err(|e| named(&e))?;
         if meta.file_metadata().schema_descr().root_schema() != &expected {
-            return Err(ParquetError::General(format!(
-                "{}: its Parquet schema differs from the first part's",
-                p.as_ref().display()
-            )));
+            return Err(named(&"its Parquet schema differs from the output's"));
         }
         let index = meta.page_index();
         for (g, rg) in meta.row_groups().iter().enumerate() {
@@ -184,7 +232,7 @@ pub fn concat_parquet(
                     column_index: index.and_then(|i| i.column_index(g, c).cloned()),
                     offset_index: index.and_then(|i| i.offset_index(g, c).cloned()),
                 };
-                out_rg.append_column(&input, close)?;
+                out_rg.append_column(&input, close).map_err(|e| named(&e))?;
             }
             out_rg.close()?;
         }
@@ -290,8 +338,10 @@ mod tests {
     fn parallel_writer_round_trips_with_row_groups_cut_as_arrow_writer_cuts_them() {
         let seed = seed();
         let d = dir("round");
-        // Batches of odd sizes (an empty one too) across row groups of 1000.
-        let sizes = [700usize, 0, 1, 1299, 2500, 333];
+        // Batches of odd sizes (an empty one too) across row groups of
+        // 20000; the largest batch and the full row groups are big enough
+        // (rows x 4 leaves >= PARALLEL_MIN_CELLS) to take the threads.
+        let sizes = [700usize, 0, 1, 1299, 45_000, 333];
         let batches: Vec<RecordBatch> = sizes
             .iter()
             .enumerate()
@@ -303,7 +353,7 @@ mod tests {
             let mut w = ColumnParallelWriter::try_new(
                 File::create(&p).unwrap(),
                 schema(),
-                props(1000),
+                props(20_000),
                 threads,
             )
             .unwrap();
@@ -316,7 +366,7 @@ mod tests {
             // ArrowWriter with the same properties: the same row groups.
             let q = d.join("arrow.parquet");
             let mut a =
-                ArrowWriter::try_new(File::create(&q).unwrap(), schema(), Some(props(1000)))
+                ArrowWriter::try_new(File::create(&q).unwrap(), schema(), Some(props(20_000)))
                     .unwrap();
             for b in &batches {
                 a.write(b).unwrap();

@@ -293,10 +293,11 @@ pub async fn rolling_node(
             p
         }
     };
-    // The kernel runs chunk by chunk on a blocking thread; chunks stream
-    // downstream as they are made (at most two in flight).
+    // The kernel runs on a blocking thread, up to `rank_threads()` chunks
+    // at once (see `emit`); chunks stream downstream as they are made, the
+    // channel holding one group of them while the next is computed.
     let t = std::time::Instant::now();
-    let (tx, mut rx) = tokio::sync::mpsc::channel::<Result<RecordBatch>>(2);
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<Result<RecordBatch>>(rank_threads().max(2));
     let spec2 = spec.clone();
     let worker = tokio::task::spawn_blocking(move || {
         emit(prepared, &spec2, out_schema, chunk_rows.max(1), &tx)
@@ -422,6 +423,9 @@ impl<'a> HaloPlan<'a> {
     }
 }
 
+/// Rows below which a group of chunks is computed on one thread.
+const PARALLEL_MIN_ROWS: usize = 1 << 14;
+
 /// Runs the kernel chunk by chunk and sends the output chunks.
 ///
 /// Ungrouped: a chunk of rows `[s, e)` (never splitting a run of equal ts)
@@ -535,7 +539,14 @@ fn emit(
             s = c.e;
             batch.push(c);
         }
-        let outs = map_scoped(batch, threads, |c| -> Result<RecordBatch> {
+        // Small chunks (a small `chunk_rows`) cost less than the threads.
+        let rows: usize = batch.iter().map(|c| c.hi - c.lo).sum();
+        let use_threads = if rows >= PARALLEL_MIN_ROWS {
+            threads
+        } else {
+            1
+        };
+        let outs = map_scoped(batch, use_threads, |c| -> Result<RecordBatch> {
             let cols = run(c.lo, c.hi, c.emit_from, c.offsets.as_deref())?;
             with_aggs(&p.sorted.slice(c.s, c.e - c.s), out_schema.clone(), cols)
         });

@@ -166,9 +166,12 @@ fn read_parquet_piece(
         .collect()
 }
 
-/// The most decoded Parquet bytes (by the footers' uncompressed sizes) a
-/// rank's source reads ahead of what it has sent: 256 MiB (10M rows of 5
-/// numeric columns in row groups of 1M rows decode to ~40 MiB a group).
+/// How many bytes of row groups, by their footers' uncompressed sizes, a
+/// rank's Parquet source reads ahead of what it has sent: 256 MiB. An
+/// estimate of the decoded size: plain numeric columns decode to about
+/// their footer size (10M rows of 5 numeric columns in row groups of 1M
+/// rows: 27 MiB a group by the footer, ~40 MiB decoded), dictionary-encoded
+/// ones (few distinct strings) to several times it.
 const READ_AHEAD_BYTES: u64 = 256 << 20;
 
 /// The most rows a file reader puts in one chunk: readers reserve a
@@ -313,8 +316,9 @@ impl Source {
                 // This rank's pieces decode on up to `rank_threads()`
                 // threads at once (the host's cores shared among its
                 // ranks), read ahead of the chunks being sent, and no more
-                // at once than READ_AHEAD_BYTES of decoded row groups hold
-                // (at least one); chunks still leave in piece order.
+                // at once than READ_AHEAD_BYTES of row groups hold by their
+                // footers' sizes (at least one); chunks still leave in
+                // piece order.
                 let by_bytes = (READ_AHEAD_BYTES / widest.max(1)).max(1);
                 let in_flight = crate::threads::rank_threads().min(by_bytes as usize);
                 let mine = work

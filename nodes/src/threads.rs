@@ -1,12 +1,22 @@
 //! How a rank spreads its CPU-heavy steps (Parquet decoding and encoding,
 //! the local sort's gather, the rolling kernel's chunks) over threads.
 //!
-//! A rank's graph runs as tokio tasks; a step that is CPU work runs in a
-//! blocking task, and there it may split its work over scoped threads:
-//! [`map_scoped`] over [`rank_threads`] of them. The count is the host's
-//! cores shared among the host's ranks, so ranks that fill the cores keep
-//! one thread each (as before), while one or two ranks on a many-core host
-//! use the rest.
+//! A rank's graph runs as tokio tasks; a step that is CPU work runs in
+//! blocking tasks, and splits its work over up to [`rank_threads`] of
+//! them: scoped threads ([`map_scoped`]) or, for the Parquet source, that
+//! many pieces decoded at once. The count is the host's cores shared among
+//! the host's ranks, so ranks that fill the cores keep one thread each (as
+//! before), while one or two ranks on a many-core host use the rest.
+//!
+//! The count is per step, not a budget a rank's steps share: steps that
+//! overlap (the kernel's chunks while the sink encodes) may together run
+//! about twice as many threads as the rank's share for a while, which costs
+//! some time slicing but never blocks. The ranks on a host are counted as
+//! `braid_core::Waiting` counts them (this process's contexts, or what the
+//! launcher says); ranks started by hand on one host should set
+//! `BRAID_HOST_RANKS` (or `BRAID_RANK_THREADS`), or each takes every core.
+
+use std::sync::{Arc, Mutex};
 
 /// The variable that sets [`rank_threads`] for a whole process.
 pub const RANK_THREADS_ENV: &str = "BRAID_RANK_THREADS";
@@ -23,8 +33,9 @@ pub fn rank_threads() -> usize {
 }
 
 /// `f` over `items` on up to `threads` scoped threads (contiguous shares,
-/// the caller's thread taking the first), results in `items`' order. A
-/// panic in `f` goes on in the caller, as it would on one thread.
+/// the caller's thread taking the first, and any share whose thread the OS
+/// refuses), results in `items`' order. A panic in `f` goes on in the
+/// caller, as it would on one thread.
 pub fn map_scoped<T: Send, R: Send>(
     items: Vec<T>,
     threads: usize,
@@ -44,17 +55,41 @@ pub fn map_scoped<T: Send, R: Send>(
     std::thread::scope(|s| {
         let mut rest = shares.into_iter();
         let first = rest.next().unwrap_or_default();
-        let handles: Vec<_> = rest
-            .map(|share| s.spawn(move || share.into_iter().map(f).collect::<Vec<R>>()))
-            .collect();
-        let mut out: Vec<R> = first.into_iter().map(f).collect();
-        for h in handles {
+        // A share whose thread the OS refuses runs on the caller's thread,
+        // after the first share.
+        let mut inline = Vec::new();
+        let mut handles = Vec::new();
+        for (k, share) in rest.enumerate() {
+            // The share stays reachable here if the spawn fails.
+            let slot = Arc::new(Mutex::new(Some(share)));
+            let spawned = std::thread::Builder::new().spawn_scoped(s, {
+                let slot = Arc::clone(&slot);
+                move || -> Vec<R> {
+                    let share = slot.lock().unwrap_or_else(|p| p.into_inner()).take();
+                    share.unwrap_or_default().into_iter().map(f).collect()
+                }
+            });
+            match spawned {
+                Ok(h) => handles.push((k, h)),
+                Err(_) => {
+                    let share = slot.lock().unwrap_or_else(|p| p.into_inner()).take();
+                    inline.push((k, share.unwrap_or_default()));
+                }
+            }
+        }
+        let mut parts: Vec<(usize, Vec<R>)> = Vec::with_capacity(threads);
+        parts.push((0, first.into_iter().map(f).collect()));
+        for (k, share) in inline {
+            parts.push((k + 1, share.into_iter().map(f).collect()));
+        }
+        for (k, h) in handles {
             match h.join() {
-                Ok(v) => out.extend(v),
+                Ok(v) => parts.push((k + 1, v)),
                 Err(p) => std::panic::resume_unwind(p),
             }
         }
-        out
+        parts.sort_by_key(|(k, _)| *k);
+        parts.into_iter().flat_map(|(_, v)| v).collect()
     })
 }
 
