@@ -570,12 +570,17 @@ pub async fn gpu_rolling_job_node(
             .await
             .map_err(NodeError::other)?
             .map_err(fail)?;
+        stats.record_op("gpu: device context", t.elapsed());
+        let t1 = std::time::Instant::now();
         let dc = DeviceComm::new(&ctx, gpu.clone()).await.map_err(fail)?;
+        stats.record_op("gpu: device communicator", t1.elapsed());
+        let t1 = std::time::Instant::now();
         let g2 = gpu.clone();
         tokio::task::spawn_blocking(move || braid_kernels::gpu::Kernels::get(&g2))
             .await
             .map_err(NodeError::other)?
             .map_err(fail)?;
+        stats.record_op("gpu: kernels loaded", t1.elapsed());
         stats.record_op("gpu: device, NCCL and kernels ready", t.elapsed());
         Ok::<_, NodeError>(dc)
     };
