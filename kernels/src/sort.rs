@@ -14,7 +14,9 @@
 //! span a small range (timestamps of one day, group ids) skip their high
 //! bytes, so a sort of 10 M time stamps takes 4-5 passes, against about
 //! 23 compare levels for a comparison sort. Memory: the inputs plus one
-//! scratch copy of each.
+//! scratch copy of each. [`radix_sort_pairs_on`] runs each pass on
+//! several threads (contiguous blocks, each scattering into its own
+//! slices), for one more read of the keys a pass.
 
 /// Bytes of a key.
 const DIGITS: usize = 8;
@@ -30,7 +32,24 @@ pub fn order_key(x: i64) -> u64 {
 /// Sorts `keys` ascending and moves each entry of `payload` with its key;
 /// stable (equal keys keep their order). Returns the sorted keys and
 /// payloads, both as long as the shorter input.
-pub fn radix_sort_pairs(mut keys: Vec<u64>, mut payload: Vec<u64>) -> (Vec<u64>, Vec<u64>) {
+pub fn radix_sort_pairs(keys: Vec<u64>, payload: Vec<u64>) -> (Vec<u64>, Vec<u64>) {
+    radix_sort_pairs_on(keys, payload, 1)
+}
+
+/// Fewest elements a thread of [`radix_sort_pairs_on`] takes (below that
+/// a thread's start costs more than its share of a pass).
+const PER_THREAD_MIN: usize = 1 << 16;
+
+/// [`radix_sort_pairs`] on up to `threads` threads: each pass splits the
+/// keys into contiguous blocks, counts each block's digits, and scatters
+/// each block into its own slices of the digits' output ranges (block by
+/// block within a digit, so the sort stays stable). Same result as one
+/// thread; per pass one more read of the keys (the blocks' counts).
+pub fn radix_sort_pairs_on(
+    mut keys: Vec<u64>,
+    mut payload: Vec<u64>,
+    threads: usize,
+) -> (Vec<u64>, Vec<u64>) {
     let n = keys.len().min(payload.len());
     keys.truncate(n);
     payload.truncate(n);
@@ -43,30 +62,102 @@ pub fn radix_sort_pairs(mut keys: Vec<u64>, mut payload: Vec<u64>) -> (Vec<u64>,
             h[((k >> (8 * d)) & 0xFF) as usize] += 1;
         }
     }
+    let threads = threads.min(n / PER_THREAD_MIN).max(1);
     let (mut k2, mut p2): (Vec<u64>, Vec<u64>) = (vec![0; n], vec![0; n]);
     for (d, h) in hist.iter().enumerate() {
         // A byte that is the same in every key moves nothing.
         if h.contains(&n) {
             continue;
         }
-        let mut next = [0usize; BUCKETS];
-        let mut sum = 0;
-        for (b, c) in h.iter().enumerate() {
-            next[b] = sum;
-            sum += c;
-        }
         let shift = 8 * d;
-        for (k, p) in keys.iter().zip(&payload) {
-            let b = ((k >> shift) & 0xFF) as usize;
-            let at = next[b];
-            next[b] += 1;
-            k2[at] = *k;
-            p2[at] = *p;
+        if threads == 1 {
+            let mut next = [0usize; BUCKETS];
+            let mut sum = 0;
+            for (b, c) in h.iter().enumerate() {
+                next[b] = sum;
+                sum += c;
+            }
+            for (k, p) in keys.iter().zip(&payload) {
+                let b = ((k >> shift) & 0xFF) as usize;
+                let at = next[b];
+                next[b] += 1;
+                k2[at] = *k;
+                p2[at] = *p;
+            }
+        } else {
+            scatter_blocks(&keys, &payload, &mut k2, &mut p2, shift, threads);
         }
         std::mem::swap(&mut keys, &mut k2);
         std::mem::swap(&mut payload, &mut p2);
     }
     (keys, payload)
+}
+
+/// One pass of [`radix_sort_pairs_on`] on `threads` blocks: the output of
+/// digit b is block 0's b-keys, then block 1's, and so on, each block
+/// writing only its own slices.
+fn scatter_blocks(
+    keys: &[u64],
+    payload: &[u64],
+    k2: &mut [u64],
+    p2: &mut [u64],
+    shift: usize,
+    threads: usize,
+) {
+    let n = keys.len();
+    let per = n.div_ceil(threads);
+    let digit = |k: &u64| ((k >> shift) & 0xFF) as usize;
+    let counts: Vec<[usize; BUCKETS]> = std::thread::scope(|s| {
+        let hs: Vec<_> = keys
+            .chunks(per)
+            .map(|block| {
+                s.spawn(move || {
+                    let mut c = [0usize; BUCKETS];
+                    for k in block {
+                        c[digit(k)] += 1;
+                    }
+                    c
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+            .collect()
+    });
+    // Slices of the outputs, digit-major then block: block t gets, for
+    // each digit, the slice its keys of that digit go to.
+    let blocks = counts.len();
+    let mut kout: Vec<Vec<&mut [u64]>> = (0..blocks).map(|_| Vec::with_capacity(BUCKETS)).collect();
+    let mut pout: Vec<Vec<&mut [u64]>> = (0..blocks).map(|_| Vec::with_capacity(BUCKETS)).collect();
+    let (mut krest, mut prest) = (k2, p2);
+    for b in 0..BUCKETS {
+        for (c, (ko, po)) in counts.iter().zip(kout.iter_mut().zip(pout.iter_mut())) {
+            let (kh, kt) = std::mem::take(&mut krest).split_at_mut(c[b]);
+            let (ph, pt) = std::mem::take(&mut prest).split_at_mut(c[b]);
+            ko.push(kh);
+            po.push(ph);
+            krest = kt;
+            prest = pt;
+        }
+    }
+    std::thread::scope(|s| {
+        for ((kb, pb), (ko, po)) in keys
+            .chunks(per)
+            .zip(payload.chunks(per))
+            .zip(kout.into_iter().zip(pout))
+        {
+            s.spawn(move || {
+                let (mut ko, mut po) = (ko, po);
+                let mut at = [0usize; BUCKETS];
+                for (k, p) in kb.iter().zip(pb) {
+                    let b = digit(k);
+                    ko[b][at[b]] = *k;
+                    po[b][at[b]] = *p;
+                    at[b] += 1;
+                }
+            });
+        }
+    });
 }
 
 /// Rows ahead of the current one whose value the gather asks the cache
@@ -135,7 +226,21 @@ mod tests {
     #[test]
     fn matches_a_stable_comparison_sort() {
         let mut s = 0x1234_5678_9ABC_DEF1u64;
-        for n in [0usize, 1, 2, 3, 255, 256, 257, 1000, 65_537] {
+        // 300_001 and 1 << 19 take the threads (at least PER_THREAD_MIN keys
+        // a thread), with blocks of unequal length.
+        for n in [
+            0usize,
+            1,
+            2,
+            3,
+            255,
+            256,
+            257,
+            1000,
+            65_537,
+            300_001,
+            1 << 19,
+        ] {
             for spread in [0u32, 1, 8, 17, 40, 64] {
                 let keys: Vec<u64> = (0..n)
                     .map(|_| {
@@ -154,6 +259,11 @@ mod tests {
                 let (k, p) = radix_sort_pairs(keys.clone(), payload.clone());
                 let got: Vec<(u64, u64)> = k.into_iter().zip(p).collect();
                 assert_eq!(got, want, "n = {n}, spread {spread}");
+                for threads in [2, 3, 7] {
+                    let (k, p) = radix_sort_pairs_on(keys.clone(), payload.clone(), threads);
+                    let got: Vec<(u64, u64)> = k.into_iter().zip(p).collect();
+                    assert_eq!(got, want, "n = {n}, spread {spread}, {threads} threads");
+                }
             }
         }
     }

@@ -29,7 +29,7 @@ use arrow_select::concat::concat_batches;
 use arrow_select::take::take_record_batch;
 use braid_coll::{AllGather, ExtractOrder};
 use braid_core::{Buffer, Context, PackedData};
-use braid_kernels::sort::{gather_packed, order_key, radix_sort_pairs, unpack_row};
+use braid_kernels::sort::{gather_packed, order_key, radix_sort_pairs_on, unpack_row};
 
 use crate::error::{DataError, Result};
 use crate::partition::{Splitters, column_index, converter, key_rows, range_partition};
@@ -205,13 +205,13 @@ fn radix_order(
                         hi.checked_shl(w1).unwrap_or(0) | lo
                     }));
                 }
-                return Ok(Some(radix_sort_pairs(packed, rows).1));
+                return Ok(Some(radix_sort_pairs_on(packed, rows, rank_threads()).1));
             }
         }
     }
     // Least significant key first: each pass is stable.
     let last = key_parts.len() - 1;
-    let (_, mut rows) = radix_sort_pairs(flat(&key_parts[last]), rows);
+    let (_, mut rows) = radix_sort_pairs_on(flat(&key_parts[last]), rows, rank_threads());
     if last == 1 {
         let first = &key_parts[0];
         let k0: Vec<u64> = rows
@@ -221,7 +221,7 @@ fn radix_order(
                 order_key(first[b][i])
             })
             .collect();
-        rows = radix_sort_pairs(k0, rows).1;
+        rows = radix_sort_pairs_on(k0, rows, rank_threads()).1;
     }
     Ok(Some(rows))
 }

@@ -1,5 +1,6 @@
 //! How a rank spreads its CPU-heavy steps (Parquet decoding and encoding,
-//! the local sort's gather, the rolling kernel's chunks) over threads.
+//! the local sort's radix sort and gather, the rolling kernel's chunks)
+//! over threads.
 //!
 //! A rank's graph runs as tokio tasks; a step that is CPU work runs in
 //! blocking tasks, and splits its work over up to [`rank_threads`] of
