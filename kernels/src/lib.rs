@@ -1,6 +1,7 @@
 //! braid-kernels: compute kernels on columns.
 //!
 //! - [`hash`]: the 64-bit mixing function of generated data and digests.
+//! - [`par`]: a kernel's independent work items on scoped threads.
 //! - [`reduce`]: element types of collectives and the reduction operators
 //!   (sum, prod, min, max, user-supplied) over them.
 //! - [`sort`]: stable LSD radix sort of 64-bit keys with a payload.
@@ -14,6 +15,7 @@
 #[cfg(feature = "cuda")]
 pub mod gpu;
 pub mod hash;
+pub mod par;
 pub mod reduce;
 pub mod rolling;
 pub mod sort;

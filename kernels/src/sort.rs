@@ -18,6 +18,8 @@
 //! several threads (contiguous blocks, each scattering into its own
 //! slices), for one more read of the keys a pass.
 
+use crate::par::map_scoped;
+
 /// Bytes of a key.
 const DIGITS: usize = 8;
 /// Buckets per byte.
@@ -107,22 +109,12 @@ fn scatter_blocks(
     let n = keys.len();
     let per = n.div_ceil(threads);
     let digit = |k: &u64| ((k >> shift) & 0xFF) as usize;
-    let counts: Vec<[usize; BUCKETS]> = std::thread::scope(|s| {
-        let hs: Vec<_> = keys
-            .chunks(per)
-            .map(|block| {
-                s.spawn(move || {
-                    let mut c = [0usize; BUCKETS];
-                    for k in block {
-                        c[digit(k)] += 1;
-                    }
-                    c
-                })
-            })
-            .collect();
-        hs.into_iter()
-            .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
-            .collect()
+    let counts: Vec<[usize; BUCKETS]> = map_scoped(keys.chunks(per).collect(), threads, |block| {
+        let mut c = [0usize; BUCKETS];
+        for k in block {
+            c[digit(k)] += 1;
+        }
+        c
     });
     // Slices of the outputs, digit-major then block: block t gets, for
     // each digit, the slice its keys of that digit go to.
@@ -140,22 +132,18 @@ fn scatter_blocks(
             prest = pt;
         }
     }
-    std::thread::scope(|s| {
-        for ((kb, pb), (ko, po)) in keys
-            .chunks(per)
-            .zip(payload.chunks(per))
-            .zip(kout.into_iter().zip(pout))
-        {
-            s.spawn(move || {
-                let (mut ko, mut po) = (ko, po);
-                let mut at = [0usize; BUCKETS];
-                for (k, p) in kb.iter().zip(pb) {
-                    let b = digit(k);
-                    ko[b][at[b]] = *k;
-                    po[b][at[b]] = *p;
-                    at[b] += 1;
-                }
-            });
+    let work: Vec<_> = keys
+        .chunks(per)
+        .zip(payload.chunks(per))
+        .zip(kout.into_iter().zip(pout))
+        .collect();
+    map_scoped(work, threads, |((kb, pb), (mut ko, mut po))| {
+        let mut at = [0usize; BUCKETS];
+        for (k, p) in kb.iter().zip(pb) {
+            let b = digit(k);
+            ko[b][at[b]] = *k;
+            po[b][at[b]] = *p;
+            at[b] += 1;
         }
     });
 }

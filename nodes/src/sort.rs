@@ -180,6 +180,7 @@ fn radix_order(
         key_parts.push(v);
     }
     let total: usize = parts.iter().map(|p| p.num_rows()).sum();
+    let threads = rank_threads();
     let flat = |kp: &[ScalarBuffer<i64>]| -> Vec<u64> {
         let mut out = braid_core::memory::large_vec(total);
         for k in kp {
@@ -205,13 +206,13 @@ fn radix_order(
                         hi.checked_shl(w1).unwrap_or(0) | lo
                     }));
                 }
-                return Ok(Some(radix_sort_pairs_on(packed, rows, rank_threads()).1));
+                return Ok(Some(radix_sort_pairs_on(packed, rows, threads).1));
             }
         }
     }
     // Least significant key first: each pass is stable.
     let last = key_parts.len() - 1;
-    let (_, mut rows) = radix_sort_pairs_on(flat(&key_parts[last]), rows, rank_threads());
+    let (_, mut rows) = radix_sort_pairs_on(flat(&key_parts[last]), rows, threads);
     if last == 1 {
         let first = &key_parts[0];
         let k0: Vec<u64> = rows
@@ -221,7 +222,7 @@ fn radix_order(
                 order_key(first[b][i])
             })
             .collect();
-        rows = radix_sort_pairs_on(k0, rows, rank_threads()).1;
+        rows = radix_sort_pairs_on(k0, rows, threads).1;
     }
     Ok(Some(rows))
 }

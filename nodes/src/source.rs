@@ -290,8 +290,8 @@ impl Source {
                 // fewer row groups than ranks, row groups are cut into row
                 // ranges so every rank reads a share.
                 let mut groups = Vec::new();
-                // The largest row group's decoded size (the footer's
-                // uncompressed bytes), which bounds the read-ahead below.
+                // The largest row group's size by its footer (uncompressed
+                // bytes), which bounds the read-ahead below.
                 let mut widest = 0u64;
                 for f in &files {
                     let b = parquet_builder(f)?;
