@@ -57,6 +57,11 @@ pub struct CollArgs {
     /// latency for in-process ranks, one core for all compute).
     #[arg(long, default_value_t = 2)]
     threads: usize,
+    /// Which braid worlds to time, each with its MPI baseline: `local`
+    /// (against MPI shared memory) and `tcp` (against MPI over TCP). A
+    /// world left out prints `-` in its columns.
+    #[arg(long, value_delimiter = ',', default_value = "local,tcp")]
+    worlds: Vec<World>,
 }
 
 /// Sizes as the MPI program rounds them, so both sides move the same bytes.
@@ -272,7 +277,7 @@ pub(crate) fn mpi_binary(given: &Option<PathBuf>) -> Result<PathBuf, BoxError> {
 }
 
 /// The transport of a braid world in this benchmark.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum World {
     /// In-process ranks (`LocalComm`).
     Local,
@@ -354,30 +359,35 @@ pub fn run(args: CollArgs) -> Result<(), BoxError> {
                 .iter()
                 .map(|s| (*s, iters_for(*s * n as usize, args.bytes_per_point)))
                 .collect();
-            let shm = time_mpi(&mpi, op, n, true, &points)?;
-            let mtcp = time_mpi(&mpi, op, n, false, &points)?;
             // One world at a time: only the ranks being timed exist, so a
             // waiting rank polls or parks as it would in a job of n ranks
             // (braid_core::Waiting counts the ranks a process hosts).
-            let local = rt.block_on(time_world(World::Local, n, op, &points))?;
-            let tcp = rt.block_on(time_world(World::Tcp, n, op, &points))?;
+            let mut cols = Vec::new();
+            for world in [World::Local, World::Tcp] {
+                if !args.worlds.contains(&world) {
+                    cols.push(None);
+                    continue;
+                }
+                let mpi_us = time_mpi(&mpi, op, n, world == World::Local, &points)?;
+                let braid_us = rt.block_on(time_world(world, n, op, &points))?;
+                cols.push(Some((braid_us, mpi_us)));
+            }
             println!();
             println!("## {op}, {n} ranks");
             println!();
             println!("| size | braid local | MPI shm | x | braid tcp | MPI tcp | x |");
             println!("|---:|---:|---:|---:|---:|---:|---:|");
             for (k, (size, _)) in points.iter().enumerate() {
-                let (l, t) = (local[k], tcp[k]);
-                println!(
-                    "| {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} |",
-                    size_name(*size),
-                    l,
-                    shm[k],
-                    shm[k] / l,
-                    t,
-                    mtcp[k],
-                    mtcp[k] / t
-                );
+                let mut row = format!("| {} |", size_name(*size));
+                for col in &cols {
+                    match col {
+                        Some((b, m)) => {
+                            row += &format!(" {:.2} | {:.2} | {:.2} |", b[k], m[k], m[k] / b[k])
+                        }
+                        None => row += " - | - | - |",
+                    }
+                }
+                println!("{row}");
             }
         }
     }
