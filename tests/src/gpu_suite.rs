@@ -468,6 +468,13 @@ pub async fn check_ipc(ctx: &Context, gpu: Arc<Gpu>, seed: u64) -> R<u64> {
 pub async fn run(ctx: Context, seed: u64) -> R<String> {
     let gpu = Gpu::for_rank(ctx.rank()).map_err(e)?;
     let dc = DeviceComm::new(&ctx, gpu.clone()).await.map_err(e)?;
+    // One rank needs no NCCL: its calls are copies on the stream.
+    if ctx.nranks() == 1 && std::env::var_os(braid_core::cuda::TRANSPORT_VAR).is_none() {
+        let t = dc.nccl().transport();
+        ensure(t == Transport::Solo, || {
+            format!("one rank: transport {t:?}, expected Solo")
+        })?;
+    }
     let mut checks = 0u64;
     let mut t = 0u64;
     for len in [0usize, 1, 7, 1000, 65_537, 1 << 20] {
@@ -518,7 +525,7 @@ pub async fn run(ctx: Context, seed: u64) -> R<String> {
         checks += 1;
     }
     // The copy-engine SendRecv needs a GPU per rank.
-    if dc.nccl().transport() == Transport::Nccl {
+    if dc.nccl().transport() != Transport::HostStaged {
         checks += check_ipc(&ctx, gpu.clone(), seed).await?;
     }
     Ok(format!("gpu ok {checks}"))

@@ -8,7 +8,8 @@
 //! - [`NcclComm`]: an NCCL communicator on its own OS thread, serving
 //!   requests in call order and answering when the enqueued work completes;
 //!   where ranks share a GPU its calls go through host memory instead
-//!   ([`Transport::HostStaged`]).
+//!   ([`Transport::HostStaged`]), and a communicator of one rank copies on
+//!   its stream without NCCL ([`Transport::Solo`]).
 //! - [`DeviceTable`]: a table chunk with its columns in device memory,
 //!   converted from and to Arrow on the host.
 //! - [`ipc`]: CUDA IPC between processes (and threads) of one host, and a
@@ -22,6 +23,7 @@ mod device;
 mod error;
 pub mod ipc;
 mod nccl;
+mod solo;
 mod staged;
 mod table;
 

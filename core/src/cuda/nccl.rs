@@ -1,6 +1,7 @@
 //! `NcclComm`: an NCCL communicator, one rank per GPU, on its own OS thread.
 //! Where ranks share a GPU, the same thread serves the same calls through
-//! host memory instead (`Transport::HostStaged`, module `staged`).
+//! host memory instead (`Transport::HostStaged`, module `staged`); for a
+//! single rank, as copies on its stream (`Transport::Solo`, module `solo`).
 //!
 //! NCCL forbids concurrent calls on one communicator and cudarc's handle is
 //! neither `Send` nor `Sync`, so the communicator lives on a thread that
@@ -46,6 +47,7 @@ use tokio::sync::oneshot;
 
 use super::device::{Gpu, GpuEvent};
 use super::error::CudaError;
+use super::solo::Solo;
 use super::staged::{Env, Staged};
 use crate::comm::Communicator;
 use crate::context::Context;
@@ -131,8 +133,16 @@ pub struct NcclWork<'a> {
     rank: Rank,
     nranks: u32,
     watch: Watch<'a>,
-    /// The host-staged transport, when the communicator has no NCCL.
-    staged: Option<&'a Staged>,
+    /// Where the calls go: NCCL, or a transport of braid's own.
+    path: Path<'a>,
+}
+
+/// Where a communicator's calls go (see [`Transport`]).
+#[derive(Clone, Copy)]
+enum Path<'a> {
+    Nccl,
+    Staged(&'a Staged),
+    Solo(&'a Solo),
 }
 
 /// What a wait for NCCL watches so that it can give up: the abort flag
@@ -237,8 +247,10 @@ impl NcclWork<'_> {
         dt: NcclDType,
         op: NcclOp,
     ) -> Result<(), CudaError> {
-        if let Some(st) = self.staged {
-            return st.all_reduce(self.env(), send, recv, count, dt, op);
+        match self.path {
+            Path::Staged(st) => return st.all_reduce(self.env(), send, recv, count, dt, op),
+            Path::Solo(so) => return so.copy_through(self.env(), send, recv, count, dt),
+            Path::Nccl => {}
         }
         // SAFETY: the caller guarantees the pointers and counts.
         let r = unsafe {
@@ -264,8 +276,10 @@ impl NcclWork<'_> {
         dt: NcclDType,
         root: Rank,
     ) -> Result<(), CudaError> {
-        if let Some(st) = self.staged {
-            return st.broadcast(self.env(), send, recv, count, dt, root);
+        match self.path {
+            Path::Staged(st) => return st.broadcast(self.env(), send, recv, count, dt, root),
+            Path::Solo(so) => return so.broadcast(self.env(), send, recv, count, dt, root),
+            Path::Nccl => {}
         }
         // SAFETY: as above.
         let r = unsafe {
@@ -290,8 +304,10 @@ impl NcclWork<'_> {
         count: usize,
         dt: NcclDType,
     ) -> Result<(), CudaError> {
-        if let Some(st) = self.staged {
-            return st.all_gather(self.env(), send, recv, count, dt);
+        match self.path {
+            Path::Staged(st) => return st.all_gather(self.env(), send, recv, count, dt),
+            Path::Solo(so) => return so.copy_through(self.env(), send, recv, count, dt),
+            Path::Nccl => {}
         }
         // SAFETY: as above.
         let r =
@@ -308,8 +324,10 @@ impl NcclWork<'_> {
         dt: NcclDType,
         op: NcclOp,
     ) -> Result<(), CudaError> {
-        if let Some(st) = self.staged {
-            return st.reduce_scatter(self.env(), send, recv, count, dt, op);
+        match self.path {
+            Path::Staged(st) => return st.reduce_scatter(self.env(), send, recv, count, dt, op),
+            Path::Solo(so) => return so.copy_through(self.env(), send, recv, count, dt),
+            Path::Nccl => {}
         }
         // SAFETY: as above.
         let r = unsafe {
@@ -334,8 +352,10 @@ impl NcclWork<'_> {
         dt: NcclDType,
         peer: Rank,
     ) -> Result<(), CudaError> {
-        if let Some(st) = self.staged {
-            return st.send(self.env(), ptr, count * dt.size(), peer);
+        match self.path {
+            Path::Staged(st) => return st.send(self.env(), ptr, count * dt.size(), peer),
+            Path::Solo(so) => return so.send(self.env(), ptr, count * dt.size(), peer),
+            Path::Nccl => {}
         }
         // SAFETY: as above.
         let r = unsafe { nres::send(ptr as _, count, dt.raw(), peer as i32, self.comm, self.s()) };
@@ -350,8 +370,10 @@ impl NcclWork<'_> {
         dt: NcclDType,
         peer: Rank,
     ) -> Result<(), CudaError> {
-        if let Some(st) = self.staged {
-            return st.recv(self.env(), ptr, count * dt.size(), peer);
+        match self.path {
+            Path::Staged(st) => return st.recv(self.env(), ptr, count * dt.size(), peer),
+            Path::Solo(so) => return so.recv(self.env(), ptr, count * dt.size(), peer),
+            Path::Nccl => {}
         }
         // SAFETY: as above.
         let r = unsafe { nres::recv(ptr as _, count, dt.raw(), peer as i32, self.comm, self.s()) };
@@ -361,8 +383,10 @@ impl NcclWork<'_> {
     /// Runs `f` between `ncclGroupStart` and `ncclGroupEnd` (the group is
     /// closed even when `f` fails).
     pub fn group<R>(&self, f: impl FnOnce(&Self) -> Result<R, CudaError>) -> Result<R, CudaError> {
-        if let Some(st) = self.staged {
-            return st.group(self.env(), || f(self));
+        match self.path {
+            Path::Staged(st) => return st.group(self.env(), || f(self)),
+            Path::Solo(so) => return so.group(self.env(), || f(self)),
+            Path::Nccl => {}
         }
         self.check("ncclGroupStart", nres::group_start())?;
         let r = f(self);
@@ -620,15 +644,16 @@ impl NcclComm {
         let op = ctx.next_op_id();
         let tag = Tag::new(op, 0);
         let (transport, id) = agree_transport(comm.as_ref(), &gpu, tag).await?;
-        let staged = match transport {
-            Transport::Nccl => None,
+        let link = match transport {
+            Transport::Nccl => Link::Nccl(id, mode),
             Transport::HostStaged => {
                 let rt = tokio::runtime::Handle::try_current().map_err(|_| CudaError::Invalid {
                     rank,
                     detail: "the host-staged device transport needs a tokio runtime".into(),
                 })?;
-                Some(Staged::new(Tag::new(op, 1), rt))
+                Link::Staged(Staged::new(Tag::new(op, 1), rt))
             }
+            Transport::Solo => Link::Solo(Solo::new()),
         };
 
         let (tx, rx) = mpsc::channel();
@@ -651,10 +676,6 @@ impl NcclComm {
         let handle = std::thread::Builder::new()
             .name(format!("braid-nccl-{rank}"))
             .spawn(move || {
-                let link = match staged {
-                    Some(st) => Link::Staged(st),
-                    None => Link::Nccl(id, mode),
-                };
                 serve(gpu, rank, nranks, link, rx, host, init_tx, thread_flag);
                 let _ = exited_tx.send(());
             })
@@ -870,9 +891,10 @@ fn serve(
             return;
         }
     };
-    let staged = match &link {
-        Link::Staged(st) => Some(st),
-        Link::Nccl(..) => None,
+    let path = match &link {
+        Link::Staged(st) => Path::Staged(st),
+        Link::Solo(so) => Path::Solo(so),
+        Link::Nccl(..) => Path::Nccl,
     };
     let work = NcclWork {
         comm,
@@ -880,7 +902,7 @@ fn serve(
         rank,
         nranks,
         watch,
-        staged,
+        path,
     };
     if matches!(link, Link::Nccl(_, NcclMode::Blocking)) {
         if let Err(e) = warm_up(&work, &gpu) {
@@ -1080,6 +1102,8 @@ enum Link {
     Nccl(nsys::ncclUniqueId, NcclMode),
     /// Host staging (no NCCL communicator).
     Staged(Staged),
+    /// One rank: copies on the stream (no NCCL communicator).
+    Solo(Solo),
 }
 
 /// How a communicator moves device data between ranks.
@@ -1092,10 +1116,16 @@ pub enum Transport {
     /// `BRAID_DEVICE_TRANSPORT=host`. Much slower; for development
     /// machines and tests.
     HostStaged,
+    /// A communicator of one rank (the default there): every call is a
+    /// device-to-device copy on its stream, or nothing in place (see the
+    /// `solo` module); no NCCL communicator is created, so a one-GPU job
+    /// starts faster and needs no libnccl.
+    Solo,
 }
 
 /// The environment variable that picks the transport at rank 0: `nccl`,
-/// `host`, or `auto` (the default: NCCL unless two ranks share a GPU).
+/// `host`, or `auto` (the default: [`Transport::Solo`] for one rank, NCCL
+/// unless two ranks share a GPU).
 pub const TRANSPORT_VAR: &str = "BRAID_DEVICE_TRANSPORT";
 
 /// Collective: every rank sends rank 0 its GPU's UUID; rank 0 picks the
@@ -1108,6 +1138,7 @@ async fn agree_transport(
 ) -> Result<(Transport, nsys::ncclUniqueId), CudaError> {
     const NCCL: u8 = 0;
     const HOST: u8 = 1;
+    const SOLO: u8 = 2;
     const FAILED: u8 = 255;
     let rank = comm.rank();
     let nranks = comm.nranks();
@@ -1131,6 +1162,7 @@ async fn agree_transport(
         };
         let decided = decided.and_then(|t| match t {
             Transport::HostStaged => Ok((HOST, vec![0u8; 128])),
+            Transport::Solo => Ok((SOLO, vec![0u8; 128])),
             Transport::Nccl => {
                 nccl_present(rank)?;
                 let id = nres::get_uniqueid()
@@ -1160,6 +1192,7 @@ async fn agree_transport(
             Transport::Nccl
         }
         Some(&HOST) => Transport::HostStaged,
+        Some(&SOLO) => Transport::Solo,
         Some(&FAILED) => {
             return Err(bad("rank 0 could not set up the device communicator".into()));
         }
@@ -1187,6 +1220,7 @@ fn pick_transport(rank: Rank, uuids: &[Vec<u8>]) -> Result<Transport, CudaError>
     match want.as_str() {
         "nccl" => Ok(Transport::Nccl),
         "host" => Ok(Transport::HostStaged),
+        "" | "auto" if uuids.len() == 1 => Ok(Transport::Solo),
         "" | "auto" => Ok(match shared {
             Some((a, b)) => {
                 tracing::warn!(
