@@ -17,35 +17,18 @@
 //! GPU ran 1.2-1.4 s with it, 0.4 s without), and it needs libnccl where a
 //! one-GPU job needs none.
 
-use std::cell::RefCell;
-
 use cudarc::driver::result as dres;
 use cudarc::driver::sys::CUdeviceptr;
 
 use super::error::{CudaError, DriverResult};
 use super::nccl::NcclDType;
-use super::staged::Env;
+use super::staged::{Env, Grouping, Part};
 use crate::Rank;
-
-/// One side of a grouped self-transfer: device pointer and bytes.
-#[derive(Clone, Copy)]
-struct Part {
-    ptr: CUdeviceptr,
-    bytes: usize,
-}
-
-/// The sends and receives of an open group.
-#[derive(Default)]
-struct Group {
-    depth: u32,
-    sends: Vec<Part>,
-    recvs: Vec<Part>,
-}
 
 /// The one-rank transport of a communicator (lives on its thread).
 #[derive(Default)]
 pub(super) struct Solo {
-    group: RefCell<Option<Group>>,
+    group: Grouping,
 }
 
 impl Solo {
@@ -107,7 +90,7 @@ impl Solo {
         peer: Rank,
     ) -> Result<(), CudaError> {
         peer_is_me(e, peer, "send to")?;
-        self.queue(e, Part { ptr, bytes }, true)
+        self.queue(e, Part { ptr, bytes, peer }, true)
     }
 
     /// A receive of `bytes` from `peer` (this rank), inside a group.
@@ -119,25 +102,19 @@ impl Solo {
         peer: Rank,
     ) -> Result<(), CudaError> {
         peer_is_me(e, peer, "receive from")?;
-        self.queue(e, Part { ptr, bytes }, false)
+        self.queue(e, Part { ptr, bytes, peer }, false)
     }
 
     fn queue(&self, e: Env<'_>, part: Part, send: bool) -> Result<(), CudaError> {
-        let mut slot = self.group.borrow_mut();
-        let Some(g) = slot.as_mut() else {
+        match self.group.queue(part, send) {
+            None => Ok(()),
             // A lone send to oneself has no receive to meet (NCCL would
             // wait forever): only a group can pair them.
-            return Err(CudaError::Invalid {
+            Some(_) => Err(CudaError::Invalid {
                 rank: e.rank,
                 detail: "a send to or receive from this rank outside a group (one rank)".into(),
-            });
-        };
-        if send {
-            g.sends.push(part);
-        } else {
-            g.recvs.push(part);
+            }),
         }
-        Ok(())
     }
 
     /// Runs `f` as a group: when the outermost group closes, its i-th send
@@ -148,22 +125,7 @@ impl Solo {
         e: Env<'_>,
         f: impl FnOnce() -> Result<R, CudaError>,
     ) -> Result<R, CudaError> {
-        self.group
-            .borrow_mut()
-            .get_or_insert_with(Group::default)
-            .depth += 1;
-        let r = f();
-        let closed = {
-            let mut slot = self.group.borrow_mut();
-            match slot.as_mut() {
-                Some(g) if g.depth > 1 => {
-                    g.depth -= 1;
-                    None
-                }
-                _ => slot.take(),
-            }
-        };
-        let r = r?;
+        let (r, closed) = self.group.run(f)?;
         if let Some(g) = closed {
             if g.sends.len() != g.recvs.len() {
                 return Err(CudaError::Invalid {

@@ -51,25 +51,75 @@ pub(super) struct Env<'a> {
 
 /// One point-to-point piece of a group: device pointer, bytes, peer.
 #[derive(Clone, Copy)]
-struct Part {
-    ptr: CUdeviceptr,
-    bytes: usize,
-    peer: Rank,
+pub(super) struct Part {
+    pub(super) ptr: CUdeviceptr,
+    pub(super) bytes: usize,
+    pub(super) peer: Rank,
 }
 
-/// The sends and receives of an open group.
+/// The sends and receives of a closed group, in call order.
 #[derive(Default)]
-struct Group {
+pub(super) struct Group {
     depth: u32,
-    sends: Vec<Part>,
-    recvs: Vec<Part>,
+    pub(super) sends: Vec<Part>,
+    pub(super) recvs: Vec<Part>,
+}
+
+/// The open group of a transport without NCCL (this one and `Solo`):
+/// sends and receives are queued while a group is open (groups nest) and
+/// handed back when the outermost one closes.
+#[derive(Default)]
+pub(super) struct Grouping {
+    open: RefCell<Option<Group>>,
+}
+
+impl Grouping {
+    /// Queues `part` (a send, or a receive) in the open group; hands it
+    /// back when no group is open.
+    pub(super) fn queue(&self, part: Part, send: bool) -> Option<Part> {
+        let mut slot = self.open.borrow_mut();
+        let Some(g) = slot.as_mut() else {
+            return Some(part);
+        };
+        if send {
+            g.sends.push(part);
+        } else {
+            g.recvs.push(part);
+        }
+        None
+    }
+
+    /// Runs `f` inside a group; returns its result and, when this closed
+    /// the outermost group, what the group queued. A failed `f` leaves no
+    /// group open, and its parts are dropped.
+    pub(super) fn run<R>(
+        &self,
+        f: impl FnOnce() -> Result<R, CudaError>,
+    ) -> Result<(R, Option<Group>), CudaError> {
+        self.open
+            .borrow_mut()
+            .get_or_insert_with(Group::default)
+            .depth += 1;
+        let r = f();
+        let closed = {
+            let mut slot = self.open.borrow_mut();
+            match slot.as_mut() {
+                Some(g) if g.depth > 1 => {
+                    g.depth -= 1;
+                    None
+                }
+                _ => slot.take(),
+            }
+        };
+        Ok((r?, closed))
+    }
 }
 
 /// The staged transport of one communicator (lives on its thread).
 pub(super) struct Staged {
     tag: Tag,
     rt: tokio::runtime::Handle,
-    group: RefCell<Option<Group>>,
+    group: Grouping,
 }
 
 impl Staged {
@@ -78,7 +128,7 @@ impl Staged {
         Staged {
             tag,
             rt,
-            group: RefCell::new(None),
+            group: Grouping::default(),
         }
     }
 
@@ -197,12 +247,10 @@ impl Staged {
         bytes: usize,
         peer: Rank,
     ) -> Result<(), CudaError> {
-        let part = Part { ptr, bytes, peer };
-        if let Some(g) = self.group.borrow_mut().as_mut() {
-            g.sends.push(part);
-            return Ok(());
+        match self.group.queue(Part { ptr, bytes, peer }, true) {
+            Some(part) => self.run_parts(e, vec![part], Vec::new()),
+            None => Ok(()),
         }
-        self.run_parts(e, vec![part], Vec::new())
     }
 
     /// A receive of `bytes` from `peer`: queued inside a group, at once
@@ -214,12 +262,10 @@ impl Staged {
         bytes: usize,
         peer: Rank,
     ) -> Result<(), CudaError> {
-        let part = Part { ptr, bytes, peer };
-        if let Some(g) = self.group.borrow_mut().as_mut() {
-            g.recvs.push(part);
-            return Ok(());
+        match self.group.queue(Part { ptr, bytes, peer }, false) {
+            Some(part) => self.run_parts(e, Vec::new(), vec![part]),
+            None => Ok(()),
         }
-        self.run_parts(e, Vec::new(), vec![part])
     }
 
     /// Runs `f` as a group: its sends and receives move together when the
@@ -229,22 +275,7 @@ impl Staged {
         e: Env<'_>,
         f: impl FnOnce() -> Result<R, CudaError>,
     ) -> Result<R, CudaError> {
-        self.group
-            .borrow_mut()
-            .get_or_insert_with(Group::default)
-            .depth += 1;
-        let r = f();
-        let closed = {
-            let mut slot = self.group.borrow_mut();
-            match slot.as_mut() {
-                Some(g) if g.depth > 1 => {
-                    g.depth -= 1;
-                    None
-                }
-                _ => slot.take(),
-            }
-        };
-        let r = r?;
+        let (r, closed) = self.group.run(f)?;
         if let Some(g) = closed {
             self.run_parts(e, g.sends, g.recvs)?;
         }
