@@ -12,10 +12,10 @@
 //!       the i-th send feeds the i-th receive (lengths checked)
 //! ```
 //!
-//! Why not NCCL with one rank: creating its communicator took 0.3-0.5 s on
-//! an H200 machine and its first calls more (a 1M-row rolling job on one
-//! GPU ran 1.2-1.4 s with it, 0.4 s without), and it needs libnccl where a
-//! one-GPU job needs none.
+//! Why not NCCL with one rank: creating its communicator took 0.39-0.56 s
+//! on an H200 machine and its first calls more (a 1M-row rolling job on one
+//! GPU ran 1.32-1.42 s with it, 0.37-0.44 s without; BENCHMARKS.md, "One-GPU
+//! jobs without NCCL"), and it needs libnccl where a one-GPU job needs none.
 
 use cudarc::driver::result as dres;
 use cudarc::driver::sys::CUdeviceptr;
