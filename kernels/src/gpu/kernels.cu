@@ -847,12 +847,14 @@ extern "C" __global__ void rolling_window(const i64* ts, const i64* key, const d
 //              chunk sums and block scan done in phase 3's pass, which
 //              keeps each thread's offset: here only its writes); the
 //              variance from both window sums in double-double
-//   5 min/max  a sparse table built in place: level L holds the min/max of
-//              rows [j, j + 2^L); only even levels are built, each from
-//              four entries of the one two below; a window of len rows
-//              reads two entries of level floor(log2 len), or four of the
-//              level below when that one is odd, as it is built (against
-//              building every level: 3-4% faster on an H200, window 64)
+//   5 min/max  a sparse table over pairs of rows, built in place: level L
+//              holds the min/max of pairs [b, b + 2^L); only even levels
+//              are built, each from four entries of the one two below; a
+//              window reads its first and last rows and, for the m pairs
+//              wholly inside it, two entries of level floor(log2 m), or
+//              four of the level below when that one is odd, as it is
+//              built (against a table over rows: half the entries and a
+//              level less)
 //   outputs    row-parallel (tile row t + ROLL_THREADS k): every store is
 //              coalesced
 //
@@ -883,11 +885,9 @@ extern "C" __global__ void rolling_window(const i64* ts, const i64* key, const d
 #define ROLL_MINB 4  // blocks an SM (caps registers at 64 a thread either way)
 #endif
 #define ROLL_R (ROLL_TILE / ROLL_THREADS)                          // rows per thread
-#define ROLL_CHUNK ((ROLL_CAP + ROLL_THREADS - 1) / ROLL_THREADS)  // region rows per thread
-// Min/max table entries a thread builds per round with a larger region
-// (held in registers; with the default one a thread builds all of its
-// entries at once: the rounds made ptxas spill in the keyed entry point).
-#define ROLL_MMB 4
+// Min/max table entries (pairs of region rows) a thread builds per level,
+// all at once in registers.
+#define ROLL_PCH ((ROLL_CAP / 2 + 2 + ROLL_THREADS - 1) / ROLL_THREADS)
 // Region slots (ts/key padded), P[end] included; even, so s_a and s_b together are
 // ROLL_SLOTS 16-byte (min, max) pairs in the min/max phase.
 #define ROLL_SLOTS (ROLL_PT(ROLL_CAP) + 2)
@@ -1595,71 +1595,75 @@ __device__ __forceinline__ void roll_tile(const i64* ts, const i64* key, const d
     }
     if (!need_mm) return;
 
-    // 5. Min and max: level 0 is s_x itself; even levels L >= 2 are built
-    //    in place as (min, max) pairs over s_a and s_b, each from the one
-    //    two below (four entries: half the passes and barriers of building
-    //    every level). Entry j of level L is only right when j + 2^L <=
-    //    end, and only such entries are read. A window of len rows, L =
-    //    floor(log2 len), reads two entries of level L when L is even and
-    //    four of level L - 1 when it is odd (the four spans of 2^(L-1)
-    //    rows from lo and back from hi cover it). Rows of one row, and of
-    //    two or three (level 1: four reads of s_x), leave first; the others
-    //    as their level is built.
+    // 5. Min and max through a table over pairs of rows (pair b: region
+    //    slots 2b and 2b + 1). A window [lo, hi) is its first and last rows
+    //    (read from s_x) and the pairs wholly inside it, [pb, pe) with pb =
+    //    ceil(lo / 2) and pe = floor(hi / 2): rows lo and hi - 1 cover the
+    //    one row at each end that no such pair holds, and overlap does not
+    //    change a min or a max. Level 0 holds each pair's (min, max); even
+    //    levels L >= 2, built in place over s_a and s_b each from four
+    //    entries of the one two below, hold pairs [b, b + 2^L). With m = pe
+    //    - pb pairs and k = floor(log2 m), a window reads two entries of
+    //    level k when k is even, four of level k - 1 when it is odd (the
+    //    four spans from pb and back from pe cover it). Entry b of a level
+    //    is only right when its pairs end by pend, and only such entries
+    //    are read. Against the former table over rows (every row an entry,
+    //    levels from 2 rows up): half the entries per level and a level
+    //    less for a window of the same rows.
     double2* s_mm = (double2*)s_a;
-    u32 lvl = 0;  // byte k: the table level row k reads (0: none)
+    u32 lvl = 0;  // byte k: 1 + floor(log2 m) of row k (0: answered without the table)
 #pragma unroll
     for (u32 k = 0; k < R; k++) {
         u32 r = t + T * k;
         if (r >= rows) continue;
         u32 w = s_win[ROLL_PW(r)], lo = w & 0xFFFFu, hi = w >> 16;
-        u64 o = o0 + r;
-        if (hi - lo >= 4 && cnt[k] > 0) lvl |= (31u - __clz(hi - lo)) << (8 * k);
-        else if (hi - lo >= 2 && cnt[k] > 0) {  // two or three rows
-            double a = s_x[lo], b = s_x[lo + 1], c2 = s_x[hi - 1];
-            bool oa = !NUL || a == a, ob = !NUL || b == b, oc = !NUL || c2 == c2;
-            double mn = roll_min(roll_min(oa ? a : ROLL_INF, ob ? b : ROLL_INF), oc ? c2 : ROLL_INF);
-            double mx = roll_max(roll_max(oa ? a : -ROLL_INF, ob ? b : -ROLL_INF), oc ? c2 : -ROLL_INF);
+        if (cnt[k] > 0 && hi - lo >= 4) {  // m >= 1
+            u32 pb = (lo + 1) >> 1, pe = hi >> 1;
+            lvl |= (32u - __clz(pe - pb)) << (8 * k);
+        } else {
+            // One to three rows, or nothing but nulls (0, as the general
+            // pass): no table.
+            double mn = 0.0, mx = 0.0;
+            if (cnt[k] > 0) {
+                double a = s_x[lo], b = s_x[lo + 1 < hi ? lo + 1 : lo], c2 = s_x[hi - 1];
+                bool oa = !NUL || a == a, ob = !NUL || b == b, oc = !NUL || c2 == c2;
+                mn = roll_min(roll_min(oa ? a : ROLL_INF, ob ? b : ROLL_INF), oc ? c2 : ROLL_INF);
+                mx = roll_max(roll_max(oa ? a : -ROLL_INF, ob ? b : -ROLL_INF), oc ? c2 : -ROLL_INF);
+            }
+            u64 o = o0 + r;
             if (out.p[2]) ((double*)out.p[2])[o] = mn;
             if (out.p[3]) ((double*)out.p[3])[o] = mx;
-        } else {  // one row, or nothing but nulls
-            double x = cnt[k] > 0 ? s_x[lo] : 0.0;
-            if (out.p[2]) ((double*)out.p[2])[o] = x;
-            if (out.p[3]) ((double*)out.p[3])[o] = x;
         }
     }
-    __syncthreads();  // every read of the prefixes is done
+    // k <= floor(log2 of the longest window's rows) - 1 = s_levels - 1.
     u32 top = s_levels;
+    if (top < 2) return;  // no window of 4 rows or more: no table
+    __syncthreads();  // every read of the prefixes is done
+    u32 pbase = base >> 1, pend = (end + 1) >> 1;
+    {
+        const double2* px = (const double2*)s_x;
 #pragma unroll 1
-    for (u32 L = 2; L <= top; L += 2) {
-        u32 q = 1u << (L - 2);
-#if ROLL_CAP <= 2560
-        // Entries [base, lim) of level L; lanes on consecutive slots (no
-        // bank conflicts): this thread's m-th is slot base + t + T m, so
-        // its addresses are one register plus constants.
-        u32 lim = end > base + 3 * q ? end - 3 * q : base;
-        u32 jt = base + t;
-        u32 rem = lim > jt ? lim - jt : 0;  // own entries: T m < rem
-        double2 nm[ROLL_CHUNK];
-        if (L == 2) {
-            const double* p = s_x + jt;
-#pragma unroll
-            for (u32 m = 0; m < ROLL_CHUNK; m++) {
-                if (T * m < rem) {
-                    double mn = ROLL_INF, mx = -ROLL_INF;
-#pragma unroll
-                    for (u32 i = 0; i < 4; i++) {
-                        double a = p[T * m + i];
-                        bool oa = !NUL || a == a;  // a null adds nothing
-                        mn = roll_min(mn, oa ? a : ROLL_INF);
-                        mx = roll_max(mx, oa ? a : -ROLL_INF);
-                    }
-                    nm[m] = make_double2(mn, mx);
-                }
-            }
-        } else {
+        for (u32 b = pbase + t; b < pend; b += T) {
+            double2 v = px[b];
+            bool oa = !NUL || v.x == v.x, ob = !NUL || v.y == v.y;  // a null adds nothing
+            s_mm[b] = make_double2(roll_min(oa ? v.x : ROLL_INF, ob ? v.y : ROLL_INF),
+                                   roll_max(oa ? v.x : -ROLL_INF, ob ? v.y : -ROLL_INF));
+        }
+    }
+    __syncthreads();
+#pragma unroll 1
+    for (u32 L = 0;; L += 2) {
+        if (L > 0) {
+            // Entries [pbase, lim) of level L; lanes on consecutive slots
+            // (no bank conflicts): this thread's m-th is slot jt + T m.
+            u32 q = 1u << (L - 2);
+            u32 lim = pend > pbase + 3 * q ? pend - 3 * q : pbase;
+            u32 jt = pbase + t;
+            u32 rem = lim > jt ? lim - jt : 0;  // own entries: T m < rem
             const double2* p = s_mm + jt;
+            double2 nm[ROLL_PCH];
 #pragma unroll
-            for (u32 m = 0; m < ROLL_CHUNK; m++) {
+            for (u32 m = 0; m < ROLL_PCH; m++) {
                 if (T * m < rem) {
                     double2 x = p[T * m], y = p[T * m + q], z = p[T * m + 2 * q], u = p[T * m + 3 * q];
                     nm[m] = make_double2(roll_min(roll_min(x.x, y.x), roll_min(z.x, u.x)),
@@ -1667,76 +1671,36 @@ __device__ __forceinline__ void roll_tile(const i64* ts, const i64* key, const d
                 }
             }
             __syncthreads();  // every read of level L - 2 is done
-        }
-        double2* dst = s_mm + jt;
+            double2* dst = s_mm + jt;
 #pragma unroll
-        for (u32 m = 0; m < ROLL_CHUNK; m++) {
-            if (T * m < rem) dst[T * m] = nm[m];
-        }
-        __syncthreads();
-#else
-        // Entries [base, lim) of level L; lanes on consecutive slots (no
-        // bank conflicts): this thread's m-th is slot base + t + T m.
-        u32 lim = end > base + 3 * q ? end - 3 * q : base;
-        if (L == 2) {
-            // From s_x: nothing is read after it is written.
-#pragma unroll 1
-            for (u32 j = base + t; j < lim; j += T) {
-                double mn = ROLL_INF, mx = -ROLL_INF;
-#pragma unroll
-                for (u32 i = 0; i < 4; i++) {
-                    double a = s_x[j + i];
-                    bool oa = !NUL || a == a;  // a null adds nothing
-                    mn = roll_min(mn, oa ? a : ROLL_INF);
-                    mx = roll_max(mx, oa ? a : -ROLL_INF);
-                }
-                s_mm[j] = make_double2(mn, mx);
+            for (u32 m = 0; m < ROLL_PCH; m++) {
+                if (T * m < rem) dst[T * m] = nm[m];
             }
-        } else {
-            // In place, in rounds of ROLL_MMB entries per thread from the
-            // low slots up: a round reads only entries at or above its own
-            // (no later round has written yet) and writes after a barrier.
-#pragma unroll 1
-            for (u32 r0 = base; r0 < lim; r0 += T * ROLL_MMB) {
-                u32 jt = r0 + t;
-                u32 rem = lim > jt ? lim - jt : 0;  // own entries: T m < rem
-                const double2* p = s_mm + jt;
-                double2 nm[ROLL_MMB];
-#pragma unroll
-                for (u32 m = 0; m < ROLL_MMB; m++) {
-                    if (T * m < rem) {
-                        double2 x = p[T * m], y = p[T * m + q], z = p[T * m + 2 * q], u = p[T * m + 3 * q];
-                        nm[m] = make_double2(roll_min(roll_min(x.x, y.x), roll_min(z.x, u.x)),
-                                             roll_max(roll_max(x.y, y.y), roll_max(z.y, u.y)));
-                    }
-                }
-                __syncthreads();  // every read of this round's level L - 2 entries is done
-                double2* dst = s_mm + jt;
-#pragma unroll
-                for (u32 m = 0; m < ROLL_MMB; m++) {
-                    if (T * m < rem) dst[T * m] = nm[m];
-                }
-            }
+            __syncthreads();
         }
-        __syncthreads();
-#endif
 #pragma unroll
         for (u32 k = 0; k < R; k++) {
             u32 lk = (lvl >> (8 * k)) & 0xFFu;
-            if ((lk & ~1u) == L) {
+            if (lk != 0 && ((lk - 1) & ~1u) == L) {
                 u32 r = t + T * k;
                 u32 w = s_win[ROLL_PW(r)], lo = w & 0xFFFFu, hi = w >> 16;
-                double2 x = s_mm[lo], y = s_mm[hi - (1u << L)];
-                if (lk != L) {  // odd level: four spans of 2^L rows
-                    double2 z = s_mm[lo + (1u << L)], u = s_mm[hi - (2u << L)];
+                u32 pb = (lo + 1) >> 1, pe = hi >> 1;
+                double2 x = s_mm[pb], y = s_mm[pe - (1u << L)];
+                if (lk - 1 != L) {  // odd level: four spans of 2^L pairs
+                    double2 z = s_mm[pb + (1u << L)], u = s_mm[pe - (2u << L)];
                     x = make_double2(roll_min(x.x, z.x), roll_max(x.y, z.y));
                     y = make_double2(roll_min(y.x, u.x), roll_max(y.y, u.y));
                 }
+                double a = s_x[lo], c2 = s_x[hi - 1];
+                bool oa = !NUL || a == a, oc = !NUL || c2 == c2;
+                double mn = roll_min(roll_min(x.x, y.x), roll_min(oa ? a : ROLL_INF, oc ? c2 : ROLL_INF));
+                double mx = roll_max(roll_max(x.y, y.y), roll_max(oa ? a : -ROLL_INF, oc ? c2 : -ROLL_INF));
                 u64 o = o0 + r;
-                if (out.p[2]) ((double*)out.p[2])[o] = roll_min(x.x, y.x);
-                if (out.p[3]) ((double*)out.p[3])[o] = roll_max(x.y, y.y);
+                if (out.p[2]) ((double*)out.p[2])[o] = mn;
+                if (out.p[3]) ((double*)out.p[3])[o] = mx;
             }
         }
+        if (L + 3 > top) break;  // no row needs level L + 2
     }
 }
 
