@@ -12,9 +12,10 @@
 //!             galloping and monotone pointers, 4 consecutive rows per
 //!             thread); count, sum and sum of squares as
 //!             differences of double-double prefix sums over the region
-//!             (block scans); min/max from a sparse table built in place,
-//!             every second power of two, each row reading its level as
-//!             it is built. Outputs row-parallel and coalesced: one read
+//!             (block scans); min/max from a sparse table over pairs of
+//!             rows built in place, every second power of two, each row
+//!             reading its first and last rows and its level as it is
+//!             built. Outputs row-parallel and coalesced: one read
 //!             of the inputs, one write of the outputs.
 //!   long:     the same pass compiled with a larger region (lookback up
 //!             to 1344 rows) on 2048-row tiles (`Build::LongWindows`), only
