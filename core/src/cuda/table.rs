@@ -174,15 +174,17 @@ impl DeviceTable {
                 Some(v) => {
                     let mut bytes = vec![0u8; len];
                     v.read_at(offset, &mut bytes)?;
-                    Some(NullBuffer::new(BooleanBuffer::from_iter(
-                        bytes.iter().map(|b| *b != 0),
-                    )))
+                    // Packed 64 rows a word (collecting an iterator packs
+                    // one bit at a time).
+                    Some(NullBuffer::new(BooleanBuffer::collect_bool(len, |i| {
+                        bytes[i] != 0
+                    })))
                 }
                 None => None,
             };
             let values = if dt == DataType::Boolean {
                 let bytes: &[u8] = bytemuck::cast_slice(&words);
-                BooleanBuffer::from_iter(bytes[..len].iter().map(|b| *b != 0)).into_inner()
+                BooleanBuffer::collect_bool(len, |i| bytes[i] != 0).into_inner()
             } else {
                 Buffer::from_vec(words)
             };
