@@ -94,6 +94,16 @@ fn sum_slack<T: TestValue>(kind: ReduceKind, parts: &[Vec<T>]) -> Vec<f64> {
         .collect()
 }
 
+/// The reduction of `parts` (one input per rank) in rank order, and its
+/// per-element [`sum_slack`].
+fn reference<T: TestValue>(kind: ReduceKind, parts: &[Vec<T>]) -> (Vec<T>, Vec<f64>) {
+    let mut want = parts.first().cloned().unwrap_or_default();
+    for p in parts.iter().skip(1) {
+        braid_kernels::reduce::reduce_into(&mut want, p, kind);
+    }
+    (want, sum_slack(kind, parts))
+}
+
 /// f64 view of a test value (for tolerances).
 trait ToF64 {
     fn to_f64(&self) -> f64;
@@ -123,14 +133,10 @@ async fn check_reduce<T: TestValue>(dc: &DeviceComm, seed: u64, t: u64, len: usi
     ] {
         let t = t * 8 + kind as u64;
         let parts: Vec<Vec<T>> = (0..n).map(|q| input::<T>(seed, t, q, len)).collect();
-        let mut want = parts[0].clone();
-        for p in &parts[1..] {
-            braid_kernels::reduce::reduce_into(&mut want, p, kind);
-        }
-        let slack = sum_slack(kind, &parts);
+        let (want, slack) = reference(kind, &parts);
         // Two ranks: one addition per element, order-free, so exact.
         let exact = n <= 2;
-        let src = DeviceBuffer::from_slice(&gpu, &input::<T>(seed, t, me, len)).map_err(e)?;
+        let src = DeviceBuffer::from_slice(&gpu, &parts[me as usize]).map_err(e)?;
         let out = dev::allreduce(dc, &src, poisoned(&gpu, len * sz)?, T::DTYPE, kind)
             .await
             .map_err(e)?;
@@ -160,13 +166,8 @@ async fn check_reduce<T: TestValue>(dc: &DeviceComm, seed: u64, t: u64, len: usi
         let rs_parts: Vec<Vec<T>> = (0..n)
             .map(|q| input::<T>(seed, t + 1000, q, blk * n as usize))
             .collect();
-        let mut rs_want = rs_parts[0].clone();
-        for p in &rs_parts[1..] {
-            braid_kernels::reduce::reduce_into(&mut rs_want, p, kind);
-        }
-        let rs_slack = sum_slack(kind, &rs_parts);
-        let src = DeviceBuffer::from_slice(&gpu, &input::<T>(seed, t + 1000, me, blk * n as usize))
-            .map_err(e)?;
+        let (rs_want, rs_slack) = reference(kind, &rs_parts);
+        let src = DeviceBuffer::from_slice(&gpu, &rs_parts[me as usize]).map_err(e)?;
         let out = dev::reduce_scatter(dc, &src, poisoned(&gpu, blk * sz)?, T::DTYPE, kind)
             .await
             .map_err(e)?;

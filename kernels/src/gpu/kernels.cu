@@ -871,11 +871,12 @@ extern "C" __global__ void rolling_window(const i64* ts, const i64* key, const d
 //
 // Cost per output row: ~1.05 region rows loaded and scanned twice; two
 // prefix differences; one reciprocal and one square root; log2(w / 2) / 2
-// table passes over half as many entries. Prefix differences are exact to ~2^-100 of the region's
-// magnitude, which is why a tile that holds a NaN, an infinity, a value
-// above 1e150, or values more than 2^40 apart in magnitude, or whose
-// windows reach past the region (long windows, long runs of one ts), is
-// flagged and left to the general path (rolling_window with `only`).
+// table passes over half as many entries as rows. Prefix differences are
+// exact to ~2^-100 of the region's magnitude, which is why a tile that
+// holds a NaN, an infinity, a value above 1e150, or values more than 2^40
+// apart in magnitude, or whose windows reach past the region (long
+// windows, long runs of one ts), is flagged and left to the general path
+// (rolling_window with `only`).
 // ---------------------------------------------------------------------------
 
 #ifndef ROLL_THREADS
