@@ -33,8 +33,8 @@ use braid_coll::device::{DeviceAllToAllv, DeviceComm, DeviceHaloExchange, alltoa
 use braid_core::cuda::{DeviceBuffer, DeviceColumn, DeviceTable, Gpu};
 use braid_core::{Message, NodeError, Payload, Receiver, Sender};
 use braid_kernels::gpu::{
-    NumType, RollingInput, cast_to_f64, cast_to_i64, gather, hash_partition, iota, lower_bound,
-    order_key_i64, radix_sort, rolling,
+    NumType, RollingInput, cast_to_f64, cast_to_i64, gather, hash_partition, iota, iota_i64,
+    lower_bound, order_key_i64, radix_sort, rolling,
 };
 
 use crate::error::DataError;
@@ -508,7 +508,11 @@ pub async fn gpu_rolling_node(
             Payload::Packed(_) => return Err(fail("gpu rolling got a non-table message")),
         }
     }
-    let rolled = roll(&dc, &spec, &schema, chunks).await?;
+    let parts: Vec<(&DeviceTable, usize, usize)> =
+        chunks.iter().map(|c| (c, 0, c.num_rows())).collect();
+    let table = DeviceTable::concat_ranges(&gpu, schema.clone(), &parts).map_err(fail)?;
+    drop(chunks);
+    let rolled = roll(&dc, &spec, &schema, table).await?;
     let t = std::time::Instant::now();
     let rows = rolled.sorted.num_rows();
     let mut cols = rolled.sorted.into_columns().map_err(fail)?;
@@ -585,6 +589,7 @@ pub async fn gpu_rolling_job_node(
         Ok::<_, NodeError>(dc)
     };
     let collect = async {
+        let t = std::time::Instant::now();
         let mut host = Vec::new();
         while let Some(m) = input.recv().await {
             match m.payload {
@@ -593,30 +598,71 @@ pub async fn gpu_rolling_job_node(
                 Payload::Packed(_) => return Err(fail("gpu rolling got a non-table message")),
             }
         }
+        stats.record_op("gpu rolling: input in", t.elapsed());
         Ok(host)
     };
     let (dc, host) = futures::try_join!(init, collect)?;
     let rows: usize = host.iter().map(RecordBatch::num_rows).sum();
+    let t = std::time::Instant::now();
     let core = core_table(&dc, &spec, &schema, &host).await?;
-    let rolled = roll(&dc, &core.spec, &core.schema, core.chunks).await?;
+    stats.record_op("gpu rolling: core table to device", t.elapsed());
+    let rolled = roll(&dc, &core.spec, &core.schema, core.table).await?;
     let t = std::time::Instant::now();
     let first_agg = schema.fields().len();
     let agg_fields: Vec<FieldRef> = out_schema.fields()[first_agg..].to_vec();
     let home = to_origin(&dc, rolled, agg_fields, rows).await?;
-    // Chunk by chunk: each input chunk's rows of aggregates come to the
-    // host as the chunk leaves, so the download overlaps the sink.
+    stats.record_op("gpu rolling: aggregates home", t.elapsed());
+    let t = std::time::Instant::now();
+    emit(&dc, &home, host, &out_schema, &mut output).await?;
+    stats.record_op("gpu rolling: download and emit", t.elapsed());
+    Ok(())
+}
+
+/// Rows of aggregates downloaded in one go by [`emit`]: 1Mi rows is 8 MiB
+/// of each 8-byte column, where a transfer's fixed cost (tens of
+/// microseconds) is well below its time (hundreds), and a slab of origin
+/// and seven aggregates (about 72 MiB) leaves room for several in the
+/// device's pinned pool while the chunks of earlier ones are downstream.
+const EMIT_SLAB_ROWS: usize = 1 << 20;
+
+/// Sends this rank's input chunks out with their aggregate columns added,
+/// in input order. The aggregates (`home`: origin, then aggregates, one row
+/// per input row in input order) come to the host a slab of whole chunks at
+/// a time ([`EMIT_SLAB_ROWS`], or one larger chunk), and each chunk's rows
+/// are a zero-copy slice of its slab. Every row's origin is checked.
+async fn emit(
+    dc: &DeviceComm,
+    home: &DeviceTable,
+    host: Vec<RecordBatch>,
+    out_schema: &SchemaRef,
+    output: &mut Sender,
+) -> Result<(), NodeError> {
     let base = u64::from(dc.rank()) << ORIGIN_ROW_BITS;
     let mut at = 0;
-    for (seq, b) in host.into_iter().enumerate() {
-        let len = b.num_rows();
-        let aggs = home.rows_to_batch(at, len).map_err(fail)?;
+    let mut seq = 0u64;
+    let mut chunks = host.into_iter().peekable();
+    while chunks.peek().is_some() {
+        let mut slab = Vec::new();
+        let mut n = 0;
+        while let Some(b) =
+            chunks.next_if(|b| slab.is_empty() || n + b.num_rows() <= EMIT_SLAB_ROWS)
+        {
+            n += b.num_rows();
+            slab.push(b);
+        }
+        let aggs = home.rows_to_batch(at, n).map_err(fail)?;
         let origins = aggs
             .column(0)
             .as_any()
             .downcast_ref::<Int64Array>()
             .ok_or_else(|| fail(format!("rank {}: origin column is not i64", dc.rank())))?;
         let first = base + at as u64;
-        if let Some(i) = (0..len).find(|&i| origins.value(i) as u64 != first + i as u64) {
+        if let Some(i) = origins
+            .values()
+            .iter()
+            .zip(first..)
+            .position(|(&o, want)| o as u64 != want)
+        {
             return Err(fail(format!(
                 "rank {}: row {} got the aggregates of origin {:#x}",
                 dc.rank(),
@@ -624,15 +670,18 @@ pub async fn gpu_rolling_job_node(
                 origins.value(i)
             )));
         }
-        let mut cols = b.columns().to_vec();
-        cols.extend(aggs.columns()[1..].iter().cloned());
-        at += len;
-        let out = RecordBatch::try_new(out_schema.clone(), cols).map_err(fail)?;
-        output
-            .send(Message::new(seq as u64, Payload::from(out)))
-            .await?;
+        let mut off = 0;
+        for b in slab {
+            let len = b.num_rows();
+            let mut cols = b.columns().to_vec();
+            cols.extend(aggs.columns()[1..].iter().map(|c| c.slice(off, len)));
+            off += len;
+            let out = RecordBatch::try_new(out_schema.clone(), cols).map_err(fail)?;
+            output.send(Message::new(seq, Payload::from(out))).await?;
+            seq += 1;
+        }
+        at += n;
     }
-    stats.record_op("gpu rolling: aggregates home and emit", t.elapsed());
     Ok(())
 }
 
@@ -645,14 +694,15 @@ const GROUP: &str = "__braid_group";
 const ORIGIN_ROW_BITS: u32 = 40;
 
 /// What goes to the device in the job: the spec and schema over the core
-/// columns, and this rank's core chunks on the device.
+/// columns, and this rank's core table on the device.
 struct Core {
     spec: RollingSpec,
     schema: SchemaRef,
-    chunks: Vec<DeviceTable>,
+    table: DeviceTable,
 }
 
-/// This rank's core chunks (order, group, values, origin) on the device.
+/// This rank's core table (order, group, values, origin) on the device, its
+/// chunks one after another.
 async fn core_table(
     dc: &DeviceComm,
     spec: &RollingSpec,
@@ -702,10 +752,10 @@ async fn core_table(
             f.clone()
         }
     }));
+    let host_schema = Arc::new(Schema::new(fields.clone()));
     fields.push(Arc::new(Field::new(ORIGIN, DataType::Int64, false)));
     let core_schema = Arc::new(Schema::new(fields));
-    let mut chunks = Vec::with_capacity(host.len());
-    let mut at = rank << ORIGIN_ROW_BITS;
+    let mut batches = Vec::with_capacity(host.len());
     for (i, b) in host.iter().enumerate() {
         let mut cols: Vec<ArrayRef> = vec![order_as_i64(b.column(oi), &spec.order)?];
         if let Some(g) = &groups {
@@ -719,14 +769,17 @@ async fn core_table(
                 c.clone()
             });
         }
-        let n = b.num_rows() as u64;
-        cols.push(Arc::new(Int64Array::from_iter_values(
-            (at..at + n).map(|o| o as i64),
-        )));
-        at += n;
-        let core = RecordBatch::try_new(core_schema.clone(), cols).map_err(fail)?;
-        chunks.push(DeviceTable::from_batch(&gpu, &core).map_err(fail)?);
+        batches.push(RecordBatch::try_new(host_schema.clone(), cols).map_err(fail)?);
     }
+    let table = DeviceTable::from_batches(&gpu, host_schema, &batches).map_err(fail)?;
+    // Origins are made on the device: rows are numbered over the chunks.
+    let origin = iota_i64(&gpu, (rank << ORIGIN_ROW_BITS) as i64, rows).map_err(fail)?;
+    let mut columns = table.into_columns().map_err(fail)?;
+    columns.push(DeviceColumn {
+        data: origin,
+        valid: None,
+    });
+    let table = DeviceTable::new(&gpu, core_schema.clone(), columns, rows).map_err(fail)?;
     let core_spec = RollingSpec {
         by: spec.by.as_ref().map(|_| GROUP.to_string()),
         ..spec.clone()
@@ -734,7 +787,7 @@ async fn core_table(
     Ok(Core {
         spec: core_spec,
         schema: core_schema,
-        chunks,
+        table,
     })
 }
 
@@ -897,21 +950,17 @@ async fn to_origin(
     Ok(mine)
 }
 
-/// The GPU rolling computation over this rank's device chunks: sorted (or
+/// The GPU rolling computation over this rank's device table: sorted (or
 /// shuffled and sorted) rows and their aggregates, still on the device.
 async fn roll(
     dc: &DeviceComm,
     spec: &RollingSpec,
     schema: &SchemaRef,
-    chunks: Vec<DeviceTable>,
+    table: DeviceTable,
 ) -> Result<Rolled, NodeError> {
     let gpu = dc.gpu().clone();
     let stats = dc.ctx().statistics().clone();
     let t0 = std::time::Instant::now();
-    let parts: Vec<(&DeviceTable, usize, usize)> =
-        chunks.iter().map(|c| (c, 0, c.num_rows())).collect();
-    let table = DeviceTable::concat_ranges(&gpu, schema.clone(), &parts).map_err(fail)?;
-    drop(chunks);
     let oi = column_index(schema, &spec.order)?;
     if table.columns()[oi].valid.is_some() {
         return Err(

@@ -418,14 +418,25 @@ impl Source {
                 // In u128: rows times ranks may not fit a u64.
                 let share = |r: u64| (u128::from(g.rows) * u128::from(r) / n as u128) as u64;
                 let (lo, hi) = (share(rank as u64), share(rank as u64 + 1));
-                let mut at = lo;
-                while at < hi {
-                    let end = (at + chunk_rows as u64).min(hi);
-                    let b = g.batch(at, end)?;
+                // Chunks are made on up to `rank_threads()` threads at once
+                // (a row's values depend on its index only) and leave in
+                // order.
+                let g = Arc::new(g);
+                let threads = crate::threads::rank_threads();
+                let ranges = (lo..hi)
+                    .step_by(chunk_rows)
+                    .map(move |at| (at, (at + chunk_rows as u64).min(hi)));
+                let mut made = futures::stream::iter(ranges)
+                    .map(|(at, end)| {
+                        let g = g.clone();
+                        tokio::task::spawn_blocking(move || g.batch(at, end))
+                    })
+                    .buffered(threads);
+                while let Some(b) = made.next().await {
+                    let b = b.map_err(NodeError::other)??;
                     count(b.num_rows());
                     out.send(Message::new(seq, b)).await?;
                     seq += 1;
-                    at = end;
                 }
             }
         }

@@ -740,6 +740,93 @@ fn device_table_round_trips() {
     assert!(e.contains("\"s\""), "{e}");
 }
 
+/// Many host batches to one device table and back in slabs, through the
+/// pinned pool's blocks (columns larger than one staging block) and
+/// without them (the pool full), against the batches concatenated on the
+/// host.
+#[test]
+fn device_table_from_many_batches_round_trips() {
+    use arrow_array::{BooleanArray, Float64Array, Int32Array, Int64Array, RecordBatch};
+    use arrow_schema::{DataType, Field, Schema};
+    use braid_core::cuda::DeviceTable;
+    let Some(gpu) = gpu() else { return };
+    let mut g = SplitMix(braid_tests::fresh_seed());
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("a", DataType::Int64, false),
+        Field::new("b", DataType::Float64, true),
+        Field::new("c", DataType::Int32, true),
+        Field::new("d", DataType::Boolean, false),
+    ]));
+    // About 2.2M rows: 17 MiB of each 8-byte column, over two 8 MiB
+    // staging blocks; some batches empty, some sliced, nulls in some only.
+    let mut batches = Vec::new();
+    while batches.iter().map(RecordBatch::num_rows).sum::<usize>() < 2_200_000 {
+        let n = match g.below(6) {
+            0 => 0,
+            1 => g.below(10) as usize,
+            _ => g.below(300_000) as usize,
+        };
+        let nulls = g.below(2) == 0;
+        let a = Int64Array::from((0..n).map(|_| g.next_u64() as i64).collect::<Vec<_>>());
+        let b = Float64Array::from(
+            (0..n)
+                .map(|_| (!nulls || g.below(3) > 0).then(|| g.next_u64() as f64))
+                .collect::<Vec<_>>(),
+        );
+        let c = Int32Array::from(
+            (0..n)
+                .map(|_| (!nulls || g.below(5) > 0).then(|| g.next_u64() as i32))
+                .collect::<Vec<_>>(),
+        );
+        let d = BooleanArray::from((0..n).map(|_| g.below(2) == 0).collect::<Vec<_>>());
+        let b = RecordBatch::try_new(
+            schema.clone(),
+            vec![Arc::new(a), Arc::new(b), Arc::new(c), Arc::new(d)],
+        )
+        .unwrap();
+        let off = if n > 2 {
+            g.below(n as u64 / 2) as usize
+        } else {
+            0
+        };
+        batches.push(b.slice(off, n - off));
+    }
+    let all = arrow_select::concat::concat_batches(&schema, &batches).unwrap();
+    let rows = all.num_rows();
+    let mut check = |what: &str| {
+        let t = DeviceTable::from_batches(&gpu, schema.clone(), &batches).unwrap();
+        assert_eq!(t.num_rows(), rows);
+        // Slabs of odd sizes, small and large, held until all are checked
+        // (as downstream nodes hold their chunks).
+        let mut held = Vec::new();
+        let mut at = 0;
+        while at < rows {
+            let len = (g.below(1_500_000) as usize + 1).min(rows - at);
+            let slab = t.rows_to_batch(at, len).unwrap();
+            assert_eq!(slab, all.slice(at, len), "{what}: rows {at}..{}", at + len);
+            held.push(slab);
+            at += len;
+        }
+    };
+    check("pinned");
+    let pool = gpu.pinned().clone();
+    let cap = pool.cap();
+    let after_one = pool.held_bytes();
+    assert!(after_one > 0 && after_one <= cap, "{after_one} of {cap}");
+    // Reuse: another round trip allocates no more than the cap.
+    check("pinned again");
+    assert!(pool.held_bytes() <= cap);
+    // With every block taken, copies fall back to pageable memory.
+    let mut taken = Vec::new();
+    while let Some(b) = pool.take(1 << 20).unwrap() {
+        taken.push(b);
+    }
+    assert!(pool.held_bytes() <= cap);
+    check("pageable");
+    drop(taken);
+    check("pinned after");
+}
+
 #[test]
 fn rolling_edges_match_cpu() {
     let Some(gpu) = gpu() else { return };

@@ -269,29 +269,104 @@ impl DeviceBuffer {
 
     /// Reads `dst.len()` bytes from `offset` to the host (waits for them).
     pub fn read_at(&self, offset: usize, dst: &mut [u8]) -> Result<(), CudaError> {
-        if offset.checked_add(dst.len()).is_none_or(|e| e > self.len) {
+        self.check_read(offset, dst.len())?;
+        // SAFETY: `dst` is `dst.len()` writable bytes that outlive the
+        // call (it synchronises before it returns).
+        unsafe { self.dma_to_host(offset, dst.as_mut_ptr(), dst.len()) }
+    }
+
+    /// Bytes `offset..offset + len` in a fresh host vector of 8-byte words
+    /// (aligned for any value type; the last word's bytes past `len` are
+    /// zero). The vector is a [`large_vec`](crate::memory::large_vec): not
+    /// zero-filled first, and advised to use huge pages when large, so a
+    /// download of many megabytes writes each page once, directly.
+    pub fn read_words(&self, offset: usize, len: usize) -> Result<Vec<u64>, CudaError> {
+        self.check_read(offset, len)?;
+        let words = len.div_ceil(8);
+        let mut v: Vec<u64> = crate::memory::large_vec(words);
+        if let Some(last) = v
+            .spare_capacity_mut()
+            .get_mut(..words)
+            .and_then(|s| s.last_mut())
+        {
+            last.write(0);
+        }
+        // SAFETY: the spare capacity holds `words * 8 >= len` bytes, which
+        // the copy writes before `dma_to_host` returns.
+        if let Err(e) = unsafe { self.dma_to_host(offset, v.as_mut_ptr().cast::<u8>(), len) } {
+            // A copy that failed to finish may still be writing: never
+            // hand its memory back.
+            std::mem::forget(v);
+            return Err(e);
+        }
+        // SAFETY: the copy wrote bytes 0..len and the last word was zeroed
+        // first, so all `words` words are initialised.
+        unsafe { v.set_len(words) };
+        Ok(v)
+    }
+
+    fn check_read(&self, offset: usize, len: usize) -> Result<(), CudaError> {
+        if offset.checked_add(len).is_none_or(|e| e > self.len) {
             return Err(CudaError::Invalid {
                 rank: self.gpu().rank(),
                 detail: format!(
-                    "read of {} bytes at offset {offset} of a {}-byte buffer",
-                    dst.len(),
+                    "read of {len} bytes at offset {offset} of a {}-byte buffer",
                     self.len
                 ),
             });
         }
-        if dst.is_empty() {
+        Ok(())
+    }
+
+    /// Copies `len` bytes from `offset` (checked by the caller) to `dst`
+    /// after the buffer's latest write, and waits for the copy.
+    ///
+    /// # Safety
+    /// `dst` must be valid for `len` bytes of writes until this returns.
+    unsafe fn dma_to_host(&self, offset: usize, dst: *mut u8, len: usize) -> Result<(), CudaError> {
+        if len == 0 {
+            return Ok(());
+        }
+        // SAFETY: as this function's contract, up to the synchronise below.
+        unsafe { self.enqueue_read(offset, dst, len) }?;
+        let gpu = self.gpu();
+        gpu.stream()
+            .synchronize()
+            .on(gpu.rank(), "cuStreamSynchronize")
+    }
+
+    /// Enqueues a copy of bytes `offset..offset + len` to `dst` on the
+    /// `Gpu`'s stream, after the buffer's latest write, and returns
+    /// without waiting (asynchronous where `dst` is page-locked).
+    ///
+    /// # Safety
+    /// `dst` must be valid for `len` bytes of writes, and nothing may read
+    /// or free it, until the `Gpu`'s stream has been synchronised.
+    pub(crate) unsafe fn enqueue_read(
+        &self,
+        offset: usize,
+        dst: *mut u8,
+        len: usize,
+    ) -> Result<(), CudaError> {
+        self.check_read(offset, len)?;
+        if len == 0 {
             return Ok(());
         }
         let gpu = self.gpu();
         let s = gpu.stream();
         gpu.bind()?;
         self.wait_on(s)?;
-        // SAFETY: the range lies inside the allocation; `dst` outlives the
-        // synchronise below.
-        unsafe { result::memcpy_dtoh_async(dst, self.ptr() + offset as u64, s.cu_stream()) }
-            .on(gpu.rank(), "cuMemcpyDtoHAsync")?;
-        s.synchronize().on(gpu.rank(), "cuStreamSynchronize")?;
-        Ok(())
+        // SAFETY: the range lies inside the allocation (checked above) and
+        // the caller keeps `dst` for the copy.
+        unsafe {
+            cudarc::driver::sys::cuMemcpyDtoHAsync_v2(
+                dst.cast(),
+                self.ptr() + offset as u64,
+                len,
+                s.cu_stream(),
+            )
+        }
+        .on(gpu.rank(), "cuMemcpyDtoHAsync")
     }
 
     /// Fills every byte with `value`, ordered on the `Gpu`'s stream (for

@@ -15,6 +15,7 @@ use cudarc::driver::sys::{CUdeviceptr, CUevent_flags};
 use cudarc::driver::{CudaContext, CudaEvent, CudaStream, result};
 
 use super::error::{CudaError, DriverResult};
+use super::pinned::PinnedPool;
 use crate::Rank;
 
 /// Free-list granularity: allocations are rounded up to this many bytes.
@@ -117,6 +118,7 @@ pub struct Gpu {
     events: EventPool,
     /// Most bytes kept in the free list; beyond it frees go to the driver.
     keep_bytes: usize,
+    pinned: Arc<PinnedPool>,
 }
 
 impl std::fmt::Debug for Gpu {
@@ -155,11 +157,12 @@ impl Gpu {
         let total = ctx.total_mem().on(rank, "cuDeviceTotalMem")?;
         Ok(Arc::new(Gpu {
             rank,
-            ctx,
             stream,
             free: Mutex::new(FreeList::default()),
             events: Arc::new(Mutex::new(Vec::new())),
             keep_bytes: total / 4,
+            pinned: PinnedPool::new(rank, ctx.clone()),
+            ctx,
         }))
     }
 
@@ -208,6 +211,11 @@ impl Gpu {
     /// The cudarc context.
     pub fn context(&self) -> &Arc<CudaContext> {
         &self.ctx
+    }
+
+    /// Page-locked host blocks for copies to and from this device.
+    pub fn pinned(&self) -> &Arc<PinnedPool> {
+        &self.pinned
     }
 
     /// The compute stream: where buffer copies and kernels go by default.

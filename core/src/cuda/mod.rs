@@ -10,6 +10,8 @@
 //!   where ranks share a GPU its calls go through host memory instead
 //!   ([`Transport::HostStaged`]), and a communicator of one rank copies on
 //!   its stream without NCCL ([`Transport::Solo`]).
+//! - [`PinnedPool`]: page-locked host blocks for fast, asynchronous copies
+//!   to and from the device (downloads land in them and stay there).
 //! - [`DeviceTable`]: a table chunk with its columns in device memory,
 //!   converted from and to Arrow on the host.
 //! - [`ipc`]: CUDA IPC between processes (and threads) of one host, and a
@@ -23,6 +25,7 @@ mod device;
 mod error;
 pub mod ipc;
 mod nccl;
+mod pinned;
 mod solo;
 mod staged;
 mod table;
@@ -34,6 +37,7 @@ pub use nccl::{
     Completion, KeepAlive, NcclComm, NcclDType, NcclMode, NcclOp, NcclWork, OnDone, Slot,
     TRANSPORT_VAR, Transport,
 };
+pub use pinned::{PinnedBlock, PinnedPool};
 pub use table::{DeviceColumn, DeviceTable, device_width};
 
 /// Re-export of cudarc, so that downstream crates use the same version.

@@ -17,10 +17,12 @@ use arrow_array::{ArrayRef, RecordBatch, make_array};
 use arrow_buffer::{BooleanBuffer, Buffer, NullBuffer};
 use arrow_data::ArrayData;
 use arrow_schema::{DataType, SchemaRef};
+use cudarc::driver::result;
 
 use super::buffer::DeviceBuffer;
-use super::device::Gpu;
+use super::device::{Gpu, GpuEvent};
 use super::error::CudaError;
+use super::pinned::PinnedBlock;
 
 /// One column on the device.
 #[derive(Debug)]
@@ -94,46 +96,99 @@ impl DeviceTable {
 
     /// Copies a host batch to the device.
     pub fn from_batch(gpu: &Arc<Gpu>, batch: &RecordBatch) -> Result<DeviceTable, CudaError> {
-        let rows = batch.num_rows();
-        let schema = batch.schema();
-        let mut columns = Vec::with_capacity(batch.num_columns());
-        for (f, a) in schema.fields().iter().zip(batch.columns()) {
+        Self::from_batches(gpu, batch.schema(), std::slice::from_ref(batch))
+    }
+
+    /// Copies host batches of `schema`, one after another, to the device as
+    /// one table. Each column's chunks are packed into pinned blocks, one
+    /// asynchronous copy per block, so the host packs the next block while
+    /// the last is on its way; where the pinned pool has no room the
+    /// chunks go as pageable copies, one per chunk.
+    pub fn from_batches(
+        gpu: &Arc<Gpu>,
+        schema: SchemaRef,
+        batches: &[RecordBatch],
+    ) -> Result<DeviceTable, CudaError> {
+        let bad = |detail: String| CudaError::Invalid {
+            rank: gpu.rank(),
+            detail,
+        };
+        for b in batches {
+            if b.schema().fields() != schema.fields() {
+                return Err(bad("host batches of different schemas".into()));
+            }
+        }
+        let rows: usize = batches.iter().map(RecordBatch::num_rows).sum();
+        let mut stager = Stager::new(gpu)?;
+        let mut columns = Vec::with_capacity(schema.fields().len());
+        for (ci, f) in schema.fields().iter().enumerate() {
             let dt = f.data_type();
-            let w = device_width(dt).ok_or_else(|| CudaError::Invalid {
-                rank: gpu.rank(),
-                detail: format!(
+            let w = device_width(dt).ok_or_else(|| {
+                bad(format!(
                     "column {:?} of type {dt} has no device form (only fixed-width types)",
                     f.name()
-                ),
+                ))
             })?;
-            let data = a.to_data();
-            let bytes: Vec<u8>;
-            let values: &[u8] = if *dt == DataType::Boolean {
-                let b = BooleanBuffer::new(data.buffers()[0].clone(), data.offset(), rows);
-                bytes = b.iter().map(u8::from).collect();
-                &bytes
-            } else {
-                let off = data.offset() * w;
-                data.buffers()
-                    .first()
-                    .and_then(|b| b.as_slice().get(off..off + rows * w))
-                    .ok_or_else(|| CudaError::Invalid {
-                        rank: gpu.rank(),
-                        detail: format!("column {:?}: values shorter than its rows", f.name()),
-                    })?
-            };
-            let valid = match a.logical_nulls() {
-                Some(n) if n.null_count() > 0 => {
-                    let v: Vec<u8> = n.iter().map(u8::from).collect();
-                    Some(DeviceBuffer::from_host(gpu, &v)?)
-                }
-                _ => None,
-            };
-            columns.push(DeviceColumn {
-                data: DeviceBuffer::from_host(gpu, values)?,
-                valid,
+            let data = DeviceBuffer::alloc(gpu, rows * w)?;
+            data.wait_writable(gpu.stream())?;
+            let any_nulls = batches.iter().any(|b| {
+                b.column(ci)
+                    .logical_nulls()
+                    .is_some_and(|n| n.null_count() > 0)
             });
+            let mut valid = match any_nulls {
+                true => {
+                    let v = DeviceBuffer::alloc(gpu, rows)?;
+                    v.wait_writable(gpu.stream())?;
+                    Some(v)
+                }
+                false => None,
+            };
+            let mut at = 0usize;
+            for b in batches {
+                let a = b.column(ci);
+                let n = b.num_rows();
+                let d = a.to_data();
+                if *dt == DataType::Boolean {
+                    let bits = BooleanBuffer::new(d.buffers()[0].clone(), d.offset(), n);
+                    let bytes: Vec<u8> = bits.iter().map(u8::from).collect();
+                    stager.push(&data, at * w, &bytes)?;
+                } else {
+                    let off = d.offset() * w;
+                    let values = d
+                        .buffers()
+                        .first()
+                        .and_then(|b| b.as_slice().get(off..off + n * w))
+                        .ok_or_else(|| {
+                            bad(format!(
+                                "column {:?}: values shorter than its rows",
+                                f.name()
+                            ))
+                        })?;
+                    stager.push(&data, at * w, values)?;
+                }
+                if let Some(v) = &valid {
+                    let bytes: Vec<u8> = match a.logical_nulls() {
+                        Some(nb) => nb.iter().map(u8::from).collect(),
+                        None => vec![1; n],
+                    };
+                    stager.push(v, at, &bytes)?;
+                }
+                at += n;
+            }
+            columns.push((data, valid.take()));
         }
+        stager.finish()?;
+        let columns = columns
+            .into_iter()
+            .map(|(mut data, mut valid)| {
+                data.mark_complete();
+                if let Some(v) = &mut valid {
+                    v.mark_complete();
+                }
+                DeviceColumn { data, valid }
+            })
+            .collect();
         Ok(DeviceTable {
             schema,
             columns: Arc::new(columns),
@@ -147,7 +202,9 @@ impl DeviceTable {
     }
 
     /// Copies rows `offset..offset + len` to a host batch (no device copy
-    /// first: each column's range is read directly).
+    /// first: each column's range is read directly, in one transfer into
+    /// fresh memory). Many rows at once and then `RecordBatch::slice` is
+    /// the cheap way to make many chunks: each transfer has a fixed cost.
     pub fn rows_to_batch(&self, offset: usize, len: usize) -> Result<RecordBatch, CudaError> {
         if offset.checked_add(len).is_none_or(|e| e > self.rows) {
             return Err(CudaError::Invalid {
@@ -159,34 +216,68 @@ impl DeviceTable {
                 ),
             });
         }
-        let mut arrays: Vec<ArrayRef> = Vec::with_capacity(self.columns.len());
+        // Every column's copies are enqueued first (into pinned blocks
+        // they overlap), then waited for once.
+        let mut landed = Vec::with_capacity(self.columns.len());
+        let mut failed = None;
         for (f, c) in self.schema.fields().iter().zip(self.columns.iter()) {
+            let w = device_width(f.data_type()).unwrap_or(0);
+            let start = Landing::start(&c.data, offset * w, len * w).and_then(|values| {
+                let valid = c.valid.as_ref().map(|v| Landing::start(v, offset, len));
+                match valid.transpose() {
+                    Ok(valid) => Ok((values, valid)),
+                    Err(e) => {
+                        landed.push((values, None));
+                        Err(e)
+                    }
+                }
+            });
+            match start {
+                Ok(l) => landed.push(l),
+                Err(e) => {
+                    failed = Some(e);
+                    break;
+                }
+            }
+        }
+        // Waited for also when a later copy failed to start: the blocks
+        // must not go back to the pool while a copy writes them.
+        for (c, (values, valid)) in self.columns.iter().zip(&landed) {
+            if values.is_pinned() || valid.as_ref().is_some_and(Landing::is_pinned) {
+                let gpu = c.data.gpu();
+                if let Err(e) = gpu.stream().synchronize() {
+                    // Copies may still be writing the blocks: never hand
+                    // them back.
+                    std::mem::forget(landed);
+                    return Err(CudaError::driver(gpu.rank(), "cuStreamSynchronize", e));
+                }
+            }
+        }
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        let mut arrays: Vec<ArrayRef> = Vec::with_capacity(self.columns.len());
+        for ((f, c), (values, valid)) in self
+            .schema
+            .fields()
+            .iter()
+            .zip(self.columns.iter())
+            .zip(landed)
+        {
             let rank = c.data.gpu().rank();
             let dt = f.data_type().clone();
             let w = device_width(&dt).unwrap_or(0);
-            // Read into u64 words so that the buffer is aligned for any type.
-            let mut words = vec![0u64; (len * w).div_ceil(8)];
-            c.data.read_at(
-                offset * w,
-                &mut bytemuck::cast_slice_mut::<u64, u8>(&mut words)[..len * w],
-            )?;
-            let nulls = match &c.valid {
-                Some(v) => {
-                    let mut bytes = vec![0u8; len];
-                    v.read_at(offset, &mut bytes)?;
-                    // Packed 64 rows a word (collecting an iterator packs
-                    // one bit at a time).
-                    Some(NullBuffer::new(BooleanBuffer::collect_bool(len, |i| {
-                        bytes[i] != 0
-                    })))
-                }
-                None => None,
-            };
+            let nulls = valid.map(|v| {
+                let bytes = v.bytes(len);
+                // Packed 64 rows a word (collecting an iterator packs one
+                // bit at a time).
+                NullBuffer::new(BooleanBuffer::collect_bool(len, |i| bytes[i] != 0))
+            });
             let values = if dt == DataType::Boolean {
-                let bytes: &[u8] = bytemuck::cast_slice(&words);
+                let bytes = values.bytes(len);
                 BooleanBuffer::collect_bool(len, |i| bytes[i] != 0).into_inner()
             } else {
-                Buffer::from_vec(words)
+                values.into_buffer(len * w)
             };
             let data = ArrayData::builder(dt)
                 .len(len)
@@ -376,6 +467,232 @@ impl DeviceTable {
             .iter()
             .map(|c| c.data.len() + c.valid.as_ref().map_or(0, |v| v.len()))
             .sum()
+    }
+}
+
+/// Copies of this size and up go through a pinned block (smaller ones are
+/// not worth a block of [`MIN_BLOCK`](super::pinned::MIN_BLOCK) bytes).
+const PINNED_FROM: usize = 64 << 10;
+
+/// Where a column's downloaded bytes land.
+enum Landing {
+    /// A pinned block, written asynchronously; valid once the stream is
+    /// synchronised.
+    Pinned(PinnedBlock),
+    /// Pageable memory, written before `start` returned.
+    Words(Vec<u64>),
+}
+
+impl Landing {
+    /// Starts copying `len` bytes from `offset` of `buf` to the host: into
+    /// a pinned block (enqueued only) when the copy is large enough and the
+    /// pool has room, else into pageable memory (done on return).
+    fn start(buf: &DeviceBuffer, offset: usize, len: usize) -> Result<Landing, CudaError> {
+        if len >= PINNED_FROM {
+            if let Some(block) = buf.gpu().pinned().take(len)? {
+                // SAFETY: the block holds at least `len` bytes, and it is
+                // neither read nor dropped before the stream is synchronised
+                // (`rows_to_batch` forgets it when that fails).
+                unsafe { buf.enqueue_read(offset, block.as_ptr().as_ptr(), len) }?;
+                return Ok(Landing::Pinned(block));
+            }
+        }
+        buf.read_words(offset, len).map(Landing::Words)
+    }
+
+    fn is_pinned(&self) -> bool {
+        matches!(self, Landing::Pinned(_))
+    }
+
+    /// The first `len` bytes (after the copy completed).
+    fn bytes(&self, len: usize) -> &[u8] {
+        match self {
+            // SAFETY: the copy wrote `len` bytes of the block and completed
+            // (the stream was synchronised); the borrow keeps the block.
+            Landing::Pinned(b) => unsafe { std::slice::from_raw_parts(b.as_ptr().as_ptr(), len) },
+            Landing::Words(w) => &bytemuck::cast_slice(w)[..len],
+        }
+    }
+
+    /// The first `len` bytes as an Arrow buffer, without a copy: a pinned
+    /// block goes back to its pool when the last array using it is dropped.
+    fn into_buffer(self, len: usize) -> Buffer {
+        match self {
+            Landing::Pinned(b) => {
+                let ptr = b.as_ptr();
+                // SAFETY: the block holds `len` initialised bytes (the copy
+                // completed) at `ptr`, and the buffer owns the block, so the
+                // memory lives as long as the buffer.
+                unsafe { Buffer::from_custom_allocation(ptr, len, Arc::new(b)) }
+            }
+            Landing::Words(w) => {
+                let mut b = Buffer::from_vec(w);
+                if b.len() != len {
+                    b = b.slice_with_length(0, len);
+                }
+                b
+            }
+        }
+    }
+}
+
+/// Bytes of each pinned block [`Stager`] packs host chunks into.
+const STAGE_BYTES: usize = 8 << 20;
+
+/// A pinned block being filled, and the copy that last read it.
+struct Stage {
+    block: Option<PinnedBlock>,
+    /// Bytes packed so far.
+    fill: usize,
+    /// The device address byte 0 of the block goes to.
+    dst: u64,
+    /// The copy that last read the block (waited for before refilling).
+    busy: Option<GpuEvent>,
+}
+
+/// Host bytes to device memory through two pinned blocks in turn: bytes
+/// for consecutive device addresses gather in a block, which goes as one
+/// asynchronous copy when it is full (or the next bytes go elsewhere), while
+/// the other block fills. Without pinned blocks each push is a pageable
+/// copy. Copies go on the `Gpu`'s stream; callers make it wait for the
+/// destinations first, and [`Stager::finish`] waits for every copy.
+struct Stager {
+    gpu: Arc<Gpu>,
+    stages: Vec<Stage>,
+    cur: usize,
+}
+
+impl Stager {
+    fn new(gpu: &Arc<Gpu>) -> Result<Stager, CudaError> {
+        let mut stages = Vec::new();
+        for _ in 0..2 {
+            match gpu.pinned().take(STAGE_BYTES)? {
+                Some(b) => stages.push(Stage {
+                    block: Some(b),
+                    fill: 0,
+                    dst: 0,
+                    busy: None,
+                }),
+                None => {
+                    stages.clear();
+                    break;
+                }
+            }
+        }
+        Ok(Stager {
+            gpu: gpu.clone(),
+            stages,
+            cur: 0,
+        })
+    }
+
+    /// Queues `bytes` for `dst` from byte `at` (the range checked here).
+    fn push(&mut self, dst: &DeviceBuffer, at: usize, mut bytes: &[u8]) -> Result<(), CudaError> {
+        let rank = self.gpu.rank();
+        if at.checked_add(bytes.len()).is_none_or(|e| e > dst.len()) {
+            return Err(CudaError::Invalid {
+                rank,
+                detail: format!(
+                    "write of {} bytes at {at} of a {}-byte device buffer",
+                    bytes.len(),
+                    dst.len()
+                ),
+            });
+        }
+        let mut addr = dst.ptr() + at as u64;
+        if self.stages.is_empty() {
+            if !bytes.is_empty() {
+                // SAFETY: the range lies inside `dst` (checked above); the
+                // copy from pageable memory has read `bytes` on return.
+                unsafe { result::memcpy_htod_async(addr, bytes, self.gpu.stream().cu_stream()) }
+                    .map_err(|e| CudaError::driver(rank, "cuMemcpyHtoDAsync", e))?;
+            }
+            return Ok(());
+        }
+        while !bytes.is_empty() {
+            let s = &mut self.stages[self.cur];
+            if s.fill > 0 && s.dst + s.fill as u64 != addr {
+                self.flush()?;
+                continue;
+            }
+            if s.fill == 0 {
+                if let Some(ev) = s.busy.take() {
+                    ev.synchronize(rank)?;
+                }
+                s.dst = addr;
+            }
+            let Some(block) = s.block.as_mut() else {
+                return Err(CudaError::Invalid {
+                    rank,
+                    detail: "a staging block was lost".into(),
+                });
+            };
+            let room = &mut block.as_mut_slice()[s.fill..];
+            let n = room.len().min(bytes.len());
+            room[..n].copy_from_slice(&bytes[..n]);
+            s.fill += n;
+            addr += n as u64;
+            bytes = &bytes[n..];
+            if n == room.len() {
+                self.flush()?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends the current block's bytes and moves to the next block.
+    fn flush(&mut self) -> Result<(), CudaError> {
+        let rank = self.gpu.rank();
+        let stream = self.gpu.stream().clone();
+        let Some(s) = self.stages.get_mut(self.cur) else {
+            return Ok(());
+        };
+        if s.fill == 0 {
+            return Ok(());
+        }
+        let Some(block) = s.block.as_ref() else {
+            return Ok(());
+        };
+        // SAFETY: the block holds `fill` packed bytes and is not refilled
+        // or released before the copy's event (`busy`) completes; `dst` is
+        // a checked range of a live device buffer.
+        unsafe {
+            cudarc::driver::sys::cuMemcpyHtoDAsync_v2(
+                s.dst,
+                block.as_ptr().as_ptr().cast(),
+                s.fill,
+                stream.cu_stream(),
+            )
+        }
+        .result()
+        .map_err(|e| CudaError::driver(rank, "cuMemcpyHtoDAsync", e))?;
+        s.busy = Some(self.gpu.record(&stream)?);
+        s.fill = 0;
+        self.cur = (self.cur + 1) % self.stages.len();
+        Ok(())
+    }
+
+    /// Sends what is left and waits for every copy.
+    fn finish(mut self) -> Result<(), CudaError> {
+        self.flush()?;
+        let rank = self.gpu.rank();
+        self.gpu
+            .stream()
+            .synchronize()
+            .map_err(|e| CudaError::driver(rank, "cuStreamSynchronize", e))
+    }
+}
+
+impl Drop for Stager {
+    fn drop(&mut self) {
+        // A block goes back to the pool only once no copy reads it.
+        for s in &mut self.stages {
+            if let Some(ev) = s.busy.take() {
+                if ev.synchronize(self.gpu.rank()).is_err() {
+                    std::mem::forget(s.block.take());
+                }
+            }
+        }
     }
 }
 

@@ -30,6 +30,10 @@ extern "C" __global__ void iota_u32(u32* out, u64 n) {
     GRID_STRIDE(i, n) { out[i] = (u32)i; }
 }
 
+extern "C" __global__ void iota_i64(i64* out, i64 base, u64 n) {
+    GRID_STRIDE(i, n) { out[i] = base + (i64)i; }
+}
+
 // SplitMix64's finaliser: the same mixing as the CPU side's hash of an i64.
 __device__ __forceinline__ u64 mix64(u64 z) {
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;

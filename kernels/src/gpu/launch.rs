@@ -155,6 +155,7 @@ const ENTRY_POINTS: &[&str] = &[
     "rolling_tile_keyed_cal",
     "nvlink_sendrecv",
     "iota_u32",
+    "iota_i64",
 ];
 
 type Cache = Mutex<HashMap<(usize, Build), Arc<Kernels>>>;

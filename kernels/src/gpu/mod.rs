@@ -26,6 +26,6 @@ mod sort;
 pub use cast::{NumType, cast_to_f64, cast_to_i64};
 pub use launch::{Build, KernelError, Kernels, SOURCE_VAR};
 pub use nvlink::{NvlinkConfig, NvlinkSendRecv, Staging};
-pub use ops::{gather, hash_partition, iota, lower_bound, order_key_f64, order_key_i64};
+pub use ops::{gather, hash_partition, iota, iota_i64, lower_bound, order_key_f64, order_key_i64};
 pub use rolling::{GpuAggColumn, RollingInput, check_window, rolling};
 pub use sort::radix_sort;

@@ -219,3 +219,28 @@ pub fn iota(gpu: &Arc<Gpu>, n: usize) -> Result<DeviceBuffer, KernelError> {
     mark_written(gpu, &[], &mut [&mut out])?;
     Ok(out)
 }
+
+/// `base, base + 1, ..., base + n - 1` as i64 (row numbers made on the
+/// device instead of uploaded).
+pub fn iota_i64(gpu: &Arc<Gpu>, base: i64, n: usize) -> Result<DeviceBuffer, KernelError> {
+    if base.checked_add(n as i64).is_none() || n > i64::MAX as usize {
+        return Err(invalid(
+            gpu,
+            "iota_i64",
+            format!("{n} values from {base} pass i64's range"),
+        ));
+    }
+    let mut out = DeviceBuffer::alloc(gpu, n * 8)?;
+    if n > 0 {
+        let k = Kernels::get(gpu)?;
+        let f = k.func(gpu.rank(), "iota_i64")?;
+        wait_inputs(gpu, &[&out])?;
+        let (o, n64) = (out.ptr(), n as u64);
+        let mut b = gpu.stream().launch_builder(f);
+        b.arg(&o).arg(&base).arg(&n64);
+        // SAFETY: `n` i64 out.
+        launched(gpu.rank(), unsafe { b.launch(grid(n)) })?;
+    }
+    mark_written(gpu, &[], &mut [&mut out])?;
+    Ok(out)
+}
