@@ -818,7 +818,7 @@ fn device_table_from_many_batches_round_trips() {
     assert!(pool.held_bytes() <= cap);
     // With every block taken, copies fall back to pageable memory.
     let mut taken = Vec::new();
-    while let Some(b) = pool.take(1 << 20).unwrap() {
+    while let Some(b) = pool.take(0, 1 << 20).unwrap() {
         taken.push(b);
     }
     assert!(pool.held_bytes() <= cap);

@@ -141,7 +141,8 @@ impl DeviceBuffer {
         // SAFETY: the destination has `bytes.len()` bytes; the stream is
         // synchronised before `bytes` can go away.
         unsafe { result::memcpy_htod_async(b.ptr(), bytes, s.cu_stream()) }
-            .on(rank, "cuMemcpyHtoDAsync")?;
+            .on(rank, "cuMemcpyHtoDAsync")
+            .map_err(|e| e.with_context(|| format!("{} bytes to a new buffer", bytes.len())))?;
         s.synchronize().on(rank, "cuStreamSynchronize")?;
         b.ready = None;
         Ok(b)

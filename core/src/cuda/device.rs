@@ -161,7 +161,7 @@ impl Gpu {
             free: Mutex::new(FreeList::default()),
             events: Arc::new(Mutex::new(Vec::new())),
             keep_bytes: total / 4,
-            pinned: PinnedPool::new(rank, ctx.clone()),
+            pinned: PinnedPool::for_device(&ctx),
             ctx,
         }))
     }
@@ -213,7 +213,8 @@ impl Gpu {
         &self.ctx
     }
 
-    /// Page-locked host blocks for copies to and from this device.
+    /// Page-locked host blocks for copies to and from this device (the
+    /// process's pool for the device, shared with other ranks on it).
     pub fn pinned(&self) -> &Arc<PinnedPool> {
         &self.pinned
     }

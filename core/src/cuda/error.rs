@@ -77,6 +77,19 @@ impl CudaError {
         }
     }
 
+    /// The error with `what` (the operation's arguments, say) added to a
+    /// driver error's detail; other errors as they are.
+    pub(crate) fn with_context(self, what: impl FnOnce() -> String) -> CudaError {
+        match self {
+            CudaError::Driver { rank, call, detail } => CudaError::Driver {
+                rank,
+                call,
+                detail: format!("{detail} ({})", what()),
+            },
+            e => e,
+        }
+    }
+
     pub(crate) fn nccl(
         rank: Rank,
         call: &'static str,

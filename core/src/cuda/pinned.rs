@@ -1,4 +1,4 @@
-//! Page-locked ("pinned") host memory, pooled per device.
+//! Page-locked ("pinned") host memory, pooled per device and process.
 //!
 //! A copy between the device and pageable host memory goes through the
 //! driver's own staging buffers: on the H100 host of 2026-11-27 the GPU
@@ -15,7 +15,11 @@
 //! the last array that refers to it is dropped.
 //!
 //! Sizes are rounded up to a power of two from [`MIN_BLOCK`], so blocks of
-//! a class are interchangeable.
+//! a class are interchangeable. There is one pool per device in a process
+//! ([`PinnedPool::for_device`]), shared by the ranks on that device and
+//! kept for the process's life: page-locking costs milliseconds a
+//! megabyte, so jobs that follow one another reuse the blocks, and ranks
+//! sharing a GPU share its cap.
 
 use std::collections::HashMap;
 use std::ptr::NonNull;
@@ -53,7 +57,6 @@ struct Blocks {
 
 /// One device's page-locked host blocks.
 pub struct PinnedPool {
-    rank: Rank,
     ctx: Arc<CudaContext>,
     blocks: Mutex<Blocks>,
     cap: usize,
@@ -62,26 +65,33 @@ pub struct PinnedPool {
 impl std::fmt::Debug for PinnedPool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PinnedPool")
-            .field("rank", &self.rank)
+            .field("ordinal", &self.ctx.ordinal())
             .field("cap", &self.cap)
             .finish()
     }
 }
 
 impl PinnedPool {
-    /// An empty pool for `ctx` (nothing is allocated until asked for),
-    /// capped by [`CAP_VAR`] or [`DEFAULT_CAP`].
-    pub(crate) fn new(rank: Rank, ctx: Arc<CudaContext>) -> Arc<PinnedPool> {
+    /// The process's pool for the device of `ctx` (made on first use, then
+    /// shared; nothing is allocated until asked for), capped by [`CAP_VAR`]
+    /// or [`DEFAULT_CAP`].
+    pub(crate) fn for_device(ctx: &Arc<CudaContext>) -> Arc<PinnedPool> {
+        static POOLS: Mutex<Vec<Arc<PinnedPool>>> = Mutex::new(Vec::new());
+        let mut pools = POOLS.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(p) = pools.iter().find(|p| p.ctx.ordinal() == ctx.ordinal()) {
+            return p.clone();
+        }
         let cap = std::env::var(CAP_VAR)
             .ok()
             .and_then(|v| v.trim().parse::<usize>().ok())
             .unwrap_or(DEFAULT_CAP);
-        Arc::new(PinnedPool {
-            rank,
-            ctx,
+        let pool = Arc::new(PinnedPool {
+            ctx: ctx.clone(),
             blocks: Mutex::new(Blocks::default()),
             cap,
-        })
+        });
+        pools.push(pool.clone());
+        pool
     }
 
     /// Most bytes the pool allocates.
@@ -102,7 +112,12 @@ impl PinnedPool {
     /// one (free blocks of other sizes are released to make room); `None`
     /// when that would take the pool past its cap, or the driver cannot
     /// lock more memory.
-    pub fn take(self: &Arc<Self>, len: usize) -> Result<Option<PinnedBlock>, CudaError> {
+    /// `rank` is the asking rank, named in errors.
+    pub fn take(
+        self: &Arc<Self>,
+        rank: Rank,
+        len: usize,
+    ) -> Result<Option<PinnedBlock>, CudaError> {
         let size = match len.max(MIN_BLOCK).checked_next_power_of_two() {
             Some(s) if s <= self.cap => s,
             _ => return Ok(None),
@@ -139,12 +154,16 @@ impl PinnedPool {
         self.free_blocks(release);
         if let Err(e) = self.ctx.bind_to_thread() {
             self.lock().held -= size;
-            return Err(CudaError::driver(self.rank, "cuCtxSetCurrent", e));
+            return Err(CudaError::driver(rank, "cuCtxSetCurrent", e));
         }
-        // SAFETY: a plain page-locked allocation in this context.
-        let made = unsafe { result::malloc_host(size, 0) }
-            .ok()
-            .and_then(|p| NonNull::new(p.cast::<u8>()));
+        // Portable: pinned for every context of the process, not only the
+        // one current here (ranks on other devices read these blocks too,
+        // as the sources of host-staged and host-side transfers).
+        // SAFETY: a plain page-locked allocation.
+        let made =
+            unsafe { result::malloc_host(size, cudarc::driver::sys::CU_MEMHOSTALLOC_PORTABLE) }
+                .ok()
+                .and_then(|p| NonNull::new(p.cast::<u8>()));
         match made {
             Some(p) => Ok(Some(self.block(p, size))),
             // The OS would not lock more memory: pageable memory will do.

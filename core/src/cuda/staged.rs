@@ -416,7 +416,12 @@ impl Staged {
                 // SAFETY: the caller guarantees `ptr` holds `b.len()` bytes
                 // of device memory; `b` outlives the synchronize below.
                 unsafe { dres::memcpy_htod_async(ptr, b, e.stream.cu_stream()) }
-                    .on(e.rank, "cuMemcpyHtoDAsync")?;
+                    .on(e.rank, "cuMemcpyHtoDAsync")
+                    .map_err(|err| {
+                        err.with_context(|| {
+                            format!("host-staged transfer, {} bytes to {ptr:#x}", b.len())
+                        })
+                    })?;
             }
         }
         e.stream.synchronize().on(e.rank, "cuStreamSynchronize")

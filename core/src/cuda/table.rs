@@ -14,7 +14,7 @@
 use std::sync::Arc;
 
 use arrow_array::{ArrayRef, RecordBatch, make_array};
-use arrow_buffer::{BooleanBuffer, Buffer, NullBuffer};
+use arrow_buffer::{BooleanBuffer, Buffer, MutableBuffer, NullBuffer};
 use arrow_data::ArrayData;
 use arrow_schema::{DataType, SchemaRef};
 use cudarc::driver::result;
@@ -119,7 +119,12 @@ impl DeviceTable {
             }
         }
         let rows: usize = batches.iter().map(RecordBatch::num_rows).sum();
-        let mut stager = Stager::new(gpu)?;
+        let row_bytes: usize = schema
+            .fields()
+            .iter()
+            .map(|f| device_width(f.data_type()).unwrap_or(0) + usize::from(f.is_nullable()))
+            .sum();
+        let mut stager = Stager::new(gpu, rows.saturating_mul(row_bytes))?;
         let mut columns = Vec::with_capacity(schema.fields().len());
         for (ci, f) in schema.fields().iter().enumerate() {
             let dt = f.data_type();
@@ -151,8 +156,7 @@ impl DeviceTable {
                 let d = a.to_data();
                 if *dt == DataType::Boolean {
                     let bits = BooleanBuffer::new(d.buffers()[0].clone(), d.offset(), n);
-                    let bytes: Vec<u8> = bits.iter().map(u8::from).collect();
-                    stager.push(&data, at * w, &bytes)?;
+                    stager.push(&data, at * w, &bits_to_bytes(&bits))?;
                 } else {
                     let off = d.offset() * w;
                     let values = d
@@ -169,7 +173,7 @@ impl DeviceTable {
                 }
                 if let Some(v) = &valid {
                     let bytes: Vec<u8> = match a.logical_nulls() {
-                        Some(nb) => nb.iter().map(u8::from).collect(),
+                        Some(nb) => bits_to_bytes(nb.inner()),
                         None => vec![1; n],
                     };
                     stager.push(v, at, &bytes)?;
@@ -267,15 +271,9 @@ impl DeviceTable {
             let rank = c.data.gpu().rank();
             let dt = f.data_type().clone();
             let w = device_width(&dt).unwrap_or(0);
-            let nulls = valid.map(|v| {
-                let bytes = v.bytes(len);
-                // Packed 64 rows a word (collecting an iterator packs one
-                // bit at a time).
-                NullBuffer::new(BooleanBuffer::collect_bool(len, |i| bytes[i] != 0))
-            });
+            let nulls = valid.map(|v| NullBuffer::new(bytes_to_bits(v.bytes(len))));
             let values = if dt == DataType::Boolean {
-                let bytes = values.bytes(len);
-                BooleanBuffer::collect_bool(len, |i| bytes[i] != 0).into_inner()
+                bytes_to_bits(values.bytes(len)).into_inner()
             } else {
                 values.into_buffer(len * w)
             };
@@ -489,7 +487,8 @@ impl Landing {
     /// pool has room, else into pageable memory (done on return).
     fn start(buf: &DeviceBuffer, offset: usize, len: usize) -> Result<Landing, CudaError> {
         if len >= PINNED_FROM {
-            if let Some(block) = buf.gpu().pinned().take(len)? {
+            let gpu = buf.gpu();
+            if let Some(block) = gpu.pinned().take(gpu.rank(), len)? {
                 // SAFETY: the block holds at least `len` bytes, and it is
                 // neither read nor dropped before the stream is synchronised
                 // (`rows_to_batch` forgets it when that fails).
@@ -536,6 +535,63 @@ impl Landing {
     }
 }
 
+/// Eight bytes (0 = false, anything else true) to eight bits, byte `k` to
+/// bit `k`: each byte's bits are ORed into its lowest bit, and one
+/// multiplication gathers the eight lowest bits into the top byte.
+fn pack8(x: u64) -> u64 {
+    let mut t = x | (x >> 4);
+    t |= t >> 2;
+    t |= t >> 1;
+    (t & 0x0101_0101_0101_0101).wrapping_mul(0x0102_0408_1020_4080) >> 56
+}
+
+/// Eight bits to eight bytes of 0 or 1, bit `k` to byte `k`.
+fn spread8(b: u64) -> u64 {
+    let x = (b & 0xff).wrapping_mul(0x0101_0101_0101_0101) & 0x8040_2010_0804_0201;
+    // A byte holding its one bit (at most 0x80) plus 0x7f carries into
+    // its top bit exactly when it is not zero, and never into the next.
+    ((x + 0x7f7f_7f7f_7f7f_7f7f) >> 7) & 0x0101_0101_0101_0101
+}
+
+/// Validity or boolean bytes (the device form) as Arrow bits, 64 rows a
+/// word: about six times as fast as `BooleanBuffer::collect_bool` over
+/// the bytes (0.17 against 1.1 ns a row on the 2-core VM of 2026-11-27),
+/// which matters at seven validity columns of 100M rows.
+fn bytes_to_bits(bytes: &[u8]) -> BooleanBuffer {
+    let word = |c: &[u8; 64]| {
+        c.chunks_exact(8).enumerate().fold(0u64, |w, (k, b)| {
+            // Always 8 bytes (chunks_exact), so the default never shows.
+            let e: [u8; 8] = b.try_into().unwrap_or_default();
+            w | pack8(u64::from_le_bytes(e)) << (8 * k)
+        })
+    };
+    let mut out = MutableBuffer::new(bytes.len().div_ceil(64) * 8);
+    let mut chunks = bytes.chunks_exact(64);
+    for c in &mut chunks {
+        out.push(word(c.try_into().unwrap_or(&[0; 64])));
+    }
+    let rest = chunks.remainder();
+    if !rest.is_empty() {
+        let mut last = [0u8; 64];
+        last[..rest.len()].copy_from_slice(rest);
+        out.push(word(&last));
+    }
+    BooleanBuffer::new(out.into(), 0, bytes.len())
+}
+
+/// Arrow bits as bytes of 0 or 1 (the device form), 8 rows a step (0.15
+/// ns a row where iterating the bits took 0.8-0.9 on that VM).
+fn bits_to_bytes(bits: &BooleanBuffer) -> Vec<u8> {
+    let mut out: Vec<u8> = Vec::with_capacity(bits.len().div_ceil(64) * 64);
+    for w in bits.bit_chunks().iter_padded() {
+        for k in 0..8 {
+            out.extend_from_slice(&spread8(w >> (8 * k)).to_le_bytes());
+        }
+    }
+    out.truncate(bits.len());
+    out
+}
+
 /// Bytes of each pinned block [`Stager`] packs host chunks into.
 const STAGE_BYTES: usize = 8 << 20;
 
@@ -546,12 +602,15 @@ struct Stage {
     fill: usize,
     /// The device address byte 0 of the block goes to.
     dst: u64,
+    /// The allocation `dst` lies in: one copy never spans two, even
+    /// where two allocations happen to be adjacent (the driver refuses it).
+    alloc: u64,
     /// The copy that last read the block (waited for before refilling).
     busy: Option<GpuEvent>,
 }
 
 /// Host bytes to device memory through two pinned blocks in turn: bytes
-/// for consecutive device addresses gather in a block, which goes as one
+/// for consecutive addresses of one device buffer gather in a block, which goes as one
 /// asynchronous copy when it is full (or the next bytes go elsewhere), while
 /// the other block fills. Without pinned blocks each push is a pageable
 /// copy. Copies go on the `Gpu`'s stream; callers make it wait for the
@@ -563,14 +622,21 @@ struct Stager {
 }
 
 impl Stager {
-    fn new(gpu: &Arc<Gpu>) -> Result<Stager, CudaError> {
+    /// A stager for about `bytes` bytes in all: blocks of up to
+    /// [`STAGE_BYTES`], none (pageable copies) below [`PINNED_FROM`].
+    fn new(gpu: &Arc<Gpu>, bytes: usize) -> Result<Stager, CudaError> {
         let mut stages = Vec::new();
+        let block = bytes.min(STAGE_BYTES);
         for _ in 0..2 {
-            match gpu.pinned().take(STAGE_BYTES)? {
+            if bytes < PINNED_FROM {
+                break;
+            }
+            match gpu.pinned().take(gpu.rank(), block)? {
                 Some(b) => stages.push(Stage {
                     block: Some(b),
                     fill: 0,
                     dst: 0,
+                    alloc: 0,
                     busy: None,
                 }),
                 None => {
@@ -600,18 +666,28 @@ impl Stager {
             });
         }
         let mut addr = dst.ptr() + at as u64;
+        let alloc = dst.allocation().0;
         if self.stages.is_empty() {
+            self.gpu.bind()?;
             if !bytes.is_empty() {
                 // SAFETY: the range lies inside `dst` (checked above); the
                 // copy from pageable memory has read `bytes` on return.
                 unsafe { result::memcpy_htod_async(addr, bytes, self.gpu.stream().cu_stream()) }
-                    .map_err(|e| CudaError::driver(rank, "cuMemcpyHtoDAsync", e))?;
+                    .map_err(|e| {
+                        CudaError::driver(rank, "cuMemcpyHtoDAsync", e).with_context(|| {
+                            format!(
+                                "{} pageable bytes to byte {at} of a {}-byte device buffer",
+                                bytes.len(),
+                                dst.len()
+                            )
+                        })
+                    })?;
             }
             return Ok(());
         }
         while !bytes.is_empty() {
             let s = &mut self.stages[self.cur];
-            if s.fill > 0 && s.dst + s.fill as u64 != addr {
+            if s.fill > 0 && (s.alloc != alloc || s.dst + s.fill as u64 != addr) {
                 self.flush()?;
                 continue;
             }
@@ -620,6 +696,7 @@ impl Stager {
                     ev.synchronize(rank)?;
                 }
                 s.dst = addr;
+                s.alloc = alloc;
             }
             let Some(block) = s.block.as_mut() else {
                 return Err(CudaError::Invalid {
@@ -653,6 +730,8 @@ impl Stager {
         let Some(block) = s.block.as_ref() else {
             return Ok(());
         };
+        // The copy is for the stream's context, whatever this thread had.
+        self.gpu.bind()?;
         // SAFETY: the block holds `fill` packed bytes and is not refilled
         // or released before the copy's event (`busy`) completes; `dst` is
         // a checked range of a live device buffer.
@@ -665,7 +744,16 @@ impl Stager {
             )
         }
         .result()
-        .map_err(|e| CudaError::driver(rank, "cuMemcpyHtoDAsync", e))?;
+        .map_err(|e| {
+            CudaError::driver(rank, "cuMemcpyHtoDAsync", e).with_context(|| {
+                format!(
+                    "{} bytes of a {}-byte pinned staging block to device address {:#x}",
+                    s.fill,
+                    block.size(),
+                    s.dst
+                )
+            })
+        })?;
         s.busy = Some(self.gpu.record(&stream)?);
         s.fill = 0;
         self.cur = (self.cur + 1) % self.stages.len();
@@ -710,4 +798,46 @@ fn fill_region(
     let mut ones = DeviceBuffer::alloc(gpu, len)?;
     ones.fill(value)?;
     buf.copy_region(at, &ones, 0, len)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lcg(s: &mut u64) -> u64 {
+        *s = s
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        *s >> 33
+    }
+
+    #[test]
+    fn bits_and_bytes_convert_like_arrow() {
+        let mut s = 7u64;
+        // Any non-zero byte is true, not only 1.
+        let bytes: Vec<u8> = (0..5000)
+            .map(|_| match lcg(&mut s) % 4 {
+                0 => 0,
+                1 => 1,
+                _ => (lcg(&mut s) % 255 + 1) as u8,
+            })
+            .collect();
+        for len in [0usize, 1, 7, 8, 9, 63, 64, 65, 127, 1000, 5000] {
+            let b = &bytes[..len];
+            let bits = bytes_to_bits(b);
+            assert_eq!(
+                bits,
+                BooleanBuffer::collect_bool(len, |i| b[i] != 0),
+                "{len}"
+            );
+            let want: Vec<u8> = b.iter().map(|&x| u8::from(x != 0)).collect();
+            assert_eq!(bits_to_bytes(&bits), want, "{len}");
+            // At a bit offset inside a word, as sliced arrays have.
+            if len > 10 {
+                let sl = bits.slice(3, len - 10);
+                let want: Vec<u8> = sl.iter().map(u8::from).collect();
+                assert_eq!(bits_to_bytes(&sl), want, "{len} sliced");
+            }
+        }
+    }
 }
