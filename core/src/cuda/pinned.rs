@@ -108,10 +108,11 @@ impl PinnedPool {
         self.blocks.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// A block of at least `len` bytes: a free one of its size, else a new
-    /// one (free blocks of other sizes are released to make room); `None`
-    /// when that would take the pool past its cap, or the driver cannot
-    /// lock more memory.
+    /// A block of at least `len` bytes: a free one of its size; else, when
+    /// the pool is at its cap, the smallest larger free one; else a new one
+    /// (free blocks of other sizes are released to make room, since
+    /// page-locking is slow, only then). `None` when a new one would take
+    /// the pool past its cap, or the driver cannot lock more memory.
     /// `rank` is the asking rank, named in errors.
     pub fn take(
         self: &Arc<Self>,
@@ -127,6 +128,18 @@ impl PinnedPool {
             if let Some(p) = b.free.get_mut(&size).and_then(Vec::pop) {
                 b.free_bytes -= size;
                 return Ok(Some(self.block(p.0, size)));
+            }
+            if b.held + size > self.cap {
+                let larger = b
+                    .free
+                    .iter()
+                    .filter(|(s, v)| **s > size && !v.is_empty())
+                    .map(|(s, _)| *s)
+                    .min();
+                if let Some(p) = larger.and_then(|s| Some((s, b.free.get_mut(&s)?.pop()?))) {
+                    b.free_bytes -= p.0;
+                    return Ok(Some(self.block((p.1).0, p.0)));
+                }
             }
             if b.held - b.free_bytes + size > self.cap {
                 return Ok(None);

@@ -206,9 +206,13 @@ impl DeviceTable {
     }
 
     /// Copies rows `offset..offset + len` to a host batch (no device copy
-    /// first: each column's range is read directly, in one transfer into
-    /// fresh memory). Many rows at once and then `RecordBatch::slice` is
-    /// the cheap way to make many chunks: each transfer has a fixed cost.
+    /// first: each column's range is read directly, in one transfer). A
+    /// column of 64 KiB or more lands in a block of the device's pinned
+    /// pool, which then backs the Arrow array (back to the pool when the
+    /// array is dropped); smaller ones, or all once the pool is full, in
+    /// fresh pageable memory. Many rows at once and then
+    /// `RecordBatch::slice` is the cheap way to make many chunks: each
+    /// transfer has a fixed cost.
     pub fn rows_to_batch(&self, offset: usize, len: usize) -> Result<RecordBatch, CudaError> {
         if offset.checked_add(len).is_none_or(|e| e > self.rows) {
             return Err(CudaError::Invalid {
