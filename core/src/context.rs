@@ -172,16 +172,36 @@ fn ranks_on_host() -> usize {
 /// ranks it started on their host.
 pub const HOST_RANKS_ENV: &str = "BRAID_HOST_RANKS";
 
+/// How a rank's job ended, as told to what is torn down with it
+/// ([`Context::on_job_end`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JobEnd {
+    /// The job succeeded and the communicator shut down cleanly: every rank
+    /// has finished, so no peer can still be using what this rank shared.
+    Finished,
+    /// The job failed on this rank or another: peers may still be waiting
+    /// inside shared operations, so teardown must not wait for them.
+    Failed,
+}
+
+type JobEndHook = Box<dyn FnOnce(JobEnd) + Send>;
+
 struct Inner {
     comm: Arc<dyn Communicator>,
     op_ids: OpIdAllocator,
     resource: Arc<BufferResource>,
     progress: ProgressEngine,
+    job_end: std::sync::Mutex<Vec<JobEndHook>>,
 }
 
 impl Drop for Inner {
     fn drop(&mut self) {
         LIVE_RANKS.fetch_sub(1, Ordering::Relaxed);
+        // A context that no `run_world` ended: its job is over now.
+        let hooks = std::mem::take(self.job_end.get_mut().unwrap_or_else(|p| p.into_inner()));
+        for h in hooks {
+            h(JobEnd::Finished);
+        }
     }
 }
 
@@ -216,7 +236,34 @@ impl Context {
                 op_ids: OpIdAllocator::new(),
                 resource,
                 progress,
+                job_end: std::sync::Mutex::new(Vec::new()),
             }),
+        }
+    }
+
+    /// Registers `hook` to run once this rank's job has ended:
+    /// [`run_world`](crate::run_world) runs it after the communicator shut
+    /// down ([`JobEnd::Finished`]) or was aborted ([`JobEnd::Failed`]); a
+    /// context that nothing ends runs it with `Finished` when its last
+    /// clone is dropped. For resources whose teardown depends on the
+    /// peers: an NCCL communicator may only be destroyed once no peer can
+    /// still be inside an operation with it, and must be aborted instead
+    /// when the job failed (its drop, inside a failing job, comes before
+    /// the peers are told). A hook may block for a bounded time.
+    pub fn on_job_end(&self, hook: impl FnOnce(JobEnd) + Send + 'static) {
+        self.inner
+            .job_end
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(Box::new(hook));
+    }
+
+    /// Runs the hooks registered with [`Context::on_job_end`] (each once).
+    pub fn end_job(&self, end: JobEnd) {
+        let hooks =
+            std::mem::take(&mut *self.inner.job_end.lock().unwrap_or_else(|p| p.into_inner()));
+        for h in hooks {
+            h(end);
         }
     }
 

@@ -10,7 +10,7 @@ use crate::Rank;
 use crate::comm::local::LocalComm;
 use crate::comm::tcp::{TcpComm, TcpConfig};
 use crate::comm::{Backend, Communicator};
-use crate::context::{Context, ProgressEngine};
+use crate::context::{Context, JobEnd, ProgressEngine};
 use crate::error::CommError;
 use crate::graph::BoxError;
 use crate::memory::{BufferResource, MemoryLimits};
@@ -152,6 +152,7 @@ where
             let job = job.clone();
             let err_tx = err_tx.clone();
             let rank = comm.rank();
+            let ends = ctx.clone();
             handles.push(tokio::spawn(async move {
                 // A job that panics fails its rank like one that returns an
                 // error: the others are told (abort) instead of waiting for
@@ -181,6 +182,14 @@ where
                         Err(e)
                     }
                 };
+                // What waits for the job's end (device communicators) is
+                // torn down now, before the process may exit.
+                let end = if r.is_ok() {
+                    JobEnd::Finished
+                } else {
+                    JobEnd::Failed
+                };
+                let _ = tokio::task::spawn_blocking(move || ends.end_job(end)).await;
                 r.map_err(|source| {
                     let e = RankError { rank, source };
                     let _ = err_tx.send(RankError {

@@ -630,3 +630,50 @@ pub async fn mismatch(ctx: Context, case: u32, mode: NcclMode) -> R<()> {
         Ok(r) => r,
     }
 }
+
+/// A job that fails: cases 0-2 are [`mismatch`]'s (with blocking NCCL),
+/// case 3 a rank that returns an error after device collectives that
+/// worked, while the others wait in the next one. Used by the processes
+/// test that every rank then exits by itself, with an error, not a signal.
+pub async fn fail(ctx: Context, case: u32) -> R<()> {
+    if case < 3 {
+        return mismatch(ctx, case, NcclMode::Blocking).await;
+    }
+    let gpu = Gpu::for_rank(ctx.rank()).map_err(e)?;
+    let dc = DeviceComm::new(&ctx, gpu.clone()).await.map_err(e)?;
+    let me = ctx.rank();
+    let len = 1 << 16;
+    let src = DeviceBuffer::from_slice(&gpu, &vec![1i64; len]).map_err(e)?;
+    let sum = dev::allreduce(
+        &dc,
+        &src,
+        poisoned(&gpu, len * 8)?,
+        DType::I64,
+        ReduceKind::Sum,
+    )
+    .await
+    .map_err(e)?;
+    let got: Vec<i64> = sum.to_vec().map_err(e)?;
+    if got.iter().any(|&v| v != ctx.nranks() as i64) {
+        return Err(format!("rank {me}: allreduce gave a wrong sum"));
+    }
+    if me + 1 == ctx.nranks() {
+        return Err(format!(
+            "rank {me}: deliberate failure after a device allreduce"
+        ));
+    }
+    let fut = dev::allreduce(
+        &dc,
+        &src,
+        poisoned(&gpu, len * 8)?,
+        DType::I64,
+        ReduceKind::Sum,
+    );
+    match tokio::time::timeout(Duration::from_secs(60), fut).await {
+        Err(_) => Err("timed out: the allreduce without the failed rank hung".into()),
+        Ok(Ok(_)) => Err(format!(
+            "rank {me}: an allreduce without the failed rank succeeded"
+        )),
+        Ok(Err(err)) => Err(format!("rank {me}: {err}")),
+    }
+}

@@ -103,6 +103,73 @@ fn mismatches_fail_every_rank() {
     }
 }
 
+/// A GPU job that fails, as tcp processes: mismatched device collectives
+/// (cases 0-2) or one rank's error after collectives that worked (case 3).
+/// Every rank must exit by itself within a bound, with the worker's error
+/// status (3) and an error on stderr: not hang, and not die of a signal on
+/// the way out while the device communicator is torn down.
+#[test]
+fn failing_processes_exit_with_an_error() {
+    use std::io::Read;
+    use std::process::{Command, Stdio};
+    for n in counts().into_iter().filter(|&n| n >= 2) {
+        for case in 0..4u32 {
+            let port = std::net::TcpListener::bind("127.0.0.1:0")
+                .and_then(|l| l.local_addr())
+                .expect("port")
+                .port();
+            let root = format!("127.0.0.1:{port}");
+            let t = Instant::now();
+            let mut ranks = Vec::new();
+            for r in 0..n {
+                let mut c = Command::new(worker())
+                    .args(["gpu-fail", &case.to_string()])
+                    .env("BRAID_RANK", r.to_string())
+                    .env("BRAID_NRANKS", n.to_string())
+                    .env("BRAID_ROOT", &root)
+                    .env("BRAID_TOKEN", "gpu-fail-test")
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::piped())
+                    .spawn()
+                    .expect("spawn");
+                let mut pipe = c.stderr.take().expect("stderr");
+                let reader = std::thread::spawn(move || {
+                    let mut s = String::new();
+                    let _ = pipe.read_to_string(&mut s);
+                    s
+                });
+                ranks.push((c, reader));
+            }
+            for (r, (mut c, reader)) in ranks.into_iter().enumerate() {
+                let status = loop {
+                    if let Some(s) = c.try_wait().expect("try_wait") {
+                        break s;
+                    }
+                    if t.elapsed() > Duration::from_secs(120) {
+                        let _ = c.kill();
+                        panic!("case {case}, {n} ranks: rank {r} still running after 120 s");
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                };
+                let err = reader.join().unwrap_or_default();
+                assert_eq!(
+                    status.code(),
+                    Some(3),
+                    "case {case}, {n} ranks: rank {r} ended with {status}; stderr: {err}"
+                );
+                assert!(
+                    err.contains("error: "),
+                    "case {case}, {n} ranks: rank {r} printed no error: {err}"
+                );
+            }
+            eprintln!(
+                "gpu-fail case {case}, {n} ranks: every rank exited 3 in {:?}",
+                t.elapsed()
+            );
+        }
+    }
+}
+
 #[test]
 fn shuffle_spills_over_the_device_limit() {
     for n in counts() {

@@ -264,3 +264,44 @@ fn a_panicking_rank_job_fails_the_local_world() {
         );
     }
 }
+
+/// Hooks registered with `Context::on_job_end` run once on every rank,
+/// after the job: with `Finished` when every rank succeeded, with `Failed`
+/// on every rank when one failed (a device communicator is destroyed in
+/// the first case and aborted in the second).
+#[test]
+fn job_end_hooks_run_once_with_the_outcome() {
+    use braid_core::JobEnd;
+    use std::sync::Mutex;
+    for n in RANK_COUNTS {
+        for failing in [None, Some(0), Some(n - 1)] {
+            let seen = Arc::new(Mutex::new(Vec::new()));
+            let s = seen.clone();
+            let res = braid_core::run_world(
+                &WorldSpec::Local { nranks: n },
+                MemoryLimits::UNLIMITED,
+                move |ctx| {
+                    let s = s.clone();
+                    async move {
+                        let r = ctx.rank();
+                        ctx.on_job_end(move |end| s.lock().unwrap().push((r, end)));
+                        if failing == Some(r) {
+                            return Err("deliberate failure".into());
+                        }
+                        Ok(())
+                    }
+                },
+            );
+            assert_eq!(res.is_err(), failing.is_some(), "{n} ranks, {failing:?}");
+            let mut got = seen.lock().unwrap().clone();
+            got.sort_by_key(|&(r, _)| r);
+            let end = if failing.is_some() {
+                JobEnd::Failed
+            } else {
+                JobEnd::Finished
+            };
+            let want: Vec<(u32, JobEnd)> = (0..n).map(|r| (r, end)).collect();
+            assert_eq!(got, want, "{n} ranks, failing rank {failing:?}");
+        }
+    }
+}

@@ -50,7 +50,7 @@ use super::error::CudaError;
 use super::solo::Solo;
 use super::staged::{Env, Staged};
 use crate::comm::Communicator;
-use crate::context::Context;
+use crate::context::{Context, JobEnd};
 use crate::tag::Tag;
 use crate::{Buffer, Rank};
 
@@ -449,8 +449,7 @@ struct Shared {
     nranks: u32,
     transport: Transport,
     gpu: Arc<Gpu>,
-    thread: Mutex<Option<std::thread::Thread>>,
-    exited: Mutex<Option<mpsc::Receiver<()>>>,
+    teardown: Arc<Teardown>,
     /// Set by `abort`: a call waiting for NCCL gives up.
     flag: Arc<AtomicBool>,
 }
@@ -460,6 +459,50 @@ impl Shared {
         if let Some(tx) = self.tx.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
             let _ = tx.send(m);
         }
+        self.teardown.unpark();
+    }
+}
+
+/// When the communicator may go, and how. The last handle's drop comes
+/// inside the rank's job: in a failing job, before `run_world` has told
+/// the peers, who may still wait inside an operation with this rank.
+/// `ncclCommDestroy` then blocks (2026-11-27: 10 s, then the process
+/// exited with the NCCL thread still inside it and died of SIGSEGV). So a
+/// closed NCCL communicator waits for the job's end
+/// ([`Context::on_job_end`]): destroyed when the job finished (no peer can
+/// still use it), aborted when it failed or the host communicator fails.
+///
+/// ```text
+///   last handle dropped ──▶ closed ─┐
+///                                   ├─▶ thread: Finished → destroy, Failed → abort ─▶ exited
+///   job end (run_world) ──▶ end ────┘
+///   whichever of the two comes second waits (at most EXIT_WAIT) for `exited`
+/// ```
+///
+/// Host-staged and solo transports own no NCCL communicator: their thread
+/// exits as soon as it is closed, and the drop waits for it.
+struct Teardown {
+    state: Mutex<TeardownState>,
+    exited: std::sync::Condvar,
+    thread: Mutex<Option<std::thread::Thread>>,
+}
+
+#[derive(Default)]
+struct TeardownState {
+    /// How the job ended, once known.
+    end: Option<JobEnd>,
+    /// Every handle is gone.
+    closed: bool,
+    /// The thread has finished (the communicator is gone).
+    exited: bool,
+}
+
+impl Teardown {
+    fn lock(&self) -> std::sync::MutexGuard<'_, TeardownState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn unpark(&self) {
         if let Some(t) = self
             .thread
             .lock()
@@ -469,38 +512,59 @@ impl Shared {
             t.unpark();
         }
     }
+
+    /// How the job ended, if known yet.
+    fn end(&self) -> Option<JobEnd> {
+        self.lock().end
+    }
+
+    /// Marks the thread finished and wakes every waiter.
+    fn set_exited(&self) {
+        self.lock().exited = true;
+        self.exited.notify_all();
+    }
+
+    /// Waits (at most `EXIT_WAIT`) for the thread to finish; never from
+    /// the thread itself (a completion callback may hold the last handle).
+    fn wait_exit(&self, rank: Rank) {
+        let on_thread = self
+            .thread
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .is_some_and(|t| t.id() == std::thread::current().id());
+        if on_thread {
+            return;
+        }
+        self.unpark();
+        let st = self.lock();
+        let (st, timeout) = self
+            .exited
+            .wait_timeout_while(st, EXIT_WAIT, |s| !s.exited)
+            .unwrap_or_else(|p| p.into_inner());
+        drop(st);
+        if timeout.timed_out() {
+            tracing::warn!(rank, "NCCL thread did not exit in {EXIT_WAIT:?}");
+        }
+    }
 }
 
 impl Drop for Shared {
-    /// The last handle is gone: close the channel and wait (at most
-    /// `EXIT_WAIT`) for the thread to finish its work and destroy the
-    /// communicator, so that no NCCL or CUDA call runs while the process
-    /// exits.
+    /// The last handle is gone: close the channel. A communicator with
+    /// nothing to tear down across ranks (host-staged, solo), or whose
+    /// job's end is known, is waited for here (at most `EXIT_WAIT`), so
+    /// that no NCCL or CUDA call runs while the process exits; otherwise
+    /// the job's end waits for it ([`Teardown`]).
     fn drop(&mut self) {
         self.tx.get_mut().unwrap_or_else(|p| p.into_inner()).take();
-        let exited = self
-            .exited
-            .get_mut()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
-        if let Some(t) = self
-            .thread
-            .get_mut()
-            .unwrap_or_else(|p| p.into_inner())
-            .as_ref()
-        {
-            if t.id() == std::thread::current().id() {
-                return;
-            }
-            t.unpark();
-        }
-        if let Some(rx) = exited {
-            if rx.recv_timeout(EXIT_WAIT).is_err() {
-                tracing::warn!(
-                    rank = self.rank,
-                    "NCCL thread did not exit in {EXIT_WAIT:?}"
-                );
-            }
+        let wait = {
+            let mut st = self.teardown.lock();
+            st.closed = true;
+            st.end.is_some() || self.transport != Transport::Nccl
+        };
+        self.teardown.unpark();
+        if wait {
+            self.teardown.wait_exit(self.rank);
         }
     }
 }
@@ -657,7 +721,11 @@ impl NcclComm {
         };
 
         let (tx, rx) = mpsc::channel();
-        let (exited_tx, exited_rx) = mpsc::channel::<()>();
+        let teardown = Arc::new(Teardown {
+            state: Mutex::new(TeardownState::default()),
+            exited: std::sync::Condvar::new(),
+            thread: Mutex::new(None),
+        });
         let flag = Arc::new(AtomicBool::new(false));
         let shared = Arc::new(Shared {
             tx: Mutex::new(Some(tx)),
@@ -666,24 +734,46 @@ impl NcclComm {
             nranks,
             transport,
             gpu: gpu.clone(),
-            thread: Mutex::new(None),
-            exited: Mutex::new(Some(exited_rx)),
+            teardown: teardown.clone(),
             flag: flag.clone(),
         });
         let (init_tx, init_rx) = oneshot::channel();
         let host = comm.clone();
         let thread_flag = flag.clone();
+        let thread_td = teardown.clone();
         let handle = std::thread::Builder::new()
             .name(format!("braid-nccl-{rank}"))
             .spawn(move || {
-                serve(gpu, rank, nranks, link, rx, host, init_tx, thread_flag);
-                let _ = exited_tx.send(());
+                serve(
+                    gpu,
+                    rank,
+                    nranks,
+                    link,
+                    rx,
+                    host,
+                    init_tx,
+                    thread_flag,
+                    &thread_td,
+                );
+                thread_td.set_exited();
             })
             .map_err(|e| CudaError::Invalid {
                 rank,
                 detail: format!("cannot start the NCCL thread: {e}"),
             })?;
-        *shared.thread.lock().unwrap_or_else(|p| p.into_inner()) = Some(handle.thread().clone());
+        *teardown.thread.lock().unwrap_or_else(|p| p.into_inner()) = Some(handle.thread().clone());
+        let hook_td = teardown.clone();
+        ctx.on_job_end(move |end| {
+            let wait = {
+                let mut st = hook_td.lock();
+                st.end = Some(end);
+                st.closed
+            };
+            hook_td.unpark();
+            if wait {
+                hook_td.wait_exit(rank);
+            }
+        });
         // Wait for ncclCommInitRank, watching the host communicator: a rank
         // that died before joining would otherwise leave us waiting.
         let mut init_rx = init_rx;
@@ -845,6 +935,7 @@ fn serve(
     host: Arc<dyn Communicator>,
     init: oneshot::Sender<Result<(), CudaError>>,
     flag: Arc<AtomicBool>,
+    teardown: &Teardown,
 ) {
     let watch = Watch {
         flag: &flag,
@@ -954,7 +1045,11 @@ fn serve(
             }
             last_activity = Instant::now();
         }
-        // 2. Failure checks while work is pending.
+        // 2. Failure checks while work is pending; a job that failed while
+        //    a handle still lives aborts too.
+        if aborted.is_none() && teardown.end() == Some(JobEnd::Failed) {
+            aborted = Some("the rank's job failed".into());
+        }
         if aborted.is_none() && !pending.is_empty() && last_check.elapsed() >= CHECK_EVERY {
             last_check = Instant::now();
             if let Some(e) = host.failure() {
@@ -1088,11 +1183,30 @@ fn serve(
             break;
         }
     }
-    if !comm.is_null() {
-        // SAFETY: no work is pending; destroy frees the communicator.
-        unsafe {
-            let _ = nsys::ncclCommDestroy(comm);
+    if comm.is_null() {
+        return;
+    }
+    // Closed with no work pending: destroy once the job finished (every
+    // peer is done with the communicator), abort if it failed or the host
+    // communicator fails meanwhile (a peer may be waiting for this rank
+    // inside an operation, and destroy would wait for it).
+    let end = loop {
+        if let Some(end) = teardown.end() {
+            break end;
         }
+        if host.failure().is_some() {
+            break JobEnd::Failed;
+        }
+        std::thread::park_timeout(Duration::from_millis(10));
+    };
+    tracing::debug!(rank, ?end, "tearing the NCCL communicator down");
+    // SAFETY: no work is pending; destroy and abort both free the
+    // communicator, abort without waiting for peers.
+    unsafe {
+        let _ = match end {
+            JobEnd::Finished => nsys::ncclCommDestroy(comm),
+            JobEnd::Failed => nsys::ncclCommAbort(comm),
+        };
     }
 }
 

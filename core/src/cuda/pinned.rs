@@ -81,10 +81,16 @@ impl PinnedPool {
         if let Some(p) = pools.iter().find(|p| p.ctx.ordinal() == ctx.ordinal()) {
             return p.clone();
         }
-        let cap = std::env::var(CAP_VAR)
-            .ok()
-            .and_then(|v| v.trim().parse::<usize>().ok())
-            .unwrap_or(DEFAULT_CAP);
+        let cap = match std::env::var(CAP_VAR) {
+            Err(_) => DEFAULT_CAP,
+            Ok(v) => v.trim().parse::<usize>().unwrap_or_else(|_| {
+                tracing::warn!(
+                    "{CAP_VAR}={v:?} ignored: expected a number of bytes; \
+                     the pinned pool keeps its default cap of {DEFAULT_CAP} bytes"
+                );
+                DEFAULT_CAP
+            }),
+        };
         let pool = Arc::new(PinnedPool {
             ctx: ctx.clone(),
             blocks: Mutex::new(Blocks::default()),

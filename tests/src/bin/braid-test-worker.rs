@@ -7,6 +7,8 @@
 //!   it; prints `big ok BYTES`.
 //! - `coll SEED`: the collective suite; prints `coll ok CHECKS`.
 //! - `gpu SEED` (feature `cuda`): the device suite; prints `gpu ok CHECKS`.
+//! - `gpu-fail CASE` (feature `cuda`): a GPU job that fails (mismatched
+//!   calls, or one rank's error after device collectives); exits 3.
 //! - `wait`: prints `ready PID`, then waits for a message that never comes; the
 //!   test kills a rank and expects the others to fail naming it.
 
@@ -60,6 +62,8 @@ fn main() -> ExitCode {
                     let line = braid_tests::gpu_suite::run(ctx.clone(), arg).await?;
                     println!("{line}");
                 }
+                #[cfg(feature = "cuda")]
+                "gpu-fail" => braid_tests::gpu_suite::fail(ctx.clone(), arg as u32).await?,
                 "skip" => {
                     // The last rank leaves without the AllReduce the others
                     // make (arg 0) or without the message rank 0 waits for
