@@ -638,19 +638,41 @@ async fn emit(
     output: &mut Sender,
 ) -> Result<(), NodeError> {
     let base = u64::from(dc.rank()) << ORIGIN_ROW_BITS;
+    // Slabs: whole input chunks, up to EMIT_SLAB_ROWS rows each (one
+    // chunk at least).
+    struct Slab {
+        at: usize,
+        rows: usize,
+        chunks: Vec<RecordBatch>,
+    }
+    let mut slabs: Vec<Slab> = Vec::new();
     let mut at = 0;
-    let mut seq = 0u64;
-    let mut chunks = host.into_iter().peekable();
-    while chunks.peek().is_some() {
-        let mut slab = Vec::new();
-        let mut n = 0;
-        while let Some(b) =
-            chunks.next_if(|b| slab.is_empty() || n + b.num_rows() <= EMIT_SLAB_ROWS)
-        {
-            n += b.num_rows();
-            slab.push(b);
+    for b in host {
+        let n = b.num_rows();
+        match slabs.last_mut() {
+            Some(s) if s.rows + n <= EMIT_SLAB_ROWS => {
+                s.rows += n;
+                s.chunks.push(b);
+            }
+            _ => slabs.push(Slab {
+                at,
+                rows: n,
+                chunks: vec![b],
+            }),
         }
-        let aggs = home.rows_to_batch(at, n).map_err(fail)?;
+        at += n;
+    }
+    // The next slab's copies are enqueued before this one is finished, so
+    // they run while the host checks, slices and sends this one.
+    let start = |s: &Slab| home.start_rows(s.at, s.rows).map_err(fail);
+    let mut next = slabs.first().map(start).transpose()?;
+    let mut seq = 0u64;
+    for i in 0..slabs.len() {
+        let Some(cur) = next.take() else { break };
+        next = slabs.get(i + 1).map(start).transpose()?;
+        let at = slabs[i].at;
+        let slab = std::mem::take(&mut slabs[i].chunks);
+        let aggs = cur.finish().map_err(fail)?;
         let origins = aggs
             .column(0)
             .as_any()
@@ -680,7 +702,6 @@ async fn emit(
             output.send(Message::new(seq, Payload::from(out))).await?;
             seq += 1;
         }
-        at += n;
     }
     Ok(())
 }

@@ -798,14 +798,46 @@ fn device_table_from_many_batches_round_trips() {
         assert_eq!(t.num_rows(), rows);
         // Slabs of odd sizes, small and large, held until all are checked
         // (as downstream nodes hold their chunks).
+        // Every other step starts two slabs' copies at once and finishes
+        // the second first (as the job's emit overlaps them); one in
+        // flight is dropped unfinished now and then.
         let mut held = Vec::new();
         let mut at = 0;
+        let mut step = 0;
         while at < rows {
             let len = (g.below(1_500_000) as usize + 1).min(rows - at);
-            let slab = t.rows_to_batch(at, len).unwrap();
-            assert_eq!(slab, all.slice(at, len), "{what}: rows {at}..{}", at + len);
-            held.push(slab);
-            at += len;
+            step += 1;
+            if step % 2 == 0 && at + len < rows {
+                let len2 = (g.below(1_500_000) as usize + 1).min(rows - at - len);
+                let a = t.start_rows(at, len).unwrap();
+                let b = t.start_rows(at + len, len2).unwrap();
+                if step % 6 == 0 {
+                    drop(t.start_rows(at, len).unwrap());
+                }
+                let (sa, sb) = (b.finish().unwrap(), a.finish().unwrap());
+                let (sa, sb) = (sb, sa);
+                assert_eq!(
+                    sa,
+                    all.slice(at, len),
+                    "{what}: rows {at}..{} in flight",
+                    at + len
+                );
+                let at2 = at + len;
+                assert_eq!(
+                    sb,
+                    all.slice(at2, len2),
+                    "{what}: rows {at2}..{} in flight",
+                    at2 + len2
+                );
+                held.push(sa);
+                held.push(sb);
+                at += len + len2;
+            } else {
+                let slab = t.rows_to_batch(at, len).unwrap();
+                assert_eq!(slab, all.slice(at, len), "{what}: rows {at}..{}", at + len);
+                held.push(slab);
+                at += len;
+            }
         }
     };
     check("pinned");
@@ -1070,4 +1102,22 @@ fn rolling_calendar_windows_match_cpu() {
             check_agg(a, b, &format!("{window:?} from {start}, {closed:?}"));
         }
     }
+}
+
+/// Asking for more device memory than the GPU has fails with an error
+/// that names the call, the size asked for and what the device has free;
+/// the GPU stays usable after it.
+#[test]
+fn too_large_a_device_buffer_is_a_clear_error() {
+    let Some(gpu) = gpu() else { return };
+    let err = match DeviceBuffer::alloc(&gpu, 1 << 50) {
+        Ok(_) => panic!("a 1 PiB device buffer was allocated"),
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        err.contains("cuMemAlloc") && err.contains("1048576.00 GiB asked") && err.contains("free"),
+        "unclear error: {err}"
+    );
+    let b = DeviceBuffer::from_slice(&gpu, &[1u64, 2, 3]).unwrap();
+    assert_eq!(b.to_vec::<u64>().unwrap(), vec![1, 2, 3]);
 }

@@ -283,7 +283,22 @@ impl Gpu {
                 // Out of memory: give the free list back and try once more.
                 self.trim();
                 // SAFETY: as above.
-                let ptr = unsafe { result::malloc_sync(size) }.on(self.rank, "cuMemAlloc")?;
+                let ptr = unsafe { result::malloc_sync(size) }
+                    .on(self.rank, "cuMemAlloc")
+                    .map_err(|e| {
+                        e.with_context(|| {
+                            let gib = |b: usize| b as f64 / (1u64 << 30) as f64;
+                            match result::mem_get_info() {
+                                Ok((free, total)) => format!(
+                                    "{:.2} GiB asked; {:.2} GiB of the device's {:.2} GiB free",
+                                    gib(size),
+                                    gib(free),
+                                    gib(total)
+                                ),
+                                Err(_) => format!("{:.2} GiB asked", gib(size)),
+                            }
+                        })
+                    })?;
                 Ok((ptr, size, Vec::new()))
             }
         }

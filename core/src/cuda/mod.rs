@@ -38,7 +38,7 @@ pub use nccl::{
     TRANSPORT_VAR, Transport,
 };
 pub use pinned::{PinnedBlock, PinnedPool};
-pub use table::{DeviceColumn, DeviceTable, device_width};
+pub use table::{DeviceColumn, DeviceTable, RowsInFlight, device_width};
 
 /// Re-export of cudarc, so that downstream crates use the same version.
 pub use cudarc;

@@ -214,9 +214,20 @@ impl DeviceTable {
     /// `RecordBatch::slice` is the cheap way to make many chunks: each
     /// transfer has a fixed cost.
     pub fn rows_to_batch(&self, offset: usize, len: usize) -> Result<RecordBatch, CudaError> {
+        self.start_rows(offset, len)?.finish()
+    }
+
+    /// [`DeviceTable::rows_to_batch`] in two steps: this one enqueues every
+    /// column's copy and returns; [`RowsInFlight::finish`] waits for them
+    /// and makes the batch. Starting the next rows before finishing these
+    /// overlaps their copies with the host's work on these (the copies into
+    /// pinned blocks are asynchronous; pageable ones complete here).
+    pub fn start_rows(&self, offset: usize, len: usize) -> Result<RowsInFlight, CudaError> {
+        let first = self.columns.first().map(|c| c.data.gpu().clone());
+        let rank = first.as_ref().map_or(0, |g| g.rank());
         if offset.checked_add(len).is_none_or(|e| e > self.rows) {
             return Err(CudaError::Invalid {
-                rank: self.columns.first().map_or(0, |c| c.data.gpu().rank()),
+                rank,
                 detail: format!(
                     "rows {offset}..{} of a {}-row device table",
                     offset.saturating_add(len),
@@ -248,54 +259,40 @@ impl DeviceTable {
                 }
             }
         }
-        // Waited for also when a later copy failed to start: the blocks
-        // must not go back to the pool while a copy writes them.
-        for (c, (values, valid)) in self.columns.iter().zip(&landed) {
-            if values.is_pinned() || valid.as_ref().is_some_and(Landing::is_pinned) {
-                let gpu = c.data.gpu();
-                if let Err(e) = gpu.stream().synchronize() {
-                    // Copies may still be writing the blocks: never hand
-                    // them back.
-                    std::mem::forget(landed);
-                    return Err(CudaError::driver(gpu.rank(), "cuStreamSynchronize", e));
-                }
-            }
-        }
-        if let Some(e) = failed {
-            return Err(e);
-        }
-        let mut arrays: Vec<ArrayRef> = Vec::with_capacity(self.columns.len());
-        for ((f, c), (values, valid)) in self
-            .schema
-            .fields()
+        let pinned = landed
             .iter()
-            .zip(self.columns.iter())
-            .zip(landed)
-        {
-            let rank = c.data.gpu().rank();
-            let dt = f.data_type().clone();
-            let w = device_width(&dt).unwrap_or(0);
-            let nulls = valid.map(|v| NullBuffer::new(bytes_to_bits(v.bytes(len))));
-            let values = if dt == DataType::Boolean {
-                bytes_to_bits(values.bytes(len)).into_inner()
-            } else {
-                values.into_buffer(len * w)
-            };
-            let data = ArrayData::builder(dt)
-                .len(len)
-                .add_buffer(values)
-                .nulls(nulls)
-                .build()
-                .map_err(|e| CudaError::Invalid {
-                    rank,
-                    detail: format!("column {:?} back to Arrow: {e}", f.name()),
-                })?;
-            arrays.push(make_array(data));
+            .any(|(v, n)| v.is_pinned() || n.as_ref().is_some_and(Landing::is_pinned));
+        // Every column lives on the first one's device and stream.
+        let done = match (&first, pinned) {
+            (Some(gpu), true) => Some(gpu.record(gpu.stream())),
+            _ => None,
+        };
+        let mut rows = RowsInFlight {
+            schema: self.schema.clone(),
+            len,
+            rank,
+            landed,
+            done: None,
+        };
+        match done {
+            Some(Ok(ev)) => rows.done = Some(ev),
+            Some(Err(e)) => {
+                // No event: wait for the stream here, or never hand the
+                // blocks back.
+                if let Some(gpu) = &first {
+                    if gpu.stream().synchronize().is_err() {
+                        rows.forget();
+                    }
+                }
+                return Err(e);
+            }
+            None => {}
         }
-        RecordBatch::try_new(self.schema.clone(), arrays).map_err(|e| CudaError::Invalid {
-            rank: self.columns.first().map_or(0, |c| c.data.gpu().rank()),
-            detail: format!("device table back to Arrow: {e}"),
-        })
+        match failed {
+            // Dropping `rows` waits for the copies that did start.
+            Some(e) => Err(e),
+            None => Ok(rows),
+        }
     }
 
     /// Rows `offset..offset + len` as a new table (device copies).
@@ -469,6 +466,89 @@ impl DeviceTable {
             .iter()
             .map(|c| c.data.len() + c.valid.as_ref().map_or(0, |v| v.len()))
             .sum()
+    }
+}
+
+/// Rows of a device table on their way to the host
+/// ([`DeviceTable::start_rows`]): every column's copy enqueued, the batch
+/// not made yet. Dropped unfinished, it waits for its copies (the pinned
+/// blocks they write must not go back to the pool before).
+pub struct RowsInFlight {
+    schema: SchemaRef,
+    len: usize,
+    rank: crate::Rank,
+    /// Per column: its values, and its validity bytes where it has them.
+    landed: Vec<(Landing, Option<Landing>)>,
+    /// Recorded after the copies into pinned blocks (none: no such copy).
+    done: Option<GpuEvent>,
+}
+
+impl RowsInFlight {
+    /// Rows in flight.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether no rows are in flight.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Leaks the blocks: copies may still be writing them.
+    fn forget(&mut self) {
+        std::mem::forget(std::mem::take(&mut self.landed));
+    }
+
+    /// Waits for the copies; on a failed wait the blocks are leaked, never
+    /// handed back.
+    fn wait(&mut self) -> Result<(), CudaError> {
+        if let Some(ev) = self.done.take() {
+            if let Err(e) = ev.synchronize(self.rank) {
+                self.forget();
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits for the copies and makes the batch: pinned blocks become the
+    /// Arrow buffers themselves, validity bytes become bitmaps.
+    pub fn finish(mut self) -> Result<RecordBatch, CudaError> {
+        self.wait()?;
+        let len = self.len;
+        let rank = self.rank;
+        let landed = std::mem::take(&mut self.landed);
+        let mut arrays: Vec<ArrayRef> = Vec::with_capacity(landed.len());
+        for (f, (values, valid)) in self.schema.fields().iter().zip(landed) {
+            let dt = f.data_type().clone();
+            let w = device_width(&dt).unwrap_or(0);
+            let nulls = valid.map(|v| NullBuffer::new(bytes_to_bits(v.bytes(len))));
+            let values = if dt == DataType::Boolean {
+                bytes_to_bits(values.bytes(len)).into_inner()
+            } else {
+                values.into_buffer(len * w)
+            };
+            let data = ArrayData::builder(dt)
+                .len(len)
+                .add_buffer(values)
+                .nulls(nulls)
+                .build()
+                .map_err(|e| CudaError::Invalid {
+                    rank,
+                    detail: format!("column {:?} back to Arrow: {e}", f.name()),
+                })?;
+            arrays.push(make_array(data));
+        }
+        RecordBatch::try_new(self.schema.clone(), arrays).map_err(|e| CudaError::Invalid {
+            rank,
+            detail: format!("device table back to Arrow: {e}"),
+        })
+    }
+}
+
+impl Drop for RowsInFlight {
+    fn drop(&mut self) {
+        let _ = self.wait();
     }
 }
 
