@@ -82,8 +82,9 @@ struct Cli {
     #[arg(long)]
     timestamp: bool,
     /// Where to compute: cpu, or gpu (needs a build with `--features
-    /// cuda`; one GPU per rank is the fast path: ranks beyond the host's
-    /// GPUs share them and move device data through host memory).
+    /// cuda`; one rank per GPU unless `--ranks` says otherwise: ranks
+    /// beyond the host's GPUs share them and move device data through host
+    /// memory, several times slower).
     #[arg(long, default_value = "cpu", value_parser = parse_device)]
     device: Device,
 }
@@ -460,9 +461,45 @@ fn has_ext(dir: &std::path::Path, ext: &str) -> bool {
         .unwrap_or(false)
 }
 
+/// `--device gpu` runs one rank per GPU unless `--ranks` is given: ranks
+/// beyond the host's GPUs share them and move device data through host
+/// memory (several times slower), so the default 4 ranks would be the slow
+/// path on a host with fewer GPUs. More ranks than GPUs, asked for, get a
+/// warning. (Not under MPI, where mpirun decides; and only where the ranks
+/// are started, not in each tcp rank process.)
+fn gpu_ranks(cli: &mut Cli, ranks_given: bool) {
+    #[cfg(feature = "cuda")]
+    if cli.device == Device::Gpu
+        && cli.job.backend != braid_core::Backend::Mpi
+        && std::env::var_os("BRAID_RANK").is_none()
+    {
+        let gpus = u32::try_from(braid_core::cuda::Gpu::count()).unwrap_or(u32::MAX);
+        if !ranks_given {
+            cli.job.ranks = gpus.max(1);
+        } else if gpus > 0 && cli.job.ranks > gpus {
+            tracing::warn!(
+                "{} ranks on {gpus} GPU(s): ranks that share a GPU move device data \
+                 through host memory (several times slower); one rank per GPU \
+                 (--ranks {gpus}, the default with --device gpu) is the fast path",
+                cli.job.ranks
+            );
+        }
+    }
+    #[cfg(not(feature = "cuda"))]
+    let _ = (cli, ranks_given);
+}
+
 fn main() -> ExitCode {
     init_tracing();
-    let cli = Cli::parse();
+    let matches = <Cli as clap::CommandFactory>::command().get_matches();
+    let mut cli = match <Cli as clap::FromArgMatches>::from_arg_matches(&matches) {
+        Ok(c) => c,
+        Err(e) => e.exit(),
+    };
+    let ranks_given = matches
+        .value_source("ranks")
+        .is_some_and(|s| s != clap::parser::ValueSource::DefaultValue);
+    gpu_ranks(&mut cli, ranks_given);
     // A failed job removes an output directory it created (still empty:
     // nothing is moved into it before every rank succeeded).
     let created = cli.output.clone().filter(|p| !p.exists());
