@@ -119,12 +119,7 @@ impl DeviceTable {
             }
         }
         let rows: usize = batches.iter().map(RecordBatch::num_rows).sum();
-        let row_bytes: usize = schema
-            .fields()
-            .iter()
-            .map(|f| device_width(f.data_type()).unwrap_or(0) + usize::from(f.is_nullable()))
-            .sum();
-        let mut stager = Stager::new(gpu, rows.saturating_mul(row_bytes))?;
+        // Each column's device buffers, and its width.
         let mut columns = Vec::with_capacity(schema.fields().len());
         for (ci, f) in schema.fields().iter().enumerate() {
             let dt = f.data_type();
@@ -141,7 +136,7 @@ impl DeviceTable {
                     .logical_nulls()
                     .is_some_and(|n| n.null_count() > 0)
             });
-            let mut valid = match any_nulls {
+            let valid = match any_nulls {
                 true => {
                     let v = DeviceBuffer::alloc(gpu, rows)?;
                     v.wait_writable(gpu.stream())?;
@@ -149,14 +144,57 @@ impl DeviceTable {
                 }
                 false => None,
             };
+            columns.push((data, valid, w));
+        }
+        // The pieces to copy, column by column, chunk by chunk: (column,
+        // chunk, first row, bytes). Consecutive pieces of one column land
+        // back to back, so a filler's share packs into full blocks.
+        let mut pieces = Vec::with_capacity(columns.len() * batches.len());
+        for (ci, (_, valid, w)) in columns.iter().enumerate() {
             let mut at = 0usize;
-            for b in batches {
+            for (bi, b) in batches.iter().enumerate() {
+                let n = b.num_rows();
+                pieces.push((ci, bi, at, n * (w + usize::from(valid.is_some()))));
+                at += n;
+            }
+        }
+        // Packing is a host memcpy (~10 GB/s a core) and the copies run at
+        // the link's speed (25-50 GB/s): large uploads are packed by up to
+        // FILLERS threads, each with its own stager, over contiguous shares
+        // of the pieces of about equal bytes.
+        let total: usize = pieces.iter().map(|p| p.3).sum();
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let fillers = (total / FILL_SHARE).clamp(1, FILLERS.min(cores));
+        let mut shares: Vec<&[(usize, usize, usize, usize)]> = Vec::with_capacity(fillers);
+        let mut rest = pieces.as_slice();
+        let mut left = total;
+        for k in (1..=fillers).rev() {
+            // Pieces until this share holds about an equal part of what is left.
+            let want = left / k;
+            let mut got = 0;
+            let mut cut = 0;
+            while cut < rest.len() && (got < want || k == 1) {
+                got += rest[cut].3;
+                cut += 1;
+            }
+            let (share, tail) = rest.split_at(cut);
+            shares.push(share);
+            rest = tail;
+            left -= got;
+        }
+        let fill = |share: &[(usize, usize, usize, usize)]| -> Result<(), CudaError> {
+            gpu.bind()?;
+            let bytes: usize = share.iter().map(|p| p.3).sum();
+            let mut stager = Stager::new(gpu, bytes)?;
+            for &(ci, bi, at, _) in share {
+                let (data, valid, w) = &columns[ci];
+                let (f, b) = (&schema.fields()[ci], &batches[bi]);
                 let a = b.column(ci);
                 let n = b.num_rows();
                 let d = a.to_data();
-                if *dt == DataType::Boolean {
+                if *f.data_type() == DataType::Boolean {
                     let bits = BooleanBuffer::new(d.buffers()[0].clone(), d.offset(), n);
-                    stager.push(&data, at * w, &bits_to_bytes(&bits))?;
+                    stager.push(data, at * w, &bits_to_bytes(&bits))?;
                 } else {
                     let off = d.offset() * w;
                     let values = d
@@ -169,23 +207,40 @@ impl DeviceTable {
                                 f.name()
                             ))
                         })?;
-                    stager.push(&data, at * w, values)?;
+                    stager.push(data, at * w, values)?;
                 }
-                if let Some(v) = &valid {
+                if let Some(v) = valid {
                     let bytes: Vec<u8> = match a.logical_nulls() {
                         Some(nb) => bits_to_bytes(nb.inner()),
                         None => vec![1; n],
                     };
                     stager.push(v, at, &bytes)?;
                 }
-                at += n;
             }
-            columns.push((data, valid.take()));
+            stager.finish()
+        };
+        if shares.len() <= 1 {
+            fill(shares.first().copied().unwrap_or(&[]))?;
+        } else {
+            let results: Vec<Result<(), CudaError>> = std::thread::scope(|sc| {
+                let handles: Vec<_> = shares
+                    .iter()
+                    .map(|share| sc.spawn(move || fill(share)))
+                    .collect();
+                handles
+                    .into_iter()
+                    .map(|h| {
+                        h.join().unwrap_or_else(|_| {
+                            Err(bad("a thread packing the upload panicked".into()))
+                        })
+                    })
+                    .collect()
+            });
+            results.into_iter().collect::<Result<Vec<()>, CudaError>>()?;
         }
-        stager.finish()?;
         let columns = columns
             .into_iter()
-            .map(|(mut data, mut valid)| {
+            .map(|(mut data, mut valid, _)| {
                 data.mark_complete();
                 if let Some(v) = &mut valid {
                     v.mark_complete();
@@ -678,6 +733,10 @@ fn bits_to_bytes(bits: &BooleanBuffer) -> Vec<u8> {
 
 /// Bytes of each pinned block [`Stager`] packs host chunks into.
 const STAGE_BYTES: usize = 8 << 20;
+/// Most threads that pack one upload ([`DeviceTable::from_batches`]).
+const FILLERS: usize = 4;
+/// Bytes of upload per packing thread, at least.
+const FILL_SHARE: usize = 16 << 20;
 
 /// A pinned block being filled, and the copy that last read it.
 struct Stage {
