@@ -613,7 +613,7 @@ pub async fn gpu_rolling_job_node(
     let home = to_origin(&dc, rolled, agg_fields, rows).await?;
     stats.record_op("gpu rolling: aggregates home", t.elapsed());
     let t = std::time::Instant::now();
-    emit(&dc, &home, host, &out_schema, &mut output).await?;
+    emit(&dc, &home, host, &out_schema, &mut output, &stats).await?;
     stats.record_op("gpu rolling: download and emit", t.elapsed());
     Ok(())
 }
@@ -636,6 +636,7 @@ async fn emit(
     host: Vec<RecordBatch>,
     out_schema: &SchemaRef,
     output: &mut Sender,
+    stats: &braid_core::Statistics,
 ) -> Result<(), NodeError> {
     let base = u64::from(dc.rank()) << ORIGIN_ROW_BITS;
     // Slabs: whole input chunks, up to EMIT_SLAB_ROWS rows each (one
@@ -664,7 +665,13 @@ async fn emit(
     }
     // The next slab's copies are enqueued before this one is finished, so
     // they run while the host checks, slices and sends this one.
-    let start = |s: &Slab| home.start_rows(s.at, s.rows).map_err(fail);
+    // Each step's time is in the statistics (per slab: count and total).
+    let start = |s: &Slab| {
+        let t = std::time::Instant::now();
+        let r = home.start_rows(s.at, s.rows).map_err(fail);
+        stats.record_op("gpu rolling: emit: start copies", t.elapsed());
+        r
+    };
     let mut next = slabs.first().map(start).transpose()?;
     let mut seq = 0u64;
     for i in 0..slabs.len() {
@@ -672,18 +679,32 @@ async fn emit(
         next = slabs.get(i + 1).map(start).transpose()?;
         let at = slabs[i].at;
         let slab = std::mem::take(&mut slabs[i].chunks);
+        let t = std::time::Instant::now();
         let aggs = cur.finish().map_err(fail)?;
+        stats.record_op("gpu rolling: emit: wait and to Arrow", t.elapsed());
+        let t = std::time::Instant::now();
         let origins = aggs
             .column(0)
             .as_any()
             .downcast_ref::<Int64Array>()
             .ok_or_else(|| fail(format!("rank {}: origin column is not i64", dc.rank())))?;
         let first = base + at as u64;
-        if let Some(i) = origins
+        // Branch-free over the slab (it vectorises: 0.2 s a 100M-row job
+        // as a search, 2026-11-27); the position only on a mismatch.
+        let mismatch = origins
             .values()
             .iter()
             .zip(first..)
-            .position(|(&o, want)| o as u64 != want)
+            .fold(0u64, |acc, (&o, want)| acc | (o as u64 ^ want));
+        if let Some(i) = (mismatch != 0)
+            .then(|| {
+                origins
+                    .values()
+                    .iter()
+                    .zip(first..)
+                    .position(|(&o, want)| o as u64 != want)
+            })
+            .flatten()
         {
             return Err(fail(format!(
                 "rank {}: row {} got the aggregates of origin {:#x}",
@@ -692,6 +713,8 @@ async fn emit(
                 origins.value(i)
             )));
         }
+        stats.record_op("gpu rolling: emit: origin check", t.elapsed());
+        let t = std::time::Instant::now();
         let mut off = 0;
         for b in slab {
             let len = b.num_rows();
@@ -702,6 +725,7 @@ async fn emit(
             output.send(Message::new(seq, Payload::from(out))).await?;
             seq += 1;
         }
+        stats.record_op("gpu rolling: emit: chunks sent", t.elapsed());
     }
     Ok(())
 }

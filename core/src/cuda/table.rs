@@ -236,7 +236,9 @@ impl DeviceTable {
                     })
                     .collect()
             });
-            results.into_iter().collect::<Result<Vec<()>, CudaError>>()?;
+            results
+                .into_iter()
+                .collect::<Result<Vec<()>, CudaError>>()?;
         }
         let columns = columns
             .into_iter()
