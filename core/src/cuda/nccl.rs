@@ -483,6 +483,9 @@ impl Shared {
 /// exits as soon as it is closed, and the drop waits for it.
 struct Teardown {
     state: Mutex<TeardownState>,
+    /// The job ended `Failed` (read by the serving loop at every turn,
+    /// without the lock).
+    failed: AtomicBool,
     exited: std::sync::Condvar,
     thread: Mutex<Option<std::thread::Thread>>,
 }
@@ -723,6 +726,7 @@ impl NcclComm {
         let (tx, rx) = mpsc::channel();
         let teardown = Arc::new(Teardown {
             state: Mutex::new(TeardownState::default()),
+            failed: AtomicBool::new(false),
             exited: std::sync::Condvar::new(),
             thread: Mutex::new(None),
         });
@@ -769,6 +773,9 @@ impl NcclComm {
                 st.end = Some(end);
                 st.closed
             };
+            if end == JobEnd::Failed {
+                hook_td.failed.store(true, Ordering::Release);
+            }
             hook_td.unpark();
             if wait {
                 hook_td.wait_exit(rank);
@@ -1047,7 +1054,7 @@ fn serve(
         }
         // 2. Failure checks while work is pending; a job that failed while
         //    a handle still lives aborts too.
-        if aborted.is_none() && teardown.end() == Some(JobEnd::Failed) {
+        if aborted.is_none() && teardown.failed.load(Ordering::Acquire) {
             aborted = Some("the rank's job failed".into());
         }
         if aborted.is_none() && !pending.is_empty() && last_check.elapsed() >= CHECK_EVERY {
