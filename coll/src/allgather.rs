@@ -12,6 +12,12 @@
 //! Cost per rank: (N-1) * (alpha + m * beta) sent and received, one step of
 //! latency; the same bytes as a ring with N-2 fewer steps. On the local
 //! backend the chunks are shared, not copied.
+//!
+//! One-shot: [`allgather()`] and [`allgather_parts`] (one array per rank,
+//! as `MPI_Allgatherv`) exchange one frame per peer in one step, and
+//! in-process ranks meet instead (`Communicator::meet`: a deposit and a
+//! take per rank, no messages, no copies). A one-shot call is not the
+//! streaming [`AllGather`]: ranks that mix the two fail with a mismatch.
 
 use std::sync::{Arc, Mutex};
 
@@ -20,8 +26,11 @@ use braid_kernels::{DType, Element};
 use futures::future::BoxFuture;
 
 use crate::error::{CollError, CollKind, Site};
-use crate::handle::{Callback, Handle, start_then};
-use crate::wire::{LAST, Meta, recv_streams_all, send_finish, send_framed, typed, vec_to_buffer};
+use crate::handle::{Callback, Handle, start, start_then, streaming};
+use crate::wire::{
+    Elements, LAST, Meta, exchange_framed, recv_streams_all, send_finish, send_framed,
+};
+use braid_core::comm::OfferData;
 
 /// How extracted chunks are ordered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -240,27 +249,83 @@ fn sorted(mut v: Vec<Gathered>, order: ExtractOrder) -> Vec<Gathered> {
     v
 }
 
+/// Starts a one-shot AllGather: every rank's `values` (counts may differ
+/// between ranks), one [`Elements`] per rank in rank order (this rank's
+/// own is `values`). Between in-process ranks nothing is copied.
+pub fn start_allgather_parts<T: Element>(
+    ctx: &Context,
+    values: impl Into<Elements<T>>,
+    callback: Option<Callback>,
+) -> Handle<Vec<Elements<T>>> {
+    let values: Elements<T> = values.into();
+    let site = Site::next(ctx, CollKind::AllGather);
+    let op = site.op;
+    let comm = ctx.comm().clone();
+    start(ctx, CollKind::AllGather, op, callback, async move {
+        let size = std::mem::size_of::<T>() as u64;
+        let meta = Meta::new(CollKind::AllGather, T::DTYPE).count(values.len() as u64);
+        let offer = OfferData::Same(values.buffer().clone());
+        let check = |p: Rank, f: &crate::wire::Framed| {
+            if f.meta.flags & LAST != 0 {
+                return Err(site.mismatch(
+                    p,
+                    format!("rank {p} is in a streaming AllGather, this rank in a one-shot one"),
+                ));
+            }
+            if f.meta.dtype != T::DTYPE {
+                return Err(site.mismatch(
+                    p,
+                    format!(
+                        "element type {} here, {} on rank {p}",
+                        T::DTYPE,
+                        f.meta.dtype
+                    ),
+                ));
+            }
+            if f.data.len() as u64 != f.meta.count.saturating_mul(size) {
+                return Err(site.mismatch(
+                    p,
+                    format!(
+                        "rank {p} announced {} elements and sent {} bytes",
+                        f.meta.count,
+                        f.data.len()
+                    ),
+                ));
+            }
+            Ok(())
+        };
+        let got = exchange_framed(comm.as_ref(), site, Tag::new(op, 0), meta, offer, check).await?;
+        let mut parts = Vec::with_capacity(got.len() + 1);
+        let mut own = Some(values);
+        for (p, f) in got {
+            if p > site.rank {
+                parts.extend(own.take());
+            }
+            parts.push(Elements::from_buffer(f.data));
+        }
+        parts.extend(own.take());
+        Ok(parts)
+    })
+}
+
+/// One-shot AllGather: every rank's `values`, one [`Elements`] per rank in
+/// rank order (see [`start_allgather_parts`]).
+pub async fn allgather_parts<T: Element>(
+    ctx: &Context,
+    values: impl Into<Elements<T>>,
+) -> Result<Vec<Elements<T>>, CollError> {
+    let values: Elements<T> = values.into();
+    let bytes = values.buffer().len();
+    streaming(ctx, bytes, |cb| start_allgather_parts(ctx, values, cb)).await
+}
+
 /// Gathers every rank's `values`, concatenated in rank order (ranks may
 /// contribute different counts).
 pub async fn allgather<T: Element>(ctx: &Context, values: Vec<T>) -> Result<Vec<T>, CollError> {
-    let ag = AllGather::with_dtype(ctx, T::DTYPE, None);
-    let site = ag.site;
-    ag.insert_last(
-        0,
-        PackedData {
-            metadata: Default::default(),
-            data: vec_to_buffer(values),
-        },
-    )?;
-    let parts = ag.extract(ExtractOrder::RankSeq).await?;
-    let mut out = braid_core::memory::large_vec(
-        parts.iter().map(|g| g.data.data.len()).sum::<usize>() / std::mem::size_of::<T>().max(1),
-    );
-    for g in parts {
-        let t = typed::<T>(&g.data.data).ok_or_else(|| {
-            site.mismatch(g.rank, "chunk length is not a whole number of elements")
-        })?;
-        out.extend_from_slice(&t);
+    let parts = allgather_parts(ctx, values).await?;
+    let mut out = braid_core::memory::large_vec(parts.iter().map(|p| p.len()).sum());
+    for p in &parts {
+        out.extend_from_slice(&p.as_slice());
     }
     Ok(out)
 }

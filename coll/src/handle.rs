@@ -8,12 +8,25 @@
 //!   wait(): blocks a thread on the event     streaming: awaits an Event
 //!                                            that the callback sets
 //! ```
+//!
+//! The streaming wrapper, on the engine's runtime, drives its core in its
+//! own task instead of spawning it: the same future, polled by the one
+//! task that waits for it. A spawned core costs a task (three allocations)
+//! and, for a rank that waits, two wake-ups in a row (the core's, when its
+//! messages come; then the waiter's, when the core completes); driven
+//! inline, one. Measured (`braid-bench coll`, 4 in-process ranks on 2
+//! workers, 8 B): Barrier, Broadcast and SendRecv 25-40% faster. If the
+//! waiter is dropped before the core completes, the core is handed to the
+//! engine, so a collective that peers are in still completes here.
 
+use std::cell::RefCell;
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
+use std::task::Poll;
 use std::time::Instant;
 
-use braid_core::{Context, Event, OpId};
+use braid_core::{Context, Event, OpId, Waiting};
 use futures::FutureExt as _;
 
 use crate::error::{CollError, CollKind};
@@ -156,7 +169,7 @@ where
         coll = coll.name(),
         op = op.0
     );
-    ctx.progress().spawn(tracing::Instrument::instrument(
+    let core = tracing::Instrument::instrument(
         async move {
             let t = Instant::now();
             // A panic (a user's reduction operator, say) still completes
@@ -185,12 +198,111 @@ where
             }
         },
         span,
-    ));
+    );
+    launch(ctx, Box::pin(core));
     Handle {
         inner,
         rank: ctx.rank(),
         coll,
         op,
+    }
+}
+
+/// A core's whole run: its protocol, then storing the result, the callback
+/// and the handle's event.
+type Core = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
+
+/// Where the next core started on this thread goes.
+enum Claim {
+    /// To the progress engine.
+    Spawn,
+    /// To the streaming wrapper that armed the claim (it drives it).
+    Wanted,
+    /// Taken for that wrapper.
+    Taken(Core),
+}
+
+thread_local! {
+    static CLAIM: RefCell<Claim> = const { RefCell::new(Claim::Spawn) };
+}
+
+/// Hands a started core to the streaming wrapper that claimed it, or else
+/// to the progress engine.
+fn launch(ctx: &Context, core: Core) {
+    let spawn = CLAIM.with(|c| {
+        let mut c = c.borrow_mut();
+        if let Claim::Wanted = *c {
+            *c = Claim::Taken(core);
+            None
+        } else {
+            Some(core)
+        }
+    });
+    if let Some(core) = spawn {
+        ctx.progress().spawn(core);
+    }
+}
+
+/// Calls `start` with a claim armed on this thread: returns its handle and
+/// the first core it started (none if it started none).
+fn claim<T>(start: impl FnOnce() -> Handle<T>) -> (Handle<T>, Option<Core>) {
+    /// Disarms the claim however `start` returns (a panic included).
+    struct Disarm;
+    impl Drop for Disarm {
+        fn drop(&mut self) {
+            CLAIM.with(|c| *c.borrow_mut() = Claim::Spawn);
+        }
+    }
+    CLAIM.with(|c| *c.borrow_mut() = Claim::Wanted);
+    let disarm = Disarm;
+    let h = start();
+    let got = CLAIM.with(|c| std::mem::replace(&mut *c.borrow_mut(), Claim::Spawn));
+    drop(disarm);
+    match got {
+        Claim::Taken(core) => (h, Some(core)),
+        Claim::Spawn | Claim::Wanted => (h, None),
+    }
+}
+
+/// A core driven by the task that waits for it. Dropped unfinished (its
+/// waiter was cancelled), it goes to the progress engine and completes
+/// there: peers may be inside the same collective.
+struct Driven {
+    core: Option<Core>,
+    progress: braid_core::ProgressEngine,
+}
+
+impl Drop for Driven {
+    fn drop(&mut self) {
+        if let Some(core) = self.core.take() {
+            self.progress.spawn(core);
+        }
+    }
+}
+
+impl Driven {
+    /// Polls the core to completion; while it waits, polls again after
+    /// letting other tasks run (yielding) as `waiting` says, then sleeps
+    /// until what the core awaits wakes it.
+    async fn run(mut self, waiting: Waiting) {
+        let t = Instant::now();
+        std::future::poll_fn(|cx| {
+            let Some(core) = self.core.as_mut() else {
+                return Poll::Ready(());
+            };
+            if core.as_mut().poll(cx).is_ready() {
+                self.core = None;
+                return Poll::Ready(());
+            }
+            if let Waiting::Poll(limit) = waiting {
+                if t.elapsed() < limit {
+                    // Rescheduled behind the runnable tasks: a yield.
+                    cx.waker().wake_by_ref();
+                }
+            }
+            Poll::Pending
+        })
+        .await
     }
 }
 
@@ -314,18 +426,33 @@ pub(crate) async fn streaming_spin<T: Send + 'static>(
     h.take()
 }
 
-/// The streaming form of a collective: starts its core with a callback that
-/// sets an `Event`, awaits the event (as the context's progress engine
-/// says to wait for an operation on `bytes` of this rank's data: see
-/// `braid_core::Waiting`), returns the result.
+/// The streaming form of a collective: starts its core and awaits the event
+/// that its completion sets (as the context's progress engine says to wait
+/// for an operation on `bytes` of this rank's data: see
+/// `braid_core::Waiting`), returns the result. On the engine's runtime the
+/// core is driven by this task (see the module doc).
 pub(crate) async fn streaming<T: Send + 'static>(
     ctx: &Context,
     bytes: usize,
     start: impl FnOnce(Option<Callback>) -> Handle<T>,
 ) -> Result<T, CollError> {
-    let ev = Event::new();
-    let e2 = ev.clone();
-    let h = start(Some(Box::new(move || e2.set())));
-    ctx.progress().wait(&ev, bytes).await;
+    let progress = ctx.progress();
+    let (h, core) = if progress.is_current() {
+        claim(|| start(None))
+    } else {
+        (start(None), None)
+    };
+    if let Some(core) = core {
+        let driven = Driven {
+            core: Some(core),
+            progress: progress.clone(),
+        };
+        driven.run(progress.waiting(bytes)).await;
+    }
+    // Set already when the core was driven here (unless `start` started
+    // another core after it).
+    if !h.inner.done.is_set() {
+        progress.wait(&h.inner.done, bytes).await;
+    }
     h.take()
 }

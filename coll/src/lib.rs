@@ -3,14 +3,16 @@
 //! Each collective is one non-streaming core, started with `start_*` (or an
 //! object's constructor) and an optional completion callback, driven by the
 //! context's progress engine, and waited on with `Handle::wait`; the async
-//! function of the same name is the thin streaming wrapper that awaits an
-//! `Event` set by that callback.
+//! function of the same name is the thin streaming wrapper that awaits the
+//! `Event` its core sets on completion (on the engine's runtime it polls
+//! that same core in its own task instead of spawning it: one wake-up per
+//! wait instead of two; see the `handle` module).
 //!
 //! | collective | algorithm | steps |
 //! |---|---|---|
 //! | [`barrier()`] | dissemination (in-process ranks: one meeting) | ceil(log2 N) |
 //! | [`broadcast()`] | binomial tree (in-process ranks: one meeting) | ceil(log2 N) |
-//! | [`AllGather`] / [`allgather()`] | direct, streaming inserts | 1 |
+//! | [`AllGather`] / [`allgather()`] | direct, streaming inserts (one-shot: one meeting in-process) | 1 |
 //! | [`allreduce()`] | direct reduce-scatter + allgather | 2 |
 //! | [`reduce_scatter`] | direct | 1 |
 //! | [`alltoall()`] / [`alltoallv`] | pairwise direct (in-process ranks: one meeting) | 1 |
@@ -43,7 +45,9 @@ mod wire;
 
 pub use wire::Elements;
 
-pub use allgather::{AllGather, ExtractOrder, Gathered, allgather};
+pub use allgather::{
+    AllGather, ExtractOrder, Gathered, allgather, allgather_parts, start_allgather_parts,
+};
 pub use allreduce::{
     ReduceOp, allreduce, allreduce_parts, reduce_scatter, start_allreduce, start_allreduce_parts,
     start_reduce_scatter,

@@ -19,16 +19,28 @@ use crate::tag::{OpId, OpIdAllocator};
 /// Drives the non-streaming cores of collectives: each core is a task of
 /// this engine that advances its protocol as messages arrive, then runs the
 /// core's completion callback. It is a handle to the rank's tokio runtime,
-/// so a core makes progress whether or not anyone is waiting on it.
+/// so a core makes progress whether or not anyone is waiting on it. (A
+/// task of this runtime that waits for a core may drive it itself
+/// instead, handing it to the engine if it stops waiting: see
+/// [`ProgressEngine::is_current`].)
 #[derive(Debug, Clone)]
 pub struct ProgressEngine {
     handle: tokio::runtime::Handle,
+    id: tokio::runtime::Id,
 }
 
 impl ProgressEngine {
     /// An engine running on `handle`'s runtime.
     pub fn new(handle: tokio::runtime::Handle) -> Self {
-        ProgressEngine { handle }
+        let id = handle.id();
+        ProgressEngine { handle, id }
+    }
+
+    /// Whether the caller runs on this engine's runtime, where a core may
+    /// be polled by the task that waits for it (what the core awaits, its
+    /// timers and sockets, belongs to this runtime).
+    pub fn is_current(&self) -> bool {
+        tokio::runtime::Handle::try_current().is_ok_and(|h| h.id() == self.id)
     }
 
     /// The engine of the runtime the caller runs on; `None` outside one.

@@ -56,6 +56,9 @@ impl Event {
 
     /// Waits (asynchronously) until the event is set.
     pub async fn wait(&self) {
+        if self.is_set() {
+            return;
+        }
         loop {
             let notified = self.inner.notify.notified();
             tokio::pin!(notified);

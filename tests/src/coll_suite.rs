@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use braid_coll::{
     AllGather, AllToAllvSpec, Element, ExtractOrder, HaloExchange, PartitionOwner, ReduceKind,
-    ReduceOp, Shuffle, allgather, allreduce, allreduce_parts, alltoall, alltoallv, alltoallv_parts,
-    barrier, broadcast, reduce_scatter, sendrecv,
+    ReduceOp, Shuffle, allgather, allgather_parts, allreduce, allreduce_parts, alltoall, alltoallv,
+    alltoallv_parts, barrier, broadcast, reduce_scatter, sendrecv,
 };
 use braid_core::{Buffer, Context, PackedData, Rank};
 use bytes::Bytes;
@@ -138,6 +138,53 @@ pub async fn run(ctx: Context, seed: u64) -> R<String> {
                 format!("allgather out[{}] = {}", r * C + i, out[r * C + i])
             })?;
         }
+    }
+    checks += 1;
+
+    // One-shot AllGather, one part per rank, random counts (some ranks
+    // none) and values.
+    let count = |r: Rank| (seed_of(&[seed, 31, r as u64]) % 40) as usize;
+    let parts = allgather_parts(&ctx, input::<f64>(seed, 31, me, count(me)))
+        .await
+        .map_err(e)?;
+    ensure(parts.len() == n as usize, || {
+        format!("allgather_parts: {} parts", parts.len())
+    })?;
+    for (r, part) in parts.iter().enumerate() {
+        let want = input::<f64>(seed, 31, r as Rank, count(r as Rank));
+        ensure(bits_eq(&part.as_slice(), &want), || {
+            format!("allgather_parts: part {r} differs")
+        })?;
+    }
+    checks += 1;
+
+    // A streaming call abandoned (its future dropped) while its peers are
+    // still on their way: its core goes on without a waiter, so the peers
+    // get their result. Two-step sizes: after the first step, rank 0's
+    // core still has its block to reduce and send.
+    const L: usize = 20_011;
+    let mine: Vec<i64> = (0..L as i64).map(|i| me as i64 * 1000 + i).collect();
+    let want: Vec<i64> = (0..L as i64)
+        .map(|i| 1000 * (n as i64) * (n as i64 - 1) / 2 + n as i64 * i)
+        .collect();
+    if me == 0 {
+        let r = tokio::time::timeout(
+            Duration::from_millis(1),
+            allreduce(&ctx, mine, ReduceKind::Sum),
+        )
+        .await;
+        // (It may also have completed: a peer can be here first.)
+        if let Ok(v) = r {
+            ensure(v.map_err(e)? == want, || {
+                "abandoned allreduce differs".into()
+            })?;
+        }
+    } else {
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        let v = allreduce(&ctx, mine, ReduceKind::Sum).await.map_err(e)?;
+        ensure(v == want, || {
+            "allreduce with an abandoned peer differs".into()
+        })?;
     }
     checks += 1;
 

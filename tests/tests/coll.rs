@@ -10,8 +10,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use braid_coll::{
-    AllToAllvSpec, PartitionOwner, ReduceKind, ReduceOp, Shuffle, allgather, allreduce, alltoallv,
-    barrier, broadcast, sendrecv,
+    AllGather, AllToAllvSpec, ExtractOrder, PartitionOwner, ReduceKind, ReduceOp, Shuffle,
+    allgather, allreduce, alltoallv, barrier, broadcast, sendrecv,
 };
 use braid_core::launch::{LaunchSpec, OutputMode, launch};
 use braid_core::world::contexts;
@@ -457,15 +457,54 @@ fn mismatch_cases() -> Vec<(&'static str, Case)> {
                 .map_err(|e| e.to_string())
             })
         }),
-        // In-process, the broadcast ranks meet while rank 0's AllGather
-        // sends its chunk as messages.
-        ("allgather against broadcast", |c| {
+        // In-process, the broadcast ranks meet while rank 0's streaming
+        // AllGather sends its chunk as messages.
+        ("streaming allgather against broadcast", |c| {
             Box::pin(async move {
                 if c.rank() == 0 {
-                    allgather(&c, vec![1i32; 4]).await.map(|_| ())
+                    let ag = AllGather::new(&c, None);
+                    let chunk = PackedData {
+                        metadata: Bytes::new(),
+                        data: Buffer::from_vec(vec![1u8; 4]),
+                    };
+                    match ag.insert_last(0, chunk) {
+                        Ok(()) => ag.extract(ExtractOrder::RankSeq).await.map(|_| ()),
+                        Err(e) => Err(e),
+                    }
                 } else {
                     let data = (c.rank() == 1).then(|| Buffer::from_vec(vec![7u8; 10]));
                     broadcast(&c, 1, data).await.map(|_| ())
+                }
+                .map_err(|e| e.to_string())
+            })
+        }),
+        ("allgather dtypes", |c| {
+            Box::pin(async move {
+                if c.rank() == c.nranks() - 1 {
+                    allgather(&c, vec![1i64; 3]).await.map(|_| ())
+                } else {
+                    allgather(&c, vec![1f64; 3]).await.map(|_| ())
+                }
+                .map_err(|e| e.to_string())
+            })
+        }),
+        // A one-shot AllGather is not the streaming one, even with one
+        // chunk per rank (in-process: a meeting against messages; over
+        // tcp: frames with and without the last-chunk flag).
+        ("one-shot against streaming allgather", |c| {
+            Box::pin(async move {
+                if c.rank() == 0 {
+                    let ag = AllGather::new(&c, None);
+                    let chunk = PackedData {
+                        metadata: Bytes::new(),
+                        data: Buffer::from_vec(vec![1u8; 8]),
+                    };
+                    match ag.insert_last(0, chunk) {
+                        Ok(()) => ag.extract(ExtractOrder::RankSeq).await.map(|_| ()),
+                        Err(e) => Err(e),
+                    }
+                } else {
+                    allgather(&c, vec![1u8; 8]).await.map(|_| ())
                 }
                 .map_err(|e| e.to_string())
             })

@@ -38,15 +38,18 @@ pub struct CollArgs {
     /// Rank counts.
     #[arg(long, value_delimiter = ',', default_value = "2,4", value_parser = clap::value_parser!(u32).range(1..))]
     ranks: Vec<u32>,
-    /// Operations (barrier, bcast, allgather, allreduce, reduce_scatter,
-    /// alltoall, alltoallv, alltoallv_parts, allreduce_parts, sendrecv).
+    /// Operations (barrier, bcast, allgather, allgather_stream, allreduce,
+    /// reduce_scatter, alltoall, alltoallv, alltoallv_parts,
+    /// allreduce_parts, sendrecv). `allgather` is the one-shot call
+    /// (`allgather_parts`: one array per rank, as MPI_Allgather);
+    /// `allgather_stream` the streaming `AllGather` with one chunk per rank.
     /// The `_parts` forms are braid's piecewise result forms (no copy of
     /// other ranks' data in one process), against MPI's alltoallv and
     /// allreduce.
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "barrier,bcast,allgather,allreduce,allreduce_parts,reduce_scatter,alltoall,alltoallv,alltoallv_parts,sendrecv"
+        default_value = "barrier,bcast,allgather,allgather_stream,allreduce,allreduce_parts,reduce_scatter,alltoall,alltoallv,alltoallv_parts,sendrecv"
     )]
     ops: Vec<String>,
     /// Bytes moved per point (bounds the iteration count).
@@ -92,7 +95,10 @@ async fn run_op(ctx: &Context, op: &str, size: usize, input: &Input) -> Result<(
             broadcast(ctx, 0, (me == 0).then(|| input.bytes.clone())).await?;
         }
         "allgather" => {
-            let _ = allgather_bytes(ctx, input.bytes.clone()).await?;
+            let _ = braid_coll::allgather_parts(ctx, input.u8s.clone()).await?;
+        }
+        "allgather_stream" => {
+            let _ = allgather_stream(ctx, input.bytes.clone()).await?;
         }
         "allreduce" => {
             allreduce(ctx, input.f64s.clone(), ReduceKind::Sum).await?;
@@ -132,7 +138,7 @@ async fn run_op(ctx: &Context, op: &str, size: usize, input: &Input) -> Result<(
     Ok(())
 }
 
-async fn allgather_bytes(ctx: &Context, b: Buffer) -> Result<usize, BoxError> {
+async fn allgather_stream(ctx: &Context, b: Buffer) -> Result<usize, BoxError> {
     let ag = braid_coll::AllGather::new(ctx, None);
     // One chunk per rank, as MPI_Allgather: it carries the rank's finish.
     ag.insert_last(
@@ -158,7 +164,10 @@ impl Input {
         } else {
             0
         };
-        let u = if matches!(op, "alltoall" | "alltoallv" | "alltoallv_parts") {
+        let u = if matches!(
+            op,
+            "allgather" | "alltoall" | "alltoallv" | "alltoallv_parts"
+        ) {
             size
         } else {
             0
@@ -228,6 +237,7 @@ fn time_mpi(
         .arg(mpi)
         .arg(match op {
             "alltoallv_parts" => "alltoallv",
+            "allgather_stream" => "allgather",
             "allreduce_parts" => "allreduce",
             other => other,
         })
