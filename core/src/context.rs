@@ -27,13 +27,20 @@ use crate::tag::{OpId, OpIdAllocator};
 pub struct ProgressEngine {
     handle: tokio::runtime::Handle,
     id: tokio::runtime::Id,
+    /// How its rank's peers are placed, as far as its context knows (set
+    /// from the communicator's backend by [`Context::new`]).
+    peers: Placement,
 }
 
 impl ProgressEngine {
     /// An engine running on `handle`'s runtime.
     pub fn new(handle: tokio::runtime::Handle) -> Self {
         let id = handle.id();
-        ProgressEngine { handle, id }
+        ProgressEngine {
+            handle,
+            id,
+            peers: Placement::Apart,
+        }
     }
 
     /// Whether the caller runs on this engine's runtime, where a core may
@@ -70,7 +77,14 @@ impl ProgressEngine {
         }
         let cores = host_cores();
         let workers = self.handle.metrics().num_workers();
-        wait_override().unwrap_or_else(|| Waiting::choose(ranks_on_host(), workers, cores))
+        wait_override().unwrap_or_else(|| {
+            let (ranks, placement) = host_ranks();
+            let placement = match (placement, self.peers) {
+                (Placement::InProcess, Placement::InProcess) => Placement::InProcess,
+                _ => Placement::Apart,
+            };
+            Waiting::choose(ranks, placement, workers, cores)
+        })
     }
 
     /// Waits until `ev` is set, the way [`ProgressEngine::waiting`] says
@@ -93,16 +107,28 @@ impl ProgressEngine {
 ///
 /// Cost model: a wake-up that crosses threads (a parked worker woken by
 /// the kernel) costs 2-8 us on the 2-core VM of 2026-11-23, about as much
-/// as a whole small collective between two ranks; a task that keeps
-/// polling sees completion within one scheduler pass. Polling pays only
-/// while every rank on the host has a core to itself: with more ranks than
-/// cores, a polling rank holds the core that the rank it waits for needs
-/// (measured: 4 in-process ranks on 2 cores, AllReduce 10 us parked, 22 us
-/// polling). Nor does it pay for bulk transfers, which take long enough
-/// that a wake-up is lost in them, and which a polling task slows down
-/// (measured: 2 tcp ranks, 1 MiB SendRecv 217-256 us parked, 281-652 us
-/// polling), so only operations on up to [`Waiting::POLL_MAX_BYTES`] of a
-/// rank's data poll.
+/// as a whole small collective between two ranks, and more while that VM
+/// is in a slow period; a task that keeps polling sees completion within
+/// one scheduler pass. Polling pays:
+/// - where every rank on the host has a runtime worker, and every worker a
+///   core: nobody needs the core a poller holds;
+/// - where the host's ranks are all tasks of this process that talk
+///   through memory, and its runtime has 2 or more workers, however many
+///   ranks: a polling rank yields to the ranks that share its worker, and
+///   no other process needs the cores. (In-process ranks over tcp were no
+///   faster polling: their sockets want the I/O driver's turns.) Measured after waiters came to drive their collectives
+///   themselves (2026-11-27, 2-core VM, 2 workers, 8 B, us): 4 ranks
+///   Barrier 11.3-12.5 parked, 7.6-7.9 polling; AllReduce 16.1-18.0 and
+///   9.9-12.5; 3 ranks AllReduce 11.5 and 7.5-7.8; 8 ranks 32-33 and
+///   29-31. (Before that, when a waiter only watched a core that another
+///   task drove, polling lost: 4 ranks, AllReduce 10 us parked, 22 us
+///   polling.) On one worker it does not pay: every wake-up is local.
+///
+/// Nor does polling pay for bulk transfers, which take long enough that a
+/// wake-up is lost in them, and which a polling task slows down (measured:
+/// 2 tcp ranks, 1 MiB SendRecv 217-256 us parked, 281-652 us polling), so
+/// only operations on up to [`Waiting::POLL_MAX_BYTES`] of a rank's data
+/// poll.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Waiting {
     /// Sleep until woken.
@@ -111,18 +137,35 @@ pub enum Waiting {
     Poll(Duration),
 }
 
+/// Where the ranks of a host run, as [`Waiting::choose`] weighs them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Placement {
+    /// Every rank on this host is a task of this process, and ranks talk
+    /// through memory (the local backend): a rank waited for needs only a
+    /// turn on a worker.
+    InProcess,
+    /// Other processes on this host run ranks too (a launcher said so), or
+    /// ranks talk through sockets or MPI.
+    Apart,
+}
+
 impl Waiting {
     /// How long a waiter polls when polling pays.
     pub const POLL: Duration = Duration::from_micros(20);
     /// The largest operation (bytes of this rank's data) whose waiter polls.
     pub const POLL_MAX_BYTES: usize = 16 << 10;
 
-    /// `Poll` when every one of `ranks` on this host has a runtime worker
-    /// of its own and every worker a core, otherwise `Park`. (The
-    /// environment variable `BRAID_WAIT=park` or `poll` overrides this
-    /// choice for a whole process.)
-    pub fn choose(ranks: usize, workers: usize, cores: usize) -> Waiting {
-        if ranks >= 1 && ranks <= workers && workers <= cores {
+    /// `Poll` where polling pays (see [`Waiting`]): no more runtime workers
+    /// than cores, and either every one of `ranks` on this host has a
+    /// worker of its own, or they are all in this process and it has 2
+    /// workers or more; otherwise `Park`. (The environment variable
+    /// `BRAID_WAIT=park` or `poll` overrides this choice for a whole
+    /// process.)
+    pub fn choose(ranks: usize, placement: Placement, workers: usize, cores: usize) -> Waiting {
+        let poll = ranks >= 1
+            && workers <= cores
+            && (ranks <= workers || (placement == Placement::InProcess && workers >= 2));
+        if poll {
             Waiting::Poll(Self::POLL)
         } else {
             Waiting::Park
@@ -165,6 +208,11 @@ pub fn cores_per_rank() -> usize {
 /// that say: `braid-launch` (`BRAID_HOST_RANKS`), OpenMPI's mpirun
 /// (`OMPI_COMM_WORLD_LOCAL_SIZE`), MPICH's Hydra (`MPI_LOCALNRANKS`).
 fn ranks_on_host() -> usize {
+    host_ranks().0
+}
+
+/// [`ranks_on_host`], and whether all of them are in this process.
+fn host_ranks() -> (usize, Placement) {
     static LAUNCHED: OnceLock<usize> = OnceLock::new();
     let launched = *LAUNCHED.get_or_init(|| {
         [
@@ -177,7 +225,12 @@ fn ranks_on_host() -> usize {
         .max()
         .unwrap_or(0)
     });
-    LIVE_RANKS.load(Ordering::Relaxed).max(launched)
+    let live = LIVE_RANKS.load(Ordering::Relaxed);
+    if launched > live {
+        (launched, Placement::Apart)
+    } else {
+        (live, Placement::InProcess)
+    }
 }
 
 /// The variable through which a launcher tells its processes how many
@@ -242,6 +295,11 @@ impl Context {
         progress: ProgressEngine,
     ) -> Self {
         LIVE_RANKS.fetch_add(1, Ordering::Relaxed);
+        let mut progress = progress;
+        progress.peers = match comm.backend() {
+            crate::comm::Backend::Local => Placement::InProcess,
+            crate::comm::Backend::Tcp | crate::comm::Backend::Mpi => Placement::Apart,
+        };
         Context {
             inner: Arc::new(Inner {
                 comm,
@@ -320,16 +378,25 @@ mod tests {
     use super::*;
 
     #[test]
-    fn waiters_poll_only_when_every_rank_has_a_core() {
+    fn waiters_poll_only_where_no_rank_needs_the_core() {
+        use Placement::{Apart, InProcess};
         let poll = Waiting::Poll(Waiting::POLL);
-        assert_eq!(Waiting::choose(1, 1, 1), poll);
-        assert_eq!(Waiting::choose(2, 2, 2), poll);
-        assert_eq!(Waiting::choose(2, 4, 8), poll);
-        // More ranks than workers, or workers than cores: a poller would
-        // hold a core another rank needs.
-        assert_eq!(Waiting::choose(4, 2, 2), Waiting::Park);
-        assert_eq!(Waiting::choose(2, 4, 2), Waiting::Park);
-        assert_eq!(Waiting::choose(0, 2, 2), Waiting::Park);
+        for p in [InProcess, Apart] {
+            assert_eq!(Waiting::choose(1, p, 1, 1), poll);
+            assert_eq!(Waiting::choose(2, p, 2, 2), poll);
+            assert_eq!(Waiting::choose(2, p, 4, 8), poll);
+            // More workers than cores, or no rank at all.
+            assert_eq!(Waiting::choose(2, p, 4, 2), Waiting::Park);
+            assert_eq!(Waiting::choose(0, p, 2, 2), Waiting::Park);
+        }
+        // More ranks than workers: in-process ranks yield to each other on
+        // 2 workers or more; processes would hold a core another needs
+        // (and sockets want the I/O driver's turn), and on one worker
+        // every wake-up is local anyway.
+        assert_eq!(Waiting::choose(4, InProcess, 2, 2), poll);
+        assert_eq!(Waiting::choose(8, InProcess, 2, 2), poll);
+        assert_eq!(Waiting::choose(4, Apart, 2, 2), Waiting::Park);
+        assert_eq!(Waiting::choose(4, InProcess, 1, 2), Waiting::Park);
     }
 
     #[test]
