@@ -38,11 +38,12 @@
 //! still sends one). So every rank sees every rank's signature, and if any
 //! two differ every rank fails before it returns data.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use braid_core::comm::OfferData;
 use braid_core::memory::large_vec;
-use braid_core::{Buffer, Communicator, Context, Tag};
+use braid_core::{Buffer, Communicator, Context, Rank, Tag};
 use braid_kernels::reduce::{combine_extend, reduce_into};
 use braid_kernels::{Element, ReduceKind};
 
@@ -163,6 +164,44 @@ fn reduce_rank_order<T: Element>(op: &ReduceOp<T>, parts: &[&[T]]) -> Vec<T> {
     acc
 }
 
+/// [`reduce_rank_order`] over this rank's `mine` (rank `me`) and the other
+/// ranks' `frames` (in rank order), for parts of one tile: the same
+/// operations in the same order, without collecting the parts first. An
+/// error names a rank whose part is not whole elements.
+fn fold_rank_order<T: Element>(
+    op: &ReduceOp<T>,
+    me: Rank,
+    mine: &[T],
+    frames: &[(Rank, Framed)],
+) -> Result<Vec<T>, Rank> {
+    let k = frames.iter().take_while(|(q, _)| *q < me).count();
+    let (below, above) = frames.split_at(k);
+    let mut parts = below
+        .iter()
+        .map(|(q, f)| typed::<T>(&f.data).ok_or(*q))
+        .chain(std::iter::once(Ok(Cow::Borrowed(mine))))
+        .chain(above.iter().map(|(q, f)| typed::<T>(&f.data).ok_or(*q)));
+    let mut acc: Vec<T> = Vec::with_capacity(mine.len());
+    let Some(p0) = parts.next().transpose()? else {
+        return Ok(acc);
+    };
+    match (op, parts.next().transpose()?) {
+        // The first pair straight into the accumulator where the operator
+        // allows it, as `reduce_rank_order` does.
+        (ReduceOp::Builtin(kind), Some(p1)) => combine_extend(&mut acc, &p0, &p1, *kind),
+        (_, p1) => {
+            acc.extend_from_slice(&p0);
+            if let Some(p1) = p1 {
+                op.apply(&mut acc, &p1);
+            }
+        }
+    }
+    for p in parts {
+        op.apply(&mut acc, &p?);
+    }
+    Ok(acc)
+}
+
 /// Stage 0: sends every rank its piece of `data` and reduces this rank's
 /// piece over every rank's contribution.
 async fn reduce_my_piece<T: Element>(
@@ -215,11 +254,14 @@ async fn reduce_my_piece<T: Element>(
         }
         Ok(())
     };
-    let mut got: Vec<Buffer> = exchange_framed(comm.as_ref(), site, tag, meta, outgoing, check)
-        .await?
-        .into_iter()
-        .map(|(_, f)| f.data)
-        .collect();
+    let frames = exchange_framed(comm.as_ref(), site, tag, meta, outgoing, check).await?;
+    if scheme == Scheme::Whole && len <= TILE {
+        // One tile: fold the parts in rank order as they are (no vectors
+        // of parts; what small AllReduces, latency-bound, spend least on).
+        return fold_rank_order(op, me, &data.as_slice(), &frames)
+            .map_err(|q| site.mismatch(q, "bad piece length"));
+    }
+    let mut got: Vec<Buffer> = frames.into_iter().map(|(_, f)| f.data).collect();
     got.insert(me as usize, buf.slice(lo * sz..hi * sz));
     let typed_parts = got
         .iter()

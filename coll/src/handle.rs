@@ -158,10 +158,9 @@ where
     let i2 = inner.clone();
     let ctx2 = ctx.clone();
     let rank = ctx.rank();
-    // Boxed: a protocol's state machine is kilobytes, and the runtime
-    // copies a task's whole future in and out of its cell (at spawn and
-    // at completion); moving a pointer instead saves microseconds on small
-    // collectives.
+    // Boxed: a protocol's state machine is kilobytes, and moving it into
+    // the core (and the core into its box) would copy all of it; moving a
+    // pointer instead saves microseconds on small collectives.
     let protocol = Box::pin(protocol);
     let span = tracing::debug_span!(
         "collective",

@@ -444,6 +444,21 @@ pub(crate) async fn exchange_framed(
         Ok(frames) => return Ok(frames),
         Err(data) => data,
     };
+    // Boxed: the message path's state would otherwise make every caller's
+    // future larger, and in-process ranks never take it.
+    Box::pin(send_framed_all(comm, site, tag, meta, data, check)).await
+}
+
+/// `exchange_framed`'s message path: a frame to every other rank, one
+/// from each.
+async fn send_framed_all(
+    comm: &dyn Communicator,
+    site: Site,
+    tag: Tag,
+    meta: Meta,
+    data: OfferData,
+    check: impl FnMut(Rank, &Framed) -> Result<(), CollError>,
+) -> Result<Vec<(Rank, Framed)>, CollError> {
     let (n, me) = (comm.nranks(), site.rank);
     let sends: Vec<_> = (0..n)
         .filter(|p| *p != me)
