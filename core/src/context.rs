@@ -77,26 +77,30 @@ impl ProgressEngine {
         }
         let cores = host_cores();
         let workers = self.handle.metrics().num_workers();
-        wait_override().unwrap_or_else(|| {
-            let (ranks, placement) = host_ranks();
-            let placement = match (placement, self.peers) {
-                (Placement::InProcess, Placement::InProcess) => Placement::InProcess,
-                _ => Placement::Apart,
-            };
-            Waiting::choose(ranks, placement, workers, cores)
-        })
+        let (ranks, placement) = host_ranks();
+        let placement = match (placement, self.peers) {
+            (Placement::InProcess, Placement::InProcess) => Placement::InProcess,
+            _ => Placement::Apart,
+        };
+        match wait_override() {
+            Some(Waiting::Park) => Waiting::Park,
+            Some(_) => Waiting::polling(placement),
+            None => Waiting::choose(ranks, placement, workers, cores),
+        }
     }
 
     /// Waits until `ev` is set, the way [`ProgressEngine::waiting`] says
     /// for an operation on `bytes` of this rank's data.
     pub async fn wait(&self, ev: &Event, bytes: usize) {
-        if let Waiting::Poll(limit) = self.waiting(bytes) {
+        let waiting = self.waiting(bytes);
+        if let Some(limit) = waiting.limit() {
             let t = Instant::now();
             // Yielding polls: the worker keeps running other tasks (the
-            // protocol itself, the socket readers) and checks for I/O
-            // between them, so a reply is seen without a wake-up.
+            // protocol itself, the socket readers) and, where `Poll` says,
+            // checks for I/O between them, so a reply is seen without a
+            // wake-up.
             while !ev.is_set() && t.elapsed() < limit {
-                tokio::task::yield_now().await;
+                waiting.pass().await;
             }
         }
         ev.wait().await;
@@ -133,8 +137,35 @@ impl ProgressEngine {
 pub enum Waiting {
     /// Sleep until woken.
     Park,
-    /// Poll, yielding to other tasks, for up to this long; then sleep.
+    /// Poll, yielding to other tasks and to the runtime's I/O driver
+    /// (sockets, MPI's progress), for up to this long; then sleep.
     Poll(Duration),
+    /// Poll, yielding to the other tasks of the worker but not to its I/O
+    /// driver, for up to this long; then sleep. For ranks that talk
+    /// through memory: their progress needs no I/O, and a turn of the
+    /// driver is a system call (`epoll_wait`) per pass.
+    PollTasks(Duration),
+}
+
+/// A future that is pending once, having woken its task: the task goes to
+/// the back of its worker's queue, and the I/O driver is not given a turn
+/// for it (`tokio::task::yield_now` defers the task until the driver has
+/// been polled).
+struct PassTasks(bool);
+
+impl Future for PassTasks {
+    type Output = ();
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<()> {
+        if self.0 {
+            return std::task::Poll::Ready(());
+        }
+        self.0 = true;
+        cx.waker().wake_by_ref();
+        std::task::Poll::Pending
+    }
 }
 
 /// Where the ranks of a host run, as [`Waiting::choose`] weighs them.
@@ -166,9 +197,35 @@ impl Waiting {
             && workers <= cores
             && (ranks <= workers || (placement == Placement::InProcess && workers >= 2));
         if poll {
-            Waiting::Poll(Self::POLL)
+            Self::polling(placement)
         } else {
             Waiting::Park
+        }
+    }
+
+    /// How ranks so placed poll: without the I/O driver's turns in
+    /// process (`PollTasks`), with them otherwise (`Poll`).
+    pub fn polling(placement: Placement) -> Waiting {
+        match placement {
+            Placement::InProcess => Waiting::PollTasks(Self::POLL),
+            Placement::Apart => Waiting::Poll(Self::POLL),
+        }
+    }
+
+    /// How long a waiter polls before it sleeps; `None` for `Park`.
+    pub fn limit(self) -> Option<Duration> {
+        match self {
+            Waiting::Park => None,
+            Waiting::Poll(l) | Waiting::PollTasks(l) => Some(l),
+        }
+    }
+
+    /// One pass of a polling waiter: lets the other tasks run (and, for
+    /// `Poll`, the I/O driver), then returns.
+    pub async fn pass(self) {
+        match self {
+            Waiting::Poll(_) => tokio::task::yield_now().await,
+            Waiting::PollTasks(_) | Waiting::Park => PassTasks(false).await,
         }
     }
 }
@@ -380,8 +437,8 @@ mod tests {
     #[test]
     fn waiters_poll_only_where_no_rank_needs_the_core() {
         use Placement::{Apart, InProcess};
-        let poll = Waiting::Poll(Waiting::POLL);
         for p in [InProcess, Apart] {
+            let poll = Waiting::polling(p);
             assert_eq!(Waiting::choose(1, p, 1, 1), poll);
             assert_eq!(Waiting::choose(2, p, 2, 2), poll);
             assert_eq!(Waiting::choose(2, p, 4, 8), poll);
@@ -393,8 +450,14 @@ mod tests {
         // 2 workers or more; processes would hold a core another needs
         // (and sockets want the I/O driver's turn), and on one worker
         // every wake-up is local anyway.
+        let poll = Waiting::PollTasks(Waiting::POLL);
         assert_eq!(Waiting::choose(4, InProcess, 2, 2), poll);
         assert_eq!(Waiting::choose(8, InProcess, 2, 2), poll);
+        // Polling in process passes over the I/O driver; apart it does not.
+        assert_eq!(
+            Waiting::choose(2, Apart, 2, 2),
+            Waiting::Poll(Waiting::POLL)
+        );
         assert_eq!(Waiting::choose(4, Apart, 2, 2), Waiting::Park);
         assert_eq!(Waiting::choose(4, InProcess, 1, 2), Waiting::Park);
     }
