@@ -304,6 +304,126 @@ impl Driven {
     }
 }
 
+#[cfg(feature = "cuda")]
+/// Completes a handle made by [`manual`] from wherever the work finishes
+/// (a callback on another thread, say), without a task of its own.
+pub(crate) struct Finisher<T> {
+    inner: Arc<Inner<T>>,
+    ctx: Context,
+    coll: CollKind,
+    callback: Option<Callback>,
+    started: Instant,
+    /// Set by `finish`; a finisher dropped without it fails its handle.
+    finished: bool,
+    op: OpId,
+}
+
+#[cfg(feature = "cuda")]
+impl<T> Finisher<T> {
+    /// Records the statistics, aborts the job on an error that requires it,
+    /// stores the result, runs the callback and sets the handle's event.
+    pub(crate) fn finish(mut self, r: Result<T, CollError>) {
+        self.finished = true;
+        self.complete(r);
+    }
+
+    fn complete(&mut self, r: Result<T, CollError>) {
+        self.ctx
+            .statistics()
+            .record_op(self.coll.name(), self.started.elapsed());
+        if let Err(e) = &r {
+            if e.aborts_job(self.ctx.comm().failure().is_some()) {
+                self.ctx.comm().abort(&e.to_string());
+            }
+        }
+        *self.inner.result.lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
+        run_callback(
+            self.callback.take(),
+            &self.ctx,
+            self.coll,
+            self.op,
+            &self.inner,
+        );
+        self.inner.done.set();
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl<T> Drop for Finisher<T> {
+    /// Dropped without finishing (the work that owned it panicked or was
+    /// lost): the handle fails instead of waiting forever.
+    fn drop(&mut self) {
+        if !self.finished {
+            self.finished = true;
+            let e = CollError::Device {
+                rank: self.ctx.rank(),
+                coll: self.coll,
+                op: self.op,
+                detail: "the operation was dropped before it completed".into(),
+            };
+            self.complete(Err(e));
+        }
+    }
+}
+
+#[cfg(feature = "cuda")]
+/// A handle whose completion is driven by hand through its `Finisher`.
+pub(crate) fn manual<T>(
+    ctx: &Context,
+    coll: CollKind,
+    op: OpId,
+    callback: Option<Callback>,
+) -> (Handle<T>, Finisher<T>) {
+    let inner = Arc::new(Inner {
+        done: Event::new(),
+        result: Mutex::new(None),
+    });
+    (
+        Handle {
+            inner: inner.clone(),
+            rank: ctx.rank(),
+            coll,
+            op,
+        },
+        Finisher {
+            inner,
+            ctx: ctx.clone(),
+            coll,
+            callback,
+            started: Instant::now(),
+            finished: false,
+            op,
+        },
+    )
+}
+
+#[cfg(feature = "cuda")]
+/// Like [`streaming`], but the awaiting task keeps polling (yielding to
+/// other tasks) for up to `spin` before it sleeps on the event: a wake-up
+/// from another thread costs a parked worker several microseconds, which
+/// matters for collectives that complete in tens of microseconds (device
+/// collectives).
+pub(crate) async fn streaming_spin<T: Send + 'static>(
+    spin: std::time::Duration,
+    start: impl FnOnce(Option<Callback>) -> Handle<T>,
+) -> Result<T, CollError> {
+    let ev = Event::new();
+    let e2 = ev.clone();
+    let h = start(Some(Box::new(move || e2.set())));
+    let t = Instant::now();
+    // Yielding polls, then sleep on the event. (No pure spin: it would
+    // hold this worker, and a task spawned from it, such as the call's own
+    // check, waits in the worker's LIFO slot until the spin ends.)
+    while !ev.is_set() {
+        if t.elapsed() > spin {
+            ev.wait().await;
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    h.take()
+}
+
 /// The streaming form of a collective: starts its core and awaits the event
 /// that its completion sets (as the context's progress engine says to wait
 /// for an operation on `bytes` of this rank's data: see
