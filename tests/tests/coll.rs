@@ -347,6 +347,20 @@ fn alltoallv_count_mismatch(
     })
 }
 
+/// A streaming AllGather of one chunk of `bytes` bytes from this rank.
+async fn streaming_allgather_of_one(
+    c: &Context,
+    bytes: usize,
+) -> Result<(), braid_coll::CollError> {
+    let ag = AllGather::new(c, None);
+    let chunk = PackedData {
+        metadata: Bytes::new(),
+        data: Buffer::from_vec(vec![1u8; bytes]),
+    };
+    ag.insert_last(0, chunk)?;
+    ag.extract(ExtractOrder::RankSeq).await.map(|_| ())
+}
+
 fn mismatch_cases() -> Vec<(&'static str, Case)> {
     vec![
         ("shuffle owners", |c| {
@@ -462,15 +476,7 @@ fn mismatch_cases() -> Vec<(&'static str, Case)> {
         ("streaming allgather against broadcast", |c| {
             Box::pin(async move {
                 if c.rank() == 0 {
-                    let ag = AllGather::new(&c, None);
-                    let chunk = PackedData {
-                        metadata: Bytes::new(),
-                        data: Buffer::from_vec(vec![1u8; 4]),
-                    };
-                    match ag.insert_last(0, chunk) {
-                        Ok(()) => ag.extract(ExtractOrder::RankSeq).await.map(|_| ()),
-                        Err(e) => Err(e),
-                    }
+                    streaming_allgather_of_one(&c, 4).await
                 } else {
                     let data = (c.rank() == 1).then(|| Buffer::from_vec(vec![7u8; 10]));
                     broadcast(&c, 1, data).await.map(|_| ())
@@ -494,15 +500,7 @@ fn mismatch_cases() -> Vec<(&'static str, Case)> {
         ("one-shot against streaming allgather", |c| {
             Box::pin(async move {
                 if c.rank() == 0 {
-                    let ag = AllGather::new(&c, None);
-                    let chunk = PackedData {
-                        metadata: Bytes::new(),
-                        data: Buffer::from_vec(vec![1u8; 8]),
-                    };
-                    match ag.insert_last(0, chunk) {
-                        Ok(()) => ag.extract(ExtractOrder::RankSeq).await.map(|_| ()),
-                        Err(e) => Err(e),
-                    }
+                    streaming_allgather_of_one(&c, 8).await
                 } else {
                     allgather(&c, vec![1u8; 8]).await.map(|_| ())
                 }
