@@ -28,7 +28,7 @@ use futures::future::BoxFuture;
 use crate::error::{CollError, CollKind, Site};
 use crate::handle::{Callback, Handle, start, start_then, streaming};
 use crate::wire::{
-    Elements, LAST, Meta, exchange_framed, recv_streams_all, send_finish, send_framed,
+    Elements, LAST, Meta, ONE_SHOT, exchange_framed, recv_streams_all, send_finish, send_framed,
 };
 use braid_core::comm::OfferData;
 
@@ -115,6 +115,12 @@ impl AllGather {
                 let mut remote = Vec::new();
                 let peers = (0..n).filter(|p| *p != me);
                 let fins = recv_streams_all(comm.as_ref(), site, peers, tag, |p, f| {
+                    if f.meta.flags & ONE_SHOT != 0 {
+                        return Err(site.mismatch(
+                            p,
+                            format!("rank {p} is in a one-shot allgather, this rank in a streaming AllGather"),
+                        ));
+                    }
                     check(p, f.meta.dtype)?;
                     remote.push(Gathered {
                         rank: p,
@@ -263,10 +269,12 @@ pub fn start_allgather_parts<T: Element>(
     let comm = ctx.comm().clone();
     start(ctx, CollKind::AllGather, op, callback, async move {
         let size = std::mem::size_of::<T>() as u64;
-        let meta = Meta::new(CollKind::AllGather, T::DTYPE).count(values.len() as u64);
+        let meta = Meta::new(CollKind::AllGather, T::DTYPE)
+            .flags(ONE_SHOT)
+            .count(values.len() as u64);
         let offer = OfferData::Same(values.buffer().clone());
         let check = |p: Rank, f: &crate::wire::Framed| {
-            if f.meta.flags & LAST != 0 {
+            if f.meta.flags & ONE_SHOT == 0 {
                 return Err(site.mismatch(
                     p,
                     format!("rank {p} is in a streaming AllGather, this rank in a one-shot one"),

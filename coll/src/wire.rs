@@ -35,6 +35,9 @@ pub(crate) const FINISH: u8 = 2;
 /// one chunk then costs one message, not two). Needs no count: frames of
 /// one (source, tag) arrive in the order they were sent.
 pub(crate) const LAST: u8 = 4;
+/// Flag: a one-shot call's only frame (the one-shot AllGather), so that a
+/// streaming call's chunk is never taken for one, nor the other way round.
+pub(crate) const ONE_SHOT: u8 = 8;
 
 /// The fixed header of a collective's message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

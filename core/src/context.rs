@@ -120,8 +120,9 @@ impl ProgressEngine {
 ///   through memory, and its runtime has 2 or more workers, however many
 ///   ranks: a polling rank yields to the ranks that share its worker, and
 ///   no other process needs the cores. (In-process ranks over tcp were no
-///   faster polling: their sockets want the I/O driver's turns.) Measured after waiters came to drive their collectives
-///   themselves (2026-11-27, 2-core VM, 2 workers, 8 B, us): 4 ranks
+///   faster polling: their sockets want the I/O driver's turns.) Measured
+///   after waiters came to drive their collectives themselves
+///   (2026-11-27, 2-core VM, 2 workers, 8 B, us): 4 ranks
 ///   Barrier 11.3-12.5 parked, 7.6-7.9 polling; AllReduce 16.1-18.0 and
 ///   9.9-12.5; 3 ranks AllReduce 11.5 and 7.5-7.8; 8 ranks 32-33 and
 ///   29-31. (Before that, when a waiter only watched a core that another
@@ -186,7 +187,8 @@ impl Waiting {
     /// The largest operation (bytes of this rank's data) whose waiter polls.
     pub const POLL_MAX_BYTES: usize = 16 << 10;
 
-    /// `Poll` where polling pays (see [`Waiting`]): no more runtime workers
+    /// A polling wait ([`Waiting::polling`]) where polling pays (see
+    /// [`Waiting`]): no more runtime workers
     /// than cores, and either every one of `ranks` on this host has a
     /// worker of its own, or they are all in this process and it has 2
     /// workers or more; otherwise `Park`. (The environment variable

@@ -347,17 +347,22 @@ fn alltoallv_count_mismatch(
     })
 }
 
-/// A streaming AllGather of one chunk of `bytes` bytes from this rank.
-async fn streaming_allgather_of_one(
+/// A streaming AllGather of `chunks` chunks of `bytes` bytes from this
+/// rank (the last one flagged as its finish).
+async fn streaming_allgather(
     c: &Context,
+    chunks: u64,
     bytes: usize,
 ) -> Result<(), braid_coll::CollError> {
     let ag = AllGather::new(c, None);
-    let chunk = PackedData {
+    let chunk = || PackedData {
         metadata: Bytes::new(),
         data: Buffer::from_vec(vec![1u8; bytes]),
     };
-    ag.insert_last(0, chunk)?;
+    for seq in 0..chunks.saturating_sub(1) {
+        ag.insert(seq, chunk())?;
+    }
+    ag.insert_last(chunks.saturating_sub(1), chunk())?;
     ag.extract(ExtractOrder::RankSeq).await.map(|_| ())
 }
 
@@ -476,7 +481,7 @@ fn mismatch_cases() -> Vec<(&'static str, Case)> {
         ("streaming allgather against broadcast", |c| {
             Box::pin(async move {
                 if c.rank() == 0 {
-                    streaming_allgather_of_one(&c, 4).await
+                    streaming_allgather(&c, 1, 4).await
                 } else {
                     let data = (c.rank() == 1).then(|| Buffer::from_vec(vec![7u8; 10]));
                     broadcast(&c, 1, data).await.map(|_| ())
@@ -500,7 +505,19 @@ fn mismatch_cases() -> Vec<(&'static str, Case)> {
         ("one-shot against streaming allgather", |c| {
             Box::pin(async move {
                 if c.rank() == 0 {
-                    streaming_allgather_of_one(&c, 8).await
+                    streaming_allgather(&c, 1, 8).await
+                } else {
+                    allgather(&c, vec![1u8; 8]).await.map(|_| ())
+                }
+                .map_err(|e| e.to_string())
+            })
+        }),
+        // A streaming rank's first chunk (not its last) is no one-shot
+        // frame either: the one-shot ranks must not return it as data.
+        ("one-shot against a two-chunk streaming allgather", |c| {
+            Box::pin(async move {
+                if c.rank() == 0 {
+                    streaming_allgather(&c, 2, 8).await
                 } else {
                     allgather(&c, vec![1u8; 8]).await.map(|_| ())
                 }
