@@ -22,11 +22,12 @@
 use std::cell::RefCell;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, Ordering, fence};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::task::Poll;
 use std::time::Instant;
 
 use braid_core::{Context, Event, OpId, Waiting};
-use futures::FutureExt as _;
 
 use crate::error::{CollError, CollKind};
 
@@ -34,8 +35,48 @@ use crate::error::{CollError, CollKind};
 pub type Callback = Box<dyn FnOnce() + Send + 'static>;
 
 struct Inner<T> {
-    done: Event,
+    done: AtomicBool,
+    /// Made by the first waiter that needs to sleep: a core driven by its
+    /// own waiter never needs one (one allocation and a notify less).
+    event: OnceLock<Event>,
     result: Mutex<Option<Result<T, CollError>>>,
+}
+
+impl<T> Inner<T> {
+    fn new() -> Self {
+        Inner {
+            done: AtomicBool::new(false),
+            event: OnceLock::new(),
+            result: Mutex::new(None),
+        }
+    }
+
+    fn is_done(&self) -> bool {
+        self.done.load(Ordering::Acquire)
+    }
+
+    /// Marks the collective complete (its result stored) and wakes any
+    /// waiter.
+    fn set_done(&self) {
+        // The fences (here and in `event`) order the flag and the event's
+        // cell: either this sees the waiter's event, or the waiter sees
+        // the flag and sets its event itself.
+        self.done.store(true, Ordering::SeqCst);
+        fence(Ordering::SeqCst);
+        if let Some(ev) = self.event.get() {
+            ev.set();
+        }
+    }
+
+    /// The event that completion sets, made on first use.
+    fn event(&self) -> &Event {
+        let ev = self.event.get_or_init(Event::new);
+        fence(Ordering::SeqCst);
+        if self.done.load(Ordering::SeqCst) {
+            ev.set();
+        }
+        ev
+    }
 }
 
 /// A started collective.
@@ -51,7 +92,7 @@ impl<T> std::fmt::Debug for Handle<T> {
         f.debug_struct("Handle")
             .field("coll", &self.coll)
             .field("op", &self.op)
-            .field("done", &self.inner.done.is_set())
+            .field("done", &self.inner.is_done())
             .finish()
     }
 }
@@ -59,7 +100,7 @@ impl<T> std::fmt::Debug for Handle<T> {
 impl<T: Send + 'static> Handle<T> {
     /// Whether the collective has completed.
     pub fn is_done(&self) -> bool {
-        self.inner.done.is_set()
+        self.inner.is_done()
     }
 
     /// The collective's OpId.
@@ -71,7 +112,7 @@ impl<T: Send + 'static> Handle<T> {
     /// its result. Call it from a thread that is not one of the runtime's
     /// workers.
     pub fn wait(self) -> Result<T, CollError> {
-        self.inner.done.wait_blocking();
+        self.inner.event().wait_blocking();
         self.take()
     }
 
@@ -150,54 +191,31 @@ where
     T: Send + 'static,
     F: Future<Output = Result<T, CollError>> + Send + 'static,
 {
-    let inner = Arc::new(Inner {
-        done: Event::new(),
-        result: Mutex::new(None),
-    });
-    let i2 = inner.clone();
-    let ctx2 = ctx.clone();
-    let rank = ctx.rank();
-    // Boxed: a protocol's state machine is kilobytes, and moving it into
-    // the core (and the core into its box) would copy all of it; moving a
-    // pointer instead saves microseconds on small collectives.
-    let protocol = Box::pin(protocol);
+    let inner = Arc::new(Inner::new());
     let span = tracing::debug_span!(
         "collective",
         rank = ctx.rank(),
         coll = coll.name(),
         op = op.0
     );
-    let core = tracing::Instrument::instrument(
-        async move {
-            let t = Instant::now();
-            // A panic (a user's reduction operator, say) still completes
-            // the handle: its waiter gets an error instead of waiting
-            // forever, and the job is aborted below.
-            let r = match std::panic::AssertUnwindSafe(protocol).catch_unwind().await {
-                Ok(r) => r,
-                Err(p) => Err(CollError::Panicked {
-                    rank,
-                    coll,
-                    op,
-                    detail: braid_core::graph::panic_message(p),
-                }),
-            };
-            ctx2.statistics().record_op(coll.name(), t.elapsed());
-            if let Err(e) = &r {
-                if e.aborts_job(ctx2.comm().failure().is_some()) {
-                    ctx2.comm().abort(&e.to_string());
-                }
-            }
-            *i2.result.lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
-            run_callback(callback, &ctx2, coll, op, &i2);
-            i2.done.set();
-            if let Some(ev) = after {
-                ev.set();
-            }
-        },
-        span,
+    // One allocation for the whole core, the protocol's state machine
+    // (kilobytes) inside it; it is moved into the box once and never
+    // again.
+    launch(
+        ctx,
+        Box::pin(CoreRun {
+            protocol,
+            inner: inner.clone(),
+            ctx: ctx.clone(),
+            coll,
+            op,
+            callback,
+            after,
+            started: None,
+            finished: false,
+            span,
+        }),
     );
-    launch(ctx, Box::pin(core));
     Handle {
         inner,
         rank: ctx.rank(),
@@ -206,8 +224,71 @@ where
     }
 }
 
-/// A core's whole run: its protocol, then storing the result, the callback
-/// and the handle's event.
+/// A core's whole run: its protocol, then storing the result, the
+/// callback, the handle's completion and `after`. A panic in the protocol
+/// (a user's reduction operator, say) still completes the handle: its
+/// waiter gets an error instead of waiting forever, and the job is
+/// aborted.
+#[pin_project::pin_project]
+struct CoreRun<T, F> {
+    #[pin]
+    protocol: F,
+    inner: Arc<Inner<T>>,
+    ctx: Context,
+    coll: CollKind,
+    op: OpId,
+    callback: Option<Callback>,
+    after: Option<Event>,
+    /// When the protocol was first polled.
+    started: Option<Instant>,
+    /// Complete: never poll the protocol again.
+    finished: bool,
+    span: tracing::Span,
+}
+
+impl<T, F> Future for CoreRun<T, F>
+where
+    F: Future<Output = Result<T, CollError>>,
+{
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<()> {
+        let this = self.project();
+        if *this.finished {
+            return Poll::Ready(());
+        }
+        let _enter = this.span.enter();
+        let started = *this.started.get_or_insert_with(Instant::now);
+        let protocol = this.protocol;
+        let r = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| protocol.poll(cx))) {
+            Ok(Poll::Pending) => return Poll::Pending,
+            Ok(Poll::Ready(r)) => r,
+            Err(p) => Err(CollError::Panicked {
+                rank: this.ctx.rank(),
+                coll: *this.coll,
+                op: *this.op,
+                detail: braid_core::graph::panic_message(p),
+            }),
+        };
+        *this.finished = true;
+        let (ctx, coll, op) = (&*this.ctx, *this.coll, *this.op);
+        ctx.statistics().record_op(coll.name(), started.elapsed());
+        if let Err(e) = &r {
+            if e.aborts_job(ctx.comm().failure().is_some()) {
+                ctx.comm().abort(&e.to_string());
+            }
+        }
+        *this.inner.result.lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
+        run_callback(this.callback.take(), ctx, coll, op, this.inner);
+        this.inner.set_done();
+        if let Some(ev) = this.after.take() {
+            ev.set();
+        }
+        Poll::Ready(())
+    }
+}
+
+/// A started core, type-erased.
 type Core = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
 
 /// Where the next core started on this thread goes.
@@ -344,7 +425,7 @@ impl<T> Finisher<T> {
             self.op,
             &self.inner,
         );
-        self.inner.done.set();
+        self.inner.set_done();
     }
 }
 
@@ -374,10 +455,7 @@ pub(crate) fn manual<T>(
     op: OpId,
     callback: Option<Callback>,
 ) -> (Handle<T>, Finisher<T>) {
-    let inner = Arc::new(Inner {
-        done: Event::new(),
-        result: Mutex::new(None),
-    });
+    let inner = Arc::new(Inner::new());
     (
         Handle {
             inner: inner.clone(),
@@ -449,8 +527,8 @@ pub(crate) async fn streaming<T: Send + 'static>(
     }
     // Set already when the core was driven here (unless `start` started
     // another core after it).
-    if !h.inner.done.is_set() {
-        progress.wait(&h.inner.done, bytes).await;
+    if !h.inner.is_done() {
+        progress.wait(h.inner.event(), bytes).await;
     }
     h.take()
 }

@@ -113,17 +113,17 @@ impl Communicator for LocalComm {
     }
 
     fn meet(&self, tag: Tag, offer: Offer) -> Result<MeetFuture, Offer> {
-        let rv = self.world.rendezvous.clone();
+        let rv = &self.world.rendezvous;
         let rank = self.rank;
-        let done = match rv.deposit(rank, tag, offer) {
-            Ok(ev) => ev,
+        let early = match rv.deposit(rank, tag, offer) {
+            Ok(early) => early,
             Err(e @ CommError::PeerFinished { .. }) => {
                 // The meeting can never complete: release the ranks that
                 // wait in it too.
                 self.abort(&e.to_string());
-                return Ok(Box::pin(std::future::ready(Err(e))));
+                return Ok(MeetFuture::ready(rank, Err(e)));
             }
-            Err(e) => return Ok(Box::pin(std::future::ready(Err(e)))),
+            Err(e) => return Ok(MeetFuture::ready(rank, Err(e))),
         };
         // A message for this operation, while its meeting still waits for
         // ranks, comes from a rank that is not at the meeting: the ranks of
@@ -132,13 +132,13 @@ impl Communicator for LocalComm {
         if let Some(src) = self.mailbox().queued_for(tag.op) {
             if rv.is_waiting(tag.op) {
                 let e = self.mixed(tag, src);
-                return Ok(Box::pin(std::future::ready(Err(e))));
+                return Ok(MeetFuture::ready(rank, Err(e)));
             }
         }
-        Ok(Box::pin(async move {
-            done.wait().await;
-            rv.take(rank, tag)
-        }))
+        Ok(match early {
+            Some(taken) => MeetFuture::ready(rank, Ok(taken)),
+            None => MeetFuture::waiting(rv.clone(), rank, tag),
+        })
     }
 
     fn abort(&self, reason: &str) {

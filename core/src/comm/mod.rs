@@ -37,7 +37,7 @@ use crate::stats::Statistics;
 use crate::tag::Tag;
 
 pub use mailbox::RecvFuture;
-pub use rendezvous::{Offer, OfferData, Taken};
+pub use rendezvous::{MeetFuture, Offer, OfferData, Taken};
 
 /// Which transport a communicator uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -145,9 +145,6 @@ pub trait Communicator: Send + Sync + 'static {
     /// Traffic statistics of this rank.
     fn statistics(&self) -> &std::sync::Arc<Statistics>;
 }
-
-/// A meeting's outcome, as [`Communicator::meet`] returns it.
-pub type MeetFuture = BoxFuture<'static, Result<Vec<Taken>, CommError>>;
 
 /// A send's completion, as [`Communicator::send`] returns it: already
 /// resolved where the backend finished the send within the call (the

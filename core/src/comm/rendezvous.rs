@@ -7,11 +7,20 @@
 //! step is one deposit and one take per rank:
 //!
 //! ```text
-//!   rank r: deposit(tag, offer)        (the last of N to arrive sets `done`)
-//!           wait(done)
-//!           take(tag): every other rank's head and its buffer for r
-//!                      (the last of N to take removes the meeting)
+//!   rank r: deposit(tag, offer)   the last of N to arrive takes at once
+//!                                 and wakes the others
+//!           poll(tag): not all arrived -> leave a waker, Pending
+//!                      all arrived     -> every other rank's head and its
+//!                                         buffer for r (the last of N to
+//!                                         take removes the meeting)
 //! ```
+//!
+//! Cost model: a rank that arrives last locks the table once (deposit and
+//! take together); one that waits locks it once to deposit, once per
+//! poll before the others come and once to take. There is no event per
+//! meeting: the waiters' wakers live in the meeting, and the last to
+//! arrive wakes them under the lock (a wake only queues a task). Finished
+//! meetings go to a spare list, so their vectors are reused.
 //!
 //! Nothing is copied: a taken buffer is a reference-counted handle to the
 //! depositor's bytes. A meeting never mixes with messages: the local
@@ -21,13 +30,15 @@
 //! error instead of a hang.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Poll, Waker};
 
 use super::mailbox::KeyHasher;
 use crate::Rank;
 use crate::error::CommError;
-use crate::event::Event;
 use crate::memory::Buffer;
 use crate::tag::{OpId, Tag};
 
@@ -64,10 +75,25 @@ pub struct Taken {
 /// One tag's meeting.
 struct Meet {
     offers: Vec<Option<Offer>>,
+    /// The wakers of ranks that wait for the others to arrive, by rank.
+    wakers: Vec<Option<Waker>>,
     arrived: u32,
     left: u32,
-    done: Event,
 }
+
+impl Meet {
+    /// Wakes every rank that waits here.
+    fn wake_all(&mut self) {
+        for w in self.wakers.iter_mut() {
+            if let Some(w) = w.take() {
+                w.wake();
+            }
+        }
+    }
+}
+
+/// Finished meetings kept for reuse (their vectors keep their capacity).
+const SPARE_MEETS: usize = 16;
 
 #[derive(Default)]
 struct State {
@@ -78,6 +104,8 @@ struct State {
     /// Ranks that finished their job (shut down): no meeting without them
     /// can complete.
     finished: Vec<Rank>,
+    /// Finished meetings, emptied, for the next ones.
+    spare: Vec<Meet>,
 }
 
 /// The meeting table of one local world.
@@ -109,44 +137,51 @@ impl Rendezvous {
         }
     }
 
-    /// Leaves `rank`'s offer at `tag`; the returned event is set once every
-    /// rank has arrived (or the job failed).
-    pub(crate) fn deposit(&self, rank: Rank, tag: Tag, offer: Offer) -> Result<Event, CommError> {
+    /// Leaves `rank`'s offer at `tag`. The rank that completes the
+    /// meeting takes its share at once (`Some`); the others poll for it
+    /// ([`Rendezvous::poll_take`]).
+    pub(crate) fn deposit(
+        &self,
+        rank: Rank,
+        tag: Tag,
+        offer: Offer,
+    ) -> Result<Option<Vec<Taken>>, CommError> {
+        let n = self.nranks;
         if let OfferData::PerRank(v) = &offer.data {
-            if v.len() != self.nranks as usize {
+            if v.len() != n as usize {
                 return Err(CommError::Protocol {
                     rank,
                     peer: None,
-                    detail: format!(
-                        "an offer for {} ranks in a world of {}",
-                        v.len(),
-                        self.nranks
-                    ),
+                    detail: format!("an offer for {} ranks in a world of {n}", v.len()),
                 });
             }
+        }
+        if rank >= n {
+            return Err(CommError::InvalidRank {
+                rank,
+                peer: rank,
+                nranks: n,
+            });
         }
         let mut guard = self.lock();
         let g = &mut *guard;
         if let Some(f) = &g.failed {
             return Err(Self::failure(rank, f));
         }
-        let n = self.nranks;
+        let spare = &mut g.spare;
         let m = g.meets.entry(tag).or_insert_with(|| {
             self.open.fetch_add(1, Ordering::SeqCst);
-            Meet {
-                offers: vec![None; n as usize],
+            let mut m = spare.pop().unwrap_or_else(|| Meet {
+                offers: Vec::new(),
+                wakers: Vec::new(),
                 arrived: 0,
                 left: 0,
-                done: Event::new(),
-            }
-        });
-        let Some(slot) = m.offers.get_mut(rank as usize) else {
-            return Err(CommError::InvalidRank {
-                rank,
-                peer: rank,
-                nranks: n,
             });
-        };
+            m.offers.resize(n as usize, None);
+            m.wakers.resize(n as usize, None);
+            m
+        });
+        let slot = &mut m.offers[rank as usize];
         if slot.is_some() {
             return Err(CommError::Protocol {
                 rank,
@@ -164,19 +199,44 @@ impl Rendezvous {
             });
         }
         m.arrived += 1;
-        if m.arrived == n {
-            m.done.set();
+        if m.arrived < n {
+            return Ok(None);
         }
-        Ok(m.done.clone())
+        m.wake_all();
+        self.take_locked(g, rank, tag).map(Some)
     }
 
-    /// Takes what every other rank left for `rank` at `tag`, in rank order;
-    /// call once the deposit's event is set.
-    pub(crate) fn take(&self, rank: Rank, tag: Tag) -> Result<Vec<Taken>, CommError> {
-        let mut g = self.lock();
+    /// What every other rank left for `rank` at `tag`, in rank order, once
+    /// all have arrived; until then `Pending`, with `cx`'s waker left to be
+    /// woken when the last arrives (or the job fails).
+    pub(crate) fn poll_take(
+        &self,
+        rank: Rank,
+        tag: Tag,
+        cx: &mut std::task::Context<'_>,
+    ) -> Poll<Result<Vec<Taken>, CommError>> {
+        let mut guard = self.lock();
+        let g = &mut *guard;
         if let Some(f) = &g.failed {
-            return Err(Self::failure(rank, f));
+            return Poll::Ready(Err(Self::failure(rank, f)));
         }
+        if let Some(m) = g.meets.get_mut(&tag) {
+            if m.arrived < self.nranks {
+                if let Some(w) = m.wakers.get_mut(rank as usize) {
+                    match w {
+                        Some(w) if w.will_wake(cx.waker()) => {}
+                        _ => *w = Some(cx.waker().clone()),
+                    }
+                }
+                return Poll::Pending;
+            }
+        }
+        Poll::Ready(self.take_locked(g, rank, tag))
+    }
+
+    /// Takes what every other rank left for `rank` at `tag`, in rank order
+    /// (every rank has arrived); the last of N to take removes the meeting.
+    fn take_locked(&self, g: &mut State, rank: Rank, tag: Tag) -> Result<Vec<Taken>, CommError> {
         let n = self.nranks;
         let Some(m) = g.meets.get_mut(&tag) else {
             return Err(CommError::Protocol {
@@ -218,7 +278,15 @@ impl Rendezvous {
         }
         m.left += 1;
         if m.left == n {
-            g.meets.remove(&tag);
+            if let Some(mut m) = g.meets.remove(&tag) {
+                if g.spare.len() < SPARE_MEETS {
+                    m.offers.clear();
+                    m.wakers.clear();
+                    m.arrived = 0;
+                    m.left = 0;
+                    g.spare.push(m);
+                }
+            }
             self.open.fetch_sub(1, Ordering::SeqCst);
         }
         Ok(out)
@@ -256,15 +324,84 @@ impl Rendezvous {
             return;
         }
         g.failed = Some((origin, reason.to_string()));
-        for m in g.meets.values() {
-            m.done.set();
+        for m in g.meets.values_mut() {
+            m.wake_all();
         }
+    }
+}
+
+/// A meeting's outcome, as [`crate::comm::Communicator::meet`] returns
+/// it: resolved at once where this rank arrived last (or could not
+/// arrive), else polled at the meeting table. No allocation either way.
+#[must_use = "a meeting only completes for this rank once it is polled"]
+pub struct MeetFuture {
+    rank: Rank,
+    state: MeetState,
+}
+
+enum MeetState {
+    Ready(Option<Result<Vec<Taken>, CommError>>),
+    Waiting { rv: Arc<Rendezvous>, tag: Tag },
+}
+
+impl MeetFuture {
+    /// A meeting already decided for `rank`: what it took, or why not.
+    pub fn ready(rank: Rank, r: Result<Vec<Taken>, CommError>) -> Self {
+        MeetFuture {
+            rank,
+            state: MeetState::Ready(Some(r)),
+        }
+    }
+
+    /// `rank`'s share at `tag` of `rv`, once every rank has arrived.
+    pub(crate) fn waiting(rv: Arc<Rendezvous>, rank: Rank, tag: Tag) -> Self {
+        MeetFuture {
+            rank,
+            state: MeetState::Waiting { rv, tag },
+        }
+    }
+}
+
+impl std::fmt::Debug for MeetFuture {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let state = match &self.state {
+            MeetState::Ready(_) => "ready".to_string(),
+            MeetState::Waiting { tag, .. } => format!("waiting at {tag:?}"),
+        };
+        f.debug_struct("MeetFuture")
+            .field("rank", &self.rank)
+            .field("state", &state)
+            .finish()
+    }
+}
+
+impl Future for MeetFuture {
+    type Output = Result<Vec<Taken>, CommError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        let rank = this.rank;
+        let p = match &mut this.state {
+            MeetState::Ready(r) => Poll::Ready(r.take().unwrap_or_else(|| {
+                Err(CommError::Protocol {
+                    rank,
+                    peer: None,
+                    detail: "a meeting polled after it completed".into(),
+                })
+            })),
+            MeetState::Waiting { rv, tag } => rv.poll_take(rank, *tag, cx),
+        };
+        if p.is_ready() {
+            this.state = MeetState::Ready(None);
+        }
+        p
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use futures::FutureExt as _;
 
     fn head(r: u64) -> [u64; 4] {
         [r, 0, 0, 0]
@@ -272,16 +409,16 @@ mod tests {
 
     #[test]
     fn every_rank_takes_every_other_ranks_offer() {
-        let rv = Rendezvous::new(3);
+        let rv = Arc::new(Rendezvous::new(3));
         let tag = Tag::new(OpId(7), 0);
-        let mut events = Vec::new();
+        let mut got = Vec::new();
         for r in 0..3u32 {
             let data = OfferData::PerRank(
                 (0..3u8)
                     .map(|q| Buffer::from_vec(vec![r as u8 * 10 + q]))
                     .collect(),
             );
-            let ev = rv
+            let early = rv
                 .deposit(
                     r,
                     tag,
@@ -291,11 +428,26 @@ mod tests {
                     },
                 )
                 .unwrap();
-            assert_eq!(ev.is_set(), r == 2, "set only when the last arrives");
-            events.push(ev);
+            assert_eq!(early.is_some(), r == 2, "taken at once only by the last");
+            if r < 2 {
+                assert!(
+                    MeetFuture::waiting(rv.clone(), r, tag)
+                        .now_or_never()
+                        .is_none(),
+                    "pending until every rank arrived"
+                );
+            }
+            got.push(early);
         }
-        for r in 0..3u32 {
-            let got = rv.take(r, tag).unwrap();
+        for (r, early) in got.into_iter().enumerate() {
+            let r = r as u32;
+            let got = match early {
+                Some(t) => t,
+                None => MeetFuture::waiting(rv.clone(), r, tag)
+                    .now_or_never()
+                    .unwrap()
+                    .unwrap(),
+            };
             let want: Vec<(u32, u8)> = (0..3u32)
                 .filter(|q| *q != r)
                 .map(|q| (q, q as u8 * 10 + r as u8))
@@ -310,33 +462,63 @@ mod tests {
             assert_eq!(seen, want);
         }
         assert!(!rv.is_waiting(tag.op), "complete");
-        assert!(
-            rv.lock().meets.is_empty(),
-            "the last taker removes the meeting"
-        );
+        let g = rv.lock();
+        assert!(g.meets.is_empty(), "the last taker removes the meeting");
+        assert_eq!(g.spare.len(), 1, "and keeps it for the next");
+    }
+
+    #[test]
+    fn the_last_arrival_wakes_the_waiters() {
+        let rv = Arc::new(Rendezvous::new(2));
+        let tag = Tag::new(OpId(3), 0);
+        let offer = |r: u64| Offer {
+            head: head(r),
+            data: OfferData::Same(Buffer::from_vec(vec![r as u8])),
+        };
+        assert!(rv.deposit(0, tag, offer(0)).unwrap().is_none());
+        let woken = Arc::new(AtomicUsize::new(0));
+        struct Count(Arc<AtomicUsize>);
+        impl std::task::Wake for Count {
+            fn wake(self: Arc<Self>) {
+                self.0.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+        let waker = Waker::from(Arc::new(Count(woken.clone())));
+        let mut cx = std::task::Context::from_waker(&waker);
+        let mut fut = MeetFuture::waiting(rv.clone(), 0, tag);
+        assert!(Pin::new(&mut fut).poll(&mut cx).is_pending());
+        assert!(Pin::new(&mut fut).poll(&mut cx).is_pending());
+        assert_eq!(woken.load(Ordering::SeqCst), 0);
+        let last = rv.deposit(1, tag, offer(1)).unwrap().unwrap();
+        assert_eq!(last[0].data.as_slice(), &[0]);
+        assert_eq!(woken.load(Ordering::SeqCst), 1, "woken once");
+        match Pin::new(&mut fut).poll(&mut cx) {
+            Poll::Ready(Ok(t)) => assert_eq!(t[0].data.as_slice(), &[1]),
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]
     fn a_failure_releases_and_fails_the_waiters() {
-        let rv = Rendezvous::new(2);
+        let rv = Arc::new(Rendezvous::new(2));
         let tag = Tag::new(OpId(1), 0);
         let offer = Offer {
             head: head(0),
             data: OfferData::Same(Buffer::default()),
         };
-        let ev = rv.deposit(0, tag, offer.clone()).unwrap();
-        assert!(!ev.is_set());
+        assert!(rv.deposit(0, tag, offer.clone()).unwrap().is_none());
+        let mut fut = MeetFuture::waiting(rv.clone(), 0, tag);
+        assert!((&mut fut).now_or_never().is_none());
         assert!(rv.is_waiting(tag.op));
         assert!(!rv.is_waiting(OpId(2)));
         rv.fail(1, "test");
-        assert!(ev.is_set());
         assert!(matches!(
-            rv.take(0, tag),
-            Err(CommError::Aborted {
+            fut.now_or_never(),
+            Some(Err(CommError::Aborted {
                 rank: 0,
                 peer: 1,
                 ..
-            })
+            }))
         ));
         assert!(matches!(
             rv.deposit(1, tag, offer),
