@@ -90,19 +90,6 @@ impl AllToAllvSpec {
         }
     }
 
-    /// This rank's two count digests (see the module doc): its claims as
-    /// a sender and as a receiver, each a wrapping sum of one hash per
-    /// (source, destination, count).
-    fn digests(&self, me: u32) -> (u64, u64) {
-        let mut sent = 0u64;
-        let mut recv = 0u64;
-        for (p, (s, r)) in self.send_counts.iter().zip(&self.recv_counts).enumerate() {
-            sent = sent.wrapping_add(pair_hash(me, p as u32, *s));
-            recv = recv.wrapping_add(pair_hash(p as u32, me, *r));
-        }
-        (sent, recv)
-    }
-
     fn validate(&self, n: usize, send_len: usize, elem_bytes: usize) -> Result<(), String> {
         // Byte lengths are counts times the element size: never overflowing,
         // and within what one allocation may span (isize::MAX bytes).
@@ -142,6 +129,11 @@ impl AllToAllvSpec {
                 ));
             }
         }
+        if self.recv_in_rank_order() {
+            // Laid out in rank order (every AllToAll, and most AllToAllv):
+            // no two slices overlap, nothing to sort.
+            return Ok(());
+        }
         let mut regions: Vec<(usize, usize, usize)> = (0..n)
             .filter(|p| self.recv_counts[*p] > 0)
             .map(|p| {
@@ -165,6 +157,98 @@ impl AllToAllvSpec {
     }
 }
 
+impl AllToAllvSpec {
+    /// Whether the non-empty receive slices follow each other in rank
+    /// order without overlap (each ends at or before the next begins).
+    fn recv_in_rank_order(&self) -> bool {
+        let mut end = 0usize;
+        for (o, c) in self.recv_offsets.iter().zip(&self.recv_counts) {
+            if *c == 0 {
+                continue;
+            }
+            if *o < end {
+                return false;
+            }
+            end = o.saturating_add(*c);
+        }
+        true
+    }
+}
+
+/// An AllToAll(v)'s layout as the core reads it: equal blocks (AllToAll:
+/// nothing to allocate or check per peer) or a caller's spec.
+enum Layout {
+    Equal { n: usize, block: usize },
+    Given(AllToAllvSpec),
+}
+
+impl Layout {
+    /// (offset, count) of what this rank sends rank `p`.
+    fn send(&self, p: usize) -> (usize, usize) {
+        match self {
+            Layout::Equal { block, .. } => (p * block, *block),
+            Layout::Given(s) => (s.send_offsets[p], s.send_counts[p]),
+        }
+    }
+
+    /// (offset, count) of what this rank receives from rank `p`.
+    fn recv(&self, p: usize) -> (usize, usize) {
+        match self {
+            Layout::Equal { block, .. } => (p * block, *block),
+            Layout::Given(s) => (s.recv_offsets[p], s.recv_counts[p]),
+        }
+    }
+
+    fn recv_len(&self) -> usize {
+        match self {
+            Layout::Equal { n, block } => n * block,
+            Layout::Given(s) => s.recv_len,
+        }
+    }
+
+    fn in_rank_order(&self) -> bool {
+        match self {
+            Layout::Equal { .. } => true,
+            Layout::Given(s) => s.recv_in_rank_order(),
+        }
+    }
+
+    /// Checks the layout against `n` ranks and a send buffer of
+    /// `send_len` elements of `elem_bytes`.
+    fn validate(&self, n: usize, send_len: usize, elem_bytes: usize) -> Result<(), String> {
+        match self {
+            Layout::Equal { n: k, block } => {
+                let total = k.checked_mul(*block);
+                if *k != n || total != Some(send_len) {
+                    return Err(format!("{send_len} elements are not {n} blocks of {block}"));
+                }
+                if send_len
+                    .checked_mul(elem_bytes)
+                    .is_none_or(|b| b > isize::MAX as usize)
+                {
+                    return Err(format!(
+                        "a result of {send_len} elements of {elem_bytes} bytes is larger than one allocation may be"
+                    ));
+                }
+                Ok(())
+            }
+            Layout::Given(s) => s.validate(n, send_len, elem_bytes),
+        }
+    }
+
+    /// This rank's two count digests (see the module doc).
+    fn digests(&self, me: u32, n: u32) -> (u64, u64) {
+        let mut sent = 0u64;
+        let mut recv = 0u64;
+        for p in 0..n {
+            let (s, r) = (self.send(p as usize).1, self.recv(p as usize).1);
+            sent = sent.wrapping_add(pair_hash(me, p, s));
+            recv = recv.wrapping_add(pair_hash(p, me, r));
+        }
+        (sent, recv)
+    }
+}
+
 /// The hash of one (source, destination, count) claim: splitmix64's
 /// finaliser applied twice, so that every input bit moves every output bit.
 fn pair_hash(src: u32, dst: u32, count: usize) -> u64 {
@@ -180,23 +264,30 @@ pub fn start_alltoallv<T: Element>(
     spec: AllToAllvSpec,
     callback: Option<Callback>,
 ) -> Handle<Vec<T>> {
-    start_parts(ctx, send.into(), spec, callback, |parts, spec| {
-        // Parts in offset order (validated not to overlap); gaps are zero.
-        // Each element is written once (no zero-fill first).
-        let mut order: Vec<usize> = (0..parts.len()).collect();
-        order.sort_unstable_by_key(|p| spec.recv_offsets[*p]);
-        let mut out: Vec<T> = large_vec(spec.recv_len);
-        for p in order {
-            let part = parts[p].as_slice();
-            if part.is_empty() {
-                continue;
-            }
-            out.resize(spec.recv_offsets[p], T::zeroed());
+    start_parts(ctx, send.into(), Layout::Given(spec), callback, one_vector)
+}
+
+/// The received parts laid out in one vector by the layout's offsets
+/// (validated not to overlap); gaps are zero. Each element is written
+/// once (no zero-fill first).
+fn one_vector<T: Element>(parts: Vec<Elements<T>>, layout: &Layout) -> Vec<T> {
+    let mut out: Vec<T> = large_vec(layout.recv_len());
+    let mut put = |p: usize| {
+        let part = parts[p].as_slice();
+        if !part.is_empty() {
+            out.resize(layout.recv(p).0, T::zeroed());
             out.extend_from_slice(&part);
         }
-        out.resize(spec.recv_len, T::zeroed());
-        out
-    })
+    };
+    if layout.in_rank_order() {
+        (0..parts.len()).for_each(&mut put);
+    } else {
+        let mut order: Vec<usize> = (0..parts.len()).collect();
+        order.sort_unstable_by_key(|p| layout.recv(*p).0);
+        order.into_iter().for_each(&mut put);
+    }
+    out.resize(layout.recv_len(), T::zeroed());
+    out
 }
 
 /// Starts an AllToAllv whose result is one [`Elements`] per source rank,
@@ -210,7 +301,13 @@ pub fn start_alltoallv_parts<T: Element>(
     spec: AllToAllvSpec,
     callback: Option<Callback>,
 ) -> Handle<Vec<Elements<T>>> {
-    start_parts(ctx, send.into(), spec, callback, |parts, _| parts)
+    start_parts(
+        ctx,
+        send.into(),
+        Layout::Given(spec),
+        callback,
+        |parts, _| parts,
+    )
 }
 
 /// The one AllToAllv core: validate, exchange per-peer parts (checking
@@ -218,19 +315,20 @@ pub fn start_alltoallv_parts<T: Element>(
 fn start_parts<T: Element, R: Send + 'static>(
     ctx: &Context,
     send: Elements<T>,
-    spec: AllToAllvSpec,
+    layout: Layout,
     callback: Option<Callback>,
-    finish: impl FnOnce(Vec<Elements<T>>, &AllToAllvSpec) -> R + Send + 'static,
+    finish: impl FnOnce(Vec<Elements<T>>, &Layout) -> R + Send + 'static,
 ) -> Handle<R> {
     let site = Site::next(ctx, CollKind::AllToAll);
     let op = site.op;
     let comm = ctx.comm().clone();
     start(ctx, CollKind::AllToAll, op, callback, async move {
         let n = comm.nranks();
-        spec.validate(n as usize, send.len(), std::mem::size_of::<T>())
+        layout
+            .validate(n as usize, send.len(), std::mem::size_of::<T>())
             .map_err(|d| site.invalid(d))?;
-        let parts = exchange(&comm, site, send, &spec).await?;
-        Ok(finish(parts, &spec))
+        let parts = exchange(&comm, site, send, &layout).await?;
+        Ok(finish(parts, &layout))
     })
 }
 
@@ -246,31 +344,26 @@ async fn exchange<T: Element>(
     comm: &std::sync::Arc<dyn braid_core::Communicator>,
     site: Site,
     send: Elements<T>,
-    spec: &AllToAllvSpec,
+    spec: &Layout,
 ) -> Result<Vec<Elements<T>>, CollError> {
     let n = comm.nranks();
     let me = site.rank;
     let sz = std::mem::size_of::<T>();
     let tag = Tag::new(site.op, 0);
-    let (so, sc) = (
-        spec.send_offsets[me as usize],
-        spec.send_counts[me as usize],
-    );
-    if sc != spec.recv_counts[me as usize] {
+    let (so, sc) = spec.send(me as usize);
+    let self_recv = spec.recv(me as usize).1;
+    if sc != self_recv {
         return Err(site.mismatch(
             me,
-            format!(
-                "sends {sc} elements to itself but expects {}",
-                spec.recv_counts[me as usize]
-            ),
+            format!("sends {sc} elements to itself but expects {self_recv}"),
         ));
     }
-    let (mut sent_sum, mut recv_sum) = spec.digests(me);
+    let (mut sent_sum, mut recv_sum) = spec.digests(me, n);
     let mut parts: Vec<Option<Elements<T>>> = (0..n).map(|_| None).collect();
     parts[me as usize] = Some(send.slice(so, sc));
     let buf = send.buffer().clone();
     let slice_for = |p: u32| {
-        let (o, c) = (spec.send_offsets[p as usize], spec.send_counts[p as usize]);
+        let (o, c) = spec.send(p as usize);
         buf.slice(o * sz..(o + c) * sz)
     };
     let wrong_dtype = |p: u32, f: &Framed| {
@@ -284,7 +377,7 @@ async fn exchange<T: Element>(
     };
     // A part whose length is not what this rank expects from its sender.
     let wrong_length = |p: u32, f: &Framed| {
-        let want = spec.recv_counts[p as usize];
+        let want = spec.recv(p as usize).1;
         (f.data.len() != want * sz).then(|| {
             format!(
                 "rank {p} sends {} elements, this rank expects {want}",
@@ -332,8 +425,8 @@ async fn exchange<T: Element>(
             for p in (0..n).filter(|p| *p != me) {
                 // count: what this rank sends p; seq: what it expects from p.
                 let meta = Meta::new(CollKind::AllToAll, T::DTYPE)
-                    .count(spec.send_counts[p as usize] as u64)
-                    .seq(spec.recv_counts[p as usize] as u64);
+                    .count(spec.send(p as usize).1 as u64)
+                    .seq(spec.recv(p as usize).1 as u64);
                 sends.push(send_framed(
                     comm.as_ref(),
                     site,
@@ -346,8 +439,8 @@ async fn exchange<T: Element>(
             }
             let peers = (0..n).filter(|p| *p != me);
             for (p, f) in recv_framed_all(comm.as_ref(), site, peers, tag, |_, _| Ok(())).await? {
-                let want = spec.recv_counts[p as usize];
-                let sent = spec.send_counts[p as usize];
+                let want = spec.recv(p as usize).1;
+                let sent = spec.send(p as usize).1;
                 let word = |i: usize| {
                     let mut w = [0u8; 8];
                     w.copy_from_slice(&f.user_meta[i * 8..i * 8 + 8]);
@@ -445,8 +538,15 @@ pub async fn alltoall<T: Element>(
         ctx.comm().abort(&e.to_string());
         return Err(e);
     }
-    let spec = AllToAllvSpec::equal(n, send.len() / n);
-    alltoallv(ctx, send, spec).await
+    let layout = Layout::Equal {
+        n,
+        block: send.len() / n,
+    };
+    let bytes = send.buffer().len();
+    streaming(ctx, bytes, |cb| {
+        start_parts(ctx, send, layout, cb, one_vector)
+    })
+    .await
 }
 
 #[cfg(test)]
@@ -465,7 +565,10 @@ mod tests {
         specs
             .iter()
             .enumerate()
-            .map(|(r, s)| s.digests(r as u32))
+            .map(|(r, s)| {
+                let n = s.send_counts.len() as u32;
+                Layout::Given(s.clone()).digests(r as u32, n)
+            })
             .fold((0, 0), |(a, b), (x, y)| {
                 (a.wrapping_add(x), b.wrapping_add(y))
             })

@@ -32,7 +32,7 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Poll, Waker};
 
@@ -115,6 +115,10 @@ pub(crate) struct Rendezvous {
     state: Mutex<State>,
     /// Meetings in progress (lets a send skip the lock when there are none).
     open: AtomicUsize,
+    /// Meetings completed, and failures, so far (bumped under the lock):
+    /// a waiter that saw no change since its last look at the table knows
+    /// without the lock that its meeting is still incomplete.
+    changes: AtomicU64,
 }
 
 impl Rendezvous {
@@ -202,6 +206,7 @@ impl Rendezvous {
         if m.arrived < n {
             return Ok(None);
         }
+        self.changes.fetch_add(1, Ordering::Release);
         m.wake_all();
         self.take_locked(g, rank, tag).map(Some)
     }
@@ -324,6 +329,7 @@ impl Rendezvous {
             return;
         }
         g.failed = Some((origin, reason.to_string()));
+        self.changes.fetch_add(1, Ordering::Release);
         for m in g.meets.values_mut() {
             m.wake_all();
         }
@@ -341,7 +347,17 @@ pub struct MeetFuture {
 
 enum MeetState {
     Ready(Option<Result<Vec<Taken>, CommError>>),
-    Waiting { rv: Arc<Rendezvous>, tag: Tag },
+    Waiting {
+        rv: Arc<Rendezvous>,
+        tag: Tag,
+        /// The table's `changes` read before the last look at it, and the
+        /// identity (data, vtable) of the waker left there then: while
+        /// both still hold, a poll (a polling waiter's many) returns
+        /// `Pending` without the lock. (The table keeps that waker, and so
+        /// its task, alive until `changes` moves: the identity cannot be
+        /// another task's meanwhile.)
+        seen: Option<(u64, usize, usize)>,
+    },
 }
 
 impl MeetFuture {
@@ -357,7 +373,11 @@ impl MeetFuture {
     pub(crate) fn waiting(rv: Arc<Rendezvous>, rank: Rank, tag: Tag) -> Self {
         MeetFuture {
             rank,
-            state: MeetState::Waiting { rv, tag },
+            state: MeetState::Waiting {
+                rv,
+                tag,
+                seen: None,
+            },
         }
     }
 }
@@ -389,7 +409,23 @@ impl Future for MeetFuture {
                     detail: "a meeting polled after it completed".into(),
                 })
             })),
-            MeetState::Waiting { rv, tag } => rv.poll_take(rank, *tag, cx),
+            MeetState::Waiting { rv, tag, seen } => {
+                // Read before the lock is taken: a completion after this
+                // bumps the count past it, so the next poll looks again.
+                let now = rv.changes.load(Ordering::Acquire);
+                let w = cx.waker();
+                let id = (
+                    now,
+                    w.data() as usize,
+                    w.vtable() as *const std::task::RawWakerVTable as usize,
+                );
+                if *seen == Some(id) {
+                    return Poll::Pending;
+                }
+                let p = rv.poll_take(rank, *tag, cx);
+                *seen = p.is_pending().then_some(id);
+                p
+            }
         };
         if p.is_ready() {
             this.state = MeetState::Ready(None);
