@@ -247,7 +247,7 @@ fn open_head(site: Site, src: Rank, first: Buffer) -> Result<Head, CollError> {
     let data = if body == first.len() {
         Buffer::default()
     } else {
-        first.slice(body..first.len())
+        first.after(body)
     };
     Ok(Head::Whole(Framed {
         meta,

@@ -2,7 +2,6 @@
 //! spilled bytes. Cheap to record (atomics, one short lock per operation);
 //! printable at the end of a job.
 
-use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -48,7 +47,9 @@ pub struct PeerTraffic {
 pub struct Statistics {
     rank: Rank,
     peers: Vec<PeerCounters>,
-    ops: Mutex<BTreeMap<String, OpTiming>>,
+    /// By name, sorted: a handful of names, so a scan beats a map's
+    /// string comparisons on every collective.
+    ops: Mutex<Vec<(String, OpTiming)>>,
     spilled_bytes: AtomicU64,
     rejected_connections: AtomicU64,
 }
@@ -59,7 +60,7 @@ impl Statistics {
         Statistics {
             rank,
             peers: (0..nranks).map(|_| PeerCounters::default()).collect(),
-            ops: Mutex::new(BTreeMap::new()),
+            ops: Mutex::new(Vec::new()),
             spilled_bytes: AtomicU64::new(0),
             rejected_connections: AtomicU64::new(0),
         }
@@ -84,11 +85,15 @@ impl Statistics {
     /// Records one run of operation `name` that took `elapsed`.
     pub fn record_op(&self, name: &str, elapsed: Duration) {
         let mut ops = self.ops.lock().unwrap_or_else(|p| p.into_inner());
-        // Look up by &str first: no allocation on the hot path.
-        let e = match ops.get_mut(name) {
-            Some(e) => e,
-            None => ops.entry(name.to_string()).or_default(),
+        let i = match ops.iter().position(|(n, _)| n == name) {
+            Some(i) => i,
+            None => {
+                let at = ops.partition_point(|(n, _)| n.as_str() < name);
+                ops.insert(at, (name.to_string(), OpTiming::default()));
+                at
+            }
         };
+        let e = &mut ops[i].1;
         e.count += 1;
         e.total += elapsed;
         e.max = e.max.max(elapsed);
@@ -122,8 +127,9 @@ impl Statistics {
         self.ops
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .get(name)
-            .copied()
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, t)| *t)
     }
 
     /// Bytes spilled so far.
@@ -180,5 +186,30 @@ impl fmt::Display for Statistics {
             writeln!(f, "  rejected connections: {rej}")?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn operations_are_counted_by_name_and_listed_in_name_order() {
+        let s = Statistics::new(0, 1);
+        let ms = Duration::from_millis;
+        for (name, t) in [("b", 3), ("a", 1), ("b", 5), ("c", 2), ("a", 4)] {
+            s.record_op(name, ms(t));
+        }
+        let a = s.op("a").unwrap_or_default();
+        assert_eq!((a.count, a.total, a.max), (2, ms(5), ms(4)));
+        let b = s.op("b").unwrap_or_default();
+        assert_eq!((b.count, b.total, b.max), (2, ms(8), ms(5)));
+        assert!(s.op("d").is_none());
+        let text = s.to_string();
+        let at = |n: &str| text.find(&format!("\n  {n} ")).unwrap_or(usize::MAX);
+        assert!(
+            at("a") < at("b") && at("b") < at("c") && at("c") < usize::MAX,
+            "{text}"
+        );
     }
 }

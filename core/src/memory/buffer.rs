@@ -99,6 +99,20 @@ impl Buffer {
         self.bytes
     }
 
+    /// The bytes from `start` on (empty if `start` is past the end), in
+    /// place: unlike [`Buffer::slice`], no second handle to the memory, so
+    /// a buffer made from a vector stays one (slicing it allocates the
+    /// shared count that two handles need).
+    pub fn after(self, start: usize) -> Buffer {
+        let mut bytes = self.bytes;
+        let n = start.min(bytes.len());
+        bytes::Buf::advance(&mut bytes, n);
+        Buffer {
+            bytes,
+            charge: self.charge,
+        }
+    }
+
     /// A sub-range sharing the same memory (and charge).
     pub fn slice(&self, range: std::ops::Range<usize>) -> Buffer {
         Buffer {
@@ -127,5 +141,21 @@ impl From<Vec<u8>> for Buffer {
 impl From<Bytes> for Buffer {
     fn from(b: Bytes) -> Self {
         Buffer::from_bytes(b)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn after_keeps_the_tail_in_place() {
+        let b = Buffer::from_vec((0u8..10).collect());
+        let ptr = b.as_slice().as_ptr();
+        let t = b.after(4);
+        assert_eq!(t.as_slice(), &[4, 5, 6, 7, 8, 9]);
+        assert_eq!(t.as_slice().as_ptr(), ptr.wrapping_add(4), "no copy");
+        assert!(t.clone().after(6).is_empty());
+        assert!(t.after(100).is_empty(), "past the end: empty");
     }
 }
