@@ -23,10 +23,11 @@ use std::sync::{Arc, Mutex};
 
 use braid_core::{Context, Event, PackedData, Rank, Tag};
 use braid_kernels::{DType, Element};
+use futures::FutureExt as _;
 use futures::future::BoxFuture;
 
 use crate::error::{CollError, CollKind, Site};
-use crate::handle::{Callback, Handle, start, start_then, streaming};
+use crate::handle::{Callback, Driven, Handle, claim, start, start_then, streaming};
 use crate::wire::{
     Elements, LAST, Meta, ONE_SHOT, exchange_framed, recv_streams_all, send_finish, send_framed,
 };
@@ -78,6 +79,11 @@ pub struct AllGather {
     local_done: Event,
     done: Event,
     handle: Handle<Vec<Gathered>>,
+    /// The core, not yet running, where `extract` will drive it in its own
+    /// task (made on the engine's runtime without a callback); anything
+    /// that needs it to run without `extract` (`is_done`,
+    /// `extract_blocking`, a drop) hands it to the engine.
+    core: Mutex<Option<Driven>>,
 }
 
 impl AllGather {
@@ -95,26 +101,30 @@ impl AllGather {
         let done = Event::new();
         let comm = ctx.comm().clone();
         let (st, ld, d2) = (state.clone(), local_done.clone(), done.clone());
-        let handle = start_then(
-            ctx,
-            CollKind::AllGather,
-            op,
-            callback,
-            Some(d2),
-            async move {
-                let n = comm.nranks();
-                let me = site.rank;
-                let tag = Tag::new(op, 0);
-                let check = |p: Rank, d: DType| {
-                    if d == dtype {
-                        Ok(())
-                    } else {
-                        Err(site.mismatch(p, format!("element type {dtype} here, {d} on rank {p}")))
-                    }
-                };
-                let mut remote = Vec::new();
-                let peers = (0..n).filter(|p| *p != me);
-                let fins = recv_streams_all(comm.as_ref(), site, peers, tag, |p, f| {
+        let progress = ctx.progress();
+        let defer = callback.is_none() && progress.is_current();
+        let start = move || {
+            start_then(
+                ctx,
+                CollKind::AllGather,
+                op,
+                callback,
+                Some(d2),
+                async move {
+                    let n = comm.nranks();
+                    let me = site.rank;
+                    let tag = Tag::new(op, 0);
+                    let check = |p: Rank, d: DType| {
+                        if d == dtype {
+                            Ok(())
+                        } else {
+                            Err(site
+                                .mismatch(p, format!("element type {dtype} here, {d} on rank {p}")))
+                        }
+                    };
+                    let mut remote = Vec::new();
+                    let peers = (0..n).filter(|p| *p != me);
+                    let fins = recv_streams_all(comm.as_ref(), site, peers, tag, |p, f| {
                     if f.meta.flags & ONE_SHOT != 0 {
                         return Err(site.mismatch(
                             p,
@@ -133,20 +143,22 @@ impl AllGather {
                     Ok(())
                 })
                 .await?;
-                for (p, fin) in fins {
-                    check(p, fin.dtype)?;
-                }
-                ld.wait().await;
-                let (local, sends) = {
-                    let mut s = st.lock().unwrap_or_else(|p| p.into_inner());
-                    (std::mem::take(&mut s.local), std::mem::take(&mut s.sends))
-                };
-                futures::future::try_join_all(sends).await?;
-                let mut all = local;
-                all.extend(remote);
-                Ok(all)
-            },
-        );
+                    for (p, fin) in fins {
+                        check(p, fin.dtype)?;
+                    }
+                    ld.wait().await;
+                    let (local, sends) = {
+                        let mut s = st.lock().unwrap_or_else(|p| p.into_inner());
+                        (std::mem::take(&mut s.local), std::mem::take(&mut s.sends))
+                    };
+                    futures::future::try_join_all(sends).await?;
+                    let mut all = local;
+                    all.extend(remote);
+                    Ok(all)
+                },
+            )
+        };
+        let (handle, core) = if defer { claim(start) } else { (start(), None) };
         AllGather {
             site,
             dtype,
@@ -155,7 +167,14 @@ impl AllGather {
             local_done,
             done,
             handle,
+            core: Mutex::new(core.map(|c| Driven::new(c, progress.clone()))),
         }
+    }
+
+    /// The core if it has not started; the caller drives it or drops it
+    /// (which hands it to the engine).
+    fn take_core(&self) -> Option<Driven> {
+        self.core.lock().unwrap_or_else(|p| p.into_inner()).take()
     }
 
     /// Inserts a chunk with its `seq`; it is sent to every other rank now.
@@ -185,7 +204,7 @@ impl AllGather {
             .count(data.data.len() as u64);
         for p in (0..comm.nranks()).filter(|p| *p != self.site.rank) {
             let tag = Tag::new(self.site.op, 0);
-            let f = send_framed(
+            let mut f = send_framed(
                 comm.as_ref(),
                 self.site,
                 p,
@@ -194,7 +213,11 @@ impl AllGather {
                 &data.metadata,
                 data.data.clone(),
             );
-            s.sends.push(Box::pin(f));
+            // Kept only if the backend did not finish it within the call
+            // (an error is kept too: the core reports it).
+            if !matches!((&mut f).now_or_never(), Some(Ok(()))) {
+                s.sends.push(Box::pin(f));
+            }
         }
         s.inserted += 1;
         s.bytes += data.data.len();
@@ -232,18 +255,25 @@ impl AllGather {
 
     /// Whether every rank's chunks have arrived.
     pub fn is_done(&self) -> bool {
+        // Asked before `extract`: the core must run to get there.
+        drop(self.take_core());
         self.done.is_set()
     }
 
     /// Waits for every rank's chunks and returns them.
     pub async fn extract(self, order: ExtractOrder) -> Result<Vec<Gathered>, CollError> {
         let bytes = self.state.lock().unwrap_or_else(|p| p.into_inner()).bytes;
-        self.ctx.progress().wait(&self.done, bytes).await;
+        let progress = self.ctx.progress();
+        if let Some(core) = self.take_core() {
+            core.run(progress.waiting(bytes)).await;
+        }
+        progress.wait(&self.done, bytes).await;
         self.handle.take().map(|v| sorted(v, order))
     }
 
     /// Like [`AllGather::extract`], blocking the calling thread.
     pub fn extract_blocking(self, order: ExtractOrder) -> Result<Vec<Gathered>, CollError> {
+        drop(self.take_core());
         self.handle.wait().map(|v| sorted(v, order))
     }
 }

@@ -289,7 +289,7 @@ where
 }
 
 /// A started core, type-erased.
-type Core = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
+pub(crate) type Core = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
 
 /// Where the next core started on this thread goes.
 enum Claim {
@@ -324,7 +324,7 @@ fn launch(ctx: &Context, core: Core) {
 
 /// Calls `start` with a claim armed on this thread: returns its handle and
 /// the first core it started (none if it started none).
-fn claim<T>(start: impl FnOnce() -> Handle<T>) -> (Handle<T>, Option<Core>) {
+pub(crate) fn claim<T>(start: impl FnOnce() -> Handle<T>) -> (Handle<T>, Option<Core>) {
     /// Disarms the claim however `start` returns (a panic included).
     struct Disarm;
     impl Drop for Disarm {
@@ -346,7 +346,7 @@ fn claim<T>(start: impl FnOnce() -> Handle<T>) -> (Handle<T>, Option<Core>) {
 /// A core driven by the task that waits for it. Dropped unfinished (its
 /// waiter was cancelled), it goes to the progress engine and completes
 /// there: peers may be inside the same collective.
-struct Driven {
+pub(crate) struct Driven {
     core: Option<Core>,
     progress: braid_core::ProgressEngine,
 }
@@ -360,10 +360,19 @@ impl Drop for Driven {
 }
 
 impl Driven {
+    /// `core`, to be driven by the task that waits for it (or, dropped
+    /// unfinished, by the engine).
+    pub(crate) fn new(core: Core, progress: braid_core::ProgressEngine) -> Self {
+        Driven {
+            core: Some(core),
+            progress,
+        }
+    }
+
     /// Polls the core to completion; while it waits, polls again after
     /// letting other tasks run (see `Waiting::pass`) as `waiting` says,
     /// then sleeps until what the core awaits wakes it.
-    async fn run(mut self, waiting: Waiting) {
+    pub(crate) async fn run(mut self, waiting: Waiting) {
         let t = Instant::now();
         let Some(core) = self.core.as_mut() else {
             return;
@@ -519,11 +528,9 @@ pub(crate) async fn streaming<T: Send + 'static>(
         (start(None), None)
     };
     if let Some(core) = core {
-        let driven = Driven {
-            core: Some(core),
-            progress: progress.clone(),
-        };
-        driven.run(progress.waiting(bytes)).await;
+        Driven::new(core, progress.clone())
+            .run(progress.waiting(bytes))
+            .await;
     }
     // Set already when the core was driven here (unless `start` started
     // another core after it).

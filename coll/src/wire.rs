@@ -13,9 +13,9 @@
 use std::borrow::Cow;
 use std::future::Future;
 use std::pin::Pin;
-use std::task::Poll;
+use std::task::{Poll, ready};
 
-use braid_core::comm::{Offer, OfferData, RecvFuture};
+use braid_core::comm::{Offer, OfferData, RecvFuture, SendFuture};
 use braid_core::{Buffer, Communicator, Rank, Tag};
 use braid_kernels::{DType, Element};
 use bytes::Bytes;
@@ -155,7 +155,7 @@ pub(crate) fn send_framed(
     meta: Meta,
     user_meta: &[u8],
     data: Buffer,
-) -> impl Future<Output = Result<(), CollError>> + Send + 'static {
+) -> FrameSend {
     let inline = data.len() <= INLINE_MAX;
     let meta = if inline {
         meta
@@ -172,14 +172,37 @@ pub(crate) fn send_framed(
     } else {
         Some(data)
     };
-    let f1 = comm.send(dst, tag, Buffer::from_vec(head));
-    let f2 = second.map(|d| comm.send(dst, tag, d));
-    async move {
-        f1.await.map_err(|e| site.comm(e))?;
-        if let Some(f2) = f2 {
-            f2.await.map_err(|e| site.comm(e))?;
+    let head = comm.send(dst, tag, Buffer::from_vec(head));
+    let data = second.map(|d| comm.send(dst, tag, d));
+    FrameSend { site, head, data }
+}
+
+/// A framed message's send ([`send_framed`]): its one or two messages'
+/// sends. A plain struct (`Unpin`): a caller can poll it in place and keep
+/// it only if the backend has not finished it within the call (the local
+/// backend always has).
+#[must_use = "a send's error is only seen by awaiting it"]
+pub(crate) struct FrameSend {
+    site: Site,
+    head: SendFuture,
+    data: Option<SendFuture>,
+}
+
+impl Future for FrameSend {
+    type Output = Result<(), CollError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<Self::Output> {
+        let this = &mut *self;
+        // (A finished SendFuture answers again when polled again.)
+        if let Err(e) = ready!(Pin::new(&mut this.head).poll(cx)) {
+            return Poll::Ready(Err(this.site.comm(e)));
         }
-        Ok(())
+        if let Some(d) = &mut this.data {
+            if let Err(e) = ready!(Pin::new(d).poll(cx)) {
+                return Poll::Ready(Err(this.site.comm(e)));
+            }
+        }
+        Poll::Ready(Ok(()))
     }
 }
 

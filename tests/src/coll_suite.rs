@@ -325,6 +325,41 @@ pub async fn run(ctx: Context, seed: u64) -> R<String> {
     }
     checks += 1;
 
+    // A streaming AllGather waited for through `is_done` alone before its
+    // `extract`, and one that odd ranks drop after inserting: the others
+    // still get every chunk (and the dropped one still runs to the end).
+    let one = |b: u8| PackedData {
+        metadata: Bytes::new(),
+        data: Buffer::from_vec(vec![b]),
+    };
+    let ag = AllGather::new(&ctx, None);
+    ag.insert_last(0, one(me as u8)).map_err(e)?;
+    let t0 = std::time::Instant::now();
+    while !ag.is_done() {
+        ensure(t0.elapsed() < std::time::Duration::from_secs(120), || {
+            "a streaming AllGather never said it was done".into()
+        })?;
+        tokio::task::yield_now().await;
+    }
+    let got = ag.extract(ExtractOrder::RankSeq).await.map_err(e)?;
+    let bytes: Vec<u8> = got.iter().map(|g| g.data.data.as_slice()[0]).collect();
+    ensure(bytes == (0..n).map(|r| r as u8).collect::<Vec<_>>(), || {
+        format!("allgather through is_done gave {bytes:?}")
+    })?;
+    let ag = AllGather::new(&ctx, None);
+    ag.insert_last(0, one(me as u8 ^ 0x5a)).map_err(e)?;
+    if me % 2 == 1 {
+        drop(ag);
+    } else {
+        let got = ag.extract(ExtractOrder::RankSeq).await.map_err(e)?;
+        let bytes: Vec<u8> = got.iter().map(|g| g.data.data.as_slice()[0]).collect();
+        ensure(
+            bytes == (0..n).map(|r| r as u8 ^ 0x5a).collect::<Vec<_>>(),
+            || format!("allgather beside dropped ones gave {bytes:?}"),
+        )?;
+    }
+    checks += 1;
+
     // AllToAllv with random counts (0..40); element encodes (src, dst, i).
     let count = |src: Rank, dst: Rank| {
         (SplitMix(seed_of(&[seed, 11, src as u64, dst as u64])).below(40)) as usize
