@@ -215,8 +215,10 @@ impl AllGather {
             );
             // Kept only if the backend did not finish it within the call
             // (an error is kept too: the core reports it).
-            if !matches!((&mut f).now_or_never(), Some(Ok(()))) {
-                s.sends.push(Box::pin(f));
+            match (&mut f).now_or_never() {
+                Some(Ok(())) => {}
+                Some(Err(e)) => s.sends.push(Box::pin(std::future::ready(Err(e)))),
+                None => s.sends.push(Box::pin(f)),
             }
         }
         s.inserted += 1;

@@ -174,7 +174,11 @@ pub(crate) fn send_framed(
     };
     let head = comm.send(dst, tag, Buffer::from_vec(head));
     let data = second.map(|d| comm.send(dst, tag, d));
-    FrameSend { site, head, data }
+    FrameSend {
+        site,
+        head: Some(head),
+        data,
+    }
 }
 
 /// A framed message's send ([`send_framed`]): its one or two messages'
@@ -184,7 +188,9 @@ pub(crate) fn send_framed(
 #[must_use = "a send's error is only seen by awaiting it"]
 pub(crate) struct FrameSend {
     site: Site,
-    head: SendFuture,
+    /// The sends still to finish, in order (a finished one is dropped: a
+    /// backend's send future need not answer again once it has).
+    head: Option<SendFuture>,
     data: Option<SendFuture>,
 }
 
@@ -193,13 +199,13 @@ impl Future for FrameSend {
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<Self::Output> {
         let this = &mut *self;
-        // (A finished SendFuture answers again when polled again.)
-        if let Err(e) = ready!(Pin::new(&mut this.head).poll(cx)) {
-            return Poll::Ready(Err(this.site.comm(e)));
-        }
-        if let Some(d) = &mut this.data {
-            if let Err(e) = ready!(Pin::new(d).poll(cx)) {
-                return Poll::Ready(Err(this.site.comm(e)));
+        for slot in [&mut this.head, &mut this.data] {
+            if let Some(f) = slot {
+                let r = ready!(Pin::new(f).poll(cx));
+                *slot = None;
+                if let Err(e) = r {
+                    return Poll::Ready(Err(this.site.comm(e)));
+                }
             }
         }
         Poll::Ready(Ok(()))
@@ -858,6 +864,35 @@ impl Signature {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
+
+    #[test]
+    fn a_frame_send_never_polls_a_finished_send_again() {
+        use futures::FutureExt as _;
+        // The data's send finishes on its second poll; the header's at
+        // once. An `async` block panics if polled after it finished, as
+        // some backends' send futures do.
+        let mut polls = 0;
+        let data = std::future::poll_fn(move |cx| {
+            polls += 1;
+            if polls < 2 {
+                cx.waker().wake_by_ref();
+                Poll::Pending
+            } else {
+                Poll::Ready(Ok(()))
+            }
+        });
+        let mut f = FrameSend {
+            site: Site {
+                rank: 0,
+                coll: CollKind::AllGather,
+                op: braid_core::OpId(1),
+            },
+            head: Some(SendFuture::waiting(async { Ok(()) })),
+            data: Some(SendFuture::waiting(data)),
+        };
+        assert!((&mut f).now_or_never().is_none(), "the data is pending");
+        assert!(matches!((&mut f).now_or_never(), Some(Ok(()))));
+    }
     use braid_core::OpId;
     use braid_core::comm::local::LocalComm;
 
