@@ -51,7 +51,8 @@ use crate::error::{CollError, CollKind, Site};
 use crate::handle::{Callback, Handle, start, streaming};
 use crate::wire::Elements;
 use crate::wire::{
-    Framed, Meta, Signature, exchange_framed, recv_framed_all, send_framed, typed, vec_to_buffer,
+    Framed, Meta, Signature, emptied_for, exchange_framed, recv_framed_all, send_framed, typed,
+    vec_to_buffer,
 };
 
 /// A user-supplied reduction: `acc[i] = acc[i] (op) x[i]`. It must be the
@@ -280,6 +281,23 @@ enum Reduced<T> {
     Blocks(Vec<Buffer>),
 }
 
+impl<T: Element> Reduced<T> {
+    /// The result of `len` elements in `out`: the whole result replaces it;
+    /// blocks are copied in order into its memory where it holds `len`
+    /// elements (their lengths were checked on arrival).
+    fn into_vec(self, len: usize, out: &mut Vec<T>) {
+        match self {
+            Reduced::Whole(v) => *out = v,
+            Reduced::Blocks(blocks) => {
+                emptied_for(out, len);
+                for b in &blocks {
+                    out.extend_from_slice(&typed::<T>(b).unwrap_or_default());
+                }
+            }
+        }
+    }
+}
+
 /// The one AllReduce core; `finish` shapes the result.
 fn start_allreduce_core<T: Element, R: Send + 'static>(
     ctx: &Context,
@@ -341,15 +359,10 @@ pub fn start_allreduce<T: Element>(
 ) -> Handle<Vec<T>> {
     let data: Elements<T> = data.into();
     let len = data.len();
-    start_allreduce_core(ctx, data, op, callback, move |r| match r {
-        Reduced::Whole(v) => v,
-        Reduced::Blocks(blocks) => {
-            let mut out: Vec<T> = large_vec(len);
-            for b in &blocks {
-                out.extend_from_slice(&typed::<T>(b).unwrap_or_default());
-            }
-            out
-        }
+    start_allreduce_core(ctx, data, op, callback, move |r| {
+        let mut out = Vec::new();
+        r.into_vec(len, &mut out);
+        out
     })
 }
 
@@ -379,6 +392,29 @@ pub async fn allreduce<T: Element>(
     let (data, op) = (data.into(), op.into());
     let bytes = data.buffer().len();
     streaming(ctx, bytes, |cb| start_allreduce(ctx, data, op, cb)).await
+}
+
+/// AllReduce into `out`: [`allreduce`]'s result, written into `out`'s
+/// memory where it is large enough (a loop that reuses one vector writes
+/// into pages it has already touched, as MPI writes into a receive buffer
+/// the caller keeps; see [`alltoallv_into`](crate::alltoall::alltoallv_into)).
+/// Inputs small enough for the one-step algorithm, and one rank, replace
+/// `out` with the result vector instead. On an error `out` is left as it
+/// was.
+pub async fn allreduce_into<T: Element>(
+    ctx: &Context,
+    data: impl Into<Elements<T>>,
+    op: impl Into<ReduceOp<T>>,
+    out: &mut Vec<T>,
+) -> Result<(), CollError> {
+    let (data, op) = (data.into(), op.into());
+    let (bytes, len) = (data.buffer().len(), data.len());
+    let r = streaming(ctx, bytes, |cb| {
+        start_allreduce_core(ctx, data, op, cb, |r| r)
+    })
+    .await?;
+    r.into_vec(len, out);
+    Ok(())
 }
 
 /// AllReduce with the result as parts (see [`start_allreduce_parts`]):

@@ -29,7 +29,6 @@
 //! rank directly.
 
 use braid_core::comm::OfferData;
-use braid_core::memory::large_vec;
 use braid_core::{Buffer, Context, Tag};
 use braid_kernels::Element;
 use braid_kernels::hash::{GOLDEN, mix64};
@@ -37,7 +36,7 @@ use braid_kernels::hash::{GOLDEN, mix64};
 use crate::error::{CollError, CollKind, Site};
 use crate::handle::{Callback, Handle, start, streaming};
 use crate::wire::Elements;
-use crate::wire::{Framed, Meta, meet_framed, recv_framed_all, send_framed};
+use crate::wire::{Framed, Meta, emptied_for, meet_framed, recv_framed_all, send_framed};
 
 /// Per-peer element counts and offsets of an AllToAllv.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -264,8 +263,17 @@ pub fn start_alltoallv<T: Element>(
 /// The received parts laid out in one vector by the layout's offsets
 /// (validated not to overlap); gaps are zero. Each element is written
 /// once (no zero-fill first).
-fn one_vector<T: Element>(parts: Vec<Elements<T>>, layout: &Layout) -> Vec<T> {
-    let mut out: Vec<T> = large_vec(layout.recv_len());
+fn one_vector<T: Element>(parts: Vec<Elements<T>>, layout: Layout) -> Vec<T> {
+    let mut out = Vec::new();
+    place(&parts, &layout, &mut out);
+    out
+}
+
+/// Lays `parts` out in `out` as [`one_vector`] does, reusing `out`'s
+/// memory where it holds enough (its old contents are dropped).
+fn place<T: Element>(parts: &[Elements<T>], layout: &Layout, out: &mut Vec<T>) {
+    let len = layout.recv_len();
+    emptied_for(out, len);
     let mut put = |p: usize| {
         let part = parts[p].as_slice();
         if !part.is_empty() {
@@ -280,8 +288,7 @@ fn one_vector<T: Element>(parts: Vec<Elements<T>>, layout: &Layout) -> Vec<T> {
         order.sort_unstable_by_key(|p| layout.recv(*p).0);
         order.into_iter().for_each(&mut put);
     }
-    out.resize(layout.recv_len(), T::zeroed());
-    out
+    out.resize(len, T::zeroed());
 }
 
 /// Starts an AllToAllv whose result is one [`Elements`] per source rank,
@@ -311,7 +318,7 @@ fn start_parts<T: Element, R: Send + 'static>(
     send: Elements<T>,
     layout: Layout,
     callback: Option<Callback>,
-    finish: impl FnOnce(Vec<Elements<T>>, &Layout) -> R + Send + 'static,
+    finish: impl FnOnce(Vec<Elements<T>>, Layout) -> R + Send + 'static,
 ) -> Handle<R> {
     let site = Site::next(ctx, CollKind::AllToAll);
     let op = site.op;
@@ -322,7 +329,7 @@ fn start_parts<T: Element, R: Send + 'static>(
             .validate(n as usize, send.len(), std::mem::size_of::<T>())
             .map_err(|d| site.invalid(d))?;
         let parts = exchange(&comm, site, send, &layout).await?;
-        Ok(finish(parts, &layout))
+        Ok(finish(parts, layout))
     })
 }
 
@@ -511,6 +518,29 @@ pub async fn alltoallv_parts<T: Element>(
     streaming(ctx, bytes, |cb| start_alltoallv_parts(ctx, send, spec, cb)).await
 }
 
+/// AllToAllv into `out`: [`alltoallv`]'s result, written into `out`'s
+/// memory where it is large enough (its old contents are replaced). A
+/// loop that passes the same vector each time writes into memory it has
+/// already touched, as MPI writes into a receive buffer the caller keeps;
+/// a fresh result vector per call costs the OS's zeroing of its pages,
+/// about as much as the copy itself at a few MiB and more. On an error
+/// `out` is left as it was.
+pub async fn alltoallv_into<T: Element>(
+    ctx: &Context,
+    send: impl Into<Elements<T>>,
+    spec: AllToAllvSpec,
+    out: &mut Vec<T>,
+) -> Result<(), CollError> {
+    let send: Elements<T> = send.into();
+    let bytes = send.buffer().len();
+    let (parts, layout) = streaming(ctx, bytes, |cb| {
+        start_parts(ctx, send, Layout::Given(spec), cb, |p, l| (p, l))
+    })
+    .await?;
+    place(&parts, &layout, out);
+    Ok(())
+}
+
 /// AllToAll: `send` holds N equal blocks; block p goes to rank p; the
 /// result holds the blocks received, in rank order.
 pub async fn alltoall<T: Element>(
@@ -518,6 +548,35 @@ pub async fn alltoall<T: Element>(
     send: impl Into<Elements<T>>,
 ) -> Result<Vec<T>, CollError> {
     let send: Elements<T> = send.into();
+    let layout = equal_layout(ctx, &send)?;
+    let bytes = send.buffer().len();
+    streaming(ctx, bytes, |cb| {
+        start_parts(ctx, send, layout, cb, one_vector)
+    })
+    .await
+}
+
+/// AllToAll into `out` (see [`alltoallv_into`] for why a reused vector).
+pub async fn alltoall_into<T: Element>(
+    ctx: &Context,
+    send: impl Into<Elements<T>>,
+    out: &mut Vec<T>,
+) -> Result<(), CollError> {
+    let send: Elements<T> = send.into();
+    let layout = equal_layout(ctx, &send)?;
+    let bytes = send.buffer().len();
+    let (parts, layout) = streaming(ctx, bytes, |cb| {
+        start_parts(ctx, send, layout, cb, |p, l| (p, l))
+    })
+    .await?;
+    place(&parts, &layout, out);
+    Ok(())
+}
+
+/// AllToAll's layout: N equal blocks of `send`. A length that does not
+/// split fails here, before any core starts; the other ranks are told
+/// through the communicator's abort, as they would wait for this rank.
+fn equal_layout<T: Element>(ctx: &Context, send: &Elements<T>) -> Result<Layout, CollError> {
     let n = ctx.nranks() as usize;
     if send.len() % n != 0 {
         let site = Site {
@@ -532,15 +591,10 @@ pub async fn alltoall<T: Element>(
         ctx.comm().abort(&e.to_string());
         return Err(e);
     }
-    let layout = Layout::Equal {
+    Ok(Layout::Equal {
         n,
         block: send.len() / n,
-    };
-    let bytes = send.buffer().len();
-    streaming(ctx, bytes, |cb| {
-        start_parts(ctx, send, layout, cb, one_vector)
     })
-    .await
 }
 
 #[cfg(test)]

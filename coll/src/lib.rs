@@ -20,6 +20,13 @@
 //! | [`HaloExchange`] | neighbours | 1 |
 //! | [`sendrecv()`] | one step | 1 |
 //!
+//! Result forms: the one-vector calls return a fresh vector; their `_into`
+//! twins ([`allreduce_into`], [`alltoall_into`], [`alltoallv_into`]) write
+//! into a vector the caller passes and keeps, reusing its memory (what a
+//! loop wants: a fresh multi-MiB vector costs the OS's zeroing of its pages,
+//! about as much as the copy into it); the `_parts` forms return the pieces
+//! as they arrived (shared, not copied, between in-process ranks).
+//!
 //! Calls that disagree between ranks (kind, element type, count, root,
 //! operator) fail with `CollError::Mismatch` on the rank that notices, which
 //! aborts the job so that every rank fails instead of hanging; no call
@@ -49,11 +56,12 @@ pub use allgather::{
     AllGather, ExtractOrder, Gathered, allgather, allgather_parts, start_allgather_parts,
 };
 pub use allreduce::{
-    ReduceOp, allreduce, allreduce_parts, reduce_scatter, start_allreduce, start_allreduce_parts,
-    start_reduce_scatter,
+    ReduceOp, allreduce, allreduce_into, allreduce_parts, reduce_scatter, start_allreduce,
+    start_allreduce_parts, start_reduce_scatter,
 };
 pub use alltoall::{
-    AllToAllvSpec, alltoall, alltoallv, alltoallv_parts, start_alltoallv, start_alltoallv_parts,
+    AllToAllvSpec, alltoall, alltoall_into, alltoallv, alltoallv_into, alltoallv_parts,
+    start_alltoallv, start_alltoallv_parts,
 };
 pub use barrier::{barrier, start_barrier};
 pub use braid_kernels::{DType, Element, ReduceKind};

@@ -648,6 +648,20 @@ impl<T: Element> From<Vec<T>> for Elements<T> {
     }
 }
 
+/// Empties `out` for a result of `len` elements, keeping its memory where
+/// it holds that many (a reused vector's pages are already mapped); a
+/// smaller one is replaced by a fresh [`large_vec`], not grown (growing
+/// would copy the old contents, which are about to be overwritten).
+///
+/// [`large_vec`]: braid_core::memory::large_vec
+pub(crate) fn emptied_for<T>(out: &mut Vec<T>, len: usize) {
+    if out.capacity() < len {
+        *out = braid_core::memory::large_vec(len);
+    } else {
+        out.clear();
+    }
+}
+
 /// A typed vector as a buffer, without copying.
 pub(crate) fn vec_to_buffer<T: Element>(v: Vec<T>) -> Buffer {
     Buffer::from_bytes(Bytes::from_owner(TypedOwner(v)))

@@ -7,8 +7,9 @@ use std::time::Duration;
 
 use braid_coll::{
     AllGather, AllToAllvSpec, Element, ExtractOrder, HaloExchange, PartitionOwner, ReduceKind,
-    ReduceOp, Shuffle, allgather, allgather_parts, allreduce, allreduce_parts, alltoall, alltoallv,
-    alltoallv_parts, barrier, broadcast, reduce_scatter, sendrecv,
+    ReduceOp, Shuffle, allgather, allgather_parts, allreduce, allreduce_into, allreduce_parts,
+    alltoall, alltoall_into, alltoallv, alltoallv_into, alltoallv_parts, barrier, broadcast,
+    reduce_scatter, sendrecv,
 };
 use braid_core::{Buffer, Context, PackedData, Rank};
 use bytes::Bytes;
@@ -98,6 +99,21 @@ async fn check_allreduce<T: TestValue>(
             T::DTYPE
         )
     })?;
+    // The `_into` form, into a vector that already holds other values: once
+    // with too little room (replaced), then reused with room to spare.
+    let mut out: Vec<T> = input::<T>(seed, t + 1000, me, len / 2);
+    for round in 0..2 {
+        allreduce_into(ctx, input::<T>(seed, t, me, len), kind, &mut out)
+            .await
+            .map_err(e)?;
+        ensure(bits_eq(&out, &want), || {
+            format!(
+                "rank {me}: allreduce_into (round {round}) {kind:?} of {len} {} differs from the reference",
+                T::DTYPE
+            )
+        })?;
+        out.extend(input::<T>(seed, t + 2000, me, 3));
+    }
     // Bit-identical on every rank: gather everyone's result and compare.
     let all = allgather(ctx, got.clone()).await.map_err(e)?;
     for q in 0..n as usize {
@@ -383,6 +399,18 @@ pub async fn run(ctx: Context, seed: u64) -> R<String> {
     };
     let want: Vec<i64> = (0..n).flat_map(from).collect();
     ensure(got == want, || "alltoallv result differs".into())?;
+    // Into a vector that holds other values: too short, then reused with
+    // room to spare (a longer old length must not leak into the result).
+    let mut out: Vec<i64> = vec![-1; want.len() / 2];
+    for round in 0..2 {
+        alltoallv_into(&ctx, send.clone(), spec.clone(), &mut out)
+            .await
+            .map_err(e)?;
+        ensure(out == want, || {
+            format!("alltoallv_into result differs (round {round})")
+        })?;
+        out.extend([-7i64; 5]);
+    }
     checks += 1;
     // The same exchange, one part per source rank.
     let parts = alltoallv_parts(&ctx, send, spec).await.map_err(e)?;
@@ -403,6 +431,15 @@ pub async fn run(ctx: Context, seed: u64) -> R<String> {
         .flat_map(|s| (0..3).map(move |i| (s * 1000 + me * 3 + i) as f32))
         .collect();
     ensure(got == want, || "alltoall result differs".into())?;
+    let mut out: Vec<f32> = vec![f32::NAN; 1];
+    for round in 0..2 {
+        let send: Vec<f32> = (0..n * 3).map(|j| (me * 1000 + j) as f32).collect();
+        alltoall_into(&ctx, send, &mut out).await.map_err(e)?;
+        ensure(out == want, || {
+            format!("alltoall_into result differs (round {round})")
+        })?;
+        out.extend([f32::NAN; 4]);
+    }
     checks += 1;
 
     // SendRecv around the ring.
