@@ -363,7 +363,9 @@ pub async fn allgather_parts<T: Element>(
 /// contribute different counts).
 pub async fn allgather<T: Element>(ctx: &Context, values: Vec<T>) -> Result<Vec<T>, CollError> {
     let parts = allgather_parts(ctx, values).await?;
-    let mut out = braid_core::memory::large_vec(parts.iter().map(|p| p.len()).sum());
+    let len: usize = parts.iter().map(|p| p.len()).sum();
+    crate::handle::spread(len * std::mem::size_of::<T>()).await;
+    let mut out = braid_core::memory::large_vec(len);
     for p in &parts {
         out.extend_from_slice(&p.as_slice());
     }

@@ -48,7 +48,7 @@ use braid_kernels::reduce::{combine_extend, reduce_into};
 use braid_kernels::{Element, ReduceKind};
 
 use crate::error::{CollError, CollKind, Site};
-use crate::handle::{Callback, Handle, start, streaming};
+use crate::handle::{Callback, Handle, ResultStep, spread, start, streaming};
 use crate::wire::Elements;
 use crate::wire::{
     Framed, Meta, Signature, emptied_for, exchange_framed, recv_framed_all, send_framed, typed,
@@ -256,6 +256,7 @@ async fn reduce_my_piece<T: Element>(
         Ok(())
     };
     let frames = exchange_framed(comm.as_ref(), site, tag, meta, outgoing, check).await?;
+    spread((hi - lo) * sz * n as usize).await;
     if scheme == Scheme::Whole && len <= TILE {
         // One tile: fold the parts in rank order as they are (no vectors
         // of parts; what small AllReduces, latency-bound, spend least on).
@@ -304,6 +305,7 @@ fn start_allreduce_core<T: Element, R: Send + 'static>(
     data: Elements<T>,
     op: ReduceOp<T>,
     callback: Option<Callback>,
+    step: ResultStep,
     finish: impl FnOnce(Reduced<T>) -> R + Send + 'static,
 ) -> Handle<R> {
     let site = Site::next(ctx, CollKind::AllReduce);
@@ -345,6 +347,9 @@ fn start_allreduce_core<T: Element, R: Send + 'static>(
         for s in sends {
             s.await?;
         }
+        if step == ResultStep::Copies {
+            spread(len * sz).await;
+        }
         Ok(finish(Reduced::Blocks(blocks)))
     })
 }
@@ -359,7 +364,7 @@ pub fn start_allreduce<T: Element>(
 ) -> Handle<Vec<T>> {
     let data: Elements<T> = data.into();
     let len = data.len();
-    start_allreduce_core(ctx, data, op, callback, move |r| {
+    start_allreduce_core(ctx, data, op, callback, ResultStep::Copies, move |r| {
         let mut out = Vec::new();
         r.into_vec(len, &mut out);
         out
@@ -377,10 +382,17 @@ pub fn start_allreduce_parts<T: Element>(
     op: ReduceOp<T>,
     callback: Option<Callback>,
 ) -> Handle<Vec<Elements<T>>> {
-    start_allreduce_core(ctx, data.into(), op, callback, |r| match r {
-        Reduced::Whole(v) => vec![Elements::from(v)],
-        Reduced::Blocks(blocks) => blocks.into_iter().map(Elements::from_buffer).collect(),
-    })
+    start_allreduce_core(
+        ctx,
+        data.into(),
+        op,
+        callback,
+        ResultStep::Keeps,
+        |r| match r {
+            Reduced::Whole(v) => vec![Elements::from(v)],
+            Reduced::Blocks(blocks) => blocks.into_iter().map(Elements::from_buffer).collect(),
+        },
+    )
 }
 
 /// Reduces `data` element-wise over all ranks; every rank gets the result.
@@ -410,9 +422,12 @@ pub async fn allreduce_into<T: Element>(
     let (data, op) = (data.into(), op.into());
     let (bytes, len) = (data.buffer().len(), data.len());
     let r = streaming(ctx, bytes, |cb| {
-        start_allreduce_core(ctx, data, op, cb, |r| r)
+        start_allreduce_core(ctx, data, op, cb, ResultStep::Keeps, |r| r)
     })
     .await?;
+    if matches!(r, Reduced::Blocks(_)) {
+        spread(bytes).await;
+    }
     r.into_vec(len, out);
     Ok(())
 }

@@ -34,7 +34,7 @@ use braid_kernels::Element;
 use braid_kernels::hash::{GOLDEN, mix64};
 
 use crate::error::{CollError, CollKind, Site};
-use crate::handle::{Callback, Handle, start, streaming};
+use crate::handle::{Callback, Handle, ResultStep, spread, start, streaming};
 use crate::wire::Elements;
 use crate::wire::{Framed, Meta, emptied_for, meet_framed, recv_framed_all, send_framed};
 
@@ -257,7 +257,14 @@ pub fn start_alltoallv<T: Element>(
     spec: AllToAllvSpec,
     callback: Option<Callback>,
 ) -> Handle<Vec<T>> {
-    start_parts(ctx, send.into(), Layout::Given(spec), callback, one_vector)
+    start_parts(
+        ctx,
+        send.into(),
+        Layout::Given(spec),
+        callback,
+        ResultStep::Copies,
+        one_vector,
+    )
 }
 
 /// The received parts laid out in one vector by the layout's offsets
@@ -307,6 +314,7 @@ pub fn start_alltoallv_parts<T: Element>(
         send.into(),
         Layout::Given(spec),
         callback,
+        ResultStep::Keeps,
         |parts, _| parts,
     )
 }
@@ -318,6 +326,7 @@ fn start_parts<T: Element, R: Send + 'static>(
     send: Elements<T>,
     layout: Layout,
     callback: Option<Callback>,
+    step: ResultStep,
     finish: impl FnOnce(Vec<Elements<T>>, Layout) -> R + Send + 'static,
 ) -> Handle<R> {
     let site = Site::next(ctx, CollKind::AllToAll);
@@ -329,6 +338,9 @@ fn start_parts<T: Element, R: Send + 'static>(
             .validate(n as usize, send.len(), std::mem::size_of::<T>())
             .map_err(|d| site.invalid(d))?;
         let parts = exchange(&comm, site, send, &layout).await?;
+        if step == ResultStep::Copies {
+            spread(layout.recv_len() * std::mem::size_of::<T>()).await;
+        }
         Ok(finish(parts, layout))
     })
 }
@@ -534,9 +546,17 @@ pub async fn alltoallv_into<T: Element>(
     let send: Elements<T> = send.into();
     let bytes = send.buffer().len();
     let (parts, layout) = streaming(ctx, bytes, |cb| {
-        start_parts(ctx, send, Layout::Given(spec), cb, |p, l| (p, l))
+        start_parts(
+            ctx,
+            send,
+            Layout::Given(spec),
+            cb,
+            ResultStep::Keeps,
+            |p, l| (p, l),
+        )
     })
     .await?;
+    spread(layout.recv_len() * std::mem::size_of::<T>()).await;
     place(&parts, &layout, out);
     Ok(())
 }
@@ -551,7 +571,7 @@ pub async fn alltoall<T: Element>(
     let layout = equal_layout(ctx, &send)?;
     let bytes = send.buffer().len();
     streaming(ctx, bytes, |cb| {
-        start_parts(ctx, send, layout, cb, one_vector)
+        start_parts(ctx, send, layout, cb, ResultStep::Copies, one_vector)
     })
     .await
 }
@@ -566,9 +586,10 @@ pub async fn alltoall_into<T: Element>(
     let layout = equal_layout(ctx, &send)?;
     let bytes = send.buffer().len();
     let (parts, layout) = streaming(ctx, bytes, |cb| {
-        start_parts(ctx, send, layout, cb, |p, l| (p, l))
+        start_parts(ctx, send, layout, cb, ResultStep::Keeps, |p, l| (p, l))
     })
     .await?;
+    spread(layout.recv_len() * std::mem::size_of::<T>()).await;
     place(&parts, &layout, out);
     Ok(())
 }

@@ -13,8 +13,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use braid_coll::{
-    AllToAllvSpec, Elements, ReduceKind, allreduce, allreduce_parts, alltoall, alltoallv,
-    alltoallv_parts, barrier, broadcast, reduce_scatter, sendrecv,
+    AllToAllvSpec, Elements, ReduceKind, allreduce, allreduce_into, allreduce_parts, alltoall,
+    alltoall_into, alltoallv, alltoallv_into, alltoallv_parts, barrier, broadcast, reduce_scatter,
+    sendrecv,
 };
 use braid_core::comm::local::LocalComm;
 use braid_core::comm::tcp::TcpComm;
@@ -39,17 +40,21 @@ pub struct CollArgs {
     #[arg(long, value_delimiter = ',', default_value = "2,4", value_parser = clap::value_parser!(u32).range(1..))]
     ranks: Vec<u32>,
     /// Operations (barrier, bcast, allgather, allgather_stream, allreduce,
-    /// reduce_scatter, alltoall, alltoallv, alltoallv_parts,
-    /// allreduce_parts, sendrecv). `allgather` is the one-shot call
-    /// (`allgather_parts`: one array per rank, as MPI_Allgather);
-    /// `allgather_stream` the streaming `AllGather` with one chunk per rank.
-    /// The `_parts` forms are braid's piecewise result forms (no copy of
-    /// other ranks' data in one process), against MPI's alltoallv and
-    /// allreduce.
+    /// allreduce_into, allreduce_parts, reduce_scatter, alltoall,
+    /// alltoall_into, alltoallv, alltoallv_into, alltoallv_parts, sendrecv).
+    /// `allgather` is the one-shot call (`allgather_parts`: one array per
+    /// rank, as MPI_Allgather); `allgather_stream` the streaming `AllGather`
+    /// with one chunk per rank. The one-vector results: `allreduce`,
+    /// `alltoall` and `alltoallv` return a fresh vector per call; their
+    /// `_into` forms write into one vector each rank keeps across the loop,
+    /// as the MPI program writes into the receive buffer it keeps. The
+    /// `_parts` forms are braid's piecewise result forms (no copy of other
+    /// ranks' data in one process). Each is timed against the MPI call of
+    /// the same kind.
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "barrier,bcast,allgather,allgather_stream,allreduce,allreduce_parts,reduce_scatter,alltoall,alltoallv,alltoallv_parts,sendrecv"
+        default_value = "barrier,bcast,allgather,allgather_stream,allreduce,allreduce_into,allreduce_parts,reduce_scatter,alltoall_into,alltoallv,alltoallv_into,alltoallv_parts,sendrecv"
     )]
     ops: Vec<String>,
     /// Bytes moved per point (bounds the iteration count).
@@ -71,9 +76,11 @@ pub struct CollArgs {
 fn used_bytes(op: &str, size: usize, n: usize) -> usize {
     match op {
         "barrier" => 0,
-        "allreduce" | "allreduce_parts" => (size / 8 * 8).max(8),
+        "allreduce" | "allreduce_into" | "allreduce_parts" => (size / 8 * 8).max(8),
         "reduce_scatter" => (size / (8 * n) * 8 * n).max(8 * n),
-        "alltoall" | "alltoallv" | "alltoallv_parts" => (size / n).max(1) * n,
+        "alltoall" | "alltoall_into" | "alltoallv" | "alltoallv_into" | "alltoallv_parts" => {
+            (size / n).max(1) * n
+        }
         _ => size,
     }
 }
@@ -86,7 +93,7 @@ fn iters_for(size: usize, budget: usize) -> usize {
 }
 
 /// One operation on one rank.
-async fn run_op(ctx: &Context, op: &str, size: usize, input: &Input) -> Result<(), BoxError> {
+async fn run_op(ctx: &Context, op: &str, size: usize, input: &mut Input) -> Result<(), BoxError> {
     let n = ctx.nranks();
     let me = ctx.rank();
     match op {
@@ -103,6 +110,9 @@ async fn run_op(ctx: &Context, op: &str, size: usize, input: &Input) -> Result<(
         "allreduce" => {
             allreduce(ctx, input.f64s.clone(), ReduceKind::Sum).await?;
         }
+        "allreduce_into" => {
+            allreduce_into(ctx, input.f64s.clone(), ReduceKind::Sum, &mut input.out_f64).await?;
+        }
         "allreduce_parts" => {
             allreduce_parts(ctx, input.f64s.clone(), ReduceKind::Sum).await?;
         }
@@ -111,6 +121,19 @@ async fn run_op(ctx: &Context, op: &str, size: usize, input: &Input) -> Result<(
         }
         "alltoall" => {
             alltoall(ctx, input.u8s.clone()).await?;
+        }
+        "alltoall_into" => {
+            alltoall_into(ctx, input.u8s.clone(), &mut input.out_u8).await?;
+        }
+        "alltoallv_into" => {
+            let per = size / n as usize;
+            alltoallv_into(
+                ctx,
+                input.u8s.clone(),
+                AllToAllvSpec::equal(n as usize, per),
+                &mut input.out_u8,
+            )
+            .await?;
         }
         "alltoallv" => {
             let per = size / n as usize;
@@ -155,18 +178,29 @@ struct Input {
     bytes: Buffer,
     f64s: Elements<f64>,
     u8s: Elements<u8>,
+    /// The `_into` forms' results, kept across the loop.
+    out_f64: Vec<f64>,
+    out_u8: Vec<u8>,
 }
 
 impl Input {
     fn new(op: &str, size: usize) -> Self {
-        let f = if matches!(op, "allreduce" | "allreduce_parts" | "reduce_scatter") {
+        let f = if matches!(
+            op,
+            "allreduce" | "allreduce_into" | "allreduce_parts" | "reduce_scatter"
+        ) {
             size / 8
         } else {
             0
         };
         let u = if matches!(
             op,
-            "allgather" | "alltoall" | "alltoallv" | "alltoallv_parts"
+            "allgather"
+                | "alltoall"
+                | "alltoall_into"
+                | "alltoallv"
+                | "alltoallv_into"
+                | "alltoallv_parts"
         ) {
             size
         } else {
@@ -176,6 +210,8 @@ impl Input {
             bytes: Buffer::from_vec(vec![1u8; size]),
             f64s: (0..f).map(|i| i as f64).collect::<Vec<_>>().into(),
             u8s: vec![3u8; u].into(),
+            out_f64: Vec::new(),
+            out_u8: Vec::new(),
         }
     }
 }
@@ -192,14 +228,14 @@ async fn time_braid(
         let (ctx, op) = (ctx.clone(), op.to_string());
         hs.push(tokio::spawn(async move {
             // The MPI program allocates its rank's input once, too.
-            let input = Input::new(&op, size);
+            let mut input = Input::new(&op, size);
             for _ in 0..5 {
-                run_op(&ctx, &op, size, &input).await?;
+                run_op(&ctx, &op, size, &mut input).await?;
             }
             barrier(&ctx).await?;
             let t = Instant::now();
             for _ in 0..iters {
-                run_op(&ctx, &op, size, &input).await?;
+                run_op(&ctx, &op, size, &mut input).await?;
             }
             Ok::<_, BoxError>(t.elapsed())
         }));
@@ -236,9 +272,10 @@ fn time_mpi(
         .args(["--mca", "pml", "ob1", "--mca", "btl", btl])
         .arg(mpi)
         .arg(match op {
-            "alltoallv_parts" => "alltoallv",
+            "alltoallv_parts" | "alltoallv_into" => "alltoallv",
+            "alltoall_into" => "alltoall",
             "allgather_stream" => "allgather",
-            "allreduce_parts" => "allreduce",
+            "allreduce_parts" | "allreduce_into" => "allreduce",
             other => other,
         })
         .arg(&list)
