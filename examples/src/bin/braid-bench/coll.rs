@@ -96,6 +96,8 @@ fn iters_for(size: usize, budget: usize) -> usize {
 async fn run_op(ctx: &Context, op: &str, size: usize, input: &mut Input) -> Result<(), BoxError> {
     let n = ctx.nranks();
     let me = ctx.rank();
+    // AllToAllv's spec: equal blocks, as MPI_Alltoall's.
+    let equal = || AllToAllvSpec::equal(n as usize, size / n as usize);
     match op {
         "barrier" => barrier(ctx).await?,
         "bcast" => {
@@ -126,32 +128,13 @@ async fn run_op(ctx: &Context, op: &str, size: usize, input: &mut Input) -> Resu
             alltoall_into(ctx, input.u8s.clone(), &mut input.out_u8).await?;
         }
         "alltoallv_into" => {
-            let per = size / n as usize;
-            alltoallv_into(
-                ctx,
-                input.u8s.clone(),
-                AllToAllvSpec::equal(n as usize, per),
-                &mut input.out_u8,
-            )
-            .await?;
+            alltoallv_into(ctx, input.u8s.clone(), equal(), &mut input.out_u8).await?;
         }
         "alltoallv" => {
-            let per = size / n as usize;
-            alltoallv(
-                ctx,
-                input.u8s.clone(),
-                AllToAllvSpec::equal(n as usize, per),
-            )
-            .await?;
+            alltoallv(ctx, input.u8s.clone(), equal()).await?;
         }
         "alltoallv_parts" => {
-            let per = size / n as usize;
-            alltoallv_parts(
-                ctx,
-                input.u8s.clone(),
-                AllToAllvSpec::equal(n as usize, per),
-            )
-            .await?;
+            alltoallv_parts(ctx, input.u8s.clone(), equal()).await?;
         }
         "sendrecv" => {
             sendrecv(ctx, (me + 1) % n, input.bytes.clone(), (me + n - 1) % n).await?;
