@@ -592,3 +592,36 @@ impl Future for YieldOnce {
         Poll::Pending
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Polls of `spread(bytes)` until it completes, on the current runtime.
+    async fn polls_of_spread(bytes: usize) -> u32 {
+        let mut fut = std::pin::pin!(spread(bytes));
+        let mut polls = 0;
+        std::future::poll_fn(|cx| {
+            polls += 1;
+            fut.as_mut().poll(cx)
+        })
+        .await;
+        polls
+    }
+
+    #[test]
+    fn spread_yields_once_for_large_work_on_a_multi_thread_runtime_only() {
+        let multi = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .build()
+            .unwrap_or_else(|e| panic!("runtime: {e}"));
+        assert_eq!(multi.block_on(polls_of_spread(SPREAD_MIN)), 2);
+        assert_eq!(multi.block_on(polls_of_spread(64 << 20)), 2);
+        assert_eq!(multi.block_on(polls_of_spread(SPREAD_MIN - 1)), 1);
+        assert_eq!(multi.block_on(polls_of_spread(0)), 1);
+        let single = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap_or_else(|e| panic!("runtime: {e}"));
+        assert_eq!(single.block_on(polls_of_spread(64 << 20)), 1);
+    }
+}
