@@ -541,8 +541,9 @@ pub(crate) async fn streaming<T: Send + 'static>(
 }
 
 /// Local work, in bytes, from which [`spread`] lets another worker take
-/// the task first: a copy of 256 KiB takes ~15 us on the 2-core VM, a
-/// yield ~1 us; below that the yield would cost more than it can save.
+/// the task first: a copy of 256 KiB takes ~15 us on the 2-core VM, and a
+/// yield costs up to a few us (3 us measured where it was not needed);
+/// below that the yield would cost more than it can save.
 pub(crate) const SPREAD_MIN: usize = 256 << 10;
 
 /// Called by a rank just before `bytes` of local work (a copy or a
