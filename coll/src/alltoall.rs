@@ -543,22 +543,7 @@ pub async fn alltoallv_into<T: Element>(
     spec: AllToAllvSpec,
     out: &mut Vec<T>,
 ) -> Result<(), CollError> {
-    let send: Elements<T> = send.into();
-    let bytes = send.buffer().len();
-    let (parts, layout) = streaming(ctx, bytes, |cb| {
-        start_parts(
-            ctx,
-            send,
-            Layout::Given(spec),
-            cb,
-            ResultStep::Keeps,
-            |p, l| (p, l),
-        )
-    })
-    .await?;
-    spread(layout.recv_len() * std::mem::size_of::<T>()).await;
-    place(&parts, &layout, out);
-    Ok(())
+    exchange_into(ctx, send.into(), Layout::Given(spec), out).await
 }
 
 /// AllToAll: `send` holds N equal blocks; block p goes to rank p; the
@@ -584,6 +569,17 @@ pub async fn alltoall_into<T: Element>(
 ) -> Result<(), CollError> {
     let send: Elements<T> = send.into();
     let layout = equal_layout(ctx, &send)?;
+    exchange_into(ctx, send, layout, out).await
+}
+
+/// The `_into` forms' one body: the parts core, then the copy into `out`
+/// in the caller's task (after [`spread`]); `out` is untouched on an error.
+async fn exchange_into<T: Element>(
+    ctx: &Context,
+    send: Elements<T>,
+    layout: Layout,
+    out: &mut Vec<T>,
+) -> Result<(), CollError> {
     let bytes = send.buffer().len();
     let (parts, layout) = streaming(ctx, bytes, |cb| {
         start_parts(ctx, send, layout, cb, ResultStep::Keeps, |p, l| (p, l))
