@@ -220,7 +220,16 @@ async fn time_braid(
             for _ in 0..iters {
                 run_op(&ctx, &op, size, &mut input).await?;
             }
-            Ok::<_, BoxError>(t.elapsed())
+            let elapsed = t.elapsed();
+            // As the MPI program (an MPI_Reduce of the times, then free):
+            // no rank frees its input while another still times. In-process
+            // ranks share the runtime's workers, and a rank woken by the
+            // last operation can wait in the worker that runs a peer's
+            // teardown (tokio's LIFO slot is not stolen): freeing 64 MiB
+            // there added ~10 ms to the last operation of the other rank.
+            barrier(&ctx).await?;
+            drop(input);
+            Ok::<_, BoxError>(elapsed)
         }));
     }
     let mut worst = Duration::ZERO;
