@@ -977,8 +977,11 @@ __device__ __forceinline__ void roll_chunk(u32 base, u32 end, u32* j0, u32* j1) 
 }
 
 // Slot of thread t's entry in the raked block scan's arrays: one pad per
-// 16 entries, so the 32 lanes that each walk 16 consecutive entries
-// touch distinct banks.
+// 16 entries, so the 32 lanes that each walk 16 consecutive entries (the
+// long-window module's 512 threads) touch distinct banks. With 256
+// threads a lane walks 8, and lanes 2k and 2k + 1 share banks; a pad per
+// lane's run removed those conflicts but was level in time on an H200
+// (thirty-second session, BENCHMARKS.md), so the layout stays one.
 #define ROLL_RK(t) ((t) + ((t) >> 4))
 // The entries live in the prefix arrays (RollRake): a pair of doubles per
 // entry in ph and in pl, a count in pc, each ROLL_SLOTS long and 16-byte
