@@ -226,7 +226,7 @@ async fn time_braid(
             // ranks share the runtime's workers, and a rank woken by the
             // last operation can wait in the worker that runs a peer's
             // teardown (tokio's LIFO slot is not stolen): freeing 64 MiB
-            // there added ~10 ms to the last operation of the other rank.
+            // there added 7-13 ms to the last operation of the other rank.
             barrier(&ctx).await?;
             drop(input);
             Ok::<_, BoxError>(elapsed)
