@@ -167,3 +167,122 @@ fn tcp_message_over_the_limit_is_refused_at_the_sender() {
         y.expect("shutdown 1");
     });
 }
+
+/// Receives with a landing (`Communicator::recv_landing`) on every
+/// backend: the bytes are always the message's, whether they landed in the
+/// zone (tcp, a large message of the landing's length read after the
+/// receive was posted) or came as a buffer of their own (a message queued
+/// before, a length that differs, a small message, other backends); a
+/// landing receive dropped before its message leaves the message to the
+/// next receive; the zone's vector comes back with every landed byte.
+#[test]
+fn landing_receives_get_their_message_on_every_backend() {
+    use braid_core::memory::LandingZone;
+    use braid_core::{Buffer, OpId, Tag};
+    use braid_tests::{check_payload, payload};
+
+    async fn run(comms: Vec<Arc<dyn Communicator>>, backend: &str) {
+        let (a, b) = (comms[0].clone(), comms[1].clone());
+        let tag = |i: u32| Tag::new(OpId(900 + i), 0);
+        let big = 3 << 20;
+        // 1. Posted first, exact length: lands (tcp) at its offset.
+        let zone = LandingZone::new(vec![0u8; big + 100]);
+        let recv = b.recv_landing(0, tag(1), zone.landing(100, big).unwrap());
+        a.send(1, tag(1), Buffer::from_vec(payload(1, big)))
+            .await
+            .unwrap();
+        let got = recv.await.unwrap();
+        assert_eq!(check_payload(1, got.as_slice()), Ok(()), "{backend}");
+        let landed = zone.holds(&got, 100);
+        assert_eq!(landed, backend == "tcp", "{backend}: landed in place");
+        drop(got);
+        let v = zone.into_vec().ok().expect("no view left");
+        if landed {
+            assert_eq!(check_payload(1, &v[100..]), Ok(()), "{backend}");
+        }
+        assert!(v[..100].iter().all(|x| *x == 0), "{backend}");
+        // 2. A message queued before its receive (taken below), and 3. a
+        // length that differs from the landing's: the message's own bytes.
+        a.send(1, tag(2), Buffer::from_vec(payload(2, big)))
+            .await
+            .unwrap();
+        let zone = LandingZone::new(vec![0u8; 2 * big]);
+        let wrong = b.recv_landing(0, tag(3), zone.landing(0, big - 8).unwrap());
+        a.send(1, tag(3), Buffer::from_vec(payload(3, big)))
+            .await
+            .unwrap();
+        let got = wrong.await.unwrap();
+        assert_eq!(check_payload(3, got.as_slice()), Ok(()), "{backend}");
+        assert!(!zone.holds(&got, 0), "{backend}");
+        // 4. A small message is never landed.
+        let small = b.recv_landing(0, tag(4), zone.landing(big, 1000).unwrap());
+        a.send(1, tag(4), Buffer::from_vec(payload(4, 1000)))
+            .await
+            .unwrap();
+        let got = small.await.unwrap();
+        assert_eq!(check_payload(4, got.as_slice()), Ok(()), "{backend}");
+        assert!(!zone.holds(&got, big), "{backend}");
+        // 5. A landing receive dropped before its message: the next
+        // receive of that (src, tag) gets it, whole and in order.
+        let zone2 = LandingZone::new(vec![0u8; big]);
+        drop(b.recv_landing(0, tag(5), zone2.landing(0, big).unwrap()));
+        a.send(1, tag(5), Buffer::from_vec(payload(5, big)))
+            .await
+            .unwrap();
+        a.send(1, tag(5), Buffer::from_vec(payload(6, 10)))
+            .await
+            .unwrap();
+        let first = b.recv(0, tag(5)).await.unwrap();
+        assert_eq!(check_payload(5, first.as_slice()), Ok(()), "{backend}");
+        let second = b.recv(0, tag(5)).await.unwrap();
+        assert_eq!(check_payload(6, second.as_slice()), Ok(()), "{backend}");
+        // 2 again: the queued message is handed over as it is.
+        let zone3 = LandingZone::new(vec![0u8; big]);
+        let got = b
+            .recv_landing(0, tag(2), zone3.landing(0, big).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(check_payload(2, got.as_slice()), Ok(()), "{backend}");
+        assert!(!zone3.holds(&got, 0), "{backend}");
+        // 6. Many large messages in a row, each receive posted while the
+        // previous one is read: every one whole, landed or not.
+        for i in 0..8u32 {
+            let len = big + i as usize * 4099;
+            let zone = LandingZone::new(vec![0u8; len]);
+            let recv = b.recv_landing(0, tag(10 + i), zone.landing(0, len).unwrap());
+            let send = a.send(
+                1,
+                tag(10 + i),
+                Buffer::from_vec(payload(10 + i as u64, len)),
+            );
+            let (s, got) = tokio::join!(send, recv);
+            s.unwrap();
+            let got = got.unwrap();
+            assert_eq!(
+                check_payload(10 + i as u64, got.as_slice()),
+                Ok(()),
+                "{backend} {i}"
+            );
+        }
+    }
+
+    let rt = runtime();
+    let local: Vec<Arc<dyn Communicator>> = LocalComm::world(2)
+        .into_iter()
+        .map(|c| Arc::new(c) as Arc<dyn Communicator>)
+        .collect();
+    rt.block_on(run(local, "local"));
+    let tcp: Vec<Arc<dyn Communicator>> = rt
+        .block_on(TcpComm::in_process_world(2))
+        .expect("world")
+        .into_iter()
+        .map(|c| Arc::new(c) as Arc<dyn Communicator>)
+        .collect();
+    rt.block_on(async {
+        run(tcp.clone(), "tcp").await;
+        let (a, b) = (tcp[0].clone(), tcp[1].clone());
+        let (x, y) = tokio::join!(a.shutdown(), b.shutdown());
+        x.unwrap();
+        y.unwrap();
+    });
+}

@@ -24,7 +24,7 @@ use tokio::sync::oneshot;
 
 use crate::Rank;
 use crate::error::CommError;
-use crate::memory::Buffer;
+use crate::memory::{Buffer, Landing};
 use crate::tag::{OpId, Tag};
 
 type Key = (Rank, Tag);
@@ -63,7 +63,12 @@ impl std::hash::Hasher for KeyHasher {
 }
 
 type KeyMap<V> = HashMap<Key, V, std::hash::BuildHasherDefault<KeyHasher>>;
-type Waiter = oneshot::Sender<Result<Buffer, CommError>>;
+/// A posted receive: where its message goes, and the caller's memory it
+/// may be written into directly (`Mailbox::claim`).
+struct Waiter {
+    tx: oneshot::Sender<Result<Buffer, CommError>>,
+    landing: Option<Landing>,
+}
 
 #[derive(Default)]
 struct Slot {
@@ -122,6 +127,15 @@ impl<T> Fifo<T> {
 
     fn push_front(&mut self, x: T) {
         self.push(x, true)
+    }
+
+    fn iter_mut(&mut self) -> impl Iterator<Item = &mut T> {
+        let (one, many) = match self {
+            Fifo::Empty => (None, None),
+            Fifo::One(x) => (Some(x), None),
+            Fifo::Many(q) => (None, Some(q.iter_mut())),
+        };
+        one.into_iter().chain(many.into_iter().flatten())
     }
 
     fn pop_front(&mut self) -> Option<T> {
@@ -196,7 +210,7 @@ impl Inner {
         for key in orphans {
             if let Some(slot) = self.slots.remove(&key) {
                 for w in slot.waiters {
-                    let _ = w.send(Err(CommError::PeerFinished {
+                    let _ = w.tx.send(Err(CommError::PeerFinished {
                         rank: me,
                         peer: src,
                         tag: key.1,
@@ -265,7 +279,7 @@ impl Mailbox {
         }
         let slot = g.slots.entry((src, tag)).or_default();
         while let Some(w) = slot.waiters.pop_front() {
-            match w.send(Ok(buf)) {
+            match w.tx.send(Ok(buf)) {
                 Ok(()) => {
                     if slot.queue.is_empty() && slot.waiters.is_empty() {
                         g.slots.remove(&(src, tag));
@@ -285,6 +299,22 @@ impl Mailbox {
 
     /// A future for the next message of (src, tag).
     pub(crate) fn recv(self: &Arc<Self>, src: Rank, tag: Tag) -> RecvFuture {
+        self.recv_to(src, tag, None)
+    }
+
+    /// [`Mailbox::recv`] whose message a transport may write straight into
+    /// `landing` ([`Mailbox::claim`]); a message already queued is handed
+    /// over as it is.
+    pub(crate) fn recv_landing(
+        self: &Arc<Self>,
+        src: Rank,
+        tag: Tag,
+        landing: Landing,
+    ) -> RecvFuture {
+        self.recv_to(src, tag, Some(landing))
+    }
+
+    fn recv_to(self: &Arc<Self>, src: Rank, tag: Tag, landing: Option<Landing>) -> RecvFuture {
         let mut g = self.lock();
         if let Some(e) = &g.failed {
             return RecvFuture::ready(Err(e.clone()));
@@ -305,7 +335,11 @@ impl Mailbox {
             }));
         }
         let (tx, rx) = oneshot::channel();
-        g.slots.entry((src, tag)).or_default().waiters.push_back(tx);
+        g.slots
+            .entry((src, tag))
+            .or_default()
+            .waiters
+            .push_back(Waiter { tx, landing });
         RecvFuture {
             state: State::Waiting {
                 rx,
@@ -316,7 +350,30 @@ impl Mailbox {
         }
     }
 
-    /// Fails every waiting and later receive with `err` (first failure wins).
+    /// The landing of the receive that the next message of (src, tag) will
+    /// go to, taken from it, when that receive has one of exactly `len`
+    /// bytes: the caller (the transport reading that message) writes the
+    /// message into it and delivers [`Landing::into_buffer`]. Sound because
+    /// one transport task delivers a source's messages in order: nothing
+    /// else reaches that receive first. If the receive is dropped before
+    /// the delivery, the landed buffer goes to the next receive or the
+    /// queue like any message.
+    pub(crate) fn claim(&self, src: Rank, tag: Tag, len: usize) -> Option<Landing> {
+        let mut g = self.lock();
+        if g.failed.is_some() {
+            return None;
+        }
+        let slot = g.slots.get_mut(&(src, tag))?;
+        if !slot.queue.is_empty() {
+            return None;
+        }
+        let w = slot.waiters.iter_mut().find(|w| !w.tx.is_closed())?;
+        match &w.landing {
+            Some(l) if l.len() == len => w.landing.take(),
+            _ => None,
+        }
+    }
+
     /// A rank with a message queued here for operation `op` (any stage),
     /// if any.
     pub(crate) fn queued_for(&self, op: OpId) -> Option<Rank> {
@@ -327,6 +384,7 @@ impl Mailbox {
             .map(|((src, _), _)| *src)
     }
 
+    /// Fails every waiting and later receive with `err` (first failure wins).
     pub(crate) fn fail(&self, err: CommError) {
         let mut g = self.lock();
         if g.failed.is_some() {
@@ -335,7 +393,7 @@ impl Mailbox {
         g.failed = Some(err.clone());
         for (_, slot) in g.slots.drain() {
             for w in slot.waiters {
-                let _ = w.send(Err(err.clone()));
+                let _ = w.tx.send(Err(err.clone()));
             }
         }
     }

@@ -32,7 +32,7 @@ use futures::future::BoxFuture;
 
 use crate::Rank;
 use crate::error::CommError;
-use crate::memory::{Buffer, Reservation};
+use crate::memory::{Buffer, Landing, Reservation};
 use crate::stats::Statistics;
 use crate::tag::Tag;
 
@@ -92,6 +92,17 @@ pub trait Communicator: Send + Sync + 'static {
 
     /// Receives the next message from `src` with `tag`.
     fn recv(&self, src: Rank, tag: Tag) -> RecvFuture;
+
+    /// Receives the next message from `src` with `tag`, written straight
+    /// into `landing` where the transport can (tcp, for a large message of
+    /// exactly the landing's length that is still to be read): the buffer
+    /// is then a view of the landing's region
+    /// ([`LandingZone::holds`](crate::memory::LandingZone::holds) says
+    /// so); otherwise it is the message's own, as from `recv`.
+    fn recv_landing(&self, src: Rank, tag: Tag, landing: Landing) -> RecvFuture {
+        drop(landing);
+        self.recv(src, tag)
+    }
 
     /// Receives the next message from `src` with `tag` and charges it to
     /// `reservation`; fails if the message is larger than the reservation.

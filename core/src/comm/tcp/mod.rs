@@ -24,8 +24,10 @@
 //! Cost model: a message costs one 24-byte header plus its payload on the
 //! socket. Messages up to 64 KiB are coalesced into one write per batch of
 //! queued sends; larger payloads are written straight from the caller's
-//! buffer and read straight into a fresh buffer of the frame's size (one
-//! allocation, no copy beyond the kernel's).
+//! buffer and read straight into a pooled buffer of the frame's size, or,
+//! from 64 KiB up, into the caller's own memory where its receive offered
+//! it (`recv_landing`; no copy beyond the kernel's either way, but the
+//! caller's copy out of the buffer is saved).
 //!
 //! Flow control: sends are eager; a receiver buffers messages that arrive
 //! before their receive is posted. Collectives bound what is in flight.
@@ -51,10 +53,14 @@ use super::{Backend, Communicator, RecvFuture, SendFuture, check_rank};
 use crate::Rank;
 use crate::error::CommError;
 use crate::event::Event;
-use crate::memory::{Buffer, BufferPool};
+use crate::memory::{Buffer, BufferPool, Landing};
 use crate::stats::Statistics;
 use crate::tag::Tag;
 
+/// Messages from this size up are read straight into the landing of the
+/// receive they go to, where it has one (`Communicator::recv_landing`);
+/// below it a copy costs less than the lookup.
+const LAND_MIN: usize = 64 << 10;
 /// Idle receive memory a rank keeps for reuse.
 const RECV_POOL_BYTES: usize = 1 << 30;
 /// Time a connecting peer has to present its opening.
@@ -705,43 +711,84 @@ async fn reader_task(shared: Arc<Shared>, src: Rank, stream: TcpStream) {
             }
         };
         let len = header.len as usize;
-        let Some(mut buf) = shared.pool.try_take(len) else {
-            shared.fail_seen(CommError::Io {
-                rank: shared.rank,
-                peer: Some(src),
-                detail: format!("cannot allocate {len} bytes for a message from this peer"),
-            });
-            return;
-        };
-        while buf.len() < len {
-            let want = (len - buf.len()) as u64;
-            match (&mut r).take(want).read_buf(&mut buf).await {
-                Ok(0) | Err(_) => {
-                    // A peer that died is reported by the control plane
-                    // (naming it to every rank); tell the others ourselves
-                    // only if nothing explains it soon.
-                    tokio::time::sleep(DATA_ERROR_GRACE).await;
-                    if !shared.shutting_down.load(Ordering::Relaxed)
-                        && shared.mailbox.failure().is_none()
-                    {
-                        shared.fail_seen(CommError::PeerDied {
-                            rank: shared.rank,
-                            peer: src,
-                            detail: format!(
-                                "connection closed in the middle of a {len}-byte message"
-                            ),
-                        });
-                    }
+        // Where the payload goes: the landing of the receive waiting for
+        // it (a large message, once that receive is posted), else a
+        // pooled buffer; a receive posted while the payload is read takes
+        // over the rest of it, after one copy of what came before.
+        let landing = (len >= LAND_MIN)
+            .then(|| shared.mailbox.claim(src, header.tag, len))
+            .flatten();
+        let mut dest = match landing {
+            Some(l) => Dest::Landing(l, 0),
+            None => match shared.pool.try_take(len) {
+                Some(buf) => Dest::Pool(buf),
+                None => {
+                    shared.fail_seen(CommError::Io {
+                        rank: shared.rank,
+                        peer: Some(src),
+                        detail: format!("cannot allocate {len} bytes for a message from this peer"),
+                    });
                     return;
                 }
-                Ok(_) => {}
+            },
+        };
+        loop {
+            let read = match &mut dest {
+                Dest::Landing(l, filled) if *filled < len => {
+                    let r = r.read(&mut l.bytes_mut()[*filled..]).await;
+                    if let Ok(n) = r {
+                        *filled += n;
+                    }
+                    r
+                }
+                Dest::Pool(buf) if buf.len() < len => {
+                    let want = (len - buf.len()) as u64;
+                    (&mut r).take(want).read_buf(buf).await
+                }
+                _ => break,
+            };
+            if matches!(read, Ok(0) | Err(_)) {
+                // A peer that died is reported by the control plane
+                // (naming it to every rank); tell the others ourselves
+                // only if nothing explains it soon.
+                tokio::time::sleep(DATA_ERROR_GRACE).await;
+                if !shared.shutting_down.load(Ordering::Relaxed)
+                    && shared.mailbox.failure().is_none()
+                {
+                    shared.fail_seen(CommError::PeerDied {
+                        rank: shared.rank,
+                        peer: src,
+                        detail: format!("connection closed in the middle of a {len}-byte message"),
+                    });
+                }
+                return;
+            }
+            if let Dest::Pool(buf) = &mut dest {
+                if len >= LAND_MIN && buf.len() < len {
+                    if let Some(mut l) = shared.mailbox.claim(src, header.tag, len) {
+                        let filled = buf.len();
+                        l.bytes_mut()[..filled].copy_from_slice(buf);
+                        drop(shared.pool.wrap(std::mem::take(buf)));
+                        dest = Dest::Landing(l, filled);
+                    }
+                }
             }
         }
         shared.stats.record_recv(src, len);
-        shared
-            .mailbox
-            .deliver(src, header.tag, Buffer::from_bytes(shared.pool.wrap(buf)));
+        let payload = match dest {
+            Dest::Pool(buf) => Buffer::from_bytes(shared.pool.wrap(buf)),
+            Dest::Landing(l, _) => l.into_buffer(),
+        };
+        shared.mailbox.deliver(src, header.tag, payload);
     }
+}
+
+/// Where a message's payload is being read to.
+enum Dest {
+    /// A buffer of the receive pool (no receive offered a landing yet).
+    Pool(Vec<u8>),
+    /// The landing of the receive it goes to, and the bytes in it so far.
+    Landing(Landing, usize),
 }
 
 /// Opens the data connection to `dst` and writes `pw`'s frames to it.
@@ -1126,6 +1173,13 @@ impl Communicator for TcpComm {
             return RecvFuture::ready(Err(e));
         }
         self.shared.mailbox.recv(src, tag)
+    }
+
+    fn recv_landing(&self, src: Rank, tag: Tag, landing: Landing) -> RecvFuture {
+        if let Err(e) = check_rank(self.shared.rank, src, self.shared.nranks) {
+            return RecvFuture::ready(Err(e));
+        }
+        self.shared.mailbox.recv_landing(src, tag, landing)
     }
 
     fn abort(&self, reason: &str) {
