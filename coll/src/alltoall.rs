@@ -29,14 +29,17 @@
 //! rank directly.
 
 use braid_core::comm::OfferData;
-use braid_core::{Buffer, Context, Tag};
+use braid_core::memory::LandingZone;
+use braid_core::{Backend, Buffer, Context, Tag};
 use braid_kernels::Element;
 use braid_kernels::hash::{GOLDEN, mix64};
 
 use crate::error::{CollError, CollKind, Site};
-use crate::handle::{Callback, Handle, ResultStep, spread, start, streaming};
+use crate::handle::{Callback, Handle, spread, start, streaming};
 use crate::wire::Elements;
-use crate::wire::{Framed, Meta, emptied_for, meet_framed, recv_framed_all, send_framed};
+use crate::wire::{
+    Framed, INLINE_MAX, Meta, emptied_for, meet_framed, recv_framed_all_landing, send_framed,
+};
 
 /// Per-peer element counts and offsets of an AllToAllv.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -257,23 +260,106 @@ pub fn start_alltoallv<T: Element>(
     spec: AllToAllvSpec,
     callback: Option<Callback>,
 ) -> Handle<Vec<T>> {
-    start_parts(
-        ctx,
-        send.into(),
-        Layout::Given(spec),
-        callback,
-        ResultStep::Copies,
-        one_vector,
-    )
+    start_one_vector(ctx, send.into(), Layout::Given(spec), callback, Vec::new())
 }
 
-/// The received parts laid out in one vector by the layout's offsets
-/// (validated not to overlap); gaps are zero. Each element is written
-/// once (no zero-fill first).
-fn one_vector<T: Element>(parts: Vec<Elements<T>>, layout: Layout) -> Vec<T> {
-    let mut out = Vec::new();
-    place(&parts, &layout, &mut out);
-    out
+/// The one-vector forms' core: the exchange, its result laid out in `out`
+/// (its memory reused where it holds enough). Between in-process ranks
+/// the parts are met and copied in (each element written once). Over tcp
+/// `out` becomes a landing zone first: a large part read after its
+/// receive is posted is written straight into its place by the transport
+/// (`recv_landing`), and only the rest is copied (this rank's own part,
+/// small parts, parts that arrived early).
+fn start_one_vector<T: Element>(
+    ctx: &Context,
+    send: Elements<T>,
+    layout: Layout,
+    callback: Option<Callback>,
+    mut out: Vec<T>,
+) -> Handle<Vec<T>> {
+    let site = Site::next(ctx, CollKind::AllToAll);
+    let op = site.op;
+    let comm = ctx.comm().clone();
+    start(ctx, CollKind::AllToAll, op, callback, async move {
+        let n = comm.nranks();
+        let sz = std::mem::size_of::<T>();
+        layout
+            .validate(n as usize, send.len(), sz)
+            .map_err(|d| site.invalid(d))?;
+        let len = layout.recv_len();
+        if comm.backend() != Backend::Tcp {
+            let parts = exchange(&comm, site, send, &layout, None).await?;
+            spread(len * sz).await;
+            place(&parts, &layout, &mut out);
+            return Ok(out);
+        }
+        sized_for(&mut out, len);
+        let zone = LandingZone::new(out);
+        let parts = exchange(&comm, site, send, &layout, Some(&zone)).await?;
+        spread(len * sz).await;
+        land(site, parts, &layout, zone)
+    })
+}
+
+/// `out` at exactly `len` initialised elements, its memory kept where it
+/// holds that many (old contents stay until overwritten: see [`land`]).
+fn sized_for<T: Element>(out: &mut Vec<T>, len: usize) {
+    if out.len() >= len {
+        out.truncate(len);
+        return;
+    }
+    if out.capacity() < len {
+        *out = braid_core::memory::large_vec(len);
+    }
+    out.resize(len, T::zeroed());
+}
+
+/// The result in the zone's vector: the parts that landed in place are
+/// there already; the others are copied to their offsets, and what no
+/// part covers is zeroed.
+fn land<T: Element>(
+    site: Site,
+    mut parts: Vec<Elements<T>>,
+    layout: &Layout,
+    zone: LandingZone<T>,
+) -> Result<Vec<T>, CollError> {
+    let sz = std::mem::size_of::<T>();
+    for (p, part) in parts.iter_mut().enumerate() {
+        if part.is_empty() || zone.holds(part.buffer(), layout.recv(p).0 * sz) {
+            // In place (or nothing): let go of it, so that no view of the
+            // zone is left and the vector comes back.
+            *part = Elements::from_buffer(Buffer::default());
+        }
+    }
+    let mut v = zone.into_vec().map_err(|_| {
+        site.comm(braid_core::CommError::Protocol {
+            rank: site.rank,
+            peer: None,
+            detail: "a landed part is still held by the transport".into(),
+        })
+    })?;
+    let mut covered: Vec<(usize, usize)> = Vec::with_capacity(parts.len());
+    for (p, part) in parts.iter().enumerate() {
+        let (o, c) = layout.recv(p);
+        if c > 0 {
+            covered.push((o, o + c));
+        }
+        if !part.is_empty() {
+            v[o..o + c].copy_from_slice(&part.as_slice());
+        }
+    }
+    covered.sort_unstable();
+    let mut at = 0;
+    for (s, e) in covered {
+        if s > at {
+            v[at..s].fill(T::zeroed());
+        }
+        at = at.max(e);
+    }
+    if at < v.len() {
+        v[at..].fill(T::zeroed());
+    }
+    Ok(v)
 }
 
 /// Lays `parts` out in `out` as [`one_vector`] does, reusing `out`'s
@@ -314,7 +400,6 @@ pub fn start_alltoallv_parts<T: Element>(
         send.into(),
         Layout::Given(spec),
         callback,
-        ResultStep::Keeps,
         |parts, _| parts,
     )
 }
@@ -326,7 +411,6 @@ fn start_parts<T: Element, R: Send + 'static>(
     send: Elements<T>,
     layout: Layout,
     callback: Option<Callback>,
-    step: ResultStep,
     finish: impl FnOnce(Vec<Elements<T>>, Layout) -> R + Send + 'static,
 ) -> Handle<R> {
     let site = Site::next(ctx, CollKind::AllToAll);
@@ -337,10 +421,7 @@ fn start_parts<T: Element, R: Send + 'static>(
         layout
             .validate(n as usize, send.len(), std::mem::size_of::<T>())
             .map_err(|d| site.invalid(d))?;
-        let parts = exchange(&comm, site, send, &layout).await?;
-        if step == ResultStep::Copies {
-            spread(layout.recv_len() * std::mem::size_of::<T>()).await;
-        }
+        let parts = exchange(&comm, site, send, &layout, None).await?;
         Ok(finish(parts, layout))
     })
 }
@@ -353,11 +434,16 @@ fn start_parts<T: Element, R: Send + 'static>(
 /// per-peer slices with its two digests in the header, and takes its part
 /// from every peer; a part's length is checked against `recv_counts`, and
 /// the digest sums catch the pairs whose sender is wrong.
+///
+/// Over messages with a `zone`, each peer's part is offered its place in
+/// the zone (`recv_landing`; the part then views it), and this rank's own
+/// part is copied there while the others arrive.
 async fn exchange<T: Element>(
     comm: &std::sync::Arc<dyn braid_core::Communicator>,
     site: Site,
     send: Elements<T>,
     spec: &Layout,
+    zone: Option<&LandingZone<T>>,
 ) -> Result<Vec<Elements<T>>, CollError> {
     let n = comm.nranks();
     let me = site.rank;
@@ -451,7 +537,43 @@ async fn exchange<T: Element>(
                 ));
             }
             let peers = (0..n).filter(|p| *p != me);
-            for (p, f) in recv_framed_all(comm.as_ref(), site, peers, tag, |_, _| Ok(())).await? {
+            let landings = match zone {
+                Some(z) => peers
+                    .clone()
+                    .map(|p| {
+                        let (o, c) = spec.recv(p as usize);
+                        (c * sz > INLINE_MAX)
+                            .then(|| z.landing(o * sz, c * sz))
+                            .flatten()
+                    })
+                    .collect(),
+                None => Vec::new(),
+            };
+            let frames =
+                recv_framed_all_landing(comm.as_ref(), site, peers, tag, landings, |_, _| Ok(()));
+            // This rank's own part goes to its place while the others
+            // arrive (the receives are posted at the first poll).
+            let mut frames = std::pin::pin!(frames);
+            let frames =
+                match std::future::poll_fn(|cx| std::task::Poll::Ready(frames.as_mut().poll(cx)))
+                    .await
+                {
+                    std::task::Poll::Ready(r) => r?,
+                    std::task::Poll::Pending => {
+                        if let (Some(z), Some(own)) = (zone, parts[me as usize].as_ref()) {
+                            let (o, c) = spec.recv(me as usize);
+                            if let Some(mut l) =
+                                (c > 0).then(|| z.landing(o * sz, c * sz)).flatten()
+                            {
+                                let own = own.buffer();
+                                l.bytes_mut().copy_from_slice(own.as_slice());
+                                parts[me as usize] = Some(Elements::from_buffer(l.into_buffer()));
+                            }
+                        }
+                        frames.await?
+                    }
+                };
+            for (p, f) in frames {
                 let want = spec.recv(p as usize).1;
                 let sent = spec.send(p as usize).1;
                 let word = |i: usize| {
@@ -536,7 +658,7 @@ pub async fn alltoallv_parts<T: Element>(
 /// already touched, as MPI writes into a receive buffer the caller keeps;
 /// a fresh result vector per call costs the OS's zeroing of its pages,
 /// about as much as the copy itself at a few MiB and more. On an error
-/// `out` is left as it was.
+/// `out` is left empty.
 pub async fn alltoallv_into<T: Element>(
     ctx: &Context,
     send: impl Into<Elements<T>>,
@@ -556,7 +678,7 @@ pub async fn alltoall<T: Element>(
     let layout = equal_layout(ctx, &send)?;
     let bytes = send.buffer().len();
     streaming(ctx, bytes, |cb| {
-        start_parts(ctx, send, layout, cb, ResultStep::Copies, one_vector)
+        start_one_vector(ctx, send, layout, cb, Vec::new())
     })
     .await
 }
@@ -572,8 +694,9 @@ pub async fn alltoall_into<T: Element>(
     exchange_into(ctx, send, layout, out).await
 }
 
-/// The `_into` forms' one body: the parts core, then the copy into `out`
-/// in the caller's task (after [`spread`]); `out` is untouched on an error.
+/// The `_into` forms' one body: the one-vector core over `out`'s memory
+/// (taken for the call, given back with the result). On an error `out` is
+/// left empty.
 async fn exchange_into<T: Element>(
     ctx: &Context,
     send: Elements<T>,
@@ -581,12 +704,11 @@ async fn exchange_into<T: Element>(
     out: &mut Vec<T>,
 ) -> Result<(), CollError> {
     let bytes = send.buffer().len();
-    let (parts, layout) = streaming(ctx, bytes, |cb| {
-        start_parts(ctx, send, layout, cb, ResultStep::Keeps, |p, l| (p, l))
+    let mem = std::mem::take(out);
+    *out = streaming(ctx, bytes, |cb| {
+        start_one_vector(ctx, send, layout, cb, mem)
     })
     .await?;
-    spread(layout.recv_len() * std::mem::size_of::<T>()).await;
-    place(&parts, &layout, out);
     Ok(())
 }
 

@@ -16,6 +16,7 @@ use std::pin::Pin;
 use std::task::{Poll, ready};
 
 use braid_core::comm::{Offer, OfferData, RecvFuture, SendFuture};
+use braid_core::memory::Landing;
 use braid_core::{Buffer, Communicator, Rank, Tag};
 use braid_kernels::{DType, Element};
 use bytes::Bytes;
@@ -288,7 +289,10 @@ fn open_head(site: Site, src: Rank, first: Buffer) -> Result<Head, CollError> {
 /// One peer's receive in [`drive_frames`]:
 /// which message of its current frame it waits for.
 enum Pending {
-    Head(RecvFuture),
+    /// The header, and, where the caller offered a landing for the data,
+    /// the data's receive, posted with it so that the transport can
+    /// write the data straight into the landing from its first byte.
+    Head(RecvFuture, Option<RecvFuture>),
     Data(Meta, Bytes, RecvFuture),
     Done,
 }
@@ -306,7 +310,7 @@ impl Pending {
     ) -> Poll<Result<Framed, CollError>> {
         loop {
             match self {
-                Pending::Head(f) => {
+                Pending::Head(f, data) => {
                     let Poll::Ready(r) = Pin::new(f).poll(cx) else {
                         return Poll::Pending;
                     };
@@ -314,13 +318,17 @@ impl Pending {
                         Ok(b) => b,
                         Err(e) => return Poll::Ready(Err(site.comm(e))),
                     };
+                    // A data receive posted with the header and not needed
+                    // (the data came inline) is dropped here: cancel-safe.
+                    let data = data.take();
                     match open_head(site, src, first) {
                         Ok(Head::Whole(f)) => {
                             *self = Pending::Done;
                             return Poll::Ready(Ok(f));
                         }
                         Ok(Head::DataFollows(meta, um)) => {
-                            *self = Pending::Data(meta, um, comm.recv(src, tag));
+                            let data = data.unwrap_or_else(|| comm.recv(src, tag));
+                            *self = Pending::Data(meta, um, data);
                         }
                         Err(e) => return Poll::Ready(Err(e)),
                     }
@@ -362,23 +370,34 @@ enum Next {
 /// ends the wait whichever peer it comes from: waiting on peers in order
 /// could wait forever on a peer that is itself waiting for this rank's
 /// error.
+///
+/// `landings[i]`, where given, is where the data of peer i's first frame
+/// may be written straight into: its receive is posted with the header's
+/// (see [`recv_framed_all_landing`]; only for a frame whose data follows
+/// its header).
 async fn drive_frames(
     comm: &dyn Communicator,
     site: Site,
     peers: &[Rank],
     tag: Tag,
+    mut landings: Vec<Option<Landing>>,
     mut on_frame: impl FnMut(usize, Framed) -> Result<Next, CollError>,
 ) -> Result<(), CollError> {
+    landings.resize_with(peers.len(), || None);
     let mut pending: Vec<Pending> = peers
         .iter()
-        .map(|p| Pending::Head(comm.recv(*p, tag)))
+        .zip(landings)
+        .map(|(p, l)| {
+            let head = comm.recv(*p, tag);
+            Pending::Head(head, l.map(|l| comm.recv_landing(*p, tag, l)))
+        })
         .collect();
     let mut left = pending.len();
     std::future::poll_fn(|cx| {
         for (i, (st, p)) in pending.iter_mut().zip(peers).enumerate() {
             while let Poll::Ready(r) = st.poll_frame(cx, comm, site, *p, tag) {
                 match r.and_then(|f| on_frame(i, f)) {
-                    Ok(Next::Another) => *st = Pending::Head(comm.recv(*p, tag)),
+                    Ok(Next::Another) => *st = Pending::Head(comm.recv(*p, tag), None),
                     Ok(Next::Done) => {
                         left -= 1;
                         break;
@@ -404,11 +423,28 @@ pub(crate) async fn recv_framed_all(
     site: Site,
     peers: impl IntoIterator<Item = Rank>,
     tag: Tag,
+    check: impl FnMut(Rank, &Framed) -> Result<(), CollError>,
+) -> Result<Vec<(Rank, Framed)>, CollError> {
+    recv_framed_all_landing(comm, site, peers, tag, Vec::new(), check).await
+}
+
+/// [`recv_framed_all`] where the data of the frame from `peers[i]`, when
+/// it follows its header, may be written straight into `landings[i]`
+/// (`Communicator::recv_landing`; a frame's data then views that
+/// memory). Missing entries mean no landing. Give one only where the data
+/// is expected to follow (more than `INLINE_MAX` bytes): its receive is
+/// posted at once, and is dropped if the data comes inline after all.
+pub(crate) async fn recv_framed_all_landing(
+    comm: &dyn Communicator,
+    site: Site,
+    peers: impl IntoIterator<Item = Rank>,
+    tag: Tag,
+    landings: Vec<Option<Landing>>,
     mut check: impl FnMut(Rank, &Framed) -> Result<(), CollError>,
 ) -> Result<Vec<(Rank, Framed)>, CollError> {
     let peers: Vec<Rank> = peers.into_iter().collect();
     let mut out: Vec<Option<Framed>> = peers.iter().map(|_| None).collect();
-    drive_frames(comm, site, &peers, tag, |i, f| {
+    drive_frames(comm, site, &peers, tag, landings, |i, f| {
         check(peers[i], &f)?;
         out[i] = Some(f);
         Ok(Next::Done)
@@ -524,7 +560,7 @@ pub(crate) async fn recv_streams_all(
     let peers: Vec<Rank> = peers.into_iter().collect();
     let mut got = vec![0u64; peers.len()];
     let mut fins: Vec<Option<Meta>> = vec![None; peers.len()];
-    drive_frames(comm, site, &peers, tag, |i, f| {
+    drive_frames(comm, site, &peers, tag, Vec::new(), |i, f| {
         let p = peers[i];
         if f.meta.flags & FINISH != 0 {
             if f.meta.count != got[i] {

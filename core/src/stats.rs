@@ -51,6 +51,7 @@ pub struct Statistics {
     /// string comparisons on every collective.
     ops: Mutex<Vec<(String, OpTiming)>>,
     spilled_bytes: AtomicU64,
+    landed_bytes: AtomicU64,
     rejected_connections: AtomicU64,
 }
 
@@ -62,6 +63,7 @@ impl Statistics {
             peers: (0..nranks).map(|_| PeerCounters::default()).collect(),
             ops: Mutex::new(Vec::new()),
             spilled_bytes: AtomicU64::new(0),
+            landed_bytes: AtomicU64::new(0),
             rejected_connections: AtomicU64::new(0),
         }
     }
@@ -104,6 +106,12 @@ impl Statistics {
         self.spilled_bytes.fetch_add(bytes, Ordering::Relaxed);
     }
 
+    /// Records `bytes` of a received message written straight into the
+    /// memory its receive offered (`Communicator::recv_landing`).
+    pub fn record_landed(&self, bytes: u64) {
+        self.landed_bytes.fetch_add(bytes, Ordering::Relaxed);
+    }
+
     /// Records a connection refused for a bad token or bad handshake.
     pub fn record_rejected_connection(&self) {
         self.rejected_connections.fetch_add(1, Ordering::Relaxed);
@@ -135,6 +143,12 @@ impl Statistics {
     /// Bytes spilled so far.
     pub fn spilled_bytes(&self) -> u64 {
         self.spilled_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Received bytes written straight into their receiver's memory so far
+    /// (the rest went through a receive buffer and a copy).
+    pub fn landed_bytes(&self) -> u64 {
+        self.landed_bytes.load(Ordering::Relaxed)
     }
 
     /// Connections refused so far (wrong token, bad handshake).
@@ -181,6 +195,7 @@ impl fmt::Display for Statistics {
             }
         }
         writeln!(f, "  spilled bytes: {}", self.spilled_bytes())?;
+        writeln!(f, "  bytes received in place: {}", self.landed_bytes())?;
         let rej = self.rejected_connections();
         if rej > 0 {
             writeln!(f, "  rejected connections: {rej}")?;

@@ -442,6 +442,83 @@ pub async fn run(ctx: Context, seed: u64) -> R<String> {
     }
     checks += 1;
 
+    // Large parts (most above the 16 KiB inline limit and tcp's 64 KiB
+    // landing threshold, some small or empty), laid out in a permuted
+    // order with gaps: the result vector is landed in directly over tcp.
+    // Fresh, then into a reused vector full of junk (gaps must be zero).
+    let big = |src: Rank, dst: Rank| -> usize {
+        let mut g = SplitMix(seed_of(&[seed, 12, src as u64, dst as u64]));
+        match g.below(5) {
+            0 => g.below(3) as usize,
+            1 => 1000 + g.below(2000) as usize,
+            _ => 9000 + g.below(40000) as usize,
+        }
+    };
+    let value = |src: Rank, dst: Rank, i: usize| -> i64 {
+        (seed_of(&[seed, 13, src as u64, dst as u64, i as u64]) >> 1) as i64
+    };
+    let mut send = Vec::new();
+    for d in 0..n {
+        send.extend((0..big(me, d)).map(|i| value(me, d, i)));
+    }
+    let send_counts: Vec<usize> = (0..n).map(|d| big(me, d)).collect();
+    let recv_counts: Vec<usize> = (0..n).map(|s| big(s, me)).collect();
+    let mut order: Vec<usize> = (0..n as usize).collect();
+    let mut g = SplitMix(seed_of(&[seed, 14, me as u64]));
+    for i in (1..order.len()).rev() {
+        order.swap(i, g.below(i as u64 + 1) as usize);
+    }
+    let mut recv_offsets = vec![0usize; n as usize];
+    let mut at = 0usize;
+    for s in order {
+        at += g.below(3) as usize * 17; // a gap, or none
+        recv_offsets[s] = at;
+        at += recv_counts[s];
+    }
+    let recv_len = at + 5;
+    let mut spec = AllToAllvSpec::from_counts(send_counts, recv_counts.clone());
+    spec.recv_offsets = recv_offsets.clone();
+    spec.recv_len = recv_len;
+    let mut want = vec![0i64; recv_len];
+    for s in 0..n {
+        let o = recv_offsets[s as usize];
+        for (i, w) in want[o..o + recv_counts[s as usize]].iter_mut().enumerate() {
+            *w = value(s, me, i);
+        }
+    }
+    let got = alltoallv(&ctx, send.clone(), spec.clone())
+        .await
+        .map_err(e)?;
+    ensure(got == want, || "large alltoallv result differs".into())?;
+    let mut out: Vec<i64> = vec![-3; recv_len + 100];
+    for round in 0..2 {
+        alltoallv_into(&ctx, send.clone(), spec.clone(), &mut out)
+            .await
+            .map_err(e)?;
+        ensure(out == want, || {
+            format!("large alltoallv_into result differs (round {round})")
+        })?;
+        out.iter_mut().for_each(|x| *x = -9);
+    }
+    // Equal blocks of 12000 f64 (96 KB) into a reused vector.
+    let block = 12000usize;
+    let send: Vec<f64> = (0..n as usize * block)
+        .map(|j| (me as usize * 1_000_000 + j) as f64)
+        .collect();
+    let want: Vec<f64> = (0..n as usize)
+        .flat_map(|s| (0..block).map(move |i| (s * 1_000_000 + me as usize * block + i) as f64))
+        .collect();
+    let mut out: Vec<f64> = vec![f64::NAN; 7];
+    for round in 0..2 {
+        alltoall_into(&ctx, send.clone(), &mut out)
+            .await
+            .map_err(e)?;
+        ensure(bits_eq(&out, &want), || {
+            format!("large alltoall_into result differs (round {round})")
+        })?;
+    }
+    checks += 1;
+
     // SendRecv around the ring.
     let ps = |r: Rank| seed_of(&[seed, 12, r as u64]);
     let got = sendrecv(

@@ -138,6 +138,22 @@ impl<T> Fifo<T> {
         one.into_iter().chain(many.into_iter().flatten())
     }
 
+    /// Keeps the entries for which `keep` holds, in order.
+    fn retain(&mut self, mut keep: impl FnMut(&T) -> bool) {
+        match std::mem::take(self) {
+            Fifo::Empty => {}
+            Fifo::One(x) => {
+                if keep(&x) {
+                    *self = Fifo::One(x);
+                }
+            }
+            Fifo::Many(mut q) => {
+                q.retain(|x| keep(x));
+                *self = Fifo::Many(q);
+            }
+        }
+    }
+
     fn pop_front(&mut self) -> Option<T> {
         match self {
             Fifo::Empty => None,
@@ -278,8 +294,12 @@ impl Mailbox {
             }
         }
         let slot = g.slots.entry((src, tag)).or_default();
-        while let Some(w) = slot.waiters.pop_front() {
-            match w.tx.send(Ok(buf)) {
+        while let Some(Waiter { tx, landing }) = slot.waiters.pop_front() {
+            // An unclaimed landing is let go before the receive learns of
+            // its message: its owner may take its memory back at once
+            // (`LandingZone::into_vec`).
+            drop(landing);
+            match tx.send(Ok(buf)) {
                 Ok(()) => {
                     if slot.queue.is_empty() && slot.waiters.is_empty() {
                         g.slots.remove(&(src, tag));
@@ -347,6 +367,17 @@ impl Mailbox {
                 key: (src, tag),
                 driver: None,
             },
+        }
+    }
+
+    /// Removes the waiters of `key` whose receive was dropped.
+    fn forget_closed(&self, key: Key) {
+        let mut g = self.lock();
+        if let Some(slot) = g.slots.get_mut(&key) {
+            slot.waiters.retain(|w| !w.tx.is_closed());
+            if slot.queue.is_empty() && slot.waiters.is_empty() {
+                g.slots.remove(&key);
+            }
         }
     }
 
@@ -543,6 +574,10 @@ impl Drop for RecvFuture {
             rx.close();
             if let Ok(Ok(buf)) = rx.try_recv() {
                 mailbox.deliver_at(key.0, key.1, buf, true);
+            } else {
+                // Not delivered: its waiter (and any landing it holds, with
+                // the memory behind it) goes now, not at the next message.
+                mailbox.forget_closed(*key);
             }
         }
     }

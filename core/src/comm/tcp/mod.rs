@@ -719,7 +719,7 @@ async fn reader_task(shared: Arc<Shared>, src: Rank, stream: TcpStream) {
             .then(|| shared.mailbox.claim(src, header.tag, len))
             .flatten();
         let mut dest = match landing {
-            Some(l) => Dest::Landing(l, 0),
+            Some(l) => Dest::Landing(l, 0, 0),
             None => match shared.pool.try_take(len) {
                 Some(buf) => Dest::Pool(buf),
                 None => {
@@ -734,7 +734,7 @@ async fn reader_task(shared: Arc<Shared>, src: Rank, stream: TcpStream) {
         };
         loop {
             let read = match &mut dest {
-                Dest::Landing(l, filled) if *filled < len => {
+                Dest::Landing(l, filled, _) if *filled < len => {
                     let r = r.read(&mut l.bytes_mut()[*filled..]).await;
                     if let Ok(n) = r {
                         *filled += n;
@@ -769,7 +769,7 @@ async fn reader_task(shared: Arc<Shared>, src: Rank, stream: TcpStream) {
                         let filled = buf.len();
                         l.bytes_mut()[..filled].copy_from_slice(buf);
                         drop(shared.pool.wrap(std::mem::take(buf)));
-                        dest = Dest::Landing(l, filled);
+                        dest = Dest::Landing(l, filled, filled);
                     }
                 }
             }
@@ -777,7 +777,10 @@ async fn reader_task(shared: Arc<Shared>, src: Rank, stream: TcpStream) {
         shared.stats.record_recv(src, len);
         let payload = match dest {
             Dest::Pool(buf) => Buffer::from_bytes(shared.pool.wrap(buf)),
-            Dest::Landing(l, _) => l.into_buffer(),
+            Dest::Landing(l, _, copied) => {
+                shared.stats.record_landed((len - copied) as u64);
+                l.into_buffer()
+            }
         };
         shared.mailbox.deliver(src, header.tag, payload);
     }
@@ -787,8 +790,9 @@ async fn reader_task(shared: Arc<Shared>, src: Rank, stream: TcpStream) {
 enum Dest {
     /// A buffer of the receive pool (no receive offered a landing yet).
     Pool(Vec<u8>),
-    /// The landing of the receive it goes to, and the bytes in it so far.
-    Landing(Landing, usize),
+    /// The landing of the receive it goes to, the bytes in it so far, and
+    /// how many of them were read before it was claimed (and copied in).
+    Landing(Landing, usize, usize),
 }
 
 /// Opens the data connection to `dst` and writes `pw`'s frames to it.
