@@ -10,6 +10,17 @@
 //! returns them per source rank as they arrived (between in-process ranks
 //! a part is the sender's own buffer: no copy at all).
 //!
+//! Over tcp an `_into` call whose vector already holds the result's length
+//! receives large parts (over 16 KiB, sent as a header then the data)
+//! straight into their places: the data's receive is posted with the
+//! header's and offers its place as a landing (`recv_landing`), so the
+//! transport reads the socket into the result, and only this rank's own
+//! part (and parts that arrived before their receive) is copied; the same
+//! bytes as MPI moves, which receives into the caller's buffer. At 16 and
+//! 64 MiB between 2 and 4 tcp ranks on the 2-core VM this took the
+//! `_into` forms from 0.61-1.05 of OpenMPI to 0.78-1.26 (BENCHMARKS.md,
+//! thirty-third session).
+//!
 //! Counts and offsets are validated against the buffers before anything is
 //! sent. Each message carries both counts of its pair (what the sender
 //! sends, and what it expects back), so both ranks of a pair that disagree
