@@ -42,8 +42,8 @@ use std::borrow::Cow;
 use std::sync::Arc;
 
 use braid_core::comm::OfferData;
-use braid_core::memory::large_vec;
-use braid_core::{Buffer, Communicator, Context, Rank, Tag};
+use braid_core::memory::{LandingZone, large_vec};
+use braid_core::{Backend, Buffer, Communicator, Context, Rank, Tag};
 use braid_kernels::reduce::{combine_extend, reduce_into};
 use braid_kernels::{Element, ReduceKind};
 
@@ -51,8 +51,8 @@ use crate::error::{CollError, CollKind, Site};
 use crate::handle::{Callback, Handle, ResultStep, spread, start, streaming};
 use crate::wire::Elements;
 use crate::wire::{
-    Framed, Meta, Signature, emptied_for, exchange_framed, recv_framed_all, send_framed, typed,
-    vec_to_buffer,
+    Framed, INLINE_MAX, Meta, Signature, emptied_for, exchange_framed, land_parts,
+    recv_framed_all_landing, send_framed, typed, vec_to_buffer,
 };
 
 /// A user-supplied reduction: `acc[i] = acc[i] (op) x[i]`. It must be the
@@ -280,6 +280,9 @@ async fn reduce_my_piece<T: Element>(
 enum Reduced<T> {
     Whole(Vec<T>),
     Blocks(Vec<Buffer>),
+    /// The whole result in the vector the caller lent (`land_in`), the
+    /// other ranks' blocks received straight into it.
+    Landed(Vec<T>),
 }
 
 impl<T: Element> Reduced<T> {
@@ -288,7 +291,7 @@ impl<T: Element> Reduced<T> {
     /// elements (their lengths were checked on arrival).
     fn into_vec(self, len: usize, out: &mut Vec<T>) {
         match self {
-            Reduced::Whole(v) => *out = v,
+            Reduced::Whole(v) | Reduced::Landed(v) => *out = v,
             Reduced::Blocks(blocks) => {
                 emptied_for(out, len);
                 for b in &blocks {
@@ -299,13 +302,17 @@ impl<T: Element> Reduced<T> {
     }
 }
 
-/// The one AllReduce core; `finish` shapes the result.
+/// The one AllReduce core; `finish` shapes the result. `land_in`: a
+/// vector of the input's length that the two-step algorithm's result goes
+/// into, the other ranks' reduced blocks received straight into it
+/// (`Communicator::recv_landing`; `Reduced::Landed`).
 fn start_allreduce_core<T: Element, R: Send + 'static>(
     ctx: &Context,
     data: Elements<T>,
     op: ReduceOp<T>,
     callback: Option<Callback>,
     step: ResultStep,
+    land_in: Option<Vec<T>>,
     finish: impl FnOnce(Reduced<T>) -> R + Send + 'static,
 ) -> Handle<R> {
     let site = Site::next(ctx, CollKind::AllReduce);
@@ -338,14 +345,37 @@ fn start_allreduce_core<T: Element, R: Send + 'static>(
             Ok(())
         };
         let peers = (0..n).filter(|p| *p != me);
-        let mut blocks: Vec<Buffer> = recv_framed_all(comm.as_ref(), site, peers, tag, check)
-            .await?
-            .into_iter()
-            .map(|(_, f)| f.data)
-            .collect();
+        let zone = land_in.filter(|v| v.len() == len).map(LandingZone::new);
+        let landings = match &zone {
+            Some(z) => peers
+                .clone()
+                .map(|p| {
+                    let (lo, hi) = block(len, n, p);
+                    ((hi - lo) * sz > INLINE_MAX)
+                        .then(|| z.landing(lo * sz, (hi - lo) * sz))
+                        .flatten()
+                })
+                .collect(),
+            None => Vec::new(),
+        };
+        let mut blocks: Vec<Buffer> =
+            recv_framed_all_landing(comm.as_ref(), site, peers, tag, landings, check)
+                .await?
+                .into_iter()
+                .map(|(_, f)| f.data)
+                .collect();
         blocks.insert(me as usize, mine_buf);
         for s in sends {
             s.await?;
+        }
+        if let Some(zone) = zone {
+            spread(len * sz).await;
+            let placed = blocks
+                .into_iter()
+                .enumerate()
+                .map(|(b, buf)| (block(len, n, b as u32).0, buf))
+                .collect();
+            return Ok(finish(Reduced::Landed(land_parts(site, placed, zone)?)));
         }
         if step == ResultStep::Copies {
             spread(len * sz).await;
@@ -364,11 +394,19 @@ pub fn start_allreduce<T: Element>(
 ) -> Handle<Vec<T>> {
     let data: Elements<T> = data.into();
     let len = data.len();
-    start_allreduce_core(ctx, data, op, callback, ResultStep::Copies, move |r| {
-        let mut out = Vec::new();
-        r.into_vec(len, &mut out);
-        out
-    })
+    start_allreduce_core(
+        ctx,
+        data,
+        op,
+        callback,
+        ResultStep::Copies,
+        None,
+        move |r| {
+            let mut out = Vec::new();
+            r.into_vec(len, &mut out);
+            out
+        },
+    )
 }
 
 /// Starts an AllReduce whose result is a list of parts that, concatenated
@@ -388,8 +426,9 @@ pub fn start_allreduce_parts<T: Element>(
         op,
         callback,
         ResultStep::Keeps,
+        None,
         |r| match r {
-            Reduced::Whole(v) => vec![Elements::from(v)],
+            Reduced::Whole(v) | Reduced::Landed(v) => vec![Elements::from(v)],
             Reduced::Blocks(blocks) => blocks.into_iter().map(Elements::from_buffer).collect(),
         },
     )
@@ -411,8 +450,11 @@ pub async fn allreduce<T: Element>(
 /// into pages it has already touched, as MPI writes into a receive buffer
 /// the caller keeps; see [`alltoallv_into`](crate::alltoall::alltoallv_into)).
 /// Inputs small enough for the one-step algorithm, and one rank, replace
-/// `out` with the result vector instead. On an error `out` is left as it
-/// was.
+/// `out` with the result vector instead. Over tcp, once `out` holds the
+/// input's length (from a loop's second call), the other ranks' reduced
+/// blocks are read from the sockets straight into it. On an error `out`
+/// is left as it was, or, where it was lent to the transport that way,
+/// empty.
 pub async fn allreduce_into<T: Element>(
     ctx: &Context,
     data: impl Into<Elements<T>>,
@@ -421,8 +463,15 @@ pub async fn allreduce_into<T: Element>(
 ) -> Result<(), CollError> {
     let (data, op) = (data.into(), op.into());
     let (bytes, len) = (data.buffer().len(), data.len());
+    let two_step = ctx.nranks() > 1 && bytes > DIRECT_MAX;
+    let land_in =
+        (two_step && ctx.comm().backend() == Backend::Tcp && out.len() >= len).then(|| {
+            let mut v = std::mem::take(out);
+            v.truncate(len);
+            v
+        });
     let r = streaming(ctx, bytes, |cb| {
-        start_allreduce_core(ctx, data, op, cb, ResultStep::Keeps, |r| r)
+        start_allreduce_core(ctx, data, op, cb, ResultStep::Keeps, land_in, |r| r)
     })
     .await?;
     if matches!(r, Reduced::Blocks(_)) {

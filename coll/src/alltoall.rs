@@ -49,7 +49,8 @@ use crate::error::{CollError, CollKind, Site};
 use crate::handle::{Callback, Handle, spread, start, streaming};
 use crate::wire::Elements;
 use crate::wire::{
-    Framed, INLINE_MAX, Meta, emptied_for, meet_framed, recv_framed_all_landing, send_framed,
+    Framed, INLINE_MAX, Meta, emptied_for, land_parts, meet_framed, recv_framed_all_landing,
+    send_framed,
 };
 
 /// Per-peer element counts and offsets of an AllToAllv.
@@ -318,52 +319,19 @@ fn start_one_vector<T: Element>(
     })
 }
 
-/// The result in the zone's vector: the parts that landed in place are
-/// there already; the others are copied to their offsets, and what no
-/// part covers is zeroed.
+/// The result in the zone's vector (see [`land_parts`]).
 fn land<T: Element>(
     site: Site,
-    mut parts: Vec<Elements<T>>,
+    parts: Vec<Elements<T>>,
     layout: &Layout,
     zone: LandingZone<T>,
 ) -> Result<Vec<T>, CollError> {
-    let sz = std::mem::size_of::<T>();
-    for (p, part) in parts.iter_mut().enumerate() {
-        if part.is_empty() || zone.holds(part.buffer(), layout.recv(p).0 * sz) {
-            // In place (or nothing): let go of it, so that no view of the
-            // zone is left and the vector comes back.
-            *part = Elements::from_buffer(Buffer::default());
-        }
-    }
-    let mut v = zone.into_vec().map_err(|_| {
-        site.comm(braid_core::CommError::Protocol {
-            rank: site.rank,
-            peer: None,
-            detail: "a landed part is still held by the transport".into(),
-        })
-    })?;
-    let mut covered: Vec<(usize, usize)> = Vec::with_capacity(parts.len());
-    for (p, part) in parts.iter().enumerate() {
-        let (o, c) = layout.recv(p);
-        if c > 0 {
-            covered.push((o, o + c));
-        }
-        if !part.is_empty() {
-            v[o..o + c].copy_from_slice(&part.as_slice());
-        }
-    }
-    covered.sort_unstable();
-    let mut at = 0;
-    for (s, e) in covered {
-        if s > at {
-            v[at..s].fill(T::zeroed());
-        }
-        at = at.max(e);
-    }
-    if at < v.len() {
-        v[at..].fill(T::zeroed());
-    }
-    Ok(v)
+    let placed = parts
+        .into_iter()
+        .enumerate()
+        .map(|(p, part)| (layout.recv(p).0, part.buffer().clone()))
+        .collect();
+    land_parts(site, placed, zone)
 }
 
 /// Lays `parts` out in `out` as [`one_vector`] does, reusing `out`'s

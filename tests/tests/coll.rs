@@ -668,3 +668,43 @@ fn tcp_alltoall_parts_land_in_the_result() {
         }
     }
 }
+
+/// Over tcp a reused `allreduce_into` vector takes the other ranks'
+/// reduced blocks straight from the sockets (some of them land, counted
+/// in the statistics), and every call's result equals a brute-force sum.
+#[test]
+fn tcp_allreduce_into_blocks_land_in_the_result() {
+    let rt = runtime();
+    for n in [2u32, 3, 4] {
+        let len = 300_001usize; // f64: 2.4 MB, blocks not all equal
+        let res = rt.block_on(async {
+            on_all(tcp_ctxs(n, MemoryLimits::UNLIMITED).await, |c| async move {
+                let me = c.rank() as usize;
+                let nn = c.nranks() as usize;
+                let x = |k: usize, r: usize, i: usize| ((k * 31 + r * 7 + i) % 1000) as f64;
+                let mut out = vec![f64::NAN; 10];
+                let before = c.comm().statistics().landed_bytes();
+                for k in 0..4 {
+                    let data: Vec<f64> = (0..len).map(|i| x(k, me, i)).collect();
+                    braid_coll::allreduce_into(&c, data, ReduceKind::Sum, &mut out)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    let bad = (0..len).find(|&i| {
+                        let want: f64 = (0..nn).map(|r| x(k, r, i)).sum();
+                        out.get(i) != Some(&want)
+                    });
+                    if out.len() != len || bad.is_some() {
+                        return Err(format!("rank {me}, call {k}: result differs at {bad:?}"));
+                    }
+                }
+                Ok(c.comm().statistics().landed_bytes() - before)
+            })
+            .await
+        });
+        let landed: u64 = res
+            .into_iter()
+            .map(|x| x.unwrap_or_else(|e| panic!("{n} ranks: {e}")))
+            .sum();
+        assert!(landed > 0, "{n} ranks: no reduced block landed");
+    }
+}
