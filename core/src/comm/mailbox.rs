@@ -6,13 +6,21 @@
 //! receive. A peer that finished its job (`peer_finished`, with the number
 //! of messages it sent here) fails, once all of those are delivered, the
 //! receives from it that find nothing queued: the ranks' calls differ, and
-//! such a receive would otherwise wait for ever. (This assumes one receive
-//! at a time per (src, tag), as every braid protocol posts: with two, the
-//! last message could go to one that is then dropped, after the other was
-//! failed.)
+//! such a receive would otherwise wait for ever. (This assumes that a
+//! receive of a (src, tag) with another posted behind it is only dropped
+//! before its message comes, as braid's protocols do: they post one
+//! receive at a time, or a frame's header and data receives together,
+//! dropping the data's only when the header says it came inline. Were a
+//! receive dropped after the last message came to it, that message would
+//! go back to a queue whose other receive may have been failed already.)
 //!
 //! Receive futures are cancel-safe: a message handed to a receive that is
-//! dropped before it is polled again goes back to the front of its queue.
+//! dropped before it is polled again goes back to the front of its queue;
+//! a receive dropped before its message leaves no waiter behind.
+//!
+//! A receive may offer a landing (`recv_landing`): memory of the caller's
+//! that the transport delivering its message writes into directly
+//! (`claim`, then a view of that memory delivered like any message).
 
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
