@@ -450,9 +450,9 @@ pub async fn allreduce<T: Element>(
 /// into pages it has already touched, as MPI writes into a receive buffer
 /// the caller keeps; see [`alltoallv_into`](crate::alltoall::alltoallv_into)).
 /// Inputs small enough for the one-step algorithm, and one rank, replace
-/// `out` with the result vector instead. Over tcp, once `out` holds the
-/// input's length (from a loop's second call), the other ranks' reduced
-/// blocks are read from the sockets straight into it. On an error `out`
+/// `out` with the result vector instead. Over tcp and mpi, once `out`
+/// holds the input's length (from a loop's second call), the other ranks'
+/// reduced blocks are received straight into it. On an error `out`
 /// is left as it was, or, where it was lent to the transport that way,
 /// empty.
 pub async fn allreduce_into<T: Element>(
@@ -465,7 +465,7 @@ pub async fn allreduce_into<T: Element>(
     let (bytes, len) = (data.buffer().len(), data.len());
     let two_step = ctx.nranks() > 1 && bytes > DIRECT_MAX;
     let land_in =
-        (two_step && ctx.comm().backend() == Backend::Tcp && out.len() >= len).then(|| {
+        (two_step && ctx.comm().backend() != Backend::Local && out.len() >= len).then(|| {
             let mut v = std::mem::take(out);
             v.truncate(len);
             v

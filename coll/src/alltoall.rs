@@ -10,8 +10,8 @@
 //! returns them per source rank as they arrived (between in-process ranks
 //! a part is the sender's own buffer: no copy at all).
 //!
-//! Over tcp an `_into` call whose vector already holds the result's length
-//! receives large parts (over 16 KiB, sent as a header then the data)
+//! Over tcp (and mpi) an `_into` call whose vector already holds the
+//! result's length receives large parts (over 16 KiB, sent as a header then the data)
 //! straight into their places: the data's receive is posted with the
 //! header's and offers its place as a landing (`recv_landing`), so the
 //! transport reads the socket into the result, and only this rank's own
@@ -277,12 +277,13 @@ pub fn start_alltoallv<T: Element>(
 
 /// The one-vector forms' core: the exchange, its result laid out in `out`
 /// (its memory reused where it holds enough). Between in-process ranks
-/// the parts are met and copied in (each element written once). Over tcp,
-/// into a vector that already holds the result's length (an `_into` call
-/// that reuses its vector), `out` becomes a landing zone first: a large
-/// part read after its receive is posted is written straight into its
-/// place by the transport (`recv_landing`), and only the rest is copied
-/// (this rank's own part, small parts, parts that arrived early).
+/// the parts are met and copied in (each element written once). Over
+/// messages (tcp, mpi), into a vector that already holds the result's
+/// length (an `_into` call that reuses its vector), `out` becomes a
+/// landing zone first: a large part received after its receive is posted
+/// is written straight into its place by the transport (`recv_landing`),
+/// and only the rest is copied (this rank's own part, small parts, parts
+/// that arrived early).
 fn start_one_vector<T: Element>(
     ctx: &Context,
     send: Elements<T>,
@@ -305,7 +306,7 @@ fn start_one_vector<T: Element>(
         // shorter one would be zeroed first, which costs about what the
         // copy saves (16 MiB: ~2 ms on the 2-core VM): the parts are
         // copied into it instead, each element written once.
-        if comm.backend() != Backend::Tcp || out.len() < len {
+        if comm.backend() == Backend::Local || out.len() < len {
             let parts = exchange(&comm, site, send, &layout, None).await?;
             spread(len * sz).await;
             place(&parts, &layout, &mut out);

@@ -97,6 +97,16 @@ fn mpi_all_pairs_exchange() {
     }
 }
 
+/// A large message whose receive offered a landing before it was sent is
+/// received by MPI straight into that memory (`recv_landing`), whole.
+#[test]
+fn mpi_receive_lands_in_the_offered_memory() {
+    for len in [3 << 20, 100_000, 65_536] {
+        let out = run(2, &["land", &len.to_string()]);
+        assert_eq!(out, vec![format!("land ok {len} 1")], "{len} bytes");
+    }
+}
+
 #[test]
 fn mpi_collective_suite() {
     collective_suite(None);

@@ -8,7 +8,8 @@
 //!   take queued requests (sends, flushes, abort, shutdown); MPI_Isend each send
 //!   MPI_Test outstanding sends; answer their callers
 //!   MPI_Improbe(any source, any tag) -> MPI_Imrecv into a fresh (pooled)
-//!   buffer; MPI_Test the receives in flight; completed ones -> the
+//!   buffer, or from 64 KiB up into the landing its receive offered
+//!   (`recv_landing`); MPI_Test the receives in flight; completed ones -> the
 //!   mailbox (per (src, tag) in match order: MPI does not overtake)
 //!   every 64th pass: finish notices (a peer that shut down, and how many
 //!   messages it sent here) -> the mailbox, which fails a receive beyond
@@ -62,7 +63,7 @@ use super::mailbox::{Drive, Driver, Mailbox};
 use super::{Backend, Communicator, RecvFuture, SendFuture, check_rank};
 use crate::Rank;
 use crate::error::CommError;
-use crate::memory::{Buffer, BufferPool};
+use crate::memory::{Buffer, BufferPool, Landing};
 use crate::stats::Statistics;
 use crate::tag::{OpId, Tag};
 
@@ -201,10 +202,31 @@ struct Incoming {
     /// `None` once complete (the bytes then wait for delivery order).
     req: Option<Request<'static, [u8], StaticScope>>,
     /// Owns the bytes `req` writes; never touched until `req` completes.
-    buf: Vec<u8>,
+    buf: RecvTo,
     src: Rank,
     tag: Tag,
 }
+
+/// Where an `Incoming` message is received to.
+enum RecvTo {
+    /// A pooled buffer (no receive offered a landing).
+    Pool(Vec<u8>),
+    /// The landing of the receive it goes to (`Mailbox::claim`).
+    Landing(Landing),
+}
+
+impl RecvTo {
+    fn len(&self) -> usize {
+        match self {
+            RecvTo::Pool(v) => v.len(),
+            RecvTo::Landing(l) => l.len(),
+        }
+    }
+}
+
+/// Messages from this size up go straight into the landing of the receive
+/// they are for, where it offers one (`Communicator::recv_landing`).
+const LAND_MIN: usize = 64 << 10;
 
 /// Everything that calls MPI; one pass at a time (the mutex serialises
 /// the calls, as `MPI_THREAD_SERIALIZED` requires).
@@ -308,19 +330,34 @@ impl Engine {
         while let Some((msg, status)) = self.world.any_process().immediate_matched_probe() {
             busy = true;
             let len = status.count(u8::equivalent_datatype()).max(0) as usize;
+            let (src, tag) = (status.source_rank() as Rank, self.tags.decode(status.tag()));
+            // A landing is the next receive's of (src, tag): only when no
+            // earlier message of that pair still waits for delivery here.
+            let landing = (len >= LAND_MIN
+                && !self.incoming.iter().any(|i| i.src == src && i.tag == tag))
+            .then(|| self.mailbox.claim(src, tag, len))
+            .flatten();
             // MPI overwrites every byte: a reused buffer needs no clearing.
-            let mut buf = self.pool.take_filled(len);
-            // SAFETY: the slice points into `buf`'s heap block, which
-            // `Incoming` owns, never reads, resizes or drops before the
-            // request completes (moving the Vec does not move the block).
-            let data: &'static mut [u8] =
-                unsafe { std::slice::from_raw_parts_mut(buf.as_mut_ptr(), len) };
+            let mut buf = match landing {
+                Some(l) => RecvTo::Landing(l),
+                None => RecvTo::Pool(self.pool.take_filled(len)),
+            };
+            let ptr = match &mut buf {
+                RecvTo::Pool(v) => v.as_mut_ptr(),
+                RecvTo::Landing(l) => l.bytes_mut().as_mut_ptr(),
+            };
+            // SAFETY: the slice points into `buf`'s memory (a Vec's heap
+            // block, or a landing's region of its zone, which the landing
+            // keeps alive), which `Incoming` owns, never reads, resizes or
+            // drops before the request completes (moving either does not
+            // move the memory).
+            let data: &'static mut [u8] = unsafe { std::slice::from_raw_parts_mut(ptr, len) };
             let req = msg.immediate_matched_receive_into(StaticScope, data);
             self.incoming.push(Incoming {
                 req: Some(req),
                 buf,
-                src: status.source_rank() as Rank,
-                tag: self.tags.decode(status.tag()),
+                src,
+                tag,
             });
         }
         busy |= self.receive_completed();
@@ -413,11 +450,14 @@ impl Engine {
             }
             let inc = self.incoming.remove(i);
             self.stats.record_recv(inc.src, inc.buf.len());
-            self.mailbox.deliver(
-                inc.src,
-                inc.tag,
-                Buffer::from_bytes(self.pool.wrap(inc.buf)),
-            );
+            let payload = match inc.buf {
+                RecvTo::Pool(v) => Buffer::from_bytes(self.pool.wrap(v)),
+                RecvTo::Landing(l) => {
+                    self.stats.record_landed(l.len() as u64);
+                    l.into_buffer()
+                }
+            };
+            self.mailbox.deliver(inc.src, inc.tag, payload);
         }
         busy
     }
@@ -864,6 +904,15 @@ impl Communicator for MpiComm {
         }
         self.mailbox
             .recv(src, self.tags.reduce(tag))
+            .driven_by(self.shared.clone())
+    }
+
+    fn recv_landing(&self, src: Rank, tag: Tag, landing: Landing) -> RecvFuture {
+        if let Err(e) = check_rank(self.rank, src, self.nranks) {
+            return RecvFuture::ready(Err(e));
+        }
+        self.mailbox
+            .recv_landing(src, self.tags.reduce(tag), landing)
             .driven_by(self.shared.clone())
     }
 

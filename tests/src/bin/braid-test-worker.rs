@@ -5,6 +5,9 @@
 //! - `exchange SEED`: the all-pairs exchange; prints `exchange ok MSGS BYTES`.
 //! - `big BYTES`: rank 0 sends one message of BYTES to rank 1, which checks
 //!   it; prints `big ok BYTES`.
+//! - `land BYTES`: rank 1 posts a landing receive, then tells rank 0, which
+//!   sends BYTES; rank 1 checks the bytes and that they landed in its
+//!   zone; prints `land ok BYTES LANDED` (LANDED: 1 or 0).
 //! - `coll SEED`: the collective suite; prints `coll ok CHECKS`.
 //! - `gpu SEED` (feature `cuda`): the device suite; prints `gpu ok CHECKS`.
 //! - `gpu-fail CASE` (feature `cuda`): a GPU job that fails (mismatched
@@ -51,6 +54,29 @@ fn main() -> ExitCode {
                         check_payload(seed, b.as_slice())
                             .map_err(|off| format!("byte {off} differs"))?;
                         println!("big ok {}", b.len());
+                    }
+                }
+                "land" => {
+                    let (tag, go) = (Tag::new(OpId(2), 0), Tag::new(OpId(3), 0));
+                    let (seed, len) = (43, arg as usize);
+                    if ctx.rank() == 0 {
+                        comm.recv(1, go).await?;
+                        comm.send(1, tag, Buffer::from_vec(payload(seed, len)))
+                            .await?;
+                    } else if ctx.rank() == 1 {
+                        let zone = braid_core::memory::LandingZone::new(vec![0u8; len + 8]);
+                        let landing = zone.landing(8, len).ok_or("no landing")?;
+                        let recv = comm.recv_landing(0, tag, landing);
+                        comm.send(0, go, Buffer::from_vec(vec![1])).await?;
+                        let b = recv.await?;
+                        check_payload(seed, b.as_slice())
+                            .map_err(|off| format!("byte {off} differs"))?;
+                        let landed = zone.holds(&b, 8);
+                        let counted = comm.statistics().landed_bytes();
+                        if landed && counted < len as u64 {
+                            return Err(format!("landed, but {counted} bytes counted").into());
+                        }
+                        println!("land ok {} {}", b.len(), u8::from(landed));
                     }
                 }
                 "coll" => {
