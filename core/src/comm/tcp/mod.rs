@@ -686,16 +686,7 @@ async fn reader_task(shared: Arc<Shared>, src: Rank, stream: TcpStream) {
                 // soon (a broken connection to a live peer would otherwise
                 // leave its receives waiting for ever).
                 tracing::debug!(rank = shared.rank, peer = src, error = %e, "data connection error");
-                tokio::time::sleep(DATA_ERROR_GRACE).await;
-                if !shared.shutting_down.load(Ordering::Relaxed)
-                    && shared.mailbox.failure().is_none()
-                {
-                    shared.fail_seen(CommError::PeerDied {
-                        rank: shared.rank,
-                        peer: src,
-                        detail: format!("data connection failed: {e}"),
-                    });
-                }
+                connection_lost(&shared, src, format!("data connection failed: {e}")).await;
                 return;
             }
         }
@@ -748,19 +739,8 @@ async fn reader_task(shared: Arc<Shared>, src: Rank, stream: TcpStream) {
                 _ => break,
             };
             if matches!(read, Ok(0) | Err(_)) {
-                // A peer that died is reported by the control plane
-                // (naming it to every rank); tell the others ourselves
-                // only if nothing explains it soon.
-                tokio::time::sleep(DATA_ERROR_GRACE).await;
-                if !shared.shutting_down.load(Ordering::Relaxed)
-                    && shared.mailbox.failure().is_none()
-                {
-                    shared.fail_seen(CommError::PeerDied {
-                        rank: shared.rank,
-                        peer: src,
-                        detail: format!("connection closed in the middle of a {len}-byte message"),
-                    });
-                }
+                let detail = format!("connection closed in the middle of a {len}-byte message");
+                connection_lost(&shared, src, detail).await;
                 return;
             }
             if let Dest::Pool(buf) = &mut dest {
@@ -783,6 +763,21 @@ async fn reader_task(shared: Arc<Shared>, src: Rank, stream: TcpStream) {
             }
         };
         shared.mailbox.deliver(src, header.tag, payload);
+    }
+}
+
+/// A data connection from `src` that failed: a peer that died is reported
+/// by the control plane (naming it to every rank), so the job is failed
+/// here (with `detail`) only if nothing explains it within the grace
+/// period and the rank is not shutting down.
+async fn connection_lost(shared: &Shared, src: Rank, detail: String) {
+    tokio::time::sleep(DATA_ERROR_GRACE).await;
+    if !shared.shutting_down.load(Ordering::Relaxed) && shared.mailbox.failure().is_none() {
+        shared.fail_seen(CommError::PeerDied {
+            rank: shared.rank,
+            peer: src,
+            detail,
+        });
     }
 }
 
