@@ -11,8 +11,8 @@
 //! a part is the sender's own buffer: no copy at all).
 //!
 //! Over tcp (and mpi) an `_into` call whose vector already holds the
-//! result's length receives large parts (over 16 KiB, sent as a header then the data)
-//! straight into their places: the data's receive is posted with the
+//! result's length receives large parts (over 16 KiB: a header, then the
+//! data) straight into their places: the data's receive is posted with the
 //! header's and offers its place as a landing (`recv_landing`), so the
 //! transport reads the socket into the result, and only this rank's own
 //! part (and parts that arrived before their receive) is copied; the same
@@ -631,7 +631,8 @@ pub async fn alltoallv_parts<T: Element>(
 /// already touched, as MPI writes into a receive buffer the caller keeps;
 /// a fresh result vector per call costs the OS's zeroing of its pages,
 /// about as much as the copy itself at a few MiB and more. On an error
-/// `out` is left empty.
+/// `out` is left as it was, or, where it was lent to the transport (over
+/// tcp or mpi, once it holds the result's length), empty.
 pub async fn alltoallv_into<T: Element>(
     ctx: &Context,
     send: impl Into<Elements<T>>,
@@ -667,9 +668,12 @@ pub async fn alltoall_into<T: Element>(
     exchange_into(ctx, send, layout, out).await
 }
 
-/// The `_into` forms' one body: the one-vector core over `out`'s memory
-/// (taken for the call, given back with the result). On an error `out` is
-/// left empty.
+/// The `_into` forms' one body. Where `out` can be a landing zone (over
+/// messages, already the result's length) the one-vector core takes it for
+/// the call and gives it back with the result (on an error it is left
+/// empty); otherwise the parts core runs and its parts are copied into
+/// `out` in the caller's task (after [`spread`]), `out` untouched on an
+/// error.
 async fn exchange_into<T: Element>(
     ctx: &Context,
     send: Elements<T>,
@@ -677,11 +681,21 @@ async fn exchange_into<T: Element>(
     out: &mut Vec<T>,
 ) -> Result<(), CollError> {
     let bytes = send.buffer().len();
-    let mem = std::mem::take(out);
-    *out = streaming(ctx, bytes, |cb| {
-        start_one_vector(ctx, send, layout, cb, mem)
+    if ctx.comm().backend() != Backend::Local && out.len() >= layout.recv_len() {
+        // Lent to the core as its landing zone.
+        let mem = std::mem::take(out);
+        *out = streaming(ctx, bytes, |cb| {
+            start_one_vector(ctx, send, layout, cb, mem)
+        })
+        .await?;
+        return Ok(());
+    }
+    let (parts, layout) = streaming(ctx, bytes, |cb| {
+        start_parts(ctx, send, layout, cb, |p, l| (p, l))
     })
     .await?;
+    spread(layout.recv_len() * std::mem::size_of::<T>()).await;
+    place(&parts, &layout, out);
     Ok(())
 }
 
