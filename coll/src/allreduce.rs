@@ -43,7 +43,7 @@ use std::sync::Arc;
 
 use braid_core::comm::OfferData;
 use braid_core::memory::{LandingZone, large_vec};
-use braid_core::{Backend, Buffer, Communicator, Context, Rank, Tag};
+use braid_core::{Backend, Buffer, Communicator, Context, MemoryError, Rank, Tag};
 use braid_kernels::reduce::{combine_extend, reduce_into};
 use braid_kernels::{Element, ReduceKind};
 
@@ -302,17 +302,29 @@ impl<T: Element> Reduced<T> {
     }
 }
 
-/// The one AllReduce core; `finish` shapes the result. `land_in`: a
-/// vector of the input's length that the two-step algorithm's result goes
-/// into, the other ranks' reduced blocks received straight into it
-/// (`Communicator::recv_landing`; `Reduced::Landed`).
+/// Where the two-step algorithm's result goes over messages (tcp, mpi):
+/// into one vector that the other ranks' reduced blocks are received
+/// straight into (`Communicator::recv_landing`; `Reduced::Landed`), or
+/// nowhere (the blocks are the result).
+enum LandIn<T> {
+    /// The blocks are kept (the parts form; in-process ranks).
+    Keep,
+    /// The caller's vector, of the input's length (`allreduce_into`).
+    Vec(Vec<T>),
+    /// A fresh vector, nothing written in it before the blocks arrive
+    /// (the one-vector form).
+    Fresh,
+}
+
+/// The one AllReduce core; `finish` shapes the result; `land_in` says
+/// where the two-step algorithm's result lands.
 fn start_allreduce_core<T: Element, R: Send + 'static>(
     ctx: &Context,
     data: Elements<T>,
     op: ReduceOp<T>,
     callback: Option<Callback>,
     step: ResultStep,
-    land_in: Option<Vec<T>>,
+    land_in: LandIn<T>,
     finish: impl FnOnce(Reduced<T>) -> R + Send + 'static,
 ) -> Handle<R> {
     let site = Site::next(ctx, CollKind::AllReduce);
@@ -345,7 +357,18 @@ fn start_allreduce_core<T: Element, R: Send + 'static>(
             Ok(())
         };
         let peers = (0..n).filter(|p| *p != me);
-        let zone = land_in.filter(|v| v.len() == len).map(LandingZone::new);
+        let zone = match land_in {
+            LandIn::Vec(v) if v.len() == len => Some(LandingZone::new(v)),
+            LandIn::Fresh if comm.backend() != Backend::Local => {
+                Some(LandingZone::uninit(len).ok_or_else(|| {
+                    site.memory(MemoryError::OutOfMemory {
+                        size: (len * sz) as u64,
+                        detail: "the result vector could not be allocated".into(),
+                    })
+                })?)
+            }
+            _ => None,
+        };
         let landings = match &zone {
             Some(z) => peers
                 .clone()
@@ -400,7 +423,7 @@ pub fn start_allreduce<T: Element>(
         op,
         callback,
         ResultStep::Copies,
-        None,
+        LandIn::Fresh,
         move |r| {
             let mut out = Vec::new();
             r.into_vec(len, &mut out);
@@ -426,7 +449,7 @@ pub fn start_allreduce_parts<T: Element>(
         op,
         callback,
         ResultStep::Keeps,
-        None,
+        LandIn::Keep,
         |r| match r {
             Reduced::Whole(v) | Reduced::Landed(v) => vec![Elements::from(v)],
             Reduced::Blocks(blocks) => blocks.into_iter().map(Elements::from_buffer).collect(),
@@ -464,12 +487,13 @@ pub async fn allreduce_into<T: Element>(
     let (data, op) = (data.into(), op.into());
     let (bytes, len) = (data.buffer().len(), data.len());
     let two_step = ctx.nranks() > 1 && bytes > DIRECT_MAX;
-    let land_in =
-        (two_step && ctx.comm().backend() != Backend::Local && out.len() >= len).then(|| {
-            let mut v = std::mem::take(out);
-            v.truncate(len);
-            v
-        });
+    let land_in = if two_step && ctx.comm().backend() != Backend::Local && out.len() >= len {
+        let mut v = std::mem::take(out);
+        v.truncate(len);
+        LandIn::Vec(v)
+    } else {
+        LandIn::Keep
+    };
     let r = streaming(ctx, bytes, |cb| {
         start_allreduce_core(ctx, data, op, cb, ResultStep::Keeps, land_in, |r| r)
     })

@@ -41,9 +41,10 @@
 
 use braid_core::comm::OfferData;
 use braid_core::memory::LandingZone;
-use braid_core::{Backend, Buffer, Context, Tag};
+use braid_core::{Backend, Buffer, Context, MemoryError, Tag};
 use braid_kernels::Element;
 use braid_kernels::hash::{GOLDEN, mix64};
+use bytes::BufMut;
 
 use crate::error::{CollError, CollKind, Site};
 use crate::handle::{Callback, Handle, spread, start, streaming};
@@ -278,12 +279,13 @@ pub fn start_alltoallv<T: Element>(
 /// The one-vector forms' core: the exchange, its result laid out in `out`
 /// (its memory reused where it holds enough). Between in-process ranks
 /// the parts are met and copied in (each element written once). Over
-/// messages (tcp, mpi), into a vector that already holds the result's
-/// length (an `_into` call that reuses its vector), `out` becomes a
-/// landing zone first: a large part received after its receive is posted
-/// is written straight into its place by the transport (`recv_landing`),
-/// and only the rest is copied (this rank's own part, small parts, parts
-/// that arrived early).
+/// messages (tcp, mpi) the result is a landing zone first: `out` where it
+/// already holds the result's length (an `_into` call that reuses its
+/// vector), else a fresh vector's unwritten capacity (nothing zeroed
+/// first). A large part received after its receive is posted is written
+/// straight into its place by the transport (`recv_landing`), and only
+/// the rest is copied (this rank's own part, small parts, parts that
+/// arrived early).
 fn start_one_vector<T: Element>(
     ctx: &Context,
     send: Elements<T>,
@@ -301,19 +303,24 @@ fn start_one_vector<T: Element>(
             .validate(n as usize, send.len(), sz)
             .map_err(|d| site.invalid(d))?;
         let len = layout.recv_len();
-        // Landing needs `len` initialised elements: a vector that holds
-        // them already (a reused `_into` vector), truncated. A fresh or
-        // shorter one would be zeroed first, which costs about what the
-        // copy saves (16 MiB: ~2 ms on the 2-core VM): the parts are
-        // copied into it instead, each element written once.
-        if comm.backend() == Backend::Local || out.len() < len {
+        if comm.backend() == Backend::Local {
             let parts = exchange(&comm, site, send, &layout, None).await?;
             spread(len * sz).await;
             place(&parts, &layout, &mut out);
             return Ok(out);
         }
-        out.truncate(len);
-        let zone = LandingZone::new(out);
+        let zone = if out.len() >= len {
+            out.truncate(len);
+            LandingZone::new(out)
+        } else {
+            drop(out);
+            LandingZone::uninit(len).ok_or_else(|| {
+                site.memory(MemoryError::OutOfMemory {
+                    size: (len * sz) as u64,
+                    detail: "the result vector could not be allocated".into(),
+                })
+            })?
+        };
         let parts = exchange(&comm, site, send, &layout, Some(&zone)).await?;
         spread(len * sz).await;
         land(site, parts, &layout, zone)
@@ -539,8 +546,12 @@ async fn exchange<T: Element>(
                                 (c > 0).then(|| z.landing(o * sz, c * sz)).flatten()
                             {
                                 let own = own.buffer();
-                                l.bytes_mut().copy_from_slice(own.as_slice());
-                                parts[me as usize] = Some(Elements::from_buffer(l.into_buffer()));
+                                if own.len() == l.len() {
+                                    l.put_slice(own.as_slice());
+                                    if let Ok(view) = l.into_buffer() {
+                                        parts[me as usize] = Some(Elements::from_buffer(view));
+                                    }
+                                }
                             }
                         }
                         frames.await?

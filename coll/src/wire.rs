@@ -16,7 +16,7 @@ use std::pin::Pin;
 use std::task::{Poll, ready};
 
 use braid_core::comm::{Offer, OfferData, RecvFuture, SendFuture};
-use braid_core::memory::{Landing, LandingZone};
+use braid_core::memory::{AssembleError, Landing, LandingZone};
 use braid_core::{Buffer, Communicator, Rank, Tag};
 use braid_kernels::{DType, Element};
 use bytes::Bytes;
@@ -701,55 +701,22 @@ pub(crate) fn emptied_for<T>(out: &mut Vec<T>, len: usize) {
 /// A one-vector result in the vector of `zone`: `parts` are (element
 /// offset in the result, data); those that landed in place (views of the
 /// zone at their offset, `Communicator::recv_landing`) are there already,
-/// the others are copied in, and what no part covers is zeroed. Fails
-/// (never in a correct run) if a view of the zone is still held elsewhere.
+/// the others are copied in, and what no part covers is zeroed
+/// (`LandingZone::assemble`). Fails (never in a correct run) if a part
+/// does not fit or a view of the zone is still held elsewhere.
 pub(crate) fn land_parts<T: Element>(
     site: Site,
-    mut parts: Vec<(usize, Buffer)>,
+    parts: Vec<(usize, Buffer)>,
     zone: LandingZone<T>,
 ) -> Result<Vec<T>, CollError> {
-    let sz = std::mem::size_of::<T>();
-    let mut covered: Vec<(usize, usize)> = Vec::with_capacity(parts.len());
-    for (o, part) in parts.iter_mut() {
-        if !part.is_empty() {
-            covered.push((*o, *o + part.len() / sz));
-        }
-        if part.is_empty() || zone.holds(part, *o * sz) {
-            // In place (or nothing): let go of it, so that no view of the
-            // zone is left and the vector comes back.
-            *part = Buffer::default();
-        }
-    }
-    let mut v = zone.into_vec().map_err(|_| {
-        site.comm(braid_core::CommError::Protocol {
+    zone.assemble(parts).map_err(|e| match e {
+        AssembleError::StillHeld => site.comm(braid_core::CommError::Protocol {
             rank: site.rank,
             peer: None,
             detail: "a landed part is still held by the transport".into(),
-        })
-    })?;
-    for (o, part) in &parts {
-        if !part.is_empty() {
-            let x = typed::<T>(part).unwrap_or_default();
-            // Lengths were checked on arrival; a part that still does not
-            // fit fails the call rather than the process.
-            let Some(dst) = v.get_mut(*o..*o + x.len()) else {
-                return Err(site.disagreement("a received part does not fit the result"));
-            };
-            dst.copy_from_slice(&x);
-        }
-    }
-    covered.sort_unstable();
-    let mut at = 0;
-    for (s, e) in covered {
-        if s > at {
-            v[at..s].fill(T::zeroed());
-        }
-        at = at.max(e);
-    }
-    if at < v.len() {
-        v[at..].fill(T::zeroed());
-    }
-    Ok(v)
+        }),
+        AssembleError::DoesNotFit { .. } => site.disagreement(e.to_string()),
+    })
 }
 
 /// A typed vector as a buffer, without copying.

@@ -669,6 +669,90 @@ fn tcp_alltoall_parts_land_in_the_result() {
     }
 }
 
+/// Over tcp the fresh-vector forms land too: an AllToAllv's large parts
+/// (a late rank's, whose receives are posted first) are read straight
+/// into the new result's unwritten memory, with the result laid out by
+/// permuted offsets and gaps that come back zeroed; an AllReduce's reduced
+/// blocks the same. Every value is checked against a brute-force layout
+/// and sum.
+#[test]
+fn tcp_fresh_results_land_in_unwritten_memory() {
+    let rt = runtime();
+    for n in RANK_COUNTS.into_iter().filter(|n| *n >= 2) {
+        let res = rt.block_on(async {
+            on_all(tcp_ctxs(n, MemoryLimits::UNLIMITED).await, |c| async move {
+                let me = c.rank() as usize;
+                let nn = c.nranks() as usize;
+                // Part s -> d: 20_000 + 1000 * ((s + d) % 3) i64 (160 KB
+                // and up), placed in reverse rank order, 7 elements apart.
+                let count = |s: usize, d: usize| 20_000 + 1000 * ((s + d) % 3);
+                let v = |s: usize, d: usize, i: usize| (s * 1_000_003 + d * 7919 + i) as i64 + 1;
+                let send_counts: Vec<usize> = (0..nn).map(|d| count(me, d)).collect();
+                let recv_counts: Vec<usize> = (0..nn).map(|s| count(s, me)).collect();
+                let mut spec = AllToAllvSpec::from_counts(send_counts, recv_counts.clone());
+                let mut at = 0;
+                for s in (0..nn).rev() {
+                    spec.recv_offsets[s] = at;
+                    at += recv_counts[s] + 7;
+                }
+                spec.recv_len = at;
+                let send: Vec<i64> = (0..nn)
+                    .flat_map(|d| (0..count(me, d)).map(move |i| v(me, d, i)))
+                    .collect();
+                let mut want = vec![0i64; at];
+                for s in 0..nn {
+                    for i in 0..recv_counts[s] {
+                        want[spec.recv_offsets[s] + i] = v(s, me, i);
+                    }
+                }
+                if me == 0 {
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                }
+                let before = c.comm().statistics().landed_bytes();
+                let got = braid_coll::alltoallv(&c, send, spec)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let landed_a2a = c.comm().statistics().landed_bytes() - before;
+                if got != want {
+                    let bad = (0..want.len()).find(|&i| got.get(i) != Some(&want[i]));
+                    return Err(format!("rank {me}: alltoallv differs at {bad:?}"));
+                }
+                // AllReduce: 300_001 f64 (blocks not all equal), rank 0 late.
+                let len = 300_001usize;
+                let x = |r: usize, i: usize| ((r * 7 + i) % 1000) as f64;
+                let data: Vec<f64> = (0..len).map(|i| x(me, i)).collect();
+                if me == 0 {
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                }
+                let before = c.comm().statistics().landed_bytes();
+                let sum = braid_coll::allreduce(&c, data, ReduceKind::Sum)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let landed_ar = c.comm().statistics().landed_bytes() - before;
+                let bad = (0..len).find(|&i| sum.get(i) != Some(&(0..nn).map(|r| x(r, i)).sum()));
+                if sum.len() != len || bad.is_some() {
+                    return Err(format!("rank {me}: allreduce differs at {bad:?}"));
+                }
+                Ok((landed_a2a, landed_ar))
+            })
+            .await
+        });
+        let mut landed_ar = 0;
+        for (r, x) in res.into_iter().enumerate() {
+            let (a2a, ar) = x.unwrap_or_else(|e| panic!("{n} ranks: {e}"));
+            landed_ar += ar;
+            if r > 0 {
+                // Rank 0's part (20_000 i64 at the least) lands whole.
+                assert!(
+                    a2a >= 160_000,
+                    "{n} ranks, rank {r}: only {a2a} bytes landed"
+                );
+            }
+        }
+        assert!(landed_ar > 0, "{n} ranks: no reduced block landed");
+    }
+}
+
 /// Over tcp a reused `allreduce_into` vector takes the other ranks'
 /// reduced blocks straight from the sockets (some of them land, counted
 /// in the statistics), and every call's result equals a brute-force sum.

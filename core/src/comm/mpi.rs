@@ -67,6 +67,20 @@ use crate::memory::{Buffer, BufferPool, Landing};
 use crate::stats::Statistics;
 use crate::tag::{OpId, Tag};
 
+/// A byte that MPI writes and Rust never reads as such: possibly
+/// uninitialised memory (a fresh landing), received into as MPI bytes.
+#[repr(transparent)]
+struct RawByte(std::mem::MaybeUninit<u8>);
+
+// SAFETY: `RawByte` is one byte (transparent over `MaybeUninit<u8>`), which
+// MPI_BYTE describes; any bit pattern, or none, is a valid `RawByte`.
+unsafe impl Equivalence for RawByte {
+    type Out = <u8 as Equivalence>::Out;
+    fn equivalent_datatype() -> Self::Out {
+        u8::equivalent_datatype()
+    }
+}
+
 /// How braid's tags map onto MPI's, fitted to the job's `MPI_TAG_UB`:
 ///
 /// ```text
@@ -200,7 +214,7 @@ struct Pending {
 /// instead of one blocking `MPI_Mrecv` after another.
 struct Incoming {
     /// `None` once complete (the bytes then wait for delivery order).
-    req: Option<Request<'static, [u8], StaticScope>>,
+    req: Option<Request<'static, [RawByte], StaticScope>>,
     /// Owns the bytes `req` writes; never touched until `req` completes.
     buf: RecvTo,
     src: Rank,
@@ -343,15 +357,15 @@ impl Engine {
                 None => RecvTo::Pool(self.pool.take_filled(len)),
             };
             let ptr = match &mut buf {
-                RecvTo::Pool(v) => v.as_mut_ptr(),
-                RecvTo::Landing(l) => l.bytes_mut().as_mut_ptr(),
+                RecvTo::Pool(v) => v.as_mut_ptr() as *mut RawByte,
+                RecvTo::Landing(l) => l.unfilled().as_mut_ptr() as *mut RawByte,
             };
             // SAFETY: the slice points into `buf`'s memory (a Vec's heap
             // block, or a landing's region of its zone, which the landing
-            // keeps alive), which `Incoming` owns, never reads, resizes or
-            // drops before the request completes (moving either does not
-            // move the memory).
-            let data: &'static mut [u8] = unsafe { std::slice::from_raw_parts_mut(ptr, len) };
+            // keeps alive, possibly uninitialised: hence `RawByte`), which
+            // `Incoming` owns, never reads, resizes or drops before the
+            // request completes (moving either does not move the memory).
+            let data: &'static mut [RawByte] = unsafe { std::slice::from_raw_parts_mut(ptr, len) };
             let req = msg.immediate_matched_receive_into(StaticScope, data);
             self.incoming.push(Incoming {
                 req: Some(req),
@@ -452,9 +466,16 @@ impl Engine {
             self.stats.record_recv(inc.src, inc.buf.len());
             let payload = match inc.buf {
                 RecvTo::Pool(v) => Buffer::from_bytes(self.pool.wrap(v)),
-                RecvTo::Landing(l) => {
+                RecvTo::Landing(mut l) => {
                     self.stats.record_landed(l.len() as u64);
-                    l.into_buffer()
+                    // SAFETY: the receive into the landing's whole region
+                    // (`len` bytes, the matched message's length, so MPI
+                    // wrote every one) has completed.
+                    unsafe { l.assume_filled() };
+                    match l.into_buffer() {
+                        Ok(view) => view,
+                        Err(_) => Buffer::default(),
+                    }
                 }
             };
             self.mailbox.deliver(inc.src, inc.tag, payload);

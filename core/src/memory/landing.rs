@@ -1,7 +1,7 @@
 //! Landing zones: a result vector that receives may be written into
-//! directly, so a transport that reads its bytes from a socket (tcp) puts
-//! a message where the caller wants it instead of in a buffer of its own
-//! that the caller then copies out of.
+//! directly, so a transport that reads its bytes from a socket (tcp) or
+//! hands MPI a pointer puts a message where the caller wants it instead of
+//! in a buffer of its own that the caller then copies out of.
 //!
 //! ```text
 //!   LandingZone<T> (owns the Vec<T>)
@@ -12,21 +12,34 @@
 //!   once every Landing and view is dropped, into_vec gives the vector back
 //! ```
 //!
+//! A zone is made over a vector's elements (`new`: an `_into` call's
+//! vector, whose old contents are overwritten where something lands) or
+//! over the spare capacity of a fresh one (`uninit`: a fresh result, whose
+//! memory nobody has to zero first). A `Landing` is written front to back
+//! (`bytes::BufMut`: a socket reads into its unwritten rest) and counts
+//! what it has written; it becomes a readable view only once every byte is
+//! written. The owner of an `uninit` zone's vector gets it back empty and
+//! writes what did not land before it sets the length
+//! (`land_parts` in braid-coll).
+//!
 //! Invariants the safety of the raw writes rests on: a zone hands out
 //! each byte in at most one `Landing` (overlaps are refused), a `Landing`
-//! is not `Clone` and is written only through `&mut self`, every `Landing`
-//! and view keeps the zone (and so the vector's memory) alive, and
-//! `into_vec` gives the vector back only when no `Landing` or view is
-//! left. So no two writers share a byte, nothing is read while it is
-//! written, and nothing is written after the owner has the vector back.
+//! is not `Clone` and is written only through `&mut self`, it is read
+//! only as a view made when it is wholly written, every `Landing` and view
+//! keeps the zone (and so the vector's memory) alive, and `into_vec` gives
+//! the vector back only when no `Landing` or view is left. So no two
+//! writers share a byte, nothing is read before it is written or while it
+//! is written, and nothing is written after the owner has the vector back.
 //!
 //! Cost: a region check under a lock per `Landing` (one per peer of a
 //! collective); nothing per byte.
 
 use std::cell::UnsafeCell;
+use std::mem::MaybeUninit;
 use std::sync::{Arc, Mutex};
 
-use bytes::Bytes;
+use bytes::buf::UninitSlice;
+use bytes::{BufMut, Bytes};
 
 use super::Buffer;
 
@@ -41,7 +54,8 @@ struct Zone<T> {
     vec: UnsafeCell<Vec<T>>,
     /// The vector's first byte (its pointer never changes while shared).
     base: *mut u8,
-    /// The vector's length in bytes.
+    /// The zone's length in bytes (the vector's length, or for an
+    /// `uninit` zone the capacity asked for).
     bytes: usize,
     /// Byte ranges handed out as landings, never overlapping.
     issued: Mutex<Vec<(usize, usize)>>,
@@ -68,10 +82,26 @@ impl<T: Send> ZoneMem for Zone<T> {
 }
 
 impl<T: bytemuck::Pod + Send> LandingZone<T> {
-    /// A zone over `vec` (its length stays; its contents are overwritten
-    /// only where something lands).
-    pub fn new(mut vec: Vec<T>) -> Self {
+    /// A zone over `vec`'s elements (its length stays; its contents are
+    /// overwritten only where something lands).
+    pub fn new(vec: Vec<T>) -> Self {
         let bytes = std::mem::size_of_val(vec.as_slice());
+        Self::over(vec, bytes)
+    }
+
+    /// A zone of `len` elements over a fresh vector's spare capacity:
+    /// nothing is zeroed first. [`into_vec`](Self::into_vec) gives the
+    /// vector back empty, with room for `len` elements; its owner writes
+    /// the elements that did not land before it sets the length. `None`
+    /// where the allocator cannot provide `len` elements (a length a peer
+    /// claimed, say).
+    pub fn uninit(len: usize) -> Option<Self> {
+        let bytes = len.checked_mul(std::mem::size_of::<T>())?;
+        let vec = super::try_large_vec::<T>(len)?;
+        Some(Self::over(vec, bytes))
+    }
+
+    fn over(mut vec: Vec<T>, bytes: usize) -> Self {
         let base = vec.as_mut_ptr() as *mut u8;
         LandingZone {
             mem: Arc::new(Zone {
@@ -106,6 +136,7 @@ impl<T: bytemuck::Pod + Send> LandingZone<T> {
             zone: self.mem.clone(),
             offset,
             len,
+            filled: 0,
         })
     }
 
@@ -122,7 +153,8 @@ impl<T: bytemuck::Pod + Send> LandingZone<T> {
     }
 
     /// The vector back, once no `Landing` or landed view of this zone is
-    /// left; the zone itself otherwise.
+    /// left; the zone itself otherwise. An `uninit` zone's vector comes
+    /// back empty (its landed regions written in its spare capacity).
     pub fn into_vec(self) -> Result<Vec<T>, Self> {
         match Arc::try_unwrap(self.mem) {
             Ok(z) => Ok(z.vec.into_inner()),
@@ -131,12 +163,102 @@ impl<T: bytemuck::Pod + Send> LandingZone<T> {
     }
 }
 
+/// Why [`LandingZone::assemble`] could not give its vector back.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AssembleError {
+    /// A landing of the zone, or a view of one that is not among the
+    /// parts at its own offset, is still alive.
+    #[error("a landed region of the result is still held elsewhere")]
+    StillHeld,
+    /// A part does not lie inside the result, or is not whole elements.
+    #[error("a part of {bytes} bytes at element {offset} does not fit a result of {len} elements")]
+    DoesNotFit {
+        /// The part's element offset.
+        offset: usize,
+        /// Its length in bytes.
+        bytes: usize,
+        /// The result's length in elements.
+        len: usize,
+    },
+}
+
+impl<T: bytemuck::Pod + Send> LandingZone<T> {
+    /// The zone's vector as a whole result of `len_bytes / size_of::<T>()`
+    /// elements, from `parts` (element offset, bytes): a part that is this
+    /// zone's landed view at its offset is in place already, the others
+    /// are copied to their offsets, and elements no part covers are zeroed.
+    /// Every element is written (an `uninit` zone's included) before the
+    /// vector is handed back. Fails, writing nothing, when a part does not
+    /// fit, and when a landing or another view of the zone is still alive.
+    pub fn assemble(self, mut parts: Vec<(usize, Buffer)>) -> Result<Vec<T>, AssembleError> {
+        let sz = std::mem::size_of::<T>().max(1);
+        let bytes = self.mem.bytes;
+        let len = bytes / sz;
+        let mut covered: Vec<(usize, usize)> = Vec::with_capacity(parts.len());
+        for (o, part) in parts.iter_mut() {
+            let n = part.len();
+            if n == 0 {
+                continue;
+            }
+            let end = o.checked_mul(sz).and_then(|b| b.checked_add(n));
+            if n % sz != 0 || end.is_none_or(|e| e > bytes) {
+                return Err(AssembleError::DoesNotFit {
+                    offset: *o,
+                    bytes: n,
+                    len,
+                });
+            }
+            covered.push((*o, *o + n / sz));
+            if self.holds(part, *o * sz) {
+                // In place: let go of it, so that no view is left.
+                *part = Buffer::default();
+            }
+        }
+        let mut v = self.into_vec().map_err(|_| AssembleError::StillHeld)?;
+        let base = v.as_mut_ptr() as *mut u8;
+        for (o, part) in &parts {
+            if !part.is_empty() {
+                // SAFETY: [o * sz, o * sz + part.len()) lies inside the
+                // allocation (checked above: within `bytes`, which is the
+                // vector's length or capacity); `copy` allows overlap (a
+                // part is never this vector's memory: views of it were
+                // let go of, or into_vec would have failed).
+                unsafe { std::ptr::copy(part.as_slice().as_ptr(), base.add(o * sz), part.len()) };
+            }
+        }
+        covered.sort_unstable();
+        let zero = |from: usize, to: usize| {
+            // SAFETY: from <= to <= len elements, inside the allocation.
+            unsafe { std::ptr::write_bytes(base.add(from * sz), 0, (to - from) * sz) };
+        };
+        let mut at = 0;
+        for (s, e) in covered {
+            if s > at {
+                zero(at, s);
+            }
+            at = at.max(e);
+        }
+        if at < len {
+            zero(at, len);
+        }
+        // SAFETY: every element of [0, len) is written: a covered one by a
+        // landed part (a view exists only once its whole region is
+        // written, and a slice of a view lies inside that region) or by
+        // the copy above, the others zeroed; any bytes are a valid `T`
+        // (Pod); len <= capacity.
+        unsafe { v.set_len(len) };
+        Ok(v)
+    }
+}
+
 /// One region of a [`LandingZone`]: the only handle through which its
-/// bytes are written.
+/// bytes are written, front to back (see the module doc).
 pub struct Landing {
     zone: Arc<dyn ZoneMem>,
     offset: usize,
     len: usize,
+    /// Bytes written from the region's start.
+    filled: usize,
 }
 
 impl std::fmt::Debug for Landing {
@@ -144,6 +266,7 @@ impl std::fmt::Debug for Landing {
         f.debug_struct("Landing")
             .field("offset", &self.offset)
             .field("len", &self.len)
+            .field("filled", &self.filled)
             .finish()
     }
 }
@@ -159,40 +282,82 @@ impl Landing {
         self.len == 0
     }
 
-    /// The region's bytes, to write.
-    pub fn bytes_mut(&mut self) -> &mut [u8] {
-        if self.len == 0 {
-            return &mut [];
-        }
-        // SAFETY: the region lies inside the zone's initialised vector
-        // (checked when handed out), which lives as long as `self.zone`;
-        // this `Landing` is its only handle (regions never overlap, and
-        // `Landing` is not `Clone`), borrowed mutably here.
-        unsafe { std::slice::from_raw_parts_mut(self.zone.base().add(self.offset), self.len) }
+    /// Bytes written so far, from the region's start.
+    pub fn filled(&self) -> usize {
+        self.filled
     }
 
-    /// The region's bytes, to read.
-    pub fn bytes(&self) -> &[u8] {
-        if self.len == 0 {
-            return &[];
+    /// The region's unwritten rest, which may be uninitialised memory.
+    pub fn unfilled(&mut self) -> &mut [MaybeUninit<u8>] {
+        let rest = self.len - self.filled;
+        if rest == 0 {
+            return &mut [];
         }
-        // SAFETY: as in `bytes_mut`, borrowed shared here.
-        unsafe { std::slice::from_raw_parts(self.zone.base().add(self.offset), self.len) }
+        // SAFETY: the bytes lie inside the zone's allocation (checked when
+        // the region was handed out), which lives as long as `self.zone`;
+        // this `Landing` is the region's only handle (regions never
+        // overlap, `Landing` is not `Clone`), borrowed mutably here. As
+        // `MaybeUninit` they may be uninitialised.
+        unsafe {
+            std::slice::from_raw_parts_mut(
+                self.zone.base().add(self.offset + self.filled) as *mut MaybeUninit<u8>,
+                rest,
+            )
+        }
+    }
+
+    /// Counts the whole region written by someone the landing lent its
+    /// memory to (an MPI receive into [`unfilled`](Self::unfilled)'s
+    /// pointer).
+    ///
+    /// # Safety
+    /// Every byte of the region from [`filled`](Self::filled) on has been
+    /// written.
+    pub unsafe fn assume_filled(&mut self) {
+        self.filled = self.len;
     }
 
     /// The landed bytes as a buffer that views the region (no copy); the
-    /// zone stays shared until the buffer and its clones are dropped.
-    pub fn into_buffer(self) -> Buffer {
-        Buffer::from_bytes(Bytes::from_owner(Landed(self)))
+    /// zone stays shared until the buffer and its clones are dropped. The
+    /// landing back where not every byte is written yet.
+    pub fn into_buffer(self) -> Result<Buffer, Landing> {
+        if self.filled < self.len {
+            return Err(self);
+        }
+        Ok(Buffer::from_bytes(Bytes::from_owner(Landed(self))))
     }
 }
 
-/// A landing whose bytes have arrived, as the owner of a `Bytes`.
+// SAFETY: `chunk_mut` is the region's unwritten rest (exclusively this
+// landing's, see `unfilled`), and `advance_mut` only counts bytes that its
+// caller guarantees written, never past the region.
+unsafe impl BufMut for Landing {
+    fn remaining_mut(&self) -> usize {
+        self.len - self.filled
+    }
+
+    unsafe fn advance_mut(&mut self, cnt: usize) {
+        self.filled = (self.filled + cnt).min(self.len);
+    }
+
+    fn chunk_mut(&mut self) -> &mut UninitSlice {
+        UninitSlice::uninit(self.unfilled())
+    }
+}
+
+/// A wholly written landing, as the owner of a `Bytes`.
 struct Landed(Landing);
 
 impl AsRef<[u8]> for Landed {
     fn as_ref(&self) -> &[u8] {
-        self.0.bytes()
+        let l = &self.0;
+        if l.len == 0 {
+            return &[];
+        }
+        // SAFETY: as in `Landing::unfilled`; every byte of the region was
+        // written (`into_buffer` checked), and nothing writes it any more
+        // (the landing is owned here and never written through again).
+        unsafe { std::slice::from_raw_parts(l.zone.base().add(l.offset), l.len) }
     }
 }
 
@@ -210,9 +375,14 @@ mod tests {
         assert!(zone.landing(4, 8).is_none());
         assert!(zone.landing(24, 16).is_none());
         assert!(zone.landing(usize::MAX, 2).is_none());
-        a.bytes_mut().copy_from_slice(&[1, 0, 0, 0, 2, 0, 0, 0]);
-        b.bytes_mut().fill(0xff);
-        let view = b.into_buffer();
+        a.put_slice(&[1, 0, 0, 0, 2, 0, 0, 0]);
+        // Not a view until every byte is written.
+        b.put_slice(&[0xff; 10]);
+        assert_eq!(b.filled(), 10);
+        let mut b = b.into_buffer().unwrap_err();
+        b.put_slice(&[0xff; 6]);
+        assert_eq!(b.remaining_mut(), 0);
+        let view = b.into_buffer().unwrap();
         assert!(zone.holds(&view, 16));
         assert!(!zone.holds(&view, 0));
         assert!(!zone.holds(&Buffer::from_vec(vec![0; 16]), 16));
@@ -229,9 +399,89 @@ mod tests {
     fn a_view_outlives_the_zone_handle() {
         let zone = LandingZone::new(vec![0u8; 4]);
         let mut l = zone.landing(1, 2).unwrap();
-        l.bytes_mut().copy_from_slice(&[7, 9]);
+        l.put_slice(&[7, 9]);
         drop(zone);
-        let view = l.into_buffer();
+        let view = l.into_buffer().unwrap();
         assert_eq!(view.as_slice(), &[7, 9]);
+    }
+
+    #[test]
+    fn an_uninit_zone_lands_in_spare_capacity() {
+        let zone = LandingZone::<u64>::uninit(4).unwrap();
+        assert_eq!(zone.len_bytes(), 32);
+        assert!(zone.landing(24, 16).is_none());
+        let mut l = zone.landing(8, 16).unwrap();
+        assert_eq!(l.unfilled().len(), 16);
+        let words: Vec<u8> = [5u64, 6].iter().flat_map(|w| w.to_ne_bytes()).collect();
+        l.put_slice(&words);
+        let view = l.into_buffer().unwrap();
+        assert!(zone.holds(&view, 8));
+        assert_eq!(view.as_slice(), &words[..]);
+        drop(view);
+        let mut v = zone.into_vec().ok().unwrap();
+        assert!(v.is_empty() && v.capacity() >= 4);
+        // The owner writes the rest, then sets the length.
+        let p = v.as_mut_ptr();
+        // SAFETY: elements 0 and 3 lie in the capacity; 1 and 2 landed.
+        unsafe {
+            p.write(4);
+            p.add(3).write(7);
+            v.set_len(4);
+        }
+        assert_eq!(v, vec![4, 5, 6, 7]);
+        assert!(LandingZone::<u64>::uninit(usize::MAX / 4).is_none());
+    }
+
+    /// `assemble` against a brute-force layout: landed parts stay, the
+    /// others are copied, gaps are zeroed, for both kinds of zone.
+    #[test]
+    fn assemble_writes_every_element_once() {
+        let bytes_of = |w: &[u32]| -> Vec<u8> { w.iter().flat_map(|x| x.to_ne_bytes()).collect() };
+        for fresh in [false, true] {
+            // Result of 12: [0, 3) landed, [3, 5) copied, [5, 7) gap,
+            // [7, 11) copied (out of order), [11, 12) gap.
+            let zone = if fresh {
+                LandingZone::<u32>::uninit(12).unwrap()
+            } else {
+                LandingZone::new(vec![0xdead_beef_u32; 12])
+            };
+            let mut l = zone.landing(0, 12).unwrap();
+            l.put_slice(&bytes_of(&[10, 11, 12]));
+            let landed = l.into_buffer().unwrap();
+            let parts = vec![
+                (7, Buffer::from_vec(bytes_of(&[70, 71, 72, 73]))),
+                (0, landed),
+                (3, Buffer::from_vec(bytes_of(&[30, 31]))),
+                (11, Buffer::default()),
+            ];
+            let v = zone.assemble(parts).unwrap();
+            assert_eq!(
+                v,
+                vec![10, 11, 12, 30, 31, 0, 0, 70, 71, 72, 73, 0],
+                "fresh: {fresh}"
+            );
+        }
+        // A part past the end, or not whole elements, writes nothing.
+        let zone = LandingZone::new(vec![9u32; 4]);
+        let e = zone
+            .assemble(vec![(3, Buffer::from_vec(vec![0; 8]))])
+            .unwrap_err();
+        assert!(
+            matches!(e, AssembleError::DoesNotFit { offset: 3, .. }),
+            "{e}"
+        );
+        let zone = LandingZone::<u32>::uninit(4).unwrap();
+        let e = zone
+            .assemble(vec![(0, Buffer::from_vec(vec![0; 6]))])
+            .unwrap_err();
+        assert!(matches!(e, AssembleError::DoesNotFit { .. }), "{e}");
+        // A landing still out keeps the vector.
+        let zone = LandingZone::<u32>::uninit(4).unwrap();
+        let held = zone.landing(0, 16).unwrap();
+        assert_eq!(
+            zone.assemble(Vec::new()).unwrap_err(),
+            AssembleError::StillHeld
+        );
+        drop(held);
     }
 }

@@ -14,7 +14,7 @@ mod pool;
 mod resource;
 
 pub use buffer::{Buffer, MemoryType};
-pub use landing::{Landing, LandingZone};
+pub use landing::{AssembleError, Landing, LandingZone};
 pub use large::{HUGE_PAGE_MIN, large_vec, reuse_freed_memory, try_large_vec};
 pub use pool::BufferPool;
 #[cfg(feature = "cuda")]

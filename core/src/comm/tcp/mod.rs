@@ -40,6 +40,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
+use bytes::BufMut;
 use futures::future::BoxFuture;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
@@ -710,7 +711,7 @@ async fn reader_task(shared: Arc<Shared>, src: Rank, stream: TcpStream) {
             .then(|| shared.mailbox.claim(src, header.tag, len))
             .flatten();
         let mut dest = match landing {
-            Some(l) => Dest::Landing(l, 0, 0),
+            Some(l) => Dest::Landing(l, 0),
             None => match shared.pool.try_take(len) {
                 Some(buf) => Dest::Pool(buf),
                 None => {
@@ -725,13 +726,7 @@ async fn reader_task(shared: Arc<Shared>, src: Rank, stream: TcpStream) {
         };
         loop {
             let read = match &mut dest {
-                Dest::Landing(l, filled, _) if *filled < len => {
-                    let r = r.read(&mut l.bytes_mut()[*filled..]).await;
-                    if let Ok(n) = r {
-                        *filled += n;
-                    }
-                    r
-                }
+                Dest::Landing(l, _) if l.filled() < len => r.read_buf(l).await,
                 Dest::Pool(buf) if buf.len() < len => {
                     let want = (len - buf.len()) as u64;
                     (&mut r).take(want).read_buf(buf).await
@@ -747,9 +742,9 @@ async fn reader_task(shared: Arc<Shared>, src: Rank, stream: TcpStream) {
                 if len >= LAND_MIN && buf.len() < len {
                     if let Some(mut l) = shared.mailbox.claim(src, header.tag, len) {
                         let filled = buf.len();
-                        l.bytes_mut()[..filled].copy_from_slice(buf);
+                        l.put_slice(buf);
                         drop(shared.pool.wrap(std::mem::take(buf)));
-                        dest = Dest::Landing(l, filled, filled);
+                        dest = Dest::Landing(l, filled);
                     }
                 }
             }
@@ -757,10 +752,21 @@ async fn reader_task(shared: Arc<Shared>, src: Rank, stream: TcpStream) {
         shared.stats.record_recv(src, len);
         let payload = match dest {
             Dest::Pool(buf) => Buffer::from_bytes(shared.pool.wrap(buf)),
-            Dest::Landing(l, _, copied) => {
-                shared.stats.record_landed((len - copied) as u64);
-                l.into_buffer()
-            }
+            Dest::Landing(l, copied) => match l.into_buffer() {
+                Ok(view) => {
+                    shared.stats.record_landed((len - copied) as u64);
+                    view
+                }
+                // The loop above ends only once every byte is in.
+                Err(l) => {
+                    shared.fail_seen(CommError::Protocol {
+                        rank: shared.rank,
+                        peer: Some(src),
+                        detail: format!("a {len}-byte message ended at byte {}", l.filled()),
+                    });
+                    return;
+                }
+            },
         };
         shared.mailbox.deliver(src, header.tag, payload);
     }
@@ -785,9 +791,10 @@ async fn connection_lost(shared: &Shared, src: Rank, detail: String) {
 enum Dest {
     /// A buffer of the receive pool (no receive offered a landing yet).
     Pool(Vec<u8>),
-    /// The landing of the receive it goes to, the bytes in it so far, and
-    /// how many of them were read before it was claimed (and copied in).
-    Landing(Landing, usize, usize),
+    /// The landing of the receive it goes to (counting the bytes in it so
+    /// far), and how many of them were read before it was claimed (and
+    /// copied in).
+    Landing(Landing, usize),
 }
 
 /// Opens the data connection to `dst` and writes `pw`'s frames to it.
