@@ -37,6 +37,13 @@
 //! (a rank given another count may have picked the other algorithm; it
 //! still sends one). So every rank sees every rank's signature, and if any
 //! two differ every rank fails before it returns data.
+//!
+//! Over tcp and mpi the two-step algorithm's one-vector result (a fresh
+//! vector for [`allreduce`], the caller's for [`allreduce_into`] once it
+//! holds the input's length) is a landing zone: the other ranks' reduced
+//! blocks that arrive after their receives are posted are read straight
+//! into their places, and only the rest (this rank's own block, early
+//! blocks) is copied (`LandingZone`).
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -280,7 +287,7 @@ async fn reduce_my_piece<T: Element>(
 enum Reduced<T> {
     Whole(Vec<T>),
     Blocks(Vec<Buffer>),
-    /// The whole result in the vector the caller lent (`land_in`), the
+    /// The whole result in one vector (the caller's, or a fresh one), the
     /// other ranks' blocks received straight into it.
     Landed(Vec<T>),
 }

@@ -10,16 +10,20 @@
 //! returns them per source rank as they arrived (between in-process ranks
 //! a part is the sender's own buffer: no copy at all).
 //!
-//! Over tcp (and mpi) an `_into` call whose vector already holds the
-//! result's length receives large parts (over 16 KiB: a header, then the
-//! data) straight into their places: the data's receive is posted with the
-//! header's and offers its place as a landing (`recv_landing`), so the
-//! transport reads the socket into the result, and only this rank's own
-//! part (and parts that arrived before their receive) is copied; the same
-//! bytes as MPI moves, which receives into the caller's buffer. At 16 and
-//! 64 MiB between 2 and 4 tcp ranks on the 2-core VM this took the
-//! `_into` forms from 0.61-1.05 of OpenMPI to 0.78-1.26 (BENCHMARKS.md,
-//! thirty-third session).
+//! Over tcp (and mpi) the one-vector forms receive large parts (over
+//! 16 KiB: a header, then the data) straight into their places: the
+//! data's receive is posted with the header's and offers its place as a
+//! landing (`recv_landing`), so the transport reads the socket into the
+//! result, and only this rank's own part (and parts that arrived before
+//! their receive) is copied; the same bytes as MPI moves, which receives
+//! into the caller's buffer. The result is the `_into` call's vector where
+//! it already holds the result's length, else a fresh vector whose
+//! capacity the parts are written into (nothing zeroed first;
+//! `LandingZone::uninit`). At 16 and 64 MiB between 2 and 4 tcp ranks on
+//! the 2-core VM this took the `_into` forms from 0.61-1.05 of OpenMPI to
+//! 0.78-1.26 (BENCHMARKS.md, thirty-third session), and the fresh
+//! `alltoallv` at 2 ranks from 12.0-12.6 to 7.5 ms at 16 MiB and from
+//! 44-49 to 34-35 ms at 64 MiB (thirty-fourth session).
 //!
 //! Counts and offsets are validated against the buffers before anything is
 //! sent. Each message carries both counts of its pair (what the sender
@@ -266,7 +270,8 @@ fn pair_hash(src: u32, dst: u32, count: usize) -> u64 {
 }
 
 /// Starts an AllToAllv whose result is laid out by `spec.recv_offsets`
-/// in one vector (one copy of every received element).
+/// in one vector (one copy of every received element, but for the large
+/// parts that land in place over tcp and mpi).
 pub fn start_alltoallv<T: Element>(
     ctx: &Context,
     send: impl Into<Elements<T>>,
