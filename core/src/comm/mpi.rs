@@ -472,10 +472,8 @@ impl Engine {
                     // (`len` bytes, the matched message's length, so MPI
                     // wrote every one) has completed.
                     unsafe { l.assume_filled() };
-                    match l.into_buffer() {
-                        Ok(view) => view,
-                        Err(_) => Buffer::default(),
-                    }
+                    // Whole, so always a view.
+                    l.into_buffer().unwrap_or_default()
                 }
             };
             self.mailbox.deliver(inc.src, inc.tag, payload);
