@@ -50,7 +50,7 @@ use std::sync::Arc;
 
 use braid_core::comm::OfferData;
 use braid_core::memory::{LandingZone, large_vec};
-use braid_core::{Backend, Buffer, Communicator, Context, MemoryError, Rank, Tag};
+use braid_core::{Backend, Buffer, Communicator, Context, Rank, Tag};
 use braid_kernels::reduce::{combine_extend, reduce_into};
 use braid_kernels::{Element, ReduceKind};
 
@@ -58,7 +58,7 @@ use crate::error::{CollError, CollKind, Site};
 use crate::handle::{Callback, Handle, ResultStep, spread, start, streaming};
 use crate::wire::Elements;
 use crate::wire::{
-    Framed, INLINE_MAX, Meta, Signature, emptied_for, exchange_framed, land_parts,
+    Framed, INLINE_MAX, Meta, Signature, emptied_for, exchange_framed, fresh_zone, land_parts,
     recv_framed_all_landing, send_framed, typed, vec_to_buffer,
 };
 
@@ -366,14 +366,7 @@ fn start_allreduce_core<T: Element, R: Send + 'static>(
         let peers = (0..n).filter(|p| *p != me);
         let zone = match land_in {
             LandIn::Vec(v) if v.len() == len => Some(LandingZone::new(v)),
-            LandIn::Fresh if comm.backend() != Backend::Local => {
-                Some(LandingZone::uninit(len).ok_or_else(|| {
-                    site.memory(MemoryError::OutOfMemory {
-                        size: (len * sz) as u64,
-                        detail: "the result vector could not be allocated".into(),
-                    })
-                })?)
-            }
+            LandIn::Fresh if comm.backend() != Backend::Local => Some(fresh_zone(site, len)?),
             _ => None,
         };
         let landings = match &zone {

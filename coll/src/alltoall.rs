@@ -45,7 +45,7 @@
 
 use braid_core::comm::OfferData;
 use braid_core::memory::LandingZone;
-use braid_core::{Backend, Buffer, Context, MemoryError, Tag};
+use braid_core::{Backend, Buffer, Context, Tag};
 use braid_kernels::Element;
 use braid_kernels::hash::{GOLDEN, mix64};
 use bytes::BufMut;
@@ -54,8 +54,8 @@ use crate::error::{CollError, CollKind, Site};
 use crate::handle::{Callback, Handle, spread, start, streaming};
 use crate::wire::Elements;
 use crate::wire::{
-    Framed, INLINE_MAX, Meta, emptied_for, land_parts, meet_framed, recv_framed_all_landing,
-    send_framed,
+    Framed, INLINE_MAX, Meta, emptied_for, fresh_zone, land_parts, meet_framed,
+    recv_framed_all_landing, send_framed,
 };
 
 /// Per-peer element counts and offsets of an AllToAllv.
@@ -319,12 +319,7 @@ fn start_one_vector<T: Element>(
             LandingZone::new(out)
         } else {
             drop(out);
-            LandingZone::uninit(len).ok_or_else(|| {
-                site.memory(MemoryError::OutOfMemory {
-                    size: (len * sz) as u64,
-                    detail: "the result vector could not be allocated".into(),
-                })
-            })?
+            fresh_zone(site, len)?
         };
         let parts = exchange(&comm, site, send, &layout, Some(&zone)).await?;
         spread(len * sz).await;

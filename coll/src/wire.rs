@@ -719,6 +719,18 @@ pub(crate) fn land_parts<T: Element>(
     })
 }
 
+/// A landing zone over a fresh vector of `len` elements
+/// (`LandingZone::uninit`), or this rank's memory error where the
+/// allocator cannot give it.
+pub(crate) fn fresh_zone<T: Element>(site: Site, len: usize) -> Result<LandingZone<T>, CollError> {
+    LandingZone::uninit(len).ok_or_else(|| {
+        site.memory(braid_core::MemoryError::OutOfMemory {
+            size: len.saturating_mul(std::mem::size_of::<T>()) as u64,
+            detail: "the result vector could not be allocated".into(),
+        })
+    })
+}
+
 /// A typed vector as a buffer, without copying.
 pub(crate) fn vec_to_buffer<T: Element>(v: Vec<T>) -> Buffer {
     Buffer::from_bytes(Bytes::from_owner(TypedOwner(v)))
