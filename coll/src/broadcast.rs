@@ -1,18 +1,20 @@
 //! Broadcast: the root's buffer reaches every rank.
 //!
-//! Algorithm: binomial tree rooted at `root` (ranks renumbered relative to
-//! the root). Cost: ceil(log2 N) * (alpha + m * beta); on the local backend
-//! beta is ~0 (buffers are shared, not copied). Alongside the tree every
-//! rank takes part in an agreement on the root (`wire::check_signature`:
-//! ceil(log2 N) dissemination rounds of one small message), so ranks that
-//! disagree on the root all fail instead of returning different data. That
-//! round is what a broadcast costs over an unchecked one: the root cannot
-//! return until it has heard from the other ranks.
+//! Algorithm: one message per rank and round, the agreement on the call
+//! and the data together (`wire::check_spreading`): ceil(log2 N)
+//! dissemination rounds, each message carrying the minimum and maximum of
+//! the ranks' signatures (root) seen so far, and the data where the
+//! receiver lacks it, which makes the data's path a binomial tree rooted
+//! at `root`. Cost: ceil(log2 N) * (alpha + m * beta) for the data, and no
+//! message beyond the check's own: ranks that disagree on the root all
+//! fail instead of returning different data, so the root cannot return
+//! until it has heard from the others (log2 N one-way latencies), where an
+//! unchecked broadcast returns at once.
 //!
 //! In-process ranks (the local backend) instead meet once at (op, 0)
 //! (`Communicator::meet`): every rank sees every rank's root, and the
 //! non-roots take the root's buffer (shared, not copied). One deposit and
-//! one take per rank replace the tree and the root check's rounds.
+//! one take per rank replace the rounds.
 
 use braid_core::comm::OfferData;
 use braid_core::{Buffer, Context, Rank, Tag};
@@ -20,7 +22,7 @@ use braid_kernels::DType;
 
 use crate::error::{CollError, CollKind, Site};
 use crate::handle::{Callback, Handle, start, streaming};
-use crate::wire::{Meta, Signature, check_signature, meet_framed, recv_framed, send_framed};
+use crate::wire::{Meta, Signature, check_spreading, meet_framed};
 
 /// Starts a broadcast from `root`. The root passes `Some(data)`, the others
 /// `None`; every rank's handle yields the root's buffer.
@@ -71,55 +73,9 @@ pub fn start_broadcast(
             aux: root,
             count: 0,
         };
-        let check = check_signature(comm.as_ref(), site, sig);
-        let tree = async {
-            let tag = Tag::new(op, 0);
-            let vr = (me + n - root) % n;
-            let mut data = data;
-            let mut mask = 1u32;
-            while mask < n {
-                if vr & mask != 0 {
-                    let parent = (vr - mask + root) % n;
-                    let f = recv_framed(comm.as_ref(), site, parent, tag).await?;
-                    if f.meta.aux != root {
-                        return Err(site.mismatch(
-                            parent,
-                            format!("root {root} here, {} on rank {parent}", f.meta.aux),
-                        ));
-                    }
-                    data = Some(f.data);
-                    break;
-                }
-                mask <<= 1;
-            }
-            let data = data.unwrap_or_default();
-            mask >>= 1;
-            let mut sends = Vec::new();
-            while mask > 0 {
-                if vr + mask < n {
-                    let child = (vr + mask + root) % n;
-                    let meta = Meta::new(CollKind::Broadcast, DType::Bytes)
-                        .aux(root)
-                        .count(data.len() as u64);
-                    sends.push(send_framed(
-                        comm.as_ref(),
-                        site,
-                        child,
-                        tag,
-                        meta,
-                        &[],
-                        data.clone(),
-                    ));
-                }
-                mask >>= 1;
-            }
-            for s in sends {
-                s.await?;
-            }
-            Ok(data)
-        };
-        let (_, data) = futures::try_join!(check, tree)?;
-        Ok(data)
+        check_spreading(comm.as_ref(), site, sig, root, data)
+            .await?
+            .ok_or_else(|| site.mismatch(root, "the root's buffer did not arrive"))
     })
 }
 

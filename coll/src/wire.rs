@@ -762,26 +762,52 @@ pub(crate) struct Signature {
 /// First stage of the agreement rounds (round k uses `AGREE_STAGE + k`).
 pub(crate) const AGREE_STAGE: u8 = 200;
 
-/// Every rank learns the minimum and maximum of every rank's `value`
-/// (dissemination: round k exchanges with rank +- 2^k; min and max are
-/// idempotent, so overlapping coverage is harmless). Cost: ceil(log2 N)
-/// rounds of one 32-byte message. Returns (min, max), equal on every rank.
+/// Every rank learns the minimum and maximum of every rank's `value`, and
+/// `data`, which `root` alone passes, reaches every rank on the way.
+///
+/// Dissemination: round k sends to rank + 2^k and receives from rank -
+/// 2^k; min and max are idempotent, so overlapping coverage is harmless.
+/// The data rides in the same messages, to the ranks that lack it: with
+/// ranks numbered from the root (v), the ranks v < 2^k hold it before
+/// round k, and each sends it on to v + 2^k where that is below N (a
+/// binomial tree, largest subtrees first, ceil(log2 N) steps):
+///
+/// ```text
+///   v:        0   1   2   3   4
+///   round 0:  0 --> 1                 (every rank also sends its
+///   round 1:  0 ------> 2, 1 --> 3     min/max to v + 2^k, wrapping)
+///   round 2:  0 ----------> 4
+/// ```
+///
+/// Round k's messages go under `stage + k`.
+/// Cost: ceil(log2 N) rounds of one 33-byte message, the data added to the
+/// messages of N - 1 of them. Returns (min, max), equal on every rank, and
+/// the data where it came. Ranks whose `root` differs may find data where
+/// they expect none or none where they expect it; every round runs all
+/// the same, and (min, max) tell them apart.
 pub(crate) async fn agree(
     comm: &dyn Communicator,
     site: Site,
+    stage: u8,
     value: [u64; 2],
-) -> Result<([u64; 2], [u64; 2]), CollError> {
+    root: Rank,
+    mut data: Option<Buffer>,
+) -> Result<Agreed, CollError> {
     let n = comm.nranks();
     let me = site.rank;
+    // This rank's number counted from the root (as this rank sees it).
+    let v = (me + n - root % n) % n;
     let (mut lo, mut hi) = (value, value);
     let mut dist = 1u32;
     let mut round = 0u8;
     while dist < n {
-        let tag = Tag::new(site.op, AGREE_STAGE + round);
-        let mut body = Vec::with_capacity(32);
+        let tag = Tag::new(site.op, stage + round);
+        let carry = data.as_ref().filter(|_| v < dist && v + dist < n);
+        let mut body = Vec::with_capacity(AGREE_LEN);
         for w in lo.iter().chain(hi.iter()) {
             body.extend_from_slice(&w.to_le_bytes());
         }
+        body.push(u8::from(carry.is_some()));
         let meta = Meta::new(site.coll, DType::Bytes);
         let send = send_framed(
             comm,
@@ -790,13 +816,13 @@ pub(crate) async fn agree(
             tag,
             meta,
             &body,
-            Buffer::default(),
+            carry.cloned().unwrap_or_default(),
         );
         let src = (me + n - dist) % n;
         let f = recv_framed(comm, site, src, tag).await?;
         send.await?;
         let b = f.user_meta.as_ref();
-        if b.len() != 32 {
+        if b.len() != AGREE_LEN {
             return Err(site.mismatch(src, "malformed agreement message"));
         }
         let w = |i: usize| {
@@ -806,10 +832,38 @@ pub(crate) async fn agree(
         };
         lo = lo.min([w(0), w(1)]);
         hi = hi.max([w(2), w(3)]);
+        if b[32] != 0 && data.is_none() {
+            data = Some(f.data);
+        }
         dist *= 2;
         round += 1;
     }
-    Ok((lo, hi))
+    Ok(Agreed { lo, hi, data })
+}
+
+/// The bytes of an agreement message: min and max (two words each) and
+/// whether the data follows.
+const AGREE_LEN: usize = 33;
+
+/// What [`agree`] returns.
+pub(crate) struct Agreed {
+    /// The least of every rank's value.
+    pub lo: [u64; 2],
+    /// The greatest.
+    pub hi: [u64; 2],
+    /// The root's data, where it came (always at the root).
+    pub data: Option<Buffer>,
+}
+
+impl Agreed {
+    /// The data when every rank's value was the same, else the mismatch
+    /// (the same error on every rank: (min, max) are equal everywhere).
+    fn verdict(self, site: Site) -> Result<Option<Buffer>, CollError> {
+        if self.lo == self.hi {
+            return Ok(self.data);
+        }
+        Err(site.disagreement(Signature::describe(site.coll, self.lo, self.hi)))
+    }
 }
 
 /// First stage of the gather rounds (round k uses `GATHER_STAGE + k`).
@@ -887,16 +941,31 @@ pub(crate) async fn gather_all(
 /// Checks that every rank made this call with the same signature; if not,
 /// every rank fails with a mismatch (no rank returns data). Runs alongside
 /// the collective's own messages.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub(crate) async fn check_signature(
     comm: &dyn Communicator,
     site: Site,
     sig: Signature,
 ) -> Result<(), CollError> {
-    let (lo, hi) = agree(comm, site, sig.packed()).await?;
-    if lo == hi {
-        return Ok(());
-    }
-    Err(site.disagreement(Signature::describe(site.coll, lo, hi)))
+    let a = agree(comm, site, AGREE_STAGE, sig.packed(), 0, None).await?;
+    a.verdict(site).map(|_| ())
+}
+
+/// [`check_signature`] as a collective's only messages (round k under
+/// stage k, so its first messages meet another collective's first ones
+/// at stage 0 when ranks call different kinds), and `data`, which `root`
+/// alone passes, reaches every rank in the same messages ([`agree`]).
+/// Returns the data: on every rank once the check passes.
+pub(crate) async fn check_spreading(
+    comm: &dyn Communicator,
+    site: Site,
+    sig: Signature,
+    root: Rank,
+    data: Option<Buffer>,
+) -> Result<Option<Buffer>, CollError> {
+    agree(comm, site, 0, sig.packed(), root, data)
+        .await?
+        .verdict(site)
 }
 
 impl Signature {
