@@ -26,7 +26,9 @@
 //! runs passes only while no task has run one for `HANDOFF`: traffic
 //! needs no thread hand-off, and a rank that computes still answers its
 //! peers. While tasks drive, it checks at growing intervals (up to
-//! `NAP_MAX`), so it rarely takes a core from them. With a lower
+//! `NAP_MAX`, or `NAP_MAX_SHARED` where the rank has no core to spare),
+//! so it rarely takes a core from them; a task that stops driving wakes
+//! it at once. With a lower
 //! threading level only the progress thread touches MPI
 //! (`MPI_THREAD_FUNNELED`), and waiting tasks sleep until it delivers.
 //!
@@ -172,12 +174,48 @@ const NOTICE_EVERY: u32 = 64;
 const SPIN: Duration = Duration::from_millis(2);
 /// The progress thread runs passes once no task has run one for this long.
 const HANDOFF: Duration = Duration::from_micros(100);
-/// The longest the progress thread sleeps while tasks drive, so it takes
-/// over within HANDOFF + NAP_MAX of the last task-driven pass. Checking
-/// every HANDOFF / 2 instead woke it 20000 times a second, each wake-up
-/// taking a core from a rank on a 2-core host: 8-byte ping-pong over tcp
-/// took 10.6-11.2 us with that, 7.5-8.0 us with 1 ms naps (raw MPI 5.6).
+/// The longest the progress thread sleeps while tasks drive, where the
+/// rank has a core to spare for it: it takes over within HANDOFF +
+/// NAP_MAX of the last task-driven pass. Checking every HANDOFF / 2
+/// instead woke it 20000 times a second, each wake-up taking a core from
+/// a rank on a 2-core host: 8-byte ping-pong over tcp took 10.6-11.2 us
+/// with that, 7.5-8.0 us with 1 ms naps (raw MPI 5.6).
 const NAP_MAX: Duration = Duration::from_millis(1);
+/// The same where the rank has no core to spare ([`nap_cap`]): each
+/// wake-up then preempts a thread that is working, such as a task whose
+/// pass is copying a message. 1 MiB ping-pong, 2 ranks on 2 cores (each
+/// bound to one by mpirun), braid / raw MPI in the same launch, 6
+/// launches each: 0.90-0.97 with 1 ms naps, 0.97-1.05 with 16 ms (tcp
+/// and shared memory). A task that stops driving (it waited past `SPIN`
+/// and found nothing to do) wakes the thread at once instead (see
+/// `Shared::handoff`), so only a rank that leaves messages in flight while
+/// it computes waits longer for the hand-off.
+const NAP_MAX_SHARED: Duration = Duration::from_millis(16);
+
+/// How long the progress thread may nap while tasks drive, for a rank
+/// with `local_ranks` ranks on its host: [`NAP_MAX`] where it has a core
+/// beside the one its driving task runs on, else [`NAP_MAX_SHARED`].
+/// A rank bound to some of the host's cores (mpirun binds ranks by
+/// default) owns them; an unbound rank shares the host's with the other
+/// local ranks.
+fn nap_cap(local_ranks: usize) -> Duration {
+    let visible = std::thread::available_parallelism().map_or(1, |n| n.get());
+    // SAFETY: sysconf only reads a system value.
+    let online = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
+    let host = usize::try_from(online).unwrap_or(visible);
+    nap_cap_for(visible, host, local_ranks)
+}
+
+/// [`nap_cap`] for a rank that may run on `visible` of the host's `host`
+/// cores, with `local_ranks` ranks on the host.
+fn nap_cap_for(visible: usize, host: usize, local_ranks: usize) -> Duration {
+    let spare = if visible < host {
+        visible >= 2
+    } else {
+        visible > local_ranks
+    };
+    if spare { NAP_MAX } else { NAP_MAX_SHARED }
+}
 
 enum Req {
     Send {
@@ -522,6 +560,13 @@ struct Shared {
     contended: Mutex<Vec<std::task::Waker>>,
     /// Whether `contended` may be non-empty (spares the lock after passes).
     any_contended: std::sync::atomic::AtomicBool,
+    /// The progress thread (unparked to hand the driving over).
+    progress_thread: std::thread::Thread,
+    /// A task stopped driving: the progress thread's next nap is short,
+    /// so it takes over about HANDOFF after the task's last pass.
+    handoff: std::sync::atomic::AtomicBool,
+    /// The longest nap while tasks drive ([`nap_cap`]).
+    nap_max: Duration,
 }
 
 impl Shared {
@@ -602,6 +647,12 @@ impl Drive for Shared {
             }
             drop(e);
             self.pass_ended();
+            if !keep {
+                // This task sleeps now: the progress thread takes over
+                // soon, whatever its nap (once per wait past SPIN).
+                self.handoff.store(true, Ordering::Release);
+                self.progress_thread.unpark();
+            }
             return keep;
         }
         // Another thread is in a pass: sleep until it ends.
@@ -778,6 +829,8 @@ fn progress(
         return;
     };
     mailbox.set_rank(rank);
+    // Ranks on this host (a collective call: every rank makes it here).
+    let local_ranks = world.split_shared(rank as i32).size().max(1) as usize;
     let shared = Arc::new(Shared {
         engine: Mutex::new(Engine {
             notices: std::mem::ManuallyDrop::new(world.duplicate()),
@@ -805,6 +858,9 @@ fn progress(
         epoch: Instant::now(),
         contended: Mutex::new(Vec::new()),
         any_contended: std::sync::atomic::AtomicBool::new(false),
+        progress_thread: std::thread::current(),
+        handoff: std::sync::atomic::AtomicBool::new(false),
+        nap_max: nap_cap(local_ranks),
     });
     let _ = ready.send(Ok(shared.clone()));
     drop(ready);
@@ -817,8 +873,11 @@ fn progress(
         // lock only to look made a task that tried it meanwhile sleep
         // until some later pass ended (up to a nap and a HANDOFF later).
         if shared.driven_recently() {
-            std::thread::sleep(nap);
-            nap = (nap * 2).min(NAP_MAX);
+            if shared.handoff.swap(false, Ordering::AcqRel) {
+                nap = HANDOFF / 2;
+            }
+            std::thread::park_timeout(nap);
+            nap = (nap * 2).min(shared.nap_max);
             continue;
         }
         let busy = {
@@ -973,6 +1032,32 @@ mod tests {
     use super::*;
 
     const FIRST: u32 = TagLayout::FIRST;
+
+    #[test]
+    fn naps_are_long_only_without_a_spare_core() {
+        // (cores the rank may use, the host's cores, ranks on the host).
+        let long = [
+            (1, 2, 2),  // mpirun's binding: one core a rank
+            (2, 2, 2),  // unbound, as many ranks as cores
+            (4, 4, 8),  // unbound, oversubscribed
+            (1, 64, 1), // bound to one core of a large host
+        ];
+        let short = [
+            (2, 2, 1),   // one rank, two cores
+            (64, 64, 8), // unbound on a large host
+            (8, 64, 8),  // bound to 8 cores each
+        ];
+        for (v, h, l) in long {
+            assert_eq!(
+                nap_cap_for(v, h, l),
+                NAP_MAX_SHARED,
+                "{v} of {h} cores, {l} ranks"
+            );
+        }
+        for (v, h, l) in short {
+            assert_eq!(nap_cap_for(v, h, l), NAP_MAX, "{v} of {h} cores, {l} ranks");
+        }
+    }
 
     #[test]
     fn tag_layout_fits_the_bound() {
