@@ -184,9 +184,9 @@ const NAP_MAX: Duration = Duration::from_millis(1);
 /// The same where the rank has no core to spare ([`nap_cap`]): each
 /// wake-up then preempts a thread that is working, such as a task whose
 /// pass is copying a message. 1 MiB ping-pong, 2 ranks on 2 cores (each
-/// bound to one by mpirun), braid / raw MPI in the same launch, 6
-/// launches each: 0.90-0.97 with 1 ms naps, 0.97-1.05 with 16 ms (tcp
-/// and shared memory). A task that stops driving (it waited past `SPIN`
+/// bound to one by mpirun), braid / raw MPI in the same launch, 8 to 11
+/// launches each (tcp and shared memory): 0.90-0.98 with 1 ms naps,
+/// 0.94-1.05 with 16 ms (BENCHMARKS, 2026-11-28). A task that stops driving (it waited past `SPIN`
 /// and found nothing to do) wakes the thread at once instead (see
 /// `Shared::handoff`), so only a rank that leaves messages in flight while
 /// it computes waits longer for the hand-off.
