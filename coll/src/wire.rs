@@ -798,6 +798,7 @@ pub(crate) async fn agree(
     // This rank's number counted from the root (as this rank sees it).
     let v = (me + n - root % n) % n;
     let (mut lo, mut hi) = (value, value);
+    let mut peer = None;
     let mut dist = 1u32;
     let mut round = 0u8;
     while dist < n {
@@ -830,6 +831,10 @@ pub(crate) async fn agree(
             x.copy_from_slice(&b[i * 8..i * 8 + 8]);
             u64::from_le_bytes(x)
         };
+        // Round 0 brings the neighbour's own value: name it if it differs.
+        if round == 0 && [w(0), w(1)] != value {
+            peer = Some(src);
+        }
         lo = lo.min([w(0), w(1)]);
         hi = hi.max([w(2), w(3)]);
         if b[32] != 0 && data.is_none() {
@@ -838,7 +843,7 @@ pub(crate) async fn agree(
         dist *= 2;
         round += 1;
     }
-    Ok(Agreed { lo, hi, data })
+    Ok(Agreed { lo, hi, data, peer })
 }
 
 /// The bytes of an agreement message: min and max (two words each) and
@@ -853,16 +858,23 @@ pub(crate) struct Agreed {
     pub hi: [u64; 2],
     /// The root's data, where it came (always at the root).
     pub data: Option<Buffer>,
+    /// The rank before this one, when its value differs from this rank's.
+    pub peer: Option<Rank>,
 }
 
 impl Agreed {
     /// The data when every rank's value was the same, else the mismatch
-    /// (the same error on every rank: (min, max) are equal everywhere).
+    /// (the same description on every rank: (min, max) are equal
+    /// everywhere; it names the rank before this one where that differs).
     fn verdict(self, site: Site) -> Result<Option<Buffer>, CollError> {
         if self.lo == self.hi {
             return Ok(self.data);
         }
-        Err(site.disagreement(Signature::describe(site.coll, self.lo, self.hi)))
+        let detail = Signature::describe(site.coll, self.lo, self.hi);
+        Err(match self.peer {
+            Some(p) => site.mismatch(p, detail),
+            None => site.disagreement(detail),
+        })
     }
 }
 
