@@ -1364,19 +1364,38 @@ __device__ __forceinline__ void roll_tile(const i64* ts, const i64* key, const d
         if (shift == 0) {
             // One ts value a bucket: bucket numbers are ts - t0, which fit
             // in 32 bits (span < ROLL_NB), so the low words suffice.
-            u32 t032 = (u32)t0;
+            // Only the low words of ts are read (little-endian: the first
+            // 4 bytes of each slot), through word offsets that advance by
+            // a constant: T is a multiple of 16, so ROLL_PT(j + T) =
+            // ROLL_PT(j) + ROLL_PT(T), and row j - 1's slot is 1 or 2 slots
+            // below row j's (2 where j starts a group of 16).
+            static_assert(ROLL_THREADS % 16 == 0, "the index build steps by whole pad groups");
+            const u32* ts32 = (const u32*)s_ts;
+            u32 t032 = (u32)t0, gaps = 0;
+            u32 j = base + t;
+            u32 wj = 2 * ROLL_PT(j), back = (j & 15) == 0 ? 4u : 2u;
 #pragma unroll 1
-            for (u32 j = base + t; j < end; j += T) {
-                u32 bj = (u32)s_ts[ROLL_PT(j)] - t032;
-                u32 from = j == base ? 0u : (u32)s_ts[ROLL_PT(j - 1)] - t032 + 1;
-                if (bj + 1 - from > ROLL_GAP) {
-                    wide = true;
+            for (; j < end; j += T, wj += 2 * ROLL_PT(T)) {
+                u32 bj = ts32[wj] - t032;
+                u32 from = j == base ? 0u : ts32[wj - back] - t032 + 1;
+                u32 g = bj + 1 - from;  // buckets row j is the first of
+                unsigned short jv = (unsigned short)j;
+                unsigned short* f = first + from;
+                if (g <= 4) {
+                    // Most rows start 0 to 3 buckets: predicated stores,
+                    // not a loop whose trip count differs between lanes.
+                    if (g > 0) f[0] = jv;
+                    if (g > 1) f[1] = jv;
+                    if (g > 2) f[2] = jv;
+                    if (g > 3) f[3] = jv;
+                } else if (g > ROLL_GAP) {
+                    gaps = 1;
                 } else {
-                    // (Not unrolled: most rows start 0 to 3 buckets.)
 #pragma unroll 1
-                    for (u32 q = from; q <= bj; q++) first[q] = (unsigned short)j;
+                    for (u32 q = 0; q < g; q++) f[q] = jv;
                 }
             }
+            wide = gaps != 0;
         } else {
             for (u32 j = base + t; j < end; j += T) {
                 u32 bj = (u32)(((u64)s_ts[ROLL_PT(j)] - (u64)t0) >> shift);
@@ -1404,19 +1423,27 @@ __device__ __forceinline__ void roll_tile(const i64* ts, const i64* key, const d
                 bool none = !incl_lo && wl == 0;                 // window 0, open below
                 u64 c64 = incl_lo ? wl : (wl == 0 ? 0 : wl - 1);
                 u32 c = c64 > 0xFFFFFFFFull ? 0xFFFFFFFFu : (u32)c64;
-#pragma unroll 1
+                // Row t + T k reads word 2 ROLL_PT(ROLL_OFF + t) + k * 2
+                // ROLL_PT(T) of ts (T is a multiple of 16); the longest
+                // window's rows give the level (floor(log2) is monotone).
+                const u32* ts32 = (const u32*)s_ts;
+                u32 w0 = 2 * ROLL_PT(ROLL_OFF + t), hi1 = incl_hi ? 1u : 0u, span = 0;
+                bool tail = e < n;  // rows past the region exist
+#pragma unroll
                 for (u32 k = 0; k < R; k++) {
                     u32 r = t + T * k;
-                    if (r >= rows) break;
-                    u32 d = (u32)s_ts[ROLL_PT(ROLL_OFF + r)] - t032;
-                    u32 hp = first[incl_hi ? d + 1 : d];
-                    u32 lp = none ? hp : (d > c ? (u32)first[d - c] : base);
-                    if (hp == end && e < n) over = true;  // ties past the region
-                    s_win[ROLL_PW(r)] = lp | (hp << 16);
-                    if (hp - lp >= 2) top = max(top, 31u - __clz(hp - lp));
-                    lmn = min(lmn, lp);
-                    hmx = max(hmx, hp);
+                    if (r < rows) {
+                        u32 d = ts32[w0 + k * 2 * ROLL_PT(T)] - t032;
+                        u32 hp = first[d + hi1];
+                        u32 lp = none ? hp : (d > c ? (u32)first[d - c] : base);
+                        if (hp == end && tail) over = true;  // ties past the region
+                        s_win[ROLL_PW(r)] = lp | (hp << 16);
+                        span = max(span, hp - lp);
+                        lmn = min(lmn, lp);
+                        hmx = max(hmx, hp);
+                    }
                 }
+                if (span >= 2) top = 31u - __clz(span);
             } else {
 #pragma unroll 1
                 for (u32 k = 0; k < R; k++) {
