@@ -457,14 +457,16 @@ fn rolling_min_max_match_cpu() {
 
 /// Order values far from one step per unit: scaled steps (each bucket of
 /// the tile pass's ts index then spans many units), bursts split by wide
-/// gaps (buckets holding many rows, and gaps too wide for the index), and
-/// values up to both ends of i64 (ties at i64::MAX included).
+/// gaps (buckets holding many rows, and gaps too wide for the index),
+/// values up to both ends of i64 (ties at i64::MAX included), and steps
+/// of 0-3 units with a rare gap of 4 to 100 (one unit a bucket: rows that
+/// start 4 buckets, 5 to 64, and more than the index fills per row).
 #[test]
 fn rolling_sparse_order_values_match_cpu() {
     let Some(gpu) = gpu() else { return };
     let mut g = SplitMix(braid_tests::fresh_seed());
     for &n in &[1usize, 2, 2049, 4097, 100_003] {
-        for shape in 0..3 {
+        for shape in 0..4 {
             let (ts, unit): (Vec<i64>, i64) = match shape {
                 0 => {
                     let mut t = g.next_u64() as i64 / 4;
@@ -484,6 +486,22 @@ fn rolling_sparse_order_values_match_cpu() {
                                 [1_000, 1_000_000, 1 << 40][g.below(3) as usize]
                             } else {
                                 g.below(3) as i64
+                            };
+                            t
+                        })
+                        .collect();
+                    (ts, 1)
+                }
+                3 => {
+                    let mut t = g.below(1000) as i64 - 500;
+                    let ts = (0..n)
+                        .map(|_| {
+                            // About one gap in 200 rows keeps a tile's
+                            // span of ts within the index's buckets.
+                            t += if g.below(200) == 0 {
+                                [4, 5, 9, 33, 64, 65, 100][g.below(7) as usize]
+                            } else {
+                                g.below(4) as i64
                             };
                             t
                         })
