@@ -949,6 +949,24 @@ __device__ __forceinline__ void roll_term(double* s, double* e, double x) {
 // so no lane loops long filling the index.
 #define ROLL_GAP 64
 
+// Row j (as jv) is the first row of the g buckets from f on: f[0, g) = jv.
+// Most rows start 0 to 3 buckets: predicated stores, not a loop whose trip
+// count differs between lanes; a row that starts more than ROLL_GAP sets
+// *gaps and writes nothing (its tile takes the walks).
+__device__ __forceinline__ void roll_fill(unsigned short* f, u32 g, unsigned short jv, u32* gaps) {
+    if (g <= 4) {
+        if (g > 0) f[0] = jv;
+        if (g > 1) f[1] = jv;
+        if (g > 2) f[2] = jv;
+        if (g > 3) f[3] = jv;
+    } else if (g > ROLL_GAP) {
+        *gaps = 1;
+    } else {
+#pragma unroll 1
+        for (u32 q = 0; q < g; q++) f[q] = jv;
+    }
+}
+
 // The first region row in [base, end) with ts >= q: base when q <= t0,
 // end when q > tl.
 __device__ __forceinline__ u32 roll_lb(const i64* s_ts, const unsigned short* first, u32 base, u32 end,
@@ -1379,31 +1397,19 @@ __device__ __forceinline__ void roll_tile(const i64* ts, const i64* key, const d
                 u32 bj = ts32[wj] - t032;
                 u32 from = j == base ? 0u : ts32[wj - back] - t032 + 1;
                 u32 g = bj + 1 - from;  // buckets row j is the first of
-                unsigned short jv = (unsigned short)j;
-                unsigned short* f = first + from;
-                if (g <= 4) {
-                    // Most rows start 0 to 3 buckets: predicated stores,
-                    // not a loop whose trip count differs between lanes.
-                    if (g > 0) f[0] = jv;
-                    if (g > 1) f[1] = jv;
-                    if (g > 2) f[2] = jv;
-                    if (g > 3) f[3] = jv;
-                } else if (g > ROLL_GAP) {
-                    gaps = 1;
-                } else {
-#pragma unroll 1
-                    for (u32 q = 0; q < g; q++) f[q] = jv;
-                }
+                roll_fill(first + from, g, (unsigned short)j, &gaps);
             }
             wide = gaps != 0;
         } else {
+            u32 gaps = 0;
+#pragma unroll 1
             for (u32 j = base + t; j < end; j += T) {
                 u32 bj = (u32)(((u64)s_ts[ROLL_PT(j)] - (u64)t0) >> shift);
                 u32 from = j == base ? 0u : (u32)(((u64)s_ts[ROLL_PT(j - 1)] - (u64)t0) >> shift) + 1;
                 // Row j is the first of buckets [from, bj].
-                if (bj + 1 - from > ROLL_GAP) wide = true;
-                else for (u32 q = from; q <= bj; q++) first[q] = (unsigned short)j;
+                roll_fill(first + from, bj + 1 - from, (unsigned short)j, &gaps);
             }
+            wide = gaps != 0;
         }
         if (t == 0) first[nbk] = (unsigned short)end;
         walks = __syncthreads_or(wide);

@@ -44,10 +44,23 @@ pub struct GpuRollingArgs {
     /// K runs of n / K rows, each with its own rising ts.
     #[arg(long, default_value_t = 0)]
     keys: usize,
+    /// ts grows by `U` x (0..=3) per row: above 1 the tile pass's index of
+    /// ts holds several units a bucket, as sparse timestamps (say,
+    /// nanoseconds) make it; give `--window` in the same units (`--ts-unit
+    /// 1000 --window 64000` holds about 43 rows).
+    #[arg(long, default_value_t = 1)]
+    ts_unit: i64,
 }
 
 /// Runs the benchmark on device 0.
 pub fn run(a: GpuRollingArgs) -> Result<(), BoxError> {
+    if a.ts_unit < 1 || a.n as i128 * 3 * a.ts_unit as i128 > i64::MAX as i128 {
+        return Err(format!(
+            "--ts-unit must be at least 1, and n x 3 x ts-unit fit in an i64 (got {})",
+            a.ts_unit
+        )
+        .into());
+    }
     let gpu = Gpu::for_rank(0)?;
     let mut x = 0x9E37_79B9_7F4A_7C15u64;
     let mut next = || {
@@ -63,7 +76,7 @@ pub fn run(a: GpuRollingArgs) -> Result<(), BoxError> {
             if a.keys > 0 && i % run == 0 {
                 t = 0;
             }
-            t += (next() % 4) as i64;
+            t += (next() % 4) as i64 * a.ts_unit;
             t
         })
         .collect();
