@@ -21,7 +21,11 @@ DuckDB and Polars. The inputs aim at edges a fixed test misses:
     1-5 threads a rank (BRAID_RANK_THREADS) or the default share of cores.
 
     python3 tests/oracle/fuzz.py --rolling target/release/rolling --cases 40 \
-        --seed 1 [--out /tmp/braid-fuzz] [--keep]
+        --seed 1 [--out /tmp/braid-fuzz] [--keep] [--mpi-rolling PATH]
+
+With --mpi-rolling (a `rolling` built with `--features braid-examples/mpi`)
+about a third of the cases run under `mpirun -np RANKS --oversubscribe`
+with `--backend mpi` instead.
 
 Prints one line per case and a summary; exit status 1 if any case fails
 (the case's input, command and the oracle's report stay under --out).
@@ -255,6 +259,10 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--out", default="/tmp/braid-fuzz")
     ap.add_argument("--keep", action="store_true", help="keep passing cases' files too")
+    ap.add_argument("--mpi-rolling", default=None,
+                    help="a `rolling` built with the mpi feature: a share of the cases "
+                         "(--mpi-share) then runs under mpirun with --backend mpi")
+    ap.add_argument("--mpi-share", type=float, default=0.3)
     ap.add_argument("--local-share", type=float, default=0.15,
                     help="share of cases on timestamps in time zones (local-clock windows)")
     a = ap.parse_args()
@@ -274,8 +282,16 @@ def main():
         if threads is not None:
             env["BRAID_RANK_THREADS"] = str(threads)
             desc += f" threads={threads}"
+        argv = [a.rolling] + cmd
+        if a.mpi_rolling and random.Random(f"mpi-{a.seed}-{i}").random() < a.mpi_share:
+            # The same case as MPI ranks: mpirun starts --ranks processes.
+            nranks = cmd[cmd.index("--ranks") + 1]
+            cmd[cmd.index("--backend") + 1] = "mpi"
+            argv = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", nranks,
+                    a.mpi_rolling] + cmd
+            desc = desc.replace("/local", "/mpi").replace("/tcp", "/mpi")
         t0 = time.time()
-        run = subprocess.run([a.rolling] + cmd, capture_output=True, text=True, timeout=600, env=env)
+        run = subprocess.run(argv, capture_output=True, text=True, timeout=600, env=env)
         verdict = "ok"
         if run.returncode != 0:
             verdict = "rolling failed"
@@ -291,7 +307,7 @@ def main():
         if verdict != "ok":
             failed.append(i)
             with open(os.path.join(d, "report.txt"), "w") as f:
-                f.write((f"BRAID_RANK_THREADS={threads} " if threads else "") + "rolling " + " ".join(cmd) + "\n\ncheck_rolling.py " + " ".join(check) + "\n\n" + report)
+                f.write((f"BRAID_RANK_THREADS={threads} " if threads else "") + " ".join(argv) + "\n\ncheck_rolling.py " + " ".join(check) + "\n\n" + report)
             print("  " + "\n  ".join(report.strip().splitlines()[-12:]), flush=True)
         elif not a.keep:
             shutil.rmtree(d, ignore_errors=True)

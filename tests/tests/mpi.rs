@@ -107,6 +107,45 @@ fn mpi_receive_lands_in_the_offered_memory() {
     }
 }
 
+/// Sends that complete before their receives are posted: every rank
+/// sends a large message to the next and waits for that send before it
+/// receives (the mpi backend holds a large message that no receive waits
+/// for, so as to post its own sends first; held without a limit, every
+/// rank would wait for the others here). Bounded in time: a hang fails.
+#[test]
+fn mpi_sends_complete_before_their_receives_are_posted() {
+    for n in [2, 3] {
+        for len in [65_536u64, 4 << 20] {
+            let mut child = mpirun(n)
+                .args(["swap", &len.to_string()])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap();
+            let t = Instant::now();
+            while child.try_wait().unwrap().is_none() {
+                if t.elapsed() > Duration::from_secs(60) {
+                    let _ = child.kill();
+                    panic!("{n} ranks, {len} bytes: still running after 60 s");
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let out = child.wait_with_output().unwrap();
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            assert!(
+                out.status.success(),
+                "{n} ranks, {len} bytes: {stdout}\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let ok = stdout
+                .lines()
+                .filter(|l| *l == format!("swap ok {len}"))
+                .count();
+            assert_eq!(ok, n as usize, "{n} ranks, {len} bytes: {stdout}");
+        }
+    }
+}
+
 #[test]
 fn mpi_collective_suite() {
     collective_suite(None);

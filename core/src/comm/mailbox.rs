@@ -389,15 +389,18 @@ impl Mailbox {
         }
     }
 
-    /// The landing of the receive that the next message of (src, tag) will
-    /// go to, taken from it, when that receive has one of exactly `len`
-    /// bytes: the caller (the transport reading that message) writes the
-    /// message into it and delivers [`Landing::into_buffer`]. Sound because
-    /// one transport task delivers a source's messages in order: nothing
-    /// else reaches that receive first. If the receive is dropped before
-    /// the delivery, the landed buffer goes to the next receive or the
-    /// queue like any message.
-    pub(crate) fn claim(&self, src: Rank, tag: Tag, len: usize) -> Option<Landing> {
+    /// The landing of the receive that a message of (src, tag) will go to,
+    /// taken from it, when that receive has one of exactly `len` bytes:
+    /// the caller (the transport reading that message) writes the message
+    /// into it and delivers [`Landing::into_buffer`]. `ahead` messages of
+    /// (src, tag) come before this one and are not delivered yet (an mpi
+    /// rank matches a frame's header and its data in one pass): the
+    /// receive is the waiting one after theirs. Sound because one
+    /// transport task delivers a source's messages in order: nothing else
+    /// reaches that receive first. If a receive is dropped before the
+    /// delivery, the landed buffer goes to the next receive or the queue
+    /// like any message.
+    pub(crate) fn claim(&self, src: Rank, tag: Tag, len: usize, ahead: usize) -> Option<Landing> {
         let mut g = self.lock();
         if g.failed.is_some() {
             return None;
@@ -406,11 +409,32 @@ impl Mailbox {
         if !slot.queue.is_empty() {
             return None;
         }
-        let w = slot.waiters.iter_mut().find(|w| !w.tx.is_closed())?;
+        let w = slot
+            .waiters
+            .iter_mut()
+            .filter(|w| !w.tx.is_closed())
+            .nth(ahead)?;
         match &w.landing {
             Some(l) if l.len() == len => w.landing.take(),
             _ => None,
         }
+    }
+
+    /// Whether a receive waits for a message of (`src`, `tag`) that comes
+    /// after `ahead` undelivered ones (as in [`Mailbox::claim`]).
+    // Only the mpi backend holds messages until a receive waits.
+    #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+    pub(crate) fn waits(&self, src: Rank, tag: Tag, ahead: usize) -> bool {
+        let mut g = self.lock();
+        g.slots.get_mut(&(src, tag)).is_some_and(|slot| {
+            slot.queue.is_empty()
+                && slot
+                    .waiters
+                    .iter_mut()
+                    .filter(|w| !w.tx.is_closed())
+                    .nth(ahead)
+                    .is_some()
+        })
     }
 
     /// A rank with a message queued here for operation `op` (any stage),

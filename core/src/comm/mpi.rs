@@ -280,6 +280,42 @@ impl RecvTo {
 /// they are for, where it offers one (`Communicator::recv_landing`).
 const LAND_MIN: usize = 64 << 10;
 
+/// Matched messages from this size up that no receive waits for yet are
+/// held (`Held`) before they are received.
+const HOLD_MIN: usize = 64 << 10;
+/// The longest a message is held when no receive comes for it.
+const HOLD_MAX: Duration = Duration::from_micros(100);
+/// Only messages from a peer that this rank sent a message of `HOLD_MIN`
+/// or more within this long are held: ranks that exchange. A rank that
+/// only receives a stream has no send to post first, and over tcp a held
+/// message is not moving (its transfer starts at the receive): holding
+/// took a 1 MiB stream from 1.09-1.11 of raw MPI to 0.87-0.91.
+const HOLD_PEERS_WITHIN: Duration = Duration::from_millis(50);
+
+/// A message matched (`MPI_Improbe`) but not yet received (`MPI_Imrecv`).
+///
+/// Why hold one: over shared memory a large message is copied inside
+/// `MPI_Imrecv`, for milliseconds (16 MiB: ~3 ms on the 2-core VM), and
+/// nothing else of this rank's MPI traffic moves meanwhile. A peer that
+/// runs ahead (its part of an exchange already sent) would get this
+/// rank's pass to copy its next message before this rank posted its own
+/// next send; the peer then waits for that send, and the two ranks copy
+/// by turns instead of at once. Two ranks exchanging 16 MiB (SendRecv)
+/// took 2.1x as long as `MPI_Sendrecv`, which posts both sides before it
+/// copies (2026-11-28). Held until a receive waits for it (the rank has
+/// posted what it sends before that receive), or `HOLD_MAX`, or shutdown;
+/// and only from peers that this rank sends large messages to
+/// (`HOLD_PEERS_WITHIN`).
+struct Held {
+    /// Received exactly once: by `release_held` (dropping an unreceived
+    /// `Message` panics; an engine dropped with one leaks it instead).
+    msg: std::mem::ManuallyDrop<mpi::point_to_point::Message>,
+    len: usize,
+    src: Rank,
+    tag: Tag,
+    since: Instant,
+}
+
 /// Everything that calls MPI; one pass at a time (the mutex serialises
 /// the calls, as `MPI_THREAD_SERIALIZED` requires).
 struct Engine {
@@ -302,6 +338,11 @@ struct Engine {
     pending: Vec<Pending>,
     /// Receives in match order; delivered in that order per (source, tag).
     incoming: Vec<Incoming>,
+    /// Matched messages not yet received, in match order (see `Held`).
+    held: Vec<Held>,
+    /// By peer: when this rank last posted a send of `HOLD_MIN` or more
+    /// to it.
+    large_sent: Vec<Option<Instant>>,
     flushes: Vec<oneshot::Sender<()>>,
     shutdown_asked: Option<oneshot::Sender<()>>,
     barrier: Option<(Request<'static, ()>, oneshot::Sender<()>)>,
@@ -322,13 +363,11 @@ struct Engine {
 unsafe impl Send for Engine {}
 
 impl Engine {
-    /// One progress pass; returns whether anything happened.
-    fn pass(&mut self) -> bool {
-        if self.gone || self.finished.is_some() {
-            return false;
-        }
+    /// Step 1 of a pass: takes the queued requests, posting each send
+    /// (`MPI_Isend`). Returns whether it posted any. Sets `gone` when every
+    /// handle is gone without a shutdown.
+    fn take_requests(&mut self) -> bool {
         let mut busy = false;
-        // 1. New requests.
         loop {
             match self.requests.try_recv() {
                 Ok(Req::Send {
@@ -346,7 +385,7 @@ impl Engine {
                     self.world.abort(1);
                 }
                 Ok(Req::Shutdown(done)) => self.shutdown_asked = Some(done),
-                Err(mpsc::TryRecvError::Empty) => break,
+                Err(mpsc::TryRecvError::Empty) => return busy,
                 Err(mpsc::TryRecvError::Disconnected) => {
                     // Every handle is gone without a shutdown: leave MPI as
                     // it is (the process is ending).
@@ -354,6 +393,18 @@ impl Engine {
                     return false;
                 }
             }
+        }
+    }
+
+    /// One progress pass; returns whether anything happened.
+    fn pass(&mut self) -> bool {
+        if self.gone || self.finished.is_some() {
+            return false;
+        }
+        // 1. New requests.
+        let mut busy = self.take_requests();
+        if self.gone {
+            return false;
         }
         // 2. Outstanding sends.
         let mut i = 0;
@@ -377,40 +428,37 @@ impl Engine {
                 let _ = f.send(());
             }
         }
-        // 3. Incoming messages: match and start receiving every arrived
-        // message, then hand over the completed ones.
+        // 3. Incoming messages: match every arrived one; start receiving
+        // it, or hold it (see `Held`).
+        busy |= self.release_held();
         while let Some((msg, status)) = self.world.any_process().immediate_matched_probe() {
             busy = true;
             let len = status.count(u8::equivalent_datatype()).max(0) as usize;
             let (src, tag) = (status.source_rank() as Rank, self.tags.decode(status.tag()));
-            // A landing is the next receive's of (src, tag): only when no
-            // earlier message of that pair still waits for delivery here.
-            let landing = (len >= LAND_MIN
-                && !self.incoming.iter().any(|i| i.src == src && i.tag == tag))
-            .then(|| self.mailbox.claim(src, tag, len))
-            .flatten();
-            // MPI overwrites every byte: a reused buffer needs no clearing.
-            let mut buf = match landing {
-                Some(l) => RecvTo::Landing(l),
-                None => RecvTo::Pool(self.pool.take_filled(len)),
-            };
-            let ptr = match &mut buf {
-                RecvTo::Pool(v) => v.as_mut_ptr() as *mut RawByte,
-                RecvTo::Landing(l) => l.unfilled().as_mut_ptr() as *mut RawByte,
-            };
-            // SAFETY: the slice points into `buf`'s memory (a Vec's heap
-            // block, or a landing's region of its zone, which the landing
-            // keeps alive, possibly uninitialised: hence `RawByte`), which
-            // `Incoming` owns, never reads, resizes or drops before the
-            // request completes (moving either does not move the memory).
-            let data: &'static mut [RawByte] = unsafe { std::slice::from_raw_parts_mut(ptr, len) };
-            let req = msg.immediate_matched_receive_into(StaticScope, data);
-            self.incoming.push(Incoming {
-                req: Some(req),
-                buf,
-                src,
-                tag,
-            });
+            let after_held = self.held.iter().any(|h| h.src == src && h.tag == tag);
+            let exchanging = self
+                .large_sent
+                .get(src as usize)
+                .copied()
+                .flatten()
+                .is_some_and(|t| t.elapsed() < HOLD_PEERS_WITHIN);
+            if after_held
+                || (len >= HOLD_MIN
+                    && exchanging
+                    && self.shutdown_asked.is_none()
+                    && !self.notices_sent
+                    && !self.mailbox.waits(src, tag, self.undelivered(src, tag)))
+            {
+                self.held.push(Held {
+                    msg: std::mem::ManuallyDrop::new(msg),
+                    len,
+                    src,
+                    tag,
+                    since: Instant::now(),
+                });
+                continue;
+            }
+            self.start_receive(msg, len, src, tag);
         }
         busy |= self.receive_completed();
         // Finish notices: rank `src` sent this rank `count` messages in
@@ -465,13 +513,101 @@ impl Engine {
             }
         }
         // A receive still in flight finishes before MPI is finalised.
-        if let Some((req, done)) = self.barrier.take_if(|_| self.incoming.is_empty()) {
+        if let Some((req, done)) = self
+            .barrier
+            .take_if(|_| self.incoming.is_empty() && self.held.is_empty())
+        {
             match req.test() {
                 Ok(_) => self.finished = Some(done),
                 Err(req) => self.barrier = Some((req, done)),
             }
         }
-        busy || !self.pending.is_empty() || !self.incoming.is_empty()
+        busy || !self.pending.is_empty() || !self.incoming.is_empty() || !self.held.is_empty()
+    }
+
+    /// Messages of (`src`, `tag`) being received or waiting for delivery
+    /// here (matched before any that is matched now).
+    fn undelivered(&self, src: Rank, tag: Tag) -> usize {
+        self.incoming
+            .iter()
+            .filter(|i| i.src == src && i.tag == tag)
+            .count()
+    }
+
+    /// Starts receiving the matched message `msg` (`len` bytes from `src`
+    /// with `tag`): into the landing its receive offers, or a pooled
+    /// buffer.
+    fn start_receive(
+        &mut self,
+        msg: mpi::point_to_point::Message,
+        len: usize,
+        src: Rank,
+        tag: Tag,
+    ) {
+        // A landing is the receive's that this message goes to: the next
+        // one after those of the earlier messages of (src, tag) that wait
+        // for delivery here (a frame's header, matched in the same pass).
+        let ahead = self.undelivered(src, tag);
+        let landing = (len >= LAND_MIN)
+            .then(|| self.mailbox.claim(src, tag, len, ahead))
+            .flatten();
+        // MPI overwrites every byte: a reused buffer needs no clearing.
+        let mut buf = match landing {
+            Some(l) => RecvTo::Landing(l),
+            None => RecvTo::Pool(self.pool.take_filled(len)),
+        };
+        let ptr = match &mut buf {
+            RecvTo::Pool(v) => v.as_mut_ptr() as *mut RawByte,
+            RecvTo::Landing(l) => l.unfilled().as_mut_ptr() as *mut RawByte,
+        };
+        // SAFETY: the slice points into `buf`'s memory (a Vec's heap
+        // block, or a landing's region of its zone, which the landing
+        // keeps alive, possibly uninitialised: hence `RawByte`), which
+        // `Incoming` owns, never reads, resizes or drops before the
+        // request completes (moving either does not move the memory).
+        let data: &'static mut [RawByte] = unsafe { std::slice::from_raw_parts_mut(ptr, len) };
+        let req = msg.immediate_matched_receive_into(StaticScope, data);
+        self.incoming.push(Incoming {
+            req: Some(req),
+            buf,
+            src,
+            tag,
+        });
+    }
+
+    /// Starts receiving the held messages that may go now: those a
+    /// receive waits for, those held `HOLD_MAX` or longer, and all of them
+    /// once this rank shuts down; a message stays while an earlier one of
+    /// its (source, tag) does. Returns whether any started.
+    fn release_held(&mut self) -> bool {
+        if self.held.is_empty() {
+            return false;
+        }
+        let all = self.shutdown_asked.is_some() || self.notices_sent;
+        let mut stays: Vec<(Rank, Tag)> = Vec::new();
+        let mut started = false;
+        let mut i = 0;
+        while i < self.held.len() {
+            let h = &self.held[i];
+            let key = (h.src, h.tag);
+            let go = !stays.contains(&key)
+                && (all
+                    || h.since.elapsed() >= HOLD_MAX
+                    || self
+                        .mailbox
+                        .waits(h.src, h.tag, self.undelivered(h.src, h.tag)));
+            if !go {
+                stays.push(key);
+                i += 1;
+                continue;
+            }
+            let mut h = self.held.remove(i);
+            // SAFETY: taken once, from an entry removed from `held`.
+            let msg = unsafe { std::mem::ManuallyDrop::take(&mut h.msg) };
+            self.start_receive(msg, h.len, h.src, h.tag);
+            started = true;
+        }
+        started
     }
 
     /// Tests the receives in flight and delivers each completed message
@@ -532,6 +668,11 @@ impl Engine {
         // send complete.
         let data: &'static [u8] =
             unsafe { std::slice::from_raw_parts(buf.as_slice().as_ptr(), buf.len()) };
+        if buf.len() >= HOLD_MIN {
+            if let Some(t) = self.large_sent.get_mut(dst as usize) {
+                *t = Some(Instant::now());
+            }
+        }
         let req = self
             .world
             .process_at_rank(dst as i32)
@@ -596,8 +737,8 @@ impl Shared {
     }
 
     /// Wakes the tasks that waited for the pass that just ended; call it
-    /// after releasing the engine.
-    fn pass_ended(&self) {
+    /// after releasing the engine. Returns whether any did.
+    fn pass_ended(&self) -> bool {
         // A load first: the progress thread ends a pass every few us, and
         // most have no waiter (a swap would write the line each time).
         if self.any_contended.load(Ordering::Acquire)
@@ -605,10 +746,13 @@ impl Shared {
         {
             let wakers =
                 std::mem::take(&mut *self.contended.lock().unwrap_or_else(|p| p.into_inner()));
+            let woke = !wakers.is_empty();
             for w in wakers {
                 w.wake();
             }
+            return woke;
         }
+        false
     }
 
     fn now_ns(&self) -> u64 {
@@ -844,6 +988,8 @@ fn progress(
             requests: rx,
             pending: Vec::new(),
             incoming: Vec::new(),
+            held: Vec::new(),
+            large_sent: vec![None; nranks as usize],
             flushes: Vec::new(),
             shutdown_asked: None,
             barrier: None,
@@ -906,7 +1052,18 @@ fn progress(
                 continue;
             }
             nap = HANDOFF / 2;
-            shared.run_pass(e)
+            let busy = e.pass();
+            drop(e);
+            if shared.pass_ended() {
+                // A task waited for this pass to end so as to drive: leave
+                // the engine to it (this thread naps from the next turn).
+                // Taking the lock again at once won that race every time:
+                // the task, woken, came too late, slept again, and this
+                // thread went on driving while it sent (its sends waited
+                // for each pass, some milliseconds long: see `drive`).
+                shared.last_driven.store(shared.now_ns(), Ordering::Relaxed);
+            }
+            busy
         };
         // Sends in flight need MPI progress (rendezvous): keep polling
         // without sleeping while there is traffic.
@@ -961,15 +1118,25 @@ impl Communicator for MpiComm {
             done,
         };
         // Post at once when the engine is free: queued requests first (a
-        // pass takes them in order), so per (dst, tag) order holds.
-        if let Some(e) = self.shared.try_engine() {
+        // pass takes them in order), so per (dst, tag) order holds. Only
+        // the posting, not a whole pass: a pass receives what has arrived,
+        // and over shared memory a large receive copies inside
+        // `MPI_Imrecv`, for milliseconds. A frame's header sent that way
+        // held back its own data's send while this rank copied the
+        // peer's, so two ranks that exchanged 16 MiB took turns instead
+        // of copying at once (2026-11-28: SendRecv at 0.45 of
+        // MPI_Sendrecv over shared memory). The waits that follow drive
+        // the receives.
+        if let Some(mut e) = self.shared.try_engine() {
             if e.gone || e.finished.is_some() {
                 return SendFuture::ready(Err(CommError::Shutdown { rank }));
             }
             if self.tx.send(req).is_err() {
                 return SendFuture::ready(Err(CommError::Shutdown { rank }));
             }
-            self.shared.run_pass(e);
+            e.take_requests();
+            drop(e);
+            self.shared.pass_ended();
         } else if self.tx.send(req).is_err() {
             return SendFuture::ready(Err(CommError::Shutdown { rank }));
         }

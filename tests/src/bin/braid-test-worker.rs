@@ -8,6 +8,10 @@
 //! - `land BYTES`: rank 1 posts a landing receive, then tells rank 0, which
 //!   sends BYTES; rank 1 checks the bytes and that they landed in its
 //!   zone; prints `land ok BYTES LANDED` (LANDED: 1 or 0).
+//! - `swap BYTES`: every rank sends BYTES to the next rank and waits until
+//!   that send completes before it receives from the one before (a send
+//!   that needs no receive posted first); checks the bytes; prints `swap
+//!   ok BYTES`.
 //! - `coll SEED`: the collective suite; prints `coll ok CHECKS`.
 //! - `gpu SEED` (feature `cuda`): the device suite; prints `gpu ok CHECKS`.
 //! - `gpu-fail CASE` (feature `cuda`): a GPU job that fails (mismatched
@@ -78,6 +82,25 @@ fn main() -> ExitCode {
                         }
                         println!("land ok {} {}", b.len(), u8::from(landed));
                     }
+                }
+                "swap" => {
+                    let (me, n) = (ctx.rank(), ctx.nranks());
+                    let tag = Tag::new(OpId(4), 0);
+                    let len = arg as usize;
+                    comm.send(
+                        (me + 1) % n,
+                        tag,
+                        Buffer::from_vec(payload(44 + me as u64, len)),
+                    )
+                    .await?;
+                    let from = (me + n - 1) % n;
+                    let b = comm.recv(from, tag).await?;
+                    if b.len() != len {
+                        return Err(format!("got {} bytes, expected {len}", b.len()).into());
+                    }
+                    check_payload(44 + from as u64, b.as_slice())
+                        .map_err(|off| format!("byte {off} differs"))?;
+                    println!("swap ok {len}");
                 }
                 "coll" => {
                     let line = braid_tests::coll_suite::run(ctx.clone(), arg).await?;

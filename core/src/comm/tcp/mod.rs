@@ -708,7 +708,7 @@ async fn reader_task(shared: Arc<Shared>, src: Rank, stream: TcpStream) {
         // pooled buffer; a receive posted while the payload is read takes
         // over the rest of it, after one copy of what came before.
         let landing = (len >= LAND_MIN)
-            .then(|| shared.mailbox.claim(src, header.tag, len))
+            .then(|| shared.mailbox.claim(src, header.tag, len, 0))
             .flatten();
         let mut dest = match landing {
             Some(l) => Dest::Landing(l, 0),
@@ -740,7 +740,7 @@ async fn reader_task(shared: Arc<Shared>, src: Rank, stream: TcpStream) {
             }
             if let Dest::Pool(buf) = &mut dest {
                 if len >= LAND_MIN && buf.len() < len {
-                    if let Some(mut l) = shared.mailbox.claim(src, header.tag, len) {
+                    if let Some(mut l) = shared.mailbox.claim(src, header.tag, len, 0) {
                         let filled = buf.len();
                         l.put_slice(buf);
                         drop(shared.pool.wrap(std::mem::take(buf)));

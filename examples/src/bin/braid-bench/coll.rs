@@ -73,7 +73,7 @@ pub struct CollArgs {
 }
 
 /// Sizes as the MPI program rounds them, so both sides move the same bytes.
-fn used_bytes(op: &str, size: usize, n: usize) -> usize {
+pub(crate) fn used_bytes(op: &str, size: usize, n: usize) -> usize {
     match op {
         "barrier" => 0,
         "allreduce" | "allreduce_into" | "allreduce_parts" => (size / 8 * 8).max(8),
@@ -93,7 +93,12 @@ fn iters_for(size: usize, budget: usize) -> usize {
 }
 
 /// One operation on one rank.
-async fn run_op(ctx: &Context, op: &str, size: usize, input: &mut Input) -> Result<(), BoxError> {
+pub(crate) async fn run_op(
+    ctx: &Context,
+    op: &str,
+    size: usize,
+    input: &mut Input,
+) -> Result<(), BoxError> {
     let n = ctx.nranks();
     let me = ctx.rank();
     // AllToAllv's spec: equal blocks, as MPI_Alltoall's.
@@ -157,7 +162,9 @@ async fn allgather_stream(ctx: &Context, b: Buffer) -> Result<usize, BoxError> {
     Ok(ag.extract(braid_coll::ExtractOrder::RankSeq).await?.len())
 }
 
-struct Input {
+/// One rank's buffers for one operation, allocated once per point (as the
+/// MPI program allocates its own).
+pub(crate) struct Input {
     bytes: Buffer,
     f64s: Elements<f64>,
     u8s: Elements<u8>,
@@ -167,7 +174,7 @@ struct Input {
 }
 
 impl Input {
-    fn new(op: &str, size: usize) -> Self {
+    pub(crate) fn new(op: &str, size: usize) -> Self {
         let f = if matches!(
             op,
             "allreduce" | "allreduce_into" | "allreduce_parts" | "reduce_scatter"

@@ -1,7 +1,9 @@
 //! MPI benchmark (feature `mpi`): braid's `mpi` backend against raw MPI on
-//! the same operations between 2 ranks, under the same OpenMPI transport
-//! settings (shared memory, then TCP): streaming bandwidth with 16 messages
-//! in flight (as osu_bw), and ping-pong.
+//! the same operations, under the same OpenMPI transport settings (shared
+//! memory, then TCP): between 2 ranks streaming bandwidth with 16 messages
+//! in flight (as osu_bw) and ping-pong; with `--ops`, braid's collectives
+//! against MPI's own (`MPI_Allreduce`, `MPI_Alltoall`, ...) on 2 and 4
+//! ranks.
 //!
 //! `braid-bench mpi` drives: it runs `mpirun -np 2 braid-bench mpi-rank`,
 //! in which each rank alternates rounds of raw MPI calls (rsmpi's thin
@@ -18,10 +20,14 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use braid_core::comm::mpi::MpiComm;
-use braid_core::{BoxError, Buffer, Communicator, OpId, Tag};
+use braid_core::world::context_for;
+use braid_core::{BoxError, Buffer, Communicator, Context, MemoryLimits, OpId, Tag};
 use braid_examples::{median, size_name};
+use mpi::collective::SystemOperation;
 use mpi::topology::SimpleCommunicator;
-use mpi::traits::{Communicator as _, CommunicatorCollectives, Destination, Source};
+use mpi::traits::{Communicator as _, CommunicatorCollectives, Destination, Root, Source};
+
+use super::coll::{Input, run_op, used_bytes};
 
 /// Options of `braid-bench mpi`.
 #[derive(Debug, Clone, clap::Args)]
@@ -47,12 +53,22 @@ pub struct MpiArgs {
     /// point is shown for reference. 0 skips it.
     #[arg(long, default_value_t = 3)]
     reps: u32,
+    /// Operations: `bw` and `pingpong` (point-to-point, 2 ranks), and the
+    /// collectives `barrier`, `bcast`, `allgather`, `allreduce_into`,
+    /// `reduce_scatter`, `alltoall_into`, `alltoallv_into`, `sendrecv`
+    /// (as in `braid-bench coll`; the `_into` forms write into a vector
+    /// kept across the loop, as MPI writes into its receive buffer).
+    #[arg(long, value_delimiter = ',', default_value = "bw,pingpong")]
+    ops: Vec<String>,
+    /// Rank counts for the collectives (point-to-point runs on 2).
+    #[arg(long, value_delimiter = ',', default_value = "2,4", value_parser = clap::value_parser!(u32).range(1..))]
+    ranks: Vec<u32>,
 }
 
 /// Options of the hidden per-rank subcommand.
 #[derive(Debug, Clone, clap::Args)]
 pub struct MpiRankArgs {
-    /// `pingpong` or `bw`.
+    /// `pingpong`, `bw` or a collective (see `MpiArgs::ops`).
     #[arg(long)]
     op: String,
     /// `SIZE:ITERS` pairs.
@@ -72,17 +88,37 @@ const WINDOW: usize = 16;
 const RAW_TAG: i32 = 1;
 const RAW_ACK: i32 = 2;
 
-fn iters_for(size: usize, budget: usize) -> usize {
-    (budget / size.max(1) / WINDOW).clamp(5, 5_000)
+/// The collectives this benchmark times (their names as in `braid-bench
+/// coll`).
+const COLLS: [&str; 8] = [
+    "barrier",
+    "bcast",
+    "allgather",
+    "allreduce_into",
+    "reduce_scatter",
+    "alltoall_into",
+    "alltoallv_into",
+    "sendrecv",
+];
+
+/// Iterations of one round at a point of `size` bytes a rank (`n` ranks).
+fn iters_for(op: Op, size: usize, n: usize, budget: usize) -> usize {
+    match op {
+        Op::Bw | Op::PingPong => (budget / size.max(1) / WINDOW).clamp(5, 5_000),
+        // Up to 2000: 9 rounds of both sides stay within seconds at 8 B.
+        Op::Coll(_) => (budget / (size * n).max(1)).clamp(5, 2_000),
+    }
 }
 
-/// The benchmark's two operations.
+/// The benchmark's operations.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Op {
     /// `WINDOW` messages from rank 0 to rank 1, then a 1-byte ack.
     Bw,
     /// One message there and back.
     PingPong,
+    /// One collective call on every rank (a name from [`COLLS`]).
+    Coll(&'static str),
 }
 
 impl Op {
@@ -90,7 +126,13 @@ impl Op {
         match s {
             "bw" => Ok(Op::Bw),
             "pingpong" => Ok(Op::PingPong),
-            _ => Err(format!("unknown op {s:?} (bw or pingpong)").into()),
+            _ => COLLS
+                .iter()
+                .find(|c| **c == s)
+                .map(|c| Op::Coll(c))
+                .ok_or_else(|| {
+                    format!("unknown op {s:?} (bw, pingpong, {})", COLLS.join(", ")).into()
+                }),
         }
     }
 
@@ -99,7 +141,79 @@ impl Op {
         match self {
             Op::Bw => WINDOW as f64,
             Op::PingPong => 2.0,
+            Op::Coll(_) => 1.0,
         }
+    }
+
+    /// The name `bench/mpi_coll.c` knows the operation by.
+    fn c_name(self) -> &'static str {
+        match self {
+            Op::Bw => "bw",
+            Op::PingPong => "pingpong",
+            Op::Coll("allreduce_into") => "allreduce",
+            Op::Coll("alltoall_into") => "alltoall",
+            Op::Coll("alltoallv_into") => "alltoallv",
+            Op::Coll(c) => c,
+        }
+    }
+}
+
+/// Raw MPI's buffers for one collective point (as `bench/mpi_coll.c`'s).
+struct RawBufs {
+    send: Vec<u8>,
+    recv: Vec<u8>,
+    f64s: Vec<f64>,
+    out_f64: Vec<f64>,
+}
+
+impl RawBufs {
+    fn new(size: usize, n: usize) -> Self {
+        RawBufs {
+            send: vec![1u8; size],
+            recv: vec![0u8; size * n],
+            f64s: (0..size / 8).map(|i| i as f64).collect(),
+            out_f64: vec![0.0; size / 8],
+        }
+    }
+}
+
+/// One collective in raw MPI (rsmpi's thin wrappers over the C calls that
+/// `bench/mpi_coll.c` makes).
+fn raw_coll(w: &SimpleCommunicator, op: &str, size: usize, b: &mut RawBufs) {
+    let n = w.size() as usize;
+    let me = w.rank() as usize;
+    match op {
+        "barrier" => w.barrier(),
+        "bcast" => w.process_at_rank(0).broadcast_into(&mut b.send[..]),
+        "allgather" => w.all_gather_into(&b.send[..], &mut b.recv[..size * n]),
+        "allreduce_into" => {
+            w.all_reduce_into(&b.f64s[..], &mut b.out_f64[..], SystemOperation::sum())
+        }
+        "reduce_scatter" => w.reduce_scatter_block_into(
+            &b.f64s[..],
+            &mut b.out_f64[..size / 8 / n],
+            SystemOperation::sum(),
+        ),
+        "alltoall_into" => w.all_to_all_into(&b.send[..], &mut b.recv[..size]),
+        "alltoallv_into" => {
+            use mpi::datatype::{Partition, PartitionMut};
+            let counts = vec![(size / n) as i32; n];
+            let displs: Vec<i32> = (0..n).map(|i| (i * (size / n)) as i32).collect();
+            let sp = Partition::new(&b.send[..], &counts[..], &displs[..]);
+            let mut rp = PartitionMut::new(&mut b.recv[..size], &counts[..], &displs[..]);
+            w.all_to_all_varcount_into(&sp, &mut rp);
+        }
+        "sendrecv" => {
+            let (next, prev) = ((me + 1) % n, (me + n - 1) % n);
+            let _ = mpi::point_to_point::send_receive_into(
+                &b.send[..],
+                &w.process_at_rank(next as i32),
+                &mut b.recv[..size],
+                &w.process_at_rank(prev as i32),
+            );
+        }
+        // (Names outside `COLLS` never get here: `Op::parse` refuses them.)
+        _ => {}
     }
 }
 
@@ -134,6 +248,7 @@ async fn one_iteration(
             let m = comm.recv(0, tag).await?;
             comm.send(0, tag, m).await?;
         }
+        (Op::Coll(c), _) => return Err(format!("{c} is not a point-to-point operation").into()),
     }
     Ok(())
 }
@@ -182,6 +297,8 @@ fn raw_iteration(world: &SimpleCommunicator, op: Op, msg: &[u8], rbuf: &mut [u8]
             peer.receive_into_with_tag(&mut rbuf[..n], RAW_TAG);
             peer.send_with_tag(&rbuf[..n], RAW_TAG);
         }
+        // (`rank` sends collectives to `rank_coll`.)
+        (Op::Coll(_), _) => {}
     }
 }
 
@@ -194,6 +311,9 @@ pub fn rank(args: MpiRankArgs) -> Result<(), BoxError> {
         .worker_threads(1)
         .enable_all()
         .build()?;
+    if let Op::Coll(name) = op {
+        return rt.block_on(rank_coll(args, name));
+    }
     rt.block_on(async move {
         let mpi = Arc::new(MpiComm::init()?);
         let comm: Arc<dyn Communicator> = mpi.clone();
@@ -216,7 +336,7 @@ pub fn rank(args: MpiRankArgs) -> Result<(), BoxError> {
             let msg = Buffer::from_vec(vec![1u8; size]);
             let slots = match op {
                 Op::Bw => WINDOW,
-                Op::PingPong => 1,
+                Op::PingPong | Op::Coll(_) => 1,
             };
             let mut rbuf = vec![0u8; size.max(1) * slots];
             let raw = |n: usize, rbuf: &mut Vec<u8>| -> Result<f64, BoxError> {
@@ -268,6 +388,85 @@ pub fn rank(args: MpiRankArgs) -> Result<(), BoxError> {
     })
 }
 
+/// One rank of the collective benchmark: per point, warm-up, then `rounds`
+/// rounds of the raw MPI collective and braid's, alternating which goes
+/// first; each round's time is the slowest rank's (as `bench/mpi_coll.c`
+/// reduces with `MPI_MAX`), printed by rank 0 in us per operation.
+async fn rank_coll(args: MpiRankArgs, op: &'static str) -> Result<(), BoxError> {
+    let mpi = Arc::new(MpiComm::init()?);
+    let comm: Arc<dyn Communicator> = mpi.clone();
+    let n = comm.nranks() as usize;
+    let ctx: Context = context_for(comm.clone(), MemoryLimits::UNLIMITED);
+    let no_raw = || -> BoxError {
+        "this MPI gives less than MPI_THREAD_SERIALIZED: the raw side cannot run".into()
+    };
+    for p in &args.points {
+        let (s, i) = p.split_once(':').ok_or("points are SIZE:ITERS")?;
+        let (size, iters): (usize, usize) = (s.parse()?, i.parse()?);
+        let mut input = Input::new(op, size);
+        let mut bufs = RawBufs::new(size, n);
+        // Both ranks hold their engines (a barrier first) while raw MPI
+        // runs: no braid pass, whose any-source probe would take a raw
+        // message, runs meanwhile. The raw side's messages are all
+        // received inside the round.
+        let mut raw = |k: usize| -> Result<f64, BoxError> {
+            mpi.with_world(|w| {
+                w.barrier();
+                let t = Instant::now();
+                for _ in 0..k {
+                    raw_coll(w, op, size, &mut bufs);
+                }
+                t.elapsed().as_secs_f64()
+            })
+            .ok_or_else(no_raw)
+        };
+        raw(5)?;
+        for _ in 0..5 {
+            run_op(&ctx, op, size, &mut input).await?;
+        }
+        for round in 0..args.rounds.max(1) {
+            let braid_first = round % 2 == 1;
+            let mut raw_s = 0.0;
+            if !braid_first {
+                raw_s = raw(iters)?;
+            }
+            braid_coll::barrier(&ctx).await?;
+            let t = Instant::now();
+            for _ in 0..iters {
+                run_op(&ctx, op, size, &mut input).await?;
+            }
+            let braid_s = t.elapsed().as_secs_f64();
+            if braid_first {
+                raw_s = raw(iters)?;
+            }
+            // The slowest rank's times.
+            let mut worst = [0.0f64; 2];
+            mpi.with_world(|w| {
+                w.all_reduce_into(
+                    &[raw_s, braid_s][..],
+                    &mut worst[..],
+                    SystemOperation::max(),
+                )
+            })
+            .ok_or_else(no_raw)?;
+            if comm.rank() == 0 {
+                let us = |s: f64| s * 1e6 / iters as f64;
+                println!(
+                    "ROUND bytes={size} raw_us={:.3} braid_us={:.3}",
+                    us(worst[0]),
+                    us(worst[1])
+                );
+            }
+        }
+    }
+    if std::env::var_os("BRAID_BENCH_STATS").is_some() {
+        eprintln!("{}", comm.statistics());
+    }
+    drop(ctx);
+    comm.shutdown().await?;
+    Ok(())
+}
+
 /// The rounds of one launch: (bytes, raw us, braid us) per line.
 fn rounds(out: &std::process::Output) -> Result<Vec<(usize, f64, f64)>, BoxError> {
     if !out.status.success() {
@@ -313,28 +512,25 @@ fn results(out: &std::process::Output, what: &str, n: usize) -> Result<Vec<f64>,
 
 /// Runs both sides for each transport and operation and prints the tables.
 pub fn run(args: MpiArgs) -> Result<(), BoxError> {
+    let ops = args
+        .ops
+        .iter()
+        .map(|o| Op::parse(o))
+        .collect::<Result<Vec<_>, _>>()?;
     let mpi = if args.reps > 0 {
         Some(super::coll::mpi_binary(&args.mpi)?)
     } else {
         None
     };
     let me = std::env::current_exe()?;
-    let points: Vec<(usize, usize)> = args
-        .sizes
-        .iter()
-        .map(|s| (*s, iters_for(*s, args.bytes_per_point)))
-        .collect();
-    let list = points
-        .iter()
-        .map(|(s, i)| format!("{s}:{i}"))
-        .collect::<Vec<_>>()
-        .join(",");
-    println!("# braid-bench mpi: braid's mpi backend vs raw MPI, 2 ranks");
+    println!("# braid-bench mpi: braid's mpi backend vs raw MPI");
     println!();
     println!(
         "bw: rank 0 sends {WINDOW} messages back to back, rank 1 receives them and acknowledges"
     );
-    println!("(as osu_bw); pingpong: one message there and back. Times are us per message.");
+    println!("(as osu_bw); pingpong: one message there and back; both on 2 ranks, us per message.");
+    println!("Collectives: braid's call against MPI's own on every rank, us per operation (the");
+    println!("slowest rank's time).");
     println!(
         "In one mpirun, each rank alternates {} rounds of raw MPI calls and of braid (which goes",
         args.rounds
@@ -349,69 +545,106 @@ pub fn run(args: MpiArgs) -> Result<(), BoxError> {
         ("shared memory (self,vader)", "self,vader"),
         ("tcp (tcp,self)", "tcp,self"),
     ] {
-        for op in ["bw", "pingpong"] {
-            let mpirun = || {
-                let mut c = Command::new("mpirun");
-                c.args(["--allow-run-as-root", "--oversubscribe", "-np", "2"])
-                    .args(["--mca", "pml", "ob1", "--mca", "btl", btl]);
-                c
+        for &op in &ops {
+            let rank_counts = match op {
+                Op::Coll(_) => args.ranks.clone(),
+                Op::Bw | Op::PingPong => vec![2],
             };
-            let bo = mpirun()
-                .arg(&me)
-                .args(["mpi-rank", "--op", op, "--points", &list])
-                .args(["--rounds", &args.rounds.to_string()])
-                .output()?;
-            let all = rounds(&bo)?;
-            let mut separate = vec![f64::INFINITY; points.len()];
-            if let Some(mpi) = &mpi {
-                for _ in 0..args.reps {
-                    let mo = mpirun().arg(mpi).args([op, &list]).output()?;
-                    for (x, y) in separate
-                        .iter_mut()
-                        .zip(results(&mo, "mpi_coll", points.len())?)
-                    {
-                        *x = x.min(y);
+            for n in rank_counts {
+                let nr = n as usize;
+                let mut sizes: Vec<usize> = match op {
+                    Op::Coll("barrier") => vec![0],
+                    Op::Coll(c) => args.sizes.iter().map(|s| used_bytes(c, *s, nr)).collect(),
+                    Op::Bw | Op::PingPong => args.sizes.clone(),
+                };
+                sizes.dedup();
+                let points: Vec<(usize, usize)> = sizes
+                    .iter()
+                    .map(|s| (*s, iters_for(op, *s, nr, args.bytes_per_point)))
+                    .collect();
+                let list = points
+                    .iter()
+                    .map(|(s, i)| format!("{s}:{i}"))
+                    .collect::<Vec<_>>()
+                    .join(",");
+                let mpirun = || {
+                    let mut c = Command::new("mpirun");
+                    c.args([
+                        "--allow-run-as-root",
+                        "--oversubscribe",
+                        "-np",
+                        &n.to_string(),
+                    ])
+                    .args(["--mca", "pml", "ob1", "--mca", "btl", btl]);
+                    c
+                };
+                let bo = mpirun()
+                    .arg(&me)
+                    .args(["mpi-rank", "--op", &args_name(op), "--points", &list])
+                    .args(["--rounds", &args.rounds.to_string()])
+                    .output()?;
+                let all = rounds(&bo)?;
+                let mut separate = vec![f64::INFINITY; points.len()];
+                if let Some(mpi) = &mpi {
+                    for _ in 0..args.reps {
+                        let mo = mpirun().arg(mpi).args([op.c_name(), &list]).output()?;
+                        for (x, y) in
+                            separate
+                                .iter_mut()
+                                .zip(results(&mo, "mpi_coll", points.len())?)
+                        {
+                            *x = x.min(y);
+                        }
                     }
                 }
-            }
-            println!();
-            println!("## {op}, {name}");
-            println!();
-            println!(
-                "| size | braid us | MPI us | braid GB/s | MPI GB/s | x | x range | mpi_coll us |"
-            );
-            println!("|---:|---:|---:|---:|---:|---:|---|---:|");
-            for (k, (size, _)) in points.iter().enumerate() {
-                let mine: Vec<_> = all.iter().filter(|r| r.0 == *size).collect();
-                if mine.is_empty() {
-                    return Err(format!(
-                        "no rounds for {size} bytes:\n{}",
-                        String::from_utf8_lossy(&bo.stdout)
-                    )
-                    .into());
-                }
-                let raw: Vec<f64> = mine.iter().map(|r| r.1).collect();
-                let braid: Vec<f64> = mine.iter().map(|r| r.2).collect();
-                let x: Vec<f64> = mine.iter().map(|r| r.1 / r.2).collect();
-                let (lo, hi) = x
-                    .iter()
-                    .fold((f64::INFINITY, 0.0f64), |(a, b), v| (a.min(*v), b.max(*v)));
-                let (b, r, xm) = (median(braid), median(raw), median(x));
-                let gbs = |us: f64| *size as f64 / us / 1e3;
-                // `--reps 0`: the C program did not run.
-                let sep = if separate[k].is_finite() {
-                    format!("{:.2}", separate[k])
-                } else {
-                    "-".to_string()
-                };
+                println!();
+                println!("## {}, {n} ranks, {name}", args_name(op));
+                println!();
                 println!(
-                    "| {} | {b:.2} | {r:.2} | {:.2} | {:.2} | {xm:.2} | {lo:.2}-{hi:.2} | {sep} |",
-                    size_name(*size),
-                    gbs(b),
-                    gbs(r),
+                    "| size | braid us | MPI us | braid GB/s | MPI GB/s | x | x range | mpi_coll us |"
                 );
+                println!("|---:|---:|---:|---:|---:|---:|---|---:|");
+                for (k, (size, _)) in points.iter().enumerate() {
+                    let mine: Vec<_> = all.iter().filter(|r| r.0 == *size).collect();
+                    if mine.is_empty() {
+                        return Err(format!(
+                            "no rounds for {size} bytes:\n{}",
+                            String::from_utf8_lossy(&bo.stdout)
+                        )
+                        .into());
+                    }
+                    let raw: Vec<f64> = mine.iter().map(|r| r.1).collect();
+                    let braid: Vec<f64> = mine.iter().map(|r| r.2).collect();
+                    let x: Vec<f64> = mine.iter().map(|r| r.1 / r.2).collect();
+                    let (lo, hi) = x
+                        .iter()
+                        .fold((f64::INFINITY, 0.0f64), |(a, b), v| (a.min(*v), b.max(*v)));
+                    let (b, r, xm) = (median(braid), median(raw), median(x));
+                    let gbs = |us: f64| *size as f64 / us / 1e3;
+                    // `--reps 0`: the C program did not run.
+                    let sep = if separate[k].is_finite() {
+                        format!("{:.2}", separate[k])
+                    } else {
+                        "-".to_string()
+                    };
+                    println!(
+                        "| {} | {b:.2} | {r:.2} | {:.2} | {:.2} | {xm:.2} | {lo:.2}-{hi:.2} | {sep} |",
+                        size_name(*size),
+                        gbs(b),
+                        gbs(r),
+                    );
+                }
             }
         }
     }
     Ok(())
+}
+
+/// The operation's name on the command line.
+fn args_name(op: Op) -> String {
+    match op {
+        Op::Bw => "bw".into(),
+        Op::PingPong => "pingpong".into(),
+        Op::Coll(c) => c.into(),
+    }
 }
