@@ -7,10 +7,13 @@
 //! ```text
 //!   take queued requests (sends, flushes, abort, shutdown); MPI_Isend each send
 //!   MPI_Test outstanding sends; answer their callers
-//!   MPI_Improbe(any source, any tag) -> MPI_Imrecv into a fresh (pooled)
-//!   buffer, or from 64 KiB up into the landing its receive offered
-//!   (`recv_landing`); MPI_Test the receives in flight; completed ones -> the
-//!   mailbox (per (src, tag) in match order: MPI does not overtake)
+//!   MPI_Imrecv the held messages that may go now (see `Held`)
+//!   MPI_Improbe(any source, any tag) -> hold it (64 KiB or more, from a
+//!   peer this rank sends large messages to, no receive waiting for it
+//!   yet), or MPI_Imrecv into a fresh (pooled) buffer, or from 64 KiB up
+//!   into the landing its receive offered (`recv_landing`); MPI_Test the
+//!   receives in flight; completed ones -> the mailbox (per (src, tag) in
+//!   match order: MPI does not overtake)
 //!   every 64th pass: finish notices (a peer that shut down, and how many
 //!   messages it sent here) -> the mailbox, which fails a receive beyond
 //!   them; at shutdown: a notice to every peer, then an MPI_Ibarrier
@@ -18,7 +21,9 @@
 //!
 //! Who runs passes: with `MPI_THREAD_SERIALIZED` (what every common MPI
 //! gives) the waiting tasks themselves. `send` posts its `MPI_Isend` at
-//! once when the engine is free, and a pending receive or send polls a pass
+//! once when the engine is free (the posting alone, not a pass: over
+//! shared memory a pass may copy a large message for milliseconds), and a
+//! pending receive or send polls a pass
 //! each time it is polled, re-polling at once (spinning, like MPI's own
 //! blocking calls) for up to `SPIN`, and past that for as long as messages
 //! are in flight, then sleeping until woken. A progress

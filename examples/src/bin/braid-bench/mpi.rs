@@ -11,8 +11,10 @@
 //! operations through braid, in one process: both sides see the same
 //! placement, memory and moment of a noisy host (separate launches differ
 //! by 2-3x at 1 MiB on a shared VM, which hid the gap being measured). It
-//! also runs `mpirun -np 2 mpi_coll bw|pingpong` (`bench/mpi_coll.c`, a
-//! separate C program) as a cross-check of the in-process baseline.
+//! also runs `mpirun -np N mpi_coll OP` (`bench/mpi_coll.c`, a separate
+//! C program) as a cross-check of the in-process baseline. A rank of a
+//! collective run prints its statistics (bytes received in place among
+//! them) to stderr when `BRAID_BENCH_STATS` is set.
 
 use std::path::PathBuf;
 use std::process::Command;
