@@ -288,8 +288,22 @@ const LAND_MIN: usize = 64 << 10;
 /// Matched messages from this size up that no receive waits for yet are
 /// held (`Held`) before they are received.
 const HOLD_MIN: usize = 64 << 10;
-/// The longest a message is held when no receive comes for it.
-const HOLD_MAX: Duration = Duration::from_micros(100);
+/// The longest a message is held when no receive comes for it: 100 us,
+/// and as long again as copying it at 10 GB/s takes (16 MiB: 1.8 ms). A
+/// rank busy with its part of an exchange (its own block of a 16 MiB
+/// AllToAll, then a peer's) may post its next receive later than that
+/// after a peer that runs ahead sent; released then, the message misses
+/// its landing (received elsewhere, then copied once more). Held 100 us,
+/// 31% of one rank's parts landed in a 16 MiB AllToAll between 2 ranks;
+/// 65% with this limit, all but the first call's at 1 GB/s (17 ms for 16
+/// MiB), which was no faster within this VM's noise (2026-11-28). A peer
+/// that waits for its send to complete before it posts its receive (none
+/// of braid's collectives does) waits up to this long: the shorter limit
+/// bounds what that costs.
+fn hold_max(len: usize) -> Duration {
+    Duration::from_micros(100) + Duration::from_nanos(len as u64 / 10)
+}
+
 /// Only messages from a peer that this rank sent a message of `HOLD_MIN`
 /// or more within this long are held: ranks that exchange. A rank that
 /// only receives a stream has no send to post first, and over tcp a held
@@ -308,7 +322,7 @@ const HOLD_PEERS_WITHIN: Duration = Duration::from_millis(50);
 /// by turns instead of at once. Two ranks exchanging 16 MiB (SendRecv)
 /// took 2.1x as long as `MPI_Sendrecv`, which posts both sides before it
 /// copies (2026-11-28). Held until a receive waits for it (the rank has
-/// posted what it sends before that receive), or `HOLD_MAX`, or shutdown;
+/// posted what it sends before that receive), or `hold_max`, or shutdown;
 /// and only from peers that this rank sends large messages to
 /// (`HOLD_PEERS_WITHIN`).
 struct Held {
@@ -581,7 +595,7 @@ impl Engine {
     }
 
     /// Starts receiving the held messages that may go now: those a
-    /// receive waits for, those held `HOLD_MAX` or longer, and all of them
+    /// receive waits for, those held `hold_max` or longer, and all of them
     /// once this rank shuts down; a message stays while an earlier one of
     /// its (source, tag) does. Returns whether any started.
     fn release_held(&mut self) -> bool {
@@ -597,7 +611,7 @@ impl Engine {
             let key = (h.src, h.tag);
             let go = !stays.contains(&key)
                 && (all
-                    || h.since.elapsed() >= HOLD_MAX
+                    || h.since.elapsed() >= hold_max(h.len)
                     || self
                         .mailbox
                         .waits(h.src, h.tag, self.undelivered(h.src, h.tag)));
