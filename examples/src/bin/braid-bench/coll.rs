@@ -261,14 +261,7 @@ fn time_mpi(
         .collect::<Vec<_>>()
         .join(",");
     let btl = if shm { "self,vader" } else { "tcp,self" };
-    let out = Command::new("mpirun")
-        .args([
-            "--allow-run-as-root",
-            "--oversubscribe",
-            "-np",
-            &n.to_string(),
-        ])
-        .args(["--mca", "pml", "ob1", "--mca", "btl", btl])
+    let out = mpirun(n, btl)
         .arg(mpi)
         .arg(match op {
             "alltoallv_parts" | "alltoallv_into" => "alltoallv",
@@ -300,6 +293,20 @@ fn time_mpi(
         .into());
     }
     Ok(us)
+}
+
+/// `mpirun -np n` with Open MPI's ob1 over the byte transports `btl`
+/// (`self,vader`: shared memory; `tcp,self`), oversubscribed.
+pub(crate) fn mpirun(n: u32, btl: &str) -> Command {
+    let mut c = Command::new("mpirun");
+    c.args([
+        "--allow-run-as-root",
+        "--oversubscribe",
+        "-np",
+        &n.to_string(),
+    ])
+    .args(["--mca", "pml", "ob1", "--mca", "btl", btl]);
+    c
 }
 
 /// The MPI baseline program: `given`, or the one bench/install_mpi.sh builds.

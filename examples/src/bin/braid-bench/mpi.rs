@@ -17,7 +17,6 @@
 //! them) to stderr when `BRAID_BENCH_STATS` is set.
 
 use std::path::PathBuf;
-use std::process::Command;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -569,17 +568,7 @@ pub fn run(args: MpiArgs) -> Result<(), BoxError> {
                     .map(|(s, i)| format!("{s}:{i}"))
                     .collect::<Vec<_>>()
                     .join(",");
-                let mpirun = || {
-                    let mut c = Command::new("mpirun");
-                    c.args([
-                        "--allow-run-as-root",
-                        "--oversubscribe",
-                        "-np",
-                        &n.to_string(),
-                    ])
-                    .args(["--mca", "pml", "ob1", "--mca", "btl", btl]);
-                    c
-                };
+                let mpirun = || super::coll::mpirun(n, btl);
                 let bo = mpirun()
                     .arg(&me)
                     .args(["mpi-rank", "--op", &args_name(op), "--points", &list])
