@@ -454,16 +454,13 @@ impl Engine {
             busy = true;
             let len = status.count(u8::equivalent_datatype()).max(0) as usize;
             let (src, tag) = (status.source_rank() as Rank, self.tags.decode(status.tag()));
-            let after_held = self.held.iter().any(|h| h.src == src && h.tag == tag);
-            let exchanging = self
-                .large_sent
-                .get(src as usize)
-                .copied()
-                .flatten()
-                .is_some_and(|t| t.elapsed() < HOLD_PEERS_WITHIN);
+            // (Small messages, the latency path, stop at `len`: no clock
+            // read, no mailbox lock.)
+            let after_held =
+                !self.held.is_empty() && self.held.iter().any(|h| h.src == src && h.tag == tag);
             if after_held
                 || (len >= HOLD_MIN
-                    && exchanging
+                    && self.exchanging(src)
                     && self.shutdown_asked.is_none()
                     && !self.notices_sent
                     && !self.mailbox.waits(src, tag, self.undelivered(src, tag)))
@@ -542,6 +539,16 @@ impl Engine {
             }
         }
         busy || !self.pending.is_empty() || !self.incoming.is_empty() || !self.held.is_empty()
+    }
+
+    /// Whether this rank sent `src` a message of `HOLD_MIN` or more within
+    /// `HOLD_PEERS_WITHIN`.
+    fn exchanging(&self, src: Rank) -> bool {
+        self.large_sent
+            .get(src as usize)
+            .copied()
+            .flatten()
+            .is_some_and(|t| t.elapsed() < HOLD_PEERS_WITHIN)
     }
 
     /// Messages of (`src`, `tag`) being received or waiting for delivery
