@@ -58,8 +58,8 @@ use crate::error::{CollError, CollKind, Site};
 use crate::handle::{Callback, Handle, ResultStep, spread, start, streaming};
 use crate::wire::Elements;
 use crate::wire::{
-    Framed, INLINE_MAX, Meta, Signature, emptied_for, exchange_framed, fresh_zone, land_parts,
-    recv_framed_all_landing, send_framed, typed, vec_to_buffer,
+    DataRecv, Framed, Meta, Signature, emptied_for, exchange_framed, fresh_zone, land_parts,
+    recv_framed_all, send_framed, typed, vec_to_buffer,
 };
 
 /// A user-supplied reduction: `acc[i] = acc[i] (op) x[i]`. It must be the
@@ -369,24 +369,20 @@ fn start_allreduce_core<T: Element, R: Send + 'static>(
             LandIn::Fresh if comm.backend() != Backend::Local => Some(fresh_zone(site, len)?),
             _ => None,
         };
-        let landings = match &zone {
-            Some(z) => peers
-                .clone()
-                .map(|p| {
-                    let (lo, hi) = block(len, n, p);
-                    ((hi - lo) * sz > INLINE_MAX)
-                        .then(|| z.landing(lo * sz, (hi - lo) * sz))
-                        .flatten()
-                })
-                .collect(),
-            None => Vec::new(),
-        };
-        let mut blocks: Vec<Buffer> =
-            recv_framed_all_landing(comm.as_ref(), site, peers, tag, landings, check)
-                .await?
-                .into_iter()
-                .map(|(_, f)| f.data)
-                .collect();
+        // Every block's size is known: a large one's receive is posted with
+        // its header's, into its place in the result where there is one.
+        let data = peers
+            .clone()
+            .map(|p| {
+                let (lo, hi) = block(len, n, p);
+                DataRecv::for_part(zone.as_ref(), lo * sz, (hi - lo) * sz)
+            })
+            .collect();
+        let mut blocks: Vec<Buffer> = recv_framed_all(comm.as_ref(), site, peers, tag, data, check)
+            .await?
+            .into_iter()
+            .map(|(_, f)| f.data)
+            .collect();
         blocks.insert(me as usize, mine_buf);
         for s in sends {
             s.await?;

@@ -18,7 +18,7 @@ use braid_kernels::DType;
 
 use crate::error::{CollError, CollKind, Site};
 use crate::handle::{Callback, Handle, start, streaming};
-use crate::wire::{Meta, meet_framed, recv_framed, send_framed};
+use crate::wire::{DataRecv, Meta, meet_framed, recv_framed, send_framed};
 
 /// Starts a barrier; `callback` runs when it completes.
 pub fn start_barrier(ctx: &Context, callback: Option<Callback>) -> Handle<()> {
@@ -51,7 +51,14 @@ pub fn start_barrier(ctx: &Context, callback: Option<Callback>) -> Handle<()> {
                 &[],
                 Buffer::default(),
             );
-            recv_framed(comm.as_ref(), site, (me + n - dist) % n, tag).await?;
+            recv_framed(
+                comm.as_ref(),
+                site,
+                (me + n - dist) % n,
+                tag,
+                DataRecv::AfterHead,
+            )
+            .await?;
             send.await?;
             dist *= 2;
             round += 1;

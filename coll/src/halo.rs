@@ -17,7 +17,7 @@ use braid_kernels::DType;
 
 use crate::error::{CollError, CollKind, Site};
 use crate::handle::{Callback, Handle, start, streaming};
-use crate::wire::{Meta, recv_framed, send_framed};
+use crate::wire::{DataRecv, Meta, recv_framed, send_framed};
 
 /// What a rank got from its neighbours.
 #[derive(Debug, Clone, Default)]
@@ -94,7 +94,8 @@ impl HaloExchange {
                 }
                 let left = async {
                     if me > 0 {
-                        let f = recv_framed(comm.as_ref(), site, me - 1, tag).await?;
+                        let f = recv_framed(comm.as_ref(), site, me - 1, tag, DataRecv::AfterHead)
+                            .await?;
                         Ok::<_, CollError>(Some(PackedData {
                             metadata: f.user_meta,
                             data: f.data,
@@ -105,7 +106,8 @@ impl HaloExchange {
                 };
                 let right = async {
                     if me + 1 < n {
-                        let f = recv_framed(comm.as_ref(), site, me + 1, tag).await?;
+                        let f = recv_framed(comm.as_ref(), site, me + 1, tag, DataRecv::AfterHead)
+                            .await?;
                         Ok::<_, CollError>(Some(PackedData {
                             metadata: f.user_meta,
                             data: f.data,

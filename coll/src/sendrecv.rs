@@ -6,7 +6,7 @@ use braid_kernels::DType;
 
 use crate::error::{CollError, CollKind, Site};
 use crate::handle::{Callback, Handle, start, streaming};
-use crate::wire::{Meta, recv_framed, send_framed};
+use crate::wire::{DataRecv, Meta, recv_framed, send_framed};
 
 /// Starts sending `data` to `dst` while receiving from `src`.
 pub fn start_sendrecv(
@@ -26,8 +26,12 @@ pub fn start_sendrecv(
         }
         let tag = Tag::new(op, 0);
         let meta = Meta::new(CollKind::SendRecv, DType::Bytes).count(data.len() as u64);
+        // The part from src is taken to be as large as this rank's (ring
+        // steps move alike parts): its data's receive is then posted with
+        // the header's.
+        let early = DataRecv::for_len(data.len());
         let send = send_framed(comm.as_ref(), site, dst, tag, meta, &[], data);
-        let got = recv_framed(comm.as_ref(), site, src, tag).await?;
+        let got = recv_framed(comm.as_ref(), site, src, tag, early).await?;
         send.await?;
         Ok(got.data)
     })

@@ -213,25 +213,68 @@ impl Future for FrameSend {
     }
 }
 
-/// Receives a framed message from `src` and checks its kind.
+/// How the data of a frame that follows its header is received.
+pub(crate) enum DataRecv {
+    /// Its receive is posted once the header says it follows: nothing
+    /// extra for a frame whose data comes inline.
+    AfterHead,
+    /// Its receive is posted with the header's, where the data is
+    /// expected to follow (more than `INLINE_MAX` bytes): the transport
+    /// can take it the moment it comes, without a round trip through the
+    /// task for the header (dropped if the data comes inline after all).
+    WithHead,
+    /// As `WithHead`, written straight into this landing
+    /// (`Communicator::recv_landing`; the frame's data then views it).
+    Into(Landing),
+}
+
+impl DataRecv {
+    /// `WithHead` where a frame of `bytes` would have its data follow.
+    pub(crate) fn for_len(bytes: usize) -> DataRecv {
+        if bytes > INLINE_MAX {
+            DataRecv::WithHead
+        } else {
+            DataRecv::AfterHead
+        }
+    }
+
+    /// For a part of `len` bytes whose place is byte `offset` of `zone`:
+    /// into that place where its data follows the header (and the zone
+    /// has it), else as [`DataRecv::for_len`].
+    pub(crate) fn for_part<T: bytemuck::Pod + Send>(
+        zone: Option<&LandingZone<T>>,
+        offset: usize,
+        len: usize,
+    ) -> DataRecv {
+        match (DataRecv::for_len(len), zone) {
+            (DataRecv::WithHead, Some(z)) => z
+                .landing(offset, len)
+                .map_or(DataRecv::WithHead, DataRecv::Into),
+            (d, _) => d,
+        }
+    }
+
+    /// The data's receive, where it is posted with the header's.
+    fn post(self, comm: &dyn Communicator, src: Rank, tag: Tag) -> Option<RecvFuture> {
+        match self {
+            DataRecv::AfterHead => None,
+            DataRecv::WithHead => Some(comm.recv(src, tag)),
+            DataRecv::Into(l) => Some(comm.recv_landing(src, tag, l)),
+        }
+    }
+}
+
+/// Receives a framed message from `src` and checks its kind; `data` says
+/// when its data's receive is posted.
 pub(crate) async fn recv_framed(
     comm: &dyn Communicator,
     site: Site,
     src: Rank,
     tag: Tag,
+    data: DataRecv,
 ) -> Result<Framed, CollError> {
-    let first = comm.recv(src, tag).await.map_err(|e| site.comm(e))?;
-    match open_head(site, src, first)? {
-        Head::Whole(f) => Ok(f),
-        Head::DataFollows(meta, user_meta) => {
-            let data = comm.recv(src, tag).await.map_err(|e| site.comm(e))?;
-            Ok(Framed {
-                meta,
-                user_meta,
-                data,
-            })
-        }
-    }
+    let mut st = Pending::Head(comm.recv(src, tag), data.post(comm, src, tag));
+    std::future::poll_fn(|cx| st.poll_frame(cx, comm, site, src, tag)).await
 }
 
 /// A frame's first message, opened.
@@ -371,26 +414,21 @@ enum Next {
 /// could wait forever on a peer that is itself waiting for this rank's
 /// error.
 ///
-/// `landings[i]`, where given, is where the data of peer i's first frame
-/// may be written straight into: its receive is posted with the header's
-/// (see [`recv_framed_all_landing`]; only for a frame whose data follows
-/// its header).
+/// `data[i]` says when the data of peer i's first frame is received (see
+/// [`DataRecv`]); missing entries are `AfterHead`, as are later frames.
 async fn drive_frames(
     comm: &dyn Communicator,
     site: Site,
     peers: &[Rank],
     tag: Tag,
-    mut landings: Vec<Option<Landing>>,
+    mut data: Vec<DataRecv>,
     mut on_frame: impl FnMut(usize, Framed) -> Result<Next, CollError>,
 ) -> Result<(), CollError> {
-    landings.resize_with(peers.len(), || None);
+    data.resize_with(peers.len(), || DataRecv::AfterHead);
     let mut pending: Vec<Pending> = peers
         .iter()
-        .zip(landings)
-        .map(|(p, l)| {
-            let head = comm.recv(*p, tag);
-            Pending::Head(head, l.map(|l| comm.recv_landing(*p, tag, l)))
-        })
+        .zip(data)
+        .map(|(p, d)| Pending::Head(comm.recv(*p, tag), d.post(comm, *p, tag)))
         .collect();
     let mut left = pending.len();
     std::future::poll_fn(|cx| {
@@ -417,34 +455,20 @@ async fn drive_frames(
 
 /// Receives one frame on `tag` from each of `peers` and returns them in
 /// the order of `peers`; `check` sees each frame as it arrives (see
-/// [`drive_frames`] for the order and errors).
+/// [`drive_frames`] for the order and errors). `data[i]` says when the
+/// data of the frame from `peers[i]` is received (missing entries:
+/// `AfterHead`).
 pub(crate) async fn recv_framed_all(
     comm: &dyn Communicator,
     site: Site,
     peers: impl IntoIterator<Item = Rank>,
     tag: Tag,
-    check: impl FnMut(Rank, &Framed) -> Result<(), CollError>,
-) -> Result<Vec<(Rank, Framed)>, CollError> {
-    recv_framed_all_landing(comm, site, peers, tag, Vec::new(), check).await
-}
-
-/// [`recv_framed_all`] where the data of the frame from `peers[i]`, when
-/// it follows its header, may be written straight into `landings[i]`
-/// (`Communicator::recv_landing`; a frame's data then views that
-/// memory). Missing entries mean no landing. Give one only where the data
-/// is expected to follow (more than `INLINE_MAX` bytes): its receive is
-/// posted at once, and is dropped if the data comes inline after all.
-pub(crate) async fn recv_framed_all_landing(
-    comm: &dyn Communicator,
-    site: Site,
-    peers: impl IntoIterator<Item = Rank>,
-    tag: Tag,
-    landings: Vec<Option<Landing>>,
+    data: Vec<DataRecv>,
     mut check: impl FnMut(Rank, &Framed) -> Result<(), CollError>,
 ) -> Result<Vec<(Rank, Framed)>, CollError> {
     let peers: Vec<Rank> = peers.into_iter().collect();
     let mut out: Vec<Option<Framed>> = peers.iter().map(|_| None).collect();
-    drive_frames(comm, site, &peers, tag, landings, |i, f| {
+    drive_frames(comm, site, &peers, tag, data, |i, f| {
         check(peers[i], &f)?;
         out[i] = Some(f);
         Ok(Next::Done)
@@ -528,6 +552,7 @@ async fn send_framed_all(
     check: impl FnMut(Rank, &Framed) -> Result<(), CollError>,
 ) -> Result<Vec<(Rank, Framed)>, CollError> {
     let (n, me) = (comm.nranks(), site.rank);
+    let mut early = Vec::with_capacity(n as usize);
     let sends: Vec<_> = (0..n)
         .filter(|p| *p != me)
         .map(|p| {
@@ -535,10 +560,15 @@ async fn send_framed_all(
                 OfferData::Same(b) => b.clone(),
                 OfferData::PerRank(v) => v.get(p as usize).cloned().unwrap_or_default(),
             };
+            // A peer's frame is taken to be as large as this rank's to it
+            // (the ranks of one call send alike): a wrong guess costs one
+            // dropped receive.
+            early.push(DataRecv::for_len(d.len()));
             send_framed(comm, site, p, tag, meta, &[], d)
         })
         .collect();
-    let got = recv_framed_all(comm, site, (0..n).filter(|p| *p != me), tag, check).await?;
+    let peers = (0..n).filter(|p| *p != me);
+    let got = recv_framed_all(comm, site, peers, tag, early, check).await?;
     for s in sends {
         s.await?;
     }
@@ -820,7 +850,7 @@ pub(crate) async fn agree(
             carry.cloned().unwrap_or_default(),
         );
         let src = (me + n - dist) % n;
-        let f = recv_framed(comm, site, src, tag).await?;
+        let f = recv_framed(comm, site, src, tag, DataRecv::AfterHead).await?;
         send.await?;
         let b = f.user_meta.as_ref();
         if b.len() != AGREE_LEN {
