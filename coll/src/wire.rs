@@ -9,6 +9,11 @@
 //!   (small data), or, with flag DATA_FOLLOWS, the data as the next message
 //!   of the same (src, tag): large data is never copied into a frame.
 //! ```
+//!
+//! A receiver that knows or expects the data to follow posts its receive
+//! with the header's ([`DataRecv`]), so that the transport can take the
+//! data as soon as it comes (into the caller's memory where it offers a
+//! landing) rather than after a round trip through the task.
 
 use std::borrow::Cow;
 use std::future::Future;
