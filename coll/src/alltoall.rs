@@ -544,14 +544,10 @@ async fn exchange<T: Element>(
             // where ranks share cores, whose copies then queue behind this
             // one).
             let mut frames = std::pin::pin!(frames);
-            let mut poll_frames =
-                async || match std::future::poll_fn(|cx| Poll::Ready(frames.as_mut().poll(cx)))
-                    .await
-                {
-                    Poll::Ready(r) => Some(r),
-                    Poll::Pending => None,
-                };
-            let mut got = poll_frames().await;
+            let mut got = None;
+            if let Poll::Ready(r) = futures::poll!(frames.as_mut()) {
+                got = Some(r);
+            }
             if got.is_none()
                 && let (Some(z), Some(own)) = (zone, parts[me as usize].as_ref())
             {
@@ -561,8 +557,11 @@ async fn exchange<T: Element>(
                     if own.len() == l.len() {
                         for piece in own.as_slice().chunks(OWN_PIECE) {
                             l.put_slice(piece);
-                            if got.is_none() && l.remaining_mut() > 0 {
-                                got = poll_frames().await;
+                            if got.is_none()
+                                && l.remaining_mut() > 0
+                                && let Poll::Ready(r) = futures::poll!(frames.as_mut())
+                            {
+                                got = Some(r);
                             }
                         }
                         if let Ok(view) = l.into_buffer() {
