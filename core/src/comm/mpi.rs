@@ -33,7 +33,9 @@
 //! peers. While tasks drive, it checks at growing intervals (up to
 //! `NAP_MAX`, or `NAP_MAX_SHARED` where the rank has no core to spare),
 //! so it rarely takes a core from them; a task that stops driving wakes
-//! it at once. With a lower
+//! it at once. When a pass leaves only held messages (nothing in flight:
+//! they wait for receives that tasks post and drive themselves), the
+//! thread naps up to `NAP_MAX` instead of polling. With a lower
 //! threading level only the progress thread touches MPI
 //! (`MPI_THREAD_FUNNELED`), and waiting tasks sleep until it delivers.
 //!
@@ -289,19 +291,22 @@ const LAND_MIN: usize = 64 << 10;
 /// held (`Held`) before they are received.
 const HOLD_MIN: usize = 64 << 10;
 /// The longest a message is held when no receive comes for it: 100 us,
-/// and as long again as copying it at 10 GB/s takes (16 MiB: 1.8 ms). A
+/// and as long again as copying it at 1 GB/s takes (8 MiB: 8.5 ms). A
 /// rank busy with its part of an exchange (its own block of a 16 MiB
-/// AllToAll, then a peer's) may post its next receive later than that
-/// after a peer that runs ahead sent; released then, the message misses
-/// its landing (received elsewhere, then copied once more). Held 100 us,
-/// 31% of one rank's parts landed in a 16 MiB AllToAll between 2 ranks;
-/// 65% with this limit, all but the first call's at 1 GB/s (17 ms for 16
-/// MiB), which was no faster within this VM's noise (2026-11-28). A peer
-/// that waits for its send to complete before it posts its receive (none
-/// of braid's collectives does) waits up to this long: the shorter limit
-/// bounds what that costs.
+/// AllToAll, or a part that missed its landing) may post its next receive
+/// milliseconds after a peer that runs ahead sent; released then, the
+/// message misses its landing too (received elsewhere, then copied once
+/// more), and the copy makes this rank later still for the next call, so
+/// a pair of ranks that fell into it stayed there. With 10 GB/s here (8
+/// MiB: 0.9 ms) 20-45% of a 16 MiB AllToAll's received bytes missed their
+/// landing between 2 ranks and the call ran at 0.55-0.70 of
+/// `MPI_Alltoall`; with 1 GB/s none missed (after the first call), and
+/// with the progress thread's naps while it only holds (`Pass::Holding`)
+/// the call ran at 0.94-1.06 (2026-11-28). A peer that waits for its send
+/// to complete before it posts its receive (none of braid's collectives
+/// does) waits up to this long: the limit bounds what that costs.
 fn hold_max(len: usize) -> Duration {
-    Duration::from_micros(100) + Duration::from_nanos(len as u64 / 10)
+    Duration::from_micros(100) + Duration::from_nanos(len as u64)
 }
 
 /// Only messages from a peer that this rank sent a message of `HOLD_MIN`
@@ -333,6 +338,32 @@ struct Held {
     src: Rank,
     tag: Tag,
     since: Instant,
+}
+
+/// What a pass found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Pass {
+    /// Something moved (a request posted, a send or receive completed, a
+    /// message matched or released).
+    Moved,
+    /// Nothing moved, but sends or receives are in flight: MPI moves them
+    /// only while passes call it (rendezvous, tcp).
+    InFlight,
+    /// Nothing moved and nothing is in flight; messages are held for
+    /// receives not yet posted, the first of them until `until` at the
+    /// latest. Passes change nothing before then but for a new message or
+    /// request, and the receive a task posts comes with its own passes.
+    Holding { until: Instant },
+    /// Nothing to do.
+    Idle,
+}
+
+impl Pass {
+    /// Whether a task waiting for a message should go on driving: anything
+    /// but `Idle` (a held message is about to be asked for, or released).
+    fn busy(self) -> bool {
+        self != Pass::Idle
+    }
 }
 
 /// Everything that calls MPI; one pass at a time (the mutex serialises
@@ -415,15 +446,16 @@ impl Engine {
         }
     }
 
-    /// One progress pass; returns whether anything happened.
-    fn pass(&mut self) -> bool {
+    /// One progress pass; says whether anything happened, and if not,
+    /// what is left that a later pass could move.
+    fn pass(&mut self) -> Pass {
         if self.gone || self.finished.is_some() {
-            return false;
+            return Pass::Idle;
         }
         // 1. New requests.
         let mut busy = self.take_requests();
         if self.gone {
-            return false;
+            return Pass::Idle;
         }
         // 2. Outstanding sends.
         let mut i = 0;
@@ -538,7 +570,15 @@ impl Engine {
                 Err(req) => self.barrier = Some((req, done)),
             }
         }
-        busy || !self.pending.is_empty() || !self.incoming.is_empty() || !self.held.is_empty()
+        if busy {
+            Pass::Moved
+        } else if !self.pending.is_empty() || !self.incoming.is_empty() {
+            Pass::InFlight
+        } else if let Some(until) = self.held.iter().map(|h| h.since + hold_max(h.len)).min() {
+            Pass::Holding { until }
+        } else {
+            Pass::Idle
+        }
     }
 
     /// Whether this rank sent `src` a message of `HOLD_MIN` or more within
@@ -734,6 +774,9 @@ struct Shared {
     handoff: std::sync::atomic::AtomicBool,
     /// The longest nap while tasks drive ([`nap_cap`]).
     nap_max: Duration,
+    /// The progress thread naps while the engine only holds messages: a
+    /// request queued meanwhile wakes it.
+    hold_nap: std::sync::atomic::AtomicBool,
 }
 
 impl Shared {
@@ -754,12 +797,12 @@ impl Shared {
     }
 
     /// Runs one pass on the engine `e` holds, releases it, then wakes the
-    /// tasks that waited for that pass to end; returns the pass's `busy`.
-    fn run_pass(&self, mut e: MutexGuard<'_, Engine>) -> bool {
-        let busy = e.pass();
+    /// tasks that waited for that pass to end; returns what the pass found.
+    fn run_pass(&self, mut e: MutexGuard<'_, Engine>) -> Pass {
+        let found = e.pass();
         drop(e);
         self.pass_ended();
-        busy
+        found
     }
 
     /// Wakes the tasks that waited for the pass that just ended; call it
@@ -807,7 +850,7 @@ impl Drive for Shared {
             // stream of 64 MiB messages over shared memory it ran ~40% of
             // the passes that way, the task sleeping beside it).
             let mut e = e;
-            let keep = e.pass() || spin;
+            let keep = e.pass().busy() || spin;
             if keep {
                 // Again after the pass, before the engine is released: one
                 // that copied a large message took milliseconds, and the
@@ -1033,6 +1076,7 @@ fn progress(
         progress_thread: std::thread::current(),
         handoff: std::sync::atomic::AtomicBool::new(false),
         nap_max: nap_cap(local_ranks),
+        hold_nap: std::sync::atomic::AtomicBool::new(false),
     });
     let _ = ready.send(Ok(shared.clone()));
     drop(ready);
@@ -1052,7 +1096,7 @@ fn progress(
             nap = (nap * 2).min(shared.nap_max);
             continue;
         }
-        let busy = {
+        let found = {
             let mut e = shared.lock();
             if let Some(done) = e.finished.take() {
                 e.gone = true;
@@ -1078,7 +1122,10 @@ fn progress(
                 continue;
             }
             nap = HANDOFF / 2;
-            let busy = e.pass();
+            // Set before the pass takes its requests: one queued after
+            // that wakes this thread from the nap that may follow.
+            shared.hold_nap.store(true, Ordering::Release);
+            let found = e.pass();
             drop(e);
             if shared.pass_ended() {
                 // A task waited for this pass to end so as to drive: leave
@@ -1089,18 +1136,38 @@ fn progress(
                 // for each pass, some milliseconds long: see `drive`).
                 shared.last_driven.store(shared.now_ns(), Ordering::Relaxed);
             }
-            busy
+            found
         };
         // Sends in flight need MPI progress (rendezvous): keep polling
         // without sleeping while there is traffic.
-        if busy {
-            idle = 0;
-        } else {
-            idle = idle.saturating_add(1);
-            if idle > 2000 {
-                std::thread::sleep(Duration::from_micros(50));
-            } else if idle > 100 {
-                std::thread::yield_now();
+        let nap_on_hold =
+            matches!(found, Pass::Holding { .. }) && shared.driving == Driving::AnyThread;
+        if !nap_on_hold {
+            shared.hold_nap.store(false, Ordering::Release);
+        }
+        match found {
+            Pass::Moved | Pass::InFlight => idle = 0,
+            Pass::Holding { until } if nap_on_hold => {
+                // Only held messages: they wait for receives that tasks
+                // post (and drive) themselves, or for `until`. Spinning
+                // here took a fifth of the core of a rank bound to one,
+                // from its task copying its own block of a 16 MiB AllToAll
+                // while it held the peer's next message (2026-11-28).
+                // Napping at most NAP_MAX still finds new messages, and a
+                // request queued meanwhile wakes this thread (`send`).
+                idle = 0;
+                let nap = until.saturating_duration_since(Instant::now()).min(NAP_MAX);
+                std::thread::park_timeout(nap);
+                shared.hold_nap.store(false, Ordering::Release);
+            }
+            Pass::Holding { .. } => idle = 0,
+            Pass::Idle => {
+                idle = idle.saturating_add(1);
+                if idle > 2000 {
+                    std::thread::sleep(Duration::from_micros(50));
+                } else if idle > 100 {
+                    std::thread::yield_now();
+                }
             }
         }
     }
@@ -1165,6 +1232,10 @@ impl Communicator for MpiComm {
             self.shared.pass_ended();
         } else if self.tx.send(req).is_err() {
             return SendFuture::ready(Err(CommError::Shutdown { rank }));
+        } else if self.shared.hold_nap.load(Ordering::Acquire) {
+            // A pass is running and may have taken its requests already:
+            // the progress thread, napping, takes this one.
+            self.shared.progress_thread.unpark();
         }
         SendFuture::waiting(self.completion(rx))
     }
