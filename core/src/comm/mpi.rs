@@ -268,8 +268,11 @@ struct Incoming {
 
 /// Where an `Incoming` message is received to.
 enum RecvTo {
-    /// A pooled buffer (no receive offered a landing).
-    Pool(Vec<u8>),
+    /// The spare capacity of an empty pooled vector (no receive offered a
+    /// landing), `len` bytes of it, given that length once MPI has written
+    /// them: nothing is cleared first (zeroing a fresh 64 KiB buffer cost
+    /// a few us a message, on the path of every receive).
+    Pool { v: Vec<u8>, len: usize },
     /// The landing of the receive it goes to (`Mailbox::claim`).
     Landing(Landing),
 }
@@ -277,7 +280,7 @@ enum RecvTo {
 impl RecvTo {
     fn len(&self) -> usize {
         match self {
-            RecvTo::Pool(v) => v.len(),
+            RecvTo::Pool { len, .. } => *len,
             RecvTo::Landing(l) => l.len(),
         }
     }
@@ -617,18 +620,27 @@ impl Engine {
         let landing = (len >= LAND_MIN)
             .then(|| self.mailbox.claim(src, tag, len, ahead))
             .flatten();
-        // MPI overwrites every byte: a reused buffer needs no clearing.
+        // MPI writes every byte: the memory is not cleared first. (A
+        // failed allocation is this process's out-of-memory, for a message
+        // that exists: it aborts, as any allocation does.)
         let mut buf = match landing {
             Some(l) => RecvTo::Landing(l),
-            None => RecvTo::Pool(self.pool.take_filled(len)),
+            None => RecvTo::Pool {
+                v: self
+                    .pool
+                    .try_take(len)
+                    .unwrap_or_else(|| crate::memory::large_vec(len)),
+                len,
+            },
         };
         let ptr = match &mut buf {
-            RecvTo::Pool(v) => v.as_mut_ptr() as *mut RawByte,
+            RecvTo::Pool { v, .. } => v.spare_capacity_mut().as_mut_ptr() as *mut RawByte,
             RecvTo::Landing(l) => l.unfilled().as_mut_ptr() as *mut RawByte,
         };
-        // SAFETY: the slice points into `buf`'s memory (a Vec's heap
-        // block, or a landing's region of its zone, which the landing
-        // keeps alive, possibly uninitialised: hence `RawByte`), which
+        // SAFETY: the slice points into `buf`'s memory (a Vec's spare
+        // capacity, at least `len` bytes, or a landing's region of its
+        // zone, which the landing keeps alive; either possibly
+        // uninitialised: hence `RawByte`), which
         // `Incoming` owns, never reads, resizes or drops before the
         // request completes (moving either does not move the memory).
         let data: &'static mut [RawByte] = unsafe { std::slice::from_raw_parts_mut(ptr, len) };
@@ -705,7 +717,13 @@ impl Engine {
             let inc = self.incoming.remove(i);
             self.stats.record_recv(inc.src, inc.buf.len());
             let payload = match inc.buf {
-                RecvTo::Pool(v) => Buffer::from_bytes(self.pool.wrap(v)),
+                RecvTo::Pool { mut v, len } => {
+                    // SAFETY: the receive of the matched message, `len`
+                    // bytes into this spare capacity (at least `len`), has
+                    // completed: MPI wrote every one.
+                    unsafe { v.set_len(len) };
+                    Buffer::from_bytes(self.pool.wrap(v))
+                }
                 RecvTo::Landing(mut l) => {
                     self.stats.record_landed(l.len() as u64);
                     // SAFETY: the receive into the landing's whole region

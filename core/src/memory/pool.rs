@@ -68,19 +68,6 @@ impl BufferPool {
         })
     }
 
-    /// A vector of exactly `len` bytes of unspecified (but initialised)
-    /// content, for a caller that overwrites all of it: a pooled one is
-    /// reused without clearing where it already held that many bytes.
-    pub fn take_filled(&self, len: usize) -> Vec<u8> {
-        let mut v = self.take_raw(len).unwrap_or_else(|| super::large_vec(len));
-        if v.len() >= len {
-            v.truncate(len);
-        } else {
-            v.resize(len, 0);
-        }
-        v
-    }
-
     /// An empty vector with capacity for at least `len` bytes: a pooled one
     /// of at most twice that capacity if there is one. `None` where the
     /// allocator cannot provide `len` bytes (the length may be a peer's
