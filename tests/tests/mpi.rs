@@ -146,6 +146,23 @@ fn mpi_sends_complete_before_their_receives_are_posted() {
     }
 }
 
+/// A rank that computes (sleeps, its communicator untouched) still
+/// receives: a large message from a peer it exchanges with is held for a
+/// receive at first, then released by the progress thread at its limit
+/// (which naps meanwhile: nothing else is in flight), so the sender's send
+/// completes during the computation (the worker's `idle` mode checks the
+/// bytes and the statistics). Fails if that nap outlasts the computation.
+#[test]
+fn mpi_a_rank_that_computes_still_receives() {
+    for n in [2, 3] {
+        for len in [65_536u64, 4 << 20] {
+            let out = run(n, &["idle", &len.to_string()]);
+            let want = vec![format!("idle ok {len}"); n as usize];
+            assert_eq!(out, want, "{n} ranks, {len} bytes");
+        }
+    }
+}
+
 #[test]
 fn mpi_collective_suite() {
     collective_suite(None);

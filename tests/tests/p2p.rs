@@ -124,6 +124,32 @@ fn tcp_processes_one_gib_message() {
     assert_eq!(parse_line(&report.stdout[1], "big ok "), Some(vec![size]));
 }
 
+/// A rank that computes (sleeps, its communicator untouched) still
+/// receives: rank 1's message to rank 0 is in by the time rank 0 asks
+/// (the worker's `idle` mode checks the bytes and the statistics).
+#[test]
+fn tcp_processes_receive_while_a_rank_computes() {
+    let rt = runtime();
+    for n in [2u32, 3] {
+        for len in [65_536u64, 4 << 20] {
+            let mut spec =
+                LaunchSpec::new(n, worker(), vec!["idle".into(), len.to_string().into()]);
+            spec.output = OutputMode::Captured;
+            let report = rt
+                .block_on(launch(spec))
+                .unwrap_or_else(|e| panic!("{n} ranks, {len} bytes: {e:?}"));
+            for r in 0..n as usize {
+                assert_eq!(
+                    parse_line(&report.stdout[r], "idle ok "),
+                    Some(vec![len]),
+                    "rank {r} of {n}, {len} bytes: {:?}",
+                    report.stderr[r]
+                );
+            }
+        }
+    }
+}
+
 /// A message over the tcp frame limit fails at the sender with an error
 /// that names it; the next message within the limit still goes through.
 #[test]

@@ -12,6 +12,13 @@
 //!   that send completes before it receives from the one before (a send
 //!   that needs no receive posted first); checks the bytes; prints `swap
 //!   ok BYTES`.
+//! - `idle BYTES`: ranks 0 and 1 swap BYTES; then rank 1 sends BYTES more
+//!   and waits for that send while rank 0 computes (sleeps 1.5 s, its
+//!   communicator untouched): the message must be received meanwhile (a
+//!   rank that computes still answers its peers: over mpi a large message
+//!   from a peer it exchanges with is held, then released at its limit by
+//!   the progress thread); rank 0 then receives and checks it; every rank
+//!   prints `idle ok BYTES`.
 //! - `coll SEED`: the collective suite; prints `coll ok CHECKS`.
 //! - `gpu SEED` (feature `cuda`): the device suite; prints `gpu ok CHECKS`.
 //! - `gpu-fail CASE` (feature `cuda`): a GPU job that fails (mismatched
@@ -101,6 +108,46 @@ fn main() -> ExitCode {
                     check_payload(44 + from as u64, b.as_slice())
                         .map_err(|off| format!("byte {off} differs"))?;
                     println!("swap ok {len}");
+                }
+                "idle" => {
+                    // Ranks 0 and 1 swap BYTES (so that each sends the
+                    // other large messages); then rank 1 sends BYTES more
+                    // and waits for that send while rank 0 computes.
+                    let tag = Tag::new(OpId(5), 0);
+                    let len = arg as usize;
+                    let me = ctx.rank();
+                    if me < 2 {
+                        let peer = 1 - me;
+                        let sent =
+                            comm.send(peer, tag, Buffer::from_vec(payload(45 + me as u64, len)));
+                        let b = comm.recv(peer, tag).await?;
+                        sent.await?;
+                        check_payload(45 + peer as u64, b.as_slice())
+                            .map_err(|off| format!("byte {off} differs"))?;
+                    }
+                    if me == 1 {
+                        comm.send(0, tag, Buffer::from_vec(payload(47, len)))
+                            .await?;
+                    } else if me == 0 {
+                        // Far longer than any hold (4 MiB: 4.3 ms).
+                        tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+                        let before = comm.statistics().peer(1).bytes_recv;
+                        let b = comm.recv(1, tag).await?;
+                        if b.len() != len {
+                            return Err(format!("got {} bytes, expected {len}", b.len()).into());
+                        }
+                        check_payload(47, b.as_slice())
+                            .map_err(|off| format!("byte {off} differs"))?;
+                        if before < 2 * len as u64 {
+                            return Err(format!(
+                                "{before} of {} bytes from rank 1 received while this \
+                                 rank computed for 1.5 s",
+                                2 * len
+                            )
+                            .into());
+                        }
+                    }
+                    println!("idle ok {len}");
                 }
                 "coll" => {
                     let line = braid_tests::coll_suite::run(ctx.clone(), arg).await?;
