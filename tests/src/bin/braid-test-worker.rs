@@ -122,6 +122,9 @@ fn main() -> ExitCode {
                             comm.send(peer, tag, Buffer::from_vec(payload(45 + me as u64, len)));
                         let b = comm.recv(peer, tag).await?;
                         sent.await?;
+                        if b.len() != len {
+                            return Err(format!("got {} bytes, expected {len}", b.len()).into());
+                        }
                         check_payload(45 + peer as u64, b.as_slice())
                             .map_err(|off| format!("byte {off} differs"))?;
                     }
