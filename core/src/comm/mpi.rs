@@ -792,8 +792,9 @@ struct Shared {
     handoff: std::sync::atomic::AtomicBool,
     /// The longest nap while tasks drive ([`nap_cap`]).
     nap_max: Duration,
-    /// The progress thread naps while the engine only holds messages: a
-    /// request queued meanwhile wakes it.
+    /// Set while the progress thread runs a pass and any nap after it
+    /// (it naps while the engine only holds messages): a request queued
+    /// meanwhile wakes it.
     hold_nap: std::sync::atomic::AtomicBool,
 }
 
@@ -1158,14 +1159,8 @@ fn progress(
         };
         // Sends in flight need MPI progress (rendezvous): keep polling
         // without sleeping while there is traffic.
-        let nap_on_hold =
-            matches!(found, Pass::Holding { .. }) && shared.driving == Driving::AnyThread;
-        if !nap_on_hold {
-            shared.hold_nap.store(false, Ordering::Release);
-        }
         match found {
-            Pass::Moved | Pass::InFlight => idle = 0,
-            Pass::Holding { until } if nap_on_hold => {
+            Pass::Holding { until } if shared.driving == Driving::AnyThread => {
                 // Only held messages: they wait for receives that tasks
                 // post (and drive) themselves, or for `until`. Spinning
                 // here took a fifth of the core of a rank bound to one,
@@ -1176,9 +1171,8 @@ fn progress(
                 idle = 0;
                 let nap = until.saturating_duration_since(Instant::now()).min(NAP_MAX);
                 std::thread::park_timeout(nap);
-                shared.hold_nap.store(false, Ordering::Release);
             }
-            Pass::Holding { .. } => idle = 0,
+            Pass::Moved | Pass::InFlight | Pass::Holding { .. } => idle = 0,
             Pass::Idle => {
                 idle = idle.saturating_add(1);
                 if idle > 2000 {
@@ -1188,6 +1182,7 @@ fn progress(
                 }
             }
         }
+        shared.hold_nap.store(false, Ordering::Release);
     }
 }
 
