@@ -30,16 +30,39 @@ pub struct ProgressEngine {
     /// How its rank's peers are placed, as far as its context knows (set
     /// from the communicator's backend by [`Context::new`]).
     peers: Placement,
+    /// Whether its runtime carries other ranks too.
+    threads: RankThreads,
+}
+
+/// Whether a rank's runtime, and so its worker threads, carries other
+/// ranks of the process too.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RankThreads {
+    /// The ranks of the process share one runtime's workers.
+    Shared,
+    /// The rank's runtime carries this rank alone, and every rank of the
+    /// process has one of the same size (as `run_world` starts in-process
+    /// ranks that fit the cores): a waiting rank holds no thread that a
+    /// peer needs.
+    Own,
 }
 
 impl ProgressEngine {
-    /// An engine running on `handle`'s runtime.
+    /// An engine running on `handle`'s runtime, which the process's ranks
+    /// share.
     pub fn new(handle: tokio::runtime::Handle) -> Self {
+        Self::with_threads(handle, RankThreads::Shared)
+    }
+
+    /// An engine running on `handle`'s runtime, shared with other ranks
+    /// or not as `threads` says.
+    pub fn with_threads(handle: tokio::runtime::Handle, threads: RankThreads) -> Self {
         let id = handle.id();
         ProgressEngine {
             handle,
             id,
             peers: Placement::Apart,
+            threads,
         }
     }
 
@@ -72,20 +95,18 @@ impl ProgressEngine {
     /// How a task waiting on this engine's work, an operation on `bytes`
     /// of its rank's data, waits now (see [`Waiting`]).
     pub fn waiting(&self, bytes: usize) -> Waiting {
-        if bytes > Waiting::POLL_MAX_BYTES {
-            return Waiting::Park;
-        }
-        let cores = host_cores();
-        let workers = self.handle.metrics().num_workers();
         let (ranks, placement) = host_ranks();
         let placement = match (placement, self.peers) {
             (Placement::InProcess, Placement::InProcess) => Placement::InProcess,
             _ => Placement::Apart,
         };
+        let workers = self.handle.metrics().num_workers();
+        let chosen = Waiting::for_op(bytes, ranks, placement, self.threads, workers, host_cores());
         match wait_override() {
+            None => chosen,
             Some(Waiting::Park) => Waiting::Park,
+            Some(_) if bytes > Waiting::POLL_MAX_BYTES => chosen,
             Some(_) => Waiting::polling(placement),
-            None => Waiting::choose(ranks, placement, workers, cores),
         }
     }
 
@@ -129,11 +150,15 @@ impl ProgressEngine {
 ///   task drove, polling lost: 4 ranks, AllReduce 10 us parked, 22 us
 ///   polling.) On one worker it does not pay: every wake-up is local.
 ///
-/// Nor does polling pay for bulk transfers, which take long enough that a
-/// wake-up is lost in them, and which a polling task slows down (measured:
-/// 2 tcp ranks, 1 MiB SendRecv 217-256 us parked, 281-652 us polling), so
+/// Nor does polling pay for bulk transfers where ranks share threads or
+/// talk through sockets: a polling task slows them down (measured: 2 tcp
+/// ranks, 1 MiB SendRecv 217-256 us parked, 281-652 us polling), so there
 /// only operations on up to [`Waiting::POLL_MAX_BYTES`] of a rank's data
-/// poll.
+/// poll. In-process ranks on threads of their own ([`RankThreads::Own`])
+/// poll for bulk operations too, up to [`Waiting::POLL_BULK`]: each copies
+/// on its own core, and a parked rank woken for its copy starts it one
+/// wake-up late (2026-11-28, 2 ranks on the 2-core VM, 1 MiB AllToAll
+/// into a kept vector: 82-98 us parked, 44-56 us polling).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Waiting {
     /// Sleep until woken.
@@ -184,8 +209,14 @@ pub enum Placement {
 impl Waiting {
     /// How long a waiter polls when polling pays.
     pub const POLL: Duration = Duration::from_micros(20);
-    /// The largest operation (bytes of this rank's data) whose waiter polls.
+    /// The largest operation (bytes of this rank's data) whose waiter polls
+    /// where ranks share threads or are apart.
     pub const POLL_MAX_BYTES: usize = 16 << 10;
+    /// How long a waiter for a larger operation polls where it may (see
+    /// [`Waiting`]): a wake-up (2-18 us) is lost in a wait longer than
+    /// this, and a core that a rank's own helper threads need is given
+    /// back after it.
+    pub const POLL_BULK: Duration = Duration::from_millis(1);
 
     /// A polling wait ([`Waiting::polling`]) where polling pays (see
     /// [`Waiting`]): no more runtime workers
@@ -205,12 +236,50 @@ impl Waiting {
         }
     }
 
+    /// How a rank waits for an operation on `bytes` of its data (see
+    /// [`Waiting`]): as [`Waiting::choose`] says up to
+    /// [`Waiting::POLL_MAX_BYTES`]; above, polling for up to
+    /// [`Waiting::POLL_BULK`] where polling pays and the ranks are in
+    /// process on threads of their own, else `Park`. `workers` are the
+    /// rank's runtime's (with [`RankThreads::Own`], every rank of the
+    /// process has as many).
+    pub fn for_op(
+        bytes: usize,
+        ranks: usize,
+        placement: Placement,
+        threads: RankThreads,
+        workers: usize,
+        cores: usize,
+    ) -> Waiting {
+        let bulk = bytes > Self::POLL_MAX_BYTES;
+        let own = threads == RankThreads::Own && placement == Placement::InProcess;
+        if bulk && !own {
+            return Waiting::Park;
+        }
+        let workers = match threads {
+            RankThreads::Shared => workers,
+            RankThreads::Own => workers.saturating_mul(ranks),
+        };
+        let chosen = Self::choose(ranks, placement, workers, cores);
+        if bulk { chosen.for_bulk() } else { chosen }
+    }
+
     /// How ranks so placed poll: without the I/O driver's turns in
     /// process (`PollTasks`), with them otherwise (`Poll`).
     pub fn polling(placement: Placement) -> Waiting {
         match placement {
             Placement::InProcess => Waiting::PollTasks(Self::POLL),
             Placement::Apart => Waiting::Poll(Self::POLL),
+        }
+    }
+
+    /// The same kind of wait with the bulk operations' limit
+    /// ([`Waiting::POLL_BULK`]).
+    pub fn for_bulk(self) -> Waiting {
+        match self {
+            Waiting::Park => Waiting::Park,
+            Waiting::Poll(_) => Waiting::Poll(Self::POLL_BULK),
+            Waiting::PollTasks(_) => Waiting::PollTasks(Self::POLL_BULK),
         }
     }
 
@@ -248,7 +317,7 @@ fn wait_override() -> Option<Waiting> {
 static LIVE_RANKS: AtomicUsize = AtomicUsize::new(0);
 
 /// Cores of this host (or of this process's CPU quota), at least 1.
-fn host_cores() -> usize {
+pub(crate) fn host_cores() -> usize {
     // (available_parallelism reads cgroup files: asked once.)
     static CORES: OnceLock<usize> = OnceLock::new();
     *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
@@ -462,6 +531,38 @@ mod tests {
         );
         assert_eq!(Waiting::choose(4, Apart, 2, 2), Waiting::Park);
         assert_eq!(Waiting::choose(4, InProcess, 1, 2), Waiting::Park);
+    }
+
+    #[test]
+    fn bulk_waiters_poll_only_on_threads_of_their_own() {
+        use Placement::{Apart, InProcess};
+        use RankThreads::{Own, Shared};
+        let big = Waiting::POLL_MAX_BYTES + 1;
+        let small = Waiting::POLL_MAX_BYTES;
+        // Ranks that share a runtime, or talk through sockets, park for
+        // bulk work whatever else holds.
+        for (p, t) in [(InProcess, Shared), (Apart, Shared), (Apart, Own)] {
+            assert_eq!(Waiting::for_op(big, 2, p, t, 2, 2), Waiting::Park);
+            assert_eq!(Waiting::for_op(64 << 20, 2, p, t, 1, 8), Waiting::Park);
+        }
+        // In-process ranks each on a runtime of their own poll for it, up
+        // to the bulk limit, where they fit the cores.
+        let bulk = Waiting::PollTasks(Waiting::POLL_BULK);
+        assert_eq!(Waiting::for_op(big, 2, InProcess, Own, 1, 2), bulk);
+        assert_eq!(Waiting::for_op(big, 4, InProcess, Own, 4, 16), bulk);
+        assert_eq!(Waiting::for_op(big, 4, InProcess, Own, 2, 4), Waiting::Park);
+        // Small work as `choose` says, counting every rank's workers.
+        let poll = Waiting::PollTasks(Waiting::POLL);
+        assert_eq!(Waiting::for_op(small, 2, InProcess, Own, 1, 2), poll);
+        assert_eq!(Waiting::for_op(small, 2, InProcess, Shared, 2, 2), poll);
+        assert_eq!(
+            Waiting::for_op(small, 3, InProcess, Own, 1, 2),
+            Waiting::Park
+        );
+        assert_eq!(
+            Waiting::for_op(small, 2, InProcess, Shared, 1, 2),
+            Waiting::Park
+        );
     }
 
     #[test]

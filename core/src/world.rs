@@ -10,7 +10,7 @@ use crate::Rank;
 use crate::comm::local::LocalComm;
 use crate::comm::tcp::{TcpComm, TcpConfig};
 use crate::comm::{Backend, Communicator};
-use crate::context::{Context, JobEnd, ProgressEngine};
+use crate::context::{Context, JobEnd, ProgressEngine, RankThreads};
 use crate::error::CommError;
 use crate::graph::BoxError;
 use crate::memory::{BufferResource, MemoryLimits};
@@ -81,13 +81,27 @@ pub async fn contexts(spec: &WorldSpec, limits: MemoryLimits) -> Result<Vec<Cont
 /// A context over `comm` with its own `BufferResource` of `limits`, driven
 /// by the current runtime.
 pub fn context_for(comm: Arc<dyn Communicator>, limits: MemoryLimits) -> Context {
+    context_on(
+        comm,
+        limits,
+        ProgressEngine::new(tokio::runtime::Handle::current()),
+    )
+}
+
+/// A context over `comm` with its own `BufferResource` of `limits`, driven
+/// by `engine`.
+pub fn context_on(
+    comm: Arc<dyn Communicator>,
+    limits: MemoryLimits,
+    engine: ProgressEngine,
+) -> Context {
     Context::new(
         comm,
         BufferResource::new(MemoryLimits {
             device: limits.device.or(Some(0)),
             host: limits.host,
         }),
-        ProgressEngine::new(tokio::runtime::Handle::current()),
+        engine,
     )
 }
 
@@ -107,6 +121,17 @@ pub struct RankError {
 /// ranks fail too; the error returned is the first one that happened. A
 /// rank whose job succeeds shuts its communicator down cleanly (waiting for
 /// all ranks).
+///
+/// Threads: in-process ranks that fit the host's cores (2 or more, no more
+/// than the cores) each run on a tokio runtime of their own, with the
+/// cores shared evenly among them ([`RankThreads::Own`]); otherwise the
+/// ranks share one runtime with a worker per core. Ranks on threads of
+/// their own copy on cores of their own and wait for each other by
+/// polling: on the 2-core VM (2026-11-28) a 1 MiB AllToAll into a kept
+/// vector between 2 ranks took 42-56 us a call, against 85-108 us on a
+/// shared runtime, where the rank woken by the other's arrival waited on
+/// that one's worker. More ranks than cores share workers, which lets a
+/// rank that waits give its turn to one that works.
 pub fn run_world<T, F, Fut>(
     spec: &WorldSpec,
     limits: MemoryLimits,
@@ -123,103 +148,225 @@ where
     if let WorldSpec::Local { .. } | WorldSpec::Tcp(_) = spec {
         crate::memory::reuse_freed_memory();
     }
-    let threads = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(2)
-        .max(2);
+    let cores = crate::context::host_cores();
+    match spec {
+        WorldSpec::Local { nranks } if *nranks >= 2 && *nranks as usize <= cores => {
+            run_rank_threads(*nranks, cores / *nranks as usize, limits, Arc::new(job))
+        }
+        _ => run_shared(spec, cores.max(2), limits, Arc::new(job)),
+    }
+}
+
+/// Where a failing rank reports, first come first served.
+type FirstError = std::sync::mpsc::Sender<RankError>;
+
+/// How a rank's task ended: its result, its error, or the task's failure.
+type Outcome<T> = Result<Result<(Rank, T), RankError>, tokio::task::JoinError>;
+
+/// Every rank on one runtime of `workers` threads.
+fn run_shared<T, F, Fut>(
+    spec: &WorldSpec,
+    workers: usize,
+    limits: MemoryLimits,
+    job: Arc<F>,
+) -> Result<Vec<(Rank, T)>, RankError>
+where
+    F: Fn(Context) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<T, BoxError>> + Send + 'static,
+    T: Send + 'static,
+{
+    let rank = match spec {
+        WorldSpec::Tcp(cfg) => cfg.rank,
+        _ => 0,
+    };
     let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(threads)
+        .worker_threads(workers)
         .enable_all()
         .build()
         .map_err(|e| RankError {
-            rank: 0,
+            rank,
             source: Box::new(e),
         })?;
-    rt.block_on(async move {
-        let rank = match spec {
-            WorldSpec::Tcp(cfg) => cfg.rank,
-            _ => 0,
-        };
+    let (err_tx, err_rx) = std::sync::mpsc::channel();
+    let outcomes = rt.block_on(async move {
         let ctxs = contexts(spec, limits).await.map_err(|e| RankError {
             rank,
             source: Box::new(e),
         })?;
-        let job = Arc::new(job);
-        let (err_tx, mut err_rx) = tokio::sync::mpsc::unbounded_channel::<RankError>();
-        let mut handles = Vec::new();
-        for ctx in ctxs {
-            let comm = ctx.comm().clone();
-            let job = job.clone();
-            let err_tx = err_tx.clone();
-            let rank = comm.rank();
-            let ends = ctx.clone();
-            handles.push(tokio::spawn(async move {
-                // A job that panics fails its rank like one that returns an
-                // error: the others are told (abort) instead of waiting for
-                // it forever.
-                // (Building the job's future may panic too.)
-                let panicked = |p| -> BoxError {
-                    format!("panicked: {}", crate::graph::panic_message(p)).into()
-                };
-                let ran = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(ctx)))
-                {
-                    Ok(fut) => std::panic::AssertUnwindSafe(fut)
-                        .catch_unwind()
-                        .await
-                        .unwrap_or_else(|p| Err(panicked(p))),
-                    Err(p) => Err(panicked(p)),
-                };
-                let r = match ran {
-                    Ok(v) => comm
-                        .shutdown()
-                        .await
-                        .map(|_| v)
-                        .map_err(|e| Box::new(e) as BoxError),
-                    Err(e) => {
-                        comm.abort(&e.to_string());
-                        // Lets the abort notice reach the other ranks.
-                        let _ = comm.shutdown().await;
-                        Err(e)
-                    }
-                };
-                // What waits for the job's end (device communicators) is
-                // torn down now, before the process may exit.
-                let end = if r.is_ok() {
-                    JobEnd::Finished
-                } else {
-                    JobEnd::Failed
-                };
-                let _ = tokio::task::spawn_blocking(move || ends.end_job(end)).await;
-                r.map_err(|source| {
-                    let e = RankError { rank, source };
-                    let _ = err_tx.send(RankError {
-                        rank,
-                        source: e.source.to_string().into(),
-                    });
-                    e
-                })
-                .map(|v| (rank, v))
-            }));
-        }
+        let handles: Vec<_> = ctxs
+            .into_iter()
+            .map(|ctx| tokio::spawn(run_rank(ctx, job.clone(), err_tx.clone())))
+            .collect();
         drop(err_tx);
-        let mut out = Vec::new();
-        let mut any_err = false;
+        let mut outcomes = Vec::new();
         for h in handles {
-            match h.await {
-                Ok(Ok(v)) => out.push(v),
-                Ok(Err(_)) => any_err = true,
-                Err(je) => {
-                    any_err = true;
-                    tracing::error!("rank task failed: {je}");
+            outcomes.push(h.await);
+        }
+        Ok::<_, RankError>(outcomes)
+    })?;
+    collect(outcomes, &err_rx)
+}
+
+/// Each of `nranks` in-process ranks on a runtime of its own, of
+/// `workers` threads (see [`run_world`]).
+fn run_rank_threads<T, F, Fut>(
+    nranks: u32,
+    workers: usize,
+    limits: MemoryLimits,
+    job: Arc<F>,
+) -> Result<Vec<(Rank, T)>, RankError>
+where
+    F: Fn(Context) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<T, BoxError>> + Send + 'static,
+    T: Send + 'static,
+{
+    // Every runtime and context first: a rank that cannot have one fails
+    // the job before any rank runs.
+    let mut ranks = Vec::new();
+    for comm in LocalComm::world(nranks) {
+        let rank = comm.rank();
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(workers.max(1))
+            .thread_name(format!("braid-rank-{rank}"))
+            .enable_all()
+            .build()
+            .map_err(|e| RankError {
+                rank,
+                source: Box::new(e),
+            })?;
+        let engine = ProgressEngine::with_threads(rt.handle().clone(), RankThreads::Own);
+        ranks.push((rt, context_on(Arc::new(comm), limits, engine)));
+    }
+    let (err_tx, err_rx) = std::sync::mpsc::channel();
+    let mut threads = Vec::new();
+    let mut ranks = ranks.into_iter();
+    while let Some((rt, ctx)) = ranks.next() {
+        let rank = ctx.rank();
+        let comm = ctx.comm().clone();
+        let (job, err_tx) = (job.clone(), err_tx.clone());
+        let started = std::thread::Builder::new()
+            .name(format!("braid-rank-{rank}"))
+            .spawn(move || {
+                let task = rt.spawn(run_rank(ctx, job, err_tx));
+                rt.block_on(task)
+            });
+        match started {
+            Ok(t) => threads.push(t),
+            Err(e) => {
+                // The ranks already started wait for this one: they are
+                // told it will not come.
+                let why = format!("rank {rank}: its thread did not start: {e}");
+                comm.abort(&why);
+                for (_, ctx) in ranks.by_ref() {
+                    ctx.comm().abort(&why);
                 }
+                for t in threads {
+                    let _ = t.join();
+                }
+                return Err(RankError {
+                    rank,
+                    source: why.into(),
+                });
             }
         }
-        if any_err {
-            return Err(err_rx.recv().await.unwrap_or(RankError {
-                rank: 0,
-                source: "a rank's task panicked".into(),
-            }));
+    }
+    drop(err_tx);
+    let mut outcomes = Vec::new();
+    for (rank, t) in threads.into_iter().enumerate() {
+        outcomes.push(t.join().unwrap_or_else(|p| {
+            // run_rank catches the job's panics; this is one of the runtime.
+            Ok(Err(RankError {
+                rank: rank as Rank,
+                source: format!("panicked: {}", crate::graph::panic_message(p)).into(),
+            }))
+        }));
+    }
+    collect(outcomes, &err_rx)
+}
+
+/// The ranks' results in rank order, or the first error reported.
+fn collect<T>(
+    outcomes: Vec<Outcome<T>>,
+    first_error: &std::sync::mpsc::Receiver<RankError>,
+) -> Result<Vec<(Rank, T)>, RankError> {
+    let mut out = Vec::new();
+    let mut failed = None;
+    for (rank, o) in outcomes.into_iter().enumerate() {
+        match o {
+            Ok(Ok(v)) => out.push(v),
+            Ok(Err(e)) => {
+                failed.get_or_insert(e);
+            }
+            Err(je) => {
+                tracing::error!("rank {rank}: its task failed: {je}");
+                failed.get_or_insert(RankError {
+                    rank: rank as Rank,
+                    source: format!("its task failed: {je}").into(),
+                });
+            }
         }
-        Ok(out)
+    }
+    match failed {
+        None => Ok(out),
+        Some(e) => Err(first_error.try_recv().unwrap_or(e)),
+    }
+}
+
+/// One rank's whole run: its job, then a clean shutdown of its
+/// communicator, or an abort that tells the other ranks it failed; then
+/// the job's end for what waits for it. A failure is also reported to
+/// `first_error`.
+async fn run_rank<T, F, Fut>(
+    ctx: Context,
+    job: Arc<F>,
+    first_error: FirstError,
+) -> Result<(Rank, T), RankError>
+where
+    F: Fn(Context) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<T, BoxError>> + Send + 'static,
+    T: Send + 'static,
+{
+    let comm = ctx.comm().clone();
+    let rank = comm.rank();
+    let ends = ctx.clone();
+    // A job that panics fails its rank like one that returns an error: the
+    // others are told (abort) instead of waiting for it forever. (Building
+    // the job's future may panic too.)
+    let panicked =
+        |p| -> BoxError { format!("panicked: {}", crate::graph::panic_message(p)).into() };
+    let ran = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(ctx))) {
+        Ok(fut) => std::panic::AssertUnwindSafe(fut)
+            .catch_unwind()
+            .await
+            .unwrap_or_else(|p| Err(panicked(p))),
+        Err(p) => Err(panicked(p)),
+    };
+    let r = match ran {
+        Ok(v) => comm
+            .shutdown()
+            .await
+            .map(|_| v)
+            .map_err(|e| Box::new(e) as BoxError),
+        Err(e) => {
+            comm.abort(&e.to_string());
+            // Lets the abort notice reach the other ranks.
+            let _ = comm.shutdown().await;
+            Err(e)
+        }
+    };
+    // What waits for the job's end (device communicators) is torn down
+    // now, before the process may exit.
+    let end = if r.is_ok() {
+        JobEnd::Finished
+    } else {
+        JobEnd::Failed
+    };
+    let _ = tokio::task::spawn_blocking(move || ends.end_job(end)).await;
+    r.map(|v| (rank, v)).map_err(|source| {
+        let _ = first_error.send(RankError {
+            rank,
+            source: source.to_string().into(),
+        });
+        RankError { rank, source }
     })
 }

@@ -87,6 +87,34 @@ fn suite_local() {
     }
 }
 
+/// The suite in jobs as `run_world` starts them: in-process ranks that fit
+/// the host's cores each on a runtime of their own, whose waiters poll for
+/// bulk work too (`RankThreads::Own`; here 1 and 2 ranks on CI's 2 cores),
+/// more ranks sharing one runtime.
+#[test]
+fn suite_in_jobs() {
+    for n in RANK_COUNTS {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let r = braid_core::run_world(
+                &WorldSpec::Local { nranks: n },
+                MemoryLimits::UNLIMITED,
+                move |c| async move { Ok(coll_suite::run(c, 70 + n as u64).await?) },
+            );
+            let _ = tx.send(r.map_err(|e| format!("rank {}: {e}", e.rank)));
+        });
+        let lines = rx
+            .recv_timeout(Duration::from_secs(120))
+            .unwrap_or_else(|_| panic!("{n} ranks: the job hung"))
+            .unwrap_or_else(|e| panic!("{n} ranks: {e}"));
+        assert_eq!(lines.len(), n as usize);
+        for (r, (rank, line)) in lines.into_iter().enumerate() {
+            assert_eq!(rank, r as u32);
+            assert!(line.starts_with("coll ok"), "{n} ranks, rank {r}: {line}");
+        }
+    }
+}
+
 /// A rank that gives up (returns an error and aborts, as a job's rank
 /// does) ends its peers' pending collective with that error, on every rank
 /// count, instead of leaving them waiting for it.

@@ -21,6 +21,7 @@ use braid_core::comm::local::LocalComm;
 use braid_core::comm::tcp::TcpComm;
 use braid_core::world::context_for;
 use braid_core::{BoxError, Buffer, Communicator, Context, MemoryLimits};
+use braid_core::{WorldSpec, run_world};
 use braid_examples::size_name;
 
 /// Options of `braid-bench coll`.
@@ -62,9 +63,12 @@ pub struct CollArgs {
     bytes_per_point: usize,
     /// Runtime worker threads that carry braid's ranks; 0 runs every rank
     /// on one current-thread runtime (no cross-thread wake-ups: the lowest
-    /// latency for in-process ranks, one core for all compute).
-    #[arg(long, default_value_t = 2)]
-    threads: usize,
+    /// latency for in-process ranks, one core for all compute). Unset,
+    /// local ranks run as `run_world` runs a job's (a runtime a rank where
+    /// they fit the cores, else one shared with a worker a core) and tcp
+    /// ranks on 2 threads.
+    #[arg(long)]
+    threads: Option<usize>,
     /// Which braid worlds to time, each with its MPI baseline: `local`
     /// (against MPI shared memory) and `tcp` (against MPI over TCP). A
     /// world left out prints `-` in its columns.
@@ -207,43 +211,48 @@ impl Input {
 }
 
 /// Times `iters` operations on every rank; returns the max over ranks.
-async fn time_braid(
-    ctxs: &[Context],
-    op: &str,
-    size: usize,
-    iters: usize,
-) -> Result<Duration, BoxError> {
-    let mut hs = Vec::new();
-    for ctx in ctxs {
-        let (ctx, op) = (ctx.clone(), op.to_string());
-        hs.push(tokio::spawn(async move {
-            // The MPI program allocates its rank's input once, too.
-            let mut input = Input::new(&op, size);
-            for _ in 0..5 {
-                run_op(&ctx, &op, size, &mut input).await?;
-            }
-            barrier(&ctx).await?;
-            let t = Instant::now();
-            for _ in 0..iters {
-                run_op(&ctx, &op, size, &mut input).await?;
-            }
-            let elapsed = t.elapsed();
-            // As the MPI program (an MPI_Reduce of the times, then free):
-            // no rank frees its input while another still times. In-process
-            // ranks share the runtime's workers, and a rank woken by the
-            // last operation can wait in the worker that runs a peer's
-            // teardown (tokio's LIFO slot is not stolen): freeing 64 MiB
-            // there added 7-13 ms to the last operation of the other rank.
-            barrier(&ctx).await?;
-            drop(input);
-            Ok::<_, BoxError>(elapsed)
-        }));
+/// One rank's part of a world's timing: every point in turn, each after 5
+/// warm-up operations and a barrier; returns the time per operation by
+/// point.
+async fn time_rank(
+    ctx: Context,
+    op: String,
+    points: Vec<(usize, usize)>,
+) -> Result<Vec<Duration>, BoxError> {
+    let mut per_op = Vec::with_capacity(points.len());
+    for (size, iters) in points {
+        // The MPI program allocates its rank's input once, too.
+        let mut input = Input::new(&op, size);
+        for _ in 0..5 {
+            run_op(&ctx, &op, size, &mut input).await?;
+        }
+        barrier(&ctx).await?;
+        let t = Instant::now();
+        for _ in 0..iters {
+            run_op(&ctx, &op, size, &mut input).await?;
+        }
+        per_op.push(t.elapsed() / iters as u32);
+        // As the MPI program (an MPI_Reduce of the times, then free): no
+        // rank frees its input while another still times. In-process ranks
+        // that share the runtime's workers: a rank woken by the last
+        // operation can wait in the worker that runs a peer's teardown
+        // (tokio's LIFO slot is not stolen): freeing 64 MiB there added
+        // 7-13 ms to the last operation of the other rank.
+        barrier(&ctx).await?;
+        drop(input);
     }
-    let mut worst = Duration::ZERO;
-    for h in hs {
-        worst = worst.max(h.await??);
+    Ok(per_op)
+}
+
+/// Microseconds per operation by point: the slowest rank's.
+fn slowest(per_rank: impl IntoIterator<Item = Vec<Duration>>, points: usize) -> Vec<f64> {
+    let mut worst = vec![Duration::ZERO; points];
+    for times in per_rank {
+        for (w, t) in worst.iter_mut().zip(times) {
+            *w = (*w).max(t);
+        }
     }
-    Ok(worst / iters as u32)
+    worst.iter().map(|d| d.as_secs_f64() * 1e6).collect()
 }
 
 /// Runs the MPI program for every size of one (op, ranks, transport);
@@ -338,8 +347,8 @@ enum World {
     Tcp,
 }
 
-/// Builds an `n`-rank world, times `op` at every point (us per operation),
-/// and shuts the world down.
+/// Builds an `n`-rank world on the current runtime, times `op` at every point
+/// (us per operation), and shuts the world down.
 async fn time_world(
     world: World,
     n: u32,
@@ -361,32 +370,50 @@ async fn time_world(
         .into_iter()
         .map(|c| context_for(c, MemoryLimits::UNLIMITED))
         .collect();
-    let mut us = Vec::with_capacity(points.len());
-    for (size, iters) in points {
-        us.push(time_braid(&ctxs, op, *size, *iters).await?.as_secs_f64() * 1e6);
+    let hs: Vec<_> = ctxs
+        .iter()
+        .map(|ctx| tokio::spawn(time_rank(ctx.clone(), op.to_string(), points.to_vec())))
+        .collect();
+    let mut per_rank = Vec::with_capacity(hs.len());
+    for h in hs {
+        per_rank.push(h.await??);
     }
     let downs: Vec<_> = ctxs.iter().map(|c| c.comm().shutdown()).collect();
     for r in futures::future::join_all(downs).await {
         r?;
     }
-    Ok(us)
+    Ok(slowest(per_rank, points.len()))
+}
+
+/// Times `op` at every point on `n` in-process ranks started as jobs start
+/// them (`braid_core::run_world`: a runtime a rank where they fit the
+/// cores).
+fn time_job_world(n: u32, op: &str, points: &[(usize, usize)]) -> Result<Vec<f64>, BoxError> {
+    let (op, pts) = (op.to_string(), points.to_vec());
+    let per_rank = run_world(
+        &WorldSpec::Local { nranks: n },
+        MemoryLimits::UNLIMITED,
+        move |ctx| time_rank(ctx, op.clone(), pts.clone()),
+    )?;
+    Ok(slowest(per_rank.into_iter().map(|(_, t)| t), points.len()))
 }
 
 /// Runs the benchmark and prints one table per (operation, ranks).
 pub fn run(args: CollArgs) -> Result<(), BoxError> {
     let mpi = mpi_binary(&args.mpi)?;
     let rt = match args.threads {
-        0 => tokio::runtime::Builder::new_current_thread()
+        Some(0) => tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?,
         t => tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(t)
+            .worker_threads(t.unwrap_or(2))
             .enable_all()
             .build()?,
     };
     let threads = match args.threads {
-        0 => "one current-thread runtime".to_string(),
-        t => format!("{t} runtime threads"),
+        None => "local ranks as run_world starts them, tcp ranks on 2 runtime threads".to_string(),
+        Some(0) => "one current-thread runtime".to_string(),
+        Some(t) => format!("{t} runtime threads"),
     };
     println!(
         "# braid-bench coll: braid (one process, {threads}) vs OpenMPI, same machine, same run"
@@ -422,7 +449,10 @@ pub fn run(args: CollArgs) -> Result<(), BoxError> {
                     continue;
                 }
                 let mpi_us = time_mpi(&mpi, op, n, world == World::Local, &points)?;
-                let braid_us = rt.block_on(time_world(world, n, op, &points))?;
+                let braid_us = match (world, args.threads) {
+                    (World::Local, None) => time_job_world(n, op, &points)?,
+                    _ => rt.block_on(time_world(world, n, op, &points))?,
+                };
                 cols.push(Some((braid_us, mpi_us)));
             }
             println!();
