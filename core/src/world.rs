@@ -131,7 +131,8 @@ pub struct RankError {
 /// vector between 2 ranks took 42-56 us a call, against 85-108 us on a
 /// shared runtime, where the rank woken by the other's arrival waited on
 /// that one's worker. More ranks than cores share workers, which lets a
-/// rank that waits give its turn to one that works.
+/// rank that waits give its turn to one that works. `BRAID_RUNTIME=shared`
+/// or `per-rank` overrides the choice.
 pub fn run_world<T, F, Fut>(
     spec: &WorldSpec,
     limits: MemoryLimits,
@@ -149,11 +150,35 @@ where
         crate::memory::reuse_freed_memory();
     }
     let cores = crate::context::host_cores();
-    match spec {
-        WorldSpec::Local { nranks } if *nranks >= 2 && *nranks as usize <= cores => {
+    let threads = match spec {
+        WorldSpec::Local { nranks } if *nranks >= 2 => {
+            runtime_override().unwrap_or(if *nranks as usize <= cores {
+                RankThreads::Own
+            } else {
+                RankThreads::Shared
+            })
+        }
+        _ => RankThreads::Shared,
+    };
+    match (threads, spec) {
+        (RankThreads::Own, WorldSpec::Local { nranks }) => {
             run_rank_threads(*nranks, cores / *nranks as usize, limits, Arc::new(job))
         }
         _ => run_shared(spec, cores.max(2), limits, Arc::new(job)),
+    }
+}
+
+/// `BRAID_RUNTIME=shared` (one runtime for all in-process ranks) or
+/// `per-rank` (a runtime each, at least one worker each), overriding
+/// [`run_world`]'s choice.
+fn runtime_override() -> Option<RankThreads> {
+    match std::env::var("BRAID_RUNTIME").ok()?.as_str() {
+        "shared" => Some(RankThreads::Shared),
+        "per-rank" => Some(RankThreads::Own),
+        other => {
+            tracing::warn!("BRAID_RUNTIME={other:?} ignored: expected shared or per-rank");
+            None
+        }
     }
 }
 
