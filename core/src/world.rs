@@ -160,11 +160,14 @@ where
         }
         _ => RankThreads::Shared,
     };
+    let job = Arc::new(job);
+    let start: RankStart<T> =
+        Arc::new(move |ctx, first_error| Box::pin(run_rank(ctx, job.clone(), first_error)));
     match (threads, spec) {
         (RankThreads::Own, WorldSpec::Local { nranks }) => {
-            run_rank_threads(*nranks, cores / *nranks as usize, limits, Arc::new(job))
+            run_rank_threads(*nranks, cores / *nranks as usize, limits, start)
         }
-        _ => run_shared(spec, cores.max(2), limits, Arc::new(job)),
+        _ => run_shared(spec, cores.max(2), limits, start),
     }
 }
 
@@ -188,30 +191,40 @@ type FirstError = std::sync::mpsc::Sender<RankError>;
 /// How a rank's task ended: its result, its error, or the task's failure.
 type Outcome<T> = Result<Result<(Rank, T), RankError>, tokio::task::JoinError>;
 
-/// Every rank on one runtime of `workers` threads.
-fn run_shared<T, F, Fut>(
-    spec: &WorldSpec,
-    workers: usize,
-    limits: MemoryLimits,
-    job: Arc<F>,
-) -> Result<Vec<(Rank, T)>, RankError>
-where
-    F: Fn(Context) -> Fut + Send + Sync + 'static,
-    Fut: Future<Output = Result<T, BoxError>> + Send + 'static,
-    T: Send + 'static,
-{
-    let rank = match spec {
-        WorldSpec::Tcp(cfg) => cfg.rank,
-        _ => 0,
-    };
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(workers)
+/// A rank's whole run ([`run_rank`] with the job), as the two ways of
+/// starting ranks take it.
+type RankStart<T> = Arc<
+    dyn Fn(Context, FirstError) -> futures::future::BoxFuture<'static, Result<(Rank, T), RankError>>
+        + Send
+        + Sync,
+>;
+
+/// A runtime of `workers` threads named `name`; its failure to build is
+/// `rank`'s error.
+fn runtime(workers: usize, rank: Rank, name: &str) -> Result<tokio::runtime::Runtime, RankError> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers.max(1))
+        .thread_name(name)
         .enable_all()
         .build()
         .map_err(|e| RankError {
             rank,
             source: Box::new(e),
-        })?;
+        })
+}
+
+/// Every rank on one runtime of `workers` threads.
+fn run_shared<T: Send + 'static>(
+    spec: &WorldSpec,
+    workers: usize,
+    limits: MemoryLimits,
+    start: RankStart<T>,
+) -> Result<Vec<(Rank, T)>, RankError> {
+    let rank = match spec {
+        WorldSpec::Tcp(cfg) => cfg.rank,
+        _ => 0,
+    };
+    let rt = runtime(workers, rank, "braid-worker")?;
     let (err_tx, err_rx) = std::sync::mpsc::channel();
     let outcomes = rt.block_on(async move {
         let ctxs = contexts(spec, limits).await.map_err(|e| RankError {
@@ -220,7 +233,7 @@ where
         })?;
         let handles: Vec<_> = ctxs
             .into_iter()
-            .map(|ctx| tokio::spawn(run_rank(ctx, job.clone(), err_tx.clone())))
+            .map(|ctx| tokio::spawn(start(ctx, err_tx.clone())))
             .collect();
         drop(err_tx);
         let mut outcomes = Vec::new();
@@ -234,31 +247,18 @@ where
 
 /// Each of `nranks` in-process ranks on a runtime of its own, of
 /// `workers` threads (see [`run_world`]).
-fn run_rank_threads<T, F, Fut>(
+fn run_rank_threads<T: Send + 'static>(
     nranks: u32,
     workers: usize,
     limits: MemoryLimits,
-    job: Arc<F>,
-) -> Result<Vec<(Rank, T)>, RankError>
-where
-    F: Fn(Context) -> Fut + Send + Sync + 'static,
-    Fut: Future<Output = Result<T, BoxError>> + Send + 'static,
-    T: Send + 'static,
-{
+    start: RankStart<T>,
+) -> Result<Vec<(Rank, T)>, RankError> {
     // Every runtime and context first: a rank that cannot have one fails
     // the job before any rank runs.
     let mut ranks = Vec::new();
     for comm in LocalComm::world(nranks) {
         let rank = comm.rank();
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(workers.max(1))
-            .thread_name(format!("braid-rank-{rank}"))
-            .enable_all()
-            .build()
-            .map_err(|e| RankError {
-                rank,
-                source: Box::new(e),
-            })?;
+        let rt = runtime(workers, rank, &format!("braid-rank-{rank}"))?;
         let engine = ProgressEngine::with_threads(rt.handle().clone(), RankThreads::Own);
         ranks.push((rt, context_on(Arc::new(comm), limits, engine)));
     }
@@ -268,11 +268,11 @@ where
     while let Some((rt, ctx)) = ranks.next() {
         let rank = ctx.rank();
         let comm = ctx.comm().clone();
-        let (job, err_tx) = (job.clone(), err_tx.clone());
+        let task = start(ctx, err_tx.clone());
         let started = std::thread::Builder::new()
             .name(format!("braid-rank-{rank}"))
             .spawn(move || {
-                let task = rt.spawn(run_rank(ctx, job, err_tx));
+                let task = rt.spawn(task);
                 rt.block_on(task)
             });
         match started {
