@@ -29,7 +29,8 @@ use futures::future::BoxFuture;
 use crate::error::{CollError, CollKind, Site};
 use crate::handle::{Callback, Driven, Handle, claim, start, start_then, streaming};
 use crate::wire::{
-    Elements, LAST, Meta, ONE_SHOT, exchange_framed, recv_streams_all, send_finish, send_framed,
+    Elements, LAST, Meta, ONE_SHOT, assemble_into, exchange_framed, recv_streams_all, send_finish,
+    send_framed,
 };
 use braid_core::comm::OfferData;
 
@@ -295,7 +296,17 @@ pub fn start_allgather_parts<T: Element>(
     values: impl Into<Elements<T>>,
     callback: Option<Callback>,
 ) -> Handle<Vec<Elements<T>>> {
-    let values: Elements<T> = values.into();
+    start_gather(ctx, values.into(), callback, |parts, _| parts)
+}
+
+/// The one-shot AllGather's core; `finish` shapes the parts (in rank
+/// order) into the result.
+fn start_gather<T: Element, R: Send + 'static>(
+    ctx: &Context,
+    values: Elements<T>,
+    callback: Option<Callback>,
+    finish: impl FnOnce(Vec<Elements<T>>, Site) -> R + Send + 'static,
+) -> Handle<R> {
     let site = Site::next(ctx, CollKind::AllGather);
     let op = site.op;
     let comm = ctx.comm().clone();
@@ -344,7 +355,7 @@ pub fn start_allgather_parts<T: Element>(
             parts.push(Elements::from_buffer(f.data));
         }
         parts.extend(own.take());
-        Ok(parts)
+        Ok(finish(parts, site))
     })
 }
 
@@ -362,12 +373,23 @@ pub async fn allgather_parts<T: Element>(
 /// Gathers every rank's `values`, concatenated in rank order (ranks may
 /// contribute different counts).
 pub async fn allgather<T: Element>(ctx: &Context, values: Vec<T>) -> Result<Vec<T>, CollError> {
-    let parts = allgather_parts(ctx, values).await?;
-    let len: usize = parts.iter().map(|p| p.len()).sum();
+    let values: Elements<T> = values.into();
+    let bytes = values.buffer().len();
+    let (parts, site) = streaming(ctx, bytes, |cb| {
+        start_gather(ctx, values, cb, |parts, site| (parts, site))
+    })
+    .await?;
+    let mut len = 0;
+    let placed = parts
+        .into_iter()
+        .map(|p| {
+            let at = len;
+            len += p.len();
+            (at, p.buffer().clone())
+        })
+        .collect();
     crate::handle::spread(len * std::mem::size_of::<T>()).await;
-    let mut out = braid_core::memory::large_vec(len);
-    for p in &parts {
-        out.extend_from_slice(&p.as_slice());
-    }
+    let mut out = Vec::new();
+    assemble_into(site, placed, len, &mut out)?;
     Ok(out)
 }

@@ -58,8 +58,8 @@ use crate::error::{CollError, CollKind, Site};
 use crate::handle::{Callback, Handle, ResultStep, spread, start, streaming};
 use crate::wire::Elements;
 use crate::wire::{
-    DataRecv, Framed, Meta, Signature, emptied_for, exchange_framed, fresh_zone, land_parts,
-    recv_framed_all, send_framed, typed, vec_to_buffer,
+    DataRecv, Framed, Meta, Signature, assemble_into, exchange_framed, land_parts, recv_framed_all,
+    result_zone, send_framed, typed, vec_to_buffer,
 };
 
 /// A user-supplied reduction: `acc[i] = acc[i] (op) x[i]`. It must be the
@@ -286,7 +286,7 @@ async fn reduce_my_piece<T: Element>(
 /// in-process ranks the other ranks' blocks are their own buffers).
 enum Reduced<T> {
     Whole(Vec<T>),
-    Blocks(Vec<Buffer>),
+    Blocks(Vec<Buffer>, Site),
     /// The whole result in one vector (the caller's, or a fresh one), the
     /// other ranks' blocks received straight into it.
     Landed(Vec<T>),
@@ -294,18 +294,24 @@ enum Reduced<T> {
 
 impl<T: Element> Reduced<T> {
     /// The result of `len` elements in `out`: the whole result replaces it;
-    /// blocks are copied in order into its memory where it holds `len`
-    /// elements (their lengths were checked on arrival).
-    fn into_vec(self, len: usize, out: &mut Vec<T>) {
+    /// blocks are copied in order into its memory where it has room
+    /// (`assemble_into`: large copies spread over this rank's cores; the
+    /// blocks' lengths were checked on arrival). Fails only where a result
+    /// vector cannot be allocated (`out` then empty).
+    fn into_vec(self, len: usize, out: &mut Vec<T>) -> Result<(), CollError> {
         match self {
             Reduced::Whole(v) | Reduced::Landed(v) => *out = v,
-            Reduced::Blocks(blocks) => {
-                emptied_for(out, len);
-                for b in &blocks {
-                    out.extend_from_slice(&typed::<T>(b).unwrap_or_default());
-                }
+            Reduced::Blocks(blocks, site) => {
+                let n = blocks.len() as u32;
+                let placed = blocks
+                    .into_iter()
+                    .enumerate()
+                    .map(|(b, buf)| (block(len, n, b as u32).0, buf))
+                    .collect();
+                assemble_into(site, placed, len, out)?;
             }
         }
+        Ok(())
     }
 }
 
@@ -332,7 +338,7 @@ fn start_allreduce_core<T: Element, R: Send + 'static>(
     callback: Option<Callback>,
     step: ResultStep,
     land_in: LandIn<T>,
-    finish: impl FnOnce(Reduced<T>) -> R + Send + 'static,
+    finish: impl FnOnce(Reduced<T>) -> Result<R, CollError> + Send + 'static,
 ) -> Handle<R> {
     let site = Site::next(ctx, CollKind::AllReduce);
     let opid = site.op;
@@ -344,7 +350,7 @@ fn start_allreduce_core<T: Element, R: Send + 'static>(
         let sz = std::mem::size_of::<T>();
         if n == 1 || len * sz <= DIRECT_MAX {
             let whole = reduce_my_piece(&comm, site, data, &op, Scheme::Whole).await?;
-            return Ok(finish(Reduced::Whole(whole)));
+            return finish(Reduced::Whole(whole));
         }
         let mine = reduce_my_piece(&comm, site, data, &op, Scheme::Blocks).await?;
         let tag = Tag::new(opid, 1);
@@ -366,7 +372,9 @@ fn start_allreduce_core<T: Element, R: Send + 'static>(
         let peers = (0..n).filter(|p| *p != me);
         let zone = match land_in {
             LandIn::Vec(v) if v.len() == len => Some(LandingZone::new(v)),
-            LandIn::Fresh if comm.backend() != Backend::Local => Some(fresh_zone(site, len)?),
+            LandIn::Fresh if comm.backend() != Backend::Local => {
+                Some(result_zone(site, Vec::new(), len)?)
+            }
             _ => None,
         };
         // Every block's size is known: a large one's receive is posted with
@@ -394,12 +402,12 @@ fn start_allreduce_core<T: Element, R: Send + 'static>(
                 .enumerate()
                 .map(|(b, buf)| (block(len, n, b as u32).0, buf))
                 .collect();
-            return Ok(finish(Reduced::Landed(land_parts(site, placed, zone)?)));
+            return finish(Reduced::Landed(land_parts(site, placed, zone)?));
         }
         if step == ResultStep::Copies {
             spread(len * sz).await;
         }
-        Ok(finish(Reduced::Blocks(blocks)))
+        finish(Reduced::Blocks(blocks, site))
     })
 }
 
@@ -422,8 +430,8 @@ pub fn start_allreduce<T: Element>(
         LandIn::Fresh,
         move |r| {
             let mut out = Vec::new();
-            r.into_vec(len, &mut out);
-            out
+            r.into_vec(len, &mut out)?;
+            Ok(out)
         },
     )
 }
@@ -446,9 +454,13 @@ pub fn start_allreduce_parts<T: Element>(
         callback,
         ResultStep::Keeps,
         LandIn::Keep,
-        |r| match r {
-            Reduced::Whole(v) | Reduced::Landed(v) => vec![Elements::from(v)],
-            Reduced::Blocks(blocks) => blocks.into_iter().map(Elements::from_buffer).collect(),
+        |r| {
+            Ok(match r {
+                Reduced::Whole(v) | Reduced::Landed(v) => vec![Elements::from(v)],
+                Reduced::Blocks(blocks, _) => {
+                    blocks.into_iter().map(Elements::from_buffer).collect()
+                }
+            })
         },
     )
 }
@@ -491,14 +503,13 @@ pub async fn allreduce_into<T: Element>(
         LandIn::Keep
     };
     let r = streaming(ctx, bytes, |cb| {
-        start_allreduce_core(ctx, data, op, cb, ResultStep::Keeps, land_in, |r| r)
+        start_allreduce_core(ctx, data, op, cb, ResultStep::Keeps, land_in, Ok)
     })
     .await?;
-    if matches!(r, Reduced::Blocks(_)) {
+    if matches!(r, Reduced::Blocks(..)) {
         spread(bytes).await;
     }
-    r.into_vec(len, out);
-    Ok(())
+    r.into_vec(len, out)
 }
 
 /// AllReduce with the result as parts (see [`start_allreduce_parts`]):

@@ -56,7 +56,7 @@ use crate::error::{CollError, CollKind, Site};
 use crate::handle::{Callback, Handle, spread, start, streaming};
 use crate::wire::Elements;
 use crate::wire::{
-    DataRecv, Framed, Meta, emptied_for, fresh_zone, land_parts, meet_framed, recv_framed_all,
+    DataRecv, Framed, Meta, assemble_into, land_parts, meet_framed, recv_framed_all, result_zone,
     send_framed,
 };
 
@@ -232,13 +232,6 @@ impl Layout {
         }
     }
 
-    fn in_rank_order(&self) -> bool {
-        match self {
-            Layout::Equal { .. } => true,
-            Layout::Given(s) => s.recv_in_rank_order(),
-        }
-    }
-
     /// Checks the layout against `n` ranks and a send buffer of
     /// `send_len` elements of `elem_bytes`.
     fn validate(&self, n: usize, send_len: usize, elem_bytes: usize) -> Result<(), String> {
@@ -318,16 +311,10 @@ fn start_one_vector<T: Element>(
         if comm.backend() == Backend::Local {
             let parts = exchange(&comm, site, send, &layout, None).await?;
             spread(len * sz).await;
-            place(&parts, &layout, &mut out);
+            place(site, &parts, &layout, &mut out)?;
             return Ok(out);
         }
-        let zone = if out.len() >= len {
-            out.truncate(len);
-            LandingZone::new(out)
-        } else {
-            drop(out);
-            fresh_zone(site, len)?
-        };
+        let zone = result_zone(site, out, len)?;
         let parts = exchange(&comm, site, send, &layout, Some(&zone)).await?;
         spread(len * sz).await;
         land(site, parts, &layout, zone)
@@ -349,26 +336,21 @@ fn land<T: Element>(
     land_parts(site, placed, zone)
 }
 
-/// Lays `parts` out in `out` as [`one_vector`] does, reusing `out`'s
-/// memory where it holds enough (its old contents are dropped).
-fn place<T: Element>(parts: &[Elements<T>], layout: &Layout, out: &mut Vec<T>) {
-    let len = layout.recv_len();
-    emptied_for(out, len);
-    let mut put = |p: usize| {
-        let part = parts[p].as_slice();
-        if !part.is_empty() {
-            out.resize(layout.recv(p).0, T::zeroed());
-            out.extend_from_slice(&part);
-        }
-    };
-    if layout.in_rank_order() {
-        (0..parts.len()).for_each(&mut put);
-    } else {
-        let mut order: Vec<usize> = (0..parts.len()).collect();
-        order.sort_unstable_by_key(|p| layout.recv(*p).0);
-        order.into_iter().for_each(&mut put);
-    }
-    out.resize(len, T::zeroed());
+/// The parts (in rank order) laid out in `out` as `layout` says, gaps
+/// zeroed (`assemble_into`: `out`'s memory reused where it has room, large
+/// copies spread over this rank's cores).
+fn place<T: Element>(
+    site: Site,
+    parts: &[Elements<T>],
+    layout: &Layout,
+    out: &mut Vec<T>,
+) -> Result<(), CollError> {
+    let placed = parts
+        .iter()
+        .enumerate()
+        .map(|(p, e)| (layout.recv(p).0, e.buffer().clone()))
+        .collect();
+    assemble_into(site, placed, layout.recv_len(), out)
 }
 
 /// Starts an AllToAllv whose result is one [`Elements`] per source rank,
@@ -387,7 +369,7 @@ pub fn start_alltoallv_parts<T: Element>(
         send.into(),
         Layout::Given(spec),
         callback,
-        |parts, _| parts,
+        |parts, _, _| parts,
     )
 }
 
@@ -398,7 +380,7 @@ fn start_parts<T: Element, R: Send + 'static>(
     send: Elements<T>,
     layout: Layout,
     callback: Option<Callback>,
-    finish: impl FnOnce(Vec<Elements<T>>, Layout) -> R + Send + 'static,
+    finish: impl FnOnce(Vec<Elements<T>>, Layout, Site) -> R + Send + 'static,
 ) -> Handle<R> {
     let site = Site::next(ctx, CollKind::AllToAll);
     let op = site.op;
@@ -409,7 +391,7 @@ fn start_parts<T: Element, R: Send + 'static>(
             .validate(n as usize, send.len(), std::mem::size_of::<T>())
             .map_err(|d| site.invalid(d))?;
         let parts = exchange(&comm, site, send, &layout, None).await?;
-        Ok(finish(parts, layout))
+        Ok(finish(parts, layout, site))
     })
 }
 
@@ -659,8 +641,9 @@ pub async fn alltoallv_parts<T: Element>(
 /// already touched, as MPI writes into a receive buffer the caller keeps;
 /// a fresh result vector per call costs the OS's zeroing of its pages,
 /// about as much as the copy itself at a few MiB and more. On an error
-/// `out` is left as it was, or, where it was lent to the transport (over
-/// tcp or mpi, once it holds the result's length), empty.
+/// `out` is left as it was, or empty where it was lent to the transport
+/// (over tcp or mpi, once it holds the result's length) or the result
+/// could not be allocated.
 pub async fn alltoallv_into<T: Element>(
     ctx: &Context,
     send: impl Into<Elements<T>>,
@@ -701,7 +684,7 @@ pub async fn alltoall_into<T: Element>(
 /// the call and gives it back with the result (on an error it is left
 /// empty); otherwise the parts core runs and its parts are copied into
 /// `out` in the caller's task (after [`spread`]), `out` untouched on an
-/// error.
+/// error of the exchange (emptied on one of the result's allocation).
 async fn exchange_into<T: Element>(
     ctx: &Context,
     send: Elements<T>,
@@ -718,12 +701,12 @@ async fn exchange_into<T: Element>(
         .await?;
         return Ok(());
     }
-    let (parts, layout) = streaming(ctx, bytes, |cb| {
-        start_parts(ctx, send, layout, cb, |p, l| (p, l))
+    let (parts, layout, site) = streaming(ctx, bytes, |cb| {
+        start_parts(ctx, send, layout, cb, |p, l, s| (p, l, s))
     })
     .await?;
     spread(layout.recv_len() * std::mem::size_of::<T>()).await;
-    place(&parts, &layout, out);
+    place(site, &parts, &layout, out)?;
     Ok(())
 }
 

@@ -719,20 +719,6 @@ impl<T: Element> From<Vec<T>> for Elements<T> {
     }
 }
 
-/// Empties `out` for a result of `len` elements, keeping its memory where
-/// it holds that many (a reused vector's pages are already mapped); a
-/// smaller one is replaced by a fresh [`large_vec`], not grown (growing
-/// would copy the old contents, which are about to be overwritten).
-///
-/// [`large_vec`]: braid_core::memory::large_vec
-pub(crate) fn emptied_for<T>(out: &mut Vec<T>, len: usize) {
-    if out.capacity() < len {
-        *out = braid_core::memory::large_vec(len);
-    } else {
-        out.clear();
-    }
-}
-
 /// A one-vector result in the vector of `zone`: `parts` are (element
 /// offset in the result, data); those that landed in place (views of the
 /// zone at their offset, `Communicator::recv_landing`) are there already,
@@ -750,20 +736,42 @@ pub(crate) fn land_parts<T: Element>(
             peer: None,
             detail: "a landed part is still held by the transport".into(),
         }),
-        AssembleError::DoesNotFit { .. } => site.disagreement(e.to_string()),
+        AssembleError::DoesNotFit { .. } | AssembleError::Overlap { .. } => {
+            site.disagreement(e.to_string())
+        }
     })
 }
 
-/// A landing zone over a fresh vector of `len` elements
-/// (`LandingZone::uninit`), or this rank's memory error where the
-/// allocator cannot give it.
-pub(crate) fn fresh_zone<T: Element>(site: Site, len: usize) -> Result<LandingZone<T>, CollError> {
-    LandingZone::uninit(len).ok_or_else(|| {
+/// A landing zone of `len` elements for a result, in `vec`'s memory
+/// where it has room (`LandingZone::reusing`: an `_into` call's vector),
+/// else over a fresh vector; this rank's memory error where the allocator
+/// cannot give it.
+pub(crate) fn result_zone<T: Element>(
+    site: Site,
+    vec: Vec<T>,
+    len: usize,
+) -> Result<LandingZone<T>, CollError> {
+    LandingZone::reusing(vec, len).ok_or_else(|| {
         site.memory(braid_core::MemoryError::OutOfMemory {
             size: len.saturating_mul(std::mem::size_of::<T>()) as u64,
             detail: "the result vector could not be allocated".into(),
         })
     })
+}
+
+/// `parts` (element offset, data) put together as a result of `len`
+/// elements in `out` (its memory reused where it has room; see
+/// [`result_zone`] and [`land_parts`]: large copies spread over this
+/// rank's cores). On an error `out` is left empty.
+pub(crate) fn assemble_into<T: Element>(
+    site: Site,
+    parts: Vec<(usize, Buffer)>,
+    len: usize,
+    out: &mut Vec<T>,
+) -> Result<(), CollError> {
+    let zone = result_zone(site, std::mem::take(out), len)?;
+    *out = land_parts(site, parts, zone)?;
+    Ok(())
 }
 
 /// A typed vector as a buffer, without copying.

@@ -42,6 +42,7 @@ use bytes::buf::UninitSlice;
 use bytes::{BufMut, Bytes};
 
 use super::Buffer;
+use super::copy::{self, Move};
 
 /// A vector of plain elements that receives may land in; see the module
 /// doc.
@@ -99,6 +100,26 @@ impl<T: bytemuck::Pod + Send> LandingZone<T> {
         let bytes = len.checked_mul(std::mem::size_of::<T>())?;
         let vec = super::try_large_vec::<T>(len)?;
         Some(Self::over(vec, bytes))
+    }
+
+    /// A zone of `len` elements in `vec`'s memory where it has room: over
+    /// its first `len` elements where it holds that many (an `_into`
+    /// call's vector: its old contents overwritten), over its spare
+    /// capacity where that suffices (it is emptied first), else over a
+    /// fresh vector ([`uninit`](Self::uninit), `vec` dropped). `None`
+    /// where a fresh vector cannot be allocated.
+    pub fn reusing(mut vec: Vec<T>, len: usize) -> Option<Self> {
+        if vec.len() >= len {
+            vec.truncate(len);
+            return Some(Self::new(vec));
+        }
+        if vec.capacity() >= len {
+            vec.clear();
+            let bytes = len.checked_mul(std::mem::size_of::<T>())?;
+            return Some(Self::over(vec, bytes));
+        }
+        drop(vec);
+        Self::uninit(len)
     }
 
     fn over(mut vec: Vec<T>, bytes: usize) -> Self {
@@ -170,6 +191,12 @@ pub enum AssembleError {
     /// parts at its own offset, is still alive.
     #[error("a landed region of the result is still held elsewhere")]
     StillHeld,
+    /// Two parts share an element (the later one's element offset).
+    #[error("two parts of the result overlap at element {offset}")]
+    Overlap {
+        /// The element offset of the second part.
+        offset: usize,
+    },
     /// A part does not lie inside the result, or is not whole elements.
     #[error("a part of {bytes} bytes at element {offset} does not fit a result of {len} elements")]
     DoesNotFit {
@@ -188,8 +215,10 @@ impl<T: bytemuck::Pod + Send> LandingZone<T> {
     /// zone's landed view at its offset is in place already, the others
     /// are copied to their offsets, and elements no part covers are zeroed.
     /// Every element is written (an `uninit` zone's included) before the
-    /// vector is handed back. Fails, writing nothing, when a part does not
-    /// fit, and when a landing or another view of the zone is still alive.
+    /// vector is handed back; large copies are spread over this rank's
+    /// cores (`fill_threads`). Fails, writing nothing, when a part does
+    /// not fit or two overlap, and when a landing or another view of the
+    /// zone is still alive.
     pub fn assemble(self, mut parts: Vec<(usize, Buffer)>) -> Result<Vec<T>, AssembleError> {
         let sz = std::mem::size_of::<T>().max(1);
         let bytes = self.mem.bytes;
@@ -214,33 +243,44 @@ impl<T: bytemuck::Pod + Send> LandingZone<T> {
                 *part = Buffer::default();
             }
         }
+        covered.sort_unstable();
+        // Parts are copied in parallel below: two that share a byte would
+        // race, so they are refused (no collective's layout makes them).
+        if let Some(w) = covered.windows(2).find(|w| w[1].0 < w[0].1) {
+            return Err(AssembleError::Overlap { offset: w[1].0 });
+        }
         let mut v = self.into_vec().map_err(|_| AssembleError::StillHeld)?;
-        let base = v.as_mut_ptr() as *mut u8;
+        // The copies of the parts that did not land, and zeroes where no
+        // part lies, in one list of moves (spread over threads when large).
+        let mut moves: Vec<Move> = Vec::with_capacity(parts.len() * 2 + 1);
         for (o, part) in &parts {
             if !part.is_empty() {
-                // SAFETY: [o * sz, o * sz + part.len()) lies inside the
-                // allocation (checked above: within `bytes`, which is the
-                // vector's length or capacity); `copy` allows overlap (a
-                // part is never this vector's memory: views of it were
-                // let go of, or into_vec would have failed).
-                unsafe { std::ptr::copy(part.as_slice().as_ptr(), base.add(o * sz), part.len()) };
+                moves.push(Move {
+                    at: o * sz,
+                    src: Some(part.as_slice().as_ptr()),
+                    len: part.len(),
+                });
             }
         }
-        covered.sort_unstable();
-        let zero = |from: usize, to: usize| {
-            // SAFETY: from <= to <= len elements, inside the allocation.
-            unsafe { std::ptr::write_bytes(base.add(from * sz), 0, (to - from) * sz) };
-        };
         let mut at = 0;
-        for (s, e) in covered {
+        for (s, e) in covered.into_iter().chain([(len, len)]) {
             if s > at {
-                zero(at, s);
+                moves.push(Move {
+                    at: at * sz,
+                    src: None,
+                    len: (s - at) * sz,
+                });
             }
             at = at.max(e);
         }
-        if at < len {
-            zero(at, len);
-        }
+        // SAFETY: every move lies inside the allocation (parts checked
+        // above to end within `bytes`, the vector's length or capacity;
+        // gaps within [0, len)); parts do not overlap each other (checked
+        // above) nor the gaps (which lie where no part does); a part is
+        // never this vector's memory (views of it were let go of, or
+        // into_vec would have failed), and the parts' buffers are held,
+        // unchanged, for the call.
+        unsafe { copy::fill(v.as_mut_ptr() as *mut u8, &moves) };
         // SAFETY: every element of [0, len) is written: a covered one by a
         // landed part (a view exists only once its whole region is
         // written, and a slice of a view lies inside that region) or by
@@ -434,6 +474,39 @@ mod tests {
 
     /// `assemble` against a brute-force layout: landed parts stay, the
     /// others are copied, gaps are zeroed, for both kinds of zone.
+    #[test]
+    fn reusing_keeps_memory_that_has_room_and_overlaps_are_refused() {
+        // Long enough: the same memory, truncated, old contents overwritten.
+        let v = vec![7u32; 10];
+        let p = v.as_ptr();
+        let zone = LandingZone::reusing(v, 6).unwrap();
+        let out = zone
+            .assemble(vec![(1, Buffer::from_vec(vec![1u8; 8]))])
+            .unwrap();
+        assert_eq!(out.as_ptr(), p);
+        let one = u32::from_ne_bytes([1; 4]);
+        assert_eq!(out, vec![0, one, one, 0, 0, 0]);
+        // Short but with the capacity: the same memory, every element written.
+        let mut v: Vec<u32> = Vec::with_capacity(16);
+        v.extend([5, 5]);
+        let p = v.as_ptr();
+        let zone = LandingZone::reusing(v, 16).unwrap();
+        let out = zone.assemble(Vec::new()).unwrap();
+        assert_eq!((out.as_ptr(), out), (p, vec![0; 16]));
+        // Too small: a fresh vector.
+        let zone = LandingZone::reusing(vec![3u32; 2], 4).unwrap();
+        assert_eq!(zone.assemble(Vec::new()).unwrap(), vec![0; 4]);
+        // Parts that share an element write nothing.
+        let zone = LandingZone::new(vec![9u32; 8]);
+        let e = zone
+            .assemble(vec![
+                (0, Buffer::from_vec(vec![0; 12])),
+                (2, Buffer::from_vec(vec![0; 8])),
+            ])
+            .unwrap_err();
+        assert_eq!(e, AssembleError::Overlap { offset: 2 });
+    }
+
     #[test]
     fn assemble_writes_every_element_once() {
         let bytes_of = |w: &[u32]| -> Vec<u8> { w.iter().flat_map(|x| x.to_ne_bytes()).collect() };

@@ -8,12 +8,14 @@
 //! buffer is dropped.
 
 mod buffer;
+mod copy;
 mod landing;
 mod large;
 mod pool;
 mod resource;
 
 pub use buffer::{Buffer, MemoryType};
+pub use copy::{PER_THREAD as FILL_PER_THREAD, fill_threads};
 pub use landing::{AssembleError, Landing, LandingZone};
 pub use large::{HUGE_PAGE_MIN, large_vec, reuse_freed_memory, try_large_vec};
 pub use pool::BufferPool;
