@@ -49,9 +49,9 @@ use std::borrow::Cow;
 use std::sync::Arc;
 
 use braid_core::comm::OfferData;
-use braid_core::memory::{LandingZone, large_vec};
+use braid_core::memory::{LandingZone, fill_threads, large_vec};
 use braid_core::{Backend, Buffer, Communicator, Context, Rank, Tag};
-use braid_kernels::reduce::{combine_extend, reduce_into};
+use braid_kernels::reduce::{combine_extend, combine_write, reduce_into};
 use braid_kernels::{Element, ReduceKind};
 
 use crate::error::{CollError, CollKind, Site};
@@ -145,31 +145,78 @@ impl Scheme {
 
 /// `parts[0] (op) parts[1] (op) ... (op) parts[N-1]`, element-wise, in
 /// that order, tile by tile: one write of the output, one read of each
-/// input. Every part has the same length.
+/// input. Every part has the same length. Large reductions are cut into
+/// shares of whole tiles run on this rank's share of the cores
+/// (`braid_core::par`); the tiles, and so every operator call, are the
+/// same for any number of shares.
 fn reduce_rank_order<T: Element>(op: &ReduceOp<T>, parts: &[&[T]]) -> Vec<T> {
     let len = parts.first().map_or(0, |p| p.len());
     let mut acc: Vec<T> = large_vec(len);
+    let tiles = len.div_ceil(TILE);
+    let work = len * std::mem::size_of::<T>() * (parts.len() + 1);
+    let shares = fill_threads(work).min(tiles).max(1);
+    {
+        // Share k writes tiles [k * tiles / shares, (k + 1) * tiles / shares).
+        let mut rest = &mut acc.spare_capacity_mut()[..len];
+        let mut cells = Vec::with_capacity(shares);
+        let mut at = 0;
+        for k in 0..shares {
+            let end = ((k + 1) * tiles / shares * TILE).min(len);
+            let (head, tail) = rest.split_at_mut(end - at);
+            cells.push(std::sync::Mutex::new((at, head)));
+            (rest, at) = (tail, end);
+        }
+        braid_core::par::for_each_share(shares, &|k| {
+            let mut cell = cells[k].lock().unwrap_or_else(|p| p.into_inner());
+            let (from, ref mut out) = *cell;
+            reduce_range(op, parts, from, out);
+        });
+    }
+    // SAFETY: the shares cover [0, len) and each wrote every element of
+    // its range (`reduce_range`); they have all run (a panic in one would
+    // have unwound past this line); any bytes are a valid `T` (Pod).
+    unsafe { acc.set_len(len) };
+    acc
+}
+
+/// Elements `[from, from + out.len())` of [`reduce_rank_order`]'s result
+/// into `out`, every one written, tile by tile (tiles counted from
+/// `from`, a multiple of [`TILE`]).
+fn reduce_range<T: Element>(
+    op: &ReduceOp<T>,
+    parts: &[&[T]],
+    from: usize,
+    out: &mut [std::mem::MaybeUninit<T>],
+) {
     let mut lo = 0;
-    while lo < len {
-        let hi = (lo + TILE).min(len);
-        // The first pair straight into the accumulator where the operator
-        // allows it (one pass instead of a copy and a pass).
+    while lo < out.len() {
+        let hi = (lo + TILE).min(out.len());
+        let (a, b) = (from + lo, from + hi);
+        let tile = &mut out[lo..hi];
+        // The first pair straight into the tile where the operator allows
+        // it (one pass instead of a copy and a pass).
         let rest = match (op, parts.get(1)) {
             (ReduceOp::Builtin(k), Some(p1)) => {
-                combine_extend(&mut acc, &parts[0][lo..hi], &p1[lo..hi], *k);
+                combine_write(tile, &parts[0][a..b], &p1[a..b], *k);
                 &parts[2..]
             }
             _ => {
-                acc.extend_from_slice(&parts[0][lo..hi]);
+                tile.iter_mut().zip(&parts[0][a..b]).for_each(|(o, x)| {
+                    o.write(*x);
+                });
                 &parts[1..]
             }
         };
+        // SAFETY: every element of `tile` was just written: both arms
+        // write `hi - lo` elements (the parts' slices are that long, or
+        // slicing them would have panicked), and `MaybeUninit<T>` has
+        // `T`'s layout.
+        let tile: &mut [T] = unsafe { &mut *(tile as *mut [std::mem::MaybeUninit<T>] as *mut [T]) };
         for x in rest {
-            op.apply(&mut acc[lo..hi], &x[lo..hi]);
+            op.apply(tile, &x[a..b]);
         }
         lo = hi;
     }
-    acc
 }
 
 /// [`reduce_rank_order`] over this rank's `mine` (rank `me`) and the other

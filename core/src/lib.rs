@@ -21,6 +21,7 @@ pub mod graph;
 pub mod launch;
 pub mod memory;
 pub mod message;
+pub mod par;
 pub mod stats;
 pub mod tag;
 pub mod world;

@@ -178,6 +178,32 @@ pub fn combine_extend<T: Element>(out: &mut Vec<T>, a: &[T], b: &[T], kind: Redu
     }
 }
 
+/// Writes `a[i] (kind) b[i]` to `out[i]` for every `i` of the shortest of
+/// the three: [`combine_extend`] into memory not yet written (a share of
+/// a result that several threads fill).
+pub fn combine_write<T: Element>(
+    out: &mut [std::mem::MaybeUninit<T>],
+    a: &[T],
+    b: &[T],
+    kind: ReduceKind,
+) {
+    let cells = out.iter_mut().zip(a.iter().zip(b));
+    match kind {
+        ReduceKind::Sum => cells.for_each(|(o, (x, y))| {
+            o.write(T::combine(*x, *y, ReduceKind::Sum));
+        }),
+        ReduceKind::Prod => cells.for_each(|(o, (x, y))| {
+            o.write(T::combine(*x, *y, ReduceKind::Prod));
+        }),
+        ReduceKind::Min => cells.for_each(|(o, (x, y))| {
+            o.write(T::combine(*x, *y, ReduceKind::Min));
+        }),
+        ReduceKind::Max => cells.for_each(|(o, (x, y))| {
+            o.write(T::combine(*x, *y, ReduceKind::Max));
+        }),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -200,7 +226,7 @@ mod tests {
     }
 
     #[test]
-    fn combine_extend_is_reduce_into_of_a_copy() {
+    fn combine_extend_and_write_are_reduce_into_of_a_copy() {
         let a = [1.5f64, f64::NAN, -0.0, 7.25, 1e300];
         let b = [2.0f64, 3.0, 0.0, f64::NAN, 1e300];
         for kind in [
@@ -216,6 +242,16 @@ mod tests {
             assert_eq!(got.len(), 1 + a.len());
             for (g, w) in got[1..].iter().zip(&want) {
                 assert_eq!(g.to_bits(), w.to_bits(), "{kind:?}");
+            }
+            let mut cells = [std::mem::MaybeUninit::new(9.0f64); 5];
+            combine_write(&mut cells, &a, &b, kind);
+            for (c, w) in cells.iter().zip(&want) {
+                // SAFETY: made initialized, and overwritten by combine_write.
+                assert_eq!(
+                    unsafe { c.assume_init() }.to_bits(),
+                    w.to_bits(),
+                    "{kind:?}"
+                );
             }
         }
     }

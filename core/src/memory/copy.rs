@@ -15,12 +15,12 @@
 //! ```
 //!
 //! Cost model: one thread copies at memory speed for its core (~10-20 GB/s
-//! on current x86), a host's memory serves several times that, and a
-//! scoped thread costs ~10-20 us to start and join. So a copy is split
-//! only into shares of at least [`PER_THREAD`] bytes (~30 us of copying
-//! each), over at most `cores_per_rank` threads (`BRAID_COPY_THREADS`
-//! caps it; 1 turns the split off). Two in-process ranks on a 2-core host
-//! have one core each: nothing is split there.
+//! on current x86), a host's memory serves several times that, and waking
+//! a helper thread (`crate::par`) costs a few us. So a copy is split only
+//! into shares of at least [`PER_THREAD`] bytes (~30 us of copying each),
+//! over at most `cores_per_rank` threads (`BRAID_COPY_THREADS` caps it; 1
+//! turns the split off). Two in-process ranks on a 2-core host have one
+//! core each: nothing is split there.
 
 use std::sync::OnceLock;
 
@@ -48,7 +48,7 @@ unsafe impl Sync for Move {}
 struct Base(*mut u8);
 
 // SAFETY: the threads write disjoint byte ranges of the destination (the
-// shares of `split`), and the caller waits for all of them (scoped
+// shares of `split`), and the caller waits for all of them (`par`
 // threads) before it reads or frees the destination.
 unsafe impl Send for Base {}
 // SAFETY: see `Send`.
@@ -105,26 +105,10 @@ unsafe fn fill_on(base: *mut u8, moves: &[Move], threads: usize) {
     }
     let shares = split(moves, total, threads);
     let base = Base(base);
-    std::thread::scope(|s| {
-        let mut refused = Vec::new();
-        for (k, share) in shares.iter().enumerate().skip(1) {
-            let spawned = std::thread::Builder::new()
-                .name("braid-copy".into())
-                // SAFETY: the shares cut the moves into disjoint pieces
-                // (the caller's contract holds for each); the scope joins
-                // this thread before `fill` returns.
-                .spawn_scoped(s, move || unsafe { run(base, share) });
-            if spawned.is_err() {
-                refused.push(k);
-            }
-        }
-        // SAFETY: as above; a share whose thread the OS refused runs here.
-        unsafe { run(base, &shares[0]) };
-        for k in refused {
-            // SAFETY: as above.
-            unsafe { run(base, &shares[k]) };
-        }
-    });
+    // SAFETY: the shares cut the moves into disjoint pieces (the caller's
+    // contract holds for each), and `for_each_share` returns only once
+    // every share has run.
+    crate::par::for_each_share(threads, &|k| unsafe { run(base, &shares[k]) });
 }
 
 /// The moves one thread performs, in order.
