@@ -11,8 +11,10 @@
 //!
 //! Why a pool: starting a scoped thread per share cost 50-90 us on a
 //! 16-core VM (measured: a 1 MiB AllToAll's copy split in two took 163 us
-//! against 72 unsplit), as much as the copy it was to halve; a parked
-//! helper is woken for a few us. The helpers are started on first use,
+//! against 72 unsplit), as much as the copy it was to halve. Helpers that
+//! ran out of work spin for [`SPIN`] before they sleep, and so does a
+//! caller waiting for its shares, since a sleeping thread's wake-up costs
+//! tens of us on a VM too. The helpers are started on first use,
 //! one fewer than the host's cores (the caller is the last), and shared by
 //! every rank of the process; callers size their shares to their own
 //! share of the cores (`cores_per_rank`), so ranks that split at once do
@@ -49,12 +51,15 @@ impl Job {
 struct Latch {
     state: Mutex<(usize, Option<Box<dyn std::any::Any + Send>>)>,
     zero: Condvar,
+    /// The count, also readable without the lock (for the waiter's spin).
+    left: AtomicUsize,
 }
 
 impl Latch {
     fn count_down(&self, panic: Option<Box<dyn std::any::Any + Send>>) {
         let mut s = lock(&self.state);
         s.0 -= 1;
+        self.left.store(s.0, Ordering::Release);
         if s.1.is_none() {
             s.1 = panic;
         }
@@ -65,6 +70,7 @@ impl Latch {
 
     /// Waits for zero; the first panic of a share, if any.
     fn wait(&self) -> Option<Box<dyn std::any::Any + Send>> {
+        spin_until(|| self.left.load(Ordering::Acquire) == 0);
         let mut s = lock(&self.state);
         while s.0 > 0 {
             s = self.zero.wait(s).unwrap_or_else(|p| p.into_inner());
@@ -77,8 +83,30 @@ impl Latch {
 struct Pool {
     queue: Mutex<VecDeque<Job>>,
     ready: Condvar,
+    /// Jobs in `queue`, also readable without the lock (for the helpers'
+    /// spin).
+    queued: AtomicUsize,
     /// Helpers that started.
     helpers: AtomicUsize,
+}
+
+/// How long a helper that ran out of work, or a caller whose shares are
+/// still running, spins before it sleeps. Waking a sleeping thread costs
+/// tens of us on a VM (the idle vCPU is halted): more than the wait it
+/// would end, for collectives called back to back.
+const SPIN: std::time::Duration = std::time::Duration::from_micros(100);
+
+/// Spins until `done` or [`SPIN`] has passed.
+fn spin_until(done: impl Fn() -> bool) {
+    let start = std::time::Instant::now();
+    while !done() {
+        if start.elapsed() >= SPIN {
+            return;
+        }
+        for _ in 0..64 {
+            std::hint::spin_loop();
+        }
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -92,6 +120,7 @@ fn pool() -> &'static Pool {
         let pool: &'static Pool = Box::leak(Box::new(Pool {
             queue: Mutex::new(VecDeque::new()),
             ready: Condvar::new(),
+            queued: AtomicUsize::new(0),
             helpers: AtomicUsize::new(0),
         }));
         for i in 0..crate::context::host_cores().saturating_sub(1) {
@@ -110,10 +139,11 @@ fn pool() -> &'static Pool {
 /// A helper's life: pop a share, run it, sleep while there is none.
 fn helper(pool: &'static Pool) {
     loop {
+        spin_until(|| pool.queued.load(Ordering::Relaxed) > 0);
         let job = {
             let mut q = lock(&pool.queue);
             loop {
-                match q.pop_front() {
+                match pool.pop(&mut q, |_| true) {
                     Some(j) => break j,
                     None => q = pool.ready.wait(q).unwrap_or_else(|p| p.into_inner()),
                 }
@@ -123,10 +153,14 @@ fn helper(pool: &'static Pool) {
     }
 }
 
-/// Helper threads this process has (0 until the first split, and where
-/// the OS refused them).
-pub fn helpers() -> usize {
-    pool().helpers.load(Ordering::Relaxed)
+impl Pool {
+    /// The first queued job that `mine` accepts, taken off the queue.
+    fn pop(&self, q: &mut VecDeque<Job>, mine: impl Fn(&Job) -> bool) -> Option<Job> {
+        let at = q.iter().position(mine)?;
+        let job = q.remove(at)?;
+        self.queued.store(q.len(), Ordering::Relaxed);
+        Some(job)
+    }
 }
 
 /// Runs `f(k)` for every `k` in `0..shares`, share 0 on the calling thread
@@ -136,7 +170,7 @@ pub fn helpers() -> usize {
 ///
 /// Blocks the calling thread: meant for work of at least tens of
 /// microseconds a share (copies and reductions of hundreds of KiB), where
-/// a helper's wake-up (a few us) is small beside it.
+/// handing a share over is small beside it.
 pub fn for_each_share(shares: usize, f: &(dyn Fn(usize) + Sync)) {
     if shares <= 1 {
         if shares == 1 {
@@ -149,6 +183,7 @@ pub fn for_each_share(shares: usize, f: &(dyn Fn(usize) + Sync)) {
     let latch = Arc::new(Latch {
         state: Mutex::new((shares - 1, None)),
         zero: Condvar::new(),
+        left: AtomicUsize::new(shares - 1),
     });
     // SAFETY: the module invariant: every job made here has run (and so
     // stopped using `work`) before this function returns or unwinds: the
@@ -166,6 +201,7 @@ pub fn for_each_share(shares: usize, f: &(dyn Fn(usize) + Sync)) {
                 latch: latch.clone(),
             });
         }
+        pool.queued.store(q.len(), Ordering::Relaxed);
         drop(q);
         for _ in 1..shares.min(helpers + 1) {
             pool.ready.notify_one();
@@ -185,11 +221,7 @@ pub fn for_each_share(shares: usize, f: &(dyn Fn(usize) + Sync)) {
     } else {
         // Shares no helper has taken yet run here rather than wait.
         loop {
-            let mine = {
-                let mut q = lock(&pool.queue);
-                let at = q.iter().position(|j| Arc::ptr_eq(&j.latch, &latch));
-                at.and_then(|i| q.remove(i))
-            };
+            let mine = pool.pop(&mut lock(&pool.queue), |j| Arc::ptr_eq(&j.latch, &latch));
             match mine {
                 Some(j) => j.run(),
                 None => break,
