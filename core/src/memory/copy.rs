@@ -15,17 +15,19 @@
 //! ```
 //!
 //! Cost model: one thread copies at memory speed for its core (~10-20 GB/s
-//! on current x86), a host's memory serves several times that, and waking
-//! a helper thread (`crate::par`) costs a few us. So a copy is split only
-//! into shares of at least [`PER_THREAD`] bytes (~30 us of copying each),
-//! over at most `cores_per_rank` threads (`BRAID_COPY_THREADS` caps it; 1
-//! turns the split off). Two in-process ranks on a 2-core host have one
+//! on current x86), a host's memory serves several times that, and handing
+//! a share to a helper (`crate::par`) costs ~1 us while helpers spin, tens
+//! of us when one must be woken (a share nobody took is taken back by the
+//! caller). So a copy is split only into shares of at least
+//! [`PER_THREAD`] bytes (~15-25 us of copying each), over at most
+//! `cores_per_rank` threads (`BRAID_COPY_THREADS` caps it; 1 turns the
+//! split off). Two in-process ranks on a 2-core host have one
 //! core each: nothing is split there.
 
 use std::sync::OnceLock;
 
 /// Bytes below which a share is not worth a thread of its own.
-pub const PER_THREAD: usize = 512 << 10;
+pub const PER_THREAD: usize = 256 << 10;
 
 /// One piece of a fill: `len` bytes at byte `at` of the destination,
 /// copied from `src`, or zeroed where `src` is `None`.
