@@ -531,8 +531,8 @@ pub async fn allreduce<T: Element>(
 /// `out` with the result vector instead. Over tcp and mpi, once `out`
 /// holds the input's length (from a loop's second call), the other ranks'
 /// reduced blocks are received straight into it. On an error `out`
-/// is left as it was, or, where it was lent to the transport that way,
-/// empty.
+/// is left as it was, or empty where it was lent to the transport that
+/// way or the result could not be allocated.
 pub async fn allreduce_into<T: Element>(
     ctx: &Context,
     data: impl Into<Elements<T>>,

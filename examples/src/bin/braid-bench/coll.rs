@@ -18,7 +18,7 @@ use braid_coll::{
     sendrecv,
 };
 use braid_core::comm::local::LocalComm;
-use braid_core::comm::tcp::TcpComm;
+use braid_core::comm::tcp::{TcpComm, TcpConfig};
 use braid_core::world::context_for;
 use braid_core::{BoxError, Buffer, Communicator, Context, MemoryLimits};
 use braid_core::{WorldSpec, run_world};
@@ -66,9 +66,14 @@ pub struct CollArgs {
     /// latency for in-process ranks, one core for all compute). Unset,
     /// local ranks run as `run_world` runs a job's (a runtime a rank where
     /// they fit the cores, else one shared with a worker a core) and tcp
-    /// ranks on 2 threads.
+    /// ranks as `--tcp-ranks` says.
     #[arg(long)]
     threads: Option<usize>,
+    /// Where tcp ranks run when `--threads` is unset: `shared` (one
+    /// runtime of 2 threads for all of them) or `own-runtime` (a runtime
+    /// each with a worker a core, as a tcp rank's process has).
+    #[arg(long, value_enum, default_value = "shared")]
+    tcp_ranks: TcpRanks,
     /// Which braid worlds to time, each with its MPI baseline: `local`
     /// (against MPI shared memory) and `tcp` (against MPI over TCP). A
     /// world left out prints `-` in its columns.
@@ -338,6 +343,15 @@ pub(crate) fn mpi_binary(given: &Option<PathBuf>) -> Result<PathBuf, BoxError> {
     Ok(PathBuf::from(last))
 }
 
+/// Where the benchmark's tcp ranks run (`--tcp-ranks`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum TcpRanks {
+    /// One runtime of 2 threads for every rank.
+    Shared,
+    /// A runtime a rank, as `run_world` gives a tcp rank's process.
+    OwnRuntime,
+}
+
 /// The transport of a braid world in this benchmark.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum World {
@@ -398,6 +412,61 @@ fn time_job_world(n: u32, op: &str, points: &[(usize, usize)]) -> Result<Vec<f64
     Ok(slowest(per_rank.into_iter().map(|(_, t)| t), points.len()))
 }
 
+/// Times `op` at every point on `n` tcp ranks of this process, each on a
+/// runtime of its own as `run_world` gives a tcp rank's process (a worker
+/// a core, at least 2): as `n` tcp ranks in processes of their own run,
+/// which is what MPI's processes are timed as.
+fn time_tcp_ranks(n: u32, op: &str, points: &[(usize, usize)]) -> Result<Vec<f64>, BoxError> {
+    let root = std::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, 0))?;
+    root.set_nonblocking(true)?;
+    let addr = root.local_addr()?.to_string();
+    let token = braid_core::comm::tcp::random_token();
+    // What `run_world` gives a tcp rank's process: a worker a core, at
+    // least 2.
+    let workers = std::thread::available_parallelism().map_or(2, |c| c.get().max(2));
+    let mut root = Some(root);
+    let mut ranks = Vec::with_capacity(n as usize);
+    for r in 0..n {
+        let cfg = TcpConfig::new(r, n, addr.clone(), token.clone());
+        let (listener, op, pts) = (root.take(), op.to_string(), points.to_vec());
+        let rank = move || -> Result<Vec<Duration>, BoxError> {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(workers)
+                .enable_all()
+                .build()?;
+            rt.block_on(async move {
+                let comm = match listener {
+                    Some(l) => {
+                        TcpComm::with_listener(cfg, tokio::net::TcpListener::from_std(l)?).await?
+                    }
+                    None => TcpComm::connect(cfg).await?,
+                };
+                let ctx = context_for(Arc::new(comm), MemoryLimits::UNLIMITED);
+                let timed = time_rank(ctx.clone(), op, pts).await;
+                if let Err(e) = &timed {
+                    ctx.comm().abort(&e.to_string());
+                }
+                ctx.comm().shutdown().await?;
+                timed
+            })
+        };
+        ranks.push(
+            std::thread::Builder::new()
+                .name(format!("bench-tcp-{r}"))
+                .spawn(rank)?,
+        );
+    }
+    let mut per_rank = Vec::with_capacity(ranks.len());
+    for (r, h) in ranks.into_iter().enumerate() {
+        let timed = h
+            .join()
+            .map_err(|_| format!("tcp rank {r} panicked"))?
+            .map_err(|e| format!("tcp rank {r}: {e}"))?;
+        per_rank.push(timed);
+    }
+    Ok(slowest(per_rank, points.len()))
+}
+
 /// Runs the benchmark and prints one table per (operation, ranks).
 pub fn run(args: CollArgs) -> Result<(), BoxError> {
     let mpi = mpi_binary(&args.mpi)?;
@@ -411,7 +480,13 @@ pub fn run(args: CollArgs) -> Result<(), BoxError> {
             .build()?,
     };
     let threads = match args.threads {
-        None => "local ranks as run_world starts them, tcp ranks on 2 runtime threads".to_string(),
+        None => format!(
+            "local ranks as run_world starts them, tcp ranks {}",
+            match args.tcp_ranks {
+                TcpRanks::Shared => "on 2 runtime threads",
+                TcpRanks::OwnRuntime => "each on a runtime of its own, as in a process of its own",
+            }
+        ),
         Some(0) => "one current-thread runtime".to_string(),
         Some(t) => format!("{t} runtime threads"),
     };
@@ -451,6 +526,9 @@ pub fn run(args: CollArgs) -> Result<(), BoxError> {
                 let mpi_us = time_mpi(&mpi, op, n, world == World::Local, &points)?;
                 let braid_us = match (world, args.threads) {
                     (World::Local, None) => time_job_world(n, op, &points)?,
+                    (World::Tcp, None) if args.tcp_ranks == TcpRanks::OwnRuntime => {
+                        time_tcp_ranks(n, op, &points)?
+                    }
                     _ => rt.block_on(time_world(world, n, op, &points))?,
                 };
                 cols.push(Some((braid_us, mpi_us)));
