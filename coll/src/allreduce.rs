@@ -155,7 +155,9 @@ fn reduce_rank_order<T: Element>(op: &ReduceOp<T>, parts: &[&[T]]) -> Vec<T> {
     let tiles = len.div_ceil(TILE);
     let work = len * std::mem::size_of::<T>() * (parts.len() + 1);
     let shares = fill_threads(work).min(tiles).max(1);
-    {
+    if shares == 1 {
+        reduce_range(op, parts, 0, &mut acc.spare_capacity_mut()[..len]);
+    } else {
         // Share k writes tiles [k * tiles / shares, (k + 1) * tiles / shares).
         let mut rest = &mut acc.spare_capacity_mut()[..len];
         let mut cells = Vec::with_capacity(shares);
@@ -172,8 +174,8 @@ fn reduce_rank_order<T: Element>(op: &ReduceOp<T>, parts: &[&[T]]) -> Vec<T> {
             reduce_range(op, parts, from, out);
         });
     }
-    // SAFETY: the shares cover [0, len) and each wrote every element of
-    // its range (`reduce_range`); they have all run (a panic in one would
+    // SAFETY: `reduce_range` wrote every element of [0, len) (one share,
+    // or shares that cover it); they have all run (a panic in one would
     // have unwound past this line); any bytes are a valid `T` (Pod).
     unsafe { acc.set_len(len) };
     acc

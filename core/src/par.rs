@@ -192,41 +192,24 @@ pub fn for_each_share(shares: usize, f: &(dyn Fn(usize) + Sync)) {
     let work: Work = unsafe {
         std::mem::transmute::<&(dyn Fn(usize) + Sync), &'static (dyn Fn(usize) + Sync)>(f)
     };
-    if helpers > 0 {
-        let mut q = lock(&pool.queue);
-        for share in 1..shares {
-            q.push_back(Job {
-                work,
-                share,
-                latch: latch.clone(),
-            });
-        }
-        pool.queued.store(q.len(), Ordering::Relaxed);
-        drop(q);
-        for _ in 1..shares.min(helpers + 1) {
-            pool.ready.notify_one();
-        }
+    let mut q = lock(&pool.queue);
+    for share in 1..shares {
+        q.push_back(Job {
+            work,
+            share,
+            latch: latch.clone(),
+        });
+    }
+    pool.queued.store(q.len(), Ordering::Relaxed);
+    drop(q);
+    for _ in 1..shares.min(helpers + 1) {
+        pool.ready.notify_one();
     }
     let own = catch_unwind(AssertUnwindSafe(|| f(0)));
-    if helpers == 0 {
-        // Nobody else: every share here, in order.
-        for share in 1..shares {
-            Job {
-                work,
-                share,
-                latch: latch.clone(),
-            }
-            .run();
-        }
-    } else {
-        // Shares no helper has taken yet run here rather than wait.
-        loop {
-            let mine = pool.pop(&mut lock(&pool.queue), |j| Arc::ptr_eq(&j.latch, &latch));
-            match mine {
-                Some(j) => j.run(),
-                None => break,
-            }
-        }
+    // Shares no helper has taken yet (all of them where the process has
+    // no helpers) run here rather than wait.
+    while let Some(j) = pool.pop(&mut lock(&pool.queue), |j| Arc::ptr_eq(&j.latch, &latch)) {
+        j.run();
     }
     let theirs = latch.wait();
     if let Err(p) = own {

@@ -15,7 +15,7 @@ mod pool;
 mod resource;
 
 pub use buffer::{Buffer, MemoryType};
-pub use copy::{PER_THREAD as FILL_PER_THREAD, fill_threads};
+pub use copy::fill_threads;
 pub use landing::{AssembleError, Landing, LandingZone};
 pub use large::{HUGE_PAGE_MIN, large_vec, reuse_freed_memory, try_large_vec};
 pub use pool::BufferPool;
