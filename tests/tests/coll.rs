@@ -746,20 +746,27 @@ fn tcp_fresh_results_land_in_unwritten_memory() {
                     return Err(format!("rank {me}: alltoallv differs at {bad:?}"));
                 }
                 // AllReduce: 300_001 f64 (blocks not all equal), rank 0 late.
+                // Whether a reduced block lands depends on which rank's
+                // reduction ends first (one that arrives before its receive
+                // is posted is copied instead), so three calls are counted.
                 let len = 300_001usize;
-                let x = |r: usize, i: usize| ((r * 7 + i) % 1000) as f64;
-                let data: Vec<f64> = (0..len).map(|i| x(me, i)).collect();
-                if me == 0 {
-                    tokio::time::sleep(Duration::from_millis(300)).await;
-                }
-                let before = c.comm().statistics().landed_bytes();
-                let sum = braid_coll::allreduce(&c, data, ReduceKind::Sum)
-                    .await
-                    .map_err(|e| e.to_string())?;
-                let landed_ar = c.comm().statistics().landed_bytes() - before;
-                let bad = (0..len).find(|&i| sum.get(i) != Some(&(0..nn).map(|r| x(r, i)).sum()));
-                if sum.len() != len || bad.is_some() {
-                    return Err(format!("rank {me}: allreduce differs at {bad:?}"));
+                let mut landed_ar = 0;
+                for round in 0..3usize {
+                    let x = |r: usize, i: usize| ((r * 7 + i + round) % 1000) as f64;
+                    let data: Vec<f64> = (0..len).map(|i| x(me, i)).collect();
+                    if me == 0 {
+                        tokio::time::sleep(Duration::from_millis(300)).await;
+                    }
+                    let before = c.comm().statistics().landed_bytes();
+                    let sum = braid_coll::allreduce(&c, data, ReduceKind::Sum)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    landed_ar += c.comm().statistics().landed_bytes() - before;
+                    let bad =
+                        (0..len).find(|&i| sum.get(i) != Some(&(0..nn).map(|r| x(r, i)).sum()));
+                    if sum.len() != len || bad.is_some() {
+                        return Err(format!("rank {me}: allreduce {round} differs at {bad:?}"));
+                    }
                 }
                 Ok((landed_a2a, landed_ar))
             })
