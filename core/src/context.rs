@@ -40,10 +40,10 @@ pub struct ProgressEngine {
 pub enum RankThreads {
     /// The ranks of the process share one runtime's workers.
     Shared,
-    /// The rank's runtime carries this rank alone, and every rank of the
-    /// process has one of the same size (as `run_world` starts in-process
-    /// ranks that fit the cores): a waiting rank holds no thread that a
-    /// peer needs.
+    /// The rank's runtime carries this rank alone, and every rank on the
+    /// host has one of the same size (as `run_world` starts in-process
+    /// ranks that fit the cores, and a tcp rank's process): a waiting rank
+    /// holds no thread that a peer needs.
     Own,
 }
 
@@ -158,7 +158,11 @@ impl ProgressEngine {
 /// poll for bulk operations too, up to [`Waiting::POLL_BULK`]: each copies
 /// on its own core, and a parked rank woken for its copy starts it one
 /// wake-up late (2026-11-28, 2 ranks on the 2-core VM, 1 MiB AllToAll
-/// into a kept vector: 82-98 us parked, 44-56 us polling).
+/// into a kept vector: 82-98 us parked, 44-56 us polling). Ranks apart on
+/// runtimes of their own (a tcp rank's process, see
+/// `braid_core::world::tcp_rank_workers`) poll their small operations up to
+/// [`Waiting::POLL_BULK`] too: each is socket round trips of 15-20 us
+/// on loopback, and a rank that parks is woken late for every reply.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Waiting {
     /// Sleep until woken.
@@ -171,6 +175,21 @@ pub enum Waiting {
     /// through memory: their progress needs no I/O, and a turn of the
     /// driver is a system call (`epoll_wait`) per pass.
     PollTasks(Duration),
+    /// Poll as `Poll` does, offering the core to the host's other threads
+    /// before each pass, for up to this long; then sleep. For a rank in a
+    /// process of its own (a tcp rank's, [`RankThreads::Own`] with ranks
+    /// apart), whatever the host's load: a small collective is socket
+    /// round trips of 15-20 us each on loopback, and a rank that sleeps is
+    /// woken late for every reply; where the host's ranks outnumber its
+    /// cores, the offer lets the rank a reply waits on run, as OpenMPI's
+    /// processes yield when oversubscribed. Measured (2026-11-29, 2-core
+    /// VM, `braid-bench coll --tcp-ranks processes`, 8 B, us; OpenMPI over
+    /// TCP in the same runs): 2 ranks of 2 workers each, polling 20 us
+    /// where they fit the cores, else sleeping: Barrier 69, AllReduce
+    /// 77-92, SendRecv 59-68 (MPI 13-23); of one worker each, `PollYield`:
+    /// 23-25, 25-29, 18-25; 4 ranks: 142-188, 182-222, 119-216 against
+    /// 111-112, 123-145, 39 (MPI 38-88).
+    PollYield(Duration),
 }
 
 /// A future that is pending once, having woken its task: the task goes to
@@ -240,9 +259,12 @@ impl Waiting {
     /// [`Waiting`]): as [`Waiting::choose`] says up to
     /// [`Waiting::POLL_MAX_BYTES`]; above, polling for up to
     /// [`Waiting::POLL_BULK`] where polling pays and the ranks are in
-    /// process on threads of their own, else `Park`. `workers` are the
-    /// rank's runtime's (with [`RankThreads::Own`], every rank of the
-    /// process has as many).
+    /// process on threads of their own, else `Park`. A rank apart on a
+    /// runtime of its own (a tcp rank's process) waits for small
+    /// operations with [`Waiting::PollYield`] up to
+    /// [`Waiting::POLL_BULK`], and parks for bulk ones. `workers` are the
+    /// rank's runtime's (with [`RankThreads::Own`], every rank on the host
+    /// has as many).
     pub fn for_op(
         bytes: usize,
         ranks: usize,
@@ -260,6 +282,10 @@ impl Waiting {
             RankThreads::Shared => workers,
             RankThreads::Own => workers.saturating_mul(ranks),
         };
+        if threads == RankThreads::Own && placement == Placement::Apart {
+            // Processes of one rank each (tcp): see `PollYield`.
+            return Waiting::PollYield(Self::POLL_BULK);
+        }
         let chosen = Self::choose(ranks, placement, workers, cores);
         if bulk { chosen.for_bulk() } else { chosen }
     }
@@ -280,6 +306,7 @@ impl Waiting {
             Waiting::Park => Waiting::Park,
             Waiting::Poll(_) => Waiting::Poll(Self::POLL_BULK),
             Waiting::PollTasks(_) => Waiting::PollTasks(Self::POLL_BULK),
+            Waiting::PollYield(_) => Waiting::PollYield(Self::POLL_BULK),
         }
     }
 
@@ -287,15 +314,22 @@ impl Waiting {
     pub fn limit(self) -> Option<Duration> {
         match self {
             Waiting::Park => None,
-            Waiting::Poll(l) | Waiting::PollTasks(l) => Some(l),
+            Waiting::Poll(l) | Waiting::PollTasks(l) | Waiting::PollYield(l) => Some(l),
         }
     }
 
     /// One pass of a polling waiter: lets the other tasks run (and, for
-    /// `Poll`, the I/O driver), then returns.
+    /// `Poll` and `PollYield`, the I/O driver; for `PollYield` first the
+    /// host's other threads), then returns.
     pub async fn pass(self) {
         match self {
             Waiting::Poll(_) => tokio::task::yield_now().await,
+            Waiting::PollYield(_) => {
+                // A system call (sched_yield) that returns at once where
+                // no other thread wants this core.
+                std::thread::yield_now();
+                tokio::task::yield_now().await
+            }
             Waiting::PollTasks(_) | Waiting::Park => PassTasks(false).await,
         }
     }
@@ -551,6 +585,12 @@ mod tests {
         assert_eq!(Waiting::for_op(big, 2, InProcess, Own, 1, 2), bulk);
         assert_eq!(Waiting::for_op(big, 4, InProcess, Own, 4, 16), bulk);
         assert_eq!(Waiting::for_op(big, 4, InProcess, Own, 2, 4), Waiting::Park);
+        // Ranks in processes of their own poll small work, offering their
+        // core, however many share the host's cores.
+        let yielding = Waiting::PollYield(Waiting::POLL_BULK);
+        assert_eq!(Waiting::for_op(small, 2, Apart, Own, 1, 2), yielding);
+        assert_eq!(Waiting::for_op(8, 8, Apart, Own, 1, 2), yielding);
+        assert_eq!(Waiting::for_op(0, 1, Apart, Own, 16, 16), yielding);
         // Small work as `choose` says, counting every rank's workers.
         let poll = Waiting::PollTasks(Waiting::POLL);
         assert_eq!(Waiting::for_op(small, 2, InProcess, Own, 1, 2), poll);

@@ -66,6 +66,15 @@ impl WorldSpec {
 /// runtime). Every context gets its own `BufferResource` with `limits`
 /// (device memory defaults to none).
 pub async fn contexts(spec: &WorldSpec, limits: MemoryLimits) -> Result<Vec<Context>, CommError> {
+    contexts_with(spec, limits, RankThreads::Shared).await
+}
+
+/// [`contexts`], with engines that carry `threads`.
+async fn contexts_with(
+    spec: &WorldSpec,
+    limits: MemoryLimits,
+    threads: RankThreads,
+) -> Result<Vec<Context>, CommError> {
     let comms: Vec<Arc<dyn Communicator>> = match spec {
         WorldSpec::Local { nranks } => LocalComm::world(*nranks)
             .into_iter()
@@ -75,7 +84,17 @@ pub async fn contexts(spec: &WorldSpec, limits: MemoryLimits) -> Result<Vec<Cont
         #[cfg(feature = "mpi")]
         WorldSpec::Mpi => vec![Arc::new(crate::comm::mpi::MpiComm::init()?)],
     };
-    Ok(comms.into_iter().map(|c| context_for(c, limits)).collect())
+    let handle = tokio::runtime::Handle::current();
+    Ok(comms
+        .into_iter()
+        .map(|c| {
+            context_on(
+                c,
+                limits,
+                ProgressEngine::with_threads(handle.clone(), threads),
+            )
+        })
+        .collect())
 }
 
 /// A context over `comm` with its own `BufferResource` of `limits`, driven
@@ -132,7 +151,9 @@ pub struct RankError {
 /// shared runtime, where the rank woken by the other's arrival waited on
 /// that one's worker. More ranks than cores share workers, which lets a
 /// rank that waits give its turn to one that works. `BRAID_RUNTIME=shared`
-/// or `per-rank` overrides the choice.
+/// or `per-rank` overrides the choice for in-process ranks. A tcp rank's
+/// process runs it on a runtime of [`tcp_rank_workers`] threads; an MPI
+/// rank's on one of a worker per core (at least 2).
 pub fn run_world<T, F, Fut>(
     spec: &WorldSpec,
     limits: MemoryLimits,
@@ -167,7 +188,10 @@ where
         (RankThreads::Own, WorldSpec::Local { nranks }) => {
             run_rank_threads(*nranks, cores / *nranks as usize, limits, start)
         }
-        _ => run_shared(spec, cores.max(2), limits, start),
+        (_, WorldSpec::Tcp(_)) => {
+            run_shared(spec, tcp_rank_workers(), RankThreads::Own, limits, start)
+        }
+        _ => run_shared(spec, cores.max(2), RankThreads::Shared, limits, start),
     }
 }
 
@@ -213,10 +237,27 @@ fn runtime(workers: usize, rank: Rank, name: &str) -> Result<tokio::runtime::Run
         })
 }
 
-/// Every rank on one runtime of `workers` threads.
+/// Worker threads of a tcp rank's runtime: its share of the host's cores
+/// ([`crate::context::cores_per_rank`]: the cores over the ranks a launcher
+/// started on this host), at least 1. The rank's runtime carries it alone
+/// ([`RankThreads::Own`]), so a rank that waits for a small collective
+/// polls its sockets, offering its core to the host's other threads,
+/// instead of sleeping, as MPI's processes do
+/// (`braid_core::Waiting::PollYield`).
+/// More workers than that share cores with the other ranks' processes:
+/// on the 2-core VM (2026-11-29, a process a rank) two tcp ranks of 2
+/// workers each took 69-92 us for an 8 B Barrier or AllReduce, against
+/// 23-29 us with one worker each; OpenMPI over TCP took 13-23 us.
+pub fn tcp_rank_workers() -> usize {
+    crate::context::cores_per_rank()
+}
+
+/// Every rank on one runtime of `workers` threads, their engines carrying
+/// `threads`.
 fn run_shared<T: Send + 'static>(
     spec: &WorldSpec,
     workers: usize,
+    threads: RankThreads,
     limits: MemoryLimits,
     start: RankStart<T>,
 ) -> Result<Vec<(Rank, T)>, RankError> {
@@ -227,10 +268,12 @@ fn run_shared<T: Send + 'static>(
     let rt = runtime(workers, rank, "braid-worker")?;
     let (err_tx, err_rx) = std::sync::mpsc::channel();
     let outcomes = rt.block_on(async move {
-        let ctxs = contexts(spec, limits).await.map_err(|e| RankError {
-            rank,
-            source: Box::new(e),
-        })?;
+        let ctxs = contexts_with(spec, limits, threads)
+            .await
+            .map_err(|e| RankError {
+                rank,
+                source: Box::new(e),
+            })?;
         let handles: Vec<_> = ctxs
             .into_iter()
             .map(|ctx| tokio::spawn(start(ctx, err_tx.clone())))

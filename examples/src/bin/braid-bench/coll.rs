@@ -19,8 +19,11 @@ use braid_coll::{
 };
 use braid_core::comm::local::LocalComm;
 use braid_core::comm::tcp::{TcpComm, TcpConfig};
-use braid_core::world::context_for;
-use braid_core::{BoxError, Buffer, Communicator, Context, MemoryLimits};
+use braid_core::launch::{LaunchError, LaunchSpec, OutputMode, launch};
+use braid_core::world::{context_for, context_on};
+use braid_core::{
+    BoxError, Buffer, Communicator, Context, MemoryLimits, ProgressEngine, RankThreads,
+};
 use braid_core::{WorldSpec, run_world};
 use braid_examples::size_name;
 
@@ -69,10 +72,12 @@ pub struct CollArgs {
     /// ranks as `--tcp-ranks` says.
     #[arg(long)]
     threads: Option<usize>,
-    /// Where tcp ranks run when `--threads` is unset: `shared` (one
-    /// runtime of 2 threads for all of them) or `own-runtime` (a runtime
-    /// each with a worker a core, as a tcp rank's process has).
-    #[arg(long, value_enum, default_value = "shared")]
+    /// Where tcp ranks run when `--threads` is unset: `processes` (a
+    /// process each, started as `braid-launch` starts a job's: what MPI's
+    /// ranks are timed as), `own-runtime` (threads of this process, each
+    /// rank on a runtime of its own as in a process) or `shared` (one
+    /// runtime of 2 threads for all of them).
+    #[arg(long, value_enum, default_value = "processes")]
     tcp_ranks: TcpRanks,
     /// Which braid worlds to time, each with its MPI baseline: `local`
     /// (against MPI shared memory) and `tcp` (against MPI over TCP). A
@@ -350,6 +355,97 @@ pub(crate) enum TcpRanks {
     Shared,
     /// A runtime a rank, as `run_world` gives a tcp rank's process.
     OwnRuntime,
+    /// A process a rank (`braid-bench coll-rank` under `braid_core::launch`).
+    Processes,
+}
+
+/// Options of `braid-bench coll-rank`: one tcp rank of `coll
+/// --tcp-ranks processes`, started by the launcher.
+#[derive(Debug, clap::Args)]
+pub struct CollRankArgs {
+    /// The operation (see `CollArgs::ops`).
+    #[arg(long)]
+    op: String,
+    /// `SIZE:ITERS` pairs.
+    #[arg(long, value_delimiter = ',')]
+    points: Vec<String>,
+}
+
+/// What a `coll-rank` process prints before its times (ns per operation,
+/// one per point, comma-separated).
+const RANK_TIMES: &str = "coll-rank ns:";
+
+/// `braid-bench coll-rank`: times the points on this process's tcp rank
+/// (as `run_world` runs it) and prints the times.
+pub fn rank(args: CollRankArgs) -> Result<(), BoxError> {
+    let mut points = Vec::with_capacity(args.points.len());
+    for p in &args.points {
+        let parsed = p
+            .split_once(':')
+            .and_then(|(s, i)| Some((s.parse::<usize>().ok()?, i.parse::<usize>().ok()?)));
+        points.push(parsed.ok_or_else(|| format!("bad point {p:?}: expected SIZE:ITERS"))?);
+    }
+    let spec = WorldSpec::from_env_or_local(1)?;
+    if !matches!(spec, WorldSpec::Tcp(_)) {
+        return Err("coll-rank runs under the launcher (BRAID_* environment unset)".into());
+    }
+    let op = args.op;
+    let per_rank = run_world(&spec, MemoryLimits::UNLIMITED, move |ctx| {
+        time_rank(ctx, op.clone(), points.clone())
+    })?;
+    for (_, times) in per_rank {
+        let ns: Vec<String> = times.iter().map(|t| t.as_nanos().to_string()).collect();
+        println!("{RANK_TIMES} {}", ns.join(","));
+    }
+    Ok(())
+}
+
+/// Times `op` at every point on `n` tcp ranks in processes of their own,
+/// started by the launcher as `braid-launch` starts them.
+fn time_tcp_processes(n: u32, op: &str, points: &[(usize, usize)]) -> Result<Vec<f64>, BoxError> {
+    let list = points
+        .iter()
+        .map(|(s, i)| format!("{s}:{i}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    let args = ["coll-rank", "--op", op, "--points", &list]
+        .into_iter()
+        .map(Into::into)
+        .collect();
+    let mut spec = LaunchSpec::new(n, std::env::current_exe()?, args);
+    spec.output = OutputMode::Captured;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let report = rt.block_on(launch(spec)).map_err(|e| match e {
+        LaunchError::RankFailed { rank, report, .. } => format!(
+            "tcp rank {rank} failed: {}",
+            report.stderr.get(rank as usize).map_or("", |s| s.trim())
+        ),
+        e => e.to_string(),
+    })?;
+    let mut per_rank = Vec::with_capacity(n as usize);
+    for (r, out) in report.stdout.iter().enumerate() {
+        let line = out
+            .lines()
+            .find_map(|l| l.strip_prefix(RANK_TIMES))
+            .ok_or_else(|| format!("tcp rank {r} printed no times"))?;
+        let times = line
+            .split(',')
+            .map(|t| t.trim().parse::<u64>().map(Duration::from_nanos))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| format!("tcp rank {r}: bad times {line:?}: {e}"))?;
+        if times.len() != points.len() {
+            return Err(format!(
+                "tcp rank {r}: {} times for {} points",
+                times.len(),
+                points.len()
+            )
+            .into());
+        }
+        per_rank.push(times);
+    }
+    Ok(slowest(per_rank, points.len()))
 }
 
 /// The transport of a braid world in this benchmark.
@@ -421,9 +517,10 @@ fn time_tcp_ranks(n: u32, op: &str, points: &[(usize, usize)]) -> Result<Vec<f64
     root.set_nonblocking(true)?;
     let addr = root.local_addr()?.to_string();
     let token = braid_core::comm::tcp::random_token();
-    // What `run_world` gives a tcp rank's process: a worker a core, at
-    // least 2.
-    let workers = std::thread::available_parallelism().map_or(2, |c| c.get().max(2));
+    // What `run_world` gives a tcp rank's process (`tcp_rank_workers`): the
+    // host's cores shared among its ranks, at least one.
+    let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+    let workers = (cores / n as usize).max(1);
     let mut root = Some(root);
     let mut ranks = Vec::with_capacity(n as usize);
     for r in 0..n {
@@ -434,21 +531,24 @@ fn time_tcp_ranks(n: u32, op: &str, points: &[(usize, usize)]) -> Result<Vec<f64
                 .worker_threads(workers)
                 .enable_all()
                 .build()?;
-            rt.block_on(async move {
+            // As `run_world`: the rank is a task on a worker, its engine
+            // `RankThreads::Own`.
+            let engine = ProgressEngine::with_threads(rt.handle().clone(), RankThreads::Own);
+            rt.block_on(rt.spawn(async move {
                 let comm = match listener {
                     Some(l) => {
                         TcpComm::with_listener(cfg, tokio::net::TcpListener::from_std(l)?).await?
                     }
                     None => TcpComm::connect(cfg).await?,
                 };
-                let ctx = context_for(Arc::new(comm), MemoryLimits::UNLIMITED);
+                let ctx = context_on(Arc::new(comm), MemoryLimits::UNLIMITED, engine);
                 let timed = time_rank(ctx.clone(), op, pts).await;
                 if let Err(e) = &timed {
                     ctx.comm().abort(&e.to_string());
                 }
                 ctx.comm().shutdown().await?;
                 timed
-            })
+            }))?
         };
         ranks.push(
             std::thread::Builder::new()
@@ -485,6 +585,7 @@ pub fn run(args: CollArgs) -> Result<(), BoxError> {
             match args.tcp_ranks {
                 TcpRanks::Shared => "on 2 runtime threads",
                 TcpRanks::OwnRuntime => "each on a runtime of its own, as in a process of its own",
+                TcpRanks::Processes => "each in a process of its own",
             }
         ),
         Some(0) => "one current-thread runtime".to_string(),
@@ -528,6 +629,9 @@ pub fn run(args: CollArgs) -> Result<(), BoxError> {
                     (World::Local, None) => time_job_world(n, op, &points)?,
                     (World::Tcp, None) if args.tcp_ranks == TcpRanks::OwnRuntime => {
                         time_tcp_ranks(n, op, &points)?
+                    }
+                    (World::Tcp, None) if args.tcp_ranks == TcpRanks::Processes => {
+                        time_tcp_processes(n, op, &points)?
                     }
                     _ => rt.block_on(time_world(world, n, op, &points))?,
                 };

@@ -53,6 +53,9 @@ enum What {
     /// GPU rolling kernel vs device-to-device copy bandwidth (feature cuda).
     #[cfg(feature = "cuda")]
     GpuRolling(gpu_rolling::GpuRollingArgs),
+    /// One tcp rank of `coll --tcp-ranks processes` (run by `coll`).
+    #[command(hide = true)]
+    CollRank(coll::CollRankArgs),
     /// braid's mpi backend vs raw MPI (feature mpi).
     #[cfg(feature = "mpi")]
     Mpi(mpi::MpiArgs),
@@ -72,6 +75,7 @@ fn main() -> ExitCode {
     let res = match cli.what {
         What::Comm(a) => comm::run(a),
         What::Coll(a) => coll::run(a),
+        What::CollRank(a) => coll::rank(a),
         What::Rolling(a) => rolling::run(a),
         #[cfg(feature = "cuda")]
         What::Gpu(a) => gpu::run(a),
