@@ -10,7 +10,7 @@ use std::sync::Arc;
 use braid_core::comm::local::LocalComm;
 use braid_core::comm::tcp::TcpComm;
 use braid_core::launch::{LaunchSpec, OutputMode, launch};
-use braid_core::{Communicator, Rank};
+use braid_core::{Communicator, Rank, Waiting};
 use braid_tests::{RANK_COUNTS, exchange, expected_summary, runtime};
 
 fn run_exchange(comms: Vec<Arc<dyn Communicator>>, seed: u64) {
@@ -311,4 +311,33 @@ fn landing_receives_get_their_message_on_every_backend() {
         x.unwrap();
         y.unwrap();
     });
+}
+
+/// A tcp rank's process runs on its share of the host's cores (at least
+/// one worker) and polls for small collectives, offering its core, however
+/// many ranks share the host; bulk ones park.
+#[test]
+fn tcp_processes_run_on_their_share_of_the_cores() {
+    let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+    let rt = runtime();
+    for n in RANK_COUNTS {
+        let mut spec = LaunchSpec::new(
+            n,
+            env!("CARGO_BIN_EXE_braid-test-worker"),
+            vec!["threads".into()],
+        );
+        spec.output = OutputMode::Captured;
+        let report = rt
+            .block_on(launch(spec))
+            .unwrap_or_else(|e| panic!("{n} ranks: {e:?}"));
+        let want = format!(
+            "threads {} {:?} {:?}",
+            (cores / n as usize).max(1),
+            Waiting::PollYield(Waiting::POLL_BULK),
+            Waiting::Park
+        );
+        for (r, out) in report.stdout.iter().enumerate() {
+            assert_eq!(out.trim(), want, "{n} ranks, rank {r}");
+        }
+    }
 }

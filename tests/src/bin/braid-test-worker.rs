@@ -25,6 +25,8 @@
 //!   calls, or one rank's error after device collectives); exits 3.
 //! - `wait`: prints `ready PID`, then waits for a message that never comes; the
 //!   test kills a rank and expects the others to fail naming it.
+//! - `threads`: prints `threads WORKERS SMALL BULK`: the rank's runtime
+//!   workers and how it waits for an 8 B and a 1 MiB collective.
 
 use std::process::ExitCode;
 
@@ -179,6 +181,11 @@ fn main() -> ExitCode {
                     println!("ready {}", std::process::id());
                     let src = (ctx.rank() + 1) % ctx.nranks();
                     comm.recv(src, Tag::new(OpId(9), 0)).await?;
+                }
+                "threads" => {
+                    let workers = tokio::runtime::Handle::current().metrics().num_workers();
+                    let waiting = |b| format!("{:?}", ctx.progress().waiting(b));
+                    println!("threads {workers} {} {}", waiting(8), waiting(1 << 20));
                 }
                 other => return Err(format!("unknown mode {other:?}").into()),
             }
