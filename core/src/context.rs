@@ -106,6 +106,9 @@ impl ProgressEngine {
             None => chosen,
             Some(Waiting::Park) => Waiting::Park,
             Some(_) if bytes > Waiting::POLL_MAX_BYTES => chosen,
+            // Already polling (`PollYield` of a tcp rank's process among
+            // them): kept as chosen.
+            Some(_) if chosen.limit().is_some() => chosen,
             Some(_) => Waiting::polling(placement),
         }
     }

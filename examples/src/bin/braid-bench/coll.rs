@@ -581,19 +581,19 @@ pub fn run(args: CollArgs) -> Result<(), BoxError> {
     };
     let threads = match args.threads {
         None => format!(
-            "local ranks as run_world starts them, tcp ranks {}",
+            "local ranks in this process as run_world starts them, tcp ranks {}",
             match args.tcp_ranks {
-                TcpRanks::Shared => "on 2 runtime threads",
-                TcpRanks::OwnRuntime => "each on a runtime of its own, as in a process of its own",
+                TcpRanks::Shared => "in this process on 2 runtime threads",
+                TcpRanks::OwnRuntime => {
+                    "in this process, each on a runtime of its own as in a process of its own"
+                }
                 TcpRanks::Processes => "each in a process of its own",
             }
         ),
-        Some(0) => "one current-thread runtime".to_string(),
-        Some(t) => format!("{t} runtime threads"),
+        Some(0) => "every rank in this process on one current-thread runtime".to_string(),
+        Some(t) => format!("every rank in this process on {t} runtime threads"),
     };
-    println!(
-        "# braid-bench coll: braid (one process, {threads}) vs OpenMPI, same machine, same run"
-    );
+    println!("# braid-bench coll: braid ({threads}) vs OpenMPI, same machine, same run");
     println!();
     println!(
         "Times are microseconds per operation (max over ranks). x = MPI time / braid time (> 1: braid faster)."
