@@ -265,6 +265,15 @@ fn slowest(per_rank: impl IntoIterator<Item = Vec<Duration>>, points: usize) -> 
     worst.iter().map(|d| d.as_secs_f64() * 1e6).collect()
 }
 
+/// `points` as the `SIZE:ITERS,...` argument the rank programs take.
+pub(crate) fn points_arg(points: &[(usize, usize)]) -> String {
+    points
+        .iter()
+        .map(|(s, i)| format!("{s}:{i}"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 /// Runs the MPI program for every size of one (op, ranks, transport);
 /// returns microseconds per operation by size.
 fn time_mpi(
@@ -274,11 +283,7 @@ fn time_mpi(
     shm: bool,
     points: &[(usize, usize)],
 ) -> Result<Vec<f64>, BoxError> {
-    let list = points
-        .iter()
-        .map(|(s, i)| format!("{s}:{i}"))
-        .collect::<Vec<_>>()
-        .join(",");
+    let list = points_arg(points);
     let btl = if shm { "self,vader" } else { "tcp,self" };
     let out = mpirun(n, btl)
         .arg(mpi)
@@ -403,11 +408,7 @@ pub fn rank(args: CollRankArgs) -> Result<(), BoxError> {
 /// Times `op` at every point on `n` tcp ranks in processes of their own,
 /// started by the launcher as `braid-launch` starts them.
 fn time_tcp_processes(n: u32, op: &str, points: &[(usize, usize)]) -> Result<Vec<f64>, BoxError> {
-    let list = points
-        .iter()
-        .map(|(s, i)| format!("{s}:{i}"))
-        .collect::<Vec<_>>()
-        .join(",");
+    let list = points_arg(points);
     let args = ["coll-rank", "--op", op, "--points", &list]
         .into_iter()
         .map(Into::into)

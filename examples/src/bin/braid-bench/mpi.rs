@@ -563,11 +563,7 @@ pub fn run(args: MpiArgs) -> Result<(), BoxError> {
                     .iter()
                     .map(|s| (*s, iters_for(op, *s, nr, args.bytes_per_point)))
                     .collect();
-                let list = points
-                    .iter()
-                    .map(|(s, i)| format!("{s}:{i}"))
-                    .collect::<Vec<_>>()
-                    .join(",");
+                let list = super::coll::points_arg(&points);
                 let mpirun = || super::coll::mpirun(n, btl);
                 let bo = mpirun()
                     .arg(&me)
