@@ -341,3 +341,141 @@ fn tcp_processes_run_on_their_share_of_the_cores() {
         }
     }
 }
+
+/// The tcp reader's boundaries (`braid_core::comm::tcp`'s reader): frames
+/// whose headers and payloads straddle its 32 KiB socket reads, the 64 KiB
+/// from which payloads land in place, and a waiting receive's 64 KiB turn,
+/// in a shuffled stream over three tags. Receives that spin (each poll
+/// reads the socket itself, racing the connection's task), receives posted
+/// late (the task has read the message), and landing receives take them in
+/// turn; every byte, length and the per-tag order are checked.
+#[test]
+fn tcp_reader_boundaries_spinning_late_and_landing_receives() {
+    use braid_core::memory::LandingZone;
+    use braid_core::{Buffer, OpId, Tag};
+    use braid_tests::{check_payload, payload};
+
+    const K: usize = 1 << 10;
+    let bases = [
+        0,
+        1,
+        23,
+        24,
+        25,
+        1000,
+        32 * K - 25,
+        32 * K - 24,
+        32 * K - 1,
+        32 * K,
+        32 * K + 1,
+        64 * K - 1,
+        64 * K,
+        64 * K + 1,
+        96 * K + 7,
+        128 * K + 24,
+        1 << 20,
+    ];
+    // Each size three times, shuffled by a fixed LCG (fresh per seed).
+    for seed in [11u64, 12] {
+        let mut sizes: Vec<usize> = bases.iter().chain(&bases).chain(&bases).copied().collect();
+        let mut x = seed;
+        for i in (1..sizes.len()).rev() {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            sizes.swap(i, (x >> 33) as usize % (i + 1));
+        }
+        let rt = runtime();
+        rt.block_on(async move {
+            let comms = TcpComm::in_process_world(2).await.expect("world");
+            let comms: Vec<Arc<dyn Communicator>> = comms
+                .into_iter()
+                .map(|c| Arc::new(c) as Arc<dyn Communicator>)
+                .collect();
+            let (a, b) = (comms[0].clone(), comms[1].clone());
+            let tag = |i: usize| Tag::new(OpId(700 + (i % 3) as u32), 0);
+            let pseed = move |i: usize| seed * 1000 + i as u64;
+            let plan = sizes.clone();
+            let sender = tokio::spawn(async move {
+                for (i, len) in plan.iter().enumerate() {
+                    a.send(1, tag(i), Buffer::from_vec(payload(pseed(i), *len)))
+                        .await
+                        .expect("send");
+                    if i % 5 == 0 {
+                        tokio::task::yield_now().await;
+                    }
+                }
+                a
+            });
+            for (i, len) in sizes.iter().enumerate() {
+                let got = match i % 3 {
+                    // Spins: polls its receive (which reads the socket)
+                    // until the message is there.
+                    0 => {
+                        let mut f = std::pin::pin!(b.recv(0, tag(i)));
+                        std::future::poll_fn(|cx| match f.as_mut().poll(cx) {
+                            std::task::Poll::Ready(r) => std::task::Poll::Ready(r),
+                            std::task::Poll::Pending => {
+                                cx.waker().wake_by_ref();
+                                std::task::Poll::Pending
+                            }
+                        })
+                        .await
+                    }
+                    // Late: the connection's task has read it (or is at it).
+                    1 => {
+                        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+                        b.recv(0, tag(i)).await
+                    }
+                    // A landing of the message's length.
+                    _ => {
+                        let zone = LandingZone::new(vec![0u8; *len + 8]);
+                        // The view (landed or not) outlives the zone's
+                        // handle, dropped at the end of this block.
+                        b.recv_landing(0, tag(i), zone.landing(8, *len).expect("landing"))
+                            .await
+                    }
+                }
+                .unwrap_or_else(|e| panic!("seed {seed}, message {i} ({len} B): {e}"));
+                assert_eq!(got.len(), *len, "seed {seed}, message {i}");
+                assert_eq!(
+                    check_payload(pseed(i), got.as_slice()),
+                    Ok(()),
+                    "seed {seed}, message {i} ({len} B)"
+                );
+            }
+            let a = sender.await.expect("sender");
+            // A landing receive posted while its (large) message is being
+            // read into a buffer of its own: the rest lands in place after
+            // one copy of what came before. Timing decides where the
+            // receive comes, so up to 20 tries, until one is seen landing
+            // part of its message (the statistics count landed bytes).
+            let big = 24 << 20;
+            let mut late_claims = 0;
+            for t in 0..20u64 {
+                let s = pseed(10_000 + t as usize);
+                let send = a.send(1, tag(0), Buffer::from_vec(payload(s, big)));
+                let sending = tokio::spawn(send);
+                tokio::time::sleep(std::time::Duration::from_micros(300 + 200 * t)).await;
+                let zone = LandingZone::new(vec![0u8; big]);
+                let before = b.statistics().landed_bytes();
+                let got = b
+                    .recv_landing(0, tag(0), zone.landing(0, big).expect("landing"))
+                    .await
+                    .expect("late landing receive");
+                sending.await.expect("task").expect("send");
+                let landed = b.statistics().landed_bytes() - before;
+                assert_eq!(got.len(), big);
+                assert_eq!(check_payload(s, got.as_slice()), Ok(()), "try {t}");
+                if zone.holds(&got, 0) && landed > 0 && landed < big as u64 {
+                    late_claims += 1;
+                    break;
+                }
+            }
+            assert_eq!(late_claims, 1, "no receive came while its message was read");
+            let (x, y) = tokio::join!(a.shutdown(), b.shutdown());
+            x.expect("shutdown 0");
+            y.expect("shutdown 1");
+        });
+    }
+}

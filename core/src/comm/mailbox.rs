@@ -483,9 +483,10 @@ impl Mailbox {
 }
 
 /// Progress a waiting operation can make by itself: a backend whose
-/// transport must be polled (MPI) runs a pass from the waiting task rather
-/// than hand every message over from another thread (a thread hand-off
-/// costs microseconds per message and, on a busy host, a core).
+/// transport must be polled (MPI) runs a pass from the waiting task, and
+/// tcp reads the peer's socket there, rather than hand every message over
+/// from another thread (a thread hand-off costs microseconds per message
+/// and, on a busy host, a core).
 pub(crate) trait Drive: Send + Sync {
     /// Runs one progress pass unless another thread is running one; returns
     /// whether a task that has waited `waited` should poll again at once
@@ -501,8 +502,6 @@ pub(crate) struct Driver {
 }
 
 impl Driver {
-    // Only the mpi backend drives its transport from waiting tasks.
-    #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
     pub(crate) fn new(drive: Arc<dyn Drive>) -> Self {
         Driver { drive, since: None }
     }
@@ -543,8 +542,6 @@ impl RecvFuture {
     }
 
     /// While waiting, the receive runs `drive`'s progress passes itself.
-    // Only the mpi backend drives its transport from waiting tasks.
-    #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
     pub(crate) fn driven_by(mut self, drive: Arc<dyn Drive>) -> Self {
         if let State::Waiting { driver, .. } = &mut self.state {
             *driver = Some(Driver::new(drive));

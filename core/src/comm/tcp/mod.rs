@@ -32,6 +32,7 @@
 //! Flow control: sends are eager; a receiver buffers messages that arrive
 //! before their receive is posted. Collectives bound what is in flight.
 
+mod reader;
 pub mod wire;
 mod writer;
 
@@ -40,14 +41,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use bytes::BufMut;
 use futures::future::BoxFuture;
-use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
-use self::wire::{ACK, ConnKind, Control, FRAME_HEADER_LEN, FrameHeader, Hello, WireError};
+use self::reader::{PeerReader, ReadDrive, reader_task};
+use self::wire::{ACK, ConnKind, Control, Hello, WireError};
 use self::writer::{PeerWriter, Sent};
 use super::mailbox::Mailbox;
 use super::{Backend, Communicator, RecvFuture, SendFuture, check_rank};
@@ -174,6 +175,9 @@ struct Shared {
     /// Per peer: whether its data connection was accepted (one each: two
     /// would interleave its messages and break their per-tag order).
     data_accepted: Vec<AtomicBool>,
+    /// Per peer: its data connection's reading side, once accepted (read
+    /// by its task and by receives waiting for it: `reader`).
+    readers: Vec<OnceLock<Arc<PeerReader>>>,
     /// Large received messages are allocated from here.
     pool: Arc<BufferPool>,
     control: OnceLock<mpsc::UnboundedSender<CtrlItem>>,
@@ -393,6 +397,7 @@ impl TcpComm {
             addrs: OnceLock::new(),
             writers: Mutex::new((0..config.nranks).map(|_| None).collect()),
             data_accepted: (0..config.nranks).map(|_| AtomicBool::new(false)).collect(),
+            readers: (0..config.nranks).map(|_| OnceLock::new()).collect(),
             pool: BufferPool::new(RECV_POOL_BYTES),
             control: OnceLock::new(),
             root_state: OnceLock::new(),
@@ -473,6 +478,15 @@ impl TcpComm {
             .spawn(connection_task(self.shared.clone(), dst, pw.clone()));
         w[dst as usize] = Some(pw.clone());
         pw
+    }
+
+    /// What a receive from `src` reads the socket with while it waits
+    /// (`reader`).
+    fn drive(&self, src: Rank) -> Arc<dyn super::mailbox::Drive> {
+        Arc::new(ReadDrive {
+            shared: self.shared.clone(),
+            src,
+        })
     }
 
     fn all_writers(&self) -> Vec<Arc<PeerWriter>> {
@@ -652,7 +666,11 @@ async fn handshake(
                 ));
             }
             stream.write_all(&[ACK]).await?;
-            tokio::spawn(reader_task(shared.clone(), hello.rank, stream));
+            let reader = Arc::new(PeerReader::new(hello.rank, stream));
+            if let Some(slot) = shared.readers.get(hello.rank as usize) {
+                let _ = slot.set(reader.clone());
+            }
+            tokio::spawn(reader_task(shared.clone(), reader));
         }
         ConnKind::Control => {
             if shared.rank != 0 || shared.root_state.get().is_some() {
@@ -674,104 +692,6 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 /// explain it (a peer's death) before it fails the job itself.
 const DATA_ERROR_GRACE: Duration = Duration::from_secs(2);
 
-async fn reader_task(shared: Arc<Shared>, src: Rank, stream: TcpStream) {
-    let mut r = BufReader::with_capacity(32 << 10, stream);
-    loop {
-        let mut hb = [0u8; FRAME_HEADER_LEN];
-        match r.read_exact(&mut hb).await {
-            Ok(_) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return,
-            Err(e) => {
-                // The control plane reports deaths; a reset here usually is
-                // one, but only fail the job if nothing else explains it
-                // soon (a broken connection to a live peer would otherwise
-                // leave its receives waiting for ever).
-                tracing::debug!(rank = shared.rank, peer = src, error = %e, "data connection error");
-                connection_lost(&shared, src, format!("data connection failed: {e}")).await;
-                return;
-            }
-        }
-        let header = match FrameHeader::decode(&hb, shared.max_message) {
-            Ok(h) => h,
-            Err(e) => {
-                shared.fail_seen(CommError::Protocol {
-                    rank: shared.rank,
-                    peer: Some(src),
-                    detail: format!("bad data frame: {e}"),
-                });
-                return;
-            }
-        };
-        let len = header.len as usize;
-        // Where the payload goes: the landing of the receive waiting for
-        // it (a large message, once that receive is posted), else a
-        // pooled buffer; a receive posted while the payload is read takes
-        // over the rest of it, after one copy of what came before.
-        let landing = (len >= LAND_MIN)
-            .then(|| shared.mailbox.claim(src, header.tag, len, 0))
-            .flatten();
-        let mut dest = match landing {
-            Some(l) => Dest::Landing(l, 0),
-            None => match shared.pool.try_take(len) {
-                Some(buf) => Dest::Pool(buf),
-                None => {
-                    shared.fail_seen(CommError::Io {
-                        rank: shared.rank,
-                        peer: Some(src),
-                        detail: format!("cannot allocate {len} bytes for a message from this peer"),
-                    });
-                    return;
-                }
-            },
-        };
-        loop {
-            let read = match &mut dest {
-                Dest::Landing(l, _) if l.filled() < len => r.read_buf(l).await,
-                Dest::Pool(buf) if buf.len() < len => {
-                    let want = (len - buf.len()) as u64;
-                    (&mut r).take(want).read_buf(buf).await
-                }
-                _ => break,
-            };
-            if matches!(read, Ok(0) | Err(_)) {
-                let detail = format!("connection closed in the middle of a {len}-byte message");
-                connection_lost(&shared, src, detail).await;
-                return;
-            }
-            if let Dest::Pool(buf) = &mut dest {
-                if len >= LAND_MIN && buf.len() < len {
-                    if let Some(mut l) = shared.mailbox.claim(src, header.tag, len, 0) {
-                        let filled = buf.len();
-                        l.put_slice(buf);
-                        drop(shared.pool.wrap(std::mem::take(buf)));
-                        dest = Dest::Landing(l, filled);
-                    }
-                }
-            }
-        }
-        shared.stats.record_recv(src, len);
-        let payload = match dest {
-            Dest::Pool(buf) => Buffer::from_bytes(shared.pool.wrap(buf)),
-            Dest::Landing(l, copied) => match l.into_buffer() {
-                Ok(view) => {
-                    shared.stats.record_landed((len - copied) as u64);
-                    view
-                }
-                // The loop above ends only once every byte is in.
-                Err(l) => {
-                    shared.fail_seen(CommError::Protocol {
-                        rank: shared.rank,
-                        peer: Some(src),
-                        detail: format!("a {len}-byte message ended at byte {}", l.filled()),
-                    });
-                    return;
-                }
-            },
-        };
-        shared.mailbox.deliver(src, header.tag, payload);
-    }
-}
-
 /// A data connection from `src` that failed: a peer that died is reported
 /// by the control plane (naming it to every rank), so the job is failed
 /// here (with `detail`) only if nothing explains it within the grace
@@ -785,16 +705,6 @@ async fn connection_lost(shared: &Shared, src: Rank, detail: String) {
             detail,
         });
     }
-}
-
-/// Where a message's payload is being read to.
-enum Dest {
-    /// A buffer of the receive pool (no receive offered a landing yet).
-    Pool(Vec<u8>),
-    /// The landing of the receive it goes to (counting the bytes in it so
-    /// far), and how many of them were read before it was claimed (and
-    /// copied in).
-    Landing(Landing, usize),
 }
 
 /// Opens the data connection to `dst` and writes `pw`'s frames to it.
@@ -1178,14 +1088,20 @@ impl Communicator for TcpComm {
         if let Err(e) = check_rank(self.shared.rank, src, self.shared.nranks) {
             return RecvFuture::ready(Err(e));
         }
-        self.shared.mailbox.recv(src, tag)
+        self.shared
+            .mailbox
+            .recv(src, tag)
+            .driven_by(self.drive(src))
     }
 
     fn recv_landing(&self, src: Rank, tag: Tag, landing: Landing) -> RecvFuture {
         if let Err(e) = check_rank(self.shared.rank, src, self.shared.nranks) {
             return RecvFuture::ready(Err(e));
         }
-        self.shared.mailbox.recv_landing(src, tag, landing)
+        self.shared
+            .mailbox
+            .recv_landing(src, tag, landing)
+            .driven_by(self.drive(src))
     }
 
     fn abort(&self, reason: &str) {
