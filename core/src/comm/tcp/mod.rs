@@ -27,7 +27,11 @@
 //! buffer and read straight into a pooled buffer of the frame's size, or,
 //! from 64 KiB up, into the caller's own memory where its receive offered
 //! it (`recv_landing`; no copy beyond the kernel's either way, but the
-//! caller's copy out of the buffer is saved).
+//! caller's copy out of the buffer is saved). A connection is read by its
+//! task when the socket turns readable, and by a receive from that peer
+//! each time the waiting task polls it (`reader`): a rank that polls for
+//! a small collective takes the reply off the socket without a thread
+//! wake-up.
 //!
 //! Flow control: sends are eager; a receiver buffers messages that arrive
 //! before their receive is posted. Collectives bound what is in flight.
