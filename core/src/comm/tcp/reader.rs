@@ -338,7 +338,18 @@ impl PeerReader {
                 // Straight into place.
                 let got = match &mut f.dest {
                     Dest::Pool(v) => {
+                        // The pool's vector has room for the whole payload
+                        // (`BufferPool::try_take`); a read into no room
+                        // would look like the peer's close.
                         let spare = v.spare_capacity_mut();
+                        if spare.is_empty() {
+                            let e = CommError::Io {
+                                rank: shared.rank,
+                                peer: Some(self.src),
+                                detail: format!("no room for a {}-byte message", f.len),
+                            };
+                            return refused(end, e);
+                        }
                         let k = need.min(spare.len());
                         self.read_uninit(&mut spare[..k])
                     }
