@@ -706,6 +706,17 @@ fn tcp_backend_runs_the_job_in_processes() {
     .concat());
     assert!(ok, "{err}");
     assert!(out.contains("[rank 2]"), "rank output is prefixed: {out}");
+    // The job's line (rank 0's process, the ranks' counts summed), once.
+    let jobs: Vec<&str> = out
+        .lines()
+        .filter(|l| l.contains("rolling: 50000 rows in"))
+        .collect();
+    assert_eq!(jobs.len(), 1, "{out}");
+    assert!(
+        jobs[0].contains("50000 rows out, 3 ranks (tcp)"),
+        "{}",
+        jobs[0]
+    );
     assert!(tcp.exists() && local.exists());
 }
 

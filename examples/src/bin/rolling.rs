@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use arrow_schema::{DataType, TimeUnit};
+use braid_coll::ReduceKind;
 use braid_core::{BoxError, MemoryLimits};
 use braid_examples::{JobArgs, JobOutcome, init_tracing, run_job};
 use braid_kernels::rolling::{Agg, CalendarUnit, Closed, Window};
@@ -552,7 +553,16 @@ fn main() -> ExitCode {
                 r = job.run(ctx.clone(), Some(p)) => r?,
                 s = stop_signal() => return Err(format!("stopped by {s}").into()),
             };
-            Ok((counts, ctx.statistics().to_string()))
+            let stats = ctx.statistics().to_string();
+            // The job's totals on every rank: a process of a tcp or MPI
+            // job holds one rank's counts only.
+            let totals = braid_coll::allreduce(
+                &ctx,
+                vec![counts.rows_in as i64, counts.rows_out as i64],
+                ReduceKind::Sum,
+            )
+            .await?;
+            Ok((counts, Totals::new(&totals, ctx.nranks()), stats))
         }
     });
     let secs = start.elapsed().as_secs_f64();
@@ -561,21 +571,30 @@ fn main() -> ExitCode {
     let _ = ticker.join();
     match res {
         Ok(JobOutcome::Ran(per_rank)) => {
-            let rows_in: u64 = per_rank.iter().map(|(_, (c, _))| c.rows_in).sum();
-            let rows_out: u64 = per_rank.iter().map(|(_, (c, _))| c.rows_out).sum();
-            for (r, (c, stats)) in &per_rank {
+            for (r, (c, _, stats)) in &per_rank {
                 println!("rank {r}: {} rows in, {} rows out", c.rows_in, c.rows_out);
                 print!("{stats}");
             }
-            println!(
-                "rolling: {rows_in} rows in, {rows_out} rows out, {} ranks ({}), {secs:.3} s, {:.0} rows/s, peak RSS {} MiB",
-                cli.job.ranks,
-                cli.job.backend,
-                rows_in as f64 / secs.max(1e-9),
-                peak_rss_mib()
-                    .map(|m| m.to_string())
-                    .unwrap_or_else(|| "?".into())
-            );
+            // The job's line, once: where rank 0 ran (every process of a
+            // tcp or MPI job runs one rank).
+            if let Some((_, (_, t, _))) = per_rank.iter().find(|(r, _)| *r == 0) {
+                println!(
+                    "rolling: {} rows in, {} rows out, {} ranks ({}), {secs:.3} s, {:.0} rows/s, peak RSS {} MiB{}",
+                    t.rows_in,
+                    t.rows_out,
+                    t.nranks,
+                    cli.job.backend,
+                    t.rows_in as f64 / secs.max(1e-9),
+                    peak_rss_mib()
+                        .map(|m| m.to_string())
+                        .unwrap_or_else(|| "?".into()),
+                    if per_rank.len() < t.nranks as usize {
+                        " (rank 0's process)"
+                    } else {
+                        ""
+                    }
+                );
+            }
             ExitCode::SUCCESS
         }
         Ok(JobOutcome::Launched) => {
@@ -592,6 +611,25 @@ fn main() -> ExitCode {
             remove_created();
             eprintln!("error: {e}");
             ExitCode::FAILURE
+        }
+    }
+}
+
+/// The job's row counts summed over its ranks, and how many ranks it had.
+struct Totals {
+    rows_in: u64,
+    rows_out: u64,
+    nranks: u32,
+}
+
+impl Totals {
+    /// From the AllReduce of every rank's `[rows_in, rows_out]`.
+    fn new(summed: &[i64], nranks: u32) -> Totals {
+        let at = |i: usize| summed.get(i).map_or(0, |v| (*v).max(0) as u64);
+        Totals {
+            rows_in: at(0),
+            rows_out: at(1),
+            nranks,
         }
     }
 }
