@@ -579,10 +579,11 @@ fn main() -> ExitCode {
             // tcp or MPI job runs one rank).
             if let Some((_, (_, t, _))) = per_rank.iter().find(|(r, _)| *r == 0) {
                 println!(
-                    "rolling: {} rows in, {} rows out, {} ranks ({}), {secs:.3} s, {:.0} rows/s, peak RSS {} MiB{}",
+                    "rolling: {} rows in, {} rows out, {} rank{} ({}), {secs:.3} s, {:.0} rows/s, peak RSS {} MiB{}",
                     t.rows_in,
                     t.rows_out,
                     t.nranks,
+                    if t.nranks == 1 { "" } else { "s" },
                     cli.job.backend,
                     t.rows_in as f64 / secs.max(1e-9),
                     peak_rss_mib()
