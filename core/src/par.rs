@@ -20,6 +20,16 @@
 //! share of the cores (`cores_per_rank`), so ranks that split at once do
 //! not queue behind each other for long.
 //!
+//! [`spawn`] hands one owned piece of work to a helper and returns at
+//! once; the caller goes on with work of its own (a collective's receives,
+//! whose transport progresses in the caller's thread) and joins it later:
+//!
+//! ```text
+//!   caller:   push job ──► own work (receives) ──► join: take the job back
+//!             if still queued and run it, else wait for the latch
+//!   helper:   pop the job, run it, count the latch down
+//! ```
+//!
 //! Invariant the borrowed `f` rests on: `for_each_share` does not return,
 //! nor unwind, before every share it queued has run and counted the latch
 //! down (a panic in a share is caught and raised again in the caller after
@@ -33,16 +43,26 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 /// A share's work, with its lifetime erased (see the module invariant).
 type Work = &'static (dyn Fn(usize) + Sync);
 
-/// One queued share.
+/// What a queued job runs.
+enum Task {
+    /// Share `.1` of a [`for_each_share`] call's borrowed work.
+    Share(Work, usize),
+    /// A [`spawn`]ed closure, which owns what it uses.
+    Owned(Box<dyn FnOnce() + Send>),
+}
+
+/// One queued piece of work.
 struct Job {
-    work: Work,
-    share: usize,
+    task: Task,
     latch: Arc<Latch>,
 }
 
 impl Job {
     fn run(self) {
-        let r = catch_unwind(AssertUnwindSafe(|| (self.work)(self.share)));
+        let r = catch_unwind(AssertUnwindSafe(|| match self.task {
+            Task::Share(work, share) => work(share),
+            Task::Owned(f) => f(),
+        }));
         self.latch.count_down(r.err());
     }
 }
@@ -195,8 +215,7 @@ pub fn for_each_share(shares: usize, f: &(dyn Fn(usize) + Sync)) {
     let mut q = lock(&pool.queue);
     for share in 1..shares {
         q.push_back(Job {
-            work,
-            share,
+            task: Task::Share(work, share),
             latch: latch.clone(),
         });
     }
@@ -217,6 +236,71 @@ pub fn for_each_share(shares: usize, f: &(dyn Fn(usize) + Sync)) {
     }
     if let Some(p) = theirs {
         resume_unwind(p);
+    }
+}
+
+/// Work handed to a helper by [`spawn`]; [`Spawned::join`] gives its
+/// result. Dropped without a join, the work still runs (it owns what it
+/// uses) and its result is dropped.
+pub struct Spawned<R> {
+    latch: Arc<Latch>,
+    out: Arc<Mutex<Option<R>>>,
+}
+
+/// Runs `f` on a helper thread while the caller goes on; where the process
+/// has no helpers (one core), `f` runs here, now. For work of tens of
+/// microseconds or more that the caller can overlap with its own (a
+/// collective's own part copied while its thread receives the others').
+pub fn spawn<R: Send + 'static>(f: impl FnOnce() -> R + Send + 'static) -> Spawned<R> {
+    let out = Arc::new(Mutex::new(None));
+    let latch = Arc::new(Latch {
+        state: Mutex::new((1, None)),
+        zero: Condvar::new(),
+        left: AtomicUsize::new(1),
+    });
+    let slot = out.clone();
+    let job = Job {
+        task: Task::Owned(Box::new(move || *lock(&slot) = Some(f()))),
+        latch: latch.clone(),
+    };
+    let pool = pool();
+    if pool.helpers.load(Ordering::Relaxed) == 0 {
+        job.run();
+    } else {
+        let mut q = lock(&pool.queue);
+        q.push_back(job);
+        pool.queued.store(q.len(), Ordering::Relaxed);
+        drop(q);
+        pool.ready.notify_one();
+    }
+    Spawned { latch, out }
+}
+
+impl<R> Spawned<R> {
+    /// Whether the work has run (a join then returns without waiting).
+    pub fn is_done(&self) -> bool {
+        self.latch.left.load(Ordering::Acquire) == 0
+    }
+
+    /// The work's result, once it ran: taken back and run here if no
+    /// helper has started it, else waited for (spinning first, as
+    /// [`for_each_share`] waits). A panic in the work is raised again here.
+    pub fn join(self) -> R {
+        let pool = pool();
+        while let Some(j) = pool.pop(&mut lock(&pool.queue), |j| {
+            Arc::ptr_eq(&j.latch, &self.latch)
+        }) {
+            j.run();
+        }
+        if let Some(p) = self.latch.wait() {
+            resume_unwind(p);
+        }
+        match lock(&self.out).take() {
+            Some(r) => r,
+            // (The work ran to its end without a panic: it stored its
+            // result before counting the latch down.)
+            None => unreachable!("a spawned job counted down without a result or a panic"),
+        }
     }
 }
 
@@ -256,6 +340,32 @@ mod tests {
                 });
             }
         });
+    }
+
+    #[test]
+    fn spawned_work_runs_once_and_its_result_comes_back() {
+        for k in 0..200u64 {
+            let v: Vec<u64> = (0..1000).map(|i| i * k).collect();
+            let job = spawn(move || v.iter().sum::<u64>());
+            if k % 3 == 0 {
+                std::thread::sleep(std::time::Duration::from_micros(50));
+            }
+            assert_eq!(job.join(), 999 * 1000 / 2 * k);
+        }
+        // Many at once, joined in reverse order.
+        let jobs: Vec<_> = (0..64u64).map(|k| spawn(move || k * k)).collect();
+        for (k, j) in jobs.into_iter().enumerate().rev() {
+            assert_eq!(j.join(), (k * k) as u64);
+        }
+        // A panic comes back at the join, and the helpers survive it.
+        let bad = spawn(|| -> u32 { panic!("spawned work fails") });
+        assert!(catch_unwind(AssertUnwindSafe(|| bad.join())).is_err());
+        let ok = spawn(|| 7u32);
+        let start = std::time::Instant::now();
+        while !ok.is_done() && start.elapsed() < std::time::Duration::from_secs(10) {
+            std::thread::yield_now();
+        }
+        assert_eq!(ok.join(), 7);
     }
 
     #[test]

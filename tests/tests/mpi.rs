@@ -163,6 +163,11 @@ fn mpi_a_rank_that_computes_still_receives() {
     }
 }
 
+/// With `BRAID_COPY_THREADS=2` a rank copies with two threads where it
+/// would with one on a 2-core host (two ranks: a core each): result
+/// copies split, and an AllToAll's own part copied by a helper while the
+/// rank receives the others' (`helper_copies`). The tag-bound variant
+/// below runs the default.
 #[test]
 fn mpi_collective_suite() {
     collective_suite(None);
@@ -188,9 +193,10 @@ fn mpi_collective_suite_at_the_smallest_tag_bound() {
 fn collective_suite(tag_ub: Option<&str>) {
     for n in RANK_COUNTS {
         let mut cmd = mpirun(n);
-        if let Some(ub) = tag_ub {
-            cmd.env("BRAID_MPI_TAG_UB", ub);
-        }
+        match tag_ub {
+            Some(ub) => cmd.env("BRAID_MPI_TAG_UB", ub),
+            None => cmd.env("BRAID_COPY_THREADS", "2"),
+        };
         let lines: Vec<String> = run_cmd(cmd, n, &["coll", &(800 + n).to_string()])
             .into_iter()
             .filter(|l| l.starts_with("coll"))
