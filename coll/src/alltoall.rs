@@ -559,8 +559,6 @@ async fn exchange<T: Element>(
                             l.into_buffer()
                         });
                         let r = frames.as_mut().await;
-                        if std::env::var_os("BRAID_X_DBG").is_some() {
-                        }
                         if let Ok(view) = copy.join() {
                             parts[me as usize] = Some(Elements::from_buffer(view));
                         }
