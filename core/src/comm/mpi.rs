@@ -247,8 +247,9 @@ enum Driving {
 
 struct Pending {
     req: Request<'static, [u8], StaticScope>,
-    /// Owns the bytes `req` reads; dropped only after `req` completes.
-    _buf: Buffer,
+    /// Owns the bytes `req` reads; dropped only after `req` completes,
+    /// and before `done` is answered.
+    buf: Buffer,
     done: oneshot::Sender<Result<(), CommError>>,
 }
 
@@ -467,6 +468,10 @@ impl Engine {
             match p.req.test() {
                 Ok(_) => {
                     busy = true;
+                    // The bytes go before the caller hears: a sender may
+                    // reclaim memory the buffer views once its send is
+                    // done (a collective's result it sent a block from).
+                    drop(p.buf);
                     let _ = p.done.send(Ok(()));
                 }
                 Err(req) => {
@@ -551,11 +556,7 @@ impl Engine {
                     .process_at_rank(q as i32)
                     .immediate_send_with_tag(StaticScope, data, 0);
                 let (done, _) = oneshot::channel();
-                self.pending.push(Pending {
-                    req,
-                    _buf: buf,
-                    done,
-                });
+                self.pending.push(Pending { req, buf, done });
             }
         }
         if self.pending.is_empty() && self.notices_sent && self.notices_heard + 1 >= self.nranks {
@@ -761,11 +762,7 @@ impl Engine {
             .world
             .process_at_rank(dst as i32)
             .immediate_send_with_tag(StaticScope, data, self.tags.encode(tag));
-        self.pending.push(Pending {
-            req,
-            _buf: buf,
-            done,
-        });
+        self.pending.push(Pending { req, buf, done });
     }
 }
 
