@@ -89,9 +89,8 @@ pub trait Communicator: Send + Sync + 'static {
     /// Sends `data` to `dst` with `tag`. Ordering is fixed at the call; the
     /// future resolves when the bytes have left this rank. Over tcp and mpi,
     /// to another rank, the transport has dropped its handles to `data` by
-    /// then (a sender
-    /// may reclaim memory that `data` views); between in-process ranks the
-    /// buffer itself is what the receiver gets.
+    /// then (a sender may reclaim memory that `data` views); between
+    /// in-process ranks the buffer itself is what the receiver gets.
     fn send(&self, dst: Rank, tag: Tag, data: Buffer) -> SendFuture;
 
     /// Receives the next message from `src` with `tag`.
