@@ -69,9 +69,11 @@ const OWN_PIECE: usize = 256 << 10;
 /// while the receives progress here (mpi): from 256 KiB (a hand-off
 /// costs ~1 us, the copy ~15-25 us from there; `fill_threads`' share),
 /// where the rank has a core beside its own (`fill_threads`, which
-/// `BRAID_COPY_THREADS=1` turns off). On the 2-core VM, two ranks each copied their own half of
-/// a 1 MiB AllToAll (17 us) and then received the other's (48 us) one
-/// after the other: a call took the sum, where MPI's took 10-15% less.
+/// `BRAID_COPY_THREADS=1` turns off). Without it, two ranks of a 1 MiB
+/// AllToAll each copied their own half (17 us on the 2-core VM) and then
+/// received the other's (48 us), one after the other; with it, on the
+/// 16-core host, the call went from 0.80-0.89 to 1.18-1.39 of
+/// `MPI_Alltoall` (BENCHMARKS.md, forty-fourth session).
 fn helper_copies(bytes: usize) -> bool {
     braid_core::memory::fill_threads(bytes.saturating_mul(2)) >= 2
 }
