@@ -712,3 +712,51 @@ pub async fn reduce_scatter<T: Element>(
     let bytes = data.buffer().len();
     streaming(ctx, bytes, |cb| start_reduce_scatter(ctx, data, op, cb)).await
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn landing_elems_takes_only_whole_aligned_elements() {
+        // A zone of f64: a landing at an element offset is 8-aligned.
+        let zone = LandingZone::new(vec![0.0f64; 6]);
+        let mut l = zone.landing(16, 24).unwrap_or_else(|| panic!("landing"));
+        assert_eq!(landing_elems::<f64>(&mut l).map(|s| s.len()), Some(3));
+        // The same memory as bytes at an odd offset, or a length that is
+        // not whole elements: refused (the caller then copies instead).
+        let zone = LandingZone::new(vec![0u64; 4]);
+        let mut odd = zone.landing(1, 16).unwrap_or_else(|| panic!("landing"));
+        assert!(landing_elems::<f64>(&mut odd).is_none());
+        let mut short = zone.landing(24, 4).unwrap_or_else(|| panic!("landing"));
+        assert!(landing_elems::<f64>(&mut short).is_none());
+        assert_eq!(landing_elems::<i32>(&mut short).map(|s| s.len()), Some(1));
+    }
+
+    #[test]
+    fn reduce_into_a_landing_sums_in_rank_order() {
+        let parts: Vec<Vec<f64>> = (0..3)
+            .map(|r| (0..5000).map(|i| (i * 7 + r * 13) as f64 * 0.1).collect())
+            .collect();
+        let slices: Vec<&[f64]> = parts.iter().map(|p| p.as_slice()).collect();
+        let op = ReduceOp::Builtin(ReduceKind::Sum);
+        // Rank order: (p0 + p1) + p2, element by element.
+        let want: Vec<f64> = (0..5000)
+            .map(|i| (parts[0][i] + parts[1][i]) + parts[2][i])
+            .collect();
+        let zone = LandingZone::new(vec![f64::NAN; 5000]);
+        let mut l = zone
+            .landing(0, 5000 * 8)
+            .unwrap_or_else(|| panic!("landing"));
+        let out = landing_elems::<f64>(&mut l).unwrap_or_else(|| panic!("aligned"));
+        reduce_rank_order_into(&op, &slices, out);
+        // SAFETY: every element was just written.
+        unsafe { l.assume_filled() };
+        let view = l.into_buffer().unwrap_or_else(|_| panic!("filled"));
+        let got: &[f64] = bytemuck::cast_slice(view.as_slice());
+        assert_eq!(
+            bytemuck::cast_slice::<f64, u8>(got),
+            bytemuck::cast_slice::<f64, u8>(&want)
+        );
+    }
+}
