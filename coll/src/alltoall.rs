@@ -543,50 +543,45 @@ async fn exchange<T: Element>(
             if let Poll::Ready(r) = futures::poll!(frames.as_mut()) {
                 got = Some(r);
             }
-            if got.is_none()
-                && comm.backend() == Backend::Mpi
-                && let (Some(z), Some(own)) = (zone, parts[me as usize].as_ref())
-                && helper_copies(own.buffer().len())
-            {
-                // Over MPI the receives progress in this thread (a pass
-                // copies a shared-memory message inside `MPI_Imrecv`): a
-                // helper copies this rank's own part meanwhile, where the
-                // rank has a core to spare for it.
-                let (o, c) = spec.recv(me as usize);
-                if let Some(mut l) = (c > 0).then(|| z.landing(o * sz, c * sz)).flatten() {
-                    let own = own.buffer().clone();
-                    if own.len() == l.len() {
-                        let copy = braid_core::par::spawn(move || {
-                            l.put_slice(own.as_slice());
-                            l.into_buffer()
-                        });
-                        let r = frames.as_mut().await;
-                        if let Ok(view) = copy.join() {
-                            parts[me as usize] = Some(Elements::from_buffer(view));
-                        }
-                        got = Some(r);
-                    }
+            // This rank's own part and its place in the result.
+            let own_place = match (got.is_none(), zone, parts[me as usize].as_ref()) {
+                (true, Some(z), Some(own)) => {
+                    let (o, c) = spec.recv(me as usize);
+                    (c > 0)
+                        .then(|| z.landing(o * sz, c * sz))
+                        .flatten()
+                        .filter(|l| l.len() == own.buffer().len())
+                        .map(|l| (l, own.buffer().clone()))
                 }
-            }
-            if got.is_none()
-                && let (Some(z), Some(own)) = (zone, parts[me as usize].as_ref())
-            {
-                let (o, c) = spec.recv(me as usize);
-                if let Some(mut l) = (c > 0).then(|| z.landing(o * sz, c * sz)).flatten() {
-                    let own = own.buffer();
-                    if own.len() == l.len() {
-                        for piece in own.as_slice().chunks(OWN_PIECE) {
-                            l.put_slice(piece);
-                            if got.is_none()
-                                && l.remaining_mut() > 0
-                                && let Poll::Ready(r) = futures::poll!(frames.as_mut())
-                            {
-                                got = Some(r);
-                            }
+                _ => None,
+            };
+            if let Some((mut l, own)) = own_place {
+                if comm.backend() == Backend::Mpi && helper_copies(own.len()) {
+                    // Over MPI the receives progress in this thread (a pass
+                    // copies a shared-memory message inside `MPI_Imrecv`): a
+                    // helper copies this rank's own part meanwhile, where the
+                    // rank has a core to spare for it.
+                    let copy = braid_core::par::spawn(move || {
+                        l.put_slice(own.as_slice());
+                        l.into_buffer()
+                    });
+                    let r = frames.as_mut().await;
+                    if let Ok(view) = copy.join() {
+                        parts[me as usize] = Some(Elements::from_buffer(view));
+                    }
+                    got = Some(r);
+                } else {
+                    for piece in own.as_slice().chunks(OWN_PIECE) {
+                        l.put_slice(piece);
+                        if got.is_none()
+                            && l.remaining_mut() > 0
+                            && let Poll::Ready(r) = futures::poll!(frames.as_mut())
+                        {
+                            got = Some(r);
                         }
-                        if let Ok(view) = l.into_buffer() {
-                            parts[me as usize] = Some(Elements::from_buffer(view));
-                        }
+                    }
+                    if let Ok(view) = l.into_buffer() {
+                        parts[me as usize] = Some(Elements::from_buffer(view));
                     }
                 }
             }
