@@ -117,7 +117,7 @@ fn wrong_token_is_refused_and_job_carries_on() {
     s.set_read_timeout(Some(Duration::from_secs(20)))
         .expect("timeout");
     let hello = Hello {
-        kind: ConnKind::Data,
+        kind: ConnKind::Data { lane: 0 },
         token: b"not-the-token".to_vec(),
         rank: 0,
         nranks: 3,
@@ -201,7 +201,7 @@ fn a_second_data_connection_from_one_rank_is_refused() {
     s.set_read_timeout(Some(Duration::from_secs(20)))
         .expect("timeout");
     let hello = Hello {
-        kind: ConnKind::Data,
+        kind: ConnKind::Data { lane: 0 },
         token: token.clone().into_bytes(),
         rank: 0,
         nranks: 2,
@@ -232,7 +232,7 @@ fn a_frame_claiming_more_memory_than_exists_fails_the_rank() {
     s.set_read_timeout(Some(Duration::from_secs(20)))
         .expect("timeout");
     let hello = Hello {
-        kind: ConnKind::Data,
+        kind: ConnKind::Data { lane: 0 },
         token: token.into_bytes(),
         rank: 0,
         nranks: 2,
@@ -245,7 +245,11 @@ fn a_frame_claiming_more_memory_than_exists_fails_the_rank() {
         "the connection is accepted"
     );
     let tag = Tag::new(OpId(5), 0);
-    let header = FrameHeader { tag, len: 1 << 62 };
+    let header = FrameHeader {
+        tag,
+        len: 1 << 62,
+        pieces: 0,
+    };
     s.write_all(&header.encode()).expect("write");
     let err = rt
         .block_on(async {

@@ -357,6 +357,42 @@ impl Landing {
         self.filled = self.len;
     }
 
+    /// Splits the region at byte `at`: `self` keeps `[0, at)`, the tail
+    /// `[at, len)` comes back as a landing of its own, so that two writers
+    /// (a message's pieces read from two sockets) fill one region at once.
+    /// `None` (nothing split) when `at` is past the end or inside the
+    /// written front. [`unsplit`](Self::unsplit) joins the two again.
+    pub fn split_off(&mut self, at: usize) -> Option<Landing> {
+        if at > self.len || self.filled > at {
+            return None;
+        }
+        let tail = Landing {
+            zone: self.zone.clone(),
+            offset: self.offset + at,
+            len: self.len - at,
+            filled: 0,
+        };
+        self.len = at;
+        Some(tail)
+    }
+
+    /// Joins `tail`, the region that follows this one in the same zone (as
+    /// [`split_off`](Self::split_off) left it), back on; this region must
+    /// be wholly written, so that the written bytes stay one front. The
+    /// tail back where it does not follow or this region is not full.
+    pub fn unsplit(&mut self, tail: Landing) -> Result<(), Landing> {
+        let same = std::ptr::eq(
+            Arc::as_ptr(&self.zone) as *const u8,
+            Arc::as_ptr(&tail.zone) as *const u8,
+        );
+        if !same || tail.offset != self.offset + self.len || self.filled != self.len {
+            return Err(tail);
+        }
+        self.len += tail.len;
+        self.filled += tail.filled;
+        Ok(())
+    }
+
     /// The landed bytes as a buffer that views the region (no copy); the
     /// zone stays shared until the buffer and its clones are dropped. The
     /// landing back where not every byte is written yet.
@@ -401,6 +437,46 @@ impl AsRef<[u8]> for Landed {
     }
 }
 
+impl<T: bytemuck::Pod + Send> LandingZone<T> {
+    /// The vector back with its every element written through `whole`, a
+    /// wholly written landing of this zone that covers all of it (the
+    /// pieces of an `uninit` or `reusing` zone's one region, joined):
+    /// the vector then holds the landed bytes as its elements, nothing
+    /// copied. `None` where `whole` is not that (another zone's, a part,
+    /// not all written) or another landing or view of the zone is alive;
+    /// the zone and `whole` are dropped then.
+    pub fn into_landed_vec(self, whole: Landing) -> Option<Vec<T>> {
+        let size = std::mem::size_of::<T>();
+        let ours = std::ptr::eq(
+            Arc::as_ptr(&self.mem) as *const u8,
+            Arc::as_ptr(&whole.zone) as *const u8,
+        );
+        if !ours
+            || whole.offset != 0
+            || whole.len != self.mem.bytes
+            || whole.filled != whole.len
+            || size == 0
+            || self.mem.bytes % size != 0
+        {
+            return None;
+        }
+        let len = self.mem.bytes / size;
+        drop(whole);
+        let mut v = self.into_vec().ok()?;
+        if v.capacity() < len {
+            return None;
+        }
+        // SAFETY: `whole` covered the zone's `bytes` from its base (the
+        // vector's first element) and every one of those bytes was written
+        // (its `filled` equals its `len`); they lie in the vector's
+        // capacity (a zone never exceeds it: `over` is given the vector's
+        // length or a capacity checked by `uninit` / `reusing`), and any
+        // bytes are a valid `T` (Pod).
+        unsafe { v.set_len(len) };
+        Some(v)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -433,6 +509,60 @@ mod tests {
         drop(view);
         let v = zone.into_vec().ok().unwrap();
         assert_eq!(v, vec![1, 2, 0, 0, u32::MAX, u32::MAX, u32::MAX, u32::MAX]);
+    }
+
+    #[test]
+    fn split_pieces_fill_at_once_and_join_into_the_vector() {
+        let zone = LandingZone::<u8>::reusing(Vec::with_capacity(10), 10).unwrap();
+        let mut a = zone.landing(0, 10).unwrap();
+        // Past the end, or into a written front: refused.
+        assert!(a.split_off(11).is_none());
+        let mut c = a.split_off(7).unwrap();
+        let mut b = a.split_off(3).unwrap();
+        assert_eq!((a.len(), b.len(), c.len()), (3, 4, 3));
+        // Written in any order, each front to back.
+        c.put_slice(&[7, 8, 9]);
+        b.put_slice(&[3, 4]);
+        a.put_slice(&[0, 1]);
+        assert!(a.split_off(1).is_none());
+        // Not joined while the front is not full, nor out of order.
+        let b = a.unsplit(b).unwrap_err();
+        a.put_slice(&[2]);
+        let c = a.unsplit(c).unwrap_err();
+        a.unsplit(b).unwrap();
+        assert_eq!(a.filled(), 5);
+        // The front is full only once b's rest is written.
+        let c = a.unsplit(c).unwrap_err();
+        a.put_slice(&[5, 6]);
+        a.unsplit(c).unwrap();
+        assert_eq!((a.len(), a.filled()), (10, 10));
+        // Another zone's landing does not join.
+        let other = LandingZone::new(vec![0u8; 4]);
+        let mut o = other.landing(0, 2).unwrap();
+        o.put_slice(&[1, 1]);
+        let tail = other.landing(2, 2).unwrap();
+        assert!(a.unsplit(tail).is_err());
+        let v = zone.into_landed_vec(a).unwrap();
+        assert_eq!(v, (0..10).collect::<Vec<u8>>());
+        // Not all written, or not the whole zone: no vector.
+        let zone = LandingZone::<u8>::uninit(4).unwrap();
+        let mut l = zone.landing(0, 4).unwrap();
+        l.put_slice(&[1, 2, 3]);
+        assert!(zone.into_landed_vec(l).is_none());
+        let zone = LandingZone::<u32>::uninit(2).unwrap();
+        let mut l = zone.landing(0, 4).unwrap();
+        l.put_slice(&[1; 4]);
+        assert!(zone.into_landed_vec(l).is_none());
+        let zone = LandingZone::<u32>::uninit(2).unwrap();
+        let mut l = zone.landing(0, 8).unwrap();
+        l.put_slice(&[1, 0, 0, 0, 2, 0, 0, 0]);
+        assert_eq!(
+            zone.into_landed_vec(l).unwrap(),
+            vec![
+                u32::from_le_bytes([1, 0, 0, 0]),
+                u32::from_le_bytes([2, 0, 0, 0])
+            ]
+        );
     }
 
     #[test]

@@ -10,8 +10,13 @@
 //!   (shutdown), Abort and Died notices for the rest of the job.
 //!
 //! data plane (lazy, one direction per connection)
-//!   first send r -> d opens r ──Hello{data, token, r}──> d, then frames
-//!   flow r -> d only. Only pairs that talk get sockets.
+//!   first send r -> d opens r ──Hello{data lane 0, token, r}──> d, then
+//!   frames flow r -> d only. Only pairs that talk get sockets.
+//!   a message of 2 x STRIPE_PIECE or more goes in k pieces (k up to the
+//!   rank's lanes): piece 0 on lane 0 behind a header that announces the
+//!   split, piece i on lane i (opened on first use), each written by its
+//!   own connection's task and read by its own reader, on the rank's
+//!   worker threads at once (`reader::Lanes` for the receiving side).
 //! ```
 //!
 //! Failure detection: rank 0 sees a rank die as an end of its control
@@ -33,6 +38,12 @@
 //! a small collective takes the reply off the socket without a thread
 //! wake-up.
 //!
+//! Lanes: one loopback TCP stream moves 4-5 GB/s (a kernel copy on each
+//! side, one core each); k streams move k times that on a host with the
+//! cores (16 MiB one way, 16-core host: 4.0 GB/s on 1 stream, 8.4 on 2,
+//! 14.9 on 4; BENCHMARKS.md, 2026-11-29). A rank uses as many lanes as its
+//! runtime has workers, at most `DEFAULT_LANES` (`TcpConfig::lanes`).
+//!
 //! Flow control: sends are eager; a receiver buffers messages that arrive
 //! before their receive is posted. Collectives bound what is in flight.
 
@@ -51,9 +62,9 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
-use self::reader::{PeerReader, ReadDrive, reader_task};
-use self::wire::{ACK, ConnKind, Control, Hello, WireError};
-use self::writer::{PeerWriter, Sent};
+use self::reader::{Lanes, PeerReader, ReadDrive, reader_task};
+use self::wire::{ACK, ConnKind, Control, FrameHeader, Hello, MAX_LANES, WireError, stripe_piece};
+use self::writer::{PeerWriter, Sent, Write};
 use super::mailbox::Mailbox;
 use super::{Backend, Communicator, RecvFuture, SendFuture, check_rank};
 use crate::Rank;
@@ -75,6 +86,13 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// per-peer state for each other rank, so a mistyped count should fail
 /// here rather than in an allocation.
 const MAX_RANKS: u32 = 1 << 16;
+/// The least piece a striped message is split into: messages of twice
+/// this or more are striped over the lanes, as many pieces as lanes but
+/// none smaller than this (a piece's own header and wake-ups cost a few
+/// us, a 512 KiB piece ~100 us on one stream).
+const STRIPE_PIECE: usize = 512 << 10;
+/// Lanes a rank uses by default, where its runtime has the workers.
+pub const DEFAULT_LANES: u8 = 4;
 
 /// How a tcp rank finds and joins its job.
 #[derive(Debug, Clone)]
@@ -94,6 +112,11 @@ pub struct TcpConfig {
     pub timeout: Duration,
     /// Largest message accepted; frames claiming more are refused.
     pub max_message_bytes: u64,
+    /// Data connections to a peer that a large message is split over (1:
+    /// never split; at most [`MAX_LANES`]). `None`: as many as the rank's
+    /// runtime has worker threads, at most [`DEFAULT_LANES`] (each lane's
+    /// bytes are copied by the thread that runs its task).
+    pub lanes: Option<u8>,
 }
 
 impl TcpConfig {
@@ -110,12 +133,14 @@ impl TcpConfig {
             listen: IpAddr::V4(Ipv4Addr::LOCALHOST),
             timeout: Duration::from_secs(60),
             max_message_bytes: Self::DEFAULT_MAX_MESSAGE,
+            lanes: None,
         }
     }
 
     /// Reads `BRAID_RANK`, `BRAID_NRANKS`, `BRAID_ROOT`, `BRAID_TOKEN` and
-    /// the optional `BRAID_LISTEN` (IP), `BRAID_TIMEOUT` (seconds) and
-    /// `BRAID_MAX_MESSAGE` (bytes). `Ok(None)` when `BRAID_NRANKS` is unset.
+    /// the optional `BRAID_LISTEN` (IP), `BRAID_TIMEOUT` (seconds),
+    /// `BRAID_MAX_MESSAGE` (bytes) and `BRAID_TCP_LANES` (1 to
+    /// [`MAX_LANES`]). `Ok(None)` when `BRAID_NRANKS` is unset.
     pub fn from_env() -> Result<Option<TcpConfig>, CommError> {
         let get = |k: &str| std::env::var(k).ok();
         let Some(nranks) = get("BRAID_NRANKS") else {
@@ -156,6 +181,18 @@ impl TcpConfig {
                 .map_err(|_| bad(format!("BRAID_TIMEOUT={t:?} is not a number of seconds")))?;
             c.timeout = Duration::from_secs(secs);
         }
+        if let Some(l) = get("BRAID_TCP_LANES") {
+            c.lanes = Some(
+                l.parse::<u8>()
+                    .ok()
+                    .filter(|n| (1..=MAX_LANES).contains(n))
+                    .ok_or_else(|| {
+                        bad(format!(
+                            "BRAID_TCP_LANES={l:?} is not a number from 1 to {MAX_LANES}"
+                        ))
+                    })?,
+            );
+        }
         if let Some(m) = get("BRAID_MAX_MESSAGE") {
             c.max_message_bytes = m
                 .parse()
@@ -175,13 +212,22 @@ struct Shared {
     mailbox: Arc<Mailbox>,
     stats: Arc<Statistics>,
     addrs: OnceLock<Vec<String>>,
+    /// Lanes a large message to a peer is split over (1: none).
+    lanes: u8,
+    /// Per (peer, lane) (index `peer * MAX_LANES + lane`): the outgoing
+    /// data connection, once used.
     writers: Mutex<Vec<Option<Arc<PeerWriter>>>>,
-    /// Per peer: whether its data connection was accepted (one each: two
-    /// would interleave its messages and break their per-tag order).
+    /// Per peer: held while a striped message's pieces are queued on its
+    /// lanes, so that every lane carries pieces in lane 0's order.
+    stripe_order: Vec<Mutex<()>>,
+    /// Per (peer, lane): whether its data connection was accepted (one
+    /// each: two would interleave its frames and break their order).
     data_accepted: Vec<AtomicBool>,
-    /// Per peer: its data connection's reading side, once accepted (read
-    /// by its task and by receives waiting for it: `reader`).
+    /// Per peer: its lane-0 data connection's reading side, once accepted
+    /// (read by its task and by receives waiting for it: `reader`).
     readers: Vec<OnceLock<Arc<PeerReader>>>,
+    /// Per peer: the pieces its lanes are to read next (`reader::Lanes`).
+    lanes_in: Vec<OnceLock<Arc<Lanes>>>,
     /// Large received messages are allocated from here.
     pool: Arc<BufferPool>,
     control: OnceLock<mpsc::UnboundedSender<CtrlItem>>,
@@ -399,9 +445,18 @@ impl TcpComm {
             mailbox: Arc::new(Mailbox::new(config.rank)),
             stats: Arc::new(Statistics::new(config.rank, config.nranks)),
             addrs: OnceLock::new(),
-            writers: Mutex::new((0..config.nranks).map(|_| None).collect()),
-            data_accepted: (0..config.nranks).map(|_| AtomicBool::new(false)).collect(),
+            lanes: lanes_for(config.lanes),
+            writers: Mutex::new(
+                (0..config.nranks as usize * usize::from(MAX_LANES))
+                    .map(|_| None)
+                    .collect(),
+            ),
+            stripe_order: (0..config.nranks).map(|_| Mutex::new(())).collect(),
+            data_accepted: (0..config.nranks as usize * usize::from(MAX_LANES))
+                .map(|_| AtomicBool::new(false))
+                .collect(),
             readers: (0..config.nranks).map(|_| OnceLock::new()).collect(),
+            lanes_in: (0..config.nranks).map(|_| OnceLock::new()).collect(),
             pool: BufferPool::new(RECV_POOL_BYTES),
             control: OnceLock::new(),
             root_state: OnceLock::new(),
@@ -429,6 +484,15 @@ impl TcpComm {
     /// Starts `nranks` tcp ranks inside this process over loopback (tests
     /// and benchmarks: the same code path as separate processes).
     pub async fn in_process_world(nranks: u32) -> Result<Vec<TcpComm>, CommError> {
+        Self::in_process_world_with(nranks, |_| {}).await
+    }
+
+    /// [`in_process_world`](Self::in_process_world) with each rank's
+    /// config adjusted by `configure` (its lanes, say) before it joins.
+    pub async fn in_process_world_with(
+        nranks: u32,
+        configure: impl Fn(&mut TcpConfig),
+    ) -> Result<Vec<TcpComm>, CommError> {
         let root = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
             .await
             .map_err(|e| CommError::Bootstrap {
@@ -443,7 +507,8 @@ impl TcpComm {
         let mut futs = Vec::new();
         let mut root = Some(root);
         for r in 0..nranks {
-            let cfg = TcpConfig::new(r, nranks, root_addr.to_string(), token.clone());
+            let mut cfg = TcpConfig::new(r, nranks, root_addr.to_string(), token.clone());
+            configure(&mut cfg);
             let l = root.take();
             futs.push(tokio::spawn(async move {
                 match l {
@@ -467,21 +532,61 @@ impl TcpComm {
         self.listen_addr
     }
 
-    fn writer(&self, dst: Rank) -> Arc<PeerWriter> {
+    /// The data connection to `dst` on `lane`, opened on first use.
+    fn writer(&self, dst: Rank, lane: u8) -> Arc<PeerWriter> {
         let mut w = self
             .shared
             .writers
             .lock()
             .unwrap_or_else(|p| p.into_inner());
-        if let Some(Some(pw)) = w.get(dst as usize) {
+        let at = dst as usize * usize::from(MAX_LANES) + usize::from(lane);
+        if let Some(Some(pw)) = w.get(at) {
             return pw.clone();
         }
         let pw = Arc::new(PeerWriter::new(self.shared.rank, dst));
         self.shared
             .runtime
-            .spawn(connection_task(self.shared.clone(), dst, pw.clone()));
-        w[dst as usize] = Some(pw.clone());
+            .spawn(connection_task(self.shared.clone(), dst, lane, pw.clone()));
+        if let Some(slot) = w.get_mut(at) {
+            *slot = Some(pw.clone());
+        }
         pw
+    }
+
+    /// Pieces a `len`-byte message goes in (1: whole).
+    fn pieces_for(&self, len: usize) -> u8 {
+        let most = (len / STRIPE_PIECE).min(usize::from(self.shared.lanes));
+        if most >= 2 { most as u8 } else { 1 }
+    }
+
+    /// Queues `data` to `dst` in `k` pieces, piece i on lane i (see the
+    /// module doc); what became of each.
+    fn send_striped(&self, dst: Rank, tag: Tag, data: Buffer, k: u8) -> Vec<Sent> {
+        let len = data.len() as u64;
+        let writers: Vec<_> = (0..k).map(|i| self.writer(dst, i)).collect();
+        let order = &self.shared.stripe_order[dst as usize];
+        let _order = order.lock().unwrap_or_else(|p| p.into_inner());
+        let mut sent = Vec::with_capacity(usize::from(k));
+        // Lanes 1.. first, to their tasks, which write while this thread
+        // writes lane 0's piece.
+        for (i, w) in writers.iter().enumerate().skip(1) {
+            let (start, size) = stripe_piece(len, k, i as u8);
+            let piece = data.slice(start as usize..(start + size) as usize);
+            let header = FrameHeader {
+                tag,
+                len: size,
+                pieces: 0,
+            };
+            sent.push(w.send(header, piece, Write::Task));
+        }
+        let (_, size0) = stripe_piece(len, k, 0);
+        let header = FrameHeader {
+            tag,
+            len,
+            pieces: k,
+        };
+        sent.push(writers[0].send(header, data.slice(0..size0 as usize), Write::Inline));
+        sent
     }
 
     /// What a receive from `src` reads the socket with while it waits
@@ -659,20 +764,28 @@ async fn handshake(
     }
     let _ = stream.set_nodelay(true);
     match hello.kind {
-        ConnKind::Data => {
+        ConnKind::Data { lane } => {
+            let at = hello.rank as usize * usize::from(MAX_LANES) + usize::from(lane);
             let first = shared
                 .data_accepted
-                .get(hello.rank as usize)
+                .get(at)
                 .is_some_and(|a| !a.swap(true, Ordering::AcqRel));
             if !first {
                 return Err(WireError::Malformed(
-                    "a second data connection from one rank",
+                    "a second data connection from one rank on one lane",
                 ));
             }
+            let lanes = shared
+                .lanes_in
+                .get(hello.rank as usize)
+                .map(|l| l.get_or_init(|| Arc::new(Lanes::new())).clone())
+                .ok_or(WireError::Malformed("rank"))?;
             stream.write_all(&[ACK]).await?;
-            let reader = Arc::new(PeerReader::new(hello.rank, stream));
-            if let Some(slot) = shared.readers.get(hello.rank as usize) {
-                let _ = slot.set(reader.clone());
+            let reader = Arc::new(PeerReader::new(hello.rank, lane, lanes, stream));
+            if lane == 0 {
+                if let Some(slot) = shared.readers.get(hello.rank as usize) {
+                    let _ = slot.set(reader.clone());
+                }
             }
             tokio::spawn(reader_task(shared.clone(), reader));
         }
@@ -711,8 +824,21 @@ async fn connection_lost(shared: &Shared, src: Rank, detail: String) {
     }
 }
 
-/// Opens the data connection to `dst` and writes `pw`'s frames to it.
-async fn connection_task(shared: Arc<Shared>, dst: Rank, pw: Arc<PeerWriter>) {
+/// Lanes a rank uses: as configured, else one a worker thread of its
+/// runtime, at most [`DEFAULT_LANES`].
+fn lanes_for(configured: Option<u8>) -> u8 {
+    let lanes = configured.unwrap_or_else(|| {
+        let workers = tokio::runtime::Handle::try_current()
+            .map(|h| h.metrics().num_workers())
+            .unwrap_or(1);
+        workers.min(usize::from(DEFAULT_LANES)) as u8
+    });
+    lanes.clamp(1, MAX_LANES)
+}
+
+/// Opens the data connection to `dst` on `lane` and writes `pw`'s frames
+/// to it.
+async fn connection_task(shared: Arc<Shared>, dst: Rank, lane: u8, pw: Arc<PeerWriter>) {
     let addr = if dst == 0 {
         shared.root.clone()
     } else {
@@ -735,7 +861,7 @@ async fn connection_task(shared: Arc<Shared>, dst: Rank, pw: Arc<PeerWriter>) {
             .unwrap_or(CommError::Shutdown { rank: shared.rank })
     };
     let opened = tokio::select! {
-        r = open(&shared, &addr, ConnKind::Data, dst) => r,
+        r = open(&shared, &addr, ConnKind::Data { lane }, dst) => r,
         e = failed() => {
             pw.fail(e);
             return;
@@ -1068,24 +1194,43 @@ impl Communicator for TcpComm {
             }));
         }
         self.shared.stats.record_send(dst, data.len());
-        match self.writer(dst).send(tag, data) {
-            Sent::Done => SendFuture::ready(Ok(())),
-            Sent::Failed(e) => {
-                let e = self.shared.mailbox.failure().unwrap_or(e);
-                SendFuture::ready(Err(e))
-            }
-            Sent::Queued(rx) => {
-                let shared = self.shared.clone();
-                SendFuture::waiting(async move {
-                    rx.await.unwrap_or_else(|_| {
-                        Err(shared
-                            .mailbox
-                            .failure()
-                            .unwrap_or(CommError::Shutdown { rank: shared.rank }))
-                    })
-                })
+        let k = self.pieces_for(data.len());
+        let sent = if k >= 2 {
+            self.send_striped(dst, tag, data, k)
+        } else {
+            let header = FrameHeader {
+                tag,
+                len: data.len() as u64,
+                pieces: 0,
+            };
+            vec![self.writer(dst, 0).send(header, data, Write::Inline)]
+        };
+        let mut queued = Vec::new();
+        for s in sent {
+            match s {
+                Sent::Done => {}
+                Sent::Failed(e) => {
+                    let e = self.shared.mailbox.failure().unwrap_or(e);
+                    return SendFuture::ready(Err(e));
+                }
+                Sent::Queued(rx) => queued.push(rx),
             }
         }
+        if queued.is_empty() {
+            return SendFuture::ready(Ok(()));
+        }
+        let shared = self.shared.clone();
+        SendFuture::waiting(async move {
+            for rx in queued {
+                rx.await.unwrap_or_else(|_| {
+                    Err(shared
+                        .mailbox
+                        .failure()
+                        .unwrap_or(CommError::Shutdown { rank: shared.rank }))
+                })?;
+            }
+            Ok(())
+        })
     }
 
     fn recv(&self, src: Rank, tag: Tag) -> RecvFuture {

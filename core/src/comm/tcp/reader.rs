@@ -27,6 +27,7 @@
 //! The task handles the connection's end (a peer's close, a lost
 //! connection), whoever reads it.
 
+use std::collections::VecDeque;
 use std::io::Read as _;
 use std::mem::MaybeUninit;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -35,13 +36,14 @@ use std::time::Duration;
 use socket2::SockRef;
 use tokio::io::Interest;
 use tokio::net::TcpStream;
+use tokio::sync::Notify;
 
-use super::wire::{FRAME_HEADER_LEN, FrameHeader};
+use super::wire::{FRAME_HEADER_LEN, FrameHeader, MAX_LANES, stripe_piece};
 use super::{LAND_MIN, Shared, connection_lost};
 use crate::Rank;
 use crate::comm::mailbox::Drive;
 use crate::error::CommError;
-use crate::memory::{Buffer, Landing};
+use crate::memory::{Buffer, Landing, LandingZone};
 use crate::tag::Tag;
 
 /// Bytes read from the socket at a time into the stage (headers and small
@@ -56,8 +58,120 @@ const DRIVE_BUDGET: usize = 64 << 10;
 /// One incoming data connection.
 pub(super) struct PeerReader {
     src: Rank,
+    /// Which of the peer's connections (0: every message; 1..: pieces).
+    lane: u8,
+    /// The pieces announced to the peer's lanes, and their wake-ups.
+    lanes: Arc<Lanes>,
     stream: TcpStream,
     state: Mutex<ReadState>,
+}
+
+/// The pieces of one peer's striped messages, as lane 0's headers
+/// announce them, and the wake-ups between that peer's readers:
+///
+/// ```text
+///   lane 0: header (len, k) -> the message's memory (landing or pooled),
+///           split in k regions; region i queued for lane i; reads piece 0
+///   lane i: header -> the next region queued for it (waits for lane 0's
+///           header if it came first); reads piece i; the last piece in
+///           wakes lane 0
+///   lane 0: once every piece is in: the regions joined, one message to
+///           the mailbox, then its next frame
+/// ```
+///
+/// Lane 0 delivers a striped message before it reads past it, so messages
+/// from a peer reach the mailbox in the order they were sent.
+pub(super) struct Lanes {
+    /// Per lane (entry 0 unused): regions announced, not yet read into.
+    queues: Vec<Mutex<VecDeque<Piece>>>,
+    /// Per lane: wakes its reader's task (lane 0's: a stripe it waits for
+    /// is complete; lane i's: a region is queued for it).
+    wake: Vec<Notify>,
+}
+
+impl Lanes {
+    pub(super) fn new() -> Self {
+        Lanes {
+            queues: (0..MAX_LANES)
+                .map(|_| Mutex::new(VecDeque::new()))
+                .collect(),
+            wake: (0..MAX_LANES).map(|_| Notify::new()).collect(),
+        }
+    }
+
+    fn queue(&self, lane: u8) -> MutexGuard<'_, VecDeque<Piece>> {
+        let q = &self.queues[usize::from(lane) % self.queues.len()];
+        q.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn wake(&self, lane: u8) {
+        self.wake[usize::from(lane) % self.wake.len()].notify_one();
+    }
+}
+
+/// One region of a striped message, for the lane that reads it.
+struct Piece {
+    stripe: Arc<Stripe>,
+    index: u8,
+    landing: Landing,
+}
+
+/// A striped message's regions, as their readers finish them.
+struct Stripe {
+    tag: Tag,
+    state: Mutex<StripeState>,
+}
+
+struct StripeState {
+    /// Piece i's region once wholly read.
+    done: Vec<Option<Landing>>,
+    /// Pieces not yet in.
+    left: usize,
+}
+
+impl Stripe {
+    fn new(tag: Tag, k: u8) -> Self {
+        Stripe {
+            tag,
+            state: Mutex::new(StripeState {
+                done: (0..k).map(|_| None).collect(),
+                left: usize::from(k),
+            }),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, StripeState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Piece `i` is read; true when it was the last one.
+    fn put(&self, i: u8, l: Landing) -> bool {
+        let mut st = self.lock();
+        if let Some(slot) = st.done.get_mut(usize::from(i)) {
+            if slot.replace(l).is_none() {
+                st.left -= 1;
+            }
+        }
+        st.left == 0
+    }
+
+    fn complete(&self) -> bool {
+        self.lock().left == 0
+    }
+
+    /// The pieces joined into the message's one region, once all are in.
+    fn join(&self) -> Option<Landing> {
+        let mut st = self.lock();
+        if st.left != 0 {
+            return None;
+        }
+        let mut pieces = st.done.iter_mut().map(Option::take);
+        let mut whole = pieces.next().flatten()?;
+        for p in pieces {
+            whole.unsplit(p?).ok()?;
+        }
+        Some(whole)
+    }
 }
 
 /// Where the reading of the connection stands.
@@ -68,6 +182,8 @@ struct ReadState {
     hi: usize,
     /// The frame whose payload is being read.
     frame: Option<Incoming>,
+    /// Lanes 1..: a piece's header read before lane 0 announced its region.
+    held: Option<FrameHeader>,
     /// How the connection ended, once it has.
     end: Option<ReadEnd>,
 }
@@ -75,8 +191,31 @@ struct ReadState {
 /// A frame whose header is read.
 struct Incoming {
     tag: Tag,
+    /// Payload bytes on this connection.
     len: usize,
     dest: Dest,
+    part: Part,
+}
+
+/// What a frame's payload is of its message.
+enum Part {
+    /// All of it.
+    Whole,
+    /// Lane 0: the first piece of a striped message.
+    First(Box<First>),
+    /// Lanes 1..: piece `index` of the stripe.
+    Piece(Arc<Stripe>, u8),
+}
+
+/// The rest of a striped message, as lane 0 keeps it.
+struct First {
+    stripe: Arc<Stripe>,
+    /// The message's length.
+    total: usize,
+    /// The pooled vector's zone where no receive offered a landing.
+    zone: Option<LandingZone<u8>>,
+    /// Whether piece 0 is read (and given to the stripe).
+    given: bool,
 }
 
 /// Where a message's payload is being read to.
@@ -135,18 +274,25 @@ enum Pumped {
     Left,
     /// The connection has ended (`ReadState::end`).
     Ended,
+    /// Nothing to do until another lane of the peer wakes this one: a
+    /// piece's region is not announced yet (lanes 1..), or a striped
+    /// message's other pieces are not all in (lane 0).
+    Blocked,
 }
 
 impl PeerReader {
-    pub(super) fn new(src: Rank, stream: TcpStream) -> Self {
+    pub(super) fn new(src: Rank, lane: u8, lanes: Arc<Lanes>, stream: TcpStream) -> Self {
         PeerReader {
             src,
+            lane,
+            lanes,
             stream,
             state: Mutex::new(ReadState {
                 stage: vec![0u8; STAGE].into_boxed_slice(),
                 lo: 0,
                 hi: 0,
                 frame: None,
+                held: None,
                 end: None,
             }),
         }
@@ -178,34 +324,128 @@ impl PeerReader {
         }
     }
 
-    /// A frame's header read: where its payload goes.
-    fn start(&self, shared: &Shared, hb: &[u8; FRAME_HEADER_LEN]) -> Result<Incoming, CommError> {
-        let header =
-            FrameHeader::decode(hb, shared.max_message).map_err(|e| CommError::Protocol {
-                rank: shared.rank,
-                peer: Some(self.src),
-                detail: format!("bad data frame: {e}"),
-            })?;
+    fn refuse(&self, shared: &Shared, detail: String) -> CommError {
+        CommError::Protocol {
+            rank: shared.rank,
+            peer: Some(self.src),
+            detail,
+        }
+    }
+
+    fn no_memory(&self, shared: &Shared, len: usize) -> CommError {
+        CommError::Io {
+            rank: shared.rank,
+            peer: Some(self.src),
+            detail: format!("cannot allocate {len} bytes for a message from this peer"),
+        }
+    }
+
+    /// A frame's header read: where its payload goes. `None` on lanes 1..
+    /// where lane 0 has not announced the piece's region yet (the header
+    /// is then held until it has).
+    fn start(&self, shared: &Shared, header: FrameHeader) -> Result<Option<Incoming>, CommError> {
         let len = header.len as usize;
+        if self.lane != 0 {
+            if header.pieces != 0 {
+                return Err(self.refuse(shared, format!("a striped header on lane {}", self.lane)));
+            }
+            let Some(p) = self.lanes.queue(self.lane).pop_front() else {
+                return Ok(None);
+            };
+            if p.landing.len() != len || p.stripe.tag != header.tag {
+                return Err(self.refuse(
+                    shared,
+                    format!(
+                        "lane {} sent a {len}-byte piece of {:?} where lane 0 announced {} bytes of {:?}",
+                        self.lane,
+                        header.tag,
+                        p.landing.len(),
+                        p.stripe.tag
+                    ),
+                ));
+            }
+            return Ok(Some(Incoming {
+                tag: header.tag,
+                len,
+                dest: Dest::Landing(p.landing, 0),
+                part: Part::Piece(p.stripe, p.index),
+            }));
+        }
         // The landing of the receive waiting for it (a large message, once
         // that receive is posted), else a pooled buffer; a receive posted
-        // while the payload is read takes over the rest of it, after one
-        // copy of what came before (`claim_late`).
+        // while a whole message's payload is read takes over the rest of
+        // it, after one copy of what came before (`claim_late`).
         let landing = (len >= LAND_MIN)
             .then(|| shared.mailbox.claim(self.src, header.tag, len, 0))
             .flatten();
+        if header.pieces >= 2 {
+            return self.start_stripe(shared, header, landing).map(Some);
+        }
         let dest = match landing {
             Some(l) => Dest::Landing(l, 0),
-            None => Dest::Pool(shared.pool.try_take(len).ok_or_else(|| CommError::Io {
-                rank: shared.rank,
-                peer: Some(self.src),
-                detail: format!("cannot allocate {len} bytes for a message from this peer"),
-            })?),
+            None => Dest::Pool(
+                shared
+                    .pool
+                    .try_take(len)
+                    .ok_or_else(|| self.no_memory(shared, len))?,
+            ),
         };
-        Ok(Incoming {
+        Ok(Some(Incoming {
             tag: header.tag,
             len,
             dest,
+            part: Part::Whole,
+        }))
+    }
+
+    /// Lane 0's header of a striped message: its memory (`landing`, else a
+    /// pooled vector's zone) split in the pieces' regions, piece i's queued
+    /// for lane i; piece 0's read here.
+    fn start_stripe(
+        &self,
+        shared: &Shared,
+        header: FrameHeader,
+        landing: Option<Landing>,
+    ) -> Result<Incoming, CommError> {
+        let (len, k) = (header.len as usize, header.pieces);
+        let (mut region, zone) = match landing {
+            Some(l) => (l, None),
+            None => {
+                let v = shared
+                    .pool
+                    .try_take(len)
+                    .ok_or_else(|| self.no_memory(shared, len))?;
+                let zone = LandingZone::<u8>::reusing(v, len)
+                    .ok_or_else(|| self.no_memory(shared, len))?;
+                let l = zone
+                    .landing(0, len)
+                    .ok_or_else(|| self.no_memory(shared, len))?;
+                (l, Some(zone))
+            }
+        };
+        let stripe = Arc::new(Stripe::new(header.tag, k));
+        for i in (1..k).rev() {
+            let (start, _) = stripe_piece(header.len, k, i);
+            let piece = region
+                .split_off(start as usize)
+                .ok_or_else(|| self.refuse(shared, format!("piece {i} of a {len}-byte message")))?;
+            self.lanes.queue(i).push_back(Piece {
+                stripe: stripe.clone(),
+                index: i,
+                landing: piece,
+            });
+            self.lanes.wake(i);
+        }
+        Ok(Incoming {
+            tag: header.tag,
+            len: region.len(),
+            dest: Dest::Landing(region, 0),
+            part: Part::First(Box::new(First {
+                stripe,
+                total: len,
+                zone,
+                given: false,
+            })),
         })
     }
 
@@ -222,6 +462,78 @@ impl PeerReader {
                 }
             }
         }
+    }
+
+    /// A frame's payload is all read: a whole message to the mailbox; a
+    /// piece to its stripe. `Blocked` while lane 0's striped message waits
+    /// for its other pieces (the frame then stays).
+    fn complete(&self, shared: &Shared, frame: &mut Option<Incoming>) -> Result<Pumped, CommError> {
+        let Some(f) = frame.as_mut() else {
+            return Ok(Pumped::Drained);
+        };
+        match &mut f.part {
+            Part::Whole => {
+                if let Some(f) = frame.take() {
+                    self.finish(shared, f)?;
+                }
+            }
+            Part::Piece(stripe, i) => {
+                let dest = std::mem::replace(&mut f.dest, Dest::Pool(Vec::new()));
+                if let Dest::Landing(l, _) = dest {
+                    if stripe.put(*i, l) {
+                        self.lanes.wake(0);
+                    }
+                }
+                *frame = None;
+            }
+            Part::First(first) => {
+                if !first.given {
+                    first.given = true;
+                    let dest = std::mem::replace(&mut f.dest, Dest::Pool(Vec::new()));
+                    if let Dest::Landing(l, _) = dest {
+                        first.stripe.put(0, l);
+                    }
+                }
+                if !first.stripe.complete() {
+                    return Ok(Pumped::Blocked);
+                }
+                if let Some(Incoming {
+                    tag,
+                    part: Part::First(first),
+                    ..
+                }) = frame.take()
+                {
+                    self.finish_stripe(shared, tag, *first)?;
+                }
+            }
+        }
+        Ok(Pumped::Left)
+    }
+
+    /// A striped message's pieces are all in: joined, to the mailbox.
+    fn finish_stripe(&self, shared: &Shared, tag: Tag, first: First) -> Result<(), CommError> {
+        let total = first.total;
+        let broken = || {
+            self.refuse(
+                shared,
+                format!("the pieces of a {total}-byte message do not join"),
+            )
+        };
+        let whole = first.stripe.join().ok_or_else(broken)?;
+        let payload = match first.zone {
+            None => {
+                let view = whole.into_buffer().map_err(|_| broken())?;
+                shared.stats.record_landed(total as u64);
+                view
+            }
+            Some(zone) => {
+                let v = zone.into_landed_vec(whole).ok_or_else(broken)?;
+                Buffer::from_bytes(shared.pool.wrap(v))
+            }
+        };
+        shared.stats.record_recv(self.src, total);
+        shared.mailbox.deliver(self.src, tag, payload);
+        Ok(())
     }
 
     /// A whole frame: to the mailbox.
@@ -266,6 +578,7 @@ impl PeerReader {
                 lo,
                 hi,
                 frame,
+                held,
                 end,
             } = st;
             let refused = |end: &mut Option<ReadEnd>, e: CommError| {
@@ -274,14 +587,32 @@ impl PeerReader {
                 Pumped::Ended
             };
             let Some(f) = frame else {
+                // A header read: where its payload goes (lanes 1.. wait
+                // for lane 0 to announce it).
+                if let Some(h) = held.take() {
+                    match self.start(shared, h) {
+                        Ok(Some(f)) => *frame = Some(f),
+                        Ok(None) => {
+                            *held = Some(h);
+                            return Pumped::Blocked;
+                        }
+                        Err(e) => return refused(end, e),
+                    }
+                    continue;
+                }
                 // A header: from the stage, or read more into it.
                 if *hi - *lo >= FRAME_HEADER_LEN {
                     let mut hb = [0u8; FRAME_HEADER_LEN];
                     hb.copy_from_slice(&stage[*lo..*lo + FRAME_HEADER_LEN]);
                     *lo += FRAME_HEADER_LEN;
-                    match self.start(shared, &hb) {
-                        Ok(f) => *frame = Some(f),
-                        Err(e) => return refused(end, e),
+                    match FrameHeader::decode(&hb, shared.max_message) {
+                        Ok(h) => *held = Some(h),
+                        Err(e) => {
+                            return refused(
+                                end,
+                                self.refuse(shared, format!("bad data frame: {e}")),
+                            );
+                        }
                     }
                     continue;
                 }
@@ -315,15 +646,16 @@ impl PeerReader {
                 continue;
             };
             // The payload: what the stage holds first, then the socket.
-            let need = f.len - f.dest.filled();
-            if need == 0 {
-                if let Some(f) = frame.take() {
-                    if let Err(e) = self.finish(shared, f) {
-                        return refused(end, e);
-                    }
+            let waits = matches!(&f.part, Part::First(first) if first.given);
+            if waits || f.dest.filled() == f.len {
+                match self.complete(shared, frame) {
+                    Ok(Pumped::Blocked) => return Pumped::Blocked,
+                    Ok(_) => {}
+                    Err(e) => return refused(end, e),
                 }
                 continue;
             }
+            let need = f.len - f.dest.filled();
             if *hi > *lo {
                 let k = need.min(*hi - *lo);
                 f.dest.put(&stage[*lo..*lo + k]);
@@ -391,27 +723,47 @@ impl PeerReader {
     }
 }
 
-/// Reads `reader`'s connection as the socket turns readable, until it ends.
+/// Reads `reader`'s connection as the socket turns readable, until it ends;
+/// while it is blocked on the peer's other lanes (`Pumped::Blocked`), as
+/// they wake it instead.
 pub(super) async fn reader_task(shared: Arc<Shared>, reader: Arc<PeerReader>) {
+    let wake = &reader.lanes.wake[usize::from(reader.lane) % reader.lanes.wake.len()];
+    let mut blocked = false;
     loop {
-        let turn = match reader.stream.readable().await {
-            Ok(()) => reader.stream.try_io(Interest::READABLE, || {
+        let woken = if blocked {
+            tokio::select! {
+                _ = wake.notified() => true,
+                // Nothing wakes a blocked lane of a failed job.
+                _ = shared.failed.wait() => return,
+            }
+        } else {
+            tokio::select! {
+                r = reader.stream.readable() => {
+                    if let Err(e) = r {
+                        reader.lock().end = Some(ReadEnd::Lost(format!("data connection failed: {e}")));
+                    }
+                    false
+                }
+                _ = wake.notified() => true,
+            }
+        };
+        let pumped = if woken {
+            // Woken by another lane, not by the socket: read it directly
+            // (what it holds now, as a waiting receive does).
+            let mut st = reader.lock();
+            Ok(reader.pump(&mut st, &shared, Turn::Task))
+        } else {
+            reader.stream.try_io(Interest::READABLE, || {
                 let mut st = reader.lock();
                 match reader.pump(&mut st, &shared, Turn::Task) {
                     // Tells tokio the socket is drained: it waits for
                     // the next readiness.
                     Pumped::Drained => Err(std::io::ErrorKind::WouldBlock.into()),
-                    Pumped::Left | Pumped::Ended => Ok(()),
+                    p => Ok(p),
                 }
-            }),
-            Err(e) => {
-                reader.lock().end = Some(ReadEnd::Lost(format!("data connection failed: {e}")));
-                Ok(())
-            }
+            })
         };
-        if turn.is_err() {
-            continue;
-        }
+        blocked = matches!(pumped, Ok(Pumped::Blocked));
         let end = reader.lock().end.clone();
         match end {
             None => {}

@@ -7,7 +7,11 @@
 //!   <- b'K'                                  (anything else: dropped)
 //!
 //! data frame (kind = data, one direction only: client -> server):
-//!   "BRDF" | 0u32 | tag u64 | len u64 | len bytes of payload
+//!   "BRDF" | pieces u8 | 0u8 x 3 | tag u64 | len u64 | payload
+//!   pieces 0: a whole message, `len` bytes of payload follow.
+//!   pieces k >= 2 (lane 0 only): a message of `len` bytes split in k
+//!   pieces (`stripe_piece`); piece 0 follows here, piece i as the next
+//!   frame (pieces 0, len = the piece's length) on lane i.
 //!
 //! control message (kind = control, both directions, rank <-> rank 0):
 //!   len u32 | kind u8 | body (len - 1 bytes)
@@ -24,7 +28,10 @@ pub const HELLO_MAGIC: [u8; 4] = *b"BRDH";
 /// Magic of each data frame.
 pub const FRAME_MAGIC: [u8; 4] = *b"BRDF";
 /// Wire protocol version.
-pub const VERSION: u16 = 1;
+pub const VERSION: u16 = 2;
+/// Data connections a rank may open to one peer (lane 0 and the lanes that
+/// carry the other pieces of a large message; see the tcp module doc).
+pub const MAX_LANES: u8 = 8;
 /// Size of a data frame header.
 pub const FRAME_HEADER_LEN: usize = 24;
 /// Longest job token accepted.
@@ -39,8 +46,13 @@ pub const ACK: u8 = b'K';
 pub enum ConnKind {
     /// Bootstrap and failure notices between a rank and rank 0.
     Control,
-    /// Data frames from the connecting rank to the accepting rank.
-    Data,
+    /// Data frames from the connecting rank to the accepting rank: lane 0
+    /// carries every message (whole, or a large one's first piece), lanes
+    /// 1.. the other pieces of large messages, in lane 0's order.
+    Data {
+        /// Which of the pair's data connections, below [`MAX_LANES`].
+        lane: u8,
+    },
 }
 
 /// The opening of a connection.
@@ -100,7 +112,7 @@ impl Hello {
         v.extend_from_slice(&VERSION.to_le_bytes());
         v.push(match self.kind {
             ConnKind::Control => 0,
-            ConnKind::Data => 1,
+            ConnKind::Data { lane } => 1 + lane,
         });
         v.extend_from_slice(&(self.token.len() as u16).to_le_bytes());
         v.extend_from_slice(&self.token);
@@ -123,7 +135,7 @@ impl Hello {
         }
         let kind = match head[6] {
             0 => ConnKind::Control,
-            1 => ConnKind::Data,
+            k if k <= MAX_LANES => ConnKind::Data { lane: k - 1 },
             k => return Err(WireError::BadKind(k)),
         };
         let token_len = u16::from_le_bytes([head[7], head[8]]) as usize;
@@ -152,8 +164,24 @@ impl Hello {
 pub struct FrameHeader {
     /// The message tag.
     pub tag: Tag,
-    /// Payload length.
+    /// Message length (of the whole message where it is striped).
     pub len: u64,
+    /// 0: the payload is the whole message; k >= 2: the message's first
+    /// of k pieces (lane 0 only).
+    pub pieces: u8,
+}
+
+/// The split of a striped `len`-byte message into `k` pieces: piece i is
+/// `[i * base, i * base + size)`, every piece `base` bytes (a multiple of
+/// 4 KiB) but the last, which takes the rest. Sender and receiver both
+/// compute it from (len, k).
+pub fn stripe_piece(len: u64, k: u8, i: u8) -> (u64, u64) {
+    let k = u64::from(k.max(1));
+    let base = (len / k) & !4095;
+    let i = u64::from(i).min(k - 1);
+    let start = i * base;
+    let size = if i + 1 == k { len - start } else { base };
+    (start, size)
 }
 
 impl FrameHeader {
@@ -161,6 +189,7 @@ impl FrameHeader {
     pub fn encode(&self) -> [u8; FRAME_HEADER_LEN] {
         let mut b = [0u8; FRAME_HEADER_LEN];
         b[0..4].copy_from_slice(&FRAME_MAGIC);
+        b[4] = self.pieces;
         b[8..16].copy_from_slice(&self.tag.to_wire().to_le_bytes());
         b[16..24].copy_from_slice(&self.len.to_le_bytes());
         b
@@ -173,7 +202,7 @@ impl FrameHeader {
         if magic != FRAME_MAGIC {
             return Err(WireError::BadMagic(magic));
         }
-        if b[4..8] != [0, 0, 0, 0] {
+        if b[5..8] != [0, 0, 0] || b[4] == 1 || b[4] > MAX_LANES {
             return Err(WireError::Malformed("frame flags"));
         }
         let mut w = [0u8; 8];
@@ -188,7 +217,11 @@ impl FrameHeader {
                 limit: max_len,
             });
         }
-        Ok(FrameHeader { tag, len })
+        Ok(FrameHeader {
+            tag,
+            len,
+            pieces: b[4],
+        })
     }
 }
 
@@ -395,12 +428,39 @@ mod tests {
         let h = FrameHeader {
             tag: Tag::new(OpId(77), 3),
             len: 1 << 30,
+            pieces: 0,
         };
         assert_eq!(FrameHeader::decode(&h.encode(), 1 << 31), Ok(h));
+        let striped = FrameHeader { pieces: 4, ..h };
+        assert_eq!(FrameHeader::decode(&striped.encode(), 1 << 31), Ok(striped));
+        for bad in [1, MAX_LANES + 1] {
+            let mut b = h.encode();
+            b[4] = bad;
+            assert!(FrameHeader::decode(&b, 1 << 31).is_err());
+        }
         assert!(matches!(
             FrameHeader::decode(&h.encode(), 1 << 20),
             Err(WireError::TooLong { .. })
         ));
+    }
+
+    #[test]
+    fn stripe_pieces_tile_the_message() {
+        for len in [0u64, 1, 4095, 4096, 1 << 20, (1 << 20) + 12345, 3 << 24] {
+            for k in 2..=MAX_LANES {
+                let mut at = 0;
+                for i in 0..k {
+                    let (start, size) = stripe_piece(len, k, i);
+                    assert_eq!(start, at, "len {len}, k {k}, piece {i}");
+                    if i + 1 < k {
+                        assert_eq!(start % 4096, 0);
+                        assert_eq!(size, stripe_piece(len, k, 0).1);
+                    }
+                    at += size;
+                }
+                assert_eq!(at, len, "len {len}, k {k}");
+            }
+        }
     }
 
     #[test]
@@ -451,8 +511,29 @@ mod tests {
 
     #[tokio::test]
     async fn hello_roundtrip_and_garbage() {
+        for lane in [0, 3, MAX_LANES - 1] {
+            let h = Hello {
+                kind: ConnKind::Data { lane },
+                token: b"t".to_vec(),
+                rank: 1,
+                nranks: 2,
+            };
+            assert_eq!(Hello::read(&mut &h.encode()[..]).await.unwrap(), h);
+        }
+        let mut bad = Hello {
+            kind: ConnKind::Control,
+            token: b"t".to_vec(),
+            rank: 1,
+            nranks: 2,
+        }
+        .encode();
+        bad[6] = MAX_LANES + 1;
+        assert!(matches!(
+            Hello::read(&mut &bad[..]).await,
+            Err(WireError::BadKind(_))
+        ));
         let h = Hello {
-            kind: ConnKind::Data,
+            kind: ConnKind::Data { lane: 0 },
             token: b"secret".to_vec(),
             rank: 4,
             nranks: 8,

@@ -22,7 +22,6 @@ use super::wire::{FRAME_HEADER_LEN, FrameHeader};
 use crate::Rank;
 use crate::error::CommError;
 use crate::memory::Buffer;
-use crate::tag::Tag;
 
 /// Frames per vectored write.
 const MAX_FRAMES_PER_WRITE: usize = 64;
@@ -73,6 +72,17 @@ struct State {
     closed: bool,
 }
 
+/// Who writes a frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Write {
+    /// The calling task, as far as the socket takes it at once, when the
+    /// connection is idle (no task hop for a small message).
+    Inline,
+    /// The connection's task: the pieces of a striped message, so that
+    /// each lane's task writes its own while the caller writes lane 0's.
+    Task,
+}
+
 /// What became of a send.
 pub(super) enum Sent {
     /// Written out already.
@@ -106,15 +116,11 @@ impl PeerWriter {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Sends one frame (see the module doc for the order guarantee).
-    pub(super) fn send(&self, tag: Tag, payload: Buffer) -> Sent {
-        let header = FrameHeader {
-            tag,
-            len: payload.len() as u64,
-        }
-        .encode();
+    /// Sends one frame (see the module doc for the order guarantee):
+    /// `header` then `payload`.
+    pub(super) fn send(&self, header: FrameHeader, payload: Buffer, how: Write) -> Sent {
         let mut frame = Frame {
-            header,
+            header: header.encode(),
             payload,
             written: 0,
             done: None,
@@ -123,7 +129,7 @@ impl PeerWriter {
         if let Some(e) = &st.error {
             return Sent::Failed(e.clone());
         }
-        let idle = !st.busy && st.queue.is_empty();
+        let idle = how == Write::Inline && !st.busy && st.queue.is_empty();
         let stream = match (&st.stream, idle) {
             (Some(s), true) => s.clone(),
             _ => {
