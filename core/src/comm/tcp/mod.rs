@@ -42,7 +42,7 @@
 //! side, one core each); k streams move k times that on a host with the
 //! cores (16 MiB one way, 16-core host: 4.0 GB/s on 1 stream, 8.4 on 2,
 //! 14.9 on 4; BENCHMARKS.md, 2026-11-29). A rank uses as many lanes as its
-//! runtime has workers, at most `DEFAULT_LANES` (`TcpConfig::lanes`).
+//! runtime has workers, from 2 to `DEFAULT_LANES` (`TcpConfig::lanes`).
 //!
 //! Flow control: sends are eager; a receiver buffers messages that arrive
 //! before their receive is posted. Collectives bound what is in flight.
@@ -88,11 +88,13 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 const MAX_RANKS: u32 = 1 << 16;
 /// The least piece a striped message is split into: messages of twice
 /// this or more are striped over the lanes, as many pieces as lanes but
-/// none smaller than this (a piece's own header and wake-ups cost a few
-/// us, a 512 KiB piece ~100 us on one stream).
-const STRIPE_PIECE: usize = 512 << 10;
+/// none smaller than this. 16-core host, 2 and 4 ranks, 8 lanes, pieces of
+/// 128 / 256 / 512 KiB alternated (BENCHMARKS.md, 2026-11-29): 1 MiB
+/// SendRecv 140-152 / 171-225 / 278-283 us, Broadcast 91-98 / 108-121 /
+/// 164-215 us; from 16 MiB level.
+const STRIPE_PIECE: usize = 128 << 10;
 /// Lanes a rank uses by default, where its runtime has the workers.
-pub const DEFAULT_LANES: u8 = 4;
+pub const DEFAULT_LANES: u8 = 8;
 
 /// How a tcp rank finds and joins its job.
 #[derive(Debug, Clone)]
@@ -114,8 +116,8 @@ pub struct TcpConfig {
     pub max_message_bytes: u64,
     /// Data connections to a peer that a large message is split over (1:
     /// never split; at most [`MAX_LANES`]). `None`: as many as the rank's
-    /// runtime has worker threads, at most [`DEFAULT_LANES`] (each lane's
-    /// bytes are copied by the thread that runs its task).
+    /// runtime has worker threads, from 2 to [`DEFAULT_LANES`] (each
+    /// lane's bytes are copied by the thread that runs its task).
     pub lanes: Option<u8>,
 }
 
@@ -825,13 +827,16 @@ async fn connection_lost(shared: &Shared, src: Rank, detail: String) {
 }
 
 /// Lanes a rank uses: as configured, else one a worker thread of its
-/// runtime, at most [`DEFAULT_LANES`].
+/// runtime, at least 2 and at most [`DEFAULT_LANES`]. Two lanes on one
+/// worker still gain (two sockets' buffers in flight, the peer's reader
+/// threads): 2-core VM, 2 rank processes of one worker each, 1 MiB
+/// SendRecv 511 and 438 us on 2 lanes against 758 and 626 on 1.
 fn lanes_for(configured: Option<u8>) -> u8 {
     let lanes = configured.unwrap_or_else(|| {
         let workers = tokio::runtime::Handle::try_current()
             .map(|h| h.metrics().num_workers())
             .unwrap_or(1);
-        workers.min(usize::from(DEFAULT_LANES)) as u8
+        workers.clamp(2, usize::from(DEFAULT_LANES)) as u8
     });
     lanes.clamp(1, MAX_LANES)
 }
