@@ -297,6 +297,74 @@ fn a_frame_claiming_more_memory_than_exists_fails_the_rank() {
     );
 }
 
+/// A striped message whose piece on another lane disagrees with what lane
+/// 0 announced (a peer with a different idea of the split, or a corrupted
+/// header) fails the receiving rank with an error that names the peer and
+/// the lane, in bounded time; nothing half-written is delivered.
+#[test]
+fn a_lane_piece_that_disagrees_with_its_announcement_fails_the_rank() {
+    let rt = runtime();
+    let token = braid_core::comm::tcp::random_token();
+    let comms = two_ranks(
+        &rt,
+        &token,
+        braid_core::comm::tcp::TcpConfig::DEFAULT_MAX_MESSAGE,
+    );
+    let connect = |lane: u8| {
+        let mut s = std::net::TcpStream::connect(comms[1].listen_addr()).expect("connect");
+        s.set_read_timeout(Some(Duration::from_secs(20)))
+            .expect("timeout");
+        let hello = Hello {
+            kind: ConnKind::Data { lane },
+            token: token.clone().into_bytes(),
+            rank: 0,
+            nranks: 2,
+        };
+        s.write_all(&hello.encode()).expect("write");
+        let mut b = [0u8; 1];
+        assert_eq!(s.read(&mut b).expect("ack"), 1, "lane {lane} accepted");
+        s
+    };
+    let tag = Tag::new(OpId(9), 1);
+    let len: u64 = 1 << 20;
+    // Lane 0: a message of 1 MiB in 2 pieces, and piece 0 (512 KiB).
+    let mut main = connect(0);
+    let header = FrameHeader {
+        tag,
+        len,
+        pieces: 2,
+    };
+    main.write_all(&header.encode()).expect("write");
+    main.write_all(&vec![7u8; (len / 2) as usize])
+        .expect("write");
+    // Lane 1: a piece 8 bytes short of the 512 KiB announced.
+    let mut lane = connect(1);
+    let piece = FrameHeader {
+        tag,
+        len: len / 2 - 8,
+        pieces: 0,
+    };
+    lane.write_all(&piece.encode()).expect("write");
+    let err = rt
+        .block_on(async {
+            tokio::time::timeout(Duration::from_secs(20), comms[1].recv(0, tag)).await
+        })
+        .expect("rank 1 fails in time")
+        .expect_err("the message is never delivered");
+    assert!(
+        matches!(
+            err,
+            CommError::Protocol {
+                rank: 1,
+                peer: Some(0),
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(err.to_string().contains("lane 1"), "{err}");
+}
+
 /// A root address where no braid rank answers fails the rank within its
 /// timeout. What the address does depends on the network (unreachable,
 /// refused, answered by a proxy that is not braid, or SYNs dropped, which
