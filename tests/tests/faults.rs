@@ -183,6 +183,29 @@ fn two_ranks(rt: &tokio::runtime::Runtime, token: &str, max_message: u64) -> Vec
     })
 }
 
+/// A raw data connection to `comms[1]` presenting itself as rank 0 on
+/// `lane` (the opening written; the answer is the caller's to read).
+fn data_connection(comms: &[Arc<TcpComm>], token: &str, lane: u8) -> std::net::TcpStream {
+    let mut s = std::net::TcpStream::connect(comms[1].listen_addr()).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(20)))
+        .expect("timeout");
+    let hello = Hello {
+        kind: ConnKind::Data { lane },
+        token: token.as_bytes().to_vec(),
+        rank: 0,
+        nranks: 2,
+    };
+    s.write_all(&hello.encode()).expect("write");
+    s
+}
+
+/// The error a receive of (0, `tag`) on `comm` fails with, within 20 s.
+fn receive_failure(rt: &tokio::runtime::Runtime, comm: &TcpComm, tag: Tag) -> CommError {
+    rt.block_on(async { tokio::time::timeout(Duration::from_secs(20), comm.recv(0, tag)).await })
+        .expect("the rank fails in time")
+        .expect_err("no such message can be received")
+}
+
 /// A second data connection from a rank that has one (the right token and
 /// all) is refused: two would interleave its messages and break their
 /// per-tag order. The job carries on over the first.
@@ -197,16 +220,7 @@ fn a_second_data_connection_from_one_rank_is_refused() {
     );
     // Rank 0's data connection to rank 1 exists after an exchange.
     exchange_all(&rt, &comms, 21);
-    let mut s = std::net::TcpStream::connect(comms[1].listen_addr()).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(20)))
-        .expect("timeout");
-    let hello = Hello {
-        kind: ConnKind::Data { lane: 0 },
-        token: token.clone().into_bytes(),
-        rank: 0,
-        nranks: 2,
-    };
-    s.write_all(&hello.encode()).expect("write");
+    let mut s = data_connection(&comms, &token, 0);
     let mut b = [0u8; 1];
     assert_eq!(
         s.read(&mut b).unwrap_or(0),
@@ -228,16 +242,7 @@ fn a_frame_claiming_more_memory_than_exists_fails_the_rank() {
     let comms = two_ranks(&rt, &token, u64::MAX);
     // Nothing has gone from rank 0 to rank 1 yet, so a data connection as
     // rank 0 is its first and is accepted.
-    let mut s = std::net::TcpStream::connect(comms[1].listen_addr()).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(20)))
-        .expect("timeout");
-    let hello = Hello {
-        kind: ConnKind::Data { lane: 0 },
-        token: token.into_bytes(),
-        rank: 0,
-        nranks: 2,
-    };
-    s.write_all(&hello.encode()).expect("write");
+    let mut s = data_connection(&comms, &token, 0);
     let mut b = [0u8; 1];
     assert_eq!(
         s.read(&mut b).expect("ack"),
@@ -251,12 +256,7 @@ fn a_frame_claiming_more_memory_than_exists_fails_the_rank() {
         pieces: 0,
     };
     s.write_all(&header.encode()).expect("write");
-    let err = rt
-        .block_on(async {
-            tokio::time::timeout(Duration::from_secs(20), comms[1].recv(0, tag)).await
-        })
-        .expect("rank 1 fails in time")
-        .expect_err("no such message can be received");
+    let err = receive_failure(&rt, &comms[1], tag);
     assert!(
         matches!(
             err,
@@ -311,16 +311,7 @@ fn a_lane_piece_that_disagrees_with_its_announcement_fails_the_rank() {
         braid_core::comm::tcp::TcpConfig::DEFAULT_MAX_MESSAGE,
     );
     let connect = |lane: u8| {
-        let mut s = std::net::TcpStream::connect(comms[1].listen_addr()).expect("connect");
-        s.set_read_timeout(Some(Duration::from_secs(20)))
-            .expect("timeout");
-        let hello = Hello {
-            kind: ConnKind::Data { lane },
-            token: token.clone().into_bytes(),
-            rank: 0,
-            nranks: 2,
-        };
-        s.write_all(&hello.encode()).expect("write");
+        let mut s = data_connection(&comms, &token, lane);
         let mut b = [0u8; 1];
         assert_eq!(s.read(&mut b).expect("ack"), 1, "lane {lane} accepted");
         s
@@ -345,12 +336,7 @@ fn a_lane_piece_that_disagrees_with_its_announcement_fails_the_rank() {
         pieces: 0,
     };
     lane.write_all(&piece.encode()).expect("write");
-    let err = rt
-        .block_on(async {
-            tokio::time::timeout(Duration::from_secs(20), comms[1].recv(0, tag)).await
-        })
-        .expect("rank 1 fails in time")
-        .expect_err("the message is never delivered");
+    let err = receive_failure(&rt, &comms[1], tag);
     assert!(
         matches!(
             err,

@@ -43,16 +43,25 @@ fn local_all_pairs_exchange() {
     }
 }
 
+/// An `n`-rank tcp world in this process on `rt`, each rank's config
+/// adjusted by `configure`.
+fn tcp_world(
+    rt: &tokio::runtime::Runtime,
+    n: u32,
+    configure: impl Fn(&mut braid_core::comm::tcp::TcpConfig),
+) -> Vec<Arc<dyn Communicator>> {
+    rt.block_on(TcpComm::in_process_world_with(n, configure))
+        .expect("world")
+        .into_iter()
+        .map(|c| Arc::new(c) as Arc<dyn Communicator>)
+        .collect()
+}
+
 #[test]
 fn tcp_in_process_all_pairs_exchange() {
     for n in [2u32, 5] {
         let rt = runtime();
-        let comms: Vec<Arc<dyn Communicator>> = rt
-            .block_on(TcpComm::in_process_world(n))
-            .expect("world")
-            .into_iter()
-            .map(|c| Arc::new(c) as Arc<dyn Communicator>)
-            .collect();
+        let comms = tcp_world(&rt, n, |_| {});
         // Keep the runtime that owns the connections alive while they run.
         rt.block_on(async {
             let mut hs = Vec::new();
@@ -516,14 +525,9 @@ fn tcp_striped_messages_arrive_whole_and_in_order() {
 
     let rt = runtime();
     for (n, lanes) in [(2u32, [2u8, 2]), (2, [4, 3]), (3, [3, 8]), (2, [1, 8])] {
-        let comms: Vec<Arc<dyn Communicator>> = rt
-            .block_on(TcpComm::in_process_world_with(n, |c: &mut TcpConfig| {
-                c.lanes = Some(lanes[c.rank as usize % 2]);
-            }))
-            .expect("world")
-            .into_iter()
-            .map(|c| Arc::new(c) as Arc<dyn Communicator>)
-            .collect();
+        let comms = tcp_world(&rt, n, |c: &mut TcpConfig| {
+            c.lanes = Some(lanes[c.rank as usize % 2]);
+        });
         rt.block_on(async {
             let mut hs = Vec::new();
             for c in comms.clone() {
