@@ -26,6 +26,11 @@
 //! at a time and delivered in order, and bulk transfers stream as before.
 //! The task handles the connection's end (a peer's close, a lost
 //! connection), whoever reads it.
+//!
+//! A peer's large messages come in pieces over several connections
+//! (lanes, see the tcp module doc): lane 0's reader is the one above and
+//! delivers every message; the other lanes' readers (tasks only) fill the
+//! regions lane 0 hands them ([`Lanes`]).
 
 use std::collections::VecDeque;
 use std::io::Read as _;
