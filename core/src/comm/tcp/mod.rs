@@ -591,6 +591,37 @@ impl TcpComm {
         sent
     }
 
+    /// The future of a send whose frames came to `sent`: ready unless one
+    /// is queued; the first failure wins.
+    fn sent_future(&self, sent: impl IntoIterator<Item = Sent>) -> SendFuture {
+        let mut queued = Vec::new();
+        for s in sent {
+            match s {
+                Sent::Done => {}
+                Sent::Failed(e) => {
+                    let e = self.shared.mailbox.failure().unwrap_or(e);
+                    return SendFuture::ready(Err(e));
+                }
+                Sent::Queued(rx) => queued.push(rx),
+            }
+        }
+        if queued.is_empty() {
+            return SendFuture::ready(Ok(()));
+        }
+        let shared = self.shared.clone();
+        SendFuture::waiting(async move {
+            for rx in queued {
+                rx.await.unwrap_or_else(|_| {
+                    Err(shared
+                        .mailbox
+                        .failure()
+                        .unwrap_or(CommError::Shutdown { rank: shared.rank }))
+                })?;
+            }
+            Ok(())
+        })
+    }
+
     /// What a receive from `src` reads the socket with while it waits
     /// (`reader`).
     fn drive(&self, src: Rank) -> Arc<dyn super::mailbox::Drive> {
@@ -1200,42 +1231,18 @@ impl Communicator for TcpComm {
         }
         self.shared.stats.record_send(dst, data.len());
         let k = self.pieces_for(data.len());
-        let sent = if k >= 2 {
-            self.send_striped(dst, tag, data, k)
-        } else {
-            let header = FrameHeader {
-                tag,
-                len: data.len() as u64,
-                pieces: 0,
-            };
-            vec![self.writer(dst, 0).send(header, data, Write::Inline)]
+        if k >= 2 {
+            let sent = self.send_striped(dst, tag, data, k);
+            return self.sent_future(sent);
+        }
+        // One frame (the small-message path): no vector of outcomes.
+        let header = FrameHeader {
+            tag,
+            len: data.len() as u64,
+            pieces: 0,
         };
-        let mut queued = Vec::new();
-        for s in sent {
-            match s {
-                Sent::Done => {}
-                Sent::Failed(e) => {
-                    let e = self.shared.mailbox.failure().unwrap_or(e);
-                    return SendFuture::ready(Err(e));
-                }
-                Sent::Queued(rx) => queued.push(rx),
-            }
-        }
-        if queued.is_empty() {
-            return SendFuture::ready(Ok(()));
-        }
-        let shared = self.shared.clone();
-        SendFuture::waiting(async move {
-            for rx in queued {
-                rx.await.unwrap_or_else(|_| {
-                    Err(shared
-                        .mailbox
-                        .failure()
-                        .unwrap_or(CommError::Shutdown { rank: shared.rank }))
-                })?;
-            }
-            Ok(())
-        })
+        let sent = self.writer(dst, 0).send(header, data, Write::Inline);
+        self.sent_future(std::iter::once(sent))
     }
 
     fn recv(&self, src: Rank, tag: Tag) -> RecvFuture {
