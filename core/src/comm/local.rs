@@ -7,7 +7,7 @@ use std::sync::Arc;
 use futures::future::BoxFuture;
 
 use super::mailbox::Mailbox;
-use super::rendezvous::{Offer, Rendezvous};
+use super::rendezvous::{Arrival, Offer, Rendezvous};
 use super::{Backend, Communicator, MeetFuture, RecvFuture, SendFuture, check_rank};
 use crate::Rank;
 use crate::error::CommError;
@@ -115,8 +115,8 @@ impl Communicator for LocalComm {
     fn meet(&self, tag: Tag, offer: Offer) -> Result<MeetFuture, Offer> {
         let rv = &self.world.rendezvous;
         let rank = self.rank;
-        let early = match rv.deposit(rank, tag, offer) {
-            Ok(early) => early,
+        let arrival = match rv.deposit(rank, tag, offer) {
+            Ok(a) => a,
             Err(e @ CommError::PeerFinished { .. }) => {
                 // The meeting can never complete: release the ranks that
                 // wait in it too.
@@ -135,9 +135,9 @@ impl Communicator for LocalComm {
                 return Ok(MeetFuture::ready(rank, Err(e)));
             }
         }
-        Ok(match early {
-            Some(taken) => MeetFuture::ready(rank, Ok(taken)),
-            None => MeetFuture::waiting(rv.clone(), rank, tag),
+        Ok(match arrival {
+            Arrival::Last(taken) => MeetFuture::ready(rank, Ok(taken)),
+            Arrival::Wait(m) => MeetFuture::waiting(rv.clone(), rank, m),
         })
     }
 

@@ -273,7 +273,7 @@ impl Mailbox {
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+        super::lock_spinning(&self.inner)
     }
 
     /// Hands `buf` to the oldest waiter of (src, tag) or queues it.

@@ -213,3 +213,25 @@ pub(crate) fn check_rank(rank: Rank, peer: Rank, nranks: u32) -> Result<(), Comm
         Err(CommError::InvalidRank { rank, peer, nranks })
     }
 }
+
+/// Locks `m` as a table shared by the ranks of a process is locked: first
+/// a bounded spin on `try_lock`, then the blocking lock. Its holders keep
+/// it for well under a microsecond, but `std`'s lock puts a waiter to
+/// sleep once another already sleeps, and a sleeping thread is woken by a
+/// system call and, in a virtual machine, an interrupt to an idle core:
+/// microseconds per hand-over where ranks meet on cores of their own.
+/// A poisoned lock is taken as it is (its holders leave it consistent).
+pub(crate) fn lock_spinning<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    for _ in 0..LOCK_SPINS {
+        match m.try_lock() {
+            Ok(g) => return g,
+            Err(std::sync::TryLockError::Poisoned(p)) => return p.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => std::hint::spin_loop(),
+        }
+    }
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Attempts of [`lock_spinning`] before it blocks (tens of microseconds:
+/// a holder that was preempted is not waited for by spinning much longer).
+const LOCK_SPINS: u32 = 1000;
