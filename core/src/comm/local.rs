@@ -137,7 +137,7 @@ impl Communicator for LocalComm {
         }
         Ok(match arrival {
             Arrival::Last(taken) => MeetFuture::ready(rank, Ok(taken)),
-            Arrival::Wait(m) => MeetFuture::waiting(rv.clone(), rank, m),
+            Arrival::Wait(p) => MeetFuture::waiting(rv.clone(), rank, p),
         })
     }
 

@@ -7,29 +7,36 @@
 //! step is one deposit and one take per rank:
 //!
 //! ```text
-//!   rank r: deposit(tag, offer)   table lock: find or open the meeting;
-//!                                 then, outside it: fill r's slot, count
-//!                                 the arrival; the last of N takes at once
-//!                                 and wakes the others
+//!   rank r: deposit(tag, offer)   find the tag's meeting at its arena
+//!                                 places (no lock); not there: open it
+//!                                 under the table's lock; fill r's slot,
+//!                                 count the arrival; the last of N takes
+//!                                 at once and wakes the others
 //!           poll: arrivals < N -> leave a waker in r's slot, Pending
 //!                 arrivals = N -> every other rank's head and its buffer
 //!                                 for r, read from their slots (the last
-//!                                 of N to take closes the meeting)
+//!                                 of N to take empties the meeting and
+//!                                 frees its place)
 //! ```
 //!
 //! Cost model: where ranks run on cores of their own, a meeting costs the
 //! cache lines that move between those cores, one after another where
-//! ranks wait on one another. Each rank takes the table's lock once, for
-//! a map lookup; its offer goes to a slot of its own (a cache line of its
+//! ranks wait on one another. A meeting lives at one of a few arena places
+//! given by its OpId (consecutive operations, consecutive places), so a
+//! rank finds it by reading a place's key, a line every rank reads and
+//! none writes; only the first to arrive takes the table's lock, to open
+//! it. Each rank's offer goes to a slot of its own (a cache line of its
 //! own), its arrival is one atomic add on the meeting's counter, which
-//! the waiters read, and the takes read the others' slots, in parallel;
-//! the last to take locks the table once more to close the meeting, and
-//! empties it for reuse outside that lock. Measured on a 16-core host
-//! (threads that only meet, 2026-11-29): 1.8-2.0 us for 2 ranks, 3.7-3.8
-//! for 4, 7.0-7.3 for 8, where the first version (everything under the
-//! table's lock, the waiters watching one counter of the whole table)
-//! took 2.1-2.4, 6.4-6.7 and 18-21 us, and a bare atomic barrier takes
-//! 0.09, 0.45-0.5 and 1.0-1.2 us (BENCHMARKS.md).
+//! the waiters read, and the takes read the others' slots, in parallel.
+//! Measured on a 16-core host (threads that only meet, 2026-11-29): 1.3-1.5
+//! us for 2 ranks, 2.9-3.6 for 4, 6.8-8.5 for 8, where the first version
+//! (everything under the table's lock, the waiters watching one counter
+//! of the whole table) took 2.1-2.4, 6.4-6.7 and 18-21 us, and a bare
+//! atomic barrier takes 0.09-0.12, 0.35-0.6 and 1.0-1.4 us
+//! (BENCHMARKS.md). Meetings that find their places taken (more than
+//! `PROBE` open at once among OpIds `ARENA` apart) open in the table's map
+//! instead, under its lock; the first rank there decides, under the lock,
+//! where the meeting is, after looking in both, so it is in one of them.
 //!
 //! Nothing is copied: a taken buffer is a reference-counted handle to the
 //! depositor's bytes. A meeting never mixes with messages: the local
@@ -41,8 +48,8 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
 use std::task::Poll;
 
 use futures::task::AtomicWaker;
@@ -88,14 +95,28 @@ pub struct Taken {
 #[repr(align(128))]
 #[derive(Default)]
 struct Slot {
-    offer: OnceLock<Offer>,
+    /// Written by its rank to leave the offer and by the meeting's closer
+    /// to empty it, read by the other ranks to take their shares (all at
+    /// once, hence a read-write lock).
+    offer: RwLock<Option<Offer>>,
     waker: AtomicWaker,
 }
 
-/// One tag's meeting. Shared by its ranks (`Arc`) from their arrival to
-/// their take, so that they fill and read it without the table's lock.
+impl Slot {
+    fn offer(&self) -> std::sync::RwLockReadGuard<'_, Option<Offer>> {
+        self.offer.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn offer_mut(&self) -> std::sync::RwLockWriteGuard<'_, Option<Offer>> {
+        self.offer.write().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// One tag's meeting: its ranks fill and read it without the table's lock.
 pub(crate) struct Meeting {
-    tag: Tag,
+    /// The tag it is open for, as `key_of` packs it; `FREE` while an
+    /// arena meeting is closed.
+    key: AtomicU64,
     /// Ranks that have filled their slot (each adds one after filling it:
     /// a rank that reads N here sees every slot filled).
     arrived: Padded<AtomicU32>,
@@ -110,54 +131,80 @@ pub(crate) struct Meeting {
 #[derive(Default)]
 struct Padded<T>(T);
 
+/// `Meeting::key` of a closed arena meeting.
+const FREE: u64 = 0;
+
+/// A tag as `Meeting::key` holds it (never `FREE`).
+fn key_of(tag: Tag) -> u64 {
+    tag.to_wire() + 1
+}
+
 impl Meeting {
-    fn new(tag: Tag, n: u32) -> Self {
+    fn new(key: u64, n: u32) -> Self {
         Meeting {
-            tag,
+            key: AtomicU64::new(key),
             arrived: Padded::default(),
             left: Padded::default(),
             slots: (0..n).map(|_| Slot::default()).collect(),
         }
     }
 
-    /// Emptied for its next use (through its only handle).
-    fn reset(&mut self) {
-        *self.arrived.0.get_mut() = 0;
-        *self.left.0.get_mut() = 0;
-        for s in self.slots.iter_mut() {
-            s.offer.take();
-            s.waker = AtomicWaker::new();
-        }
+    fn tag(&self) -> Option<Tag> {
+        Tag::from_wire(self.key.load(Ordering::Acquire).checked_sub(1)?)
     }
 
     fn complete(&self) -> bool {
         self.arrived.0.load(Ordering::Acquire) as usize == self.slots.len()
     }
 
-    /// Wakes every rank that left a waker here.
-    fn wake_all(&self) {
-        for s in self.slots.iter() {
-            s.waker.wake();
-        }
+    /// Whether `rank` has yet to arrive here.
+    fn lacks(&self, rank: Rank) -> bool {
+        self.slots
+            .get(rank as usize)
+            .is_some_and(|s| s.offer().is_none())
     }
 
-    /// Wakes every rank but `rank` (the one that arrived last).
-    fn wake_others(&self, rank: Rank) {
+    /// Empties a meeting that every rank has left, for its next use.
+    fn empty(&self) {
+        for s in self.slots.iter() {
+            let offer = s.offer_mut().take();
+            drop(offer);
+            drop(s.waker.take());
+        }
+        self.left.0.store(0, Ordering::Relaxed);
+        self.arrived.0.store(0, Ordering::Release);
+    }
+
+    /// Wakes every rank that left a waker here but `except`.
+    fn wake(&self, except: Option<Rank>) {
         for (q, s) in self.slots.iter().enumerate() {
-            if q != rank as usize {
+            if Some(q as Rank) != except {
                 s.waker.wake();
             }
         }
     }
 }
 
-/// Finished meetings kept for reuse (their slots keep their allocation).
-const SPARE_MEETS: usize = 16;
+/// Meetings kept in place, found without the table's lock (see
+/// `Rendezvous::arena`). More than that many at once (or at places taken
+/// by older meetings still open) go to the table's map.
+const ARENA: usize = 64;
+
+/// Arena places a tag may take: from its OpId's place on.
+const PROBE: usize = 4;
+
+/// Where a meeting is: a place of the arena, or the table's map.
+#[derive(Clone)]
+pub(crate) enum Place {
+    Arena(u32),
+    Map(Arc<Meeting>),
+}
 
 #[derive(Default)]
 struct State {
-    /// Keyed with the mailbox's cheap hasher (tags are not attacker-chosen).
-    meets: HashMap<Tag, Arc<Meeting>, std::hash::BuildHasherDefault<KeyHasher>>,
+    /// Meetings that found no free arena place. Keyed with the mailbox's
+    /// cheap hasher (tags are not attacker-chosen).
+    overflow: HashMap<Tag, Arc<Meeting>, std::hash::BuildHasherDefault<KeyHasher>>,
     /// Set once the job failed: (the rank that failed it, why).
     failed: Option<(Rank, String)>,
     /// Ranks that finished their job (shut down): no meeting without them
@@ -166,18 +213,22 @@ struct State {
 }
 
 /// The meeting table of one local world.
-#[derive(Default)]
 pub(crate) struct Rendezvous {
     nranks: u32,
+    /// Meetings by place: a tag's meeting is at one of the `PROBE` places
+    /// from its OpId's (`place_of`). A rank looks there without a lock;
+    /// it opens a meeting (the first to arrive) under the table's lock,
+    /// which looks at the arena and at `State::overflow` again first, so
+    /// a tag's meeting is in one place only.
+    arena: Box<[Meeting]>,
     state: Mutex<State>,
-    /// Closed meetings no rank holds, emptied, for the next ones (a lock
-    /// of its own: they are emptied and put here outside the table's).
-    spare: Padded<Mutex<Vec<Arc<Meeting>>>>,
-    /// Meetings in progress (lets a send skip the lock when there are none).
+    /// Meetings in progress (lets a send skip the look when there are none).
     open: AtomicUsize,
-    /// Set (under the lock) once the job failed: a waiter checks it
-    /// without the lock.
-    failed: AtomicBool,
+    /// Meetings in `State::overflow`.
+    overflowing: AtomicUsize,
+    /// Set (under the lock) once the job failed or a rank finished: an
+    /// arrival or a waiter then looks at the table (under its lock).
+    alarm: AtomicBool,
 }
 
 /// Where a rank stands after its deposit.
@@ -185,14 +236,18 @@ pub(crate) enum Arrival {
     /// It arrived last: what every other rank left for it.
     Last(Vec<Taken>),
     /// Others have yet to arrive: poll the meeting ([`MeetFuture`]).
-    Wait(Arc<Meeting>),
+    Wait(Place),
 }
 
 impl Rendezvous {
     pub(crate) fn new(nranks: u32) -> Self {
         Rendezvous {
             nranks,
-            ..Default::default()
+            arena: (0..ARENA).map(|_| Meeting::new(FREE, nranks)).collect(),
+            state: Mutex::default(),
+            open: AtomicUsize::new(0),
+            overflowing: AtomicUsize::new(0),
+            alarm: AtomicBool::new(false),
         }
     }
 
@@ -210,10 +265,79 @@ impl Rendezvous {
 
     /// The job's failure as `rank` sees it, if it failed.
     fn failed_for(&self, rank: Rank) -> Option<CommError> {
-        if !self.failed.load(Ordering::Acquire) {
+        if !self.alarm.load(Ordering::Acquire) {
             return None;
         }
         self.lock().failed.as_ref().map(|f| Self::failure(rank, f))
+    }
+
+    /// The first of a tag's arena places (consecutive OpIds, consecutive
+    /// places; the stages of one operation share its places).
+    fn place_of(tag: Tag) -> usize {
+        tag.op.0 as usize % ARENA
+    }
+
+    /// The arena place of `tag`'s open meeting, if it has one there.
+    fn find(&self, tag: Tag) -> Option<u32> {
+        let key = key_of(tag);
+        let first = Self::place_of(tag);
+        (first..first + PROBE)
+            .map(|i| i % ARENA)
+            .find(|&i| self.arena[i].key.load(Ordering::Acquire) == key)
+            .map(|i| i as u32)
+    }
+
+    fn meeting<'a>(&'a self, place: &'a Place) -> &'a Meeting {
+        match place {
+            Place::Arena(i) => &self.arena[*i as usize % ARENA],
+            Place::Map(m) => m,
+        }
+    }
+
+    /// `tag`'s meeting, opened if this rank is the first there; under the
+    /// table's lock, with the job's failure and finished ranks checked.
+    fn find_or_open(&self, rank: Rank, tag: Tag) -> Result<Place, CommError> {
+        let mut g = self.lock();
+        if let Some(f) = &g.failed {
+            return Err(Self::failure(rank, f));
+        }
+        let place = match self.find(tag) {
+            Some(i) => Place::Arena(i),
+            None => match g.overflow.get(&tag) {
+                Some(m) => Place::Map(m.clone()),
+                None => {
+                    self.open.fetch_add(1, Ordering::SeqCst);
+                    let first = Self::place_of(tag);
+                    let free = (first..first + PROBE)
+                        .map(|i| i % ARENA)
+                        .find(|&i| self.arena[i].key.load(Ordering::Acquire) == FREE);
+                    match free {
+                        Some(i) => {
+                            self.arena[i].key.store(key_of(tag), Ordering::Release);
+                            Place::Arena(i as u32)
+                        }
+                        None => {
+                            let m = Arc::new(Meeting::new(key_of(tag), self.nranks));
+                            g.overflow.insert(tag, m.clone());
+                            self.overflowing.fetch_add(1, Ordering::SeqCst);
+                            Place::Map(m)
+                        }
+                    }
+                }
+            },
+        };
+        // A rank that finished can never arrive: the meeting could not
+        // complete. (A rank that finishes later finds this meeting
+        // waiting for it: `finish`.)
+        let m = self.meeting(&place);
+        if let Some(gone) = g.finished.iter().find(|r| m.lacks(**r)) {
+            return Err(CommError::PeerFinished {
+                rank,
+                peer: *gone,
+                tag,
+            });
+        }
+        Ok(place)
     }
 
     /// Leaves `rank`'s offer at `tag`. The rank that completes the
@@ -237,42 +361,13 @@ impl Rendezvous {
                 nranks: n,
             });
         }
-        let m = {
-            let mut guard = self.lock();
-            let g = &mut *guard;
-            if let Some(f) = &g.failed {
-                return Err(Self::failure(rank, f));
-            }
-            let m = g
-                .meets
-                .entry(tag)
-                .or_insert_with(|| {
-                    self.open.fetch_add(1, Ordering::SeqCst);
-                    let mut m = super::lock_spinning(&self.spare.0).pop();
-                    match m.as_mut().and_then(Arc::get_mut) {
-                        Some(m) => m.tag = tag,
-                        None => m = None,
-                    }
-                    m.unwrap_or_else(|| Arc::new(Meeting::new(tag, n)))
-                })
-                .clone();
-            // A rank that finished can never arrive: the meeting could
-            // not complete. (A rank that finishes later finds this
-            // meeting waiting for it: `finish`.)
-            let missing = |r: &&Rank| {
-                m.slots
-                    .get(**r as usize)
-                    .is_some_and(|s| s.offer.get().is_none())
-            };
-            if let Some(gone) = g.finished.iter().find(missing) {
-                return Err(CommError::PeerFinished {
-                    rank,
-                    peer: *gone,
-                    tag,
-                });
-            }
-            m
+        // Without the lock where the meeting is open in the arena and
+        // nothing went wrong; else under it.
+        let place = match self.find(tag) {
+            Some(i) if !self.alarm.load(Ordering::Acquire) => Place::Arena(i),
+            _ => self.find_or_open(rank, tag)?,
         };
+        let m = self.meeting(&place);
         let Some(slot) = m.slots.get(rank as usize) else {
             return Err(CommError::InvalidRank {
                 rank,
@@ -280,71 +375,77 @@ impl Rendezvous {
                 nranks: n,
             });
         };
-        if slot.offer.set(offer).is_err() {
-            return Err(CommError::Protocol {
-                rank,
-                peer: None,
-                detail: format!("rank {rank} met twice at {tag:?}"),
-            });
+        {
+            let mut o = slot.offer_mut();
+            if o.is_some() {
+                return Err(CommError::Protocol {
+                    rank,
+                    peer: None,
+                    detail: format!("rank {rank} met twice at {tag:?}"),
+                });
+            }
+            *o = Some(offer);
         }
         let arrived = m.arrived.0.fetch_add(1, Ordering::AcqRel) + 1;
         if arrived < n {
-            return Ok(Arrival::Wait(m));
+            return Ok(Arrival::Wait(place));
         }
-        m.wake_others(rank);
-        self.take(m, rank).map(Arrival::Last)
+        m.wake(Some(rank));
+        self.take(place, rank).map(Arrival::Last)
     }
 
-    /// `rank`'s share of the meeting in `m` once every rank has arrived
-    /// (taking the handle out of `m`); until then `Pending`, with `cx`'s
-    /// waker left to be woken when the last arrives (or the job fails).
+    /// `rank`'s share of the meeting at `place` once every rank has
+    /// arrived (taking `place`); until then `Pending`, with `cx`'s waker
+    /// left to be woken when the last arrives (or the job fails).
     fn poll_take(
         &self,
         rank: Rank,
-        m: &mut Option<Arc<Meeting>>,
+        place: &mut Option<Place>,
         cx: &mut std::task::Context<'_>,
     ) -> Poll<Result<Vec<Taken>, CommError>> {
-        let Some(meeting) = m.as_ref() else {
+        let Some(p) = place.as_ref() else {
             return Poll::Ready(Err(CommError::Protocol {
                 rank,
                 peer: None,
                 detail: "a meeting polled after it completed".into(),
             }));
         };
-        if !meeting.complete() {
-            if let Some(s) = meeting.slots.get(rank as usize) {
+        let m = self.meeting(p);
+        if !m.complete() {
+            if let Some(s) = m.slots.get(rank as usize) {
                 s.waker.register(cx.waker());
             }
             // Looked at again after the waker is in place: an arrival or
             // failure before that is seen here, one after wakes it.
-            if !meeting.complete() {
+            if !m.complete() {
                 return match self.failed_for(rank) {
                     Some(e) => Poll::Ready(Err(e)),
                     None => Poll::Pending,
                 };
             }
         }
-        match m.take() {
-            Some(meeting) => Poll::Ready(self.take(meeting, rank)),
+        match place.take() {
+            Some(p) => Poll::Ready(self.take(p, rank)),
             None => Poll::Pending,
         }
     }
 
     /// Takes what every other rank left for `rank` at the complete meeting
-    /// `m`, in rank order; the last of N to take closes the meeting.
-    fn take(&self, m: Arc<Meeting>, rank: Rank) -> Result<Vec<Taken>, CommError> {
+    /// at `place`, in rank order; the last of N to take closes it.
+    fn take(&self, place: Place, rank: Rank) -> Result<Vec<Taken>, CommError> {
         let n = self.nranks;
-        let tag = m.tag;
+        let m = self.meeting(&place);
         let mut out = Vec::with_capacity(n as usize - 1);
         for (q, s) in m.slots.iter().enumerate() {
             if q == rank as usize {
                 continue;
             }
-            let Some(o) = s.offer.get() else {
+            let o = s.offer();
+            let Some(o) = o.as_ref() else {
                 return Err(CommError::Protocol {
                     rank,
                     peer: Some(q as Rank),
-                    detail: format!("rank {q} has not arrived at {tag:?}"),
+                    detail: format!("rank {q} has not arrived at {:?}", m.tag()),
                 });
             };
             let data = match &o.data {
@@ -367,29 +468,33 @@ impl Rendezvous {
             });
         }
         if m.left.0.fetch_add(1, Ordering::AcqRel) + 1 == n {
-            self.close(m);
+            self.close(place);
         }
         Ok(out)
     }
 
-    /// Removes the meeting `m`, which every rank has left, from the table;
-    /// keeps it for reuse where no rank holds it any more (the others drop
-    /// their handles as they take, so usually none does).
-    fn close(&self, mut m: Arc<Meeting>) {
-        {
-            let mut g = self.lock();
-            if g.meets.get(&m.tag).is_some_and(|e| Arc::ptr_eq(e, &m)) {
-                g.meets.remove(&m.tag);
-                self.open.fetch_sub(1, Ordering::SeqCst);
+    /// Closes the meeting at `place`, which every rank has left: an arena
+    /// meeting is emptied and its place freed (no lock: nothing else
+    /// touches a meeting every rank has left, and only an opening, under
+    /// the lock, takes a free place); a map meeting leaves the map.
+    fn close(&self, place: Place) {
+        match place {
+            Place::Arena(i) => {
+                let m = &self.arena[i as usize % ARENA];
+                m.empty();
+                m.key.store(FREE, Ordering::Release);
+            }
+            Place::Map(m) => {
+                let mut g = self.lock();
+                if let Some(tag) = m.tag() {
+                    if g.overflow.get(&tag).is_some_and(|e| Arc::ptr_eq(e, &m)) {
+                        g.overflow.remove(&tag);
+                        self.overflowing.fetch_sub(1, Ordering::SeqCst);
+                    }
+                }
             }
         }
-        if let Some(meeting) = Arc::get_mut(&mut m) {
-            meeting.reset();
-            let mut spare = super::lock_spinning(&self.spare.0);
-            if spare.len() < SPARE_MEETS {
-                spare.push(m);
-            }
-        }
+        self.open.fetch_sub(1, Ordering::SeqCst);
     }
 
     /// Whether a meeting of operation `op` (any stage) is still waiting
@@ -399,10 +504,21 @@ impl Rendezvous {
         if self.open.load(Ordering::SeqCst) == 0 {
             return false;
         }
-        self.lock()
-            .meets
+        let of_op = |m: &Meeting| m.tag().is_some_and(|t| t.op == op) && !m.complete();
+        let first = Self::place_of(Tag::new(op, 0));
+        if (first..first + PROBE).any(|i| of_op(&self.arena[i % ARENA])) {
+            return true;
+        }
+        self.overflowing.load(Ordering::SeqCst) > 0
+            && self.lock().overflow.values().any(|m| of_op(m))
+    }
+
+    /// Every open meeting (the arena's and the map's), under the lock.
+    fn open_meetings<'a>(&'a self, g: &'a State) -> impl Iterator<Item = &'a Meeting> {
+        self.arena
             .iter()
-            .any(|(t, m)| t.op == op && !m.complete())
+            .filter(|m| m.key.load(Ordering::Acquire) != FREE)
+            .chain(g.overflow.values().map(|m| &**m))
     }
 
     /// Records that `rank` finished its job; returns the tag of a meeting
@@ -410,14 +526,10 @@ impl Rendezvous {
     pub(crate) fn finish(&self, rank: Rank) -> Option<Tag> {
         let mut g = self.lock();
         g.finished.push(rank);
-        g.meets
-            .iter()
-            .find(|(_, m)| {
-                m.slots
-                    .get(rank as usize)
-                    .is_some_and(|s| s.offer.get().is_none())
-            })
-            .map(|(t, _)| *t)
+        self.alarm.store(true, Ordering::Release);
+        self.open_meetings(&g)
+            .find(|m| m.lacks(rank))
+            .and_then(|m| m.tag())
     }
 
     /// Fails every meeting, now and later, on behalf of `origin`.
@@ -427,9 +539,9 @@ impl Rendezvous {
             return;
         }
         g.failed = Some((origin, reason.to_string()));
-        self.failed.store(true, Ordering::Release);
-        for m in g.meets.values() {
-            m.wake_all();
+        self.alarm.store(true, Ordering::Release);
+        for m in self.open_meetings(&g) {
+            m.wake(None);
         }
     }
 }
@@ -448,7 +560,7 @@ enum MeetState {
     Waiting {
         rv: Arc<Rendezvous>,
         /// Until this rank has taken its share.
-        meeting: Option<Arc<Meeting>>,
+        place: Option<Place>,
     },
 }
 
@@ -461,13 +573,14 @@ impl MeetFuture {
         }
     }
 
-    /// `rank`'s share of `meeting` at `rv`, once every rank has arrived.
-    pub(crate) fn waiting(rv: Arc<Rendezvous>, rank: Rank, meeting: Arc<Meeting>) -> Self {
+    /// `rank`'s share of the meeting at `place` of `rv`, once every rank
+    /// has arrived.
+    pub(crate) fn waiting(rv: Arc<Rendezvous>, rank: Rank, place: Place) -> Self {
         MeetFuture {
             rank,
             state: MeetState::Waiting {
                 rv,
-                meeting: Some(meeting),
+                place: Some(place),
             },
         }
     }
@@ -477,8 +590,8 @@ impl std::fmt::Debug for MeetFuture {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let state = match &self.state {
             MeetState::Ready(_) => "ready".to_string(),
-            MeetState::Waiting { meeting, .. } => match meeting {
-                Some(m) => format!("waiting at {:?}", m.tag),
+            MeetState::Waiting { rv, place } => match place {
+                Some(p) => format!("waiting at {:?}", rv.meeting(p).tag()),
                 None => "taken".to_string(),
             },
         };
@@ -503,7 +616,7 @@ impl Future for MeetFuture {
                     detail: "a meeting polled after it completed".into(),
                 })
             })),
-            MeetState::Waiting { rv, meeting } => rv.poll_take(rank, meeting, cx),
+            MeetState::Waiting { rv, place } => rv.poll_take(rank, place, cx),
         };
         if p.is_ready() {
             this.state = MeetState::Ready(None);
@@ -522,7 +635,7 @@ mod tests {
     fn arrive(rv: &Arc<Rendezvous>, r: Rank, tag: Tag, offer: Offer) -> MeetFuture {
         match rv.deposit(r, tag, offer) {
             Ok(Arrival::Last(t)) => MeetFuture::ready(r, Ok(t)),
-            Ok(Arrival::Wait(m)) => MeetFuture::waiting(rv.clone(), r, m),
+            Ok(Arrival::Wait(p)) => MeetFuture::waiting(rv.clone(), r, p),
             Err(e) => MeetFuture::ready(r, Err(e)),
         }
     }
@@ -578,14 +691,21 @@ mod tests {
             assert_eq!(seen, want);
         }
         assert!(!rv.is_waiting(tag.op), "complete");
-        let g = rv.lock();
-        assert!(g.meets.is_empty(), "the last taker removes the meeting");
         assert_eq!(
-            rv.spare.0.lock().unwrap().len(),
-            1,
-            "and keeps it for the next"
+            rv.open.load(Ordering::SeqCst),
+            0,
+            "the last taker closes it"
         );
-        assert_eq!(rv.open.load(Ordering::SeqCst), 0);
+        assert!(
+            rv.arena
+                .iter()
+                .all(|m| m.key.load(Ordering::SeqCst) == FREE)
+        );
+        assert!(
+            rv.arena
+                .iter()
+                .all(|m| m.slots.iter().all(|s| s.offer().is_none()))
+        );
     }
 
     #[test]
@@ -667,34 +787,40 @@ mod tests {
         ));
     }
 
-    /// Ranks on threads of their own meet thousands of times, two
+    /// Ranks on threads of their own meet thousands of times, six
     /// meetings in flight at once entered in opposite orders by odd and
-    /// even ranks, tags reused: every rank takes exactly what each other
-    /// rank left for it at that meeting, and the table ends empty.
+    /// even ranks, their OpIds sharing arena places (so some open in the
+    /// map, and which ones varies), tags reused: every rank takes exactly
+    /// what each other rank left for it at that meeting, and the table
+    /// ends empty.
     #[test]
-    fn threads_meet_many_times_with_two_meetings_in_flight() {
+    fn threads_meet_many_times_with_meetings_in_flight() {
         const N: u32 = 4;
-        const ROUNDS: u32 = 2000;
+        const ROUNDS: u32 = 1000;
+        const AT_ONCE: u8 = 6;
         let rv = Arc::new(Rendezvous::new(N));
         let threads: Vec<_> = (0..N)
             .map(|r| {
                 let rv = rv.clone();
                 std::thread::spawn(move || {
-                    let offer = |k: u32, which: u8| Offer {
-                        head: [r as u64, k as u64, which as u64, 0],
+                    let offer = |k: u32, w: u8| Offer {
+                        head: [r as u64, k as u64, w as u64, 0],
                         data: OfferData::PerRank(
                             (0..N)
-                                .map(|q| Buffer::from_vec(vec![r as u8, q as u8, which, k as u8]))
+                                .map(|q| Buffer::from_vec(vec![r as u8, q as u8, w, k as u8]))
                                 .collect(),
                         ),
                     };
                     for k in 0..ROUNDS {
-                        // Tags repeat every 7 rounds: reused once closed.
-                        let tags = [Tag::new(OpId(k % 7 + 1), 0), Tag::new(OpId(k % 7 + 1), 1)];
-                        let order: [u8; 2] = if r % 2 == 0 { [0, 1] } else { [1, 0] };
+                        // Tags repeat every 5 rounds: reused once closed.
+                        let tag = |w: u8| Tag::new(OpId(k % 5 + 1 + w as u32 * ARENA as u32), w);
+                        let mut order: Vec<u8> = (0..AT_ONCE).collect();
+                        if r % 2 == 1 {
+                            order.reverse();
+                        }
                         let mut futs: Vec<(u8, MeetFuture)> = order
                             .iter()
-                            .map(|&w| (w, arrive(&rv, r, tags[w as usize], offer(k, w))))
+                            .map(|&w| (w, arrive(&rv, r, tag(w), offer(k, w))))
                             .collect();
                         for (w, fut) in futs.iter_mut() {
                             let got = loop {
@@ -719,7 +845,57 @@ mod tests {
         for t in threads {
             t.join().unwrap();
         }
-        assert!(rv.lock().meets.is_empty());
+        assert!(rv.lock().overflow.is_empty());
         assert_eq!(rv.open.load(Ordering::SeqCst), 0);
+        assert!(
+            rv.arena
+                .iter()
+                .all(|m| m.key.load(Ordering::SeqCst) == FREE)
+        );
+    }
+
+    /// More meetings at once than their OpIds' arena places hold: the
+    /// rest open in the table's map, ranks that arrive in the opposite
+    /// order find each where it was opened, and every place is free at
+    /// the end.
+    #[test]
+    fn meetings_past_their_arena_places_open_in_the_map() {
+        let rv = Arc::new(Rendezvous::new(2));
+        // OpIds with one first place: PROBE of them fill it, the rest
+        // overflow.
+        let tags: Vec<Tag> = (0..PROBE as u32 + 3)
+            .map(|k| Tag::new(OpId(5 + k * ARENA as u32), 0))
+            .collect();
+        let offer = |r: u64, k: usize| Offer {
+            head: [r, k as u64, 0, 0],
+            data: OfferData::Same(Buffer::from_vec(vec![r as u8, k as u8])),
+        };
+        let mut waiting: Vec<MeetFuture> = tags
+            .iter()
+            .enumerate()
+            .map(|(k, t)| arrive(&rv, 0, *t, offer(0, k)))
+            .collect();
+        assert_eq!(rv.lock().overflow.len(), 3);
+        assert!(tags.iter().all(|t| rv.is_waiting(t.op)));
+        for (k, t) in tags.iter().enumerate().rev() {
+            let got = arrive(&rv, 1, *t, offer(1, k))
+                .now_or_never()
+                .unwrap()
+                .unwrap();
+            assert_eq!(got[0].data.as_slice(), &[0, k as u8]);
+            assert!(!rv.is_waiting(t.op));
+        }
+        for (k, fut) in waiting.iter_mut().enumerate() {
+            let got = fut.now_or_never().unwrap().unwrap();
+            assert_eq!(got[0].head, [1, k as u64, 0, 0]);
+            assert_eq!(got[0].data.as_slice(), &[1, k as u8]);
+        }
+        assert!(rv.lock().overflow.is_empty());
+        assert_eq!(rv.open.load(Ordering::SeqCst), 0);
+        assert!(
+            rv.arena
+                .iter()
+                .all(|m| m.key.load(Ordering::SeqCst) == FREE)
+        );
     }
 }
