@@ -134,6 +134,11 @@ struct Padded<T>(T);
 /// `Meeting::key` of a closed arena meeting.
 const FREE: u64 = 0;
 
+/// `Meeting::key` of an arena meeting being emptied: no tag's (a closed
+/// meeting's counts are reset while it has it, so no look at the place
+/// takes that meeting for its tag's, incomplete) and not yet free.
+const CLOSING: u64 = u64::MAX;
+
 /// A tag as `Meeting::key` holds it (never `FREE`).
 fn key_of(tag: Tag) -> u64 {
     tag.to_wire() + 1
@@ -481,6 +486,7 @@ impl Rendezvous {
         match place {
             Place::Arena(i) => {
                 let m = &self.arena[i as usize % ARENA];
+                m.key.store(CLOSING, Ordering::Release);
                 m.empty();
                 m.key.store(FREE, Ordering::Release);
             }
@@ -517,7 +523,7 @@ impl Rendezvous {
     fn open_meetings<'a>(&'a self, g: &'a State) -> impl Iterator<Item = &'a Meeting> {
         self.arena
             .iter()
-            .filter(|m| m.key.load(Ordering::Acquire) != FREE)
+            .filter(|m| m.tag().is_some())
             .chain(g.overflow.values().map(|m| &**m))
     }
 
@@ -823,13 +829,26 @@ mod tests {
                             .map(|&w| (w, arrive(&rv, r, tag(w), offer(k, w))))
                             .collect();
                         for (w, fut) in futs.iter_mut() {
+                            // Bounded: a rank that failed (panicked) never
+                            // comes, and the test must fail, not hang.
+                            let since = std::time::Instant::now();
                             let got = loop {
                                 if let Some(g) = fut.now_or_never() {
                                     break g;
                                 }
+                                assert!(
+                                    since.elapsed().as_secs() < 20,
+                                    "rank {r} round {k}: stuck"
+                                );
                                 std::thread::yield_now();
                             };
                             let got = got.unwrap_or_else(|e| panic!("rank {r} round {k}: {e}"));
+                            // Every rank has arrived: whoever is closing
+                            // it, the meeting no longer waits (a send
+                            // for its operation is no mismatch).
+                            for _ in 0..20 {
+                                assert!(!rv.is_waiting(tag(*w).op), "rank {r} round {k}");
+                            }
                             let srcs: Vec<u32> = got.iter().map(|t| t.src).collect();
                             let want: Vec<u32> = (0..N).filter(|q| *q != r).collect();
                             assert_eq!(srcs, want);
