@@ -114,8 +114,8 @@ impl Slot {
 
 /// One tag's meeting: its ranks fill and read it without the table's lock.
 pub(crate) struct Meeting {
-    /// The tag it is open for, as `key_of` packs it; `FREE` while an
-    /// arena meeting is closed.
+    /// The tag it is open for, as `key_of` packs it; for an arena
+    /// meeting, `CLOSING` while it is emptied and `FREE` once closed.
     key: AtomicU64,
     /// Ranks that have filled their slot (each adds one after filling it:
     /// a rank that reads N here sees every slot filled).
@@ -637,6 +637,17 @@ mod tests {
     use futures::FutureExt as _;
     use std::task::Waker;
 
+    /// Every meeting closed: none open, no place taken, none in the map,
+    /// no offer left behind.
+    fn assert_all_closed(rv: &Rendezvous) {
+        assert_eq!(rv.open.load(Ordering::SeqCst), 0);
+        assert!(rv.lock().overflow.is_empty());
+        for m in rv.arena.iter() {
+            assert_eq!(m.key.load(Ordering::SeqCst), FREE);
+            assert!(m.slots.iter().all(|s| s.offer().is_none()));
+        }
+    }
+
     /// What `r`'s deposit left it: taken at once, or a future to poll.
     fn arrive(rv: &Arc<Rendezvous>, r: Rank, tag: Tag, offer: Offer) -> MeetFuture {
         match rv.deposit(r, tag, offer) {
@@ -697,21 +708,8 @@ mod tests {
             assert_eq!(seen, want);
         }
         assert!(!rv.is_waiting(tag.op), "complete");
-        assert_eq!(
-            rv.open.load(Ordering::SeqCst),
-            0,
-            "the last taker closes it"
-        );
-        assert!(
-            rv.arena
-                .iter()
-                .all(|m| m.key.load(Ordering::SeqCst) == FREE)
-        );
-        assert!(
-            rv.arena
-                .iter()
-                .all(|m| m.slots.iter().all(|s| s.offer().is_none()))
-        );
+        // The last taker closed it.
+        assert_all_closed(&rv);
     }
 
     #[test]
@@ -864,13 +862,7 @@ mod tests {
         for t in threads {
             t.join().unwrap();
         }
-        assert!(rv.lock().overflow.is_empty());
-        assert_eq!(rv.open.load(Ordering::SeqCst), 0);
-        assert!(
-            rv.arena
-                .iter()
-                .all(|m| m.key.load(Ordering::SeqCst) == FREE)
-        );
+        assert_all_closed(&rv);
     }
 
     /// More meetings at once than their OpIds' arena places hold: the
@@ -909,12 +901,6 @@ mod tests {
             assert_eq!(got[0].head, [1, k as u64, 0, 0]);
             assert_eq!(got[0].data.as_slice(), &[1, k as u8]);
         }
-        assert!(rv.lock().overflow.is_empty());
-        assert_eq!(rv.open.load(Ordering::SeqCst), 0);
-        assert!(
-            rv.arena
-                .iter()
-                .all(|m| m.key.load(Ordering::SeqCst) == FREE)
-        );
+        assert_all_closed(&rv);
     }
 }
