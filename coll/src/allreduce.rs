@@ -383,10 +383,11 @@ async fn reduce_my_piece<T: Element>(
     };
     let frames = exchange_framed(comm.as_ref(), site, tag, meta, outgoing, check).await?;
     spread((hi - lo) * sz * n as usize).await;
-    if scheme == Scheme::Whole && len <= TILE && matches!(to, PieceTo::Fresh) {
+    if hi - lo <= TILE && matches!(to, PieceTo::Fresh) {
         // One tile: fold the parts in rank order as they are (no vectors
-        // of parts; what small AllReduces, latency-bound, spend least on).
-        return fold_rank_order(op, me, &data.as_slice(), &frames)
+        // of parts; what small AllReduces and ReduceScatters,
+        // latency-bound, spend least on).
+        return fold_rank_order(op, me, &data.as_slice()[lo..hi], &frames)
             .map(Piece::Vec)
             .map_err(|q| site.mismatch(q, "bad piece length"));
     }

@@ -265,6 +265,26 @@ pub async fn run(ctx: Context, seed: u64) -> R<String> {
         })?;
         checks += 1;
     }
+    // ReduceScatter of random blocks with the same non-commutative
+    // operator (so the ranks' order shows): one element, a small block,
+    // and blocks over several reduction tiles.
+    for blk in [1usize, 13, 5_000] {
+        let len = blk * n as usize;
+        let got = reduce_scatter(&ctx, input::<i64>(seed, 11, me, len), op.clone())
+            .await
+            .map_err(e)?;
+        let block = |q: Rank| input::<i64>(seed, 11, q, len)[me as usize * blk..][..blk].to_vec();
+        let mut want = block(0);
+        for q in 1..n {
+            for (a, b) in want.iter_mut().zip(block(q)) {
+                *a = a.wrapping_mul(3).wrapping_add(b);
+            }
+        }
+        ensure(got == want, || {
+            format!("custom-operator reduce_scatter of {blk} a rank differs")
+        })?;
+        checks += 1;
+    }
 
     // Broadcast from every root, sizes from 0 B to 1 MiB.
     for root in 0..n {
