@@ -199,7 +199,6 @@ const ARENA: usize = 64;
 const PROBE: usize = 4;
 
 /// Where a meeting is: a place of the arena, or the table's map.
-#[derive(Clone)]
 pub(crate) enum Place {
     Arena(u32),
     Map(Arc<Meeting>),
@@ -408,12 +407,13 @@ impl Rendezvous {
         place: &mut Option<Place>,
         cx: &mut std::task::Context<'_>,
     ) -> Poll<Result<Vec<Taken>, CommError>> {
+        let taken = || CommError::Protocol {
+            rank,
+            peer: None,
+            detail: "a meeting polled after it completed".into(),
+        };
         let Some(p) = place.as_ref() else {
-            return Poll::Ready(Err(CommError::Protocol {
-                rank,
-                peer: None,
-                detail: "a meeting polled after it completed".into(),
-            }));
+            return Poll::Ready(Err(taken()));
         };
         let m = self.meeting(p);
         if !m.complete() {
@@ -429,10 +429,10 @@ impl Rendezvous {
                 };
             }
         }
-        match place.take() {
-            Some(p) => Poll::Ready(self.take(p, rank)),
-            None => Poll::Pending,
-        }
+        Poll::Ready(match place.take() {
+            Some(p) => self.take(p, rank),
+            None => Err(taken()),
+        })
     }
 
     /// Takes what every other rank left for `rank` at the complete meeting
