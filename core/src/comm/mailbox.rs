@@ -273,7 +273,7 @@ impl Mailbox {
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
-        super::lock_spinning(&self.inner)
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Hands `buf` to the oldest waiter of (src, tag) or queues it.
