@@ -62,8 +62,8 @@ use crate::error::{CollError, CollKind, Site};
 use crate::handle::{Callback, Handle, ResultStep, spread, start, streaming};
 use crate::wire::Elements;
 use crate::wire::{
-    DataRecv, Framed, Meta, Signature, assemble_into, exchange_framed, land_parts, recv_framed_all,
-    result_zone, send_framed, typed, vec_to_buffer,
+    DataRecv, Framed, Meta, Signature, assemble_into, exchange_framed, land_parts, meet_seat,
+    recv_framed_all, result_zone, send_framed, typed, typed_bytes, vec_to_buffer,
 };
 
 /// A user-supplied reduction: `acc[i] = acc[i] (op) x[i]`. It must be the
@@ -298,15 +298,15 @@ fn fold_rank_order<T: Element>(
     op: &ReduceOp<T>,
     me: Rank,
     mine: &[T],
-    frames: &[(Rank, Framed)],
+    others: &[(Rank, &[u8])],
 ) -> Result<Vec<T>, Rank> {
-    let k = frames.iter().take_while(|(q, _)| *q < me).count();
-    let (below, above) = frames.split_at(k);
+    let k = others.iter().take_while(|(q, _)| *q < me).count();
+    let (below, above) = others.split_at(k);
     let mut parts = below
         .iter()
-        .map(|(q, f)| typed::<T>(&f.data).ok_or(*q))
+        .map(|(q, b)| typed_bytes::<T>(b).ok_or(*q))
         .chain(std::iter::once(Ok(Cow::Borrowed(mine))))
-        .chain(above.iter().map(|(q, f)| typed::<T>(&f.data).ok_or(*q)));
+        .chain(above.iter().map(|(q, b)| typed_bytes::<T>(b).ok_or(*q)));
     let mut acc: Vec<T> = Vec::with_capacity(mine.len());
     let Some(p0) = parts.next().transpose()? else {
         return Ok(acc);
@@ -354,42 +354,66 @@ async fn reduce_my_piece<T: Element>(
     };
     let outgoing = match scheme {
         Scheme::Whole => OfferData::Same(buf.clone()),
-        Scheme::Blocks => OfferData::PerRank(
+        Scheme::Blocks => OfferData::Ranges(
+            buf.clone(),
             (0..n)
                 .map(|p| {
                     let (lo, hi) = scheme.piece(len, n, p);
-                    buf.slice(lo * sz..hi * sz)
+                    lo * sz..hi * sz
                 })
                 .collect(),
         ),
     };
     let (lo, hi) = scheme.piece(len, n, me);
-    let check = |p: u32, f: &Framed| {
+    let check_piece = |p: u32, m: &Meta, bytes: usize| {
         let theirs = Signature {
-            dtype: f.meta.dtype,
-            aux: f.meta.aux,
-            count: f.meta.count,
+            dtype: m.dtype,
+            aux: m.aux,
+            count: m.count,
         };
         if let Some(d) = mine.differs(site.coll, theirs) {
             return Err(site.mismatch(p, d));
         }
-        if f.data.len() != (hi - lo) * sz {
-            return Err(site.mismatch(
-                p,
-                format!("rank {p} sent {} bytes for piece {me}", f.data.len()),
-            ));
+        if bytes != (hi - lo) * sz {
+            return Err(site.mismatch(p, format!("rank {p} sent {bytes} bytes for piece {me}")));
         }
         Ok(())
     };
+    // One tile: the parts folded in rank order as they are (no vectors
+    // of parts; what small AllReduces and ReduceScatters, latency-bound,
+    // spend least on), between in-process ranks where they lie in the
+    // other ranks' buffers (no handle of them taken).
+    let fold = hi - lo <= TILE && matches!(to, PieceTo::Fresh);
+    let fold_in = |others: &[(Rank, &[u8])]| {
+        fold_rank_order(op, me, &data.as_slice()[lo..hi], others)
+            .map(Piece::Vec)
+            .map_err(|q| site.mismatch(q, "bad piece length"))
+    };
+    let outgoing = if fold {
+        let check = |p: u32, m: &Meta, b: &[u8]| check_piece(p, m, b.len());
+        match meet_seat(comm.as_ref(), site, tag, meta, outgoing, check).await? {
+            Ok(seat) => {
+                let mut others: Vec<(Rank, &[u8])> = Vec::with_capacity(n as usize - 1);
+                for m in seat.offers() {
+                    let m = m.map_err(|e| site.comm(e))?;
+                    others.push((m.src, m.bytes()));
+                }
+                return fold_in(&others);
+            }
+            Err(outgoing) => outgoing,
+        }
+    } else {
+        outgoing
+    };
+    let check = |p: u32, f: &Framed| check_piece(p, &f.meta, f.data.len());
     let frames = exchange_framed(comm.as_ref(), site, tag, meta, outgoing, check).await?;
     spread((hi - lo) * sz * n as usize).await;
-    if hi - lo <= TILE && matches!(to, PieceTo::Fresh) {
-        // One tile: fold the parts in rank order as they are (no vectors
-        // of parts; what small AllReduces and ReduceScatters,
-        // latency-bound, spend least on).
-        return fold_rank_order(op, me, &data.as_slice()[lo..hi], &frames)
-            .map(Piece::Vec)
-            .map_err(|q| site.mismatch(q, "bad piece length"));
+    if fold {
+        let others: Vec<(Rank, &[u8])> = frames
+            .iter()
+            .map(|(q, f)| (*q, f.data.as_slice()))
+            .collect();
+        return fold_in(&others);
     }
     let mut got: Vec<Buffer> = frames.into_iter().map(|(_, f)| f.data).collect();
     got.insert(me as usize, buf.slice(lo * sz..hi * sz));

@@ -56,8 +56,8 @@ use crate::error::{CollError, CollKind, Site};
 use crate::handle::{Callback, Handle, spread, start, streaming};
 use crate::wire::Elements;
 use crate::wire::{
-    DataRecv, Framed, Meta, assemble_into, land_parts, meet_framed, recv_framed_all, result_zone,
-    send_framed,
+    DataRecv, Framed, Meta, assemble_into, assemble_slices_into, land_parts, meet_framed,
+    meet_seat, met_meta, recv_framed_all, result_zone, send_framed,
 };
 
 /// Bytes of this rank's own part copied between two polls of the
@@ -322,9 +322,7 @@ fn start_one_vector<T: Element>(
             .map_err(|d| site.invalid(d))?;
         let len = layout.recv_len();
         if comm.backend() == Backend::Local {
-            let parts = exchange(&comm, site, send, &layout, None).await?;
-            spread(len * sz).await;
-            place(site, &parts, &layout, &mut out)?;
+            meet_into(comm.as_ref(), site, &send, &layout, &mut out).await?;
             return Ok(out);
         }
         let zone = result_zone(site, out, len)?;
@@ -349,21 +347,101 @@ fn land<T: Element>(
     land_parts(site, placed, zone)
 }
 
-/// The parts (in rank order) laid out in `out` as `layout` says, gaps
-/// zeroed (`assemble_into`: `out`'s memory reused where it has room, large
-/// copies spread over this rank's cores).
-fn place<T: Element>(
+/// This rank's offer at an in-process meeting: its send buffer once, rank
+/// p's share its byte range (`spec.send(p)`), none for itself.
+fn offer_ranges(spec: &Layout, me: u32, n: u32, buf: &Buffer, sz: usize) -> OfferData {
+    let ranges = (0..n)
+        .map(|p| {
+            if p == me {
+                0..0
+            } else {
+                let (o, c) = spec.send(p as usize);
+                o * sz..(o + c) * sz
+            }
+        })
+        .collect();
+    OfferData::Ranges(buf.clone(), ranges)
+}
+
+/// The one-vector forms between in-process ranks: the ranks meet, each
+/// offering its send buffer in per-peer ranges, and every part is copied
+/// from its sender's memory straight into its place in `out` (laid out as
+/// `spec` says, gaps zeroed; large copies spread over this rank's cores).
+/// No handle of another rank's buffer is taken: with ranks on cores of
+/// their own, each such handle moved its count's cache line between them
+/// (at 8 bytes, most of what an AllToAll cost beyond a barrier). Checks
+/// as `exchange` does: element type and each part's length as they come,
+/// then the digests of every pair's counts.
+async fn meet_into<T: Element>(
+    comm: &dyn braid_core::Communicator,
     site: Site,
-    parts: &[Elements<T>],
-    layout: &Layout,
+    send: &Elements<T>,
+    spec: &Layout,
     out: &mut Vec<T>,
 ) -> Result<(), CollError> {
-    let placed = parts
-        .iter()
-        .enumerate()
-        .map(|(p, e)| (layout.recv(p).0, e.buffer().clone()))
-        .collect();
-    assemble_into(site, placed, layout.recv_len(), out)
+    let n = comm.nranks();
+    let me = site.rank;
+    let sz = std::mem::size_of::<T>();
+    let (so, sc) = spec.send(me as usize);
+    let (ro, self_recv) = spec.recv(me as usize);
+    if sc != self_recv {
+        return Err(site.mismatch(
+            me,
+            format!("sends {sc} elements to itself but expects {self_recv}"),
+        ));
+    }
+    let (mut sent_sum, mut recv_sum) = spec.digests(me, n);
+    let meta = Meta::new(CollKind::AllToAll, T::DTYPE)
+        .count(sent_sum)
+        .seq(recv_sum);
+    let buf = send.buffer();
+    let offer = offer_ranges(spec, me, n, buf, sz);
+    let check = |p: u32, m: &Meta, _: &[u8]| {
+        if m.dtype != T::DTYPE {
+            let d = format!("element type {} here, {} on rank {p}", T::DTYPE, m.dtype);
+            return Err(site.mismatch(p, d));
+        }
+        Ok(())
+    };
+    let seat = match meet_seat(comm, site, Tag::new(site.op, 0), meta, offer, check).await? {
+        Ok(seat) => seat,
+        Err(_) => {
+            return Err(site.comm(braid_core::CommError::Protocol {
+                rank: me,
+                peer: None,
+                detail: "in-process ranks could not meet".into(),
+            }));
+        }
+    };
+    let mut placed: Vec<(usize, &[u8])> = Vec::with_capacity(n as usize);
+    placed.push((ro, &buf.as_slice()[so * sz..(so + sc) * sz]));
+    let mut first_err = None;
+    for m in seat.offers() {
+        let m = m.map_err(|e| site.comm(e))?;
+        let meta = met_meta(site, &m)?;
+        sent_sum = sent_sum.wrapping_add(meta.count);
+        recv_sum = recv_sum.wrapping_add(meta.seq);
+        let (o, want) = spec.recv(m.src as usize);
+        let got = m.bytes();
+        if got.len() != want * sz {
+            let d = format!(
+                "rank {} sends {} elements, this rank expects {want}",
+                m.src,
+                got.len() / sz.max(1)
+            );
+            first_err.get_or_insert(site.mismatch(m.src, d));
+        } else {
+            placed.push((o, got));
+        }
+    }
+    if let Some(e) = first_err {
+        return Err(e);
+    }
+    if sent_sum != recv_sum {
+        return Err(site.disagreement("another rank's per-peer counts disagree with its peer's"));
+    }
+    spread(spec.recv_len() * sz).await;
+    assemble_slices_into(site, &placed, spec.recv_len(), out)
 }
 
 /// Starts an AllToAllv whose result is one [`Elements`] per source rank,
@@ -470,17 +548,7 @@ async fn exchange<T: Element>(
     let meta = Meta::new(CollKind::AllToAll, T::DTYPE)
         .count(sent_sum)
         .seq(recv_sum);
-    let slices = OfferData::PerRank(
-        (0..n)
-            .map(|p| {
-                if p == me {
-                    Buffer::default()
-                } else {
-                    slice_for(p)
-                }
-            })
-            .collect(),
-    );
+    let slices = offer_ranges(spec, me, n, &buf, sz);
     let check = |p: u32, f: &Framed| wrong_dtype(p, f).map_or(Ok(()), |d| Err(site.mismatch(p, d)));
     match meet_framed(comm.as_ref(), site, tag, meta, slices, check).await? {
         Ok(frames) => {
@@ -674,9 +742,9 @@ pub async fn alltoallv_parts<T: Element>(
 /// already touched, as MPI writes into a receive buffer the caller keeps;
 /// a fresh result vector per call costs the OS's zeroing of its pages,
 /// about as much as the copy itself at a few MiB and more. On an error
-/// `out` is left as it was, or empty where it was lent to the transport
-/// (over tcp or mpi, once it holds the result's length) or the result
-/// could not be allocated.
+/// `out` is left as it was, or empty where it was lent to the call
+/// (between in-process ranks; over tcp or mpi once it holds the result's
+/// length) or the result could not be allocated.
 pub async fn alltoallv_into<T: Element>(
     ctx: &Context,
     send: impl Into<Elements<T>>,
@@ -712,10 +780,11 @@ pub async fn alltoall_into<T: Element>(
     exchange_into(ctx, send, layout, out).await
 }
 
-/// The `_into` forms' one body. Where `out` can be a landing zone (over
-/// messages, already the result's length) the one-vector core takes it for
-/// the call and gives it back with the result (on an error it is left
-/// empty); otherwise the parts core runs and its parts are copied into
+/// The `_into` forms' one body: `out` is lent to the one-vector core for
+/// the call and comes back with the result, where the core can use its
+/// memory: always between in-process ranks (the parts are copied into
+/// it), and over messages once it holds the result's length (a landing
+/// zone). Otherwise the parts core runs and its parts are copied into
 /// `out` in the caller's task (after [`spread`]), `out` untouched on an
 /// error of the exchange (emptied on one of the result's allocation).
 async fn exchange_into<T: Element>(
@@ -725,8 +794,7 @@ async fn exchange_into<T: Element>(
     out: &mut Vec<T>,
 ) -> Result<(), CollError> {
     let bytes = send.buffer().len();
-    if ctx.comm().backend() != Backend::Local && out.len() >= layout.recv_len() {
-        // Lent to the core as its landing zone.
+    if ctx.comm().backend() == Backend::Local || out.len() >= layout.recv_len() {
         let mem = std::mem::take(out);
         *out = streaming(ctx, bytes, |cb| {
             start_one_vector(ctx, send, layout, cb, mem)
@@ -739,8 +807,12 @@ async fn exchange_into<T: Element>(
     })
     .await?;
     spread(layout.recv_len() * std::mem::size_of::<T>()).await;
-    place(site, &parts, &layout, out)?;
-    Ok(())
+    let placed = parts
+        .iter()
+        .enumerate()
+        .map(|(p, e)| (layout.recv(p).0, e.buffer().clone()))
+        .collect();
+    assemble_into(site, placed, layout.recv_len(), out)
 }
 
 /// AllToAll's layout: N equal blocks of `send`. A length that does not

@@ -20,7 +20,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{Poll, ready};
 
-use braid_core::comm::{Offer, OfferData, RecvFuture, SendFuture};
+use braid_core::comm::{Met, Offer, OfferData, RecvFuture, Seat, SendFuture};
 use braid_core::memory::{AssembleError, Landing, LandingZone};
 use braid_core::{Buffer, Communicator, Rank, Tag};
 use braid_kernels::{DType, Element};
@@ -487,16 +487,19 @@ pub(crate) async fn recv_framed_all(
 }
 
 /// Meets every other rank at `tag` (`Communicator::meet`) with `meta` and
-/// `data`: `Ok(frames)` in rank order, each passed to `check`, or the data
-/// handed back (`Err`) where the ranks cannot meet (not in-process).
-pub(crate) async fn meet_framed(
-    comm: &dyn Communicator,
+/// `data`: `Ok(seat)` once every rank arrived and each other rank's
+/// header and data passed `check` (the data read where it lies), or the
+/// data handed back (`Err`) where the ranks cannot meet (not
+/// in-process). The caller reads the other ranks' data through the seat
+/// (`Met::bytes`) and leaves the meeting by dropping it.
+pub(crate) async fn meet_seat<'c>(
+    comm: &'c dyn Communicator,
     site: Site,
     tag: Tag,
     meta: Meta,
     data: OfferData,
-    mut check: impl FnMut(Rank, &Framed) -> Result<(), CollError>,
-) -> Result<Result<Vec<(Rank, Framed)>, OfferData>, CollError> {
+    mut check: impl FnMut(Rank, &Meta, &[u8]) -> Result<(), CollError>,
+) -> Result<Result<Seat<'c>, OfferData>, CollError> {
     let offer = Offer {
         head: meta.pack(),
         data,
@@ -505,20 +508,50 @@ pub(crate) async fn meet_framed(
         Ok(m) => m,
         Err(offer) => return Ok(Err(offer.data)),
     };
-    let taken = meeting.await.map_err(|e| site.comm(e))?;
-    let mut out = Vec::with_capacity(taken.len());
-    for t in taken {
-        let Some(meta) = Meta::unpack(t.head) else {
-            return Err(site.mismatch(t.src, "met a rank that is not in a collective"));
-        };
-        check_kind(site, t.src, &meta)?;
+    let seat = meeting.await.map_err(|e| site.comm(e))?;
+    for m in seat.offers() {
+        let m = m.map_err(|e| site.comm(e))?;
+        check(m.src, &met_meta(site, &m)?, m.bytes())?;
+    }
+    Ok(Ok(seat))
+}
+
+/// The collective header another rank brought to a meeting, checked to
+/// be of this call's kind.
+pub(crate) fn met_meta(site: Site, m: &Met<'_>) -> Result<Meta, CollError> {
+    let Some(meta) = Meta::unpack(m.head) else {
+        return Err(site.mismatch(m.src, "met a rank that is not in a collective"));
+    };
+    check_kind(site, m.src, &meta)?;
+    Ok(meta)
+}
+
+/// Meets every other rank at `tag` (`Communicator::meet`) with `meta` and
+/// `data`: `Ok(frames)` in rank order, each passed to `check` (their data
+/// shared handles of the other ranks' buffers), or the data handed back
+/// (`Err`) where the ranks cannot meet (not in-process).
+pub(crate) async fn meet_framed(
+    comm: &dyn Communicator,
+    site: Site,
+    tag: Tag,
+    meta: Meta,
+    data: OfferData,
+    mut check: impl FnMut(Rank, &Framed) -> Result<(), CollError>,
+) -> Result<Result<Vec<(Rank, Framed)>, OfferData>, CollError> {
+    let seat = match meet_seat(comm, site, tag, meta, data, |_, _, _| Ok(())).await? {
+        Ok(seat) => seat,
+        Err(data) => return Ok(Err(data)),
+    };
+    let mut out = Vec::with_capacity(comm.nranks() as usize - 1);
+    for m in seat.offers() {
+        let m = m.map_err(|e| site.comm(e))?;
         let f = Framed {
-            meta,
+            meta: met_meta(site, &m)?,
             user_meta: Bytes::new(),
-            data: t.data,
+            data: m.buffer(),
         };
-        check(t.src, &f)?;
-        out.push((t.src, f));
+        check(m.src, &f)?;
+        out.push((m.src, f));
     }
     Ok(Ok(out))
 }
@@ -561,10 +594,7 @@ async fn send_framed_all(
     let sends: Vec<_> = (0..n)
         .filter(|p| *p != me)
         .map(|p| {
-            let d = match &data {
-                OfferData::Same(b) => b.clone(),
-                OfferData::PerRank(v) => v.get(p as usize).cloned().unwrap_or_default(),
-            };
+            let d = data.share_buffer(p).unwrap_or_default();
             // A peer's frame is taken to be as large as this rank's to it
             // (the ranks of one call send alike): a wrong guess costs one
             // dropped receive.
@@ -730,7 +760,12 @@ pub(crate) fn land_parts<T: Element>(
     parts: Vec<(usize, Buffer)>,
     zone: LandingZone<T>,
 ) -> Result<Vec<T>, CollError> {
-    zone.assemble(parts).map_err(|e| match e {
+    zone.assemble(parts).map_err(|e| assemble_error(site, e))
+}
+
+/// A result that could not be put together, as this call's error.
+fn assemble_error(site: Site, e: AssembleError) -> CollError {
+    match e {
         AssembleError::StillHeld => site.comm(braid_core::CommError::Protocol {
             rank: site.rank,
             peer: None,
@@ -739,7 +774,7 @@ pub(crate) fn land_parts<T: Element>(
         AssembleError::DoesNotFit { .. } | AssembleError::Overlap { .. } => {
             site.disagreement(e.to_string())
         }
-    })
+    }
 }
 
 /// A landing zone of `len` elements for a result, in `vec`'s memory
@@ -774,6 +809,21 @@ pub(crate) fn assemble_into<T: Element>(
     Ok(())
 }
 
+/// As [`assemble_into`], from borrowed bytes (element offset, bytes):
+/// what a caller that reads other ranks' offers in place passes.
+pub(crate) fn assemble_slices_into<T: Element>(
+    site: Site,
+    parts: &[(usize, &[u8])],
+    len: usize,
+    out: &mut Vec<T>,
+) -> Result<(), CollError> {
+    let zone = result_zone(site, std::mem::take(out), len)?;
+    *out = zone
+        .assemble_slices(parts)
+        .map_err(|e| assemble_error(site, e))?;
+    Ok(())
+}
+
 /// A typed vector as a buffer, without copying.
 pub(crate) fn vec_to_buffer<T: Element>(v: Vec<T>) -> Buffer {
     Buffer::from_bytes(Bytes::from_owner(TypedOwner(v)))
@@ -781,7 +831,12 @@ pub(crate) fn vec_to_buffer<T: Element>(v: Vec<T>) -> Buffer {
 
 /// A buffer's bytes as elements: borrowed when aligned, copied otherwise.
 pub(crate) fn typed<T: Element>(b: &Buffer) -> Option<Cow<'_, [T]>> {
-    let s = b.as_slice();
+    typed_bytes(b.as_slice())
+}
+
+/// Bytes as elements: borrowed when aligned, copied otherwise; `None`
+/// when they are not whole elements.
+pub(crate) fn typed_bytes<T: Element>(s: &[u8]) -> Option<Cow<'_, [T]>> {
     if s.len() % std::mem::size_of::<T>() != 0 {
         return None;
     }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use futures::future::BoxFuture;
 
 use super::mailbox::Mailbox;
-use super::rendezvous::{Arrival, Offer, Rendezvous};
+use super::rendezvous::{Offer, Rendezvous};
 use super::{Backend, Communicator, MeetFuture, RecvFuture, SendFuture, check_rank};
 use crate::Rank;
 use crate::error::CommError;
@@ -112,7 +112,7 @@ impl Communicator for LocalComm {
         self.mailbox().recv(src, tag)
     }
 
-    fn meet(&self, tag: Tag, offer: Offer) -> Result<MeetFuture, Offer> {
+    fn meet(&self, tag: Tag, offer: Offer) -> Result<MeetFuture<'_>, Offer> {
         let rv = &self.world.rendezvous;
         let rank = self.rank;
         let arrival = match rv.deposit(rank, tag, offer) {
@@ -121,10 +121,13 @@ impl Communicator for LocalComm {
                 // The meeting can never complete: release the ranks that
                 // wait in it too.
                 self.abort(&e.to_string());
-                return Ok(MeetFuture::ready(rank, Err(e)));
+                return Ok(MeetFuture::failed(rank, e));
             }
-            Err(e) => return Ok(MeetFuture::ready(rank, Err(e))),
+            Err(e) => return Ok(MeetFuture::failed(rank, e)),
         };
+        // (The last to arrive holds its seat here: dropped on an error
+        // below, it leaves the meeting as its peers do.)
+        let met = MeetFuture::arrived(rv, rank, arrival);
         // A message for this operation, while its meeting still waits for
         // ranks, comes from a rank that is not at the meeting: the ranks of
         // a meeting only send for its operation once it is complete (the
@@ -132,13 +135,11 @@ impl Communicator for LocalComm {
         if let Some(src) = self.mailbox().queued_for(tag.op) {
             if rv.is_waiting(tag.op) {
                 let e = self.mixed(tag, src);
-                return Ok(MeetFuture::ready(rank, Err(e)));
+                drop(met);
+                return Ok(MeetFuture::failed(rank, e));
             }
         }
-        Ok(match arrival {
-            Arrival::Last(taken) => MeetFuture::ready(rank, Ok(taken)),
-            Arrival::Wait(p) => MeetFuture::waiting(rv.clone(), rank, p),
-        })
+        Ok(met)
     }
 
     fn abort(&self, reason: &str) {

@@ -37,7 +37,7 @@ use crate::stats::Statistics;
 use crate::tag::Tag;
 
 pub use mailbox::RecvFuture;
-pub use rendezvous::{MeetFuture, Offer, OfferData, Taken};
+pub use rendezvous::{MeetFuture, Met, Offer, OfferData, Seat, Taken};
 
 /// Which transport a communicator uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -135,10 +135,11 @@ pub trait Communicator: Send + Sync + 'static {
 
     /// Meets every other rank at `tag` and swaps buffers with them without
     /// messages (see [`rendezvous`]): resolves to what every other rank
-    /// offered this rank, in rank order, once all have arrived. Only
+    /// offered this rank, in rank order, once all have arrived (a [`Seat`]:
+    /// read them in place, or take them). Only
     /// ranks that share an address space can meet: other backends hand the
     /// offer back (`Err`), and the caller sends messages instead.
-    fn meet(&self, tag: Tag, offer: Offer) -> Result<MeetFuture, Offer> {
+    fn meet(&self, tag: Tag, offer: Offer) -> Result<MeetFuture<'_>, Offer> {
         let _ = tag;
         Err(offer)
     }

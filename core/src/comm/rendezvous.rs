@@ -49,7 +49,7 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex};
 use std::task::Poll;
 
 use futures::task::AtomicWaker;
@@ -77,6 +77,47 @@ pub enum OfferData {
     Same(Buffer),
     /// One buffer per rank, indexed by rank (this rank's entry is unused).
     PerRank(Vec<Buffer>),
+    /// One buffer, rank q's share its byte range `ranges[q]` (this rank's
+    /// entry unused): one handle for every rank instead of one each, so
+    /// the rank that closes the meeting drops one, not N.
+    Ranges(Buffer, Vec<std::ops::Range<usize>>),
+}
+
+impl OfferData {
+    /// Rank `q`'s share: its buffer and the byte range of it; `None`
+    /// where the offer has no entry for `q` or the range lies outside the
+    /// buffer.
+    pub fn share(&self, q: Rank) -> Option<(&Buffer, std::ops::Range<usize>)> {
+        match self {
+            OfferData::Same(b) => Some((b, 0..b.len())),
+            OfferData::PerRank(v) => v.get(q as usize).map(|b| (b, 0..b.len())),
+            OfferData::Ranges(b, r) => r
+                .get(q as usize)
+                .filter(|r| r.start <= r.end && r.end <= b.len())
+                .map(|r| (b, r.clone())),
+        }
+    }
+
+    /// Rank `q`'s share as a handle of its own (a clone or a slice of the
+    /// offered buffer; see [`OfferData::share`]).
+    pub fn share_buffer(&self, q: Rank) -> Option<Buffer> {
+        self.share(q).map(|(b, r)| {
+            if r.start == 0 && r.end == b.len() {
+                b.clone()
+            } else {
+                b.slice(r)
+            }
+        })
+    }
+
+    /// The ranks it has an entry for (`None`: every rank).
+    fn entries(&self) -> Option<usize> {
+        match self {
+            OfferData::Same(_) => None,
+            OfferData::PerRank(v) => Some(v.len()),
+            OfferData::Ranges(_, r) => Some(r.len()),
+        }
+    }
 }
 
 /// What a rank takes from one other rank at a meeting.
@@ -92,23 +133,49 @@ pub struct Taken {
 
 /// One rank's place at a meeting, on a cache line of its own: written by
 /// that rank (its offer, its waker), read by the others once all arrived.
+///
+/// The offer needs no lock; who touches it when is the meeting's protocol:
+///
+/// ```text
+///   its rank    claims the slot (filled: false -> true; fails while an
+///               offer is still there), writes the offer, then counts its
+///               arrival (arrived += 1, release)
+///   the others  read it only once they saw arrived = N (acquire), and
+///               until they count their leaving (left += 1, release)
+///   the closer  (the rank whose leaving made left = N) takes it out,
+///               then frees the slot (filled = false, release)
+/// ```
+///
+/// So a write happens only while no rank may read, and reads only while no
+/// rank may write. Against a lock: no atomic read-modify-write per read
+/// (three ranks reading one slot at once each took its lock's line in
+/// turn).
 #[repr(align(128))]
 #[derive(Default)]
 struct Slot {
-    /// Written by its rank to leave the offer and by the meeting's closer
-    /// to empty it, read by the other ranks to take their shares (all at
-    /// once, hence a read-write lock).
-    offer: RwLock<Option<Offer>>,
+    offer: std::cell::UnsafeCell<Option<Offer>>,
+    /// Whether the slot holds an offer (claimed by its rank, freed by the
+    /// closer); any rank may read it at any time (`Meeting::lacks`).
+    filled: AtomicBool,
     waker: AtomicWaker,
 }
 
-impl Slot {
-    fn offer(&self) -> std::sync::RwLockReadGuard<'_, Option<Offer>> {
-        self.offer.read().unwrap_or_else(|p| p.into_inner())
-    }
+// SAFETY: `offer` is written and read only as the protocol above allows
+// (one writer at a time, never while a reader reads), ordered by
+// `filled`, `Meeting::arrived` and `Meeting::left`; an `Offer` is `Send`
+// and `Sync` (buffers are shared handles to immutable bytes).
+unsafe impl Sync for Slot {}
 
-    fn offer_mut(&self) -> std::sync::RwLockWriteGuard<'_, Option<Offer>> {
-        self.offer.write().unwrap_or_else(|p| p.into_inner())
+impl Slot {
+    /// The offer, for a rank that may read it (see the protocol above).
+    ///
+    /// # Safety
+    /// The caller saw every rank arrive (`arrived` = N, acquire) and has
+    /// not yet counted its leaving, or is the slot's own rank after its
+    /// claim, or is the closer.
+    unsafe fn offer(&self) -> &Option<Offer> {
+        // SAFETY: per the caller's contract no rank writes meanwhile.
+        unsafe { &*self.offer.get() }
     }
 }
 
@@ -166,18 +233,23 @@ impl Meeting {
     fn lacks(&self, rank: Rank) -> bool {
         self.slots
             .get(rank as usize)
-            .is_some_and(|s| s.offer().is_none())
+            .is_some_and(|s| !s.filled.load(Ordering::Acquire))
     }
 
-    /// Empties a meeting that every rank has left, for its next use.
+    /// Empties a meeting that every rank has left, for its next use (by
+    /// its closer only). The counts are reset before any slot is freed: a
+    /// rank can only arrive here again once its slot is free.
     fn empty(&self) {
-        for s in self.slots.iter() {
-            let offer = s.offer_mut().take();
-            drop(offer);
-            drop(s.waker.take());
-        }
         self.left.0.store(0, Ordering::Relaxed);
         self.arrived.0.store(0, Ordering::Release);
+        for s in self.slots.iter() {
+            // SAFETY: every rank has left (the caller is the closer): none
+            // reads the offer, and none writes it until `filled` is false.
+            let offer = unsafe { (*s.offer.get()).take() };
+            drop(offer);
+            drop(s.waker.take());
+            s.filled.store(false, Ordering::Release);
+        }
     }
 
     /// Wakes every rank that left a waker here but `except`.
@@ -237,8 +309,8 @@ pub(crate) struct Rendezvous {
 
 /// Where a rank stands after its deposit.
 pub(crate) enum Arrival {
-    /// It arrived last: what every other rank left for it.
-    Last(Vec<Taken>),
+    /// It arrived last: its seat at the complete meeting.
+    Last(Place),
     /// Others have yet to arrive: poll the meeting ([`MeetFuture`]).
     Wait(Place),
 }
@@ -349,14 +421,21 @@ impl Rendezvous {
     /// poll for it ([`MeetFuture`]).
     pub(crate) fn deposit(&self, rank: Rank, tag: Tag, offer: Offer) -> Result<Arrival, CommError> {
         let n = self.nranks;
-        if let OfferData::PerRank(v) = &offer.data {
-            if v.len() != n as usize {
+        if let Some(k) = offer.data.entries() {
+            if k != n as usize {
                 return Err(CommError::Protocol {
                     rank,
                     peer: None,
-                    detail: format!("an offer for {} ranks in a world of {n}", v.len()),
+                    detail: format!("an offer for {k} ranks in a world of {n}"),
                 });
             }
+        }
+        if let Some(q) = (0..n).find(|q| offer.data.share(*q).is_none()) {
+            return Err(CommError::Protocol {
+                rank,
+                peer: Some(q),
+                detail: format!("an offer whose share for rank {q} lies outside its buffer"),
+            });
         }
         if rank >= n {
             return Err(CommError::InvalidRank {
@@ -379,34 +458,38 @@ impl Rendezvous {
                 nranks: n,
             });
         };
+        if slot
+            .filled
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
         {
-            let mut o = slot.offer_mut();
-            if o.is_some() {
-                return Err(CommError::Protocol {
-                    rank,
-                    peer: None,
-                    detail: format!("rank {rank} met twice at {tag:?}"),
-                });
-            }
-            *o = Some(offer);
+            return Err(CommError::Protocol {
+                rank,
+                peer: None,
+                detail: format!("rank {rank} met twice at {tag:?}"),
+            });
         }
+        // SAFETY: this rank claimed the slot (above): no other rank reads
+        // the offer until this rank counts its arrival, nor writes it
+        // before the closer frees the slot again.
+        unsafe { *slot.offer.get() = Some(offer) };
         let arrived = m.arrived.0.fetch_add(1, Ordering::AcqRel) + 1;
         if arrived < n {
             return Ok(Arrival::Wait(place));
         }
         m.wake(Some(rank));
-        self.take(place, rank).map(Arrival::Last)
+        Ok(Arrival::Last(place))
     }
 
-    /// `rank`'s share of the meeting at `place` once every rank has
-    /// arrived (taking `place`); until then `Pending`, with `cx`'s waker
-    /// left to be woken when the last arrives (or the job fails).
-    fn poll_take(
+    /// `place` (taken from `place`) once every rank has arrived at its
+    /// meeting; until then `Pending`, with `cx`'s waker left to be woken
+    /// when the last arrives (or the job fails).
+    fn poll_complete(
         &self,
         rank: Rank,
         place: &mut Option<Place>,
         cx: &mut std::task::Context<'_>,
-    ) -> Poll<Result<Vec<Taken>, CommError>> {
+    ) -> Poll<Result<Place, CommError>> {
         let taken = || CommError::Protocol {
             rank,
             peer: None,
@@ -429,53 +512,16 @@ impl Rendezvous {
                 };
             }
         }
-        Poll::Ready(match place.take() {
-            Some(p) => self.take(p, rank),
-            None => Err(taken()),
-        })
+        Poll::Ready(place.take().ok_or_else(taken))
     }
 
-    /// Takes what every other rank left for `rank` at the complete meeting
-    /// at `place`, in rank order; the last of N to take closes it.
-    fn take(&self, place: Place, rank: Rank) -> Result<Vec<Taken>, CommError> {
-        let n = self.nranks;
+    /// Counts `rank`'s leaving of the complete meeting at `place`; the
+    /// last of N to leave closes it.
+    fn leave(&self, place: Place) {
         let m = self.meeting(&place);
-        let mut out = Vec::with_capacity(n as usize - 1);
-        for (q, s) in m.slots.iter().enumerate() {
-            if q == rank as usize {
-                continue;
-            }
-            let o = s.offer();
-            let Some(o) = o.as_ref() else {
-                return Err(CommError::Protocol {
-                    rank,
-                    peer: Some(q as Rank),
-                    detail: format!("rank {q} has not arrived at {:?}", m.tag()),
-                });
-            };
-            let data = match &o.data {
-                OfferData::Same(b) => b.clone(),
-                OfferData::PerRank(v) => match v.get(rank as usize) {
-                    Some(b) => b.clone(),
-                    None => {
-                        return Err(CommError::InvalidRank {
-                            rank,
-                            peer: rank,
-                            nranks: n,
-                        });
-                    }
-                },
-            };
-            out.push(Taken {
-                src: q as Rank,
-                head: o.head,
-                data,
-            });
-        }
-        if m.left.0.fetch_add(1, Ordering::AcqRel) + 1 == n {
+        if m.left.0.fetch_add(1, Ordering::AcqRel) + 1 == self.nranks {
             self.close(place);
         }
-        Ok(out)
     }
 
     /// Closes the meeting at `place`, which every rank has left: an arena
@@ -554,45 +600,47 @@ impl Rendezvous {
 
 /// A meeting's outcome, as [`crate::comm::Communicator::meet`] returns
 /// it: resolved at once where this rank arrived last (or could not
-/// arrive), else polled at its meeting. No allocation either way.
+/// arrive), else polled at its meeting. No allocation either way, and no
+/// count of shared references taken: it borrows the communicator's table.
 #[must_use = "a meeting only completes for this rank once it is polled"]
-pub struct MeetFuture {
+pub struct MeetFuture<'a> {
     rank: Rank,
-    state: MeetState,
+    state: MeetState<'a>,
 }
 
-enum MeetState {
-    Ready(Option<Result<Vec<Taken>, CommError>>),
+enum MeetState<'a> {
+    Ready(Option<Result<Seat<'a>, CommError>>),
     Waiting {
-        rv: Arc<Rendezvous>,
-        /// Until this rank has taken its share.
+        rv: &'a Rendezvous,
+        /// Until every rank has arrived.
         place: Option<Place>,
     },
 }
 
-impl MeetFuture {
-    /// A meeting already decided for `rank`: what it took, or why not.
-    pub fn ready(rank: Rank, r: Result<Vec<Taken>, CommError>) -> Self {
+impl<'a> MeetFuture<'a> {
+    /// A meeting that `rank` could not take part in: why.
+    pub fn failed(rank: Rank, e: CommError) -> Self {
         MeetFuture {
             rank,
-            state: MeetState::Ready(Some(r)),
+            state: MeetState::Ready(Some(Err(e))),
         }
     }
 
-    /// `rank`'s share of the meeting at `place` of `rv`, once every rank
-    /// has arrived.
-    pub(crate) fn waiting(rv: Arc<Rendezvous>, rank: Rank, place: Place) -> Self {
-        MeetFuture {
-            rank,
-            state: MeetState::Waiting {
+    /// `rank`'s meeting after its deposit: complete (it arrived last) or
+    /// waiting for the others.
+    pub(crate) fn arrived(rv: &'a Rendezvous, rank: Rank, arrival: Arrival) -> Self {
+        let state = match arrival {
+            Arrival::Last(place) => MeetState::Ready(Some(Ok(Seat::new(rv, rank, place)))),
+            Arrival::Wait(place) => MeetState::Waiting {
                 rv,
                 place: Some(place),
             },
-        }
+        };
+        MeetFuture { rank, state }
     }
 }
 
-impl std::fmt::Debug for MeetFuture {
+impl std::fmt::Debug for MeetFuture<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let state = match &self.state {
             MeetState::Ready(_) => "ready".to_string(),
@@ -608,8 +656,8 @@ impl std::fmt::Debug for MeetFuture {
     }
 }
 
-impl Future for MeetFuture {
-    type Output = Result<Vec<Taken>, CommError>;
+impl<'a> Future for MeetFuture<'a> {
+    type Output = Result<Seat<'a>, CommError>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();
@@ -622,12 +670,140 @@ impl Future for MeetFuture {
                     detail: "a meeting polled after it completed".into(),
                 })
             })),
-            MeetState::Waiting { rv, place } => rv.poll_take(rank, place, cx),
+            MeetState::Waiting { rv, place } => {
+                let rv: &'a Rendezvous = rv;
+                rv.poll_complete(rank, place, cx)
+                    .map(|r| r.map(|p| Seat::new(rv, rank, p)))
+            }
         };
         if p.is_ready() {
             this.state = MeetState::Ready(None);
         }
         p
+    }
+}
+
+/// A rank's seat at a complete meeting: every other rank's offer, read in
+/// place (`offers`: nothing cloned, for a caller that copies or reduces
+/// the data where it is) or taken as shared handles (`take`). The rank
+/// leaves the meeting when its seat is dropped; the last to leave closes
+/// the meeting (its offers are dropped then).
+pub struct Seat<'a> {
+    rv: &'a Rendezvous,
+    rank: Rank,
+    /// `None` once left.
+    place: Option<Place>,
+}
+
+/// One other rank's offer for the seat's rank, borrowed from the meeting.
+#[derive(Debug, Clone)]
+pub struct Met<'s> {
+    /// The rank that offered it.
+    pub src: Rank,
+    /// That rank's header.
+    pub head: [u64; 4],
+    buf: &'s Buffer,
+    range: std::ops::Range<usize>,
+}
+
+impl<'s> Met<'s> {
+    /// The bytes that rank offered this rank, where they lie.
+    pub fn bytes(&self) -> &'s [u8] {
+        // (The range was checked against the buffer at the deposit.)
+        self.buf
+            .as_slice()
+            .get(self.range.clone())
+            .unwrap_or_default()
+    }
+
+    /// The same bytes as a handle of their own (shared, not copied).
+    pub fn buffer(&self) -> Buffer {
+        if self.range.start == 0 && self.range.end == self.buf.len() {
+            self.buf.clone()
+        } else {
+            self.buf.slice(self.range.clone())
+        }
+    }
+}
+
+impl<'a> Seat<'a> {
+    fn new(rv: &'a Rendezvous, rank: Rank, place: Place) -> Self {
+        Seat {
+            rv,
+            rank,
+            place: Some(place),
+        }
+    }
+
+    /// The other ranks' offers for this rank, in rank order, where they
+    /// lie (no reference count touched: three ranks taking one buffer at
+    /// once each moved its count's cache line).
+    pub fn offers(&self) -> impl Iterator<Item = Result<Met<'_>, CommError>> + '_ {
+        let rank = self.rank;
+        let n = self.rv.nranks;
+        let m = self.place.as_ref().map(|p| self.rv.meeting(p));
+        m.into_iter()
+            .flat_map(|m| m.slots.iter().enumerate())
+            .filter(move |(q, _)| *q != rank as usize)
+            .map(move |(q, s)| {
+                let src = q as Rank;
+                // SAFETY: the meeting is complete (a seat exists only
+                // then) and this rank has not left it (its seat is alive).
+                let o = unsafe { s.offer() };
+                let Some(o) = o.as_ref() else {
+                    return Err(CommError::Protocol {
+                        rank,
+                        peer: Some(src),
+                        detail: format!("rank {src} has not arrived at a complete meeting"),
+                    });
+                };
+                let (buf, range) = o.data.share(rank).ok_or(CommError::InvalidRank {
+                    rank,
+                    peer: rank,
+                    nranks: n,
+                })?;
+                Ok(Met {
+                    src,
+                    head: o.head,
+                    buf,
+                    range,
+                })
+            })
+    }
+
+    /// The other ranks' offers for this rank, in rank order, as shared
+    /// handles (the meeting's buffers outlive it); leaves the meeting.
+    pub fn take(self) -> Result<Vec<Taken>, CommError> {
+        let mut out = Vec::with_capacity(self.rv.nranks as usize - 1);
+        for m in self.offers() {
+            let m = m?;
+            out.push(Taken {
+                src: m.src,
+                head: m.head,
+                data: m.buffer(),
+            });
+        }
+        Ok(out)
+    }
+}
+
+impl Drop for Seat<'_> {
+    fn drop(&mut self) {
+        if let Some(p) = self.place.take() {
+            self.rv.leave(p);
+        }
+    }
+}
+
+impl std::fmt::Debug for Seat<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Seat")
+            .field("rank", &self.rank)
+            .field(
+                "tag",
+                &self.place.as_ref().and_then(|p| self.rv.meeting(p).tag()),
+            )
+            .finish()
     }
 }
 
@@ -644,17 +820,23 @@ mod tests {
         assert!(rv.lock().overflow.is_empty());
         for m in rv.arena.iter() {
             assert_eq!(m.key.load(Ordering::SeqCst), FREE);
-            assert!(m.slots.iter().all(|s| s.offer().is_none()));
+            assert!(m.slots.iter().all(|s| !s.filled.load(Ordering::SeqCst)));
+            // SAFETY: every meeting is closed: no rank touches a slot.
+            assert!(m.slots.iter().all(|s| unsafe { s.offer() }.is_none()));
         }
     }
 
-    /// What `r`'s deposit left it: taken at once, or a future to poll.
-    fn arrive(rv: &Arc<Rendezvous>, r: Rank, tag: Tag, offer: Offer) -> MeetFuture {
+    /// What `r`'s deposit left it: a seat at once, or a future to poll.
+    fn arrive(rv: &Rendezvous, r: Rank, tag: Tag, offer: Offer) -> MeetFuture<'_> {
         match rv.deposit(r, tag, offer) {
-            Ok(Arrival::Last(t)) => MeetFuture::ready(r, Ok(t)),
-            Ok(Arrival::Wait(p)) => MeetFuture::waiting(rv.clone(), r, p),
-            Err(e) => MeetFuture::ready(r, Err(e)),
+            Ok(a) => MeetFuture::arrived(rv, r, a),
+            Err(e) => MeetFuture::failed(r, e),
         }
+    }
+
+    /// What a meeting's seat takes (leaving it).
+    fn taken(r: Result<Seat<'_>, CommError>) -> Result<Vec<Taken>, CommError> {
+        r?.take()
     }
 
     fn head(r: u64) -> [u64; 4] {
@@ -693,7 +875,7 @@ mod tests {
         }
         for (r, fut) in futs.into_iter().enumerate() {
             let r = r as u32;
-            let got = fut.now_or_never().unwrap().unwrap();
+            let got = taken(fut.now_or_never().unwrap()).unwrap();
             let want: Vec<(u32, u8)> = (0..3u32)
                 .filter(|q| *q != r)
                 .map(|q| (q, q as u8 * 10 + r as u8))
@@ -709,6 +891,36 @@ mod tests {
         }
         assert!(!rv.is_waiting(tag.op), "complete");
         // The last taker closed it.
+        assert_all_closed(&rv);
+    }
+
+    /// A seat read in place holds the meeting open, its offers alive,
+    /// until it is dropped; the last seat dropped closes it.
+    #[test]
+    fn a_seat_holds_the_meeting_until_it_is_dropped() {
+        let rv = Rendezvous::new(2);
+        let tag = Tag::new(OpId(9), 1);
+        let offer = |r: u8| Offer {
+            head: head(r as u64),
+            data: OfferData::Same(Buffer::from_vec(vec![r; 3])),
+        };
+        let first = arrive(&rv, 0, tag, offer(7));
+        let seat1 = arrive(&rv, 1, tag, offer(8))
+            .now_or_never()
+            .unwrap()
+            .unwrap();
+        let seat0 = first.now_or_never().unwrap().unwrap();
+        let seen: Vec<(u32, Vec<u8>)> = seat0
+            .offers()
+            .map(|m| m.map(|m| (m.src, m.bytes().to_vec())))
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert_eq!(seen, vec![(1, vec![8; 3])]);
+        drop(seat0);
+        assert_eq!(rv.open.load(Ordering::SeqCst), 1, "rank 1 still reads");
+        let m = seat1.offers().next().unwrap().unwrap();
+        assert_eq!((m.src, m.head, m.bytes()), (0, head(7), &[7u8; 3][..]));
+        drop(seat1);
         assert_all_closed(&rv);
     }
 
@@ -733,14 +945,11 @@ mod tests {
         assert!(Pin::new(&mut fut).poll(&mut cx).is_pending());
         assert!(Pin::new(&mut fut).poll(&mut cx).is_pending());
         assert_eq!(woken.load(Ordering::SeqCst), 0);
-        let last = arrive(&rv, 1, tag, offer(1))
-            .now_or_never()
-            .unwrap()
-            .unwrap();
+        let last = taken(arrive(&rv, 1, tag, offer(1)).now_or_never().unwrap()).unwrap();
         assert_eq!(last[0].data.as_slice(), &[0]);
         assert_eq!(woken.load(Ordering::SeqCst), 1, "woken once");
         match Pin::new(&mut fut).poll(&mut cx) {
-            Poll::Ready(Ok(t)) => assert_eq!(t[0].data.as_slice(), &[1]),
+            Poll::Ready(r) => assert_eq!(taken(r).unwrap()[0].data.as_slice(), &[1]),
             other => panic!("{other:?}"),
         }
     }
@@ -777,6 +986,40 @@ mod tests {
     }
 
     #[test]
+    fn an_offer_with_a_share_outside_its_buffer_is_refused() {
+        let rv = Rendezvous::new(2);
+        let tag = Tag::new(OpId(4), 0);
+        let bad = Offer {
+            head: head(0),
+            data: OfferData::Ranges(Buffer::from_vec(vec![0; 4]), vec![0..0, 2..6]),
+        };
+        assert!(matches!(
+            rv.deposit(0, tag, bad),
+            Err(CommError::Protocol {
+                rank: 0,
+                peer: Some(1),
+                ..
+            })
+        ));
+        let short = Offer {
+            head: head(0),
+            data: OfferData::Ranges(
+                Buffer::from_vec(vec![0; 4]),
+                std::iter::once(0..4).collect(),
+            ),
+        };
+        assert!(matches!(
+            rv.deposit(0, tag, short),
+            Err(CommError::Protocol {
+                rank: 0,
+                peer: None,
+                ..
+            })
+        ));
+        assert_all_closed(&rv);
+    }
+
+    #[test]
     fn meeting_twice_is_an_error() {
         let rv = Rendezvous::new(2);
         let tag = Tag::new(OpId(1), 0);
@@ -807,13 +1050,21 @@ mod tests {
             .map(|r| {
                 let rv = rv.clone();
                 std::thread::spawn(move || {
+                    // Odd ranks offer one buffer in ranges, even ones a
+                    // buffer a rank.
                     let offer = |k: u32, w: u8| Offer {
                         head: [r as u64, k as u64, w as u64, 0],
-                        data: OfferData::PerRank(
-                            (0..N)
-                                .map(|q| Buffer::from_vec(vec![r as u8, q as u8, w, k as u8]))
-                                .collect(),
-                        ),
+                        data: if r % 2 == 1 {
+                            let all = (0..N).flat_map(|q| [r as u8, q as u8, w, k as u8]);
+                            let ranges = (0..N as usize).map(|q| 4 * q..4 * q + 4).collect();
+                            OfferData::Ranges(Buffer::from_vec(all.collect()), ranges)
+                        } else {
+                            OfferData::PerRank(
+                                (0..N)
+                                    .map(|q| Buffer::from_vec(vec![r as u8, q as u8, w, k as u8]))
+                                    .collect(),
+                            )
+                        },
                     };
                     for k in 0..ROUNDS {
                         // Tags repeat every 5 rounds: reused once closed.
@@ -840,19 +1091,35 @@ mod tests {
                                 );
                                 std::thread::yield_now();
                             };
-                            let got = got.unwrap_or_else(|e| panic!("rank {r} round {k}: {e}"));
+                            let seat = got.unwrap_or_else(|e| panic!("rank {r} round {k}: {e}"));
                             // Every rank has arrived: whoever is closing
                             // it, the meeting no longer waits (a send
                             // for its operation is no mismatch).
                             for _ in 0..20 {
                                 assert!(!rv.is_waiting(tag(*w).op), "rank {r} round {k}");
                             }
-                            let srcs: Vec<u32> = got.iter().map(|t| t.src).collect();
+                            // Read in place on odd rounds (the seat leaves
+                            // after the checks), taken on even ones.
+                            let got: Vec<(u32, [u64; 4], Vec<u8>)> = if k % 2 == 1 {
+                                let v = seat
+                                    .offers()
+                                    .map(|m| m.map(|m| (m.src, m.head, m.bytes().to_vec())))
+                                    .collect::<Result<_, _>>()
+                                    .unwrap();
+                                drop(seat);
+                                v
+                            } else {
+                                let v = seat.take().unwrap();
+                                v.into_iter()
+                                    .map(|t| (t.src, t.head, t.data.as_slice().to_vec()))
+                                    .collect()
+                            };
+                            let srcs: Vec<u32> = got.iter().map(|t| t.0).collect();
                             let want: Vec<u32> = (0..N).filter(|q| *q != r).collect();
                             assert_eq!(srcs, want);
-                            for t in got {
-                                assert_eq!(t.head, [t.src as u64, k as u64, *w as u64, 0]);
-                                assert_eq!(t.data.as_slice(), &[t.src as u8, r as u8, *w, k as u8]);
+                            for (src, head, data) in got {
+                                assert_eq!(head, [src as u64, k as u64, *w as u64, 0]);
+                                assert_eq!(data, [src as u8, r as u8, *w, k as u8]);
                             }
                         }
                     }
@@ -889,15 +1156,12 @@ mod tests {
         assert_eq!(rv.lock().overflow.len(), 3);
         assert!(tags.iter().all(|t| rv.is_waiting(t.op)));
         for (k, t) in tags.iter().enumerate().rev() {
-            let got = arrive(&rv, 1, *t, offer(1, k))
-                .now_or_never()
-                .unwrap()
-                .unwrap();
+            let got = taken(arrive(&rv, 1, *t, offer(1, k)).now_or_never().unwrap()).unwrap();
             assert_eq!(got[0].data.as_slice(), &[0, k as u8]);
             assert!(!rv.is_waiting(t.op));
         }
         for (k, fut) in waiting.iter_mut().enumerate() {
-            let got = fut.now_or_never().unwrap().unwrap();
+            let got = taken(fut.now_or_never().unwrap()).unwrap();
             assert_eq!(got[0].head, [1, k as u64, 0, 0]);
             assert_eq!(got[0].data.as_slice(), &[1, k as u8]);
         }

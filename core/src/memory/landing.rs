@@ -221,27 +221,54 @@ impl<T: bytemuck::Pod + Send> LandingZone<T> {
     /// zone is still alive.
     pub fn assemble(self, mut parts: Vec<(usize, Buffer)>) -> Result<Vec<T>, AssembleError> {
         let sz = std::mem::size_of::<T>().max(1);
+        // Landed views: in place already; let go of them, so that no view
+        // is left (their bytes count as covered, not copied).
+        let mut landed: Vec<(usize, usize)> = Vec::new();
+        for (o, part) in parts.iter_mut() {
+            if o.checked_mul(sz).is_some_and(|at| self.holds(part, at)) {
+                landed.push((*o, part.len()));
+                *part = Buffer::default();
+            }
+        }
+        let copied: Vec<(usize, &[u8])> = parts.iter().map(|(o, p)| (*o, p.as_slice())).collect();
+        self.assemble_from(&copied, &landed)
+    }
+
+    /// As [`LandingZone::assemble`], from parts that are borrowed bytes
+    /// (element offset, bytes), all copied in: what a caller that reads
+    /// other ranks' buffers in place passes, taking no handle of them.
+    pub fn assemble_slices(self, parts: &[(usize, &[u8])]) -> Result<Vec<T>, AssembleError> {
+        self.assemble_from(parts, &[])
+    }
+
+    /// The result from `parts` to copy and `landed` (element offset,
+    /// bytes) regions already in place.
+    fn assemble_from(
+        self,
+        parts: &[(usize, &[u8])],
+        landed: &[(usize, usize)],
+    ) -> Result<Vec<T>, AssembleError> {
+        let sz = std::mem::size_of::<T>().max(1);
         let bytes = self.mem.bytes;
         let len = bytes / sz;
-        let mut covered: Vec<(usize, usize)> = Vec::with_capacity(parts.len());
-        for (o, part) in parts.iter_mut() {
-            let n = part.len();
+        let mut covered: Vec<(usize, usize)> = Vec::with_capacity(parts.len() + landed.len());
+        for (o, n) in parts
+            .iter()
+            .map(|(o, p)| (*o, p.len()))
+            .chain(landed.iter().copied())
+        {
             if n == 0 {
                 continue;
             }
             let end = o.checked_mul(sz).and_then(|b| b.checked_add(n));
             if n % sz != 0 || end.is_none_or(|e| e > bytes) {
                 return Err(AssembleError::DoesNotFit {
-                    offset: *o,
+                    offset: o,
                     bytes: n,
                     len,
                 });
             }
-            covered.push((*o, *o + n / sz));
-            if self.holds(part, *o * sz) {
-                // In place: let go of it, so that no view is left.
-                *part = Buffer::default();
-            }
+            covered.push((o, o + n / sz));
         }
         covered.sort_unstable();
         // Parts are copied in parallel below: two that share a byte would
@@ -253,11 +280,11 @@ impl<T: bytemuck::Pod + Send> LandingZone<T> {
         // The copies of the parts that did not land, and zeroes where no
         // part lies, in one list of moves (spread over threads when large).
         let mut moves: Vec<Move> = Vec::with_capacity(parts.len() * 2 + 1);
-        for (o, part) in &parts {
+        for (o, part) in parts {
             if !part.is_empty() {
                 moves.push(Move {
                     at: o * sz,
-                    src: Some(part.as_slice().as_ptr()),
+                    src: Some(part.as_ptr()),
                     len: part.len(),
                 });
             }
