@@ -556,7 +556,19 @@ impl Rendezvous {
         if self.open.load(Ordering::SeqCst) == 0 {
             return false;
         }
-        let of_op = |m: &Meeting| m.tag().is_some_and(|t| t.op == op) && !m.complete();
+        // The key is read again after the count: a closer stores `CLOSING`
+        // before it resets the count, so a reset count seen here (0, a
+        // meeting that looks like it waits) comes with a key that is no
+        // longer this meeting's (acquire on the count, release on its
+        // reset). Without the second look a rank could read the key
+        // before the closing and the count after it, and fail the job
+        // for a message that was sent after the meeting completed.
+        let of_op = |m: &Meeting| {
+            let key = m.key.load(Ordering::Acquire);
+            Tag::from_wire(key.wrapping_sub(1)).is_some_and(|t| t.op == op)
+                && !m.complete()
+                && m.key.load(Ordering::Acquire) == key
+        };
         let first = Self::place_of(Tag::new(op, 0));
         if (first..first + PROBE).any(|i| of_op(&self.arena[i % ARENA])) {
             return true;
@@ -1114,6 +1126,12 @@ mod tests {
                                     .map(|t| (t.src, t.head, t.data.as_slice().to_vec()))
                                     .collect()
                             };
+                            // Left: while another rank may be closing it,
+                            // still no meeting of this operation waits (no
+                            // later one can open before this rank goes on).
+                            for _ in 0..50 {
+                                assert!(!rv.is_waiting(tag(*w).op), "rank {r} round {k}, left");
+                            }
                             let srcs: Vec<u32> = got.iter().map(|t| t.0).collect();
                             let want: Vec<u32> = (0..N).filter(|q| *q != r).collect();
                             assert_eq!(srcs, want);
