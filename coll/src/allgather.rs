@@ -315,7 +315,7 @@ fn start_gather<T: Element, R: Send + 'static>(
         let meta = Meta::new(CollKind::AllGather, T::DTYPE)
             .flags(ONE_SHOT)
             .count(values.len() as u64);
-        let offer = OfferData::Same(values.buffer().clone());
+        let offer = OfferData::same(values.buffer().clone());
         let check = |p: Rank, f: &crate::wire::Framed| {
             if f.meta.flags & ONE_SHOT == 0 {
                 return Err(site.mismatch(

@@ -353,16 +353,11 @@ async fn reduce_my_piece<T: Element>(
         count: len as u64,
     };
     let outgoing = match scheme {
-        Scheme::Whole => OfferData::Same(buf.clone()),
-        Scheme::Blocks => OfferData::Ranges(
-            buf.clone(),
-            (0..n)
-                .map(|p| {
-                    let (lo, hi) = scheme.piece(len, n, p);
-                    lo * sz..hi * sz
-                })
-                .collect(),
-        ),
+        Scheme::Whole => OfferData::same(buf.clone()),
+        Scheme::Blocks => OfferData::ranges(&buf, n, |p| {
+            let (lo, hi) = scheme.piece(len, n, p);
+            lo * sz..hi * sz
+        }),
     };
     let (lo, hi) = scheme.piece(len, n, me);
     let check_piece = |p: u32, m: &Meta, bytes: usize| {

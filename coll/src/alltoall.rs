@@ -350,17 +350,14 @@ fn land<T: Element>(
 /// This rank's offer at an in-process meeting: its send buffer once, rank
 /// p's share its byte range (`spec.send(p)`), none for itself.
 fn offer_ranges(spec: &Layout, me: u32, n: u32, buf: &Buffer, sz: usize) -> OfferData {
-    let ranges = (0..n)
-        .map(|p| {
-            if p == me {
-                0..0
-            } else {
-                let (o, c) = spec.send(p as usize);
-                o * sz..(o + c) * sz
-            }
-        })
-        .collect();
-    OfferData::Ranges(buf.clone(), ranges)
+    OfferData::ranges(buf, n, |p| {
+        if p == me {
+            0..0
+        } else {
+            let (o, c) = spec.send(p as usize);
+            o * sz..(o + c) * sz
+        }
+    })
 }
 
 /// The one-vector forms between in-process ranks: the ranks meet, each

@@ -30,7 +30,7 @@ pub fn start_barrier(ctx: &Context, callback: Option<Callback>) -> Handle<()> {
         let me = site.rank;
         // In-process ranks meet once instead of the message rounds.
         let meta = Meta::new(CollKind::Barrier, DType::Bytes);
-        let empty = OfferData::Same(Buffer::default());
+        let empty = OfferData::same(Buffer::default());
         let met = meet_framed(comm.as_ref(), site, Tag::new(op, 0), meta, empty, |_, _| {
             Ok(())
         });

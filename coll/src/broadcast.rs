@@ -50,7 +50,7 @@ pub fn start_broadcast(
         }
         // In-process ranks meet once instead of the tree and the check.
         let meta = Meta::new(CollKind::Broadcast, DType::Bytes).aux(root);
-        let offer = OfferData::Same(data.clone().unwrap_or_default());
+        let offer = OfferData::same(data.clone().unwrap_or_default());
         let met = meet_framed(comm.as_ref(), site, Tag::new(op, 0), meta, offer, |p, f| {
             if f.meta.aux == root {
                 Ok(())

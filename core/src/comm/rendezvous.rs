@@ -81,33 +81,116 @@ pub enum OfferData {
     /// entry unused): one handle for every rank instead of one each, so
     /// the rank that closes the meeting drops one, not N.
     Ranges(Buffer, Vec<std::ops::Range<usize>>),
+    /// A few bytes copied into the meeting itself ([`OfferData::same`],
+    /// [`OfferData::ranges`] choose it): nothing behind a pointer for the
+    /// other ranks to fetch from the offering rank's memory, and nothing
+    /// for the closer to drop there.
+    Inline(Inline),
+}
+
+/// Bytes an [`OfferData::Inline`] holds at most (all shares together).
+pub const INLINE_BYTES: usize = 64;
+/// Ranks an [`OfferData::Inline`] has shares for at most.
+pub const INLINE_RANKS: usize = 8;
+
+/// The shares of an [`OfferData::Inline`]: rank q's are the bytes from
+/// the end of rank q - 1's to `ends[q]` (from 0 for rank 0); with
+/// `ranks` 0 every rank's share is the first `ends[0]` bytes.
+#[derive(Debug, Clone, Copy)]
+pub struct Inline {
+    bytes: [u8; INLINE_BYTES],
+    ends: [u8; INLINE_RANKS],
+    ranks: u8,
+}
+
+impl Inline {
+    fn share(&self, q: Rank) -> Option<&[u8]> {
+        let q = q as usize;
+        let (start, end) = match self.ranks as usize {
+            0 => (0, self.ends[0]),
+            k if q < k => (if q == 0 { 0 } else { self.ends[q - 1] }, self.ends[q]),
+            _ => return None,
+        };
+        self.bytes.get(start as usize..end as usize)
+    }
 }
 
 impl OfferData {
-    /// Rank `q`'s share: its buffer and the byte range of it; `None`
-    /// where the offer has no entry for `q` or the range lies outside the
-    /// buffer.
-    pub fn share(&self, q: Rank) -> Option<(&Buffer, std::ops::Range<usize>)> {
+    /// The same bytes for every rank: copied into the meeting where they
+    /// are few (`INLINE_BYTES`), else `Same`.
+    pub fn same(buf: Buffer) -> OfferData {
+        let b = buf.as_slice();
+        if b.len() <= INLINE_BYTES {
+            let mut bytes = [0u8; INLINE_BYTES];
+            bytes[..b.len()].copy_from_slice(b);
+            let mut ends = [0u8; INLINE_RANKS];
+            ends[0] = b.len() as u8;
+            return OfferData::Inline(Inline {
+                bytes,
+                ends,
+                ranks: 0,
+            });
+        }
+        OfferData::Same(buf)
+    }
+
+    /// Rank q's share the bytes `range(q)` of `buf`, for `n` ranks: copied
+    /// into the meeting where they are few (up to `INLINE_RANKS` ranks and
+    /// `INLINE_BYTES` in all), else `Ranges`. A range outside `buf` makes
+    /// an offer that the meeting refuses.
+    pub fn ranges(
+        buf: &Buffer,
+        n: u32,
+        range: impl Fn(Rank) -> std::ops::Range<usize>,
+    ) -> OfferData {
+        let b = buf.as_slice();
+        let total = (0..n).try_fold(0usize, |t, q| {
+            let r = range(q);
+            b.get(r.clone()).map(|s| t + s.len())
+        });
+        if let Some(total) = total.filter(|t| *t <= INLINE_BYTES && n as usize <= INLINE_RANKS) {
+            let mut bytes = [0u8; INLINE_BYTES];
+            let mut ends = [0u8; INLINE_RANKS];
+            let mut at = 0;
+            for q in 0..n {
+                let s = b.get(range(q)).unwrap_or_default();
+                bytes[at..at + s.len()].copy_from_slice(s);
+                at += s.len();
+                ends[q as usize] = at as u8;
+            }
+            debug_assert_eq!(at, total);
+            return OfferData::Inline(Inline {
+                bytes,
+                ends,
+                ranks: n as u8,
+            });
+        }
+        OfferData::Ranges(buf.clone(), (0..n).map(range).collect())
+    }
+
+    /// Rank `q`'s share, where it lies; `None` where the offer has no
+    /// entry for `q` or its range lies outside the buffer.
+    pub fn share(&self, q: Rank) -> Option<&[u8]> {
         match self {
-            OfferData::Same(b) => Some((b, 0..b.len())),
-            OfferData::PerRank(v) => v.get(q as usize).map(|b| (b, 0..b.len())),
-            OfferData::Ranges(b, r) => r
-                .get(q as usize)
-                .filter(|r| r.start <= r.end && r.end <= b.len())
-                .map(|r| (b, r.clone())),
+            OfferData::Same(b) => Some(b.as_slice()),
+            OfferData::PerRank(v) => v.get(q as usize).map(|b| b.as_slice()),
+            OfferData::Ranges(b, r) => b.as_slice().get(r.get(q as usize)?.clone()),
+            OfferData::Inline(i) => i.share(q),
         }
     }
 
-    /// Rank `q`'s share as a handle of its own (a clone or a slice of the
-    /// offered buffer; see [`OfferData::share`]).
+    /// Rank `q`'s share as a handle of its own: a clone or a slice of the
+    /// offered buffer (shared, not copied), or a copy of inline bytes.
     pub fn share_buffer(&self, q: Rank) -> Option<Buffer> {
-        self.share(q).map(|(b, r)| {
-            if r.start == 0 && r.end == b.len() {
-                b.clone()
-            } else {
-                b.slice(r)
+        match self {
+            OfferData::Same(b) => Some(b.clone()),
+            OfferData::PerRank(v) => v.get(q as usize).cloned(),
+            OfferData::Ranges(b, r) => {
+                let r = r.get(q as usize)?;
+                (r.start <= r.end && r.end <= b.len()).then(|| b.slice(r.clone()))
             }
-        })
+            OfferData::Inline(i) => i.share(q).map(|s| Buffer::from_vec(s.to_vec())),
+        }
     }
 
     /// The ranks it has an entry for (`None`: every rank).
@@ -116,6 +199,7 @@ impl OfferData {
             OfferData::Same(_) => None,
             OfferData::PerRank(v) => Some(v.len()),
             OfferData::Ranges(_, r) => Some(r.len()),
+            OfferData::Inline(i) => (i.ranks > 0).then_some(i.ranks as usize),
         }
     }
 }
@@ -714,27 +798,21 @@ pub struct Met<'s> {
     pub src: Rank,
     /// That rank's header.
     pub head: [u64; 4],
-    buf: &'s Buffer,
-    range: std::ops::Range<usize>,
+    bytes: &'s [u8],
+    offer: &'s OfferData,
+    rank: Rank,
 }
 
 impl<'s> Met<'s> {
     /// The bytes that rank offered this rank, where they lie.
     pub fn bytes(&self) -> &'s [u8] {
-        // (The range was checked against the buffer at the deposit.)
-        self.buf
-            .as_slice()
-            .get(self.range.clone())
-            .unwrap_or_default()
+        self.bytes
     }
 
-    /// The same bytes as a handle of their own (shared, not copied).
+    /// The same bytes as a handle of their own (shared, not copied, but
+    /// for the few bytes of an inline offer).
     pub fn buffer(&self) -> Buffer {
-        if self.range.start == 0 && self.range.end == self.buf.len() {
-            self.buf.clone()
-        } else {
-            self.buf.slice(self.range.clone())
-        }
+        self.offer.share_buffer(self.rank).unwrap_or_default()
     }
 }
 
@@ -769,7 +847,7 @@ impl<'a> Seat<'a> {
                         detail: format!("rank {src} has not arrived at a complete meeting"),
                     });
                 };
-                let (buf, range) = o.data.share(rank).ok_or(CommError::InvalidRank {
+                let bytes = o.data.share(rank).ok_or(CommError::InvalidRank {
                     rank,
                     peer: rank,
                     nranks: n,
@@ -777,8 +855,9 @@ impl<'a> Seat<'a> {
                 Ok(Met {
                     src,
                     head: o.head,
-                    buf,
-                    range,
+                    bytes,
+                    offer: &o.data,
+                    rank,
                 })
             })
     }
@@ -1031,6 +1110,51 @@ mod tests {
         assert_all_closed(&rv);
     }
 
+    /// Few bytes go inline, more stay in their buffer; either way every
+    /// rank's share and its handle are the bytes asked for.
+    #[test]
+    fn offers_of_few_bytes_are_inline() {
+        let buf = Buffer::from_vec((0..100u8).collect());
+        let same = OfferData::same(buf.slice(10..20));
+        assert!(matches!(same, OfferData::Inline(_)));
+        for q in [0, 3, 200] {
+            assert_eq!(same.share(q), Some(&buf.as_slice()[10..20]));
+            assert_eq!(
+                same.share_buffer(q).unwrap().as_slice(),
+                &buf.as_slice()[10..20]
+            );
+        }
+        assert!(matches!(OfferData::same(buf.clone()), OfferData::Same(_)));
+        // Shares out of order, one empty, 5 ranks.
+        let r = |q: u32| match q {
+            2 => 0..0,
+            q => 30 - 5 * q as usize..33 - 5 * q as usize,
+        };
+        let inl = OfferData::ranges(&buf, 5, r);
+        assert!(matches!(inl, OfferData::Inline(_)));
+        assert_eq!(inl.entries(), Some(5));
+        for q in 0..5 {
+            assert_eq!(inl.share(q), Some(&buf.as_slice()[r(q)]), "rank {q}");
+            assert_eq!(
+                inl.share_buffer(q).unwrap().as_slice(),
+                &buf.as_slice()[r(q)]
+            );
+        }
+        assert_eq!(inl.share(5), None);
+        // Too many bytes, too many ranks, or a range outside the buffer.
+        assert!(matches!(
+            OfferData::ranges(&buf, 2, |q| 40 * q as usize..40 * q as usize + 40),
+            OfferData::Ranges(..)
+        ));
+        assert!(matches!(
+            OfferData::ranges(&buf, 9, |q| q as usize..q as usize + 1),
+            OfferData::Ranges(..)
+        ));
+        let bad = OfferData::ranges(&buf, 2, |q| 99 * q as usize..99 * q as usize + 2);
+        assert!(matches!(bad, OfferData::Ranges(..)));
+        assert_eq!(bad.share(1), None);
+    }
+
     #[test]
     fn meeting_twice_is_an_error() {
         let rv = Rendezvous::new(2);
@@ -1062,21 +1186,35 @@ mod tests {
             .map(|r| {
                 let rv = rv.clone();
                 std::thread::spawn(move || {
-                    // Odd ranks offer one buffer in ranges, even ones a
-                    // buffer a rank.
-                    let offer = |k: u32, w: u8| Offer {
-                        head: [r as u64, k as u64, w as u64, 0],
-                        data: if r % 2 == 1 {
-                            let all = (0..N).flat_map(|q| [r as u8, q as u8, w, k as u8]);
-                            let ranges = (0..N as usize).map(|q| 4 * q..4 * q + 4).collect();
-                            OfferData::Ranges(Buffer::from_vec(all.collect()), ranges)
-                        } else {
-                            OfferData::PerRank(
-                                (0..N)
-                                    .map(|q| Buffer::from_vec(vec![r as u8, q as u8, w, k as u8]))
+                    // Rank 0 offers a buffer a rank, rank 1 one buffer
+                    // in ranges, ranks 2 and 3 inline bytes.
+                    let offer = |k: u32, w: u8| {
+                        let all: Vec<u8> = (0..N)
+                            .flat_map(|q| [r as u8, q as u8, w, k as u8])
+                            .collect();
+                        let buf = Buffer::from_vec(all);
+                        let data = match r {
+                            0 => OfferData::PerRank(
+                                (0..N as usize)
+                                    .map(|q| buf.slice(4 * q..4 * q + 4))
                                     .collect(),
-                            )
-                        },
+                            ),
+                            1 => OfferData::Ranges(
+                                buf,
+                                (0..N as usize).map(|q| 4 * q..4 * q + 4).collect(),
+                            ),
+                            _ => {
+                                let d = OfferData::ranges(&buf, N, |q| {
+                                    4 * q as usize..4 * q as usize + 4
+                                });
+                                assert!(matches!(d, OfferData::Inline(_)));
+                                d
+                            }
+                        };
+                        Offer {
+                            head: [r as u64, k as u64, w as u64, 0],
+                            data,
+                        }
                     };
                     for k in 0..ROUNDS {
                         // Tags repeat every 5 rounds: reused once closed.
