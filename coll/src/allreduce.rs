@@ -63,7 +63,7 @@ use crate::handle::{Callback, Handle, ResultStep, spread, start, streaming};
 use crate::wire::Elements;
 use crate::wire::{
     DataRecv, Framed, Meta, Signature, assemble_into, exchange_framed, land_parts, meet_seat,
-    recv_framed_all, result_zone, send_framed, typed, typed_bytes, vec_to_buffer,
+    met_meta, recv_framed_all, result_zone, send_framed, typed, typed_bytes, vec_to_buffer,
 };
 
 /// A user-supplied reduction: `acc[i] = acc[i] (op) x[i]`. It must be the
@@ -385,12 +385,12 @@ async fn reduce_my_piece<T: Element>(
             .map_err(|q| site.mismatch(q, "bad piece length"))
     };
     let outgoing = if fold {
-        let check = |p: u32, m: &Meta, b: &[u8]| check_piece(p, m, b.len());
-        match meet_seat(comm.as_ref(), site, tag, meta, outgoing, check).await? {
+        match meet_seat(comm.as_ref(), site, tag, meta, outgoing).await? {
             Ok(seat) => {
                 let mut others: Vec<(Rank, &[u8])> = Vec::with_capacity(n as usize - 1);
                 for m in seat.offers() {
                     let m = m.map_err(|e| site.comm(e))?;
+                    check_piece(m.src, &met_meta(site, &m)?, m.bytes().len())?;
                     others.push((m.src, m.bytes()));
                 }
                 return fold_in(&others);

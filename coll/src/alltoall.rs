@@ -393,14 +393,7 @@ async fn meet_into<T: Element>(
         .seq(recv_sum);
     let buf = send.buffer();
     let offer = offer_ranges(spec, me, n, buf, sz);
-    let check = |p: u32, m: &Meta, _: &[u8]| {
-        if m.dtype != T::DTYPE {
-            let d = format!("element type {} here, {} on rank {p}", T::DTYPE, m.dtype);
-            return Err(site.mismatch(p, d));
-        }
-        Ok(())
-    };
-    let seat = match meet_seat(comm, site, Tag::new(site.op, 0), meta, offer, check).await? {
+    let seat = match meet_seat(comm, site, Tag::new(site.op, 0), meta, offer).await? {
         Ok(seat) => seat,
         Err(_) => {
             return Err(site.comm(braid_core::CommError::Protocol {
@@ -416,6 +409,15 @@ async fn meet_into<T: Element>(
     for m in seat.offers() {
         let m = m.map_err(|e| site.comm(e))?;
         let meta = met_meta(site, &m)?;
+        if meta.dtype != T::DTYPE {
+            let d = format!(
+                "element type {} here, {} on rank {}",
+                T::DTYPE,
+                meta.dtype,
+                m.src
+            );
+            return Err(site.mismatch(m.src, d));
+        }
         sent_sum = sent_sum.wrapping_add(meta.count);
         recv_sum = recv_sum.wrapping_add(meta.seq);
         let (o, want) = spec.recv(m.src as usize);

@@ -487,33 +487,26 @@ pub(crate) async fn recv_framed_all(
 }
 
 /// Meets every other rank at `tag` (`Communicator::meet`) with `meta` and
-/// `data`: `Ok(seat)` once every rank arrived and each other rank's
-/// header and data passed `check` (the data read where it lies), or the
-/// data handed back (`Err`) where the ranks cannot meet (not
-/// in-process). The caller reads the other ranks' data through the seat
-/// (`Met::bytes`) and leaves the meeting by dropping it.
+/// `data`: `Ok(seat)` once every rank arrived, or the data handed back
+/// (`Err`) where the ranks cannot meet (not in-process). The caller reads
+/// each other rank's header ([`met_meta`], which checks its kind) and data
+/// (`Met::bytes`, where it lies) through the seat, and leaves the meeting
+/// by dropping it.
 pub(crate) async fn meet_seat<'c>(
     comm: &'c dyn Communicator,
     site: Site,
     tag: Tag,
     meta: Meta,
     data: OfferData,
-    mut check: impl FnMut(Rank, &Meta, &[u8]) -> Result<(), CollError>,
 ) -> Result<Result<Seat<'c>, OfferData>, CollError> {
     let offer = Offer {
         head: meta.pack(),
         data,
     };
-    let meeting = match comm.meet(tag, offer) {
-        Ok(m) => m,
-        Err(offer) => return Ok(Err(offer.data)),
-    };
-    let seat = meeting.await.map_err(|e| site.comm(e))?;
-    for m in seat.offers() {
-        let m = m.map_err(|e| site.comm(e))?;
-        check(m.src, &met_meta(site, &m)?, m.bytes())?;
+    match comm.meet(tag, offer) {
+        Ok(m) => Ok(Ok(m.await.map_err(|e| site.comm(e))?)),
+        Err(offer) => Ok(Err(offer.data)),
     }
-    Ok(Ok(seat))
 }
 
 /// The collective header another rank brought to a meeting, checked to
@@ -538,7 +531,7 @@ pub(crate) async fn meet_framed(
     data: OfferData,
     mut check: impl FnMut(Rank, &Framed) -> Result<(), CollError>,
 ) -> Result<Result<Vec<(Rank, Framed)>, OfferData>, CollError> {
-    let seat = match meet_seat(comm, site, tag, meta, data, |_, _, _| Ok(())).await? {
+    let seat = match meet_seat(comm, site, tag, meta, data).await? {
         Ok(seat) => seat,
         Err(data) => return Ok(Err(data)),
     };
