@@ -9,14 +9,18 @@
 //! ```text
 //!   rank r: deposit(tag, offer)   find the tag's meeting at its arena
 //!                                 places (no lock); not there: open it
-//!                                 under the table's lock; fill r's slot,
-//!                                 count the arrival; the last of N takes
-//!                                 at once and wakes the others
+//!                                 under the table's lock; claim r's slot,
+//!                                 fill it, count the arrival; the last of
+//!                                 N has its seat at once and wakes the
+//!                                 others
 //!           poll: arrivals < N -> leave a waker in r's slot, Pending
-//!                 arrivals = N -> every other rank's head and its buffer
-//!                                 for r, read from their slots (the last
-//!                                 of N to take empties the meeting and
-//!                                 frees its place)
+//!                 arrivals = N -> a seat: every other rank's head and its
+//!                                 share for r, read where they lie
+//!                                 (`Seat::offers`) or taken as handles
+//!                                 (`Seat::take`)
+//!           drop the seat         count r's leaving; the last of N to
+//!                                 leave empties the meeting and frees
+//!                                 its place
 //! ```
 //!
 //! Cost model: where ranks run on cores of their own, a meeting costs the
@@ -27,7 +31,9 @@
 //! none writes; only the first to arrive takes the table's lock, to open
 //! it. Each rank's offer goes to a slot of its own (a cache line of its
 //! own), its arrival is one atomic add on the meeting's counter, which
-//! the waiters read, and the takes read the others' slots, in parallel.
+//! the waiters read, and the seats read the others' slots, in parallel
+//! and without a lock (`Slot` says who touches an offer when: a read-write
+//! lock there cost every reader an atomic write on the slot's line).
 //! Measured on a 16-core host (threads that only meet, 2026-11-29): 1.3-1.5
 //! us for 2 ranks, 2.9-3.6 for 4, 6.8-8.5 for 8, where the first version
 //! (everything under the table's lock, the waiters watching one counter
@@ -38,8 +44,17 @@
 //! instead, under its lock; the first rank there decides, under the lock,
 //! where the meeting is, after looking in both, so it is in one of them.
 //!
-//! Nothing is copied: a taken buffer is a reference-counted handle to the
-//! depositor's bytes. A meeting never mixes with messages: the local
+//! Nothing is copied but the few bytes of an inline offer
+//! (`OfferData::Inline`, up to `INLINE_BYTES` in all, which the offering
+//! rank copies into its slot): a caller that reads a share in place
+//! (`Met::bytes`) touches the depositor's bytes and nothing else, a taken
+//! share is a reference-counted handle to them. Reading in place matters
+//! where ranks run on cores of their own: each handle taken and dropped
+//! moves its count's cache line between the cores, one rank after
+//! another, and at 8 bytes that was most of what an AllToAll cost beyond
+//! a barrier (BENCHMARKS.md, forty-seventh session).
+//!
+//! A meeting never mixes with messages: the local
 //! communicator fails the job when a message meets a meeting of the same
 //! operation (OpId) that is still waiting for ranks (see `LocalComm`), so
 //! a rank that runs a message protocol where the others meet gets an
