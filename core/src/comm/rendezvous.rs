@@ -159,26 +159,26 @@ impl OfferData {
         range: impl Fn(Rank) -> std::ops::Range<usize>,
     ) -> OfferData {
         let b = buf.as_slice();
-        let total = (0..n).try_fold(0usize, |t, q| {
-            let r = range(q);
-            b.get(r.clone()).map(|s| t + s.len())
-        });
-        if let Some(total) = total.filter(|t| *t <= INLINE_BYTES && n as usize <= INLINE_RANKS) {
+        if (1..=INLINE_RANKS).contains(&(n as usize)) {
             let mut bytes = [0u8; INLINE_BYTES];
             let mut ends = [0u8; INLINE_RANKS];
             let mut at = 0;
-            for q in 0..n {
-                let s = b.get(range(q)).unwrap_or_default();
-                bytes[at..at + s.len()].copy_from_slice(s);
-                at += s.len();
-                ends[q as usize] = at as u8;
-            }
-            debug_assert_eq!(at, total);
-            return OfferData::Inline(Inline {
-                bytes,
-                ends,
-                ranks: n as u8,
+            let fits = (0..n).all(|q| match b.get(range(q)) {
+                Some(s) if at + s.len() <= INLINE_BYTES => {
+                    bytes[at..at + s.len()].copy_from_slice(s);
+                    at += s.len();
+                    ends[q as usize] = at as u8;
+                    true
+                }
+                _ => false,
             });
+            if fits {
+                return OfferData::Inline(Inline {
+                    bytes,
+                    ends,
+                    ranks: n as u8,
+                });
+            }
         }
         OfferData::Ranges(buf.clone(), (0..n).map(range).collect())
     }
