@@ -45,6 +45,15 @@ fn local_all_pairs_exchange() {
 
 /// An `n`-rank tcp world in this process on `rt`, each rank's config
 /// adjusted by `configure`.
+/// `f`, or a panic naming `what` after 60 s: a test that would hang fails
+/// instead, and says where.
+async fn bounded<F: std::future::Future>(f: F, what: String) -> F::Output {
+    match tokio::time::timeout(std::time::Duration::from_secs(60), f).await {
+        Ok(r) => r,
+        Err(_) => panic!("{what}: no result in 60 s"),
+    }
+}
+
 fn tcp_world(
     rt: &tokio::runtime::Runtime,
     n: u32,
@@ -462,15 +471,24 @@ fn tcp_reader_boundaries_spinning_late_and_landing_receives() {
             // A landing receive posted while its (large) message is being
             // read into a buffer of its own: the rest lands in place after
             // one copy of what came before. Timing decides where the
-            // receive comes, so up to 20 tries, until one is seen landing
-            // part of its message (the statistics count landed bytes).
+            // receive comes: tries post it 0.3 to 5 ms after the send, over
+            // and over, until one is seen landing part of its message (the
+            // statistics count landed bytes), for up to 20 s. (A fixed 20
+            // or 60 tries all missed the read in 1 run of 5 on a 2-core host
+            // while the other tests ran: starved of the cores, this task
+            // woke only after whole transfers.)
             let big = 24 << 20;
             let mut late_claims = 0;
-            for t in 0..20u64 {
+            let mut tries = Vec::new();
+            let since = std::time::Instant::now();
+            for t in 0u64.. {
+                if since.elapsed() > std::time::Duration::from_secs(20) {
+                    break;
+                }
                 let s = pseed(10_000 + t as usize);
                 let send = a.send(1, tag(0), Buffer::from_vec(payload(s, big)));
                 let sending = tokio::spawn(send);
-                tokio::time::sleep(std::time::Duration::from_micros(300 + 200 * t)).await;
+                tokio::time::sleep(std::time::Duration::from_micros(300 + 200 * (t % 25))).await;
                 let zone = LandingZone::new(vec![0u8; big]);
                 let before = b.statistics().landed_bytes();
                 let got = b
@@ -485,8 +503,15 @@ fn tcp_reader_boundaries_spinning_late_and_landing_receives() {
                     late_claims += 1;
                     break;
                 }
+                tries.push(zone.holds(&got, 0));
             }
-            assert_eq!(late_claims, 1, "no receive came while its message was read");
+            let whole = tries.iter().filter(|x| **x).count();
+            assert_eq!(
+                late_claims,
+                1,
+                "no receive came while its message was read: {} tries, {whole} landed whole, the rest read before their receive",
+                tries.len()
+            );
             let (x, y) = tokio::join!(a.shutdown(), b.shutdown());
             x.expect("shutdown 0");
             y.expect("shutdown 1");
@@ -529,8 +554,10 @@ fn tcp_striped_messages_arrive_whole_and_in_order() {
             c.lanes = Some(lanes[c.rank as usize % 2]);
         });
         rt.block_on(async {
+            let ready = Arc::new(tokio::sync::Barrier::new(n as usize));
             let mut hs = Vec::new();
             for c in comms.clone() {
+                let ready = ready.clone();
                 hs.push(tokio::spawn(async move {
                     let (me, n) = (c.rank(), c.nranks());
                     // Receives first: from each peer, the odd messages
@@ -543,6 +570,14 @@ fn tcp_striped_messages_arrive_whole_and_in_order() {
                             landed.push((src, i, zone, c.recv_landing(src, tag(i), l)));
                         }
                     }
+                    // Every rank's receives are posted before any rank
+                    // sends (else a message may come first, and go to a
+                    // pooled buffer instead of its landing).
+                    bounded(
+                        ready.wait(),
+                        format!("rank {me}: ready (n {n}, lanes {lanes:?})"),
+                    )
+                    .await;
                     let mut sends = Vec::new();
                     for dst in (0..n).filter(|d| *d != me) {
                         for (i, &len) in SIZES.iter().enumerate() {
@@ -551,12 +586,16 @@ fn tcp_striped_messages_arrive_whole_and_in_order() {
                         }
                     }
                     // The even ones: received once everything is sent.
-                    for s in sends {
-                        s.await.expect("send");
+                    for (k, s) in sends.into_iter().enumerate() {
+                        bounded(s, format!("rank {me}: send {k} (n {n}, lanes {lanes:?})"))
+                            .await
+                            .expect("send");
                     }
                     for src in (0..n).filter(|s| *s != me) {
                         for (i, &len) in SIZES.iter().enumerate().filter(|(i, _)| i % 2 == 0) {
-                            let got = c.recv(src, tag(i)).await.expect("recv");
+                            let what =
+                                format!("rank {me}: recv {i} from {src} (n {n}, lanes {lanes:?})");
+                            let got = bounded(c.recv(src, tag(i)), what).await.expect("recv");
                             assert_eq!(got.len(), len, "rank {me}: {i} from {src}");
                             assert_eq!(
                                 check_payload(seed(src, i), got.as_slice()),
@@ -566,8 +605,13 @@ fn tcp_striped_messages_arrive_whole_and_in_order() {
                         }
                     }
                     for (src, i, zone, recv) in landed {
-                        let got = recv.await.expect("landing recv");
                         let what = format!("rank {me}: {i} from {src}");
+                        let got = bounded(
+                            recv,
+                            format!("{what}: landing recv (n {n}, lanes {lanes:?})"),
+                        )
+                        .await
+                        .expect("landing recv");
                         assert_eq!(got.len(), SIZES[i], "{what}");
                         assert_eq!(
                             check_payload(seed(src, i), got.as_slice()),
@@ -577,7 +621,12 @@ fn tcp_striped_messages_arrive_whole_and_in_order() {
                         // Large messages land in the caller's memory.
                         assert_eq!(zone.holds(&got, 8), SIZES[i] >= 64 << 10, "{what}");
                     }
-                    c.shutdown().await.expect("shutdown");
+                    bounded(
+                        c.shutdown(),
+                        format!("rank {me}: shutdown (n {n}, lanes {lanes:?})"),
+                    )
+                    .await
+                    .expect("shutdown");
                 }));
             }
             for h in hs {
