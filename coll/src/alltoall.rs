@@ -392,6 +392,14 @@ async fn meet_into<T: Element>(
         .count(sent_sum)
         .seq(recv_sum);
     let buf = send.buffer();
+    // (Inside `send`: `spec` was validated against its length.)
+    let own = buf.as_slice().get(so * sz..(so + sc) * sz).ok_or_else(|| {
+        site.invalid(format!(
+            "its own part (elements {so}..{}) lies outside its {} elements",
+            so + sc,
+            send.len()
+        ))
+    })?;
     let offer = offer_ranges(spec, me, n, buf, sz);
     let seat = match meet_seat(comm, site, Tag::new(site.op, 0), meta, offer).await? {
         Ok(seat) => seat,
@@ -404,7 +412,7 @@ async fn meet_into<T: Element>(
         }
     };
     let mut placed: Vec<(usize, &[u8])> = Vec::with_capacity(n as usize);
-    placed.push((ro, &buf.as_slice()[so * sz..(so + sc) * sz]));
+    placed.push((ro, own));
     let mut first_err = None;
     for m in seat.offers() {
         let m = m.map_err(|e| site.comm(e))?;
