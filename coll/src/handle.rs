@@ -378,6 +378,7 @@ impl Driven {
             return;
         };
         if let Some(limit) = waiting.limit() {
+            let mut n = 0;
             loop {
                 if futures::poll!(core.as_mut()).is_ready() {
                     self.core = None;
@@ -386,7 +387,8 @@ impl Driven {
                 if t.elapsed() >= limit {
                     break;
                 }
-                waiting.pass().await;
+                waiting.pass(n).await;
+                n = n.wrapping_add(1);
             }
         }
         core.as_mut().await;

@@ -116,15 +116,22 @@ impl ProgressEngine {
     /// Waits until `ev` is set, the way [`ProgressEngine::waiting`] says
     /// for an operation on `bytes` of this rank's data.
     pub async fn wait(&self, ev: &Event, bytes: usize) {
-        let waiting = self.waiting(bytes);
+        // What sets `ev` may be a task of this worker's: a waiter that
+        // would spin in place yields at every pass instead.
+        let waiting = match self.waiting(bytes) {
+            Waiting::Spin(limit) => Waiting::PollTasks(limit),
+            w => w,
+        };
         if let Some(limit) = waiting.limit() {
             let t = Instant::now();
             // Yielding polls: the worker keeps running other tasks (the
             // protocol itself, the socket readers) and, where `Poll` says,
             // checks for I/O between them, so a reply is seen without a
             // wake-up.
+            let mut n = 0;
             while !ev.is_set() && t.elapsed() < limit {
-                waiting.pass().await;
+                waiting.pass(n).await;
+                n = n.wrapping_add(1);
             }
         }
         ev.wait().await;
@@ -193,6 +200,18 @@ pub enum Waiting {
     /// 23-25, 25-29, 18-25; 4 ranks: 142-188, 182-222, 119-216 against
     /// 111-112, 123-145, 39 (MPI 38-88).
     PollYield(Duration),
+    /// Poll in place for up to this long, then sleep: between polls the
+    /// task spins on its worker (a few `pause`s) instead of going back to
+    /// the scheduler, and only every [`Waiting::SPIN_TURN`]th pass gives
+    /// the worker's other tasks a turn. For in-process ranks each on a
+    /// runtime of its own ([`RankThreads::Own`]), where every worker has a
+    /// core: a task that wakes itself to yield is queued as a yielded task,
+    /// and tokio then wakes a parked sibling worker to steal it (a futex
+    /// call, in a VM an interrupt to another virtual CPU) on every pass,
+    /// and the task hops between workers. Measured (2026-11-29, 16-core
+    /// KVM host, 4 ranks of 4 workers each, 8 B): see BENCHMARKS.md,
+    /// "in-process waiters spin in place".
+    Spin(Duration),
 }
 
 /// A future that is pending once, having woken its task: the task goes to
@@ -239,6 +258,11 @@ impl Waiting {
     /// this, and a core that a rank's own helper threads need is given
     /// back after it.
     pub const POLL_BULK: Duration = Duration::from_millis(1);
+    /// A [`Waiting::Spin`] waiter gives its worker's other tasks a turn
+    /// once in this many passes (a pass is a poll and a few `pause`s,
+    /// ~0.1-0.3 us: a task woken on the waiter's worker waits a few us at
+    /// most).
+    pub const SPIN_TURN: u32 = 16;
 
     /// A polling wait ([`Waiting::polling`]) where polling pays (see
     /// [`Waiting`]): no more runtime workers
@@ -289,7 +313,10 @@ impl Waiting {
             // Processes of one rank each (tcp): see `PollYield`.
             return Waiting::PollYield(Self::POLL_BULK);
         }
-        let chosen = Self::choose(ranks, placement, workers, cores);
+        let mut chosen = Self::choose(ranks, placement, workers, cores);
+        if own && chosen != Waiting::Park {
+            chosen = Waiting::Spin(Self::POLL);
+        }
         if bulk { chosen.for_bulk() } else { chosen }
     }
 
@@ -310,6 +337,7 @@ impl Waiting {
             Waiting::Poll(_) => Waiting::Poll(Self::POLL_BULK),
             Waiting::PollTasks(_) => Waiting::PollTasks(Self::POLL_BULK),
             Waiting::PollYield(_) => Waiting::PollYield(Self::POLL_BULK),
+            Waiting::Spin(_) => Waiting::Spin(Self::POLL_BULK),
         }
     }
 
@@ -317,15 +345,24 @@ impl Waiting {
     pub fn limit(self) -> Option<Duration> {
         match self {
             Waiting::Park => None,
-            Waiting::Poll(l) | Waiting::PollTasks(l) | Waiting::PollYield(l) => Some(l),
+            Waiting::Poll(l) | Waiting::PollTasks(l) | Waiting::PollYield(l) | Waiting::Spin(l) => {
+                Some(l)
+            }
         }
     }
 
-    /// One pass of a polling waiter: lets the other tasks run (and, for
-    /// `Poll` and `PollYield`, the I/O driver; for `PollYield` first the
-    /// host's other threads), then returns.
-    pub async fn pass(self) {
+    /// Pass `n` (counted from 0) of a polling waiter: lets the other
+    /// tasks run (and, for `Poll` and `PollYield`, the I/O driver; for
+    /// `PollYield` first the host's other threads), then returns. A
+    /// `Spin` pass spins in place instead, but for every
+    /// [`Waiting::SPIN_TURN`]th.
+    pub async fn pass(self, n: u32) {
         match self {
+            Waiting::Spin(_) if n % Self::SPIN_TURN != Self::SPIN_TURN - 1 => {
+                for _ in 0..4 {
+                    std::hint::spin_loop();
+                }
+            }
             Waiting::Poll(_) => tokio::task::yield_now().await,
             Waiting::PollYield(_) => {
                 // A system call (sched_yield) that returns at once where
@@ -333,7 +370,7 @@ impl Waiting {
                 std::thread::yield_now();
                 tokio::task::yield_now().await
             }
-            Waiting::PollTasks(_) | Waiting::Park => PassTasks(false).await,
+            Waiting::PollTasks(_) | Waiting::Spin(_) | Waiting::Park => PassTasks(false).await,
         }
     }
 }
@@ -584,7 +621,7 @@ mod tests {
         }
         // In-process ranks each on a runtime of their own poll for it, up
         // to the bulk limit, where they fit the cores.
-        let bulk = Waiting::PollTasks(Waiting::POLL_BULK);
+        let bulk = Waiting::Spin(Waiting::POLL_BULK);
         assert_eq!(Waiting::for_op(big, 2, InProcess, Own, 1, 2), bulk);
         assert_eq!(Waiting::for_op(big, 4, InProcess, Own, 4, 16), bulk);
         assert_eq!(Waiting::for_op(big, 4, InProcess, Own, 2, 4), Waiting::Park);
@@ -595,8 +632,12 @@ mod tests {
         assert_eq!(Waiting::for_op(8, 8, Apart, Own, 1, 2), yielding);
         assert_eq!(Waiting::for_op(0, 1, Apart, Own, 16, 16), yielding);
         // Small work as `choose` says, counting every rank's workers.
+        // (In place where each rank has workers of its own.)
+        assert_eq!(
+            Waiting::for_op(small, 2, InProcess, Own, 1, 2),
+            Waiting::Spin(Waiting::POLL)
+        );
         let poll = Waiting::PollTasks(Waiting::POLL);
-        assert_eq!(Waiting::for_op(small, 2, InProcess, Own, 1, 2), poll);
         assert_eq!(Waiting::for_op(small, 2, InProcess, Shared, 2, 2), poll);
         assert_eq!(
             Waiting::for_op(small, 3, InProcess, Own, 1, 2),
