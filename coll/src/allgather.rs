@@ -8,6 +8,22 @@
 //! finish, so a one-chunk AllGather costs one message per peer.
 //! Extraction is ordered by (rank, seq) or left in arrival order.
 //!
+//! In-process ranks (`Communicator::meets`) end their streams at a
+//! meeting instead of with markers: each rank offers its last chunk (held
+//! back from `insert_last` unless it carries user metadata) and the number
+//! of chunks it sent as messages, and receives exactly that many from each
+//! peer. A one-chunk AllGather is then one meeting and no messages. The
+//! messages travel on a second OpId (a message for an operation whose
+//! meeting waits says that its sender is in another collective):
+//!
+//! ```text
+//!   insert(c0..ck)  ──► messages at (op + 1, 0)
+//!   insert_last(cl) ──► held; the core arrives at (op, 0) at once,
+//!                       offering cl and "k+1 chunks by message"
+//!   every rank here ──► each reads every peer's last chunk and count,
+//!                       then receives that many messages from it
+//! ```
+//!
 //! Algorithm: direct (each rank sends its chunks to the N-1 others).
 //! Cost per rank: (N-1) * (alpha + m * beta) sent and received, one step of
 //! latency; the same bytes as a ring with N-2 fewer steps. On the local
@@ -21,7 +37,8 @@
 
 use std::sync::{Arc, Mutex};
 
-use braid_core::{Context, Event, PackedData, Rank, Tag};
+use braid_core::comm::Communicator;
+use braid_core::{Buffer, Context, Event, PackedData, Rank, Tag};
 use braid_kernels::{DType, Element};
 use futures::FutureExt as _;
 use futures::future::BoxFuture;
@@ -29,8 +46,8 @@ use futures::future::BoxFuture;
 use crate::error::{CollError, CollKind, Site};
 use crate::handle::{Callback, Driven, Handle, claim, start, start_then, streaming};
 use crate::wire::{
-    Elements, LAST, Meta, ONE_SHOT, assemble_into, exchange_framed, recv_streams_all, send_finish,
-    send_framed,
+    Elements, FINISH, LAST, Meta, ONE_SHOT, assemble_into, exchange_framed, meet_seat, met_meta,
+    recv_counted_all, recv_streams_all, send_finish, send_framed,
 };
 use braid_core::comm::OfferData;
 
@@ -62,6 +79,10 @@ struct State {
     finished: bool,
     local: Vec<Gathered>,
     sends: Vec<BoxFuture<'static, Result<(), CollError>>>,
+    /// Chunks sent as messages.
+    sent: u64,
+    /// The last chunk (seq, data), held for the meeting where ranks meet.
+    held: Option<(u64, Buffer)>,
 }
 
 /// Whether a chunk is its rank's last.
@@ -75,6 +96,8 @@ enum Stream {
 pub struct AllGather {
     site: Site,
     dtype: DType,
+    /// Where chunks travel as messages.
+    msgs: Tag,
     ctx: Context,
     state: Arc<Mutex<State>>,
     local_done: Event,
@@ -97,6 +120,14 @@ impl AllGather {
     pub(crate) fn with_dtype(ctx: &Context, dtype: DType, callback: Option<Callback>) -> Self {
         let site = Site::next(ctx, CollKind::AllGather);
         let op = site.op;
+        // Where ranks meet, chunks travel on an OpId of their own: the
+        // meeting's OpId takes no messages while it waits (a message there
+        // says its sender is in another collective).
+        let msgs = if ctx.comm().meets() {
+            Tag::new(ctx.next_op_id(), 0)
+        } else {
+            Tag::new(op, 0)
+        };
         let state = Arc::new(Mutex::new(State::default()));
         let local_done = Event::new();
         let done = Event::new();
@@ -115,14 +146,25 @@ impl AllGather {
                     let n = comm.nranks();
                     let me = site.rank;
                     let tag = Tag::new(op, 0);
-                    let check = |p: Rank, d: DType| {
-                        if d == dtype {
-                            Ok(())
-                        } else {
-                            Err(site
-                                .mismatch(p, format!("element type {dtype} here, {d} on rank {p}")))
-                        }
-                    };
+                    let check = |p: Rank, d: DType| check_dtype(site, dtype, p, d);
+                    if comm.meets() {
+                        ld.wait().await;
+                        let (local, sends, sent, held) = {
+                            let mut s = st.lock().unwrap_or_else(|p| p.into_inner());
+                            (
+                                std::mem::take(&mut s.local),
+                                std::mem::take(&mut s.sends),
+                                s.sent,
+                                s.held.take(),
+                            )
+                        };
+                        let remote =
+                            gather_met(comm.as_ref(), site, msgs, dtype, sent, held).await?;
+                        futures::future::try_join_all(sends).await?;
+                        let mut all = local;
+                        all.extend(remote);
+                        return Ok(all);
+                    }
                     let mut remote = Vec::new();
                     let peers = (0..n).filter(|p| *p != me);
                     let fins = recv_streams_all(comm.as_ref(), site, peers, tag, |p, f| {
@@ -163,6 +205,7 @@ impl AllGather {
         AllGather {
             site,
             dtype,
+            msgs,
             ctx: ctx.clone(),
             state,
             local_done,
@@ -195,16 +238,34 @@ impl AllGather {
             return Err(self.site.invalid("insert after the stream finished"));
         }
         let comm = self.ctx.comm();
+        let meets = comm.meets();
         let flags = match stream {
             Stream::Continues => 0,
+            // Where ranks meet, the meeting ends the stream.
+            Stream::Ends if meets => 0,
             Stream::Ends => LAST,
         };
+        if let (Stream::Ends, true, true) = (stream, meets, data.metadata.is_empty()) {
+            s.held = Some((seq, data.data.clone()));
+            s.inserted += 1;
+            s.bytes += data.data.len();
+            s.local.push(Gathered {
+                rank: self.site.rank,
+                seq,
+                data,
+            });
+            s.finished = true;
+            drop(s);
+            self.finish_here();
+            return Ok(());
+        }
+        s.sent += 1;
         let meta = Meta::new(CollKind::AllGather, self.dtype)
             .flags(flags)
             .seq(seq)
             .count(data.data.len() as u64);
         for p in (0..comm.nranks()).filter(|p| *p != self.site.rank) {
-            let tag = Tag::new(self.site.op, 0);
+            let tag = self.msgs;
             let mut f = send_framed(
                 comm.as_ref(),
                 self.site,
@@ -232,9 +293,25 @@ impl AllGather {
         if let Stream::Ends = stream {
             s.finished = true;
             drop(s);
-            self.local_done.set();
+            self.finish_here();
         }
         Ok(())
+    }
+
+    /// This rank has inserted everything: the core may go on, and where
+    /// ranks meet it arrives at the meeting now. A core that `extract` is
+    /// to drive is polled here once (with a waker that does nothing; the
+    /// meeting keeps the waker of its latest poll): otherwise this rank
+    /// would arrive only when it extracts, and a peer that extracts first
+    /// would wait on it, for ever if this rank first waits on that peer.
+    fn finish_here(&self) {
+        self.local_done.set();
+        if self.ctx.comm().meets() {
+            let mut core = self.core.lock().unwrap_or_else(|p| p.into_inner());
+            if core.as_mut().is_some_and(Driven::poll_once) {
+                *core = None;
+            }
+        }
     }
 
     /// Says this rank has inserted everything.
@@ -246,13 +323,15 @@ impl AllGather {
                 .invalid("already finished (insert_finished or insert_last)"));
         }
         s.finished = true;
-        let meta = Meta::new(CollKind::AllGather, self.dtype);
-        let inserted = s.inserted;
-        let tag = Tag::new(self.site.op, 0);
-        let fin = send_finish(self.ctx.comm().as_ref(), self.site, tag, meta, |_| inserted);
-        s.sends.extend(fin);
+        if !self.ctx.comm().meets() {
+            let meta = Meta::new(CollKind::AllGather, self.dtype);
+            let inserted = s.inserted;
+            let tag = self.msgs;
+            let fin = send_finish(self.ctx.comm().as_ref(), self.site, tag, meta, |_| inserted);
+            s.sends.extend(fin);
+        }
         drop(s);
-        self.local_done.set();
+        self.finish_here();
         Ok(())
     }
 
@@ -278,6 +357,86 @@ impl AllGather {
     pub fn extract_blocking(self, order: ExtractOrder) -> Result<Vec<Gathered>, CollError> {
         drop(self.take_core());
         self.handle.wait().map(|v| sorted(v, order))
+    }
+}
+
+/// The streaming AllGather's end where ranks meet (see the module doc):
+/// offers this rank's held last chunk and the number of chunks it `sent`
+/// as messages (on `msgs`) at (op, 0), then receives every peer's messages
+/// and returns
+/// the peers' chunks, each peer's held one after its messages.
+async fn gather_met(
+    comm: &dyn Communicator,
+    site: Site,
+    msgs: Tag,
+    dtype: DType,
+    sent: u64,
+    held: Option<(u64, Buffer)>,
+) -> Result<Vec<Gathered>, CollError> {
+    let tag = Tag::new(site.op, 0);
+    let meta = Meta::new(CollKind::AllGather, dtype).count(sent);
+    let (meta, offer) = match held {
+        Some((seq, data)) => (meta.flags(LAST).seq(seq), OfferData::same(data)),
+        None => (meta.flags(FINISH), OfferData::same(Buffer::default())),
+    };
+    let seat = match meet_seat(comm, site, tag, meta, offer).await? {
+        Ok(seat) => seat,
+        Err(_) => return Err(site.invalid("the communicator said its ranks meet, then refused")),
+    };
+    let n = comm.nranks() as usize;
+    let mut counts = Vec::with_capacity(n.saturating_sub(1));
+    let mut last = Vec::with_capacity(n.saturating_sub(1));
+    for m in seat.offers() {
+        let m = m.map_err(|e| site.comm(e))?;
+        let p = m.src;
+        let meta = met_meta(site, &m)?;
+        if meta.flags & ONE_SHOT != 0 {
+            return Err(site.mismatch(
+                p,
+                format!("rank {p} is in a one-shot allgather, this rank in a streaming AllGather"),
+            ));
+        }
+        check_dtype(site, dtype, p, meta.dtype)?;
+        counts.push((p, meta.count));
+        if meta.flags & LAST != 0 {
+            last.push(Gathered {
+                rank: p,
+                seq: meta.seq,
+                data: PackedData {
+                    metadata: Default::default(),
+                    data: m.buffer(),
+                },
+            });
+        }
+    }
+    drop(seat);
+    let mut remote = Vec::with_capacity(last.len());
+    recv_counted_all(comm, site, &counts, msgs, |p, f| {
+        if f.meta.flags & (ONE_SHOT | LAST | FINISH) != 0 {
+            return Err(site.mismatch(p, format!("rank {p} sent a chunk that ends its stream")));
+        }
+        check_dtype(site, dtype, p, f.meta.dtype)?;
+        remote.push(Gathered {
+            rank: p,
+            seq: f.meta.seq,
+            data: PackedData {
+                metadata: f.user_meta,
+                data: f.data,
+            },
+        });
+        Ok(())
+    })
+    .await?;
+    remote.extend(last);
+    Ok(remote)
+}
+
+/// Fails unless peer `p`'s element type `theirs` is `ours`.
+fn check_dtype(site: Site, ours: DType, p: Rank, theirs: DType) -> Result<(), CollError> {
+    if theirs == ours {
+        Ok(())
+    } else {
+        Err(site.mismatch(p, format!("element type {ours} here, {theirs} on rank {p}")))
     }
 }
 

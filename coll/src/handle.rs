@@ -369,6 +369,22 @@ impl Driven {
         }
     }
 
+    /// Polls the core once, with a waker that does nothing (whatever it
+    /// waits for then keeps the waker of a later poll: `run`'s, or the
+    /// engine's if this is dropped): to let it start now a step that must
+    /// not wait for `run`. Whether it completed (then drop this).
+    pub(crate) fn poll_once(&mut self) -> bool {
+        let Some(core) = self.core.as_mut() else {
+            return true;
+        };
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        if core.as_mut().poll(&mut cx).is_ready() {
+            self.core = None;
+            return true;
+        }
+        false
+    }
+
     /// Polls the core to completion; while it waits, polls again after
     /// letting other tasks run (see `Waiting::pass`) as `waiting` says,
     /// then sleeps until what the core awaits wakes it.

@@ -651,6 +651,34 @@ pub(crate) async fn recv_streams_all(
         .collect())
 }
 
+/// Receives exactly `count` frames on `tag` from each `(peer, count)` of
+/// `streams` (none from a peer whose count is 0), handing each to `each`
+/// as it arrives (see [`drive_frames`] for the order and errors): for
+/// streams whose lengths a meeting told.
+pub(crate) async fn recv_counted_all(
+    comm: &dyn Communicator,
+    site: Site,
+    streams: &[(Rank, u64)],
+    tag: Tag,
+    mut each: impl FnMut(Rank, Framed) -> Result<(), CollError>,
+) -> Result<(), CollError> {
+    let (peers, mut left): (Vec<Rank>, Vec<u64>) =
+        streams.iter().filter(|(_, c)| *c > 0).copied().unzip();
+    if peers.is_empty() {
+        return Ok(());
+    }
+    drive_frames(comm, site, &peers, tag, Vec::new(), |i, f| {
+        left[i] = left[i].saturating_sub(1);
+        each(peers[i], f)?;
+        Ok(if left[i] == 0 {
+            Next::Done
+        } else {
+            Next::Another
+        })
+    })
+    .await
+}
+
 /// Ends this rank's stream to every other rank: a FINISH marker (`meta`
 /// with the FINISH flag) whose count is `count(peer)`.
 pub(crate) fn send_finish(

@@ -361,6 +361,69 @@ pub async fn run(ctx: Context, seed: u64) -> R<String> {
     }
     checks += 1;
 
+    // A streaming AllGather whose chunks carry no user metadata (in
+    // process, each rank's last is held for the meeting that ends the
+    // streams, the others go as messages): rank r sends r % 3 chunks, then
+    // its last; random sizes (some empty). Even ranks join a barrier
+    // between their last insert and their extract, odd ranks after it: a
+    // rank must be at the meeting from its last insert on, or the ranks
+    // that extract first wait on ranks that wait on them in the barrier.
+    let plain = |r: Rank, i: u64| -> Vec<u8> {
+        let mut g = SplitMix(seed_of(&[seed, 15, r as u64, i]));
+        let len = g.below(3000) as usize * usize::from(g.below(4) != 0);
+        payload(seed_of(&[seed, 16, r as u64, i]), len)
+    };
+    let ag = AllGather::new(&ctx, None);
+    let k = u64::from(me % 3);
+    for i in 0..k {
+        let data = Buffer::from_vec(plain(me, i));
+        let chunk = PackedData {
+            metadata: Bytes::new(),
+            data,
+        };
+        ag.insert(i, chunk).map_err(e)?;
+    }
+    let last = PackedData {
+        metadata: Bytes::new(),
+        data: Buffer::from_vec(plain(me, k)),
+    };
+    ag.insert_last(k, last).map_err(e)?;
+    let got = if me % 2 == 0 {
+        barrier(&ctx).await.map_err(e)?;
+        ag.extract(ExtractOrder::Arrival).await.map_err(e)?
+    } else {
+        let got = ag.extract(ExtractOrder::Arrival).await.map_err(e)?;
+        barrier(&ctx).await.map_err(e)?;
+        got
+    };
+    let want: usize = (0..n).map(|r| r as usize % 3 + 1).sum();
+    ensure(got.len() == want, || {
+        format!("plain allgather: {} chunks of {want}", got.len())
+    })?;
+    ensure(got.first().is_some_and(|g| g.rank == me), || {
+        "plain allgather: this rank's chunks not first in arrival order".into()
+    })?;
+    let mut next = vec![0u64; n as usize];
+    for g in &got {
+        let r = g.rank as usize;
+        ensure(r < n as usize && g.seq == next[r], || {
+            format!(
+                "plain allgather: chunk ({}, {}) out of order or unknown",
+                g.rank, g.seq
+            )
+        })?;
+        next[r] += 1;
+        ensure(
+            g.data.metadata.is_empty() && g.data.data.as_slice() == plain(g.rank, g.seq),
+            || format!("plain allgather: chunk ({}, {}) differs", g.rank, g.seq),
+        )?;
+    }
+    ensure(
+        next.iter().enumerate().all(|(r, c)| *c == r as u64 % 3 + 1),
+        || format!("plain allgather: chunks per rank {next:?}"),
+    )?;
+    checks += 1;
+
     // A streaming AllGather waited for through `is_done` alone before its
     // `extract`, and one that odd ranks drop after inserting: the others
     // still get every chunk (and the dropped one still runs to the end).

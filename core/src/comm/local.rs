@@ -112,6 +112,10 @@ impl Communicator for LocalComm {
         self.mailbox().recv(src, tag)
     }
 
+    fn meets(&self) -> bool {
+        true
+    }
+
     fn meet(&self, tag: Tag, offer: Offer) -> Result<MeetFuture<'_>, Offer> {
         let rv = &self.world.rendezvous;
         let rank = self.rank;

@@ -144,6 +144,14 @@ pub trait Communicator: Send + Sync + 'static {
         Err(offer)
     }
 
+    /// Whether [`meet`](Communicator::meet) takes offers here (the ranks
+    /// share an address space): for a protocol that must choose before it
+    /// meets what it sends as messages (the streaming AllGather keeps its
+    /// last chunk for the meeting instead of sending it).
+    fn meets(&self) -> bool {
+        false
+    }
+
     /// Fails the whole job: every rank's pending and later operations fail
     /// with an error naming this rank and `reason`.
     fn abort(&self, reason: &str);
