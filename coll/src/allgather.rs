@@ -246,41 +246,31 @@ impl AllGather {
             Stream::Ends => LAST,
         };
         if let (Stream::Ends, true, true) = (stream, meets, data.metadata.is_empty()) {
+            // The meeting carries it (`gather_met`).
             s.held = Some((seq, data.data.clone()));
-            s.inserted += 1;
-            s.bytes += data.data.len();
-            s.local.push(Gathered {
-                rank: self.site.rank,
-                seq,
-                data,
-            });
-            s.finished = true;
-            drop(s);
-            self.finish_here();
-            return Ok(());
-        }
-        s.sent += 1;
-        let meta = Meta::new(CollKind::AllGather, self.dtype)
-            .flags(flags)
-            .seq(seq)
-            .count(data.data.len() as u64);
-        for p in (0..comm.nranks()).filter(|p| *p != self.site.rank) {
-            let tag = self.msgs;
-            let mut f = send_framed(
-                comm.as_ref(),
-                self.site,
-                p,
-                tag,
-                meta,
-                &data.metadata,
-                data.data.clone(),
-            );
-            // Kept only if the backend did not finish it within the call
-            // (an error is kept too: the core reports it).
-            match (&mut f).now_or_never() {
-                Some(Ok(())) => {}
-                Some(Err(e)) => s.sends.push(Box::pin(std::future::ready(Err(e)))),
-                None => s.sends.push(Box::pin(f)),
+        } else {
+            s.sent += 1;
+            let meta = Meta::new(CollKind::AllGather, self.dtype)
+                .flags(flags)
+                .seq(seq)
+                .count(data.data.len() as u64);
+            for p in (0..comm.nranks()).filter(|p| *p != self.site.rank) {
+                let mut f = send_framed(
+                    comm.as_ref(),
+                    self.site,
+                    p,
+                    self.msgs,
+                    meta,
+                    &data.metadata,
+                    data.data.clone(),
+                );
+                // Kept only if the backend did not finish it within the
+                // call (an error is kept too: the core reports it).
+                match (&mut f).now_or_never() {
+                    Some(Ok(())) => {}
+                    Some(Err(e)) => s.sends.push(Box::pin(std::future::ready(Err(e)))),
+                    None => s.sends.push(Box::pin(f)),
+                }
             }
         }
         s.inserted += 1;
