@@ -46,8 +46,8 @@ use futures::future::BoxFuture;
 use crate::error::{CollError, CollKind, Site};
 use crate::handle::{Callback, Driven, Handle, claim, start, start_then, streaming};
 use crate::wire::{
-    Elements, FINISH, LAST, Meta, ONE_SHOT, assemble_into, exchange_framed, meet_seat, met_meta,
-    recv_counted_all, recv_streams_all, send_finish, send_framed,
+    Elements, FINISH, Framed, LAST, Meta, ONE_SHOT, assemble_into, exchange_framed, meet_seat,
+    met_meta, recv_counted_all, recv_streams_all, send_finish, send_framed,
 };
 use braid_core::comm::OfferData;
 
@@ -69,6 +69,20 @@ pub struct Gathered {
     pub seq: u64,
     /// The chunk.
     pub data: PackedData,
+}
+
+impl Gathered {
+    /// Rank `rank`'s chunk as its frame brought it.
+    fn framed(rank: Rank, f: Framed) -> Self {
+        Gathered {
+            rank,
+            seq: f.meta.seq,
+            data: PackedData {
+                metadata: f.user_meta,
+                data: f.data,
+            },
+        }
+    }
 }
 
 #[derive(Default)]
@@ -175,14 +189,7 @@ impl AllGather {
                         ));
                     }
                     check(p, f.meta.dtype)?;
-                    remote.push(Gathered {
-                        rank: p,
-                        seq: f.meta.seq,
-                        data: PackedData {
-                            metadata: f.user_meta,
-                            data: f.data,
-                        },
-                    });
+                    remote.push(Gathered::framed(p, f));
                     Ok(())
                 })
                 .await?;
@@ -406,14 +413,7 @@ async fn gather_met(
             return Err(site.mismatch(p, format!("rank {p} sent a chunk that ends its stream")));
         }
         check_dtype(site, dtype, p, f.meta.dtype)?;
-        remote.push(Gathered {
-            rank: p,
-            seq: f.meta.seq,
-            data: PackedData {
-                metadata: f.user_meta,
-                data: f.data,
-            },
-        });
+        remote.push(Gathered::framed(p, f));
         Ok(())
     })
     .await?;
