@@ -409,7 +409,7 @@ pub fn cores_per_rank() -> usize {
 /// count of the processes it started here, whichever is more. Launchers
 /// that say: `braid-launch` (`BRAID_HOST_RANKS`), OpenMPI's mpirun
 /// (`OMPI_COMM_WORLD_LOCAL_SIZE`), MPICH's Hydra (`MPI_LOCALNRANKS`).
-fn ranks_on_host() -> usize {
+pub(crate) fn ranks_on_host() -> usize {
     host_ranks().0
 }
 

@@ -42,7 +42,7 @@ use bytes::buf::UninitSlice;
 use bytes::{BufMut, Bytes};
 
 use super::Buffer;
-use super::copy::{self, Move};
+use super::copy::{self, Move, Pages};
 
 /// A vector of plain elements that receives may land in; see the module
 /// doc.
@@ -60,6 +60,8 @@ struct Zone<T> {
     bytes: usize,
     /// Byte ranges handed out as landings, never overlapping.
     issued: Mutex<Vec<(usize, usize)>>,
+    /// Whether the memory was written before (how a fill stores into it).
+    pages: Pages,
 }
 
 // SAFETY: the vector is only reached through `base` by the holder of the
@@ -87,7 +89,7 @@ impl<T: bytemuck::Pod + Send> LandingZone<T> {
     /// overwritten only where something lands).
     pub fn new(vec: Vec<T>) -> Self {
         let bytes = std::mem::size_of_val(vec.as_slice());
-        Self::over(vec, bytes)
+        Self::over(vec, bytes, Pages::Written)
     }
 
     /// A zone of `len` elements over a fresh vector's spare capacity:
@@ -99,7 +101,12 @@ impl<T: bytemuck::Pod + Send> LandingZone<T> {
     pub fn uninit(len: usize) -> Option<Self> {
         let bytes = len.checked_mul(std::mem::size_of::<T>())?;
         let vec = super::try_large_vec::<T>(len)?;
-        Some(Self::over(vec, bytes))
+        let pages = if super::large::likely_reused(bytes) {
+            Pages::Written
+        } else {
+            Pages::Fresh
+        };
+        Some(Self::over(vec, bytes, pages))
     }
 
     /// A zone of `len` elements in `vec`'s memory where it has room: over
@@ -116,13 +123,14 @@ impl<T: bytemuck::Pod + Send> LandingZone<T> {
         if vec.capacity() >= len {
             vec.clear();
             let bytes = len.checked_mul(std::mem::size_of::<T>())?;
-            return Some(Self::over(vec, bytes));
+            // (A kept vector's spare room: written by its earlier use.)
+            return Some(Self::over(vec, bytes, Pages::Written));
         }
         drop(vec);
         Self::uninit(len)
     }
 
-    fn over(mut vec: Vec<T>, bytes: usize) -> Self {
+    fn over(mut vec: Vec<T>, bytes: usize, pages: Pages) -> Self {
         let base = vec.as_mut_ptr() as *mut u8;
         LandingZone {
             mem: Arc::new(Zone {
@@ -130,6 +138,7 @@ impl<T: bytemuck::Pod + Send> LandingZone<T> {
                 base,
                 bytes,
                 issued: Mutex::new(Vec::new()),
+                pages,
             }),
         }
     }
@@ -276,6 +285,7 @@ impl<T: bytemuck::Pod + Send> LandingZone<T> {
         if let Some(w) = covered.windows(2).find(|w| w[1].0 < w[0].1) {
             return Err(AssembleError::Overlap { offset: w[1].0 });
         }
+        let pages = self.mem.pages;
         let mut v = self.into_vec().map_err(|_| AssembleError::StillHeld)?;
         // The copies of the parts that did not land, and zeroes where no
         // part lies, in one list of moves (spread over threads when large).
@@ -307,7 +317,7 @@ impl<T: bytemuck::Pod + Send> LandingZone<T> {
         // never this vector's memory (views of it were let go of, or
         // into_vec would have failed), and the parts' buffers are held,
         // unchanged, for the call.
-        unsafe { copy::fill(v.as_mut_ptr() as *mut u8, &moves) };
+        unsafe { copy::fill(v.as_mut_ptr() as *mut u8, &moves, pages) };
         // SAFETY: every element of [0, len) is written: a covered one by a
         // landed part (a view exists only once its whole region is
         // written, and a slice of a view lies inside that region) or by

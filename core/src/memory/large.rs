@@ -38,11 +38,28 @@ pub fn reuse_freed_memory() {
         // values are within glibc's accepted ranges (the mmap threshold's
         // maximum on 64-bit is 32 MiB), and a rejected value leaves the
         // parameter as it was.
-        unsafe {
-            libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
-            libc::mallopt(libc::M_TRIM_THRESHOLD, 512 << 20);
-        }
+        let set = unsafe {
+            libc::mallopt(libc::M_MMAP_THRESHOLD, REUSED_MAX as libc::c_int) == 1
+                && libc::mallopt(libc::M_TRIM_THRESHOLD, 512 << 20) == 1
+        };
+        REUSING.store(set, std::sync::atomic::Ordering::Relaxed);
     }
+}
+
+/// Allocations up to this many bytes come from malloc's heaps once
+/// [`reuse_freed_memory`] ran (glibc's largest mmap threshold).
+pub(crate) const REUSED_MAX: usize = 32 << 20;
+
+/// Whether [`reuse_freed_memory`] took effect.
+static REUSING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Whether a fresh allocation of `bytes` likely comes back from memory
+/// this process wrote before (freed memory kept for reuse: see
+/// [`reuse_freed_memory`]) rather than untouched from the OS. A guess: a
+/// heap's first use of its memory is untouched too, but a collective in
+/// a loop reuses what the last call freed.
+pub(crate) fn likely_reused(bytes: usize) -> bool {
+    bytes <= REUSED_MAX && REUSING.load(std::sync::atomic::Ordering::Relaxed)
 }
 
 /// Allocations from this many bytes up are advised to use huge pages.

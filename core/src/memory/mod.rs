@@ -15,7 +15,7 @@ mod pool;
 mod resource;
 
 pub use buffer::{Buffer, MemoryType};
-pub use copy::fill_threads;
+pub use copy::{Pages, Stores, fill_threads, stores_for};
 pub use landing::{AssembleError, Landing, LandingZone};
 pub use large::{HUGE_PAGE_MIN, large_vec, reuse_freed_memory, try_large_vec};
 pub use pool::BufferPool;
