@@ -201,9 +201,8 @@ enum PieceTo {
     /// A vector of its own.
     Fresh,
     /// Its place in the result (a landing in the result's zone): it is
-    /// then sent from there, and the result needs no copy of it. Only over
-    /// messages (tcp, mpi), whose sends are done with a buffer once they
-    /// complete; an in-process peer would keep a view of it.
+    /// then sent (or, in process, offered: `blocks_met`) from there, and
+    /// the result needs no copy of it.
     Landing(Landing),
 }
 
@@ -513,18 +512,25 @@ fn start_allreduce_core<T: Element, R: Send + 'static>(
                 .into_vec(site)?;
             return finish(Reduced::Whole(whole));
         }
+        let meets = comm.meets();
         let zone = match land_in {
             LandIn::Vec(v) if v.len() == len => Some(LandingZone::new(v)),
-            LandIn::Fresh if comm.backend() != Backend::Local => {
+            // In process every one-vector result is a zone (see
+            // `blocks_met`), whatever the caller's vector holds: the ranks
+            // must all take the same steps.
+            LandIn::Vec(v) if meets => Some(result_zone(site, v, len)?),
+            LandIn::Fresh if comm.backend() != Backend::Local || meets => {
                 Some(result_zone(site, Vec::new(), len)?)
             }
             _ => None,
         };
-        // Over messages this rank's reduced block is written in its place
-        // in the result and sent from there (`PieceTo::Landing`).
+        // This rank's reduced block is written in its place in the result
+        // and sent (or offered) from there (`PieceTo::Landing`).
         let (my_lo, my_hi) = block(len, n, me);
         let to = match &zone {
-            Some(z) if comm.backend() != Backend::Local => z
+            // (In process a block of one tile is folded where the others'
+            // lie instead: see `reduce_my_piece`.)
+            Some(z) if !meets || my_hi - my_lo > TILE => z
                 .landing(my_lo * sz, (my_hi - my_lo) * sz)
                 .map_or(PieceTo::Fresh, PieceTo::Landing),
             _ => PieceTo::Fresh,
@@ -537,6 +543,16 @@ fn start_allreduce_core<T: Element, R: Send + 'static>(
         let meta = Meta::new(site.coll, T::DTYPE)
             .aux(op.code())
             .count(len as u64);
+        if meets {
+            let got = blocks_met(comm.as_ref(), site, meta, len, mine_buf, zone.as_ref()).await?;
+            return match (got, zone) {
+                (MetBlocks::Landed(views), Some(zone)) => {
+                    finish(Reduced::Landed(land_parts(site, views, zone)?))
+                }
+                (MetBlocks::Kept(blocks), _) => finish(Reduced::Blocks(blocks, site)),
+                (MetBlocks::Landed(_), None) => Err(site.invalid("blocks landed without a result")),
+            };
+        }
         let sends: Vec<_> = (0..n)
             .filter(|p| *p != me)
             .map(|p| send_framed(comm.as_ref(), site, p, tag, meta, &[], mine_buf.clone()))
@@ -581,6 +597,116 @@ fn start_allreduce_core<T: Element, R: Send + 'static>(
         }
         finish(Reduced::Blocks(blocks, site))
     })
+}
+
+/// The other ranks' reduced blocks as [`blocks_met`] leaves them.
+enum MetBlocks {
+    /// Copied into the result's zone: its views (element offset, view),
+    /// this rank's own among them.
+    Landed(Vec<(usize, Buffer)>),
+    /// Every rank's block in rank order (the parts form): shared handles,
+    /// or copies of blocks that lie in another rank's result.
+    Kept(Vec<Buffer>),
+}
+
+/// A stage-1 offer that views its rank's result vector (to be copied,
+/// never kept: that rank hands its vector back after the second meeting).
+const IN_RESULT: u8 = 1;
+
+/// Stage 1 between in-process ranks, instead of messages:
+///
+/// ```text
+///   meeting (op, 1): each rank offers its reduced block, which lies in
+///                    its place in its own result where it has one
+///                    (flagged IN_RESULT); each copies the others' blocks
+///                    into its result (or keeps them: the parts form,
+///                    copying those IN_RESULT), then leaves
+///   meeting (op, 2): only where some block was IN_RESULT: once every rank
+///                    is here, none still reads another's result (each
+///                    left (op, 1) first, and the last to leave it
+///                    dropped the offers), so each may hand its vector back
+/// ```
+///
+/// Against a block reduced into a vector of its own and copied into the
+/// result at the end, the result is written once (2 ranks, 1 MiB
+/// `allreduce_into`, 2-core VM: see BENCHMARKS.md).
+async fn blocks_met<T: Element>(
+    comm: &dyn Communicator,
+    site: Site,
+    meta: Meta,
+    len: usize,
+    mine: Buffer,
+    zone: Option<&LandingZone<T>>,
+) -> Result<MetBlocks, CollError> {
+    let n = comm.nranks();
+    let me = site.rank;
+    let sz = std::mem::size_of::<T>();
+    let (my_lo, _) = block(len, n, me);
+    let in_result = zone.is_some_and(|z| z.holds(&mine, my_lo * sz));
+    let head = if in_result {
+        meta.flags(IN_RESULT)
+    } else {
+        meta
+    };
+    let refused = || site.invalid("the communicator said its ranks meet, then refused");
+    let seat = meet_seat(
+        comm,
+        site,
+        Tag::new(site.op, 1),
+        head,
+        OfferData::same(mine.clone()),
+    )
+    .await?
+    .map_err(|_| refused())?;
+    if zone.is_some() {
+        spread(len * sz).await;
+    }
+    let mut any_in_result = in_result;
+    let mut landed = Vec::with_capacity(n as usize);
+    let mut kept = Vec::with_capacity(n as usize);
+    for m in seat.offers() {
+        let m = m.map_err(|e| site.comm(e))?;
+        let p = m.src;
+        let theirs = met_meta(site, &m)?;
+        let (lo, hi) = block(len, n, p);
+        let bytes = m.bytes();
+        if bytes.len() != (hi - lo) * sz {
+            return Err(site.mismatch(p, "reduced block has the wrong length"));
+        }
+        any_in_result |= theirs.flags & IN_RESULT != 0;
+        match zone {
+            Some(z) => {
+                let mut l = z.landing(lo * sz, bytes.len()).ok_or_else(|| {
+                    site.disagreement(format!("rank {p}'s block overlaps another"))
+                })?;
+                if !l.put_copied(bytes) {
+                    return Err(site.disagreement(format!("rank {p}'s block overflows its place")));
+                }
+                let view = l
+                    .into_buffer()
+                    .map_err(|_| site.disagreement(format!("rank {p}'s block was short")))?;
+                landed.push((lo, view));
+            }
+            None if theirs.flags & IN_RESULT != 0 => kept.push(Buffer::from_vec(bytes.to_vec())),
+            None => kept.push(m.buffer()),
+        }
+    }
+    drop(seat);
+    if any_in_result {
+        let empty = OfferData::same(Buffer::default());
+        drop(
+            meet_seat(comm, site, Tag::new(site.op, 2), meta, empty)
+                .await?
+                .map_err(|_| refused())?,
+        );
+    }
+    if zone.is_some() {
+        landed.push((my_lo, mine));
+        Ok(MetBlocks::Landed(landed))
+    } else {
+        kept.insert(me as usize, mine);
+        Ok(MetBlocks::Kept(kept))
+    }
 }
 
 /// Starts an AllReduce of `data` with `op`; every rank's handle yields the
@@ -667,7 +793,11 @@ pub async fn allreduce_into<T: Element>(
     let (data, op) = (data.into(), op.into());
     let (bytes, len) = (data.buffer().len(), data.len());
     let two_step = ctx.nranks() > 1 && bytes > DIRECT_MAX;
-    let land_in = if two_step && ctx.comm().backend() != Backend::Local && out.len() >= len {
+    // Over messages the vector is landed in where it holds the result's
+    // length; in process always (its memory reused where it has room).
+    let comm = ctx.comm();
+    let land = comm.meets() || (comm.backend() != Backend::Local && out.len() >= len);
+    let land_in = if two_step && land {
         let mut v = std::mem::take(out);
         v.truncate(len);
         LandIn::Vec(v)

@@ -241,6 +241,50 @@ pub async fn run(ctx: Context, seed: u64) -> R<String> {
     }
     // A large one (8 MiB of f64).
     check_allreduce::<f64>(&ctx, seed, 999, 1 << 20, ReduceKind::Sum).await?;
+    // The forms mixed across ranks at one call (each rank picks how it
+    // takes the result): rank r % 3 == 0 a fresh vector, 1 the parts, 2
+    // its own vector; in process the blocks of the one-vector forms lie in
+    // their ranks' results, which the parts rank must copy, not keep.
+    let len = 70_001;
+    let mine = input::<i64>(seed, 998, me, len);
+    let mut want = input::<i64>(seed, 998, 0, len);
+    for q in 1..n {
+        braid_kernels::reduce::reduce_into(
+            &mut want,
+            &input::<i64>(seed, 998, q, len),
+            ReduceKind::Sum,
+        );
+    }
+    let got: Vec<i64> = match me % 3 {
+        0 => allreduce(&ctx, mine, ReduceKind::Sum).await.map_err(e)?,
+        1 => allreduce_parts(&ctx, mine, ReduceKind::Sum)
+            .await
+            .map_err(e)?
+            .iter()
+            .flat_map(|p| p.as_slice().into_owned())
+            .collect(),
+        _ => {
+            let mut out = vec![7i64; len];
+            allreduce_into(&ctx, mine, ReduceKind::Sum, &mut out)
+                .await
+                .map_err(e)?;
+            out
+        }
+    };
+    ensure(got == want, || {
+        format!("rank {me}: an allreduce with forms mixed across ranks differs")
+    })?;
+    // Every rank's result still intact after the others returned theirs
+    // (a parts rank that kept a view of another's result would see it
+    // change here).
+    let again = allreduce(&ctx, vec![1i64; len], ReduceKind::Sum)
+        .await
+        .map_err(e)?;
+    ensure(
+        again.iter().all(|&v| v == i64::from(n)) && got == want,
+        || format!("rank {me}: results changed after a later allreduce"),
+    )?;
+    checks += 1;
 
     // A user-supplied, non-commutative operator: acc = 3*acc + x.
     let op: ReduceOp<i64> = ReduceOp::Custom(Arc::new(|acc: &mut [i64], x: &[i64]| {

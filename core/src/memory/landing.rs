@@ -76,11 +76,16 @@ unsafe impl<T: Send> Sync for Zone<T> {}
 /// What a `Landing` needs of its zone, without the element type.
 trait ZoneMem: Send + Sync {
     fn base(&self) -> *mut u8;
+    fn pages(&self) -> Pages;
 }
 
 impl<T: Send> ZoneMem for Zone<T> {
     fn base(&self) -> *mut u8 {
         self.base
+    }
+
+    fn pages(&self) -> Pages {
+        self.pages
     }
 }
 
@@ -383,6 +388,34 @@ impl Landing {
         }
     }
 
+    /// Writes `src` at the region's unwritten front and counts it written,
+    /// as `put_slice` would, but with a result fill's copy (spread over
+    /// this rank's cores, streaming stores where large: see
+    /// `memory::copy`). `false`, nothing written, where `src` is longer
+    /// than the unwritten rest.
+    pub fn put_copied(&mut self, src: &[u8]) -> bool {
+        if src.len() > self.len - self.filled {
+            return false;
+        }
+        let pages = self.zone.pages();
+        let dst = self.unfilled().as_mut_ptr() as *mut u8;
+        let m = Move {
+            at: 0,
+            src: Some(src.as_ptr()),
+            len: src.len(),
+        };
+        // SAFETY: the destination is this landing's unwritten rest (its
+        // only handle, borrowed mutably: nothing else reads or writes it),
+        // at least `src.len()` bytes (checked above); `src` is readable,
+        // borrowed for the call (so not written meanwhile), and cannot
+        // overlap it: a slice of this zone is a landed view of another
+        // region (regions never overlap), and this region's own bytes are
+        // reachable only through `&mut self`.
+        unsafe { copy::fill(dst, &[m], pages) };
+        self.filled += src.len();
+        true
+    }
+
     /// Counts the whole region written by someone the landing lent its
     /// memory to (an MPI receive into [`unfilled`](Self::unfilled)'s
     /// pointer).
@@ -517,6 +550,23 @@ impl<T: bytemuck::Pod + Send> LandingZone<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn copied_puts_fill_their_region_and_no_more() {
+        let src: Vec<u8> = (0..1000).map(|i| (i * 13 + 1) as u8).collect();
+        let zone = LandingZone::new(vec![0u8; 1500]);
+        let mut l = zone.landing(250, 1000).unwrap_or_else(|| panic!("landing"));
+        assert!(l.put_copied(&src[..600]));
+        assert!(!l.put_copied(&src[599..]), "more than the rest: refused");
+        assert_eq!(l.filled(), 600);
+        assert!(l.put_copied(&src[600..]));
+        let view = l.into_buffer().unwrap_or_else(|_| panic!("filled"));
+        assert_eq!(view.as_slice(), &src[..]);
+        drop(view);
+        let v = zone.into_vec().unwrap_or_else(|_| panic!("no views left"));
+        assert!(v[..250].iter().chain(&v[1250..]).all(|&b| b == 0));
+        assert_eq!(&v[250..1250], &src[..]);
+    }
 
     #[test]
     fn regions_views_and_reclaim() {
