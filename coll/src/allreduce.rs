@@ -611,7 +611,8 @@ enum MetBlocks {
 
 /// A stage-1 offer that views its rank's result vector (to be copied,
 /// never kept: that rank hands its vector back after the second meeting).
-const IN_RESULT: u8 = 1;
+/// A bit that no frame flag of `wire` uses.
+const IN_RESULT: u8 = 16;
 
 /// Stage 1 between in-process ranks, instead of messages:
 ///
