@@ -3,7 +3,11 @@
 //! [`launch`] starts N copies of a program with the rank environment
 //! (`BRAID_RANK`, `BRAID_NRANKS`, `BRAID_ROOT`, `BRAID_TOKEN`), forwards
 //! each line they print with a `[rank r]` prefix, and fails the whole job
-//! (ending the other ranks) as soon as one rank fails.
+//! (ending the other ranks) as soon as one rank fails. The root address's
+//! socket is bound here and handed to rank 0 already listening
+//! (`BRAID_ROOT_FD`, Unix): a port chosen free and bound later by rank 0
+//! could be taken in between by another process's connection, which
+//! failed a job on a busy host with "Address already in use".
 
 use std::ffi::OsString;
 use std::io::Write;
@@ -98,10 +102,39 @@ pub struct LaunchReport {
     pub stderr: Vec<String>,
 }
 
-fn free_port() -> Result<u16, LaunchError> {
+/// The job's root listener: bound here and handed to rank 0 (see
+/// `TcpConfig::root_fd`), so the port is never free between its choice
+/// and rank 0's listening.
+fn root_listener() -> Result<(std::net::TcpListener, String), LaunchError> {
     let l = std::net::TcpListener::bind(("127.0.0.1", 0)).map_err(LaunchError::NoPort)?;
-    Ok(l.local_addr().map_err(LaunchError::NoPort)?.port())
+    let port = l.local_addr().map_err(LaunchError::NoPort)?.port();
+    Ok((l, format!("127.0.0.1:{port}")))
 }
+
+/// Lets rank 0's process inherit `listener` and tells it which descriptor
+/// it is (`BRAID_ROOT_FD`).
+#[cfg(unix)]
+fn hand_over(cmd: &mut Command, listener: &std::net::TcpListener) {
+    use std::os::fd::AsRawFd;
+    let fd = listener.as_raw_fd();
+    cmd.env("BRAID_ROOT_FD", fd.to_string());
+    // SAFETY: the closure only calls fcntl on a descriptor this process
+    // holds open until the child has been spawned (async-signal-safe, no
+    // allocation): it clears close-on-exec, so the child keeps it.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::fcntl(fd, libc::F_SETFD, 0) == -1 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
+/// Elsewhere rank 0 binds the root address itself (the port may be taken
+/// meanwhile, rarely).
+#[cfg(not(unix))]
+fn hand_over(_cmd: &mut Command, _listener: &std::net::TcpListener) {}
 
 async fn forward<R: AsyncRead + Unpin>(
     r: R,
@@ -145,7 +178,10 @@ pub async fn launch(spec: LaunchSpec) -> Result<LaunchReport, LaunchError> {
         return Err(LaunchError::NoRanks);
     }
     let n = spec.nranks as usize;
-    let root = format!("127.0.0.1:{}", free_port()?);
+    let (listener, root) = root_listener()?;
+    // Where it cannot be handed over, rank 0 binds the address itself:
+    // let go of it first.
+    let mut listener = cfg!(unix).then_some(listener);
     let token = random_token();
     let (kill_tx, kill_rx) = watch::channel(false);
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<(Rank, Option<ExitStatus>)>();
@@ -165,7 +201,15 @@ pub async fn launch(spec: LaunchSpec) -> Result<LaunchReport, LaunchError> {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .kill_on_drop(true);
-        let mut child = match cmd.spawn() {
+        if let (0, Some(l)) = (rank, listener.as_ref()) {
+            hand_over(&mut cmd, l);
+        }
+        let spawned = cmd.spawn();
+        if rank == 0 {
+            // Rank 0 holds the listening socket now (or failed to start).
+            drop(listener.take());
+        }
+        let mut child = match spawned {
             Ok(c) => c,
             Err(source) => {
                 let _ = kill_tx.send(true);

@@ -119,6 +119,12 @@ pub struct TcpConfig {
     /// runtime has worker threads, from 2 to [`DEFAULT_LANES`] (each
     /// lane's bytes are copied by the thread that runs its task).
     pub lanes: Option<u8>,
+    /// Rank 0 only: a socket already listening on `root`, inherited from
+    /// the launcher (`BRAID_ROOT_FD`, Unix), used instead of binding
+    /// `root`: the launcher holds the address from the moment it picks it,
+    /// so no other process's connection can take the port before rank 0
+    /// binds it ("Address already in use", seen on a busy host).
+    pub root_fd: Option<i32>,
 }
 
 impl TcpConfig {
@@ -136,6 +142,7 @@ impl TcpConfig {
             timeout: Duration::from_secs(60),
             max_message_bytes: Self::DEFAULT_MAX_MESSAGE,
             lanes: None,
+            root_fd: None,
         }
     }
 
@@ -193,6 +200,14 @@ impl TcpConfig {
                             "BRAID_TCP_LANES={l:?} is not a number from 1 to {MAX_LANES}"
                         ))
                     })?,
+            );
+        }
+        if let Some(fd) = get("BRAID_ROOT_FD").filter(|_| rank == 0) {
+            c.root_fd = Some(
+                fd.parse::<i32>()
+                    .ok()
+                    .filter(|fd| *fd >= 0)
+                    .ok_or_else(|| bad(format!("BRAID_ROOT_FD={fd:?} is not a descriptor")))?,
             );
         }
         if let Some(m) = get("BRAID_MAX_MESSAGE") {
@@ -398,11 +413,60 @@ impl Drop for TcpComm {
     }
 }
 
+/// The root listener a launcher handed rank 0 as descriptor `fd`
+/// ([`TcpConfig::root_fd`]), taken at most once per process, and only if
+/// it is a listening socket (a descriptor named by mistake is refused, not
+/// taken over and closed).
+#[cfg(unix)]
+fn inherited_listener(fd: i32) -> Result<TcpListener, CommError> {
+    use std::os::fd::FromRawFd;
+    static TAKEN: AtomicBool = AtomicBool::new(false);
+    let bad = |detail: String| CommError::Bootstrap { rank: 0, detail };
+    let mut listening: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` bytes into `listening`; on a
+    // descriptor that is not a socket (or not open) it fails instead.
+    let r = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_ACCEPTCONN,
+            &mut listening as *mut libc::c_int as *mut libc::c_void,
+            &mut len,
+        )
+    };
+    if r != 0 || listening != 1 {
+        return Err(bad(format!(
+            "BRAID_ROOT_FD={fd} is not a listening socket ({})",
+            std::io::Error::last_os_error()
+        )));
+    }
+    if TAKEN.swap(true, Ordering::AcqRel) {
+        return Err(bad(format!("BRAID_ROOT_FD={fd} was taken already")));
+    }
+    // SAFETY: `fd` is an open listening socket (checked above) that the
+    // launcher passed to this process for rank 0 alone, taken here once.
+    let std_listener = unsafe { std::net::TcpListener::from_raw_fd(fd) };
+    let failed = |e: std::io::Error| bad(format!("the inherited root listener (fd {fd}): {e}"));
+    std_listener.set_nonblocking(true).map_err(failed)?;
+    TcpListener::from_std(std_listener).map_err(failed)
+}
+
+#[cfg(not(unix))]
+fn inherited_listener(fd: i32) -> Result<TcpListener, CommError> {
+    Err(CommError::Bootstrap {
+        rank: 0,
+        detail: format!("BRAID_ROOT_FD={fd}: inherited listeners need Unix"),
+    })
+}
+
 impl TcpComm {
     /// Joins the job described by `config`: rank 0 binds the root address,
     /// the others connect to it. Returns once every rank has registered.
     pub async fn connect(config: TcpConfig) -> Result<TcpComm, CommError> {
-        let listener = if config.rank == 0 {
+        let listener = if let (0, Some(fd)) = (config.rank, config.root_fd) {
+            inherited_listener(fd)?
+        } else if config.rank == 0 {
             let addr = resolve(&config.root, config.rank).await?;
             TcpListener::bind(addr)
                 .await
@@ -1346,5 +1410,59 @@ impl Communicator for TcpComm {
 
     fn statistics(&self) -> &Arc<Statistics> {
         &self.shared.stats
+    }
+}
+
+#[cfg(all(test, unix))]
+mod tests {
+    use super::*;
+    use crate::tag::OpId;
+    use std::os::fd::{AsRawFd, IntoRawFd};
+
+    /// A descriptor named by mistake is refused and left open; a listening
+    /// socket handed over carries a 2-rank job; no descriptor is taken
+    /// twice.
+    #[test]
+    fn inherited_root_listeners_are_checked_and_taken_once() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap_or_else(|e| panic!("runtime: {e}"));
+        rt.block_on(async {
+            let file = std::fs::File::open("/dev/null").unwrap_or_else(|e| panic!("{e}"));
+            let e = inherited_listener(file.as_raw_fd()).err();
+            assert!(
+                e.as_ref()
+                    .is_some_and(|e| e.to_string().contains("not a listening socket")),
+                "{e:?}"
+            );
+            assert!(file.metadata().is_ok(), "the refused descriptor stays open");
+
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("{e}"));
+            let root = l.local_addr().unwrap_or_else(|e| panic!("{e}")).to_string();
+            let fd = l.into_raw_fd();
+            let token = random_token();
+            let mut cfg0 = TcpConfig::new(0, 2, root.clone(), token.clone());
+            cfg0.root_fd = Some(fd);
+            let cfg1 = TcpConfig::new(1, 2, root, token);
+            let r0 = tokio::spawn(TcpComm::connect(cfg0));
+            let c1 = TcpComm::connect(cfg1)
+                .await
+                .unwrap_or_else(|e| panic!("rank 1: {e}"));
+            let c0 = r0
+                .await
+                .unwrap_or_else(|e| panic!("{e}"))
+                .unwrap_or_else(|e| panic!("rank 0: {e}"));
+            let tag = Tag::new(OpId(7), 0);
+            let got = c1.recv(0, tag);
+            c0.send(1, tag, Buffer::from_vec(vec![1, 2, 3]))
+                .await
+                .unwrap_or_else(|e| panic!("send: {e}"));
+            let got = got.await.unwrap_or_else(|e| panic!("recv: {e}"));
+            assert_eq!(got.as_slice(), &[1, 2, 3]);
+            assert!(inherited_listener(fd).is_err(), "taken once only");
+            let (a, b) = futures::join!(c0.shutdown(), c1.shutdown());
+            assert!(a.is_ok() && b.is_ok(), "{a:?} {b:?}");
+        });
     }
 }
