@@ -80,17 +80,18 @@ fn main() -> ExitCode {
                 comm.send(next, tag, add(&t, rank)).await?;
             }
         }
-        Ok(ctx.statistics().to_string())
+        Ok((n, ctx.statistics().to_string()))
     });
     match res {
         Ok(JobOutcome::Ran(stats)) => {
-            for (_, s) in &stats {
+            for (_, (_, s)) in &stats {
                 print!("{s}");
             }
-            if stats.iter().any(|(r, _)| *r == 0) {
+            // The world's size as the ranks saw it (a launched rank's
+            // process is not told `--ranks`).
+            if let Some((_, (n, _))) = stats.iter().find(|(r, _)| *r == 0) {
                 println!(
-                    "ring ok: {} ranks, {laps} laps of {len} numbers, {:.3} s",
-                    cli.job.ranks,
+                    "ring ok: {n} ranks, {laps} laps of {len} numbers, {:.3} s",
                     start.elapsed().as_secs_f64()
                 );
             }
