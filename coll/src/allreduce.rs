@@ -782,9 +782,11 @@ pub async fn allreduce<T: Element>(
 /// Inputs small enough for the one-step algorithm, and one rank, replace
 /// `out` with the result vector instead. Over tcp and mpi, once `out`
 /// holds the input's length (from a loop's second call), the other ranks'
-/// reduced blocks are received straight into it. On an error `out`
-/// is left as it was, or empty where it was lent to the transport that
-/// way or the result could not be allocated.
+/// reduced blocks are received straight into it; between in-process ranks
+/// this rank's block is reduced in its place in `out` and the others'
+/// copied there from their ranks' results. On an error `out` is left as
+/// it was, or empty where it was lent to the call that way or the result
+/// could not be allocated.
 pub async fn allreduce_into<T: Element>(
     ctx: &Context,
     data: impl Into<Elements<T>>,
