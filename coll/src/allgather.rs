@@ -97,6 +97,51 @@ struct State {
     sent: u64,
     /// The last chunk (seq, data), held for the meeting where ranks meet.
     held: Option<(u64, Buffer)>,
+    /// How this rank's part ended without `insert_finished` (extracted or
+    /// dropped first): the core fails instead of waiting for it.
+    abandoned: Option<&'static str>,
+}
+
+impl State {
+    /// The error of a part that ended without `insert_finished`, if it did.
+    fn check_finished(&self, site: Site) -> Result<(), CollError> {
+        match self.abandoned {
+            None => Ok(()),
+            Some(how) => Err(site.invalid(format!(
+                "{how} before insert_finished (or insert_last): the other ranks \
+                 would wait for the rest of this rank's chunks for ever"
+            ))),
+        }
+    }
+}
+
+/// This rank's part of an AllGather: what it inserted, and the event set
+/// when it finished inserting. Extracted or dropped before it finished, it
+/// is abandoned: without that the core would wait for `insert_finished`
+/// for ever, and every peer for this rank's last chunk; the core fails
+/// instead, and with it the job (`site.invalid`).
+struct Part {
+    state: Arc<Mutex<State>>,
+    local_done: Event,
+}
+
+impl Part {
+    fn abandon(&self, how: &'static str) {
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if s.finished {
+            return;
+        }
+        s.finished = true;
+        s.abandoned = Some(how);
+        drop(s);
+        self.local_done.set();
+    }
+}
+
+impl Drop for Part {
+    fn drop(&mut self) {
+        self.abandon("dropped");
+    }
 }
 
 /// Whether a chunk is its rank's last.
@@ -113,8 +158,7 @@ pub struct AllGather {
     /// Where chunks travel as messages.
     msgs: Tag,
     ctx: Context,
-    state: Arc<Mutex<State>>,
-    local_done: Event,
+    part: Part,
     done: Event,
     handle: Handle<Vec<Gathered>>,
     /// The core, not yet running, where `extract` will drive it in its own
@@ -165,6 +209,7 @@ impl AllGather {
                         ld.wait().await;
                         let (local, sends, sent, held) = {
                             let mut s = st.lock().unwrap_or_else(|p| p.into_inner());
+                            s.check_finished(site)?;
                             (
                                 std::mem::take(&mut s.local),
                                 std::mem::take(&mut s.sends),
@@ -199,6 +244,7 @@ impl AllGather {
                     ld.wait().await;
                     let (local, sends) = {
                         let mut s = st.lock().unwrap_or_else(|p| p.into_inner());
+                        s.check_finished(site)?;
                         (std::mem::take(&mut s.local), std::mem::take(&mut s.sends))
                     };
                     futures::future::try_join_all(sends).await?;
@@ -214,8 +260,7 @@ impl AllGather {
             dtype,
             msgs,
             ctx: ctx.clone(),
-            state,
-            local_done,
+            part: Part { state, local_done },
             done,
             handle,
             core: Mutex::new(core.map(|c| Driven::new(c, progress.clone()))),
@@ -240,7 +285,7 @@ impl AllGather {
     }
 
     fn push(&self, seq: u64, data: PackedData, stream: Stream) -> Result<(), CollError> {
-        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut s = self.part.state.lock().unwrap_or_else(|p| p.into_inner());
         if s.finished {
             return Err(self.site.invalid("insert after the stream finished"));
         }
@@ -302,7 +347,7 @@ impl AllGather {
     /// would arrive only when it extracts, and a peer that extracts first
     /// would wait on it, for ever if this rank first waits on that peer.
     fn finish_here(&self) {
-        self.local_done.set();
+        self.part.local_done.set();
         if self.ctx.comm().meets() {
             let mut core = self.core.lock().unwrap_or_else(|p| p.into_inner());
             if core.as_mut().is_some_and(Driven::poll_once) {
@@ -313,7 +358,7 @@ impl AllGather {
 
     /// Says this rank has inserted everything.
     pub fn insert_finished(&self) -> Result<(), CollError> {
-        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut s = self.part.state.lock().unwrap_or_else(|p| p.into_inner());
         if s.finished {
             return Err(self
                 .site
@@ -339,9 +384,17 @@ impl AllGather {
         self.done.is_set()
     }
 
-    /// Waits for every rank's chunks and returns them.
+    /// Waits for every rank's chunks and returns them. Called before this
+    /// rank finished inserting, it fails (and with it the job), as nothing
+    /// could end the wait.
     pub async fn extract(self, order: ExtractOrder) -> Result<Vec<Gathered>, CollError> {
-        let bytes = self.state.lock().unwrap_or_else(|p| p.into_inner()).bytes;
+        self.part.abandon("extracted");
+        let bytes = self
+            .part
+            .state
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .bytes;
         let progress = self.ctx.progress();
         if let Some(core) = self.take_core() {
             core.run(progress.waiting(bytes)).await;
@@ -352,6 +405,7 @@ impl AllGather {
 
     /// Like [`AllGather::extract`], blocking the calling thread.
     pub fn extract_blocking(self, order: ExtractOrder) -> Result<Vec<Gathered>, CollError> {
+        self.part.abandon("extracted");
         drop(self.take_core());
         self.handle.wait().map(|v| sorted(v, order))
     }

@@ -33,27 +33,26 @@ fn rolling_under_mpirun_matches_the_oracle() {
         for grouped in [false, true] {
             let out = d.join(format!("out-{n}-{grouped}"));
             let mut cmd = Command::new("mpirun");
-            cmd.args([
-                "--allow-run-as-root",
-                "--oversubscribe",
-                "-np",
-                &n.to_string(),
-            ])
-            .arg(env!("CARGO_BIN_EXE_rolling"))
-            .args(["--backend", "mpi", "--input"])
-            .arg(&input)
-            .arg("--output")
-            .arg(&out)
-            .args([
-                "--values",
-                "v,w",
-                "--window",
-                "5000",
-                "--closed",
-                "both",
-                "--aggs",
-                "sum,mean,min,max,count,std,var",
-            ]);
+            cmd.args(["--oversubscribe", "-np", &n.to_string()])
+                // Root is allowed through the variables both Open MPI 4
+                // and 5 read (5's mpirun refuses `--allow-run-as-root`).
+                .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+                .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+                .arg(env!("CARGO_BIN_EXE_rolling"))
+                .args(["--backend", "mpi", "--input"])
+                .arg(&input)
+                .arg("--output")
+                .arg(&out)
+                .args([
+                    "--values",
+                    "v,w",
+                    "--window",
+                    "5000",
+                    "--closed",
+                    "both",
+                    "--aggs",
+                    "sum,mean,min,max,count,std,var",
+                ]);
             if grouped {
                 cmd.args(["--by", "key"]);
             }

@@ -279,6 +279,10 @@ def main():
         threads = random.Random(f"threads-{a.seed}-{i}").choice([None, 1, 2, 3, 5])
         env = dict(os.environ)
         env.pop("BRAID_RANK_THREADS", None)
+        # Open MPI 4 and 5 both allow root through these (5's mpirun
+        # refuses 4's --allow-run-as-root).
+        env["OMPI_ALLOW_RUN_AS_ROOT"] = "1"
+        env["OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"] = "1"
         if threads is not None:
             env["BRAID_RANK_THREADS"] = str(threads)
             desc += f" threads={threads}"
@@ -287,7 +291,7 @@ def main():
             # The same case as MPI ranks: mpirun starts --ranks processes.
             nranks = cmd[cmd.index("--ranks") + 1]
             cmd[cmd.index("--backend") + 1] = "mpi"
-            argv = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", nranks,
+            argv = ["mpirun", "--oversubscribe", "-np", nranks,
                     a.mpi_rolling] + cmd
             desc = desc.replace("/local", "/mpi").replace("/tcp", "/mpi")
         t0 = time.time()

@@ -827,3 +827,71 @@ fn tcp_allreduce_into_blocks_land_in_the_result() {
         assert!(landed > 0, "{n} ranks: no reduced block landed");
     }
 }
+
+/// A streaming AllGather that one rank extracts (`Extract`) or drops and
+/// leaves for a barrier (`Drop`) before it finished inserting: every rank
+/// fails in bounded time (the others would otherwise wait for its last
+/// chunk for ever), that rank saying why.
+#[derive(Clone, Copy, Debug)]
+enum Unfinished {
+    Extract,
+    Drop,
+}
+
+async fn unfinished_allgather(c: Context, how: Unfinished) -> Result<(), String> {
+    let chunk = |b: u8| PackedData {
+        metadata: Bytes::new(),
+        data: Buffer::from_vec(vec![b; 16]),
+    };
+    let ag = AllGather::new(&c, None);
+    ag.insert(0, chunk(1)).map_err(|e| e.to_string())?;
+    if c.rank() == 0 {
+        match how {
+            Unfinished::Extract => {
+                ag.extract(ExtractOrder::RankSeq)
+                    .await
+                    .map_err(|e| e.to_string())?;
+            }
+            Unfinished::Drop => drop(ag),
+        }
+    } else {
+        ag.insert_last(1, chunk(2)).map_err(|e| e.to_string())?;
+        ag.extract(ExtractOrder::RankSeq)
+            .await
+            .map_err(|e| e.to_string())?;
+    }
+    barrier(&c).await.map_err(|e| e.to_string())
+}
+
+#[test]
+fn an_allgather_left_unfinished_fails_every_rank() {
+    let rt = runtime();
+    for n in RANK_COUNTS.into_iter().filter(|n| *n >= 2) {
+        for how in [Unfinished::Extract, Unfinished::Drop] {
+            rt.block_on(async {
+                for (world, ctxs) in [
+                    ("local", local_ctxs(n, MemoryLimits::UNLIMITED).await),
+                    ("tcp", tcp_ctxs(n, MemoryLimits::UNLIMITED).await),
+                ] {
+                    let res = on_all(ctxs, move |c| unfinished_allgather(c, how)).await;
+                    for (r, x) in res.into_iter().enumerate() {
+                        let e = match x {
+                            Ok(()) => panic!("{how:?}, {world}, {n} ranks: rank {r} succeeded"),
+                            Err(e) => e,
+                        };
+                        let why = match how {
+                            Unfinished::Extract => "extracted before insert_finished",
+                            Unfinished::Drop => "dropped before insert_finished",
+                        };
+                        // Rank 0 says why (its extract's own error, or the
+                        // abort its drop caused); the others hear the abort.
+                        assert!(
+                            e.contains(why) && (r == 0 || e.contains("abort")),
+                            "{how:?}, {world}, {n} ranks, rank {r}: unclear error: {e}"
+                        );
+                    }
+                }
+            });
+        }
+    }
+}

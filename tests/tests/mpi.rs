@@ -39,15 +39,14 @@ fn mpirun(n: u32) -> Mpirun {
     let k = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let tmp = Scratch::new(&format!("mpirun-{k}"));
     let mut c = Command::new("mpirun");
-    c.args([
-        "--allow-run-as-root",
-        "--oversubscribe",
-        "-np",
-        &n.to_string(),
-    ])
-    .arg(env!("CARGO_BIN_EXE_braid-test-worker"))
-    .env("BRAID_BACKEND", "mpi")
-    .env("TMPDIR", tmp.path());
+    c.args(["--oversubscribe", "-np", &n.to_string()])
+        // Open MPI refuses root without these; its 5.x mpirun also refuses
+        // 4.x's `--allow-run-as-root`, while both read the variables.
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .arg(env!("CARGO_BIN_EXE_braid-test-worker"))
+        .env("BRAID_BACKEND", "mpi")
+        .env("TMPDIR", tmp.path());
     Mpirun { cmd: c, _tmp: tmp }
 }
 

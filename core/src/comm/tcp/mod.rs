@@ -415,10 +415,12 @@ impl Drop for TcpComm {
 
 /// The root listener a launcher handed rank 0 as descriptor `fd`
 /// ([`TcpConfig::root_fd`]), taken at most once per process, and only if
-/// it is a listening socket (a descriptor named by mistake is refused, not
-/// taken over and closed).
+/// it is a TCP socket listening on the root address's port (a descriptor
+/// named by mistake, or reused by other code since, is refused, not taken
+/// over and closed). Taken, it is made close-on-exec again, so a program
+/// that rank 0 starts does not inherit the job's root socket.
 #[cfg(unix)]
-fn inherited_listener(fd: i32) -> Result<TcpListener, CommError> {
+fn inherited_listener(fd: i32, root: &str) -> Result<TcpListener, CommError> {
     use std::os::fd::FromRawFd;
     static TAKEN: AtomicBool = AtomicBool::new(false);
     let bad = |detail: String| CommError::Bootstrap { rank: 0, detail };
@@ -435,17 +437,47 @@ fn inherited_listener(fd: i32) -> Result<TcpListener, CommError> {
             &mut len,
         )
     };
-    if r != 0 || listening != 1 {
+    if r != 0 {
         return Err(bad(format!(
             "BRAID_ROOT_FD={fd} is not a listening socket ({})",
             std::io::Error::last_os_error()
         )));
     }
+    if listening != 1 {
+        return Err(bad(format!(
+            "BRAID_ROOT_FD={fd} is not a listening socket (a socket, not listening)"
+        )));
+    }
+    // Its address, read through a listener that does not own (or close)
+    // the descriptor: a Unix-domain socket has none that std accepts.
+    // SAFETY: `fd` is an open socket (checked above); `ManuallyDrop` never
+    // closes it.
+    let peek = std::mem::ManuallyDrop::new(unsafe { std::net::TcpListener::from_raw_fd(fd) });
+    let port = peek
+        .local_addr()
+        .map_err(|e| bad(format!("BRAID_ROOT_FD={fd} is not a TCP listener ({e})")))?
+        .port();
+    let want = root
+        .rsplit_once(':')
+        .and_then(|(_, p)| p.parse::<u16>().ok());
+    if want != Some(port) {
+        return Err(bad(format!(
+            "BRAID_ROOT_FD={fd} listens on port {port}, not on the root address {root}'s"
+        )));
+    }
     if TAKEN.swap(true, Ordering::AcqRel) {
         return Err(bad(format!("BRAID_ROOT_FD={fd} was taken already")));
     }
-    // SAFETY: `fd` is an open listening socket (checked above) that the
-    // launcher passed to this process for rank 0 alone, taken here once.
+    // SAFETY: fcntl on an open descriptor; it only sets its flags.
+    if unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) } == -1 {
+        return Err(bad(format!(
+            "BRAID_ROOT_FD={fd}: cannot make it close-on-exec ({})",
+            std::io::Error::last_os_error()
+        )));
+    }
+    // SAFETY: `fd` is an open TCP listener on the root port (checked
+    // above) that the launcher passed to this process for rank 0 alone,
+    // taken here once.
     let std_listener = unsafe { std::net::TcpListener::from_raw_fd(fd) };
     let failed = |e: std::io::Error| bad(format!("the inherited root listener (fd {fd}): {e}"));
     std_listener.set_nonblocking(true).map_err(failed)?;
@@ -453,7 +485,7 @@ fn inherited_listener(fd: i32) -> Result<TcpListener, CommError> {
 }
 
 #[cfg(not(unix))]
-fn inherited_listener(fd: i32) -> Result<TcpListener, CommError> {
+fn inherited_listener(fd: i32, _root: &str) -> Result<TcpListener, CommError> {
     Err(CommError::Bootstrap {
         rank: 0,
         detail: format!("BRAID_ROOT_FD={fd}: inherited listeners need Unix"),
@@ -465,7 +497,7 @@ impl TcpComm {
     /// the others connect to it. Returns once every rank has registered.
     pub async fn connect(config: TcpConfig) -> Result<TcpComm, CommError> {
         let listener = if let (0, Some(fd)) = (config.rank, config.root_fd) {
-            inherited_listener(fd)?
+            inherited_listener(fd, &config.root)?
         } else if config.rank == 0 {
             let addr = resolve(&config.root, config.rank).await?;
             TcpListener::bind(addr)
@@ -499,7 +531,7 @@ impl TcpComm {
         }
         let listen_addr = listener.local_addr().map_err(|e| CommError::Bootstrap {
             rank: config.rank,
-            detail: e.to_string(),
+            detail: format!("cannot read the listener's address: {e}"),
         })?;
         let shared = Arc::new(Shared {
             rank: config.rank,
@@ -1419,9 +1451,10 @@ mod tests {
     use crate::tag::OpId;
     use std::os::fd::{AsRawFd, IntoRawFd};
 
-    /// A descriptor named by mistake is refused and left open; a listening
-    /// socket handed over carries a 2-rank job; no descriptor is taken
-    /// twice.
+    /// A descriptor named by mistake (not a socket, or a listener on
+    /// another port) is refused and left open; a listening socket handed
+    /// over carries a 2-rank job, is taken only once, and is close-on-exec
+    /// once taken.
     #[test]
     fn inherited_root_listeners_are_checked_and_taken_once() {
         let rt = tokio::runtime::Builder::new_current_thread()
@@ -1430,7 +1463,7 @@ mod tests {
             .unwrap_or_else(|e| panic!("runtime: {e}"));
         rt.block_on(async {
             let file = std::fs::File::open("/dev/null").unwrap_or_else(|e| panic!("{e}"));
-            let e = inherited_listener(file.as_raw_fd()).err();
+            let e = inherited_listener(file.as_raw_fd(), "127.0.0.1:1").err();
             assert!(
                 e.as_ref()
                     .is_some_and(|e| e.to_string().contains("not a listening socket")),
@@ -1440,6 +1473,21 @@ mod tests {
 
             let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("{e}"));
             let root = l.local_addr().unwrap_or_else(|e| panic!("{e}")).to_string();
+            let port = l.local_addr().unwrap_or_else(|e| panic!("{e}")).port();
+            // A listener on another port than the root address's is
+            // refused and left open.
+            let other =
+                std::net::TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("{e}"));
+            let e = inherited_listener(other.as_raw_fd(), &root).err();
+            assert!(
+                e.as_ref()
+                    .is_some_and(|e| e.to_string().contains("not on the root address")),
+                "{e:?}"
+            );
+            assert!(
+                other.local_addr().is_ok(),
+                "the refused listener stays open"
+            );
             let fd = l.into_raw_fd();
             let token = random_token();
             let mut cfg0 = TcpConfig::new(0, 2, root.clone(), token.clone());
@@ -1460,7 +1508,15 @@ mod tests {
                 .unwrap_or_else(|e| panic!("send: {e}"));
             let got = got.await.unwrap_or_else(|e| panic!("recv: {e}"));
             assert_eq!(got.as_slice(), &[1, 2, 3]);
-            assert!(inherited_listener(fd).is_err(), "taken once only");
+            let again = inherited_listener(fd, &format!("127.0.0.1:{port}")).err();
+            assert!(
+                again.is_some_and(|e| e.to_string().contains("taken already")),
+                "taken once only"
+            );
+            // Taken, it is close-on-exec again (not inherited further).
+            // SAFETY: fcntl only reads the flags of an open descriptor.
+            let flags = unsafe { libc::fcntl(fd, libc::F_GETFD) };
+            assert!(flags != -1 && flags & libc::FD_CLOEXEC != 0, "{flags}");
             let (a, b) = futures::join!(c0.shutdown(), c1.shutdown());
             assert!(a.is_ok() && b.is_ok(), "{a:?} {b:?}");
         });

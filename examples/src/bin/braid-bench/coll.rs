@@ -320,16 +320,15 @@ fn time_mpi(
 }
 
 /// `mpirun -np n` with Open MPI's ob1 over the byte transports `btl`
-/// (`self,vader`: shared memory; `tcp,self`), oversubscribed.
+/// (`self,vader`: shared memory; `tcp,self`), oversubscribed. Root is
+/// allowed through the variables that Open MPI 4 and 5 both read (5's
+/// `mpirun` refuses 4's `--allow-run-as-root`).
 pub(crate) fn mpirun(n: u32, btl: &str) -> Command {
     let mut c = Command::new("mpirun");
-    c.args([
-        "--allow-run-as-root",
-        "--oversubscribe",
-        "-np",
-        &n.to_string(),
-    ])
-    .args(["--mca", "pml", "ob1", "--mca", "btl", btl]);
+    c.args(["--oversubscribe", "-np", &n.to_string()])
+        .args(["--mca", "pml", "ob1", "--mca", "btl", btl])
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
     c
 }
 
