@@ -34,8 +34,8 @@ fn rolling_under_mpirun_matches_the_oracle() {
             let out = d.join(format!("out-{n}-{grouped}"));
             let mut cmd = Command::new("mpirun");
             cmd.args(["--oversubscribe", "-np", &n.to_string()])
-                // Root is allowed through the variables both Open MPI 4
-                // and 5 read (5's mpirun refuses `--allow-run-as-root`).
+                // Root is allowed through the variables Open MPI 4 and 5
+                // read (other launchers ignore them; a flag they refuse).
                 .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
                 .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
                 .arg(env!("CARGO_BIN_EXE_rolling"))

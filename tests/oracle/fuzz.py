@@ -279,8 +279,8 @@ def main():
         threads = random.Random(f"threads-{a.seed}-{i}").choice([None, 1, 2, 3, 5])
         env = dict(os.environ)
         env.pop("BRAID_RANK_THREADS", None)
-        # Open MPI 4 and 5 both allow root through these (5's mpirun
-        # refuses 4's --allow-run-as-root).
+        # Open MPI 4 and 5 allow root through these (as through
+        # --allow-run-as-root); other launchers ignore them.
         env["OMPI_ALLOW_RUN_AS_ROOT"] = "1"
         env["OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"] = "1"
         if threads is not None:

@@ -40,8 +40,8 @@ fn mpirun(n: u32) -> Mpirun {
     let tmp = Scratch::new(&format!("mpirun-{k}"));
     let mut c = Command::new("mpirun");
     c.args(["--oversubscribe", "-np", &n.to_string()])
-        // Open MPI refuses root without these; its 5.x mpirun also refuses
-        // 4.x's `--allow-run-as-root`, while both read the variables.
+        // Open MPI (4 and 5) runs as root only with these or its
+        // `--allow-run-as-root`; other launchers ignore variables, not flags.
         .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
         .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
         .arg(env!("CARGO_BIN_EXE_braid-test-worker"))

@@ -321,8 +321,8 @@ fn time_mpi(
 
 /// `mpirun -np n` with Open MPI's ob1 over the byte transports `btl`
 /// (`self,vader`: shared memory; `tcp,self`), oversubscribed. Root is
-/// allowed through the variables that Open MPI 4 and 5 both read (5's
-/// `mpirun` refuses 4's `--allow-run-as-root`).
+/// allowed through the variables that Open MPI 4 and 5 read (as
+/// `--allow-run-as-root` does; a launcher of another MPI ignores them).
 pub(crate) fn mpirun(n: u32, btl: &str) -> Command {
     let mut c = Command::new("mpirun");
     c.args(["--oversubscribe", "-np", &n.to_string()])
