@@ -44,7 +44,9 @@ use futures::FutureExt as _;
 use futures::future::BoxFuture;
 
 use crate::error::{CollError, CollKind, Site};
-use crate::handle::{Callback, Driven, Handle, claim, start, start_then, streaming};
+use crate::handle::{
+    Callback, Driven, Handle, claim, start, start_then, streaming, until_abandoned,
+};
 use crate::wire::{
     Elements, FINISH, Framed, LAST, Meta, ONE_SHOT, assemble_into, exchange_framed, meet_seat,
     met_meta, recv_counted_all, recv_streams_all, send_finish, send_framed,
@@ -107,10 +109,7 @@ impl State {
     fn check_finished(&self, site: Site) -> Result<(), CollError> {
         match self.abandoned {
             None => Ok(()),
-            Some(how) => Err(site.invalid(format!(
-                "{how} before insert_finished (or insert_last): the other ranks \
-                 would wait for the rest of this rank's chunks for ever"
-            ))),
+            Some(how) => Err(site.abandoned(how)),
         }
     }
 }
@@ -226,18 +225,25 @@ impl AllGather {
                     }
                     let mut remote = Vec::new();
                     let peers = (0..n).filter(|p| *p != me);
-                    let fins = recv_streams_all(comm.as_ref(), site, peers, tag, |p, f| {
-                    if f.meta.flags & ONE_SHOT != 0 {
-                        return Err(site.mismatch(
+                    let recv = recv_streams_all(comm.as_ref(), site, peers, tag, |p, f| {
+                        if f.meta.flags & ONE_SHOT != 0 {
+                            return Err(site.mismatch(
                             p,
                             format!("rank {p} is in a one-shot allgather, this rank in a streaming AllGather"),
                         ));
-                    }
-                    check(p, f.meta.dtype)?;
-                    remote.push(Gathered::framed(p, f));
-                    Ok(())
-                })
-                .await?;
+                        }
+                        check(p, f.meta.dtype)?;
+                        remote.push(Gathered::framed(p, f));
+                        Ok(())
+                    });
+                    // A part abandoned here fails at once, not after the
+                    // peers' streams end: theirs may be abandoned too.
+                    let fins = until_abandoned(recv, &ld, || {
+                        st.lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .check_finished(site)
+                    })
+                    .await?;
                     for (p, fin) in fins {
                         check(p, fin.dtype)?;
                     }

@@ -233,6 +233,18 @@ impl Site {
         }
     }
 
+    /// This rank left a collective of inserts and a finish (AllGather,
+    /// Shuffle) before its finish: extracted or dropped first. Its peers
+    /// would wait for the rest of its part for ever; the error aborts the
+    /// job instead.
+    pub fn abandoned(&self, how: &str) -> CollError {
+        self.invalid(format!(
+            "{how} before insert_finished (OpId {}): the other ranks would wait \
+             for the rest of this rank's part for ever",
+            self.op.0
+        ))
+    }
+
     pub fn mismatch(&self, peer: Rank, detail: impl Into<String>) -> CollError {
         CollError::Mismatch {
             rank: self.rank,

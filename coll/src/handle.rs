@@ -612,6 +612,26 @@ impl Future for YieldOnce {
     }
 }
 
+/// Runs `work` (receiving the peers' streams) until it ends, or until this
+/// rank's part ends (`local_done`) and `check` says it was abandoned
+/// (`Part::abandon`): then its error, without waiting for peers that may
+/// never send the rest.
+pub(crate) async fn until_abandoned<T>(
+    work: impl std::future::Future<Output = Result<T, CollError>>,
+    local_done: &Event,
+    check: impl FnOnce() -> Result<(), CollError>,
+) -> Result<T, CollError> {
+    let mut work = std::pin::pin!(work);
+    let done = std::pin::pin!(local_done.wait());
+    match futures::future::select(work.as_mut(), done).await {
+        futures::future::Either::Left((r, _)) => r,
+        futures::future::Either::Right(((), _)) => {
+            check()?;
+            work.await
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

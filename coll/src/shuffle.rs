@@ -31,7 +31,7 @@ use bytes::Bytes;
 use futures::future::BoxFuture;
 
 use crate::error::{CollError, CollKind, Site};
-use crate::handle::{Callback, Handle, start_then};
+use crate::handle::{Callback, Handle, start_then, until_abandoned};
 use crate::wire::{Meta, recv_streams_all, send_finish, send_framed};
 
 /// Which rank owns a partition.
@@ -44,6 +44,22 @@ pub enum PartitionOwner {
 }
 
 impl PartitionOwner {
+    /// The policy's number in a FINISH frame (every rank must use one).
+    fn code(self) -> u64 {
+        match self {
+            PartitionOwner::RoundRobin => 0,
+            PartitionOwner::Contiguous => 1,
+        }
+    }
+
+    fn from_code(code: u64) -> Option<Self> {
+        match code {
+            0 => Some(PartitionOwner::RoundRobin),
+            1 => Some(PartitionOwner::Contiguous),
+            _ => None,
+        }
+    }
+
     /// The owner of partition `pid` of `nparts` among `nranks`.
     pub fn owner(self, pid: u32, nparts: u32, nranks: u32) -> Rank {
         match self {
@@ -155,7 +171,11 @@ fn write_new(path: &std::path::Path, data: &[u8]) -> std::io::Result<()> {
 
 impl Drop for Store {
     fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
+        // Only the directory this store made (a name found taken is
+        // another's, and stays).
+        if let Some(Ok(())) = self.dir_made.get() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
     }
 }
 
@@ -164,7 +184,11 @@ struct State {
     sent_to: Vec<u64>,
     local_seq: u64,
     finished: bool,
+    /// Dropped before `insert_finished`: the core fails instead of waiting.
+    abandoned: Option<&'static str>,
     sends: Vec<BoxFuture<'static, Result<(), CollError>>>,
+    /// Partitions extracted already (each may be taken once).
+    extracted: std::collections::HashSet<u32>,
 }
 
 /// A shuffle of chunks into `nparts` partitions (one instance per use).
@@ -178,6 +202,21 @@ pub struct Shuffle {
     local_done: Event,
     done: Event,
     progress: Mutex<Progress>,
+}
+
+/// A shuffle dropped before this rank finished inserting fails its core
+/// (and with it the job) instead of leaving it, and every peer, waiting for
+/// a finish that cannot come.
+impl Drop for Shuffle {
+    fn drop(&mut self) {
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if !s.finished {
+            s.finished = true;
+            s.abandoned = Some("dropped");
+            drop(s);
+            self.local_done.set();
+        }
+    }
 }
 
 /// The shuffle's core: running, or its outcome (kept for every later call,
@@ -248,7 +287,7 @@ impl Shuffle {
             let me = site.rank;
             let tag = Tag::new(op, 0);
             let peers = (0..n).filter(|p| *p != me);
-            let fins = recv_streams_all(comm.as_ref(), site, peers, tag, |p, f| {
+            let recv = recv_streams_all(comm.as_ref(), site, peers, tag, |p, f| {
                 if f.meta.aux >= nparts {
                     return Err(site.mismatch(
                         p,
@@ -275,8 +314,14 @@ impl Shuffle {
                     data: f.data,
                 };
                 store2.put(site, f.meta.aux, p, f.meta.seq, chunk)
-            })
-            .await?;
+            });
+            // Dropped unfinished here: fail now, not after the peers'
+            // streams (which may be abandoned too).
+            let abandoned = || match st.lock().unwrap_or_else(|p| p.into_inner()).abandoned {
+                Some(how) => Err(site.abandoned(how)),
+                None => Ok(()),
+            };
+            let fins = until_abandoned(recv, &ld, abandoned).await?;
             for (p, fin) in fins {
                 if fin.aux != nparts {
                     return Err(site.mismatch(
@@ -284,8 +329,18 @@ impl Shuffle {
                         format!("{nparts} partitions here, {} on rank {p}", fin.aux),
                     ));
                 }
+                // Owners that differ but happen to route no chunk wrongly
+                // would split partitions between ranks unnoticed.
+                if fin.seq != owner.code() {
+                    let theirs = PartitionOwner::from_code(fin.seq)
+                        .map_or_else(|| format!("code {}", fin.seq), |o| format!("{o:?}"));
+                    return Err(
+                        site.mismatch(p, format!("{owner:?} owners here, {theirs} on rank {p}"))
+                    );
+                }
             }
             ld.wait().await;
+            abandoned()?;
             let sends = std::mem::take(&mut st.lock().unwrap_or_else(|p| p.into_inner()).sends);
             futures::future::try_join_all(sends).await?;
             Ok(())
@@ -357,7 +412,9 @@ impl Shuffle {
             return Err(self.site.invalid("insert_finished called twice"));
         }
         s.finished = true;
-        let meta = Meta::new(CollKind::Shuffle, DType::Bytes).aux(self.nparts);
+        let meta = Meta::new(CollKind::Shuffle, DType::Bytes)
+            .aux(self.nparts)
+            .seq(self.owner.code());
         let tag = Tag::new(self.site.op, 0);
         let sent_to = s.sent_to.clone();
         let fin = send_finish(self.ctx.comm().as_ref(), self.site, tag, meta, |p| {
@@ -394,6 +451,8 @@ impl Shuffle {
 
     /// Waits until every rank has finished inserting, then takes partition
     /// `pid`'s chunks (owned by this rank), ordered by (source rank, seq).
+    /// A partition is taken once: another rank's, or one taken already, is
+    /// an error (not an empty partition).
     pub async fn extract(&self, pid: u32) -> Result<Vec<PackedData>, CollError> {
         self.wait().await?;
         self.take(pid)
@@ -404,6 +463,24 @@ impl Shuffle {
             return Err(self
                 .site
                 .invalid(format!("partition {pid} is not below {}", self.nparts)));
+        }
+        let owner = self.owner.owner(pid, self.nparts, self.ctx.nranks());
+        if owner != self.site.rank {
+            return Err(self.site.invalid(format!(
+                "partition {pid} belongs to rank {owner} ({:?} owners)",
+                self.owner
+            )));
+        }
+        let first = self
+            .state
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .extracted
+            .insert(pid);
+        if !first {
+            return Err(self
+                .site
+                .invalid(format!("partition {pid} was extracted already")));
         }
         let mut chunks = self
             .store

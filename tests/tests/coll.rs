@@ -430,6 +430,29 @@ fn mismatch_cases() -> Vec<(&'static str, Case)> {
                 }
             })
         }),
+        // Owner policies that differ where no chunk is routed wrongly
+        // (each rank inserts only into partitions it owns by its own
+        // policy): partitions would be split between ranks unnoticed.
+        ("shuffle owners, no chunk misrouted", |c| {
+            Box::pin(async move {
+                let (me, n) = (c.rank(), c.nranks());
+                let owner = if me == 0 {
+                    PartitionOwner::RoundRobin
+                } else {
+                    PartitionOwner::Contiguous
+                };
+                let sh = Shuffle::new(&c, 4 * n, owner, None);
+                for pid in sh.local_partitions() {
+                    let chunk = PackedData {
+                        metadata: Bytes::new(),
+                        data: Buffer::from_vec(vec![me as u8; 8]),
+                    };
+                    sh.insert(pid, chunk).map_err(|e| e.to_string())?;
+                }
+                sh.insert_finished().map_err(|e| e.to_string())?;
+                sh.wait().await.map_err(|e| e.to_string())
+            })
+        }),
         ("allreduce counts", |c| {
             Box::pin(async move {
                 let len = if c.rank() == 0 { 10 } else { 11 };
@@ -829,13 +852,15 @@ fn tcp_allreduce_into_blocks_land_in_the_result() {
 }
 
 /// A streaming AllGather that one rank extracts (`Extract`) or drops and
-/// leaves for a barrier (`Drop`) before it finished inserting: every rank
-/// fails in bounded time (the others would otherwise wait for its last
-/// chunk for ever), that rank saying why.
+/// leaves for a barrier (`Drop`) before it finished inserting, or that
+/// every rank extracts unfinished (`ExtractAll`): every rank fails in
+/// bounded time (the others would otherwise wait for its last chunk for
+/// ever), saying why.
 #[derive(Clone, Copy, Debug)]
 enum Unfinished {
     Extract,
     Drop,
+    ExtractAll,
 }
 
 async fn unfinished_allgather(c: Context, how: Unfinished) -> Result<(), String> {
@@ -845,9 +870,9 @@ async fn unfinished_allgather(c: Context, how: Unfinished) -> Result<(), String>
     };
     let ag = AllGather::new(&c, None);
     ag.insert(0, chunk(1)).map_err(|e| e.to_string())?;
-    if c.rank() == 0 {
+    if c.rank() == 0 || matches!(how, Unfinished::ExtractAll) {
         match how {
-            Unfinished::Extract => {
+            Unfinished::Extract | Unfinished::ExtractAll => {
                 ag.extract(ExtractOrder::RankSeq)
                     .await
                     .map_err(|e| e.to_string())?;
@@ -867,7 +892,11 @@ async fn unfinished_allgather(c: Context, how: Unfinished) -> Result<(), String>
 fn an_allgather_left_unfinished_fails_every_rank() {
     let rt = runtime();
     for n in RANK_COUNTS.into_iter().filter(|n| *n >= 2) {
-        for how in [Unfinished::Extract, Unfinished::Drop] {
+        for how in [
+            Unfinished::Extract,
+            Unfinished::Drop,
+            Unfinished::ExtractAll,
+        ] {
             rt.block_on(async {
                 for (world, ctxs) in [
                     ("local", local_ctxs(n, MemoryLimits::UNLIMITED).await),
@@ -880,18 +909,103 @@ fn an_allgather_left_unfinished_fails_every_rank() {
                             Err(e) => e,
                         };
                         let why = match how {
-                            Unfinished::Extract => "extracted before insert_finished",
+                            Unfinished::Extract | Unfinished::ExtractAll => {
+                                "extracted before insert_finished"
+                            }
                             Unfinished::Drop => "dropped before insert_finished",
                         };
                         // Rank 0 says why (its extract's own error, or the
-                        // abort its drop caused); the others hear the abort.
+                        // abort its drop caused); the others hear the abort
+                        // (or, all extracting, say it themselves).
+                        let own = r == 0 || matches!(how, Unfinished::ExtractAll);
                         assert!(
-                            e.contains(why) && (r == 0 || e.contains("abort")),
+                            e.contains(why) && (own || e.contains("abort")),
                             "{how:?}, {world}, {n} ranks, rank {r}: unclear error: {e}"
                         );
                     }
                 }
             });
         }
+    }
+}
+
+/// A Shuffle dropped before this rank finished inserting fails every rank
+/// (not a hang); a partition is extracted once, and only by its owner.
+#[test]
+fn shuffle_misuse_fails_instead_of_hanging_or_losing_data() {
+    let rt = runtime();
+    let chunk = |b: u8| PackedData {
+        metadata: Bytes::new(),
+        data: Buffer::from_vec(vec![b; 8]),
+    };
+    for n in RANK_COUNTS.into_iter().filter(|n| *n >= 2) {
+        rt.block_on(async {
+            for (world, ctxs) in [
+                ("local", local_ctxs(n, MemoryLimits::UNLIMITED).await),
+                ("tcp", tcp_ctxs(n, MemoryLimits::UNLIMITED).await),
+            ] {
+                let res = on_all(ctxs, move |c| async move {
+                    let sh = Shuffle::new(&c, 2 * n, PartitionOwner::RoundRobin, None);
+                    sh.insert(c.rank() % (2 * n), chunk(1))
+                        .map_err(|e| e.to_string())?;
+                    if c.rank() == n - 1 {
+                        drop(sh);
+                    } else {
+                        sh.insert_finished().map_err(|e| e.to_string())?;
+                        sh.wait().await.map_err(|e| e.to_string())?;
+                    }
+                    barrier(&c).await.map_err(|e| e.to_string())
+                })
+                .await;
+                for (r, x) in res.into_iter().enumerate() {
+                    let e = x.err().unwrap_or_else(|| {
+                        panic!("dropped shuffle, {world}, {n} ranks: rank {r} succeeded")
+                    });
+                    assert!(
+                        e.contains("dropped before insert_finished"),
+                        "dropped shuffle, {world}, {n} ranks, rank {r}: unclear error: {e}"
+                    );
+                }
+            }
+            // Extraction: each rank's own partitions once, then a second
+            // time and another rank's (both errors).
+            let res = on_all(
+                local_ctxs(n, MemoryLimits::UNLIMITED).await,
+                move |c| async move {
+                    let (me, nparts) = (c.rank(), 2 * n);
+                    let sh = Shuffle::new(&c, nparts, PartitionOwner::RoundRobin, None);
+                    for pid in 0..nparts {
+                        sh.insert(pid, chunk(me as u8)).map_err(|e| e.to_string())?;
+                    }
+                    sh.insert_finished().map_err(|e| e.to_string())?;
+                    for pid in sh.local_partitions() {
+                        let got = sh.extract(pid).await.map_err(|e| e.to_string())?;
+                        let mut srcs: Vec<u8> = got.iter().map(|p| p.data.as_slice()[0]).collect();
+                        srcs.sort_unstable();
+                        assert_eq!(srcs, (0..n as u8).collect::<Vec<_>>(), "partition {pid}");
+                        let again = sh.extract(pid).await.err().map(|e| e.to_string());
+                        assert!(
+                            again
+                                .as_ref()
+                                .is_some_and(|e| e.contains("extracted already")),
+                            "rank {me}, partition {pid} twice: {again:?}"
+                        );
+                    }
+                    let other = (me + 1) % n;
+                    let theirs = sh.extract(other).await.err().map(|e| e.to_string());
+                    assert!(
+                        theirs
+                            .as_ref()
+                            .is_some_and(|e| e.contains(&format!("belongs to rank {other}"))),
+                        "rank {me}, rank {other}'s partition: {theirs:?}"
+                    );
+                    Ok(())
+                },
+            )
+            .await;
+            for (r, x) in res.into_iter().enumerate() {
+                assert!(x.is_ok(), "extraction, {n} ranks, rank {r}: {x:?}");
+            }
+        });
     }
 }
