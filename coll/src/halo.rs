@@ -33,25 +33,31 @@ pub struct Halo {
 pub struct HaloExchange {
     ctx: Context,
     op: OpId,
+    /// Whether `start` ran: one dropped before aborts the job (see `Drop`).
+    started: bool,
 }
 
 impl HaloExchange {
-    /// A new exchange; every rank must create its objects in the same order.
+    /// A new exchange; every rank must create its objects in the same
+    /// order, and start each (one dropped unstarted aborts the job: its
+    /// neighbours would wait for its halo for ever).
     pub fn new(ctx: &Context) -> Self {
         HaloExchange {
             ctx: ctx.clone(),
             op: ctx.next_op_id(),
+            started: false,
         }
     }
 
     /// Starts the exchange. What a rank without a neighbour on one side
     /// passes for that side is dropped.
     pub fn start(
-        self,
+        mut self,
         send_left: PackedData,
         send_right: PackedData,
         callback: Option<Callback>,
     ) -> Handle<Halo> {
+        self.started = true;
         let op = self.op;
         let site = Site {
             rank: self.ctx.rank(),
@@ -137,5 +143,21 @@ impl HaloExchange {
         let ctx = self.ctx.clone();
         let bytes = send_left.data.len() + send_right.data.len();
         streaming(&ctx, bytes, |cb| self.start(send_left, send_right, cb)).await
+    }
+}
+
+/// An exchange dropped unstarted took its OpId on this rank, and its
+/// neighbours wait for its messages: the job is aborted, naming it, rather
+/// than left to hang.
+impl Drop for HaloExchange {
+    fn drop(&mut self) {
+        if !self.started {
+            self.ctx.comm().abort(&format!(
+                "rank {}: HaloExchange (OpId {}) dropped without being started: \
+                 its neighbours would wait for its halo for ever",
+                self.ctx.rank(),
+                self.op.0
+            ));
+        }
     }
 }

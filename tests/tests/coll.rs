@@ -10,8 +10,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use braid_coll::{
-    AllGather, AllToAllvSpec, ExtractOrder, PartitionOwner, ReduceKind, ReduceOp, Shuffle,
-    allgather, allreduce, alltoallv, barrier, broadcast, sendrecv,
+    AllGather, AllToAllvSpec, ExtractOrder, HaloExchange, PartitionOwner, ReduceKind, ReduceOp,
+    Shuffle, allgather, allreduce, alltoallv, barrier, broadcast, sendrecv,
 };
 use braid_core::launch::{LaunchSpec, OutputMode, launch};
 use braid_core::world::contexts;
@@ -1005,6 +1005,48 @@ fn shuffle_misuse_fails_instead_of_hanging_or_losing_data() {
             .await;
             for (r, x) in res.into_iter().enumerate() {
                 assert!(x.is_ok(), "extraction, {n} ranks, rank {r}: {x:?}");
+            }
+        });
+    }
+}
+
+/// A HaloExchange one rank creates and drops unstarted: every rank fails
+/// in bounded time, told why (its neighbours would otherwise wait for its
+/// halo for ever).
+#[test]
+fn a_halo_exchange_dropped_unstarted_fails_every_rank() {
+    let rt = runtime();
+    for n in RANK_COUNTS.into_iter().filter(|n| *n >= 2) {
+        rt.block_on(async {
+            for (world, ctxs) in [
+                ("local", local_ctxs(n, MemoryLimits::UNLIMITED).await),
+                ("tcp", tcp_ctxs(n, MemoryLimits::UNLIMITED).await),
+            ] {
+                let res = on_all(ctxs, move |c| async move {
+                    let h = HaloExchange::new(&c);
+                    if c.rank() == n / 2 {
+                        drop(h);
+                    } else {
+                        let side = || PackedData {
+                            metadata: Bytes::new(),
+                            data: Buffer::from_vec(vec![1u8; 8]),
+                        };
+                        h.exchange(side(), side())
+                            .await
+                            .map_err(|e| e.to_string())?;
+                    }
+                    barrier(&c).await.map_err(|e| e.to_string())
+                })
+                .await;
+                for (r, x) in res.into_iter().enumerate() {
+                    let e = x.err().unwrap_or_else(|| {
+                        panic!("dropped halo exchange, {world}, {n} ranks: rank {r} succeeded")
+                    });
+                    assert!(
+                        e.contains("dropped without being started"),
+                        "dropped halo exchange, {world}, {n} ranks, rank {r}: unclear error: {e}"
+                    );
+                }
             }
         });
     }
