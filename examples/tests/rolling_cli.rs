@@ -206,6 +206,27 @@ fn bad_input_is_a_clear_error_with_nothing_left_behind() {
         &out,
         "differs from the first file's",
     );
+    // The output must not overwrite the input (it would destroy the data
+    // it is computed from) nor land inside an input directory; the input
+    // is left as it was.
+    let (ok, _, err) = run(&["--input", gs, "--output", gs]);
+    assert!(!ok && err.contains("is the input"), "{err}");
+    assert_eq!(
+        std::fs::read(&good).unwrap(),
+        bytes,
+        "the input was touched"
+    );
+    let inside = csv_dir.join("out");
+    assert_clean_failure(
+        &[
+            "--input",
+            csv_dir.to_str().unwrap(),
+            "--output",
+            inside.to_str().unwrap(),
+        ],
+        &inside,
+        "lies inside the input directory",
+    );
     // A directory output the job created is gone after a failure too.
     let dir_out = d.join("dir-out");
     let (ok, _, err) = run(&["--device", "tpu", "--output", os]);

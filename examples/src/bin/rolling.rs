@@ -7,7 +7,7 @@
 //! with one part per rank, or one file when the path ends in `.parquet` or
 //! `.csv`). Runs on `--ranks` in-process ranks by default.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -349,11 +349,46 @@ fn duration(s: &str) -> Result<WindowTerms, String> {
     })
 }
 
+/// Refuses an output that is the input, or lies inside an input
+/// directory: the result would overwrite the data it is computed from (or
+/// be read as input by the next run).
+fn check_apart(input: &Path, output: &Path) -> Result<(), BoxError> {
+    // The output may not exist yet: its parent's canonical path, then its
+    // own name.
+    let canonical = |p: &Path| -> Option<PathBuf> {
+        p.canonicalize().ok().or_else(|| {
+            let parent = match p.parent() {
+                Some(d) if !d.as_os_str().is_empty() => d.canonicalize().ok()?,
+                _ => std::env::current_dir().ok()?,
+            };
+            Some(parent.join(p.file_name()?))
+        })
+    };
+    let (Some(i), Some(o)) = (canonical(input), canonical(output)) else {
+        return Ok(());
+    };
+    if o == i {
+        return Err(format!("--output {} is the input", output.display()).into());
+    }
+    if i.is_dir() && o.starts_with(&i) {
+        return Err(format!(
+            "--output {} lies inside the input directory {}",
+            output.display(),
+            input.display()
+        )
+        .into());
+    }
+    Ok(())
+}
+
 /// Nanoseconds in a day.
 const DAY_NS: i128 = 86_400_000_000_000;
 
 fn build(cli: &Cli) -> Result<(RollingJob, MemoryLimits, Option<u64>), BoxError> {
     cli.job.check()?;
+    if let (Some(i), Some(o)) = (&cli.input, &cli.output) {
+        check_apart(i, o)?;
+    }
     let source = match &cli.input {
         Some(p) => {
             if has_extension(p, "csv")
