@@ -392,7 +392,7 @@ impl Shuffle {
         s.sent_to[dst as usize] += 1;
         let meta = Meta::new(CollKind::Shuffle, DType::Bytes).aux(pid).seq(seq);
         let tag = Tag::new(self.site.op, 0);
-        let f = send_framed(
+        let mut f = send_framed(
             self.ctx.comm().as_ref(),
             self.site,
             dst,
@@ -401,7 +401,14 @@ impl Shuffle {
             &chunk.metadata,
             chunk.data,
         );
-        s.sends.push(Box::pin(f));
+        // Kept only if the backend did not finish it within the call (an
+        // error is kept too: the core reports it), so a long stream does
+        // not hold a future per chunk.
+        match futures::FutureExt::now_or_never(&mut f) {
+            Some(Ok(())) => {}
+            Some(Err(e)) => s.sends.push(Box::pin(std::future::ready(Err(e)))),
+            None => s.sends.push(Box::pin(f)),
+        }
         Ok(())
     }
 
