@@ -245,21 +245,68 @@ fn csv_table_schema(files: &[PathBuf]) -> Result<SchemaRef> {
     )))
 }
 
+/// The schema of Parquet files read as one table: every file must have
+/// the same columns (names and types, in order); a column is nullable
+/// where any file's is (writers differ in what they declare: pyarrow keeps
+/// a table's non-nullable fields, Polars declares every field nullable).
+fn parquet_table_schema(files: &[PathBuf]) -> Result<SchemaRef> {
+    let Some((first_file, rest)) = files.split_first() else {
+        return Err(DataError::Invalid("no Parquet files".into()));
+    };
+    let first = parquet_builder(first_file)?.schema().clone();
+    let mut fields: Vec<Field> = first.fields().iter().map(|f| f.as_ref().clone()).collect();
+    for f in rest {
+        let s = parquet_builder(f)?.schema().clone();
+        let names =
+            |s: &Schema| -> Vec<String> { s.fields().iter().map(|x| x.name().clone()).collect() };
+        if names(&s) != names(&first) {
+            return Err(DataError::file(
+                f,
+                format!(
+                    "its columns ({}) differ from the first file's ({})",
+                    names(&s).join(","),
+                    names(&first).join(",")
+                ),
+            ));
+        }
+        for (acc, x) in fields.iter_mut().zip(s.fields()) {
+            if acc.data_type() != x.data_type() {
+                return Err(DataError::file(
+                    f,
+                    format!(
+                        "column {:?} is {} here, {} in the first file",
+                        x.name(),
+                        x.data_type(),
+                        acc.data_type()
+                    ),
+                ));
+            }
+            if x.is_nullable() {
+                acc.set_nullable(true);
+            }
+        }
+    }
+    Ok(Arc::new(Schema::new_with_metadata(
+        fields,
+        first.metadata().clone(),
+    )))
+}
+
+/// `b` under the table's schema where its file declared it otherwise (a
+/// column non-nullable there, nullable in another file).
+fn as_table(b: RecordBatch, table: &SchemaRef) -> Result<RecordBatch> {
+    if b.schema().fields() == table.fields() {
+        return Ok(b);
+    }
+    RecordBatch::try_new(table.clone(), b.columns().to_vec())
+        .map_err(|e| DataError::Invalid(format!("a batch does not fit the table's schema: {e}")))
+}
+
 impl Source {
     /// The table's schema (every rank gets the same answer).
     pub fn schema(&self) -> Result<SchemaRef> {
         match self {
-            Source::Parquet(p) => {
-                let files = files_with(p, "parquet")?;
-                let first = parquet_builder(&files[0])?.schema().clone();
-                for f in &files[1..] {
-                    let s = parquet_builder(f)?.schema().clone();
-                    if s.fields() != first.fields() {
-                        return Err(DataError::file(f, "schema differs from the first file's"));
-                    }
-                }
-                Ok(first)
-            }
+            Source::Parquet(p) => parquet_table_schema(&files_with(p, "parquet")?),
             Source::Csv(p) => csv_table_schema(&files_with(p, "csv")?),
             Source::Memory(s, _) => Ok(s.clone()),
             Source::Generator(g) => Ok(g.schema()),
@@ -286,6 +333,7 @@ impl Source {
         match self {
             Source::Parquet(path) => {
                 let files = files_with(&path, "parquet")?;
+                let table = parquet_table_schema(&files)?;
                 // Work items are (file, row group, first row, rows). With
                 // fewer row groups than ranks, row groups are cut into row
                 // ranges so every rank reads a share.
@@ -335,6 +383,7 @@ impl Source {
                     .buffered(in_flight);
                 while let Some(read) = reads.next().await {
                     for b in read.map_err(NodeError::other)?? {
+                        let b = as_table(b, &table)?;
                         count(b.num_rows());
                         out.send(Message::new(seq, b)).await?;
                         seq += 1;
@@ -441,5 +490,88 @@ impl Source {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use parquet::arrow::ArrowWriter;
+
+    fn write(path: &Path, schema: Schema, cols: Vec<ArrayRef>) {
+        let b = RecordBatch::try_new(Arc::new(schema), cols).unwrap_or_else(|e| panic!("{e}"));
+        let f = File::create(path).unwrap_or_else(|e| panic!("{e}"));
+        let mut w = ArrowWriter::try_new(f, b.schema(), None).unwrap_or_else(|e| panic!("{e}"));
+        w.write(&b).unwrap_or_else(|e| panic!("{e}"));
+        w.close().unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    /// Files of one table that declare a column's nullability differently
+    /// read as one nullable table (values and nulls kept); a column of
+    /// another type is an error that names it.
+    #[test]
+    fn parquet_files_differing_in_nullability_read_as_one_table() {
+        let d = std::env::temp_dir().join(format!("braid-source-test-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap_or_else(|e| panic!("{e}"));
+        let fields = |ts_null: bool, ts: DataType| {
+            Schema::new(vec![
+                Field::new("ts", ts, ts_null),
+                Field::new("v", DataType::Float64, true),
+            ])
+        };
+        let (a, b, c) = (
+            d.join("a.parquet"),
+            d.join("b.parquet"),
+            d.join("c.parquet"),
+        );
+        write(
+            &a,
+            fields(false, DataType::Int64),
+            vec![
+                Arc::new(Int64Array::from(vec![1, 2])),
+                Arc::new(Float64Array::from(vec![0.5, 1.5])),
+            ],
+        );
+        write(
+            &b,
+            fields(true, DataType::Int64),
+            vec![
+                Arc::new(Int64Array::from(vec![3, 4])),
+                Arc::new(Float64Array::from(vec![None, Some(2.5)])),
+            ],
+        );
+        let table = parquet_table_schema(&[a.clone(), b.clone()]).unwrap_or_else(|e| panic!("{e}"));
+        assert!(table.field(0).is_nullable() && table.field(1).is_nullable());
+        let mut batches = Vec::new();
+        for f in [&a, &b] {
+            for x in read_parquet_piece(f, 0, 0, 2, 16).unwrap_or_else(|e| panic!("{e}")) {
+                batches.push(as_table(x, &table).unwrap_or_else(|e| panic!("{e}")));
+            }
+        }
+        let all = arrow_select::concat::concat_batches(&table, &batches)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let ts = all.column(0).as_any().downcast_ref::<Int64Array>();
+        let v = all.column(1).as_any().downcast_ref::<Float64Array>();
+        let (Some(ts), Some(v)) = (ts, v) else {
+            panic!("column types: {:?}", all.schema())
+        };
+        assert_eq!(ts.values().to_vec(), vec![1, 2, 3, 4]);
+        let vs: Vec<Option<f64>> = v.iter().collect();
+        assert_eq!(vs, vec![Some(0.5), Some(1.5), None, Some(2.5)]);
+        write(
+            &c,
+            fields(true, DataType::Int32),
+            vec![
+                Arc::new(arrow_array::Int32Array::from(vec![5])),
+                Arc::new(Float64Array::from(vec![1.0])),
+            ],
+        );
+        let e = parquet_table_schema(&[a, c]).err().map(|e| e.to_string());
+        assert!(
+            e.as_ref()
+                .is_some_and(|e| e.contains("column \"ts\" is Int32 here, Int64")),
+            "{e:?}"
+        );
+        let _ = std::fs::remove_dir_all(&d);
     }
 }
