@@ -102,6 +102,14 @@ pub struct LaunchReport {
     pub stderr: Vec<String>,
 }
 
+/// How long the other ranks get to end on their own once one failed
+/// before they are killed. They hear its abort within milliseconds and
+/// end with errors of their own; killed at once, the rank whose failure
+/// started it all could be killed before it printed why (when a rank that
+/// only heard the abort exited first). A rank that does not end (stuck in
+/// a computation) is killed when this runs out.
+const KILL_GRACE: std::time::Duration = std::time::Duration::from_secs(3);
+
 /// The job's root listener: bound here and handed to rank 0 (see
 /// `TcpConfig::root_fd`), so the port is never free between its choice
 /// and rank 0's listening.
@@ -258,6 +266,8 @@ pub async fn launch(spec: LaunchSpec) -> Result<LaunchReport, LaunchError> {
         stderr: vec![String::new(); n],
     };
     let mut first_failure: Option<(Rank, String)> = None;
+    // After a failure, when the ranks still running are killed.
+    let mut kill_at: Option<tokio::time::Instant> = None;
     let mut interrupted = false;
     let mut remaining = n;
     let ctrl_c = tokio::signal::ctrl_c();
@@ -272,8 +282,16 @@ pub async fn launch(spec: LaunchSpec) -> Result<LaunchReport, LaunchError> {
                 if !ok && first_failure.is_none() && !interrupted {
                     let text = status.map(|s| s.to_string()).unwrap_or_else(|| "unknown status".into());
                     first_failure = Some((rank, text));
-                    let _ = kill_tx.send(true);
+                    kill_at = Some(tokio::time::Instant::now() + KILL_GRACE);
                 }
+            }
+            _ = async {
+                if let Some(t) = kill_at {
+                    tokio::time::sleep_until(t).await;
+                }
+            }, if kill_at.is_some() => {
+                kill_at = None;
+                let _ = kill_tx.send(true);
             }
             _ = &mut ctrl_c, if !interrupted => {
                 interrupted = true;
@@ -284,9 +302,11 @@ pub async fn launch(spec: LaunchSpec) -> Result<LaunchReport, LaunchError> {
     for t in rank_tasks {
         let _ = t.await;
     }
+    // A grandchild may hold a pipe open; do not wait for it for ever (one
+    // deadline for all of them, not 5 s a pipe).
+    let io_deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
     for (rank, is_err, t) in io_tasks {
-        // A grandchild may hold a pipe open; do not wait for it forever.
-        if let Ok(Ok(text)) = tokio::time::timeout(std::time::Duration::from_secs(5), t).await {
+        if let Ok(Ok(text)) = tokio::time::timeout_at(io_deadline, t).await {
             if is_err {
                 report.stderr[rank as usize] = text;
             } else {

@@ -635,3 +635,37 @@ fn tcp_striped_messages_arrive_whole_and_in_order() {
         });
     }
 }
+
+/// After one rank fails, the others get a grace to end on their own and
+/// say why (a rank that only heard of the failure may exit first; its
+/// peers were killed at once, before printing), and a rank that does not
+/// end is still killed within it.
+#[test]
+fn launcher_lets_ranks_finish_their_errors_then_kills_the_rest() {
+    use braid_core::launch::LaunchError;
+    let rt = runtime();
+    let script = "case $BRAID_RANK in \
+        0) exit 3 ;; \
+        1) sleep 0.3; echo 'rank 1 says why' >&2; exit 1 ;; \
+        *) sleep 100 ;; esac";
+    let mut spec = LaunchSpec::new(3, "sh", vec!["-c".into(), script.into()]);
+    spec.output = OutputMode::Captured;
+    let t0 = std::time::Instant::now();
+    let r = rt.block_on(launch(spec));
+    let took = t0.elapsed();
+    match r {
+        Err(LaunchError::RankFailed { rank, report, .. }) => {
+            assert_eq!(rank, 0, "the first failure is the one reported");
+            assert!(
+                report.stderr[1].contains("rank 1 says why"),
+                "rank 1 was killed before it printed: {:?}",
+                report.stderr[1]
+            );
+        }
+        other => panic!("expected rank 0's failure, got {other:?}"),
+    }
+    assert!(
+        took < std::time::Duration::from_secs(30),
+        "the rank that does not end was not killed: {took:?}"
+    );
+}

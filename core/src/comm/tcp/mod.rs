@@ -807,6 +807,7 @@ async fn open(
         match attempt {
             Ok(mut s) => {
                 let _ = s.set_nodelay(true);
+                watch_host(&s);
                 let hello = Hello {
                     kind,
                     token: shared.token.clone(),
@@ -846,6 +847,35 @@ async fn open(
         }
     }
 }
+
+/// Keepalive probes on an idle connection: a peer whose host went away
+/// (powered off, cut off the network) sends no close, and the rank waiting
+/// on its control connection (rank 0 for every rank, every rank for rank
+/// 0) would wait for ever. After `KEEPALIVE_IDLE` of silence the kernel
+/// probes every `KEEPALIVE_INTERVAL`, and after `KEEPALIVE_PROBES`
+/// unanswered ones the connection fails, which fails the job (about a
+/// minute). A process that died on a living host is seen at once (its
+/// kernel closes the connection); a stopped one (SIGSTOP) is not (its
+/// kernel answers the probes).
+fn watch_host(s: &TcpStream) {
+    let ka = socket2::TcpKeepalive::new().with_time(KEEPALIVE_IDLE);
+    #[cfg(any(target_os = "linux", target_os = "macos", target_os = "freebsd"))]
+    let ka = ka
+        .with_interval(KEEPALIVE_INTERVAL)
+        .with_retries(KEEPALIVE_PROBES);
+    if let Err(e) = socket2::SockRef::from(s).set_tcp_keepalive(&ka) {
+        tracing::debug!(error = %e, "no keepalive on a connection");
+    }
+}
+
+/// Silence on a connection before its first keepalive probe.
+const KEEPALIVE_IDLE: Duration = Duration::from_secs(30);
+/// Between keepalive probes.
+#[cfg(any(target_os = "linux", target_os = "macos", target_os = "freebsd"))]
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
+/// Unanswered probes before the connection fails.
+#[cfg(any(target_os = "linux", target_os = "macos", target_os = "freebsd"))]
+const KEEPALIVE_PROBES: u32 = 3;
 
 async fn accept_loop(
     shared: Arc<Shared>,
@@ -892,6 +922,7 @@ async fn handshake(
         return Err(WireError::Malformed("rank or job size"));
     }
     let _ = stream.set_nodelay(true);
+    watch_host(&stream);
     match hello.kind {
         ConnKind::Data { lane } => {
             let at = hello.rank as usize * usize::from(MAX_LANES) + usize::from(lane);
@@ -1450,6 +1481,35 @@ mod tests {
     use super::*;
     use crate::tag::OpId;
     use std::os::fd::{AsRawFd, IntoRawFd};
+
+    /// Every connection gets keepalive probes (a lost host fails the job
+    /// instead of hanging it), with the times the constants say.
+    #[test]
+    fn connections_watch_their_peer_host() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap_or_else(|e| panic!("runtime: {e}"));
+        rt.block_on(async {
+            let l = TcpListener::bind("127.0.0.1:0")
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+            let addr = l.local_addr().unwrap_or_else(|e| panic!("{e}"));
+            let s = TcpStream::connect(addr)
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+            let r = socket2::SockRef::from(&s);
+            assert!(!r.keepalive().unwrap_or(true), "off before");
+            watch_host(&s);
+            assert!(r.keepalive().unwrap_or(false), "on after");
+            #[cfg(target_os = "linux")]
+            {
+                assert_eq!(r.tcp_keepalive_time().ok(), Some(KEEPALIVE_IDLE));
+                assert_eq!(r.tcp_keepalive_interval().ok(), Some(KEEPALIVE_INTERVAL));
+                assert_eq!(r.tcp_keepalive_retries().ok(), Some(KEEPALIVE_PROBES));
+            }
+        });
+    }
 
     /// A descriptor named by mistake (not a socket, or a listener on
     /// another port) is refused and left open; a listening socket handed
