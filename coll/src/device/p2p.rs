@@ -156,11 +156,13 @@ fn neighbours(dc: &DeviceComm) -> (Option<Rank>, Option<Rank>) {
 }
 
 /// One device halo round; create one per round on every rank in the same
-/// order.
+/// order, and start each (one dropped unstarted aborts the job: its
+/// neighbours would wait for its halo for ever).
 #[derive(Debug)]
 pub struct DeviceHaloExchange {
     dc: DeviceComm,
     site: Site,
+    started: bool,
 }
 
 impl DeviceHaloExchange {
@@ -169,18 +171,20 @@ impl DeviceHaloExchange {
         DeviceHaloExchange {
             dc: dc.clone(),
             site: Site::next(dc.ctx(), CollKind::HaloExchange),
+            started: false,
         }
     }
 
     /// Core: starts the round; `to_left` goes to rank - 1, `to_right` to
     /// rank + 1 (ignored where that neighbour does not exist).
     pub fn start(
-        self,
+        mut self,
         to_left: Option<&DeviceBuffer>,
         to_right: Option<&DeviceBuffer>,
         callback: Option<Callback>,
     ) -> Handle<DeviceHalo> {
-        let DeviceHaloExchange { dc, site } = self;
+        self.started = true;
+        let (dc, site) = (self.dc.clone(), self.site);
         let (left, right) = neighbours(&dc);
         for b in to_left.iter().chain(to_right.iter()) {
             if let Err(e) = same_gpu(&dc, &site, b) {
@@ -283,14 +287,15 @@ impl DeviceHaloExchange {
     /// costs what a SendRecv costs. With checks on, the lengths are
     /// verified against the neighbours' over the host, alongside.
     pub fn start_sized(
-        self,
+        mut self,
         to_left: Option<&DeviceBuffer>,
         to_right: Option<&DeviceBuffer>,
         from_left: Option<DeviceBuffer>,
         from_right: Option<DeviceBuffer>,
         callback: Option<Callback>,
     ) -> Handle<DeviceHalo> {
-        let DeviceHaloExchange { dc, site } = self;
+        self.started = true;
+        let (dc, site) = (self.dc.clone(), self.site);
         let (left, right) = neighbours(&dc);
         let bufs = to_left.iter().chain(to_right.iter()).copied();
         let valid = (|| {
@@ -391,5 +396,19 @@ impl DeviceHaloExchange {
         from_right: Option<DeviceBuffer>,
     ) -> Result<DeviceHalo, CollError> {
         streaming(|cb| self.start_sized(to_left, to_right, from_left, from_right, cb)).await
+    }
+}
+
+/// A round dropped unstarted took its OpId on this rank, and its
+/// neighbours wait for its messages: the job is aborted, naming it.
+impl Drop for DeviceHaloExchange {
+    fn drop(&mut self) {
+        if !self.started {
+            self.dc.ctx().comm().abort(&format!(
+                "rank {}: device HaloExchange (OpId {}) dropped without being started: \
+                 its neighbours would wait for its halo for ever",
+                self.site.rank, self.site.op.0
+            ));
+        }
     }
 }
