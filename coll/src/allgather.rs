@@ -45,7 +45,8 @@ use futures::future::BoxFuture;
 
 use crate::error::{CollError, CollKind, Site};
 use crate::handle::{
-    Callback, Driven, Handle, claim, start, start_then, streaming, until_abandoned,
+    Callback, Driven, Handle, Left, claim, left_unfinished, start, start_then, streaming,
+    until_abandoned,
 };
 use crate::wire::{
     Elements, FINISH, Framed, LAST, Meta, ONE_SHOT, assemble_into, exchange_framed, meet_seat,
@@ -101,17 +102,7 @@ struct State {
     held: Option<(u64, Buffer)>,
     /// How this rank's part ended without `insert_finished` (extracted or
     /// dropped first): the core fails instead of waiting for it.
-    abandoned: Option<&'static str>,
-}
-
-impl State {
-    /// The error of a part that ended without `insert_finished`, if it did.
-    fn check_finished(&self, site: Site) -> Result<(), CollError> {
-        match self.abandoned {
-            None => Ok(()),
-            Some(how) => Err(site.abandoned(how)),
-        }
-    }
+    abandoned: Option<Left>,
 }
 
 /// This rank's part of an AllGather: what it inserted, and the event set
@@ -125,7 +116,7 @@ struct Part {
 }
 
 impl Part {
-    fn abandon(&self, how: &'static str) {
+    fn abandon(&self, how: Left) {
         let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
         if s.finished {
             return;
@@ -139,7 +130,7 @@ impl Part {
 
 impl Drop for Part {
     fn drop(&mut self) {
-        self.abandon("dropped");
+        self.abandon(Left::Dropped);
     }
 }
 
@@ -206,9 +197,12 @@ impl AllGather {
                     let check = |p: Rank, d: DType| check_dtype(site, dtype, p, d);
                     if comm.meets() {
                         ld.wait().await;
+                        let left = st.lock().unwrap_or_else(|p| p.into_inner()).abandoned;
+                        if let Some(how) = left {
+                            return Err(left_unfinished(comm.as_ref(), site, how).await);
+                        }
                         let (local, sends, sent, held) = {
                             let mut s = st.lock().unwrap_or_else(|p| p.into_inner());
-                            s.check_finished(site)?;
                             (
                                 std::mem::take(&mut s.local),
                                 std::mem::take(&mut s.sends),
@@ -238,19 +232,17 @@ impl AllGather {
                     });
                     // A part abandoned here fails at once, not after the
                     // peers' streams end: theirs may be abandoned too.
-                    let fins = until_abandoned(recv, &ld, || {
-                        st.lock()
-                            .unwrap_or_else(|p| p.into_inner())
-                            .check_finished(site)
-                    })
-                    .await?;
+                    let left = || st.lock().unwrap_or_else(|p| p.into_inner()).abandoned;
+                    let fins = until_abandoned(recv, &ld, comm.as_ref(), site, left).await?;
                     for (p, fin) in fins {
                         check(p, fin.dtype)?;
                     }
                     ld.wait().await;
+                    if let Some(how) = left() {
+                        return Err(left_unfinished(comm.as_ref(), site, how).await);
+                    }
                     let (local, sends) = {
                         let mut s = st.lock().unwrap_or_else(|p| p.into_inner());
-                        s.check_finished(site)?;
                         (std::mem::take(&mut s.local), std::mem::take(&mut s.sends))
                     };
                     futures::future::try_join_all(sends).await?;
@@ -394,7 +386,7 @@ impl AllGather {
     /// rank finished inserting, it fails (and with it the job), as nothing
     /// could end the wait.
     pub async fn extract(self, order: ExtractOrder) -> Result<Vec<Gathered>, CollError> {
-        self.part.abandon("extracted");
+        self.part.abandon(Left::Extracted);
         let bytes = self
             .part
             .state
@@ -411,7 +403,7 @@ impl AllGather {
 
     /// Like [`AllGather::extract`], blocking the calling thread.
     pub fn extract_blocking(self, order: ExtractOrder) -> Result<Vec<Gathered>, CollError> {
-        self.part.abandon("extracted");
+        self.part.abandon(Left::Extracted);
         drop(self.take_core());
         self.handle.wait().map(|v| sorted(v, order))
     }

@@ -612,21 +612,69 @@ impl Future for YieldOnce {
     }
 }
 
+/// How this rank left a collective of inserts and a finish (AllGather,
+/// Shuffle) before its finish.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Left {
+    /// Extracted (or waited on) first: nothing could end the wait.
+    Extracted,
+    /// Dropped first.
+    Dropped,
+}
+
+/// How long a part dropped unfinished waits for the job to fail some other
+/// way before it fails the job itself (see [`left_unfinished`]).
+const DROPPED_GRACE: std::time::Duration = std::time::Duration::from_millis(200);
+
+/// The error of a part this rank left unfinished: its peers would wait
+/// for the rest of it for ever, so the core fails (and with it the job).
+/// A part is most often dropped on the way out of an error of this rank's
+/// own (a `?` past it), whose abort should reach the other ranks rather
+/// than this consequence of it: a dropped part first gives the job up to
+/// `DROPPED_GRACE` to fail, and then reports that failure (which aborts
+/// nothing more).
+pub(crate) async fn left_unfinished(
+    comm: &dyn braid_core::Communicator,
+    site: crate::error::Site,
+    how: Left,
+) -> CollError {
+    if how == Left::Dropped {
+        let until = Instant::now() + DROPPED_GRACE;
+        loop {
+            if let Some(e) = comm.failure() {
+                return site.comm(e);
+            }
+            if Instant::now() >= until {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        }
+    }
+    site.abandoned(match how {
+        Left::Extracted => "extracted",
+        Left::Dropped => "dropped",
+    })
+}
+
 /// Runs `work` (receiving the peers' streams) until it ends, or until this
-/// rank's part ends (`local_done`) and `check` says it was abandoned
-/// (`Part::abandon`): then its error, without waiting for peers that may
-/// never send the rest.
+/// rank's part ends (`local_done`) and `left` says it was left unfinished:
+/// then that error ([`left_unfinished`]), without waiting for peers that
+/// may never send the rest.
 pub(crate) async fn until_abandoned<T>(
-    work: impl std::future::Future<Output = Result<T, CollError>>,
+    work: impl Future<Output = Result<T, CollError>>,
     local_done: &Event,
-    check: impl FnOnce() -> Result<(), CollError>,
+    comm: &dyn braid_core::Communicator,
+    site: crate::error::Site,
+    left: impl FnOnce() -> Option<Left>,
 ) -> Result<T, CollError> {
     let mut work = std::pin::pin!(work);
     let done = std::pin::pin!(local_done.wait());
     match futures::future::select(work.as_mut(), done).await {
         futures::future::Either::Left((r, _)) => r,
         futures::future::Either::Right(((), _)) => {
-            check()?;
+            if let Some(how) = left() {
+                return Err(left_unfinished(comm, site, how).await);
+            }
             work.await
         }
     }

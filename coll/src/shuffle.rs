@@ -31,7 +31,7 @@ use bytes::Bytes;
 use futures::future::BoxFuture;
 
 use crate::error::{CollError, CollKind, Site};
-use crate::handle::{Callback, Handle, start_then, until_abandoned};
+use crate::handle::{Callback, Handle, Left, left_unfinished, start_then, until_abandoned};
 use crate::wire::{Meta, recv_streams_all, send_finish, send_framed};
 
 /// Which rank owns a partition.
@@ -185,7 +185,7 @@ struct State {
     local_seq: u64,
     finished: bool,
     /// Dropped before `insert_finished`: the core fails instead of waiting.
-    abandoned: Option<&'static str>,
+    abandoned: Option<Left>,
     sends: Vec<BoxFuture<'static, Result<(), CollError>>>,
     /// Partitions extracted already (each may be taken once).
     extracted: std::collections::HashSet<u32>,
@@ -212,7 +212,7 @@ impl Drop for Shuffle {
         let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
         if !s.finished {
             s.finished = true;
-            s.abandoned = Some("dropped");
+            s.abandoned = Some(Left::Dropped);
             drop(s);
             self.local_done.set();
         }
@@ -317,11 +317,8 @@ impl Shuffle {
             });
             // Dropped unfinished here: fail now, not after the peers'
             // streams (which may be abandoned too).
-            let abandoned = || match st.lock().unwrap_or_else(|p| p.into_inner()).abandoned {
-                Some(how) => Err(site.abandoned(how)),
-                None => Ok(()),
-            };
-            let fins = until_abandoned(recv, &ld, abandoned).await?;
+            let left = || st.lock().unwrap_or_else(|p| p.into_inner()).abandoned;
+            let fins = until_abandoned(recv, &ld, comm.as_ref(), site, left).await?;
             for (p, fin) in fins {
                 if fin.aux != nparts {
                     return Err(site.mismatch(
@@ -340,7 +337,9 @@ impl Shuffle {
                 }
             }
             ld.wait().await;
-            abandoned()?;
+            if let Some(how) = left() {
+                return Err(left_unfinished(comm.as_ref(), site, how).await);
+            }
             let sends = std::mem::take(&mut st.lock().unwrap_or_else(|p| p.into_inner()).sends);
             futures::future::try_join_all(sends).await?;
             Ok(())

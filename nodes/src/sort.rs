@@ -358,7 +358,9 @@ impl DistributedSort {
         // 1. Sample.
         let conv = Arc::new(converter(&schema, &keys)?);
         let total: usize = batches.iter().map(|b| b.num_rows()).sum();
-        let want = self.samples_per_rank.min(total);
+        // At least one sample from a rank with rows: with none, ranks that
+        // hold rows would make no splitters (one range, not one a rank).
+        let want = self.samples_per_rank.max(1).min(total);
         let (c2, k2, b2) = (conv.clone(), keys.clone(), batches.clone());
         let (lens, bytes) = tokio::task::spawn_blocking(move || -> Result<(Vec<u8>, Vec<u8>)> {
             let mut lens = Vec::new();
@@ -419,7 +421,9 @@ impl DistributedSort {
         // stays as batches (no packing, no copy).
         let splitters = Arc::new(Splitters::new(&schema, &conv, &keys, splitters));
         let mut shuffle = TableShuffle::new(ctx, schema.clone());
-        for b in batches {
+        // Empty batches carry nothing, and with no rows anywhere there are
+        // no splitters to cut them into one part a rank.
+        for b in batches.into_iter().filter(|b| b.num_rows() > 0) {
             let (c2, k2, s2) = (conv.clone(), keys.clone(), splitters.clone());
             shuffle
                 .insert(move || range_partition(&b, &c2, &k2, &s2))

@@ -967,6 +967,38 @@ fn shuffle_misuse_fails_instead_of_hanging_or_losing_data() {
                     );
                 }
             }
+            // A rank that fails on its own drops its shuffle on the way out:
+            // the others hear its failure, not the drop (which waits a
+            // while for the job to fail otherwise).
+            for (world, ctxs) in [
+                ("local", local_ctxs(n, MemoryLimits::UNLIMITED).await),
+                ("tcp", tcp_ctxs(n, MemoryLimits::UNLIMITED).await),
+            ] {
+                let res = on_all(ctxs, move |c| async move {
+                    let sh = Shuffle::new(&c, 2 * n, PartitionOwner::RoundRobin, None);
+                    sh.insert(c.rank() % (2 * n), chunk(1))
+                        .map_err(|e| e.to_string())?;
+                    if c.rank() == n - 1 {
+                        // Dropped some time before the rank's failure is
+                        // reported (work on the way out).
+                        drop(sh);
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                        return Err("a failure of its own".to_string());
+                    }
+                    sh.insert_finished().map_err(|e| e.to_string())?;
+                    sh.wait().await.map_err(|e| e.to_string())
+                })
+                .await;
+                for (r, x) in res.into_iter().enumerate() {
+                    let e = x.err().unwrap_or_else(|| {
+                        panic!("failing rank, {world}, {n} ranks: rank {r} succeeded")
+                    });
+                    assert!(
+                        e.contains("a failure of its own") && !e.contains("dropped before"),
+                        "failing rank, {world}, {n} ranks, rank {r}: the cause is lost: {e}"
+                    );
+                }
+            }
             // Extraction: each rank's own partitions once, then a second
             // time and another rank's (both errors).
             let res = on_all(

@@ -93,9 +93,9 @@ fn cmp(x: &Key, y: &Key) -> std::cmp::Ordering {
     })
 }
 
-async fn check(ctxs: Vec<Context>, seed: u64) {
+async fn check(ctxs: Vec<Context>, seed: u64, samples_per_rank: usize) {
     let n = ctxs.len() as u32;
-    let sort = DistributedSort::new(vec![
+    let mut sort = DistributedSort::new(vec![
         SortKey {
             column: "a".into(),
             descending: false,
@@ -107,6 +107,7 @@ async fn check(ctxs: Vec<Context>, seed: u64) {
             nulls_first: true,
         },
     ]);
+    sort.samples_per_rank = samples_per_rank;
     let hs: Vec<_> = ctxs
         .iter()
         .map(|c| {
@@ -163,7 +164,7 @@ fn distributed_sort_orders_globally_local() {
             let ctxs = contexts(&WorldSpec::Local { nranks: n }, MemoryLimits::UNLIMITED)
                 .await
                 .unwrap();
-            check(ctxs, 3 + n as u64).await;
+            check(ctxs, 3 + n as u64, 1024).await;
         });
     }
 }
@@ -174,8 +175,46 @@ fn distributed_sort_orders_globally_tcp() {
     for n in RANK_COUNTS {
         rt.block_on(async {
             let ctxs = tcp_contexts(n, MemoryLimits::UNLIMITED).await;
-            check(ctxs.clone(), 9 + n as u64).await;
+            check(ctxs.clone(), 9 + n as u64, 1024).await;
             shutdown_all(&ctxs).await;
+        });
+    }
+}
+
+/// A table without rows, each rank holding an empty batch, sorts into
+/// empty partitions (ranks above 0 failed: no samples, so no splitters to
+/// cut even an empty batch into a part a rank); and a sort asked for no
+/// samples still takes one a rank and orders globally.
+#[test]
+fn empty_tables_and_zero_samples_sort() {
+    let rt = runtime();
+    for n in RANK_COUNTS {
+        rt.block_on(async {
+            let ctxs = contexts(&WorldSpec::Local { nranks: n }, MemoryLimits::UNLIMITED)
+                .await
+                .unwrap();
+            let sort = DistributedSort::new(vec![SortKey {
+                column: "b".into(),
+                descending: false,
+                nulls_first: false,
+            }]);
+            let hs: Vec<_> = ctxs
+                .iter()
+                .map(|c| {
+                    let (c, s) = (c.clone(), sort.clone());
+                    let empty = RecordBatch::new_empty(schema());
+                    tokio::spawn(async move { s.sort(&c, schema(), vec![empty]).await })
+                })
+                .collect();
+            for (r, h) in hs.into_iter().enumerate() {
+                let b = tokio::time::timeout(Duration::from_secs(60), h)
+                    .await
+                    .expect("hung")
+                    .unwrap()
+                    .unwrap_or_else(|e| panic!("{n} ranks, rank {r}: {e}"));
+                assert_eq!(b.num_rows(), 0, "{n} ranks, rank {r}");
+            }
+            check(ctxs, 21 + n as u64, 0).await;
         });
     }
 }
