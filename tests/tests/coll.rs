@@ -394,6 +394,24 @@ async fn streaming_allgather(
     ag.extract(ExtractOrder::RankSeq).await.map(|_| ())
 }
 
+/// Shuffle owners that differ between ranks: rank 0 round-robin, the
+/// others in ranges.
+fn mixed_owners(c: &Context) -> PartitionOwner {
+    if c.rank() == 0 {
+        PartitionOwner::RoundRobin
+    } else {
+        PartitionOwner::Contiguous
+    }
+}
+
+/// An 8-byte chunk of the rank's number.
+fn rank_chunk(c: &Context) -> PackedData {
+    PackedData {
+        metadata: Bytes::new(),
+        data: Buffer::from_vec(vec![c.rank() as u8; 8]),
+    }
+}
+
 fn mismatch_cases() -> Vec<(&'static str, Case)> {
     vec![
         ("shuffle owners", |c| {
@@ -401,20 +419,10 @@ fn mismatch_cases() -> Vec<(&'static str, Case)> {
                 // Rank 0 routes partitions round-robin, the others in
                 // ranges: every rank is sent a chunk it does not own. A
                 // failed shuffle must stay failed for every later call.
-                let (me, n) = (c.rank(), c.nranks());
-                let owner = if me == 0 {
-                    PartitionOwner::RoundRobin
-                } else {
-                    PartitionOwner::Contiguous
-                };
-                let nparts = 4 * n;
-                let sh = Shuffle::new(&c, nparts, owner, None);
+                let (me, nparts) = (c.rank(), 4 * c.nranks());
+                let sh = Shuffle::new(&c, nparts, mixed_owners(&c), None);
                 for pid in 0..nparts {
-                    let chunk = PackedData {
-                        metadata: Bytes::new(),
-                        data: Buffer::from_vec(vec![me as u8; 8]),
-                    };
-                    sh.insert(pid, chunk).map_err(|e| e.to_string())?;
+                    sh.insert(pid, rank_chunk(&c)).map_err(|e| e.to_string())?;
                 }
                 sh.insert_finished().map_err(|e| e.to_string())?;
                 let first = sh.wait().await;
@@ -435,19 +443,9 @@ fn mismatch_cases() -> Vec<(&'static str, Case)> {
         // policy): partitions would be split between ranks unnoticed.
         ("shuffle owners, no chunk misrouted", |c| {
             Box::pin(async move {
-                let (me, n) = (c.rank(), c.nranks());
-                let owner = if me == 0 {
-                    PartitionOwner::RoundRobin
-                } else {
-                    PartitionOwner::Contiguous
-                };
-                let sh = Shuffle::new(&c, 4 * n, owner, None);
+                let sh = Shuffle::new(&c, 4 * c.nranks(), mixed_owners(&c), None);
                 for pid in sh.local_partitions() {
-                    let chunk = PackedData {
-                        metadata: Bytes::new(),
-                        data: Buffer::from_vec(vec![me as u8; 8]),
-                    };
-                    sh.insert(pid, chunk).map_err(|e| e.to_string())?;
+                    sh.insert(pid, rank_chunk(&c)).map_err(|e| e.to_string())?;
                 }
                 sh.insert_finished().map_err(|e| e.to_string())?;
                 sh.wait().await.map_err(|e| e.to_string())
@@ -851,6 +849,27 @@ fn tcp_allreduce_into_blocks_land_in_the_result() {
     }
 }
 
+/// Local and tcp contexts for `n` ranks, each with its world's name.
+async fn both_worlds(n: u32) -> [(&'static str, Vec<Context>); 2] {
+    [
+        ("local", local_ctxs(n, MemoryLimits::UNLIMITED).await),
+        ("tcp", tcp_ctxs(n, MemoryLimits::UNLIMITED).await),
+    ]
+}
+
+/// Every rank failed, each error naming `cause` and none `not`.
+fn every_rank_fails_with(res: Vec<Result<(), String>>, cause: &str, not: &str, what: &str) {
+    for (r, x) in res.into_iter().enumerate() {
+        let e = x
+            .err()
+            .unwrap_or_else(|| panic!("{what}: rank {r} succeeded"));
+        assert!(
+            e.contains(cause) && (not.is_empty() || !e.contains(not)),
+            "{what}, rank {r}: expected {cause:?}, got: {e}"
+        );
+    }
+}
+
 /// A streaming AllGather that one rank extracts (`Extract`) or drops and
 /// leaves for a barrier (`Drop`) before it finished inserting, or that
 /// every rank extracts unfinished (`ExtractAll`): every rank fails in
@@ -898,10 +917,7 @@ fn an_allgather_left_unfinished_fails_every_rank() {
             Unfinished::ExtractAll,
         ] {
             rt.block_on(async {
-                for (world, ctxs) in [
-                    ("local", local_ctxs(n, MemoryLimits::UNLIMITED).await),
-                    ("tcp", tcp_ctxs(n, MemoryLimits::UNLIMITED).await),
-                ] {
+                for (world, ctxs) in both_worlds(n).await {
                     let res = on_all(ctxs, move |c| unfinished_allgather(c, how)).await;
                     for (r, x) in res.into_iter().enumerate() {
                         let e = match x {
@@ -940,10 +956,7 @@ fn shuffle_misuse_fails_instead_of_hanging_or_losing_data() {
     };
     for n in RANK_COUNTS.into_iter().filter(|n| *n >= 2) {
         rt.block_on(async {
-            for (world, ctxs) in [
-                ("local", local_ctxs(n, MemoryLimits::UNLIMITED).await),
-                ("tcp", tcp_ctxs(n, MemoryLimits::UNLIMITED).await),
-            ] {
+            for (world, ctxs) in both_worlds(n).await {
                 let res = on_all(ctxs, move |c| async move {
                     let sh = Shuffle::new(&c, 2 * n, PartitionOwner::RoundRobin, None);
                     sh.insert(c.rank() % (2 * n), chunk(1))
@@ -957,23 +970,13 @@ fn shuffle_misuse_fails_instead_of_hanging_or_losing_data() {
                     barrier(&c).await.map_err(|e| e.to_string())
                 })
                 .await;
-                for (r, x) in res.into_iter().enumerate() {
-                    let e = x.err().unwrap_or_else(|| {
-                        panic!("dropped shuffle, {world}, {n} ranks: rank {r} succeeded")
-                    });
-                    assert!(
-                        e.contains("dropped before insert_finished"),
-                        "dropped shuffle, {world}, {n} ranks, rank {r}: unclear error: {e}"
-                    );
-                }
+                let what = format!("dropped shuffle, {world}, {n} ranks");
+                every_rank_fails_with(res, "dropped before insert_finished", "", &what);
             }
             // A rank that fails on its own drops its shuffle on the way out:
             // the others hear its failure, not the drop (which waits a
             // while for the job to fail otherwise).
-            for (world, ctxs) in [
-                ("local", local_ctxs(n, MemoryLimits::UNLIMITED).await),
-                ("tcp", tcp_ctxs(n, MemoryLimits::UNLIMITED).await),
-            ] {
+            for (world, ctxs) in both_worlds(n).await {
                 let res = on_all(ctxs, move |c| async move {
                     let sh = Shuffle::new(&c, 2 * n, PartitionOwner::RoundRobin, None);
                     sh.insert(c.rank() % (2 * n), chunk(1))
@@ -989,15 +992,8 @@ fn shuffle_misuse_fails_instead_of_hanging_or_losing_data() {
                     sh.wait().await.map_err(|e| e.to_string())
                 })
                 .await;
-                for (r, x) in res.into_iter().enumerate() {
-                    let e = x.err().unwrap_or_else(|| {
-                        panic!("failing rank, {world}, {n} ranks: rank {r} succeeded")
-                    });
-                    assert!(
-                        e.contains("a failure of its own") && !e.contains("dropped before"),
-                        "failing rank, {world}, {n} ranks, rank {r}: the cause is lost: {e}"
-                    );
-                }
+                let what = format!("failing rank, {world}, {n} ranks");
+                every_rank_fails_with(res, "a failure of its own", "dropped before", &what);
             }
             // Extraction: each rank's own partitions once, then a second
             // time and another rank's (both errors).
@@ -1050,10 +1046,7 @@ fn a_halo_exchange_dropped_unstarted_fails_every_rank() {
     let rt = runtime();
     for n in RANK_COUNTS.into_iter().filter(|n| *n >= 2) {
         rt.block_on(async {
-            for (world, ctxs) in [
-                ("local", local_ctxs(n, MemoryLimits::UNLIMITED).await),
-                ("tcp", tcp_ctxs(n, MemoryLimits::UNLIMITED).await),
-            ] {
+            for (world, ctxs) in both_worlds(n).await {
                 let res = on_all(ctxs, move |c| async move {
                     let h = HaloExchange::new(&c);
                     if c.rank() == n / 2 {
@@ -1070,15 +1063,8 @@ fn a_halo_exchange_dropped_unstarted_fails_every_rank() {
                     barrier(&c).await.map_err(|e| e.to_string())
                 })
                 .await;
-                for (r, x) in res.into_iter().enumerate() {
-                    let e = x.err().unwrap_or_else(|| {
-                        panic!("dropped halo exchange, {world}, {n} ranks: rank {r} succeeded")
-                    });
-                    assert!(
-                        e.contains("dropped without being started"),
-                        "dropped halo exchange, {world}, {n} ranks, rank {r}: unclear error: {e}"
-                    );
-                }
+                let what = format!("dropped halo exchange, {world}, {n} ranks");
+                every_rank_fails_with(res, "dropped without being started", "", &what);
             }
         });
     }
