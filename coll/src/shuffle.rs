@@ -23,8 +23,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use braid_core::{
-    Buffer, BufferResource, Context, Event, MemoryError, MemoryType, PackedData, Rank, Statistics,
-    Tag,
+    BufferResource, Context, Event, MemoryError, MemoryType, PackedData, Rank, Statistics, Tag,
 };
 use braid_kernels::DType;
 use bytes::Bytes;
@@ -517,10 +516,14 @@ impl Shuffle {
                             bytes.len()
                         ))));
                     }
-                    PackedData {
-                        metadata,
-                        data: Buffer::from_vec(bytes),
-                    }
+                    // Charged like a chunk kept in memory (over the limit
+                    // if need be: the caller asked for it), so what is
+                    // allocated after sees it.
+                    let mut r = self.store.resource.reserve(len as u64, &[MemoryType::Host]);
+                    let data = r
+                        .adopt(Bytes::from(bytes))
+                        .map_err(|e| self.site.memory(e))?;
+                    PackedData { metadata, data }
                 }
             });
         }

@@ -865,6 +865,13 @@ pub async fn shuffle_check(ctx: &Context, seed: u64, salt: u64) -> R<u64> {
             ensure(got.len() == want.len(), || {
                 format!("partition {pid}: {} chunks, want {}", got.len(), want.len())
             })?;
+            // Every chunk handed out is charged, spilled ones read back
+            // included.
+            let held: usize = got.iter().map(|g| g.data.len()).sum();
+            let used = ctx.resource().used(braid_core::MemoryType::Host);
+            ensure(used >= held as u64, || {
+                format!("partition {pid}: {held} bytes handed out, {used} charged")
+            })?;
             for (g, (s, size)) in got.iter().zip(&want) {
                 ensure(
                     g.metadata.as_ref() == s.to_le_bytes() && g.data.len() == *size,
