@@ -330,6 +330,34 @@ pub struct DistributedSort {
     pub samples_per_rank: usize,
 }
 
+/// The `n - 1` splitters that cut the samples into `n` ranges of equal
+/// weight (rows): a rank's samples each stand for its rows over its sample
+/// count, so a rank with few rows does not get as many splitters as one
+/// with many (with equal weights a rank of 1,000 rows beside one of 10^7
+/// over a key range of its own took half the key space: one range of
+/// 10^7 rows, one of 1,000). Deterministic: every rank sorts the same
+/// samples the same way (weights break key ties) and sums in that order.
+/// No samples (no rows anywhere): no splitters.
+fn weighted_splitters(mut samples: Vec<(Vec<u8>, f64)>, n: usize) -> Vec<Vec<u8>> {
+    if samples.is_empty() {
+        return Vec::new();
+    }
+    samples.sort_unstable_by(|a, b| a.0.cmp(&b.0).then(a.1.total_cmp(&b.1)));
+    let total: f64 = samples.iter().map(|s| s.1).sum();
+    let mut out = Vec::with_capacity(n.saturating_sub(1));
+    let mut acc = 0.0f64;
+    let mut i = 0usize;
+    for k in 1..n {
+        let target = total * k as f64 / n as f64;
+        while i + 1 < samples.len() && acc + samples[i].1 <= target {
+            acc += samples[i].1;
+            i += 1;
+        }
+        out.push(samples[i].0.clone());
+    }
+    out
+}
+
 impl DistributedSort {
     /// A sort by `keys` with the default sample size.
     pub fn new(keys: Vec<SortKey>) -> Self {
@@ -385,19 +413,28 @@ impl DistributedSort {
         })
         .await
         .map_err(|e| DataError::Invalid(e.to_string()))??;
-        // 2. Gather samples; pick splitters (the same on every rank).
+        // 2. Gather samples with each rank's row count; pick splitters
+        // (the same on every rank).
+        let mut meta = (total as u64).to_le_bytes().to_vec();
+        meta.extend_from_slice(&lens);
         let ag = AllGather::new(ctx, None);
         ag.insert(
             0,
             PackedData {
-                metadata: bytes::Bytes::from(lens),
+                metadata: bytes::Bytes::from(meta),
                 data: Buffer::from_vec(bytes),
             },
         )?;
         ag.insert_finished()?;
-        let mut samples: Vec<Vec<u8>> = Vec::new();
+        // (sample, rows it stands for): a rank's samples share its rows.
+        let mut samples: Vec<(Vec<u8>, f64)> = Vec::new();
         for g in ag.extract(ExtractOrder::RankSeq).await? {
-            let (lens, data) = (g.data.metadata, g.data.data);
+            let (meta, data) = (g.data.metadata, g.data.data);
+            let (rows, lens) = meta
+                .split_first_chunk::<8>()
+                .map(|(r, l)| (u64::from_le_bytes(*r), l))
+                .ok_or_else(|| DataError::Invalid("malformed samples from a peer".into()))?;
+            let weight = rows as f64 / (lens.len() / 4).max(1) as f64;
             let mut off = 0usize;
             for l in lens.chunks_exact(4) {
                 let l = u32::from_le_bytes([l[0], l[1], l[2], l[3]]) as usize;
@@ -405,18 +442,11 @@ impl DistributedSort {
                     .checked_add(l)
                     .and_then(|end| data.as_slice().get(off..end))
                     .ok_or_else(|| DataError::Invalid("malformed sample from a peer".into()))?;
-                samples.push(s.to_vec());
+                samples.push((s.to_vec(), weight));
                 off += l;
             }
         }
-        samples.sort_unstable();
-        let splitters: Vec<Vec<u8>> = if samples.is_empty() {
-            Vec::new()
-        } else {
-            (1..n)
-                .map(|k| samples[k * samples.len() / n].clone())
-                .collect()
-        };
+        let splitters = weighted_splitters(samples, n);
         // 3 + 4. Partition, shuffle, sort locally. This rank's own range
         // stays as batches (no packing, no copy).
         let splitters = Arc::new(Splitters::new(&schema, &conv, &keys, splitters));

@@ -218,3 +218,69 @@ fn empty_tables_and_zero_samples_sort() {
         });
     }
 }
+
+/// Ranks of very different sizes over key ranges of their own (rank 0:
+/// 100,000 rows, the others 1,000 each) still get ranges of about equal
+/// rows: samples stand for their rank's rows. With every sample weighed
+/// the same, each small rank took a share of the key space, and rank 0's
+/// range held nearly all rows.
+#[test]
+fn uneven_ranks_get_even_ranges() {
+    let rt = runtime();
+    for n in RANK_COUNTS.into_iter().filter(|n| *n >= 2) {
+        rt.block_on(async {
+            let ctxs = contexts(&WorldSpec::Local { nranks: n }, MemoryLimits::UNLIMITED)
+                .await
+                .unwrap();
+            let sort = DistributedSort::new(vec![SortKey {
+                column: "b".into(),
+                descending: false,
+                nulls_first: false,
+            }]);
+            let input = |r: u32| {
+                let (lo, len) = if r == 0 {
+                    (0i64, 100_000i64)
+                } else {
+                    (1_000_000 * r as i64, 1_000)
+                };
+                let ids: Vec<i64> = (lo..lo + len).collect();
+                RecordBatch::try_new(
+                    schema(),
+                    vec![
+                        Arc::new(Int64Array::from(ids.clone())),
+                        Arc::new(StringArray::from(vec!["x"; len as usize])),
+                        Arc::new(Int64Array::from(ids)),
+                    ],
+                )
+                .unwrap()
+            };
+            let hs: Vec<_> = ctxs
+                .iter()
+                .map(|c| {
+                    let (c, s, b) = (c.clone(), sort.clone(), input(c.rank()));
+                    tokio::spawn(async move { s.sort(&c, schema(), vec![b]).await })
+                })
+                .collect();
+            let mut sizes = Vec::new();
+            for h in hs {
+                let b = tokio::time::timeout(Duration::from_secs(60), h)
+                    .await
+                    .expect("hung")
+                    .unwrap()
+                    .unwrap();
+                sizes.push(b.num_rows());
+            }
+            let total: usize = sizes.iter().sum();
+            assert_eq!(
+                total,
+                100_000 + 1_000 * (n as usize - 1),
+                "{n} ranks: rows lost"
+            );
+            let even = total / n as usize;
+            assert!(
+                sizes.iter().all(|s| *s <= even + even / 2),
+                "{n} ranks: ranges of {sizes:?} rows, {even} each would be even"
+            );
+        });
+    }
+}
