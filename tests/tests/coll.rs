@@ -945,8 +945,16 @@ fn an_allgather_left_unfinished_fails_every_rank() {
     }
 }
 
+/// What the last rank of a shuffle does with it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum LastRank {
+    Drops,
+    FailsAfter,
+}
+
 /// A Shuffle dropped before this rank finished inserting fails every rank
-/// (not a hang); a partition is extracted once, and only by its owner.
+/// (not a hang), with the cause where there is one; a partition is
+/// extracted once, and only by its owner.
 #[test]
 fn shuffle_misuse_fails_instead_of_hanging_or_losing_data() {
     let rt = runtime();
@@ -956,44 +964,44 @@ fn shuffle_misuse_fails_instead_of_hanging_or_losing_data() {
     };
     for n in RANK_COUNTS.into_iter().filter(|n| *n >= 2) {
         rt.block_on(async {
-            for (world, ctxs) in both_worlds(n).await {
-                let res = on_all(ctxs, move |c| async move {
-                    let sh = Shuffle::new(&c, 2 * n, PartitionOwner::RoundRobin, None);
-                    sh.insert(c.rank() % (2 * n), chunk(1))
-                        .map_err(|e| e.to_string())?;
-                    if c.rank() == n - 1 {
-                        drop(sh);
-                    } else {
-                        sh.insert_finished().map_err(|e| e.to_string())?;
-                        sh.wait().await.map_err(|e| e.to_string())?;
+            // The last rank drops its shuffle unfinished and goes on
+            // (`Drops`), or drops it on the way out of a failure of its own
+            // (`FailsAfter`): the others hear the drop, or that failure
+            // (the drop waits a while for the job to fail otherwise).
+            for last in [LastRank::Drops, LastRank::FailsAfter] {
+                for (world, ctxs) in both_worlds(n).await {
+                    let res = on_all(ctxs, move |c| async move {
+                        let sh = Shuffle::new(&c, 2 * n, PartitionOwner::RoundRobin, None);
+                        sh.insert(c.rank() % (2 * n), chunk(1))
+                            .map_err(|e| e.to_string())?;
+                        if c.rank() == n - 1 {
+                            drop(sh);
+                            if last == LastRank::FailsAfter {
+                                // Work on the way out before the failure
+                                // is reported.
+                                tokio::time::sleep(Duration::from_millis(20)).await;
+                                return Err("a failure of its own".to_string());
+                            }
+                        } else {
+                            sh.insert_finished().map_err(|e| e.to_string())?;
+                            sh.wait().await.map_err(|e| e.to_string())?;
+                        }
+                        barrier(&c).await.map_err(|e| e.to_string())
+                    })
+                    .await;
+                    let what = format!("{last:?}, {world}, {n} ranks");
+                    match last {
+                        LastRank::Drops => {
+                            every_rank_fails_with(res, "dropped before insert_finished", "", &what)
+                        }
+                        LastRank::FailsAfter => every_rank_fails_with(
+                            res,
+                            "a failure of its own",
+                            "dropped before",
+                            &what,
+                        ),
                     }
-                    barrier(&c).await.map_err(|e| e.to_string())
-                })
-                .await;
-                let what = format!("dropped shuffle, {world}, {n} ranks");
-                every_rank_fails_with(res, "dropped before insert_finished", "", &what);
-            }
-            // A rank that fails on its own drops its shuffle on the way out:
-            // the others hear its failure, not the drop (which waits a
-            // while for the job to fail otherwise).
-            for (world, ctxs) in both_worlds(n).await {
-                let res = on_all(ctxs, move |c| async move {
-                    let sh = Shuffle::new(&c, 2 * n, PartitionOwner::RoundRobin, None);
-                    sh.insert(c.rank() % (2 * n), chunk(1))
-                        .map_err(|e| e.to_string())?;
-                    if c.rank() == n - 1 {
-                        // Dropped some time before the rank's failure is
-                        // reported (work on the way out).
-                        drop(sh);
-                        tokio::time::sleep(Duration::from_millis(20)).await;
-                        return Err("a failure of its own".to_string());
-                    }
-                    sh.insert_finished().map_err(|e| e.to_string())?;
-                    sh.wait().await.map_err(|e| e.to_string())
-                })
-                .await;
-                let what = format!("failing rank, {world}, {n} ranks");
-                every_rank_fails_with(res, "a failure of its own", "dropped before", &what);
+                }
             }
             // Extraction: each rank's own partitions once, then a second
             // time and another rank's (both errors).

@@ -93,6 +93,49 @@ fn cmp(x: &Key, y: &Key) -> std::cmp::Ordering {
     })
 }
 
+/// Runs `sort` on every rank of `ctxs` with `input(rank)` as its table;
+/// each rank's sorted part, in rank order (a rank that fails, or takes
+/// over 60 s, fails the test).
+async fn sort_all(
+    ctxs: &[Context],
+    sort: &DistributedSort,
+    input: impl Fn(u32) -> RecordBatch,
+) -> Vec<RecordBatch> {
+    let hs: Vec<_> = ctxs
+        .iter()
+        .map(|c| {
+            let (c, s, b) = (c.clone(), sort.clone(), input(c.rank()));
+            tokio::spawn(async move { s.sort(&c, schema(), vec![b]).await })
+        })
+        .collect();
+    let mut parts = Vec::new();
+    for (r, h) in hs.into_iter().enumerate() {
+        let b = tokio::time::timeout(Duration::from_secs(60), h)
+            .await
+            .expect("hung")
+            .unwrap()
+            .unwrap_or_else(|e| panic!("rank {r}: {e}"));
+        parts.push(b);
+    }
+    parts
+}
+
+/// `n` in-process ranks.
+async fn local_ctxs(n: u32) -> Vec<Context> {
+    contexts(&WorldSpec::Local { nranks: n }, MemoryLimits::UNLIMITED)
+        .await
+        .unwrap()
+}
+
+/// A sort by column `b`, ascending.
+fn by_b() -> DistributedSort {
+    DistributedSort::new(vec![SortKey {
+        column: "b".into(),
+        descending: false,
+        nulls_first: false,
+    }])
+}
+
 async fn check(ctxs: Vec<Context>, seed: u64, samples_per_rank: usize) {
     let n = ctxs.len() as u32;
     let mut sort = DistributedSort::new(vec![
@@ -108,23 +151,11 @@ async fn check(ctxs: Vec<Context>, seed: u64, samples_per_rank: usize) {
         },
     ]);
     sort.samples_per_rank = samples_per_rank;
-    let hs: Vec<_> = ctxs
+    let per_rank: Vec<_> = sort_all(&ctxs, &sort, |r| rows(seed, r, n))
+        .await
         .iter()
-        .map(|c| {
-            let (c, s) = (c.clone(), sort.clone());
-            let input = rows(seed, c.rank(), n);
-            tokio::spawn(async move { s.sort(&c, schema(), vec![input]).await })
-        })
+        .map(keys_of)
         .collect();
-    let mut per_rank = Vec::new();
-    for h in hs {
-        let b = tokio::time::timeout(Duration::from_secs(60), h)
-            .await
-            .expect("hung")
-            .unwrap()
-            .unwrap();
-        per_rank.push(keys_of(&b));
-    }
     let mut all: Vec<(Key, i64)> = per_rank.iter().flatten().cloned().collect();
     for w in all.windows(2) {
         assert_ne!(
@@ -161,9 +192,7 @@ fn distributed_sort_orders_globally_local() {
     let rt = runtime();
     for n in RANK_COUNTS {
         rt.block_on(async {
-            let ctxs = contexts(&WorldSpec::Local { nranks: n }, MemoryLimits::UNLIMITED)
-                .await
-                .unwrap();
+            let ctxs = local_ctxs(n).await;
             check(ctxs, 3 + n as u64, 1024).await;
         });
     }
@@ -190,28 +219,9 @@ fn empty_tables_and_zero_samples_sort() {
     let rt = runtime();
     for n in RANK_COUNTS {
         rt.block_on(async {
-            let ctxs = contexts(&WorldSpec::Local { nranks: n }, MemoryLimits::UNLIMITED)
-                .await
-                .unwrap();
-            let sort = DistributedSort::new(vec![SortKey {
-                column: "b".into(),
-                descending: false,
-                nulls_first: false,
-            }]);
-            let hs: Vec<_> = ctxs
-                .iter()
-                .map(|c| {
-                    let (c, s) = (c.clone(), sort.clone());
-                    let empty = RecordBatch::new_empty(schema());
-                    tokio::spawn(async move { s.sort(&c, schema(), vec![empty]).await })
-                })
-                .collect();
-            for (r, h) in hs.into_iter().enumerate() {
-                let b = tokio::time::timeout(Duration::from_secs(60), h)
-                    .await
-                    .expect("hung")
-                    .unwrap()
-                    .unwrap_or_else(|e| panic!("{n} ranks, rank {r}: {e}"));
+            let ctxs = local_ctxs(n).await;
+            let parts = sort_all(&ctxs, &by_b(), |_| RecordBatch::new_empty(schema())).await;
+            for (r, b) in parts.iter().enumerate() {
                 assert_eq!(b.num_rows(), 0, "{n} ranks, rank {r}");
             }
             check(ctxs, 21 + n as u64, 0).await;
@@ -229,14 +239,7 @@ fn uneven_ranks_get_even_ranges() {
     let rt = runtime();
     for n in RANK_COUNTS.into_iter().filter(|n| *n >= 2) {
         rt.block_on(async {
-            let ctxs = contexts(&WorldSpec::Local { nranks: n }, MemoryLimits::UNLIMITED)
-                .await
-                .unwrap();
-            let sort = DistributedSort::new(vec![SortKey {
-                column: "b".into(),
-                descending: false,
-                nulls_first: false,
-            }]);
+            let ctxs = local_ctxs(n).await;
             let input = |r: u32| {
                 let (lo, len) = if r == 0 {
                     (0i64, 100_000i64)
@@ -254,22 +257,11 @@ fn uneven_ranks_get_even_ranges() {
                 )
                 .unwrap()
             };
-            let hs: Vec<_> = ctxs
+            let sizes: Vec<usize> = sort_all(&ctxs, &by_b(), input)
+                .await
                 .iter()
-                .map(|c| {
-                    let (c, s, b) = (c.clone(), sort.clone(), input(c.rank()));
-                    tokio::spawn(async move { s.sort(&c, schema(), vec![b]).await })
-                })
+                .map(RecordBatch::num_rows)
                 .collect();
-            let mut sizes = Vec::new();
-            for h in hs {
-                let b = tokio::time::timeout(Duration::from_secs(60), h)
-                    .await
-                    .expect("hung")
-                    .unwrap()
-                    .unwrap();
-                sizes.push(b.num_rows());
-            }
             let total: usize = sizes.iter().sum();
             assert_eq!(
                 total,
