@@ -58,25 +58,42 @@ pub fn column_index(batch_schema: &arrow_schema::Schema, name: &str) -> Result<u
 }
 
 /// A row converter for the given key columns with their sort options.
+/// Float keys are encoded as [`order_key_column`] gives them (f64), so
+/// they order as DuckDB and Polars order them.
 pub fn converter(
     batch_schema: &arrow_schema::Schema,
     keys: &[(usize, SortOptions)],
 ) -> Result<RowConverter> {
     let fields = keys
         .iter()
-        .map(|(i, o)| SortField::new_with_options(batch_schema.field(*i).data_type().clone(), *o))
+        .map(|(i, o)| {
+            SortField::new_with_options(group_key_type(batch_schema.field(*i).data_type()), *o)
+        })
         .collect();
     Ok(RowConverter::new(fields)?)
 }
 
-/// The key columns of `batch` in row format.
+/// The key columns of `batch` in row format (from [`converter`]).
 pub fn key_rows(
     conv: &RowConverter,
     batch: &RecordBatch,
     keys: &[(usize, SortOptions)],
 ) -> Result<Rows> {
-    let cols: Vec<ArrayRef> = keys.iter().map(|(i, _)| batch.column(*i).clone()).collect();
+    let cols: Vec<ArrayRef> = keys
+        .iter()
+        .map(|(i, _)| order_key_column(batch.column(*i)))
+        .collect::<Result<_>>()?;
     Ok(conv.convert_columns(&cols)?)
+}
+
+/// A key column as sorting compares it: floats as [`canonical_group_key`]
+/// makes them, so -0.0 and 0.0 tie and every NaN (of either sign) sorts
+/// above +inf, as in DuckDB and Polars (Arrow's sort and row format use
+/// IEEE total order: a NaN with its sign bit set, which x86 arithmetic
+/// makes, first, and -0.0 before 0.0); any other column as it is. Only
+/// the comparison sees this form: the rows keep their values.
+pub fn order_key_column(col: &ArrayRef) -> Result<ArrayRef> {
+    Ok(canonical_group_key(col)?.unwrap_or_else(|| col.clone()))
 }
 
 /// Splits `batch` into `nparts` batches by `dest[i]` (row i's partition).

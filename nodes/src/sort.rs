@@ -32,7 +32,9 @@ use braid_core::{Buffer, Context, PackedData};
 use braid_kernels::sort::{gather_packed, order_key, radix_sort_pairs_on, unpack_row};
 
 use crate::error::{DataError, Result};
-use crate::partition::{Splitters, column_index, converter, key_rows, range_partition};
+use crate::partition::{
+    Splitters, column_index, converter, key_rows, order_key_column, range_partition,
+};
 use crate::shuffle::TableShuffle;
 use crate::threads::{map_scoped, rank_threads};
 
@@ -82,11 +84,13 @@ pub fn local_sort(batch: &RecordBatch, keys: &[SortKey]) -> Result<RecordBatch> 
     let idx = if resolved.len() == 1 {
         let cols = resolved
             .into_iter()
-            .map(|(i, o)| SortColumn {
-                values: batch.column(i).clone(),
-                options: Some(o),
+            .map(|(i, o)| {
+                Ok(SortColumn {
+                    values: order_key_column(batch.column(i))?,
+                    options: Some(o),
+                })
             })
-            .collect::<Vec<_>>();
+            .collect::<Result<Vec<_>>>()?;
         lexsort_to_indices(&cols, None)?
     } else {
         let conv = converter(batch.schema_ref(), &resolved)?;

@@ -165,6 +165,8 @@ fn radix_sort_f64_matches_cpu() {
         f64::INFINITY,
         f64::NEG_INFINITY,
         f64::NAN,
+        -f64::NAN,
+        f64::from_bits(0x7ff0_0000_dead_beef),
         1e-310,
         -1e-310,
     ];
@@ -180,24 +182,23 @@ fn radix_sort_f64_matches_cpu() {
             .collect();
         let keys = order_key_f64(&gpu, &DeviceBuffer::from_slice(&gpu, &v).unwrap()).unwrap();
         let host_keys: Vec<u64> = keys.to_vec().unwrap();
-        // The map is monotone: sorting by it is sorting by value (NaN last).
+        // The map orders as DuckDB and Polars sort: by value, -0.0 equal to
+        // 0.0, every NaN equal and above +inf. Checked on every pair of
+        // neighbours in that order: keys equal exactly where values tie.
+        let cmp = |x: f64, y: f64| match (x.is_nan(), y.is_nan()) {
+            (true, true) => std::cmp::Ordering::Equal,
+            (true, false) => std::cmp::Ordering::Greater,
+            (false, true) => std::cmp::Ordering::Less,
+            _ => x.partial_cmp(&y).unwrap_or(std::cmp::Ordering::Equal),
+        };
         let mut idx: Vec<usize> = (0..n).collect();
-        idx.sort_by(|&a, &b| {
-            let (x, y) = (v[a], v[b]);
-            match (x.is_nan(), y.is_nan()) {
-                (true, true) => std::cmp::Ordering::Equal,
-                (true, false) => std::cmp::Ordering::Greater,
-                (false, true) => std::cmp::Ordering::Less,
-                _ => x.total_cmp(&y),
-            }
-        });
+        idx.sort_by(|&a, &b| cmp(v[a], v[b]));
         for w in idx.windows(2) {
             let (a, b) = (w[0], w[1]);
-            let ord_vals = v[a].is_nan() || v[b].is_nan() || v[a].total_cmp(&v[b]).is_le();
-            assert!(ord_vals);
-            assert!(
-                host_keys[a] <= host_keys[b] || v[a] == v[b],
-                "order key of {} above that of {}",
+            assert_eq!(
+                host_keys[a].cmp(&host_keys[b]),
+                cmp(v[a], v[b]),
+                "order keys of {} and {}",
                 v[a],
                 v[b]
             );

@@ -55,13 +55,16 @@ extern "C" __global__ void order_key_i64(const i64* in, u64* out, u64 n) {
     GRID_STRIDE(i, n) { out[i] = (u64)in[i] ^ 0x8000000000000000ULL; }
 }
 
-// Floats: negative values reversed, positives after them; every NaN last.
+// Floats: negative values reversed, positives after them; -0.0 ties with
+// 0.0 and every NaN (of either sign) is last, as DuckDB and Polars order.
 extern "C" __global__ void order_key_f64(const double* in, u64* out, u64 n) {
     GRID_STRIDE(i, n) {
         double x = in[i];
         u64 b = (u64)__double_as_longlong(x);
         if (x != x) {
             out[i] = 0xFFFFFFFFFFFFFFFFULL;
+        } else if (x == 0.0) {
+            out[i] = 0x8000000000000000ULL;
         } else if (b >> 63) {
             out[i] = ~b;
         } else {

@@ -157,7 +157,8 @@ pub fn order_key_i64(gpu: &Arc<Gpu>, input: &DeviceBuffer) -> Result<DeviceBuffe
     order_key(gpu, input, "order_key_i64")
 }
 
-/// u64 keys whose unsigned order is the f64 values' order (NaNs last).
+/// u64 keys whose unsigned order is the f64 values' order as DuckDB and
+/// Polars sort: -0.0 ties with 0.0, every NaN last (one key).
 pub fn order_key_f64(gpu: &Arc<Gpu>, input: &DeviceBuffer) -> Result<DeviceBuffer, KernelError> {
     order_key(gpu, input, "order_key_f64")
 }
