@@ -95,9 +95,10 @@ pub enum CommError {
         backend: &'static str,
     },
     /// The job could not be set up.
-    #[error("rank {rank}: bootstrap failed: {detail}")]
+    #[error("{}: bootstrap failed: {detail}", who(.rank))]
     Bootstrap {
-        /// The rank that failed.
+        /// The rank that failed (`Rank::MAX`: not known yet, as when the
+        /// rank's own variable is malformed).
         rank: Rank,
         /// What went wrong.
         detail: String,
@@ -179,4 +180,34 @@ pub enum MemoryError {
     /// Spilling to disk failed.
     #[error("spill I/O failed: {0}")]
     Spill(String),
+}
+
+/// A rank as bootstrap errors name it: `Rank::MAX` stands for one that
+/// is not known yet (printed as such, not as 4294967295).
+fn who(rank: &Rank) -> String {
+    if *rank == Rank::MAX {
+        "rank unknown".into()
+    } else {
+        format!("rank {rank}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A bootstrap error before the rank is known says so; after, it
+    /// names the rank.
+    #[test]
+    fn bootstrap_errors_name_the_rank_when_known() {
+        let e = |rank| {
+            CommError::Bootstrap {
+                rank,
+                detail: "x".into(),
+            }
+            .to_string()
+        };
+        assert_eq!(e(Rank::MAX), "rank unknown: bootstrap failed: x");
+        assert_eq!(e(3), "rank 3: bootstrap failed: x");
+    }
 }

@@ -6,7 +6,7 @@
 //!
 //!   gpu_rolling, ungrouped:
 //!     1. radix sort by ts; sample splitters (AllGather of 64 ts per rank
-//!        over the host); AllToAllv of every column; radix sort again
+//!        over the host, weighed by the rank's rows); AllToAllv of every column; radix sort again
 //!        (equal ts share a splitter side, so they stay on one rank)
 //!     2. AllGather of (rows, min ts, max ts); HaloExchange rounds of packed
 //!        (ts, values, validity) suffixes, as on the CPU path
@@ -340,32 +340,44 @@ async fn global_sort(
             samples.push(read_i64(ts, j * rows / SAMPLES.min(rows))?);
         }
     }
-    let mut all = allgather(dc.ctx(), vec![samples.len() as i64])
+    // Each rank's sample count and rows: a sample stands for its rank's
+    // rows over its count (see `weighted_splitters`), so a rank with few
+    // rows over a key range of its own does not take a range as large as
+    // a rank with many.
+    let all = allgather(dc.ctx(), vec![samples.len() as i64, rows as i64])
         .await
         .map_err(fail)?;
-    let counts: Vec<usize> = all
-        .drain(..)
-        .map(|c| usize::try_from(c).unwrap_or(0).min(SAMPLES))
-        .collect();
+    let (counts, weights): (Vec<usize>, Vec<f64>) = all
+        .chunks_exact(2)
+        .map(|c| {
+            let count = usize::try_from(c[0]).unwrap_or(0).min(SAMPLES);
+            (count, c[1].max(0) as f64 / count.max(1) as f64)
+        })
+        .unzip();
+    if counts.len() != n {
+        return Err(fail(format!(
+            "sample counts of {} ranks, not {n}",
+            counts.len()
+        )));
+    }
     // Pad to the largest sample count so the gather is regular.
     let most = counts.iter().copied().max().unwrap_or(0);
     let mut padded = samples.clone();
     padded.resize(most, 0);
     let gathered = allgather(dc.ctx(), padded).await.map_err(fail)?;
-    let mut pool: Vec<i64> = Vec::new();
+    let mut pool: Vec<(i64, f64)> = Vec::new();
     for (r, c) in counts.iter().enumerate() {
         let part = gathered
             .get(r * most..r * most + c)
             .ok_or_else(|| fail(format!("rank {r}'s order samples came short")))?;
-        pool.extend_from_slice(part);
+        pool.extend(part.iter().map(|x| (*x, weights[r])));
     }
-    pool.sort_unstable();
-    let splitters: Vec<u64> = (1..n)
-        .map(|k| {
-            let x = pool.get(k * pool.len() / n).copied().unwrap_or(i64::MAX);
-            (x as u64) ^ (1 << 63)
-        })
+    // No rows anywhere: no samples; every cut at the end.
+    let mut splitters: Vec<u64> = crate::sort::weighted_splitters(pool, n)
+        .into_iter()
+        .map(|x| (x as u64) ^ (1 << 63))
         .collect();
+    splitters.resize(n - 1, u64::MAX);
     let bounds = split_bounds(&gpu, &keys, &splitters, rows)?;
     let got = exchange_rows(dc, &sorted, &bounds).await?;
     drop(sorted);

@@ -17,6 +17,11 @@
 //! prefetching gather per fixed-width column; otherwise Arrow's O(n log n)
 //! sort. Skew: a key that repeats more than n/N times makes
 //! its rank larger than the others (the price of never splitting keys).
+//!
+//! Order: Arrow's, but float keys compare as DuckDB's `ORDER BY` and
+//! Polars' `sort` do (`partition::order_key_column`): -0.0 ties with 0.0
+//! and every NaN sorts above +inf (after the values ascending, first
+//! descending); nulls where each key's `nulls_first` puts them.
 
 use std::sync::{Arc, OnceLock};
 
@@ -341,8 +346,9 @@ pub struct DistributedSort {
 /// over a key range of its own took half the key space: one range of
 /// 10^7 rows, one of 1,000). Deterministic: every rank sorts the same
 /// samples the same way (weights break key ties) and sums in that order.
-/// No samples (no rows anywhere): no splitters.
-fn weighted_splitters(mut samples: Vec<(Vec<u8>, f64)>, n: usize) -> Vec<Vec<u8>> {
+/// No samples (no rows anywhere): no splitters. The GPU job's sort picks
+/// its splitters here too (keys as i64).
+pub(crate) fn weighted_splitters<K: Ord + Clone>(mut samples: Vec<(K, f64)>, n: usize) -> Vec<K> {
     if samples.is_empty() {
         return Vec::new();
     }

@@ -66,7 +66,7 @@ struct Cli {
     /// Rows per chunk.
     #[arg(long, default_value_t = 64 * 1024)]
     chunk_rows: usize,
-    /// Host memory limit per rank (bytes, or with a unit: 512MiB, 2GB);
+    /// Host memory limit per rank (bytes, or with a unit: 512MiB, 2GB, 1e9);
     /// shuffled data over it spills to disk.
     #[arg(long)]
     memory_limit: Option<String>,
@@ -100,11 +100,26 @@ fn parse_device(s: &str) -> Result<Device, String> {
 
 fn parse_bytes(s: &str) -> Result<u64, String> {
     let s = s.trim();
-    let split = s
-        .find(|c: char| !c.is_ascii_digit() && c != '.')
-        .unwrap_or(s.len());
+    let digits = |from: usize| {
+        s[from..]
+            .find(|c: char| !c.is_ascii_digit() && c != '.')
+            .map_or(s.len(), |i| from + i)
+    };
+    let mut split = digits(0);
+    // An exponent (`1e9`, `2.5E+10`) belongs to the number.
+    let rest = &s.as_bytes()[split..];
+    if let [b'e' | b'E', tail @ ..] = rest {
+        let sign = usize::from(matches!(tail.first(), Some(b'+' | b'-')));
+        if tail.get(sign).is_some_and(u8::is_ascii_digit) {
+            split = digits(split + 1 + sign);
+        }
+    }
     let (num, unit) = s.split_at(split);
-    let num: f64 = num.parse().map_err(|_| format!("bad memory size {s:?}"))?;
+    let num: f64 = num
+        .parse()
+        .ok()
+        .filter(|x: &f64| x.is_finite())
+        .ok_or_else(|| format!("bad memory size {s:?}"))?;
     let mul: f64 = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1.0,
         "k" | "kb" => 1e3,
@@ -681,6 +696,31 @@ mod tests {
         match parse_window(s, t, closed)? {
             Window::Fixed(w) => Ok(w),
             w => Err(format!("calendar window {w:?}")),
+        }
+    }
+
+    /// Sizes with units and exponents; malformed ones are refused.
+    #[test]
+    fn memory_sizes_parse() {
+        assert_eq!(parse_bytes("512MiB"), Ok(512 << 20));
+        assert_eq!(parse_bytes("2GB"), Ok(2_000_000_000));
+        assert_eq!(parse_bytes(" 1.5 kib "), Ok(1536));
+        assert_eq!(parse_bytes("1e9"), Ok(1_000_000_000));
+        assert_eq!(parse_bytes("2.5E+3k"), Ok(2_500_000));
+        assert_eq!(parse_bytes("4e-1k"), Ok(400));
+        assert_eq!(parse_bytes("123"), Ok(123));
+        for bad in [
+            "",
+            "-1",
+            "e9",
+            "1e",
+            "1ex",
+            "nan",
+            "1e999",
+            "1.2.3",
+            "5 parsecs",
+        ] {
+            assert!(parse_bytes(bad).is_err(), "{bad:?} accepted");
         }
     }
 

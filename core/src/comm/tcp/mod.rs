@@ -155,8 +155,12 @@ impl TcpConfig {
         let Some(nranks) = get("BRAID_NRANKS") else {
             return Ok(None);
         };
+        // Errors name this rank once BRAID_RANK reads as one.
+        let known = get("BRAID_RANK")
+            .and_then(|r| r.parse::<Rank>().ok())
+            .unwrap_or(Rank::MAX);
         let bad = |what: String| CommError::Bootstrap {
-            rank: Rank::MAX,
+            rank: known,
             detail: what,
         };
         let nranks: u32 = nranks
