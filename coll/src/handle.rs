@@ -616,8 +616,10 @@ impl Future for YieldOnce {
 /// Shuffle) before its finish.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Left {
-    /// Extracted (or waited on) first: nothing could end the wait.
+    /// Extracted first: nothing could end the wait.
     Extracted,
+    /// Waited on first (`Shuffle::wait`): the same.
+    Waited,
     /// Dropped first.
     Dropped,
 }
@@ -652,6 +654,7 @@ pub(crate) async fn left_unfinished(
     }
     site.abandoned(match how {
         Left::Extracted => "extracted",
+        Left::Waited => "waited on",
         Left::Dropped => "dropped",
     })
 }

@@ -1,5 +1,12 @@
 //! SendRecv: send to one peer and receive from another in one step (the
 //! step of a ring). Cost: alpha + m * beta, both directions at once.
+//!
+//! Pairing is the caller's: rank r's `src` must be a rank whose `dst` is
+//! r in the same call. Peers that do not pair up (rank 1 receives from
+//! rank 0, which sends elsewhere) are not detected, as in MPI: the
+//! receive waits for a message that never comes (a tcp job's idle peers
+//! are still alive, so nothing fails). Sizes, kinds and element types
+//! of paired calls are checked as in every collective.
 
 use braid_core::{Buffer, Context, Rank, Tag};
 use braid_kernels::DType;
@@ -21,8 +28,10 @@ pub fn start_sendrecv(
     let comm = ctx.comm().clone();
     start(ctx, CollKind::SendRecv, op, callback, async move {
         let n = comm.nranks();
-        if dst >= n || src >= n {
-            return Err(site.invalid(format!("peers {dst} and {src} must be below nranks {n}")));
+        for (what, peer) in [("send", dst), ("receive", src)] {
+            if peer >= n {
+                return Err(site.invalid(format!("{what} peer {peer} is not a rank (nranks {n})")));
+            }
         }
         let tag = Tag::new(op, 0);
         let meta = Meta::new(CollKind::SendRecv, DType::Bytes).count(data.len() as u64);

@@ -208,13 +208,7 @@ pub struct Shuffle {
 /// a finish that cannot come.
 impl Drop for Shuffle {
     fn drop(&mut self) {
-        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        if !s.finished {
-            s.finished = true;
-            s.abandoned = Some(Left::Dropped);
-            drop(s);
-            self.local_done.set();
-        }
+        self.abandon(Left::Dropped);
     }
 }
 
@@ -431,16 +425,33 @@ impl Shuffle {
         Ok(())
     }
 
-    /// Waits until every rank has finished inserting.
+    /// Waits until every rank has finished inserting. Called before this
+    /// rank's own `insert_finished`, it fails (and with it the job), as
+    /// nothing could end the wait.
     pub async fn wait(&self) -> Result<(), CollError> {
+        self.abandon(Left::Waited);
         self.done.wait().await;
         self.result()
     }
 
     /// Like [`Shuffle::wait`], blocking the calling thread.
     pub fn wait_blocking(&self) -> Result<(), CollError> {
+        self.abandon(Left::Waited);
         self.done.wait_blocking();
         self.result()
+    }
+
+    /// Ends this rank's part as left unfinished (`how`) unless it finished
+    /// inserting: the core then fails instead of waiting for a finish that
+    /// cannot come (and for the peers, which wait for this rank's).
+    fn abandon(&self, how: Left) {
+        let mut s = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if !s.finished {
+            s.finished = true;
+            s.abandoned = Some(how);
+            drop(s);
+            self.local_done.set();
+        }
     }
 
     /// The core's outcome, once `done` is set.
@@ -457,8 +468,10 @@ impl Shuffle {
     /// Waits until every rank has finished inserting, then takes partition
     /// `pid`'s chunks (owned by this rank), ordered by (source rank, seq).
     /// A partition is taken once: another rank's, or one taken already, is
-    /// an error (not an empty partition).
+    /// an error (not an empty partition); so is a call before this rank's
+    /// `insert_finished` (see [`Shuffle::wait`]).
     pub async fn extract(&self, pid: u32) -> Result<Vec<PackedData>, CollError> {
+        self.abandon(Left::Extracted);
         self.wait().await?;
         self.take(pid)
     }

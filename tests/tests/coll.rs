@@ -950,10 +950,13 @@ fn an_allgather_left_unfinished_fails_every_rank() {
 enum LastRank {
     Drops,
     FailsAfter,
+    ExtractsEarly,
+    WaitsEarly,
 }
 
-/// A Shuffle dropped before this rank finished inserting fails every rank
-/// (not a hang), with the cause where there is one; a partition is
+/// A Shuffle dropped, extracted or waited on before this rank finished
+/// inserting fails every rank (not a hang: the wait had nothing to end it,
+/// even on one rank), with the cause where there is one; a partition is
 /// extracted once, and only by its owner.
 #[test]
 fn shuffle_misuse_fails_instead_of_hanging_or_losing_data() {
@@ -962,20 +965,39 @@ fn shuffle_misuse_fails_instead_of_hanging_or_losing_data() {
         metadata: Bytes::new(),
         data: Buffer::from_vec(vec![b; 8]),
     };
-    for n in RANK_COUNTS.into_iter().filter(|n| *n >= 2) {
+    for n in RANK_COUNTS {
         rt.block_on(async {
             // The last rank drops its shuffle unfinished and goes on
             // (`Drops`), or drops it on the way out of a failure of its own
             // (`FailsAfter`): the others hear the drop, or that failure
-            // (the drop waits a while for the job to fail otherwise).
-            for last in [LastRank::Drops, LastRank::FailsAfter] {
+            // (the drop waits a while for the job to fail otherwise). Or
+            // it extracts a partition or waits first (one rank alone, too).
+            let lasts: &[LastRank] = if n == 1 {
+                &[LastRank::ExtractsEarly, LastRank::WaitsEarly]
+            } else {
+                &[
+                    LastRank::Drops,
+                    LastRank::FailsAfter,
+                    LastRank::ExtractsEarly,
+                    LastRank::WaitsEarly,
+                ]
+            };
+            for &last in lasts {
                 for (world, ctxs) in both_worlds(n).await {
                     let res = on_all(ctxs, move |c| async move {
                         let sh = Shuffle::new(&c, 2 * n, PartitionOwner::RoundRobin, None);
                         sh.insert(c.rank() % (2 * n), chunk(1))
                             .map_err(|e| e.to_string())?;
                         if c.rank() == n - 1 {
-                            drop(sh);
+                            match last {
+                                LastRank::ExtractsEarly => {
+                                    sh.extract(c.rank()).await.map_err(|e| e.to_string())?;
+                                }
+                                LastRank::WaitsEarly => {
+                                    sh.wait().await.map_err(|e| e.to_string())?;
+                                }
+                                LastRank::Drops | LastRank::FailsAfter => drop(sh),
+                            }
                             if last == LastRank::FailsAfter {
                                 // Work on the way out before the failure
                                 // is reported.
@@ -994,6 +1016,18 @@ fn shuffle_misuse_fails_instead_of_hanging_or_losing_data() {
                         LastRank::Drops => {
                             every_rank_fails_with(res, "dropped before insert_finished", "", &what)
                         }
+                        LastRank::ExtractsEarly => every_rank_fails_with(
+                            res,
+                            "extracted before insert_finished",
+                            "",
+                            &what,
+                        ),
+                        LastRank::WaitsEarly => every_rank_fails_with(
+                            res,
+                            "waited on before insert_finished",
+                            "",
+                            &what,
+                        ),
                         LastRank::FailsAfter => every_rank_fails_with(
                             res,
                             "a failure of its own",
@@ -1027,14 +1061,16 @@ fn shuffle_misuse_fails_instead_of_hanging_or_losing_data() {
                             "rank {me}, partition {pid} twice: {again:?}"
                         );
                     }
-                    let other = (me + 1) % n;
-                    let theirs = sh.extract(other).await.err().map(|e| e.to_string());
-                    assert!(
-                        theirs
-                            .as_ref()
-                            .is_some_and(|e| e.contains(&format!("belongs to rank {other}"))),
-                        "rank {me}, rank {other}'s partition: {theirs:?}"
-                    );
+                    if n > 1 {
+                        let other = (me + 1) % n;
+                        let theirs = sh.extract(other).await.err().map(|e| e.to_string());
+                        assert!(
+                            theirs
+                                .as_ref()
+                                .is_some_and(|e| e.contains(&format!("belongs to rank {other}"))),
+                            "rank {me}, rank {other}'s partition: {theirs:?}"
+                        );
+                    }
                     Ok(())
                 },
             )
