@@ -6,8 +6,9 @@
 //!
 //!   gpu_rolling, ungrouped:
 //!     1. radix sort by ts; sample splitters (AllGather of 64 ts per rank
-//!        over the host, weighed by the rank's rows); AllToAllv of every column; radix sort again
-//!        (equal ts share a splitter side, so they stay on one rank)
+//!        over the host, weighed by the rank's rows); AllToAllv of every
+//!        column; radix sort again (equal ts share a splitter side, so
+//!        they stay on one rank)
 //!     2. AllGather of (rows, min ts, max ts); HaloExchange rounds of packed
 //!        (ts, values, validity) suffixes, as on the CPU path
 //!     3. the rolling kernel over ghost rows ++ own rows
