@@ -90,6 +90,20 @@ fn bad_input_is_a_clear_error_with_nothing_left_behind() {
         &out,
         "window must be >= 0",
     );
+    // A zero window holds no row but with --closed both (then the rows of
+    // equal ts: checked by the library's tests).
+    assert_clean_failure(
+        &["--input", gs, "--window", "0", "--output", os],
+        &out,
+        "with --closed right it holds no rows",
+    );
+    assert_clean_failure(
+        &[
+            "--input", gs, "--window", "0i", "--closed", "left", "--output", os,
+        ],
+        &out,
+        "with --closed left it holds no rows",
+    );
     assert_clean_failure(
         &["--input", gs, "--window", "5m", "--output", os],
         &out,

@@ -98,9 +98,18 @@ pub fn order_key_column(col: &ArrayRef) -> Result<ArrayRef> {
 
 /// Splits `batch` into `nparts` batches by `dest[i]` (row i's partition).
 pub fn split_by(batch: &RecordBatch, dest: &[u32], nparts: usize) -> Result<Vec<RecordBatch>> {
+    if dest.len() != batch.num_rows() {
+        return Err(DataError::Invalid(format!(
+            "{} destinations for {} rows",
+            dest.len(),
+            batch.num_rows()
+        )));
+    }
     let mut counts = vec![0usize; nparts];
     for d in dest {
-        counts[*d as usize] += 1;
+        *counts.get_mut(*d as usize).ok_or_else(|| {
+            DataError::Invalid(format!("destination {d} is not below {nparts} partitions"))
+        })? += 1;
     }
     let mut idx: Vec<Vec<u32>> = counts.iter().map(|c| Vec::with_capacity(*c)).collect();
     for (i, d) in dest.iter().enumerate() {
@@ -171,6 +180,11 @@ pub fn hash_partition(
     key_cols: &[usize],
     nparts: usize,
 ) -> Result<Vec<RecordBatch>> {
+    if key_cols.is_empty() {
+        return Err(DataError::Invalid(
+            "hash partitioning needs at least one key column".into(),
+        ));
+    }
     let mut fields = Vec::with_capacity(key_cols.len());
     let mut cols = Vec::with_capacity(key_cols.len());
     for &i in key_cols {
@@ -382,6 +396,31 @@ mod tests {
                 assert!(here == 0 || here == total, "key {k} split");
             }
         }
+    }
+
+    /// Partitioning by no key columns, or by destinations that do not
+    /// fit the batch, is an error (no key columns gave no destinations,
+    /// and every row was silently dropped).
+    #[test]
+    fn bad_partitionings_are_errors() {
+        let batch = RecordBatch::try_new(
+            Arc::new(arrow_schema::Schema::new(vec![arrow_schema::Field::new(
+                "k",
+                arrow_schema::DataType::Int64,
+                false,
+            )])),
+            vec![Arc::new(Int64Array::from(vec![1, 2, 3]))],
+        )
+        .unwrap();
+        let err = |r: Result<Vec<RecordBatch>>| r.err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(err(hash_partition(&batch, &[], 2)).contains("at least one key"));
+        assert!(err(split_by(&batch, &[0, 1], 2)).contains("2 destinations for 3 rows"));
+        assert!(err(split_by(&batch, &[0, 2, 1], 2)).contains("destination 2 is not below 2"));
+        let parts = split_by(&batch, &[1, 0, 1], 2).unwrap();
+        assert_eq!(
+            parts.iter().map(RecordBatch::num_rows).collect::<Vec<_>>(),
+            vec![1, 2]
+        );
     }
 
     #[test]

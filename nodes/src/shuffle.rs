@@ -105,6 +105,11 @@ pub async fn hash_shuffle(
     mut input: Receiver,
 ) -> Result<Vec<RecordBatch>> {
     let n = ctx.nranks() as usize;
+    if keys.is_empty() {
+        return Err(DataError::Invalid(
+            "a hash shuffle needs at least one key column".into(),
+        ));
+    }
     let cols: Vec<usize> = keys
         .iter()
         .map(|k| column_index(&schema, k))

@@ -196,14 +196,20 @@ impl FileSink {
 
     /// This rank's staged part, to commit once the whole graph has
     /// succeeded ([`Staged::commit`]); dropped uncommitted (a failure, a
-    /// cancelled job), it removes the part and, on rank 0, the staging
-    /// directory. Take it before the graph runs, so that nothing a failed
-    /// or cancelled job staged is left behind.
+    /// cancelled job), it removes the part and the staging directory (on
+    /// rank 0; on the others once it is empty). Take it before the graph
+    /// runs, so that nothing a failed or cancelled job staged is left
+    /// behind.
     pub fn staged(&self, rank: u32) -> Staged {
         Staged {
             sink: self.clone(),
             part: self.part(rank),
-            staging: (rank == 0).then(|| self.target.staging()),
+            staging: self.target.staging(),
+            cleanup: if rank == 0 {
+                Cleanup::Whole
+            } else {
+                Cleanup::IfEmpty
+            },
             armed: true,
         }
     }
@@ -340,8 +346,20 @@ impl FileSink {
 pub struct Staged {
     sink: FileSink,
     part: PathBuf,
-    staging: Option<PathBuf>,
+    staging: PathBuf,
+    cleanup: Cleanup,
     armed: bool,
+}
+
+/// What a rank's [`Staged`] dropped uncommitted removes of the staging
+/// directory besides its own part.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Cleanup {
+    /// All of it (rank 0).
+    Whole,
+    /// The directory if it is empty by then (every other rank): a rank
+    /// that prepared after rank 0 had cleaned up made it again.
+    IfEmpty,
 }
 
 impl Staged {
@@ -360,9 +378,10 @@ impl Drop for Staged {
     fn drop(&mut self) {
         if self.armed {
             let _ = std::fs::remove_file(&self.part);
-            if let Some(s) = &self.staging {
-                let _ = std::fs::remove_dir_all(s);
-            }
+            let _ = match self.cleanup {
+                Cleanup::Whole => std::fs::remove_dir_all(&self.staging),
+                Cleanup::IfEmpty => std::fs::remove_dir(&self.staging),
+            };
         }
     }
 }
@@ -465,6 +484,36 @@ mod tests {
         let want: Vec<i64> = secs.iter().map(|s| s * 1000).collect();
         assert_eq!(ts.values().to_vec(), want);
         assert!(ts.nulls().is_none());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A failed job leaves no staging directory, whatever order its ranks
+    /// fail in: rank 0 cleaned up first, then rank 1 prepared (making the
+    /// directory again) and failed with a part staged; every rank's guard
+    /// dropped uncommitted. Rank 1's guard removed only its part before,
+    /// and the directory stayed.
+    #[test]
+    fn ranks_failing_in_any_order_leave_no_staging() {
+        let dir = std::env::temp_dir().join(format!("braid-sink-stage-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let schema = Arc::new(Schema::new(vec![Field::new("x", DataType::Int64, false)]));
+        let sink = FileSink {
+            format: FileFormat::Csv,
+            target: SinkTarget::Dir(dir.clone()),
+            schema,
+        };
+        let staging = sink.target.staging();
+        sink.prepare().unwrap();
+        let (r0, r1, r2) = (sink.staged(0), sink.staged(1), sink.staged(2));
+        drop(r0);
+        assert!(!staging.exists(), "rank 0 removes the staging directory");
+        sink.prepare().unwrap();
+        std::fs::write(sink.part(1), "x\n1\n").unwrap();
+        std::fs::write(sink.part(2), "x\n2\n").unwrap();
+        drop(r1);
+        assert!(staging.exists(), "rank 2's part is still there");
+        drop(r2);
+        assert!(!staging.exists(), "the last rank out removes it");
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

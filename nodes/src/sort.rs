@@ -72,7 +72,15 @@ impl SortKey {
     }
 }
 
+/// The key columns' indices and options; no keys is an error (an order
+/// of nothing is not one the caller meant, and the row format of no
+/// columns has no rows to compare).
 fn resolve(schema: &arrow_schema::Schema, keys: &[SortKey]) -> Result<Vec<(usize, SortOptions)>> {
+    if keys.is_empty() {
+        return Err(DataError::Invalid(
+            "a sort needs at least one key column".into(),
+        ));
+    }
     keys.iter()
         .map(|k| Ok((column_index(schema, &k.column)?, k.options())))
         .collect()

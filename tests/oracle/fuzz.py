@@ -249,7 +249,10 @@ def make_case(rng, i, d, local_share=0.15):
         cmd += ["--memory-limit", "1MiB"]
     desc = (f"rows={rows} ts={ts_kind}/{unit or 'i64'} key={key} values={kinds} "
             f"{' zone=' + zone if zone else ''} w={w_arg} closed={closed} ranks={ranks}/{backend}")
-    return cmd, check, desc
+    # A window of 0 holds no rows but with closed both: the command line
+    # refuses it (what it must say).
+    refusal = "holds no rows" if period is None and w == 0 and closed != "both" else None
+    return cmd, check, desc, refusal
 
 
 def main():
@@ -272,7 +275,7 @@ def main():
         d = os.path.join(a.out, f"case-{a.seed}-{i}")
         shutil.rmtree(d, ignore_errors=True)
         os.makedirs(d)
-        cmd, check, desc = make_case(rng, i, d, a.local_share)
+        cmd, check, desc, refusal = make_case(rng, i, d, a.local_share)
         # Threads a rank spreads its CPU work over (BRAID_RANK_THREADS; the
         # default shares the cores), drawn apart so the cases stay as seeds
         # drew them before.
@@ -297,7 +300,13 @@ def main():
         t0 = time.time()
         run = subprocess.run(argv, capture_output=True, text=True, timeout=600, env=env)
         verdict = "ok"
-        if run.returncode != 0:
+        if refusal is not None:
+            report = run.stderr
+            if run.returncode == 0 or refusal not in run.stderr:
+                verdict = f"not refused with {refusal!r}"
+            else:
+                desc += " (refused)"
+        elif run.returncode != 0:
             verdict = "rolling failed"
             report = run.stderr
         else:

@@ -442,3 +442,34 @@ async fn check_float_orders(ctxs: &[Context], world: &str) {
         assert_eq!(got, want, "{what}: every row once, values unchanged");
     }
 }
+
+/// A sort by no keys is a clear error on every rank (it panicked: the row
+/// format of no columns has no rows to sample).
+#[test]
+fn a_sort_without_keys_is_an_error() {
+    let rt = runtime();
+    for n in RANK_COUNTS {
+        rt.block_on(async {
+            let ctxs = local_ctxs(n).await;
+            let hs: Vec<_> = ctxs
+                .iter()
+                .map(|c| {
+                    let (c, b) = (c.clone(), rows(5, c.rank(), n));
+                    tokio::spawn(async move {
+                        DistributedSort::new(vec![])
+                            .sort(&c, b.schema(), vec![b])
+                            .await
+                    })
+                })
+                .collect();
+            for (r, h) in hs.into_iter().enumerate() {
+                let got = tokio::time::timeout(Duration::from_secs(60), h)
+                    .await
+                    .expect("hung")
+                    .expect("rank task");
+                let e = got.err().map(|e| e.to_string()).unwrap_or_default();
+                assert!(e.contains("at least one key"), "{n} ranks, rank {r}: {e:?}");
+            }
+        });
+    }
+}

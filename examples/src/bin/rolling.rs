@@ -149,6 +149,22 @@ fn parse_bytes(s: &str) -> Result<u64, String> {
 /// window's far end is open (`right`, `none`: t - w < ts), down where it
 /// is closed (`both`, `left`: t - w <= ts); order values are integers, so
 /// either way the window holds exactly the rows the exact duration does.
+/// A window of length 0 holds a row's equal-ts rows with `--closed both`
+/// (DuckDB's `RANGE BETWEEN 0 PRECEDING AND CURRENT ROW`) and no row with
+/// any other mode: every output would be null, which a user who typed it
+/// did not mean (Polars refuses a zero period). The library keeps the
+/// rule's plain meaning; the command line refuses it.
+fn check_window_holds_rows(w: &Window, closed: Closed, given: &str) -> Result<(), String> {
+    if *w == Window::Fixed(0) && closed != Closed::Both {
+        return Err(format!(
+            "window {given:?} is 0: with --closed {} it holds no rows (every result null); \
+             use --closed both for the rows of equal order value, or a longer window",
+            closed.name()
+        ));
+    }
+    Ok(())
+}
+
 fn parse_window(s: &str, order_type: &DataType, closed: Closed) -> Result<Window, String> {
     let s = s.trim();
     if s.is_empty() {
@@ -429,6 +445,7 @@ fn build(cli: &Cli) -> Result<(RollingJob, MemoryLimits, Option<u64>), BoxError>
         .map(|f| f.data_type().clone())
         .map_err(|_| format!("input has no column {:?}", cli.order))?;
     let window = parse_window(&cli.window, &order_type, cli.closed)?;
+    check_window_holds_rows(&window, cli.closed, &cli.window)?;
     let spec = RollingSpec {
         order: cli.order.clone(),
         by: cli.by.clone(),
