@@ -86,7 +86,7 @@ pub enum LaunchError {
         /// What every rank printed (captured mode only).
         report: Box<LaunchReport>,
     },
-    /// The launcher was interrupted.
+    /// The launcher was interrupted (Ctrl-C, SIGTERM, SIGHUP).
     #[error("interrupted; all ranks were stopped")]
     Interrupted,
 }
@@ -143,6 +143,41 @@ fn hand_over(cmd: &mut Command, listener: &std::net::TcpListener) {
 /// meanwhile, rarely).
 #[cfg(not(unix))]
 fn hand_over(_cmd: &mut Command, _listener: &std::net::TcpListener) {}
+
+/// Completes when the launcher is asked to stop: Ctrl-C (SIGINT) and, on
+/// Unix, SIGTERM or SIGHUP (what `kill`, a batch system's cancel or a
+/// closed terminal sends). The ranks are then killed, not left running
+/// (a launcher ended by SIGTERM left its ranks behind). A signal whose
+/// handler cannot be installed never completes.
+async fn stop_requested() {
+    let ctrl_c = async {
+        if tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let on = |kind: SignalKind| {
+            let s = signal(kind).ok();
+            async move {
+                match s {
+                    Some(mut s) => {
+                        s.recv().await;
+                    }
+                    None => std::future::pending::<()>().await,
+                }
+            }
+        };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = on(SignalKind::terminate()) => {}
+            _ = on(SignalKind::hangup()) => {}
+        }
+    }
+    #[cfg(not(unix))]
+    ctrl_c.await;
+}
 
 async fn forward<R: AsyncRead + Unpin>(
     r: R,
@@ -270,8 +305,8 @@ pub async fn launch(spec: LaunchSpec) -> Result<LaunchReport, LaunchError> {
     let mut kill_at: Option<tokio::time::Instant> = None;
     let mut interrupted = false;
     let mut remaining = n;
-    let ctrl_c = tokio::signal::ctrl_c();
-    tokio::pin!(ctrl_c);
+    let stop = stop_requested();
+    tokio::pin!(stop);
     while remaining > 0 {
         tokio::select! {
             d = done_rx.recv() => {
@@ -293,7 +328,7 @@ pub async fn launch(spec: LaunchSpec) -> Result<LaunchReport, LaunchError> {
                 kill_at = None;
                 let _ = kill_tx.send(true);
             }
-            _ = &mut ctrl_c, if !interrupted => {
+            _ = &mut stop, if !interrupted => {
                 interrupted = true;
                 let _ = kill_tx.send(true);
             }

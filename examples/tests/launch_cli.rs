@@ -1,0 +1,80 @@
+//! `braid-launch` as a user runs it: asked to stop by a signal, it ends
+//! every rank before it exits.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail by panicking
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Whether process `pid` still runs (a zombie counts as gone).
+fn alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => !stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
+        Err(_) => false,
+    }
+}
+
+/// The pids the ranks wrote into `dir` (one file a rank), once all `n` did.
+fn rank_pids(dir: &Path, n: usize) -> Vec<u32> {
+    let until = Instant::now() + Duration::from_secs(30);
+    loop {
+        let pids: Vec<u32> = (0..n)
+            .filter_map(|r| std::fs::read_to_string(dir.join(format!("pid{r}"))).ok())
+            .filter_map(|s| s.trim().parse().ok())
+            .collect();
+        if pids.len() == n {
+            return pids;
+        }
+        assert!(Instant::now() < until, "the ranks did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// SIGTERM and SIGHUP (what `kill`, a batch system's cancel and a closed
+/// terminal send) end the launcher and every rank; before, the launcher
+/// died at once and left its ranks running.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_stop_signal_ends_every_rank() {
+    for (sig, name) in [(libc::SIGTERM, "SIGTERM"), (libc::SIGHUP, "SIGHUP")] {
+        let dir = std::env::temp_dir().join(format!("braid-launch-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let script = format!("echo $$ > {}/pid$BRAID_RANK; exec sleep 60", dir.display());
+        let mut launcher = Command::new(env!("CARGO_BIN_EXE_braid-launch"))
+            .args(["-n", "3", "--", "sh", "-c", &script])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let pids = rank_pids(&dir, 3);
+        // SAFETY: a signal to the child this test started.
+        assert_eq!(unsafe { libc::kill(launcher.id() as i32, sig) }, 0);
+        let until = Instant::now() + Duration::from_secs(20);
+        let status = loop {
+            if let Some(s) = launcher.try_wait().unwrap() {
+                break s;
+            }
+            assert!(Instant::now() < until, "{name}: the launcher did not end");
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let mut err = String::new();
+        std::io::Read::read_to_string(&mut launcher.stderr.take().unwrap(), &mut err).unwrap();
+        assert!(!status.success(), "{name}: {status:?}");
+        assert!(err.contains("interrupted"), "{name}: {err}");
+        let until = Instant::now() + Duration::from_secs(10);
+        while pids.iter().any(|p| alive(*p)) && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let left: Vec<u32> = pids.iter().copied().filter(|p| alive(*p)).collect();
+        for p in &left {
+            // SAFETY: cleaning up a process this test caused.
+            unsafe { libc::kill(*p as i32, libc::SIGKILL) };
+        }
+        assert!(left.is_empty(), "{name}: ranks {left:?} still run");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
