@@ -669,3 +669,52 @@ fn launcher_lets_ranks_finish_their_errors_then_kills_the_rest() {
         "the rank that does not end was not killed: {took:?}"
     );
 }
+
+/// A rank that calls `shutdown` again (its first call timed out) counts
+/// once: the barrier still waits for every other rank (in process, each
+/// call counted, so a second call let ranks leave before the last had
+/// arrived), over local and tcp.
+#[test]
+fn shutdown_called_twice_still_waits_for_every_rank() {
+    let rt = runtime();
+    for n in RANK_COUNTS.into_iter().filter(|n| *n >= 2) {
+        rt.block_on(async {
+            let worlds: [(&str, Vec<Arc<dyn Communicator>>); 2] = [
+                (
+                    "local",
+                    LocalComm::world(n)
+                        .into_iter()
+                        .map(|c| Arc::new(c) as Arc<dyn Communicator>)
+                        .collect(),
+                ),
+                (
+                    "tcp",
+                    TcpComm::in_process_world(n)
+                        .await
+                        .unwrap()
+                        .into_iter()
+                        .map(|c| Arc::new(c) as Arc<dyn Communicator>)
+                        .collect(),
+                ),
+            ];
+            for (world, comms) in worlds {
+                let short = std::time::Duration::from_millis(100);
+                let first = tokio::time::timeout(short, comms[0].shutdown()).await;
+                assert!(first.is_err(), "{world}, {n} ranks: left alone");
+                let again = comms[0].shutdown();
+                let mut again = std::pin::pin!(again);
+                let early = tokio::time::timeout(short, &mut again).await;
+                assert!(
+                    early.is_err(),
+                    "{world}, {n} ranks: a second call left alone"
+                );
+                let others = futures::future::try_join_all(comms[1..].iter().map(|c| c.shutdown()));
+                let all = futures::future::try_join(again, others);
+                tokio::time::timeout(std::time::Duration::from_secs(30), all)
+                    .await
+                    .unwrap_or_else(|_| panic!("{world}, {n} ranks: shutdown hung"))
+                    .unwrap_or_else(|e| panic!("{world}, {n} ranks: {e}"));
+            }
+        });
+    }
+}

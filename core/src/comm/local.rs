@@ -21,8 +21,9 @@ struct World {
     /// Where collective steps meet instead of sending messages.
     rendezvous: Arc<Rendezvous>,
     stats: Vec<Arc<Statistics>>,
-    /// Shutdown barrier: count of ranks that called shutdown.
-    shut: std::sync::Mutex<u32>,
+    /// Shutdown barrier: which ranks called shutdown (a rank that calls
+    /// it again, say after a timed-out first call, counts once).
+    shut: std::sync::Mutex<Vec<bool>>,
     all_shut: Event,
 }
 
@@ -41,7 +42,7 @@ impl LocalComm {
             stats: (0..nranks)
                 .map(|r| Arc::new(Statistics::new(r, nranks)))
                 .collect(),
-            shut: std::sync::Mutex::new(0),
+            shut: std::sync::Mutex::new(vec![false; nranks as usize]),
             all_shut: Event::new(),
         });
         (0..nranks)
@@ -189,9 +190,11 @@ impl Communicator for LocalComm {
             }
         }
         {
-            let mut n = world.shut.lock().unwrap_or_else(|p| p.into_inner());
-            *n += 1;
-            if *n as usize == world.mailboxes.len() {
+            let mut shut = world.shut.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(me) = shut.get_mut(rank as usize) {
+                *me = true;
+            }
+            if shut.iter().all(|s| *s) {
                 world.all_shut.set();
             }
         }
