@@ -191,9 +191,21 @@ impl PeerWriter {
         rx
     }
 
-    /// Makes the connection task stop and drop the socket.
+    /// Makes the connection task stop, and ends the connection (FIN).
     pub(super) fn close(&self) {
-        self.lock().closed = true;
+        let stream = {
+            let mut st = self.lock();
+            st.closed = true;
+            st.stream.take()
+        };
+        // The connection ends now, whoever still holds the stream: the
+        // peer's reader sees its end and lets go of its rank's state, which
+        // holds that rank's own writers. Kept open, every dropped rank of
+        // an in-process world kept the others' readers (and so their
+        // sockets and receive pools) alive until the runtime ended.
+        if let Some(s) = stream {
+            let _ = socket2::SockRef::from(s.as_ref()).shutdown(std::net::Shutdown::Write);
+        }
         self.wake.notify_one();
     }
 
