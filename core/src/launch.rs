@@ -147,36 +147,41 @@ fn hand_over(_cmd: &mut Command, _listener: &std::net::TcpListener) {}
 /// Completes when the launcher is asked to stop: Ctrl-C (SIGINT) and, on
 /// Unix, SIGTERM or SIGHUP (what `kill`, a batch system's cancel or a
 /// closed terminal sends). The ranks are then killed, not left running
-/// (a launcher ended by SIGTERM left its ranks behind). A signal whose
-/// handler cannot be installed never completes.
-async fn stop_requested() {
-    let ctrl_c = async {
-        if tokio::signal::ctrl_c().await.is_err() {
-            std::future::pending::<()>().await;
-        }
-    };
+/// (a launcher ended by SIGTERM left its ranks behind). Call it before
+/// the first rank starts: on Unix the handlers are installed here, not
+/// when the future is first polled (a signal in between would end the
+/// launcher the default way). A signal whose handler cannot be installed
+/// never completes.
+fn stop_requested() -> impl std::future::Future<Output = ()> {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{SignalKind, signal};
-        let on = |kind: SignalKind| {
-            let s = signal(kind).ok();
-            async move {
-                match s {
-                    Some(mut s) => {
-                        s.recv().await;
-                    }
-                    None => std::future::pending::<()>().await,
-                }
+        let streams: Vec<_> = [
+            SignalKind::interrupt(),
+            SignalKind::terminate(),
+            SignalKind::hangup(),
+        ]
+        .into_iter()
+        .filter_map(|k| signal(k).ok())
+        .collect();
+        async move {
+            if streams.is_empty() {
+                return std::future::pending::<()>().await;
             }
-        };
-        tokio::select! {
-            _ = ctrl_c => {}
-            _ = on(SignalKind::terminate()) => {}
-            _ = on(SignalKind::hangup()) => {}
+            let waits = streams.into_iter().map(|mut s| {
+                Box::pin(async move {
+                    s.recv().await;
+                })
+            });
+            futures::future::select_all(waits).await;
         }
     }
     #[cfg(not(unix))]
-    ctrl_c.await;
+    async {
+        if tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
 }
 
 async fn forward<R: AsyncRead + Unpin>(
@@ -221,6 +226,7 @@ pub async fn launch(spec: LaunchSpec) -> Result<LaunchReport, LaunchError> {
         return Err(LaunchError::NoRanks);
     }
     let n = spec.nranks as usize;
+    let stop = stop_requested();
     let (listener, root) = root_listener()?;
     // Where it cannot be handed over, rank 0 binds the address itself:
     // let go of it first.
@@ -305,7 +311,6 @@ pub async fn launch(spec: LaunchSpec) -> Result<LaunchReport, LaunchError> {
     let mut kill_at: Option<tokio::time::Instant> = None;
     let mut interrupted = false;
     let mut remaining = n;
-    let stop = stop_requested();
     tokio::pin!(stop);
     while remaining > 0 {
         tokio::select! {
