@@ -289,3 +289,15 @@ fn mpi_a_rank_that_skips_a_call_fails_the_job() {
         }
     }
 }
+
+/// After a rank shuts its communicator down, its sends and receives fail
+/// with `CommError::Shutdown` (none is lost or waits for ever), and the
+/// job's own second shutdown returns.
+#[test]
+fn mpi_operations_after_shutdown_fail() {
+    for n in RANK_COUNTS {
+        let out = run(n, &["after-shutdown"]);
+        let ok = out.iter().filter(|l| *l == "after-shutdown ok").count();
+        assert_eq!(ok, n as usize, "{n} ranks: {out:?}");
+    }
+}

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use braid_core::comm::local::LocalComm;
 use braid_core::comm::tcp::TcpComm;
 use braid_core::launch::{LaunchSpec, OutputMode, launch};
-use braid_core::{Communicator, Rank, Waiting};
+use braid_core::{Buffer, CommError, Communicator, OpId, Rank, Tag, Waiting};
 use braid_tests::{RANK_COUNTS, exchange, expected_summary, runtime};
 
 fn run_exchange(comms: Vec<Arc<dyn Communicator>>, seed: u64) {
@@ -173,7 +173,7 @@ fn tcp_processes_receive_while_a_rank_computes() {
 #[test]
 fn tcp_message_over_the_limit_is_refused_at_the_sender() {
     use braid_core::comm::tcp::{TcpConfig, random_token};
-    use braid_core::{Buffer, CommError, Tag};
+
     let rt = runtime();
     rt.block_on(async {
         let root = tokio::net::TcpListener::bind(("127.0.0.1", 0))
@@ -222,7 +222,7 @@ fn tcp_message_over_the_limit_is_refused_at_the_sender() {
 #[test]
 fn landing_receives_get_their_message_on_every_backend() {
     use braid_core::memory::LandingZone;
-    use braid_core::{Buffer, OpId, Tag};
+
     use braid_tests::{check_payload, payload};
 
     async fn run(comms: Vec<Arc<dyn Communicator>>, backend: &str) {
@@ -716,5 +716,94 @@ fn shutdown_called_twice_still_waits_for_every_rank() {
                     .unwrap_or_else(|e| panic!("{world}, {n} ranks: {e}"));
             }
         });
+    }
+}
+
+/// After a rank's `shutdown`, its sends and receives fail with
+/// `CommError::Shutdown` in bounded time: a send is not silently lost, and
+/// a receive from the rank itself (which nothing can answer now) does not
+/// wait for ever, whether it was posted before the shutdown or after.
+#[test]
+fn operations_after_shutdown_fail_instead_of_vanishing_or_hanging() {
+    let rt = runtime();
+    for n in RANK_COUNTS {
+        rt.block_on(async {
+            let worlds: [(&str, Vec<Arc<dyn Communicator>>); 2] = [
+                (
+                    "local",
+                    LocalComm::world(n)
+                        .into_iter()
+                        .map(|c| Arc::new(c) as Arc<dyn Communicator>)
+                        .collect(),
+                ),
+                (
+                    "tcp",
+                    TcpComm::in_process_world(n)
+                        .await
+                        .unwrap()
+                        .into_iter()
+                        .map(|c| Arc::new(c) as Arc<dyn Communicator>)
+                        .collect(),
+                ),
+            ];
+            let limit = std::time::Duration::from_secs(10);
+            for (world, comms) in worlds {
+                // A receive from itself, posted before the shutdown.
+                let early = comms[0].recv(0, Tag::new(OpId(7), 0));
+                futures::future::try_join_all(comms.iter().map(|c| c.shutdown()))
+                    .await
+                    .unwrap_or_else(|e| panic!("{world}, {n} ranks: shutdown: {e}"));
+                let got = tokio::time::timeout(limit, early)
+                    .await
+                    .unwrap_or_else(|_| panic!("{world}, {n} ranks: early self receive hung"));
+                assert!(
+                    matches!(got, Err(CommError::Shutdown { rank: 0 })),
+                    "{world}, {n} ranks: early self receive gave {got:?}"
+                );
+                for (r, c) in comms.iter().enumerate() {
+                    let r = r as u32;
+                    for peer in [r, (r + 1) % n] {
+                        let tag = Tag::new(OpId(8), peer as u8);
+                        let sent = c.send(peer, tag, Buffer::from_vec(vec![1, 2, 3])).await;
+                        assert!(
+                            matches!(sent, Err(CommError::Shutdown { rank }) if rank == r),
+                            "{world}, {n} ranks: rank {r}'s send to {peer} after shutdown gave {sent:?}"
+                        );
+                        let got = tokio::time::timeout(limit, c.recv(peer, tag))
+                            .await
+                            .unwrap_or_else(|_| {
+                                panic!("{world}, {n} ranks: rank {r}'s receive from {peer} hung")
+                            });
+                        assert!(
+                            matches!(got, Err(CommError::Shutdown { rank }) if rank == r),
+                            "{world}, {n} ranks: rank {r}'s receive from {peer} gave {:?}",
+                            got.map(|b| b.len())
+                        );
+                    }
+                }
+            }
+        });
+    }
+}
+
+/// The same over tcp processes (the worker's `after-shutdown` mode), where
+/// the job's own shutdown then runs a second time and must return.
+#[test]
+fn tcp_processes_operations_after_shutdown_fail() {
+    let rt = runtime();
+    for n in RANK_COUNTS {
+        let mut spec = LaunchSpec::new(n, worker(), vec!["after-shutdown".into()]);
+        spec.output = OutputMode::Captured;
+        let report = rt
+            .block_on(launch(spec))
+            .unwrap_or_else(|e| panic!("{n} ranks: {e:?}"));
+        for r in 0..n as usize {
+            assert!(
+                report.stdout[r].lines().any(|l| l == "after-shutdown ok"),
+                "rank {r} of {n}: {:?} {:?}",
+                report.stdout[r],
+                report.stderr[r]
+            );
+        }
     }
 }

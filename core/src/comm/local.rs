@@ -93,6 +93,9 @@ impl Communicator for LocalComm {
             if let Some(e) = self.mailbox().failure() {
                 return Err(e);
             }
+            if self.mailbox().is_closed() {
+                return Err(self.mailbox().shutdown_error());
+            }
             self.world.stats[self.rank as usize].record_send(dst, data.len());
             self.world.stats[dst as usize].record_recv(self.rank, data.len());
             self.world.mailboxes[dst as usize].deliver(self.rank, tag, data);
@@ -120,6 +123,9 @@ impl Communicator for LocalComm {
     fn meet(&self, tag: Tag, offer: Offer) -> Result<MeetFuture<'_>, Offer> {
         let rv = &self.world.rendezvous;
         let rank = self.rank;
+        if self.mailbox().is_closed() {
+            return Ok(MeetFuture::failed(rank, self.mailbox().shutdown_error()));
+        }
         let arrival = match rv.deposit(rank, tag, offer) {
             Ok(a) => a,
             Err(e @ CommError::PeerFinished { .. }) => {
@@ -173,6 +179,7 @@ impl Communicator for LocalComm {
     fn shutdown(&self) -> BoxFuture<'static, Result<(), CommError>> {
         let world = self.world.clone();
         let rank = self.rank;
+        self.mailbox().close();
         // This rank sends nothing more: a rank that waits for a message
         // from it, or meets without it, would wait forever (their calls
         // differ). Such receives fail; such a meeting fails the job.

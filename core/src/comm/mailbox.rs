@@ -18,6 +18,10 @@
 //! dropped before it is polled again goes back to the front of its queue;
 //! a receive dropped before its message leaves no waiter behind.
 //!
+//! Once its rank shuts down (`close`), the mailbox refuses new receives
+//! with [`CommError::Shutdown`], and a receive from the rank itself that
+//! still waits fails the same way: nothing can deliver to it any more.
+//!
 //! A receive may offer a landing (`recv_landing`): memory of the caller's
 //! that the transport delivering its message writes into directly
 //! (`claim`, then a view of that memory delivered like any message).
@@ -251,6 +255,10 @@ pub(crate) struct Mailbox {
     inner: Mutex<Inner>,
     /// The owning rank (named in errors); set once the rank is known.
     rank: std::sync::atomic::AtomicU32,
+    /// Whether the rank called `shutdown`: its later sends (checked by
+    /// the backends) and receives fail instead of being lost or waiting
+    /// for ever.
+    closed: std::sync::atomic::AtomicBool,
 }
 
 impl Mailbox {
@@ -266,7 +274,39 @@ impl Mailbox {
         self.rank.store(rank, std::sync::atomic::Ordering::Relaxed);
     }
 
-    fn shutdown_error(&self) -> CommError {
+    /// Marks the rank as shut down: later receives fail with
+    /// [`CommError::Shutdown`], and so do the waiting receives from the
+    /// rank itself (no one can send them anything now). Receives from
+    /// peers that already wait keep waiting for those peers, which may
+    /// still send.
+    pub(crate) fn close(&self) {
+        self.closed
+            .store(true, std::sync::atomic::Ordering::Release);
+        let err = self.shutdown_error();
+        let me = self.rank.load(std::sync::atomic::Ordering::Relaxed);
+        let mut g = self.lock();
+        let own: Vec<Key> = g
+            .slots
+            .iter()
+            .filter(|((src, _), slot)| *src == me && slot.queue.is_empty())
+            .map(|(k, _)| *k)
+            .collect();
+        for key in own {
+            if let Some(slot) = g.slots.remove(&key) {
+                for w in slot.waiters {
+                    let _ = w.tx.send(Err(err.clone()));
+                }
+            }
+        }
+    }
+
+    /// Whether the rank called `shutdown` ([`Mailbox::close`]).
+    pub(crate) fn is_closed(&self) -> bool {
+        self.closed.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// The error of an operation on a rank that shut down.
+    pub(crate) fn shutdown_error(&self) -> CommError {
         CommError::Shutdown {
             rank: self.rank.load(std::sync::atomic::Ordering::Relaxed),
         }
@@ -346,6 +386,9 @@ impl Mailbox {
         let mut g = self.lock();
         if let Some(e) = &g.failed {
             return RecvFuture::ready(Err(e.clone()));
+        }
+        if self.is_closed() {
+            return RecvFuture::ready(Err(self.shutdown_error()));
         }
         if let Some(slot) = g.slots.get_mut(&(src, tag)) {
             if let Some(buf) = slot.queue.pop_front() {

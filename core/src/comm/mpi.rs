@@ -793,6 +793,10 @@ struct Shared {
     /// (it naps while the engine only holds messages): a request queued
     /// meanwhile wakes it.
     hold_nap: std::sync::atomic::AtomicBool,
+    /// Set once the rank has shut down and finalised MPI: a later
+    /// `shutdown` (say after a first one's future was dropped) waits for
+    /// this instead of queueing requests no pass will take.
+    ended: crate::event::Event,
 }
 
 impl Shared {
@@ -1093,6 +1097,7 @@ fn progress(
         handoff: std::sync::atomic::AtomicBool::new(false),
         nap_max: nap_cap(local_ranks),
         hold_nap: std::sync::atomic::AtomicBool::new(false),
+        ended: crate::event::Event::new(),
     });
     let _ = ready.send(Ok(shared.clone()));
     drop(ready);
@@ -1124,6 +1129,7 @@ fn progress(
                 // before answering: the process may end as soon as
                 // shutdown returns.
                 drop(universe);
+                shared.ended.set();
                 let _ = done.send(());
                 return;
             }
@@ -1201,6 +1207,9 @@ impl Communicator for MpiComm {
             return SendFuture::ready(Err(e));
         }
         let rank = self.rank;
+        if self.mailbox.is_closed() {
+            return SendFuture::ready(Err(self.mailbox.shutdown_error()));
+        }
         // MPI counts bytes in a C int (rsmpi panics past it, in the
         // progress pass): refuse such a message here, where it is clear.
         if data.len() > i32::MAX as usize {
@@ -1286,6 +1295,16 @@ impl Communicator for MpiComm {
         let (ftx, frx) = oneshot::channel();
         let (stx, srx) = oneshot::channel();
         let rank = self.rank;
+        if self.mailbox.is_closed() {
+            // Called before: that call's requests are queued already.
+            let shared = self.shared.clone();
+            let mailbox = self.mailbox.clone();
+            return Box::pin(async move {
+                shared.ended.wait().await;
+                mailbox.failure().map_or(Ok(()), Err)
+            });
+        }
+        self.mailbox.close();
         let ok = self.tx.send(Req::Flush(ftx)).is_ok() && self.tx.send(Req::Shutdown(stx)).is_ok();
         Box::pin(async move {
             if !ok {

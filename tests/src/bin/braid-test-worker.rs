@@ -25,6 +25,11 @@
 //!   calls, or one rank's error after device collectives); exits 3.
 //! - `wait`: prints `ready PID`, then waits for a message that never comes; the
 //!   test kills a rank and expects the others to fail naming it.
+//! - `after-shutdown`: each rank posts a receive from itself, shuts its
+//!   communicator down, then checks that the receive, and a send and a
+//!   receive to itself and to the next rank, fail with
+//!   `CommError::Shutdown` within 10 s (the job's own shutdown then runs
+//!   a second time); prints `after-shutdown ok`.
 //! - `threads`: prints `threads WORKERS SMALL BULK`: the rank's runtime
 //!   workers and how it waits for an 8 B and a 1 MiB collective.
 
@@ -181,6 +186,33 @@ fn main() -> ExitCode {
                     println!("ready {}", std::process::id());
                     let src = (ctx.rank() + 1) % ctx.nranks();
                     comm.recv(src, Tag::new(OpId(9), 0)).await?;
+                }
+                "after-shutdown" => {
+                    let me = ctx.rank();
+                    let shut = |what: String, r: Result<usize, braid_core::CommError>| match r {
+                        Err(braid_core::CommError::Shutdown { rank }) if rank == me => Ok(()),
+                        other => Err(format!("rank {me}: {what} after shutdown gave {other:?}")),
+                    };
+                    let limit = std::time::Duration::from_secs(10);
+                    let early = comm.recv(me, Tag::new(OpId(7), 0));
+                    comm.shutdown().await?;
+                    let got = tokio::time::timeout(limit, early)
+                        .await
+                        .map_err(|_| format!("rank {me}: a receive from itself hung"))?;
+                    shut(
+                        "a receive from itself posted before".into(),
+                        got.map(|b| b.len()),
+                    )?;
+                    for peer in [me, (me + 1) % ctx.nranks()] {
+                        let tag = Tag::new(OpId(8), 0);
+                        let sent = comm.send(peer, tag, Buffer::from_vec(vec![1, 2, 3])).await;
+                        shut(format!("a send to {peer}"), sent.map(|_| 0))?;
+                        let got = tokio::time::timeout(limit, comm.recv(peer, tag))
+                            .await
+                            .map_err(|_| format!("rank {me}: a receive from {peer} hung"))?;
+                        shut(format!("a receive from {peer}"), got.map(|b| b.len()))?;
+                    }
+                    println!("after-shutdown ok");
                 }
                 "threads" => {
                     let workers = tokio::runtime::Handle::current().metrics().num_workers();

@@ -1342,6 +1342,9 @@ impl Communicator for TcpComm {
         if let Some(e) = self.shared.mailbox.failure() {
             return SendFuture::ready(Err(e));
         }
+        if self.shared.mailbox.is_closed() {
+            return SendFuture::ready(Err(self.shared.mailbox.shutdown_error()));
+        }
         if dst == self.shared.rank {
             self.shared.stats.record_send(dst, data.len());
             self.shared.stats.record_recv(dst, data.len());
@@ -1417,6 +1420,7 @@ impl Communicator for TcpComm {
     fn shutdown(&self) -> BoxFuture<'static, Result<(), CommError>> {
         let shared = self.shared.clone();
         let writers = self.all_writers();
+        shared.mailbox.close();
         Box::pin(async move {
             if shared.failed.is_set() {
                 // Failing: make sure our notices (Abort, Died) reach the
