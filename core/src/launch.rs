@@ -139,6 +139,30 @@ fn hand_over(cmd: &mut Command, listener: &std::net::TcpListener) {
     }
 }
 
+/// Linux: the rank is killed (SIGKILL) when the thread that started it
+/// ends, so a launcher that dies without running its own cleanup (killed
+/// with SIGKILL, say) leaves no rank behind. That thread is the one that
+/// polls [`launch`] when it spawns: the caller's, under `block_on`, or a
+/// runtime worker, both alive while the launcher runs. A rank whose
+/// launcher is gone before this is set exits at once.
+#[cfg(target_os = "linux")]
+fn die_with_launcher(cmd: &mut Command) {
+    let launcher = std::process::id() as libc::pid_t;
+    // SAFETY: the closure only calls prctl, getppid and _exit
+    // (async-signal-safe, no allocation).
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) == -1 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if libc::getppid() != launcher {
+                libc::_exit(1);
+            }
+            Ok(())
+        });
+    }
+}
+
 /// Elsewhere rank 0 binds the root address itself (the port may be taken
 /// meanwhile, rarely).
 #[cfg(not(unix))]
@@ -253,6 +277,8 @@ pub async fn launch(spec: LaunchSpec) -> Result<LaunchReport, LaunchError> {
         if let (0, Some(l)) = (rank, listener.as_ref()) {
             hand_over(&mut cmd, l);
         }
+        #[cfg(target_os = "linux")]
+        die_with_launcher(&mut cmd);
         let spawned = cmd.spawn();
         if rank == 0 {
             // Rank 0 holds the listening socket now (or failed to start).

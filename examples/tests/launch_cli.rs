@@ -1,5 +1,5 @@
 //! `braid-launch` as a user runs it: asked to stop by a signal, it ends
-//! every rank before it exits.
+//! every rank before it exits; killed outright, it takes them with it.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail by panicking
 
@@ -77,4 +77,38 @@ fn a_stop_signal_ends_every_rank() {
         assert!(left.is_empty(), "{name}: ranks {left:?} still run");
         let _ = std::fs::remove_dir_all(&dir);
     }
+}
+
+/// A launcher killed with SIGKILL (no handler runs) takes its ranks with
+/// it: each rank asked the kernel to kill it when its launcher dies.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_killed_launcher_leaves_no_rank() {
+    let dir = std::env::temp_dir().join(format!("braid-launch-kill-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let script = format!("echo $$ > {}/pid$BRAID_RANK; exec sleep 60", dir.display());
+    let mut launcher = Command::new(env!("CARGO_BIN_EXE_braid-launch"))
+        .args(["-n", "3", "--", "sh", "-c", &script])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let pids = rank_pids(&dir, 3);
+    launcher.kill().unwrap();
+    launcher.wait().unwrap();
+    let until = Instant::now() + Duration::from_secs(10);
+    while pids.iter().any(|p| alive(*p)) && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let left: Vec<u32> = pids.iter().copied().filter(|p| alive(*p)).collect();
+    for p in &left {
+        // SAFETY: cleaning up a process this test caused.
+        unsafe { libc::kill(*p as i32, libc::SIGKILL) };
+    }
+    assert!(
+        left.is_empty(),
+        "ranks {left:?} outlived their killed launcher"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }
