@@ -79,7 +79,9 @@ pub enum LaunchError {
     /// A rank failed; the others were ended.
     #[error("rank {rank} failed ({status}); the other ranks were stopped")]
     RankFailed {
-        /// The first rank that failed.
+        /// The first rank that failed on its own: not one that exited with
+        /// [`PEER_FAILED_EXIT`](crate::world::PEER_FAILED_EXIT) (it only
+        /// heard of another's failure), unless every failed rank did.
         rank: Rank,
         /// Its exit status.
         status: String,
@@ -244,7 +246,8 @@ async fn forward<R: AsyncRead + Unpin>(
 
 /// Starts the job and waits for it. Returns the report when every rank
 /// exits with success; otherwise ends the remaining ranks and returns the
-/// first failure.
+/// failure: the first rank's that failed on its own (see
+/// [`LaunchError::RankFailed`]).
 pub async fn launch(spec: LaunchSpec) -> Result<LaunchReport, LaunchError> {
     if spec.nranks == 0 {
         return Err(LaunchError::NoRanks);
@@ -332,7 +335,13 @@ pub async fn launch(spec: LaunchSpec) -> Result<LaunchReport, LaunchError> {
         stdout: vec![String::new(); n],
         stderr: vec![String::new(); n],
     };
+    // The first rank to fail, and the first to fail on its own (not
+    // with `PEER_FAILED_EXIT`, passing on another's failure): a rank
+    // that only heard of the failure may exit before the one that caused
+    // it, and the summary names the cause.
     let mut first_failure: Option<(Rank, String)> = None;
+    let mut first_cause: Option<(Rank, String)> = None;
+    let mut killing = false;
     // After a failure, when the ranks still running are killed.
     let mut kill_at: Option<tokio::time::Instant> = None;
     let mut interrupted = false;
@@ -345,10 +354,18 @@ pub async fn launch(spec: LaunchSpec) -> Result<LaunchReport, LaunchError> {
                 remaining -= 1;
                 report.status[rank as usize] = status;
                 let ok = status.map(|s| s.success()).unwrap_or(false);
-                if !ok && first_failure.is_none() && !interrupted {
+                if !ok && !interrupted {
                     let text = status.map(|s| s.to_string()).unwrap_or_else(|| "unknown status".into());
-                    first_failure = Some((rank, text));
-                    kill_at = Some(tokio::time::Instant::now() + KILL_GRACE);
+                    let echo = status.and_then(|s| s.code())
+                        == Some(i32::from(crate::world::PEER_FAILED_EXIT));
+                    // (A rank the launcher killed is no cause.)
+                    if first_cause.is_none() && !echo && !killing {
+                        first_cause = Some((rank, text.clone()));
+                    }
+                    if first_failure.is_none() {
+                        first_failure = Some((rank, text));
+                        kill_at = Some(tokio::time::Instant::now() + KILL_GRACE);
+                    }
                 }
             }
             _ = async {
@@ -357,6 +374,7 @@ pub async fn launch(spec: LaunchSpec) -> Result<LaunchReport, LaunchError> {
                 }
             }, if kill_at.is_some() => {
                 kill_at = None;
+                killing = true;
                 let _ = kill_tx.send(true);
             }
             _ = &mut stop, if !interrupted => {
@@ -383,7 +401,7 @@ pub async fn launch(spec: LaunchSpec) -> Result<LaunchReport, LaunchError> {
     if interrupted {
         return Err(LaunchError::Interrupted);
     }
-    match first_failure {
+    match first_cause.or(first_failure) {
         Some((rank, status)) => Err(LaunchError::RankFailed {
             rank,
             status,

@@ -124,6 +124,71 @@ pub fn context_on(
     )
 }
 
+/// The exit status of a rank's process that failed only because another
+/// rank did (it heard that rank's abort, or saw it die): `braid-launch`
+/// then names the rank that failed on its own, even where this one
+/// exited first. See [`exit_code`].
+pub const PEER_FAILED_EXIT: u8 = 4;
+
+/// The rank whose failure `err` only passes on: the first
+/// [`CommError`](crate::CommError) in `err`'s chain of sources, if it
+/// says another rank aborted the job or died. `None` for a failure of the
+/// rank's own (or one that names no peer).
+pub fn caused_by_peer(err: &(dyn std::error::Error + 'static)) -> Option<Rank> {
+    match *first_comm_error(err)? {
+        crate::CommError::Aborted { rank, peer, .. } if peer != rank => Some(peer),
+        crate::CommError::PeerDied { peer, .. } => Some(peer),
+        _ => None,
+    }
+}
+
+/// The first [`CommError`](crate::CommError) in `err`'s chain of sources.
+fn first_comm_error<'a>(
+    err: &'a (dyn std::error::Error + 'static),
+) -> Option<&'a crate::CommError> {
+    let mut cur = Some(err);
+    while let Some(e) = cur {
+        if let Some(c) = e.downcast_ref::<crate::CommError>() {
+            return Some(c);
+        }
+        cur = e.source();
+    }
+    None
+}
+
+/// A copy of a rank's error for the first-error report (a `BoxError` is
+/// not `Clone`): its text, and the [`CommError`](crate::CommError) of its
+/// chain as the source, so [`caused_by_peer`] still sees it.
+#[derive(Debug)]
+struct Reported {
+    text: String,
+    comm: Option<crate::CommError>,
+}
+
+impl std::fmt::Display for Reported {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
+impl std::error::Error for Reported {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.comm
+            .as_ref()
+            .map(|c| c as &(dyn std::error::Error + 'static))
+    }
+}
+
+/// The exit status for a rank's process that ends with `err`:
+/// [`PEER_FAILED_EXIT`] when the failure only passes on another rank's
+/// ([`caused_by_peer`]), 1 otherwise.
+pub fn exit_code(err: &(dyn std::error::Error + 'static)) -> std::process::ExitCode {
+    match caused_by_peer(err) {
+        Some(_) => std::process::ExitCode::from(PEER_FAILED_EXIT),
+        None => std::process::ExitCode::FAILURE,
+    }
+}
+
 /// A rank's failure.
 #[derive(Debug, thiserror::Error)]
 #[error("{source}")]
@@ -433,7 +498,10 @@ where
     r.map(|v| (rank, v)).map_err(|source| {
         let _ = first_error.send(RankError {
             rank,
-            source: source.to_string().into(),
+            source: Box::new(Reported {
+                text: source.to_string(),
+                comm: first_comm_error(source.as_ref()).cloned(),
+            }),
         });
         RankError { rank, source }
     })

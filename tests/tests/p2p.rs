@@ -807,3 +807,64 @@ fn tcp_processes_operations_after_shutdown_fail() {
         }
     }
 }
+
+/// The launcher names the rank whose failure started it all, though the
+/// ranks that only heard of it (exiting with `PEER_FAILED_EXIT`) exit
+/// first: the failing rank waits 1 s before its process ends.
+#[test]
+fn launcher_names_the_rank_that_failed_not_the_first_to_exit() {
+    use braid_core::launch::LaunchError;
+    use braid_core::world::PEER_FAILED_EXIT;
+    let rt = runtime();
+    for n in RANK_COUNTS.into_iter().filter(|n| *n >= 2) {
+        for culprit in [n - 1, n / 2] {
+            let mut spec = LaunchSpec::new(
+                n,
+                worker(),
+                vec!["fail-late".into(), culprit.to_string().into()],
+            );
+            spec.output = OutputMode::Captured;
+            match rt.block_on(launch(spec)) {
+                Err(LaunchError::RankFailed { rank, report, .. }) => {
+                    assert_eq!(rank, culprit, "{n} ranks: {report:?}");
+                    for (r, st) in report.status.iter().enumerate() {
+                        let code = st.and_then(|s| s.code());
+                        let want = if r as u32 == culprit {
+                            3
+                        } else {
+                            i32::from(PEER_FAILED_EXIT)
+                        };
+                        assert_eq!(
+                            code,
+                            Some(want),
+                            "{n} ranks, culprit {culprit}: rank {r}: {:?}",
+                            report.stderr[r]
+                        );
+                    }
+                }
+                other => panic!("{n} ranks: expected rank {culprit}'s failure, got {other:?}"),
+            }
+        }
+    }
+}
+
+/// Without the convention's help (the first to exit says it only heard
+/// of a failure), a later rank's own failure is the one named.
+#[test]
+fn launcher_skips_ranks_that_only_passed_a_failure_on() {
+    use braid_core::launch::LaunchError;
+    let rt = runtime();
+    let script = format!(
+        "case $BRAID_RANK in 0) exit {} ;; 1) sleep 0.3; exit 1 ;; *) sleep 100 ;; esac",
+        braid_core::world::PEER_FAILED_EXIT
+    );
+    let spec = {
+        let mut s = LaunchSpec::new(3, "sh", vec!["-c".into(), script.into()]);
+        s.output = OutputMode::Captured;
+        s
+    };
+    match rt.block_on(launch(spec)) {
+        Err(LaunchError::RankFailed { rank, .. }) => assert_eq!(rank, 1),
+        other => panic!("expected rank 1's failure, got {other:?}"),
+    }
+}

@@ -100,7 +100,7 @@ fn main() -> ExitCode {
         Ok(JobOutcome::Launched) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e}");
-            ExitCode::FAILURE
+            braid_core::world::exit_code(&*e)
         }
     }
 }

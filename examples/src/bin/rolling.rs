@@ -678,7 +678,7 @@ fn main() -> ExitCode {
             }
             remove_created();
             eprintln!("error: {e}");
-            ExitCode::FAILURE
+            braid_core::world::exit_code(&*e)
         }
     }
 }

@@ -22,7 +22,11 @@
 //! - `coll SEED`: the collective suite; prints `coll ok CHECKS`.
 //! - `gpu SEED` (feature `cuda`): the device suite; prints `gpu ok CHECKS`.
 //! - `gpu-fail CASE` (feature `cuda`): a GPU job that fails (mismatched
-//!   calls, or one rank's error after device collectives); exits 3.
+//!   calls, or one rank's error after device collectives); exits 3, or
+//!   `PEER_FAILED_EXIT` on a rank that only heard of another's failure
+//!   (every failing mode does).
+//! - `fail-late RANK`: rank RANK fails its job, then waits 1 s before its
+//!   process exits (the others, told of the failure, exit first).
 //! - `wait`: prints `ready PID`, then waits for a message that never comes; the
 //!   test kills a rank and expects the others to fail naming it.
 //! - `after-shutdown`: each rank posts a receive from itself, shuts its
@@ -187,6 +191,14 @@ fn main() -> ExitCode {
                     let src = (ctx.rank() + 1) % ctx.nranks();
                     comm.recv(src, Tag::new(OpId(9), 0)).await?;
                 }
+                "fail-late" => {
+                    if u64::from(ctx.rank()) == arg {
+                        return Err(format!("rank {arg} fails on purpose").into());
+                    }
+                    // Waits for a message that never comes: the failure
+                    // ends this.
+                    comm.recv(arg as u32, Tag::new(OpId(9), 0)).await?;
+                }
                 "after-shutdown" => {
                     let me = ctx.rank();
                     let shut = |what: String, r: Result<usize, braid_core::CommError>| match r {
@@ -224,11 +236,22 @@ fn main() -> ExitCode {
             Ok(())
         }
     });
+    let me: Option<u64> = std::env::var("BRAID_RANK")
+        .ok()
+        .and_then(|r| r.parse().ok());
+    if args.first().map(String::as_str) == Some("fail-late") && me == Some(arg) {
+        std::thread::sleep(std::time::Duration::from_secs(1));
+    }
     match res {
         Ok(_) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e}");
-            ExitCode::from(3)
+            // 3 for a failure of this rank's own, `PEER_FAILED_EXIT` where
+            // it only passes on another rank's.
+            match braid_core::world::caused_by_peer(&e) {
+                Some(_) => ExitCode::from(braid_core::world::PEER_FAILED_EXIT),
+                None => ExitCode::from(3),
+            }
         }
     }
 }

@@ -92,7 +92,7 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e}");
-            ExitCode::FAILURE
+            braid_core::world::exit_code(&*e)
         }
     }
 }
