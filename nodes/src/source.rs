@@ -138,8 +138,76 @@ fn files_with(path: &Path, ext: &str) -> Result<Vec<PathBuf>> {
 }
 
 fn parquet_builder(path: &Path) -> Result<ParquetRecordBatchReaderBuilder<File>> {
+    use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions};
     let f = File::open(path).map_err(|e| DataError::file(path, e))?;
-    ParquetRecordBatchReaderBuilder::try_new(f).map_err(|e| DataError::file(path, e))
+    let meta = ArrowReaderMetadata::load(&f, ArrowReaderOptions::new())
+        .map_err(|e| DataError::file(path, e))?;
+    let meta = match zones_kept(&meta) {
+        Some(schema) => ArrowReaderMetadata::try_new(
+            meta.metadata().clone(),
+            ArrowReaderOptions::new().with_schema(schema),
+        )
+        .map_err(|e| DataError::file(path, e))?,
+        None => meta,
+    };
+    Ok(ParquetRecordBatchReaderBuilder::new_with_metadata(f, meta))
+}
+
+/// The file's schema with the time zones its writer recorded put back,
+/// where the reader dropped them; `None` when it dropped none.
+///
+/// Parquet has no timestamp unit of seconds: pyarrow (and braid's sink)
+/// store such a column in milliseconds, adjusted to UTC, and keep the
+/// column's Arrow type, zone included, in the file's `ARROW:schema`
+/// metadata. The Parquet reader takes that type only where the units
+/// agree, so a `timestamp[s, tz=America/New_York]` column came back as
+/// milliseconds in UTC, and calendar windows (`1d`) were counted on UTC's
+/// clock instead of New York's. The values are the same instants either
+/// way: only the zone is put back (the unit stays milliseconds, as
+/// pyarrow reads it).
+fn zones_kept(meta: &parquet::arrow::arrow_reader::ArrowReaderMetadata) -> Option<SchemaRef> {
+    use base64::Engine;
+    let kv = meta.metadata().file_metadata().key_value_metadata()?;
+    let encoded = kv
+        .iter()
+        .find(|e| e.key == parquet::arrow::ARROW_SCHEMA_META_KEY)?
+        .value
+        .as_ref()?;
+    let bytes = base64::prelude::BASE64_STANDARD.decode(encoded).ok()?;
+    // An IPC message, after a continuation marker and length where present.
+    let msg = match bytes.get(..4) {
+        Some([255, 255, 255, 255]) => bytes.get(8..)?,
+        _ => &bytes[..],
+    };
+    let written = arrow_ipc::convert::try_fb_to_schema(
+        arrow_ipc::root_as_message(msg).ok()?.header_as_schema()?,
+    )
+    .ok()?;
+    let schema = meta.schema();
+    let mut changed = false;
+    let fields: Vec<Field> = schema
+        .fields()
+        .iter()
+        .map(|f| {
+            let zone = written
+                .field_with_name(f.name())
+                .ok()
+                .and_then(|w| match w.data_type() {
+                    DataType::Timestamp(_, Some(z)) => Some(z.clone()),
+                    _ => None,
+                });
+            match (f.data_type(), zone) {
+                (DataType::Timestamp(unit, Some(have)), Some(z)) if *have != z => {
+                    changed = true;
+                    f.as_ref()
+                        .clone()
+                        .with_data_type(DataType::Timestamp(*unit, Some(z)))
+                }
+                _ => f.as_ref().clone(),
+            }
+        })
+        .collect();
+    changed.then(|| Arc::new(Schema::new_with_metadata(fields, schema.metadata().clone())))
 }
 
 /// Rows `start..start + len` of row group `g` of the Parquet file `f`, in
@@ -572,6 +640,70 @@ mod tests {
                 .is_some_and(|e| e.contains("column \"ts\" is Int32 here, Int64")),
             "{e:?}"
         );
+        let _ = std::fs::remove_dir_all(&d);
+    }
+}
+
+#[cfg(test)]
+mod zone_tests {
+    use super::*;
+    use arrow_array::TimestampMillisecondArray;
+    use parquet::arrow::ArrowWriter;
+    use parquet::file::metadata::KeyValue;
+    use parquet::file::properties::WriterProperties;
+
+    /// A `timestamp[s, tz]` column as pyarrow stores it (milliseconds in
+    /// UTC, the zone only in the file's Arrow schema) reads with its zone:
+    /// before, it came back in UTC and calendar windows used UTC's clock.
+    #[test]
+    fn second_timestamps_with_a_zone_keep_it() {
+        let d = std::env::temp_dir().join(format!("braid-source-zone-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap_or_else(|e| panic!("{e}"));
+        let path = d.join("tz.parquet");
+        let stored = Arc::new(Schema::new(vec![Field::new(
+            "ts",
+            DataType::Timestamp(TimeUnit::Millisecond, Some("UTC".into())),
+            false,
+        )]));
+        let written = Schema::new(vec![Field::new(
+            "ts",
+            DataType::Timestamp(TimeUnit::Second, Some("America/New_York".into())),
+            false,
+        )]);
+        let ms = vec![1_730_592_000_000i64, 1_730_595_600_000];
+        let b = RecordBatch::try_new(
+            stored.clone(),
+            vec![Arc::new(
+                TimestampMillisecondArray::from(ms.clone()).with_timezone("UTC"),
+            )],
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let props = WriterProperties::builder()
+            .set_key_value_metadata(Some(vec![KeyValue::new(
+                parquet::arrow::ARROW_SCHEMA_META_KEY.to_string(),
+                parquet::arrow::encode_arrow_schema(&written),
+            )]))
+            .build();
+        let opts = parquet::arrow::arrow_writer::ArrowWriterOptions::new()
+            .with_properties(props)
+            .with_skip_arrow_metadata(true);
+        let f = File::create(&path).unwrap_or_else(|e| panic!("{e}"));
+        let mut w =
+            ArrowWriter::try_new_with_options(f, stored, opts).unwrap_or_else(|e| panic!("{e}"));
+        w.write(&b).unwrap_or_else(|e| panic!("{e}"));
+        w.close().unwrap_or_else(|e| panic!("{e}"));
+        let schema =
+            parquet_table_schema(std::slice::from_ref(&path)).unwrap_or_else(|e| panic!("{e}"));
+        let want = DataType::Timestamp(TimeUnit::Millisecond, Some("America/New_York".into()));
+        assert_eq!(schema.field(0).data_type(), &want);
+        let got = read_parquet_piece(&path, 0, 0, 2, 16).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(got[0].schema().field(0).data_type(), &want);
+        let vals = got[0]
+            .column(0)
+            .as_any()
+            .downcast_ref::<TimestampMillisecondArray>()
+            .map(|a| a.values().to_vec());
+        assert_eq!(vals, Some(ms), "the instants are unchanged");
         let _ = std::fs::remove_dir_all(&d);
     }
 }
