@@ -117,14 +117,47 @@ pub fn has_extension(path: &Path, ext: &str) -> bool {
         .is_some_and(|x| x.to_str().is_some_and(|x| x.eq_ignore_ascii_case(ext)))
 }
 
+/// The files a source reads at `path`: the file itself, or the `.ext`
+/// files directly in the directory, sorted by name. A directory that also
+/// holds files of the other format, or subdirectories with data files
+/// (Hive-style partitions, say), is refused rather than read in part:
+/// those rows would be missing without a word.
 fn files_with(path: &Path, ext: &str) -> Result<Vec<PathBuf>> {
     let meta = std::fs::metadata(path).map_err(|e| DataError::file(path, e))?;
     if meta.is_file() {
         return Ok(vec![path.to_path_buf()]);
     }
-    let mut files: Vec<PathBuf> = std::fs::read_dir(path)
+    let entries: Vec<PathBuf> = std::fs::read_dir(path)
         .map_err(|e| DataError::file(path, e))?
         .filter_map(|e| e.ok().map(|e| e.path()))
+        .collect();
+    let formats = ["parquet", "csv"];
+    for p in &entries {
+        if p.is_dir() {
+            if let Some(inner) = data_file_below(p, &formats, 8) {
+                return Err(DataError::file(
+                    path,
+                    format!(
+                        "{} lies in a subdirectory, and only the files directly in the directory are read (Hive-style partitions are not): give each directory, or move the files up",
+                        inner.display()
+                    ),
+                ));
+            }
+        } else if let Some(other) = formats
+            .iter()
+            .find(|f| !f.eq_ignore_ascii_case(ext) && has_extension(p, f))
+        {
+            return Err(DataError::file(
+                path,
+                format!(
+                    "the directory holds both .{ext} and .{other} files ({}): give one format",
+                    p.display()
+                ),
+            ));
+        }
+    }
+    let mut files: Vec<PathBuf> = entries
+        .into_iter()
         .filter(|p| has_extension(p, ext) && p.is_file())
         .collect();
     files.sort();
@@ -135,6 +168,23 @@ fn files_with(path: &Path, ext: &str) -> Result<Vec<PathBuf>> {
         ));
     }
     Ok(files)
+}
+
+/// A file with one of the `exts` in `dir` or below it (at most `depth`
+/// levels down), if any.
+fn data_file_below(dir: &Path, exts: &[&str], depth: u32) -> Option<PathBuf> {
+    let entries = std::fs::read_dir(dir).ok()?;
+    for p in entries.filter_map(|e| e.ok().map(|e| e.path())) {
+        if p.is_file() && exts.iter().any(|x| has_extension(&p, x)) {
+            return Some(p);
+        }
+        if depth > 0 && p.is_dir() {
+            if let Some(f) = data_file_below(&p, exts, depth - 1) {
+                return Some(f);
+            }
+        }
+    }
+    None
 }
 
 fn parquet_builder(path: &Path) -> Result<ParquetRecordBatchReaderBuilder<File>> {
@@ -704,6 +754,45 @@ mod zone_tests {
             .downcast_ref::<TimestampMillisecondArray>()
             .map(|a| a.values().to_vec());
         assert_eq!(vals, Some(ms), "the instants are unchanged");
+        let _ = std::fs::remove_dir_all(&d);
+    }
+}
+
+#[cfg(test)]
+mod dir_tests {
+    use super::*;
+
+    /// A directory is read whole or refused: files of the other format,
+    /// or data files in a subdirectory, are an error naming one of them
+    /// (they used to be skipped without a word).
+    #[test]
+    fn directories_with_other_files_are_refused_not_read_in_part() {
+        let d = std::env::temp_dir().join(format!("braid-source-dirs-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        let sub = d.join("part=2");
+        std::fs::create_dir_all(&sub).unwrap_or_else(|e| panic!("{e}"));
+        let touch = |p: &Path| std::fs::write(p, b"x").unwrap_or_else(|e| panic!("{e}"));
+        touch(&d.join("b.parquet"));
+        touch(&d.join("a.parquet"));
+        touch(&d.join("notes.txt"));
+        let ok = files_with(&d, "parquet").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(ok, vec![d.join("a.parquet"), d.join("b.parquet")]);
+        touch(&sub.join("c.parquet"));
+        let e = files_with(&d, "parquet").err().map(|e| e.to_string());
+        assert!(
+            e.as_ref()
+                .is_some_and(|e| e.contains("c.parquet") && e.contains("subdirectory")),
+            "{e:?}"
+        );
+        std::fs::remove_file(sub.join("c.parquet")).unwrap_or_else(|e| panic!("{e}"));
+        touch(&d.join("x.CSV"));
+        for ext in ["parquet", "csv"] {
+            let e = files_with(&d, ext).err().map(|e| e.to_string());
+            assert!(
+                e.as_ref().is_some_and(|e| e.contains("both")),
+                "{ext}: {e:?}"
+            );
+        }
         let _ = std::fs::remove_dir_all(&d);
     }
 }
