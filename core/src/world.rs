@@ -441,7 +441,17 @@ fn collect<T>(
     }
     match failed {
         None => Ok(out),
-        Some(e) => Err(first_error.try_recv().unwrap_or(e)),
+        // The first failure of a rank's own: a rank that only heard of
+        // another's (its abort) may have reported first.
+        Some(e) => {
+            let reported: Vec<RankError> = first_error.try_iter().collect();
+            let own = reported.iter().position(|r| caused_by_peer(r).is_none());
+            let mut reported = reported.into_iter();
+            Err(match own {
+                Some(i) => reported.nth(i).unwrap_or(e),
+                None => reported.next().unwrap_or(e),
+            })
+        }
     }
 }
 

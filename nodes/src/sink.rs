@@ -171,6 +171,13 @@ impl FileSink {
     }
 
     fn open(&self, path: &Path) -> Result<Writer> {
+        // The staging directory is gone where another rank failed first
+        // and cleaned up: made again (this rank's guard removes it once
+        // empty), so that this rank fails with its own error or the
+        // job's abort, not with a missing directory that hides both.
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).map_err(|e| DataError::file(dir, e))?;
+        }
         let f = File::create(path).map_err(|e| DataError::file(path, e))?;
         Ok(match self.format {
             // Both boxed: a writer moves into a blocking task per chunk.
@@ -514,6 +521,40 @@ mod tests {
         assert!(staging.exists(), "rank 2's part is still there");
         drop(r2);
         assert!(!staging.exists(), "the last rank out removes it");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A rank that opens its part after another rank failed and removed
+    /// the staging directory still opens it, so that it fails with its own
+    /// error (or the job's abort), not "No such file or directory", which
+    /// hid the cause when it was the error reported; its guard then
+    /// removes the directory again.
+    #[test]
+    fn a_part_opened_after_another_rank_cleaned_up_still_opens() {
+        let dir = std::env::temp_dir().join(format!("braid-sink-reopen-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let schema = Arc::new(Schema::new(vec![Field::new("x", DataType::Int64, false)]));
+        for format in [FileFormat::Csv, FileFormat::Parquet] {
+            let sink = FileSink {
+                format,
+                target: SinkTarget::Dir(dir.clone()),
+                schema: schema.clone(),
+            };
+            let staging = sink.target.staging();
+            sink.prepare().unwrap();
+            let (r0, r1) = (sink.staged(0), sink.staged(1));
+            drop(r0);
+            assert!(!staging.exists());
+            let w = sink.open(&sink.part(1));
+            assert!(
+                w.is_ok(),
+                "{format:?}: {:?}",
+                w.err().map(|e| e.to_string())
+            );
+            drop(w);
+            drop(r1);
+            assert!(!staging.exists(), "{format:?}: rank 1's guard removes it");
+        }
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -305,3 +305,31 @@ fn job_end_hooks_run_once_with_the_outcome() {
         }
     }
 }
+
+/// An in-process job reports the failure of a rank's own, though the
+/// ranks that only heard of it (the job's abort) report first: the failing
+/// rank's end-of-job hook holds it back. Before, the first report won, and
+/// the error named a bystander and "job aborted by rank k".
+#[test]
+fn the_failure_reported_is_the_failing_ranks_own() {
+    for n in RANK_COUNTS.into_iter().filter(|n| *n >= 2) {
+        for failing in [0, n - 1] {
+            let res = braid_core::run_world(
+                &WorldSpec::Local { nranks: n },
+                MemoryLimits::UNLIMITED,
+                move |ctx| async move {
+                    if ctx.rank() == failing {
+                        ctx.on_job_end(|_| std::thread::sleep(Duration::from_millis(300)));
+                        return Err("deliberate failure".into());
+                    }
+                    ctx.comm().recv(failing, Tag::new(OpId(3), 0)).await?;
+                    Ok(())
+                },
+            );
+            let e = res.expect_err("a rank failed");
+            assert_eq!(e.rank, failing, "{n} ranks: {e}");
+            assert_eq!(e.to_string(), "deliberate failure", "{n} ranks");
+            assert_eq!(braid_core::world::caused_by_peer(&e), None);
+        }
+    }
+}
