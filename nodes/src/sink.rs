@@ -94,26 +94,40 @@ enum Writer {
     Csv(Box<arrow_csv::Writer<File>>),
 }
 
-/// The schema a Parquet part is written in: Parquet has no timestamp
-/// unit of seconds (such a column would be stored as a bare INT64 that
-/// other readers take for a plain integer), so those columns are written
-/// in milliseconds, as pyarrow does; every other column as it is.
+/// The schema a Parquet part is written in. Parquet has no timestamp
+/// unit of seconds and no 64-bit date: such columns would be stored as bare
+/// INT64s that other readers (pyarrow, DuckDB) take for plain integers, so
+/// second timestamps are written in milliseconds and `date64` as `date32`
+/// (Parquet's DATE), as pyarrow does; every other column as it is.
 fn parquet_schema(schema: &SchemaRef) -> SchemaRef {
-    if !schema.fields().iter().any(|f| is_seconds(f.data_type())) {
+    if !schema
+        .fields()
+        .iter()
+        .any(|f| parquet_type(f.data_type()).is_some())
+    {
         return schema.clone();
     }
     let fields: Vec<Field> = schema
         .fields()
         .iter()
-        .map(|f| match f.data_type() {
-            DataType::Timestamp(TimeUnit::Second, tz) => f
-                .as_ref()
-                .clone()
-                .with_data_type(DataType::Timestamp(TimeUnit::Millisecond, tz.clone())),
-            _ => f.as_ref().clone(),
+        .map(|f| match parquet_type(f.data_type()) {
+            Some(t) => f.as_ref().clone().with_data_type(t),
+            None => f.as_ref().clone(),
         })
         .collect();
     Arc::new(Schema::new_with_metadata(fields, schema.metadata().clone()))
+}
+
+/// The type a column of type `t` is written to Parquet as, where Parquet
+/// has no type of its own for `t`.
+fn parquet_type(t: &DataType) -> Option<DataType> {
+    match t {
+        DataType::Timestamp(TimeUnit::Second, tz) => {
+            Some(DataType::Timestamp(TimeUnit::Millisecond, tz.clone()))
+        }
+        DataType::Date64 => Some(DataType::Date32),
+        _ => None,
+    }
 }
 
 /// How Parquet parts (and the file they are joined into) are written:
@@ -124,12 +138,10 @@ fn parquet_props() -> WriterProperties {
         .build()
 }
 
-fn is_seconds(t: &DataType) -> bool {
-    matches!(t, DataType::Timestamp(TimeUnit::Second, _))
-}
-
 /// `batch` in `schema` (from [`parquet_schema`]): second timestamps cast
-/// to milliseconds (exact: every second is a whole number of ms).
+/// to milliseconds (exact: every second is a whole number of ms), dates
+/// to days (exact for dates at midnight, which Arrow asks `date64` to
+/// hold).
 fn to_parquet_batch(batch: RecordBatch, schema: &SchemaRef) -> Result<RecordBatch> {
     if batch.schema().fields() == schema.fields() {
         return Ok(batch);
@@ -491,6 +503,57 @@ mod tests {
         let want: Vec<i64> = secs.iter().map(|s| s * 1000).collect();
         assert_eq!(ts.values().to_vec(), want);
         assert!(ts.nulls().is_none());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A `date64` column is written as Parquet's DATE (`date32`), as
+    /// pyarrow writes it: stored as a bare INT64 before, pyarrow and DuckDB
+    /// read it back as plain integers of milliseconds.
+    #[test]
+    fn date64_is_written_as_a_parquet_date() {
+        use arrow_array::{Date32Array, Date64Array};
+        let dir = std::env::temp_dir().join(format!("braid-sink-date64-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("d.parquet");
+        let schema = Arc::new(Schema::new(vec![Field::new("d", DataType::Date64, true)]));
+        let days = [-3i64, 0, 19_723];
+        let batch = RecordBatch::try_new(
+            schema.clone(),
+            vec![Arc::new(Date64Array::from(vec![
+                Some(days[0] * 86_400_000),
+                None,
+                Some(days[1] * 86_400_000),
+                Some(days[2] * 86_400_000),
+            ]))],
+        )
+        .unwrap();
+        let sink = FileSink {
+            format: FileFormat::Parquet,
+            target: SinkTarget::File(path.clone()),
+            schema: schema.clone(),
+        };
+        let pq = parquet_schema(&schema);
+        match sink.open(&path).unwrap() {
+            Writer::Parquet(mut w) => {
+                w.write(&to_parquet_batch(batch, &pq).unwrap()).unwrap();
+                w.close().unwrap();
+            }
+            Writer::Csv(_) => unreachable!(),
+        }
+        let b = ParquetRecordBatchReaderBuilder::try_new(File::open(&path).unwrap()).unwrap();
+        let col = b.parquet_schema().column(0);
+        assert_eq!(
+            col.logical_type_ref(),
+            Some(&parquet::basic::LogicalType::Date)
+        );
+        let got = b.build().unwrap().next().unwrap().unwrap();
+        let d = got
+            .column(0)
+            .as_any()
+            .downcast_ref::<Date32Array>()
+            .unwrap();
+        let want: Vec<Option<i32>> = vec![Some(-3), None, Some(0), Some(19_723)];
+        assert_eq!(d.iter().collect::<Vec<_>>(), want);
         let _ = std::fs::remove_dir_all(&dir);
     }
 
