@@ -262,6 +262,41 @@ fn bad_input_is_a_clear_error_with_nothing_left_behind() {
         &out,
         "null",
     );
+    // A value past the rows the CSV's types were inferred from that does
+    // not fit its column: the error names the file's line and the column.
+    let late = d.join("late.csv");
+    let mut text = String::from("id,ts,v\n");
+    for i in 0..10_005 {
+        text.push_str(&format!("{i},{i},{i}\n"));
+    }
+    text.push_str("20000,20000,2.5\n");
+    std::fs::write(&late, text).unwrap();
+    assert_clean_failure(
+        &["--input", late.to_str().unwrap(), "--output", os],
+        &out,
+        "line 10007: value '2.5' of column \"v\" is not Int64",
+    );
+    // A directory that mixes formats, or holds data in a subdirectory,
+    // is refused (its other files were skipped without a word).
+    let mixed = d.join("mixed");
+    std::fs::create_dir(&mixed).unwrap();
+    std::fs::write(mixed.join("a.csv"), "ts,v\n1,1\n").unwrap();
+    std::fs::copy(&late, mixed.join("b.CSV")).unwrap();
+    let sub = mixed.join("part=2");
+    std::fs::create_dir(&sub).unwrap();
+    std::fs::write(sub.join("c.csv"), "ts,v\n3,3\n").unwrap();
+    assert_clean_failure(
+        &["--input", mixed.to_str().unwrap(), "--output", os],
+        &out,
+        "lies in a subdirectory",
+    );
+    std::fs::remove_dir_all(&sub).unwrap();
+    std::fs::write(mixed.join("d.parquet"), "not parquet").unwrap();
+    assert_clean_failure(
+        &["--input", mixed.to_str().unwrap(), "--output", os],
+        &out,
+        "holds both",
+    );
     // One rank: nothing syncs its sink with the failing node, yet the
     // failure must still leave nothing behind (it used to commit an empty
     // output now and then).

@@ -297,6 +297,35 @@ const READ_AHEAD_BYTES: u64 = 256 << 20;
 /// so the largest `chunk_rows` would take gigabytes for a two-line file.
 const READ_BATCH_ROWS: usize = 1 << 20;
 
+/// A CSV reader's error on `path`, a value that does not parse as its
+/// column's type said in the file's terms: the column by name and the
+/// file's line (the reader counts records from 0 at the header and names
+/// columns by index); other errors as they are.
+fn csv_error(path: &Path, schema: &SchemaRef, e: arrow_schema::ArrowError) -> DataError {
+    let arrow_schema::ArrowError::ParseError(msg) = &e else {
+        return DataError::file(path, e);
+    };
+    let parsed = (|| {
+        let rest = msg.strip_prefix("Error while parsing value '")?;
+        let (value, rest) = rest.rsplit_once("' for column ")?;
+        let (value, ty) = value.rsplit_once("' as type '")?;
+        let (col, rest) = rest.split_once(" at line ")?;
+        let digits = rest
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(rest.len());
+        let record: usize = rest[..digits].parse().ok()?;
+        let name = schema.fields().get(col.parse::<usize>().ok()?)?.name();
+        Some(format!(
+            "line {}: value '{value}' of column \"{name}\" is not {ty}, the type inferred from the file's first 10,000 rows (give such data as Parquet, or with a value of the wider type in those rows)",
+            record + 1
+        ))
+    })();
+    match parsed {
+        Some(detail) => DataError::file(path, detail),
+        None => DataError::file(path, e),
+    }
+}
+
 fn csv_schema(path: &Path) -> Result<Schema> {
     let f = File::open(path).map_err(|e| DataError::file(path, e))?;
     let (schema, _) = arrow_csv::reader::Format::default()
@@ -530,7 +559,7 @@ impl Source {
                             File::open(&f)
                                 .map_err(|e| DataError::file(&f, e))
                                 .and_then(|file| {
-                                    arrow_csv::ReaderBuilder::new(schema)
+                                    arrow_csv::ReaderBuilder::new(schema.clone())
                                         .with_header(true)
                                         // The reader sizes its buffers for a whole
                                         // batch up front; smaller chunks are
@@ -547,7 +576,7 @@ impl Source {
                                 for b in reader {
                                     // A closed channel: the node stopped.
                                     if tx
-                                        .blocking_send(b.map_err(|e| DataError::file(&f, e)))
+                                        .blocking_send(b.map_err(|e| csv_error(&f, &schema, e)))
                                         .is_err()
                                     {
                                         break;
