@@ -15,14 +15,28 @@ use braid_core::{Backend, BoxError, Context, MemoryLimits, Rank, WorldSpec};
 /// Options shared by every example.
 #[derive(Debug, Clone, clap::Args)]
 pub struct JobArgs {
-    /// Number of ranks.
-    #[arg(long, default_value_t = 4)]
-    pub ranks: u32,
+    /// Number of ranks [default: 4] (under `--backend mpi`, mpirun's or
+    /// srun's count; `--ranks` may only repeat it).
+    #[arg(long)]
+    pub ranks: Option<u32>,
     /// How ranks talk: `local` (threads of this process), `tcp` (one
     /// process per rank on this host) or `mpi` (ranks started by mpirun or
     /// srun; needs the `mpi` feature).
-    #[arg(long, default_value = "local")]
+    #[arg(long, env = "BRAID_BACKEND", default_value = "local")]
     pub backend: Backend,
+}
+
+/// The ranks a job runs without `--ranks`.
+pub const DEFAULT_RANKS: u32 = 4;
+
+/// The size of the MPI job this process was started in, as mpirun or srun
+/// tell it (Open MPI's `OMPI_COMM_WORLD_SIZE`, the PMI `PMI_SIZE` of MPICH,
+/// Intel MPI and srun, Slurm's `SLURM_STEP_NUM_TASKS`), with the variable
+/// that said so; `None` outside one.
+pub fn mpi_launch_size() -> Option<(&'static str, u32)> {
+    ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_STEP_NUM_TASKS"]
+        .into_iter()
+        .find_map(|v| Some((v, std::env::var(v).ok()?.trim().parse().ok()?)))
 }
 
 /// The most ranks `--ranks` starts on one host (tasks or processes); more
@@ -30,15 +44,46 @@ pub struct JobArgs {
 pub const MAX_HOST_RANKS: u32 = 1024;
 
 impl JobArgs {
-    /// Checks `--ranks` before any work (under MPI the launcher decides).
+    /// The number of ranks asked for (`--ranks`, or [`DEFAULT_RANKS`]).
+    pub fn ranks(&self) -> u32 {
+        self.ranks.unwrap_or(DEFAULT_RANKS)
+    }
+
+    /// Checks `--ranks` and `--backend` against each other and against
+    /// how this process was started, before any work.
     pub fn check(&self) -> Result<(), String> {
-        if self.ranks == 0 {
+        self.check_with(mpi_launch_size())
+    }
+
+    /// [`JobArgs::check`] for a process that mpirun or srun started as
+    /// one of `launched` ranks (`None`: not started by them).
+    fn check_with(&self, launched: Option<(&'static str, u32)>) -> Result<(), String> {
+        let ranks = self.ranks();
+        if ranks == 0 {
             return Err("--ranks must be at least 1".into());
         }
-        if self.backend != Backend::Mpi && self.ranks > MAX_HOST_RANKS {
+        match (self.backend, launched) {
+            // Each process would run a whole job of its own, all of them
+            // writing the same output.
+            (b, Some((var, n))) if b != Backend::Mpi && n > 1 => {
+                return Err(format!(
+                    "this process is one of {n} started by mpirun or srun ({var}={n}), but --backend is {b}: each would run a whole job of its own; pass --backend mpi (or set BRAID_BACKEND=mpi)"
+                ));
+            }
+            (Backend::Mpi, launched) => {
+                let n = launched.map_or(1, |(_, n)| n.max(1));
+                if self.ranks.is_some_and(|r| r != n) {
+                    return Err(format!(
+                        "--ranks {ranks} under --backend mpi, which runs the {n} rank(s) mpirun or srun started: start {ranks} with `mpirun -np {ranks}` (or drop --ranks)"
+                    ));
+                }
+            }
+            _ => {}
+        }
+        if self.backend != Backend::Mpi && ranks > MAX_HOST_RANKS {
             return Err(format!(
-                "--ranks {} is more than the {MAX_HOST_RANKS} ranks one host runs (--backend {})",
-                self.ranks, self.backend
+                "--ranks {ranks} is more than the {MAX_HOST_RANKS} ranks one host runs (--backend {})",
+                self.backend
             ));
         }
         Ok(())
@@ -110,7 +155,9 @@ where
             return Err("--backend mpi needs a build with the mpi feature (cargo build --release --features mpi), started by mpirun or srun".into());
         }
         (_, Some(cfg)) => WorldSpec::Tcp(cfg),
-        (Backend::Local, None) => WorldSpec::Local { nranks: args.ranks },
+        (Backend::Local, None) => WorldSpec::Local {
+            nranks: args.ranks(),
+        },
         (Backend::Tcp, None) => {
             let exe = std::env::current_exe()?;
             let argv: Vec<_> = std::env::args_os().skip(1).collect();
@@ -118,7 +165,7 @@ where
                 .worker_threads(2)
                 .enable_all()
                 .build()?;
-            rt.block_on(launch(LaunchSpec::new(args.ranks, exe, argv)))?;
+            rt.block_on(launch(LaunchSpec::new(args.ranks(), exe, argv)))?;
             return Ok(JobOutcome::Launched);
         }
     };
@@ -127,7 +174,41 @@ where
 
 #[cfg(test)]
 mod tests {
-    use super::median;
+    use super::{Backend, JobArgs, median};
+
+    /// A process started by mpirun or srun must run with `--backend mpi`
+    /// (each would otherwise run a whole job of its own), and `--ranks`
+    /// under mpi may only repeat the launcher's count.
+    #[test]
+    fn backend_and_ranks_fit_how_the_process_was_started() {
+        let args = |ranks: Option<u32>, backend| JobArgs { ranks, backend };
+        let mpirun = |n| Some(("OMPI_COMM_WORLD_SIZE", n));
+        let ok = |a: JobArgs, l| a.check_with(l).is_ok();
+        assert!(ok(args(None, Backend::Local), None));
+        assert!(ok(args(Some(3), Backend::Tcp), None));
+        assert!(!ok(args(Some(0), Backend::Local), None));
+        assert!(!ok(args(Some(5000), Backend::Local), None));
+        for b in [Backend::Local, Backend::Tcp] {
+            let e = args(None, b)
+                .check_with(mpirun(3))
+                .err()
+                .unwrap_or_default();
+            assert!(e.contains("--backend mpi") && e.contains("=3"), "{e}");
+            // One rank of mpirun runs as asked.
+            assert!(ok(args(None, b), mpirun(1)));
+        }
+        assert!(ok(args(None, Backend::Mpi), mpirun(3)));
+        assert!(ok(args(Some(3), Backend::Mpi), mpirun(3)));
+        assert!(ok(args(Some(5000), Backend::Mpi), mpirun(5000)));
+        let e = args(Some(2), Backend::Mpi)
+            .check_with(mpirun(3))
+            .err()
+            .unwrap_or_default();
+        assert!(e.contains("mpirun -np 2"), "{e}");
+        // A singleton (no launcher) is one rank.
+        assert!(ok(args(Some(1), Backend::Mpi), None));
+        assert!(!ok(args(Some(4), Backend::Mpi), None));
+    }
 
     #[test]
     fn median_of_odd_even_and_no_samples() {

@@ -91,3 +91,42 @@ fn rolling_under_mpirun_matches_the_oracle() {
         }
     }
 }
+
+/// Under mpirun the job joins the MPI job with `BRAID_BACKEND=mpi` as
+/// with `--backend mpi`; without either, every process would run a whole
+/// job of its own on the same output: refused. `--ranks` may only repeat
+/// mpirun's count.
+#[test]
+fn mpirun_needs_the_mpi_backend_and_its_rank_count() {
+    let run = |env_mpi: bool, extra: &[&str]| {
+        let mut cmd = Command::new("mpirun");
+        cmd.args(["--oversubscribe", "-np", "3"])
+            .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+            .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+            .env_remove("BRAID_BACKEND")
+            .arg(env!("CARGO_BIN_EXE_rolling"))
+            .args(["--rows", "3000"])
+            .args(extra);
+        if env_mpi {
+            cmd.env("BRAID_BACKEND", "mpi");
+        }
+        let out = cmd.output().unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (ok, stdout, stderr) = run(true, &[]);
+    assert!(ok, "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("3000 rows in, 3000 rows out, 3 ranks (mpi)"),
+        "{stdout}"
+    );
+    let (ok, _, stderr) = run(false, &[]);
+    assert!(!ok && stderr.contains("pass --backend mpi"), "{stderr}");
+    let (ok, _, stderr) = run(false, &["--backend", "mpi", "--ranks", "2"]);
+    assert!(!ok && stderr.contains("mpirun -np 2"), "{stderr}");
+    let (ok, stdout, stderr) = run(false, &["--backend", "mpi", "--ranks", "3"]);
+    assert!(ok, "{stdout}\n{stderr}");
+}

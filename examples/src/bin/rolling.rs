@@ -543,13 +543,13 @@ fn gpu_ranks(cli: &mut Cli, ranks_given: bool) {
     {
         let gpus = u32::try_from(braid_core::cuda::Gpu::count()).unwrap_or(u32::MAX);
         if !ranks_given {
-            cli.job.ranks = gpus.max(1);
-        } else if gpus > 0 && cli.job.ranks > gpus {
+            cli.job.ranks = Some(gpus.max(1));
+        } else if gpus > 0 && cli.job.ranks() > gpus {
             tracing::warn!(
                 "{} ranks on {gpus} GPU(s): ranks that share a GPU move device data \
                  through host memory (several times slower); one rank per GPU \
                  (--ranks {gpus}, the default with --device gpu) is the fast path",
-                cli.job.ranks
+                cli.job.ranks()
             );
         }
     }
@@ -668,7 +668,7 @@ fn main() -> ExitCode {
         Ok(JobOutcome::Launched) => {
             println!(
                 "rolling: {} tcp ranks finished in {secs:.3} s",
-                cli.job.ranks
+                cli.job.ranks()
             );
             ExitCode::SUCCESS
         }

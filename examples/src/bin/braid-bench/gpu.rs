@@ -648,7 +648,7 @@ pub fn run(a: GpuArgs) -> Result<(), BoxError> {
     if rank != 0 {
         return Ok(());
     }
-    let n = a.job.ranks as usize;
+    let n = a.job.ranks() as usize;
     println!(
         "braid-bench gpu: {n} ranks ({:?} backend), {name}, {gpus} GPU(s) visible; checks {}; NCCL {:?}",
         a.job.backend,
