@@ -33,6 +33,40 @@ fn rank_pids(dir: &Path, n: usize) -> Vec<u32> {
     }
 }
 
+/// `braid-launch -n 3` of ranks that write their pid into a fresh folder
+/// named for `what`, then sleep; with the ranks' pids once all started.
+#[cfg(target_os = "linux")]
+fn launch_sleepers(what: &str) -> (std::process::Child, Vec<u32>, std::path::PathBuf) {
+    let dir = std::env::temp_dir().join(format!("braid-launch-{what}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let script = format!("echo $$ > {}/pid$BRAID_RANK; exec sleep 60", dir.display());
+    let launcher = Command::new(env!("CARGO_BIN_EXE_braid-launch"))
+        .args(["-n", "3", "--", "sh", "-c", &script])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pids = rank_pids(&dir, 3);
+    (launcher, pids, dir)
+}
+
+/// The pids still running within 10 s (each then killed, so that a failed
+/// test leaves nothing behind).
+#[cfg(target_os = "linux")]
+fn still_running(pids: &[u32]) -> Vec<u32> {
+    let until = Instant::now() + Duration::from_secs(10);
+    while pids.iter().any(|p| alive(*p)) && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let left: Vec<u32> = pids.iter().copied().filter(|p| alive(*p)).collect();
+    for p in &left {
+        // SAFETY: cleaning up a process this test caused.
+        unsafe { libc::kill(*p as i32, libc::SIGKILL) };
+    }
+    left
+}
+
 /// SIGTERM and SIGHUP (what `kill`, a batch system's cancel and a closed
 /// terminal send) end the launcher and every rank; before, the launcher
 /// died at once and left its ranks running.
@@ -40,17 +74,7 @@ fn rank_pids(dir: &Path, n: usize) -> Vec<u32> {
 #[test]
 fn a_stop_signal_ends_every_rank() {
     for (sig, name) in [(libc::SIGTERM, "SIGTERM"), (libc::SIGHUP, "SIGHUP")] {
-        let dir = std::env::temp_dir().join(format!("braid-launch-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let script = format!("echo $$ > {}/pid$BRAID_RANK; exec sleep 60", dir.display());
-        let mut launcher = Command::new(env!("CARGO_BIN_EXE_braid-launch"))
-            .args(["-n", "3", "--", "sh", "-c", &script])
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let pids = rank_pids(&dir, 3);
+        let (mut launcher, pids, dir) = launch_sleepers(name);
         // SAFETY: a signal to the child this test started.
         assert_eq!(unsafe { libc::kill(launcher.id() as i32, sig) }, 0);
         let until = Instant::now() + Duration::from_secs(20);
@@ -65,15 +89,7 @@ fn a_stop_signal_ends_every_rank() {
         std::io::Read::read_to_string(&mut launcher.stderr.take().unwrap(), &mut err).unwrap();
         assert!(!status.success(), "{name}: {status:?}");
         assert!(err.contains("interrupted"), "{name}: {err}");
-        let until = Instant::now() + Duration::from_secs(10);
-        while pids.iter().any(|p| alive(*p)) && Instant::now() < until {
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let left: Vec<u32> = pids.iter().copied().filter(|p| alive(*p)).collect();
-        for p in &left {
-            // SAFETY: cleaning up a process this test caused.
-            unsafe { libc::kill(*p as i32, libc::SIGKILL) };
-        }
+        let left = still_running(&pids);
         assert!(left.is_empty(), "{name}: ranks {left:?} still run");
         let _ = std::fs::remove_dir_all(&dir);
     }
@@ -84,28 +100,10 @@ fn a_stop_signal_ends_every_rank() {
 #[cfg(target_os = "linux")]
 #[test]
 fn a_killed_launcher_leaves_no_rank() {
-    let dir = std::env::temp_dir().join(format!("braid-launch-kill-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let script = format!("echo $$ > {}/pid$BRAID_RANK; exec sleep 60", dir.display());
-    let mut launcher = Command::new(env!("CARGO_BIN_EXE_braid-launch"))
-        .args(["-n", "3", "--", "sh", "-c", &script])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let pids = rank_pids(&dir, 3);
+    let (mut launcher, pids, dir) = launch_sleepers("kill");
     launcher.kill().unwrap();
     launcher.wait().unwrap();
-    let until = Instant::now() + Duration::from_secs(10);
-    while pids.iter().any(|p| alive(*p)) && Instant::now() < until {
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let left: Vec<u32> = pids.iter().copied().filter(|p| alive(*p)).collect();
-    for p in &left {
-        // SAFETY: cleaning up a process this test caused.
-        unsafe { libc::kill(*p as i32, libc::SIGKILL) };
-    }
+    let left = still_running(&pids);
     assert!(
         left.is_empty(),
         "ranks {left:?} outlived their killed launcher"

@@ -446,6 +446,26 @@ mod tests {
     use arrow_array::{Array, Int64Array, TimestampMillisecondArray, TimestampSecondArray};
     use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 
+    /// `batch` written as the sink writes a Parquet part, at `path`, and
+    /// a reader of that file.
+    fn write_and_reopen(path: &Path, batch: RecordBatch) -> ParquetRecordBatchReaderBuilder<File> {
+        let schema = batch.schema();
+        let sink = FileSink {
+            format: FileFormat::Parquet,
+            target: SinkTarget::File(path.to_path_buf()),
+            schema: schema.clone(),
+        };
+        let pq = parquet_schema(&schema);
+        match sink.open(path).unwrap() {
+            Writer::Parquet(mut w) => {
+                w.write(&to_parquet_batch(batch, &pq).unwrap()).unwrap();
+                w.close().unwrap();
+            }
+            Writer::Csv(_) => unreachable!(),
+        }
+        ParquetRecordBatchReaderBuilder::try_new(File::open(path).unwrap()).unwrap()
+    }
+
     #[test]
     fn second_timestamps_are_written_as_parquet_timestamps_in_ms() {
         let dir = std::env::temp_dir().join(format!("braid-sink-secs-{}", std::process::id()));
@@ -468,20 +488,7 @@ mod tests {
             ],
         )
         .unwrap();
-        let sink = FileSink {
-            format: FileFormat::Parquet,
-            target: SinkTarget::File(path.clone()),
-            schema: schema.clone(),
-        };
-        let pq = parquet_schema(&schema);
-        match sink.open(&path).unwrap() {
-            Writer::Parquet(mut w) => {
-                w.write(&to_parquet_batch(batch, &pq).unwrap()).unwrap();
-                w.close().unwrap();
-            }
-            Writer::Csv(_) => unreachable!(),
-        }
-        let b = ParquetRecordBatchReaderBuilder::try_new(File::open(&path).unwrap()).unwrap();
+        let b = write_and_reopen(&path, batch);
         // The Parquet column carries a timestamp logical type (readers
         // that ignore the embedded Arrow schema still see a timestamp).
         let col = b.parquet_schema().column(0);
@@ -527,20 +534,7 @@ mod tests {
             ]))],
         )
         .unwrap();
-        let sink = FileSink {
-            format: FileFormat::Parquet,
-            target: SinkTarget::File(path.clone()),
-            schema: schema.clone(),
-        };
-        let pq = parquet_schema(&schema);
-        match sink.open(&path).unwrap() {
-            Writer::Parquet(mut w) => {
-                w.write(&to_parquet_batch(batch, &pq).unwrap()).unwrap();
-                w.close().unwrap();
-            }
-            Writer::Csv(_) => unreachable!(),
-        }
-        let b = ParquetRecordBatchReaderBuilder::try_new(File::open(&path).unwrap()).unwrap();
+        let b = write_and_reopen(&path, batch);
         let col = b.parquet_schema().column(0);
         assert_eq!(
             col.logical_type_ref(),

@@ -670,6 +670,16 @@ fn launcher_lets_ranks_finish_their_errors_then_kills_the_rest() {
     );
 }
 
+/// An `n`-rank world of each in-process backend (local, tcp), named.
+async fn local_and_tcp_worlds(n: u32) -> [(&'static str, Vec<Arc<dyn Communicator>>); 2] {
+    let local = LocalComm::world(n).into_iter();
+    let tcp = TcpComm::in_process_world(n).await.unwrap().into_iter();
+    [
+        ("local", local.map(|c| Arc::new(c) as _).collect()),
+        ("tcp", tcp.map(|c| Arc::new(c) as _).collect()),
+    ]
+}
+
 /// A rank that calls `shutdown` again (its first call timed out) counts
 /// once: the barrier still waits for every other rank (in process, each
 /// call counted, so a second call let ranks leave before the last had
@@ -679,24 +689,7 @@ fn shutdown_called_twice_still_waits_for_every_rank() {
     let rt = runtime();
     for n in RANK_COUNTS.into_iter().filter(|n| *n >= 2) {
         rt.block_on(async {
-            let worlds: [(&str, Vec<Arc<dyn Communicator>>); 2] = [
-                (
-                    "local",
-                    LocalComm::world(n)
-                        .into_iter()
-                        .map(|c| Arc::new(c) as Arc<dyn Communicator>)
-                        .collect(),
-                ),
-                (
-                    "tcp",
-                    TcpComm::in_process_world(n)
-                        .await
-                        .unwrap()
-                        .into_iter()
-                        .map(|c| Arc::new(c) as Arc<dyn Communicator>)
-                        .collect(),
-                ),
-            ];
+            let worlds = local_and_tcp_worlds(n).await;
             for (world, comms) in worlds {
                 let short = std::time::Duration::from_millis(100);
                 let first = tokio::time::timeout(short, comms[0].shutdown()).await;
@@ -728,24 +721,7 @@ fn operations_after_shutdown_fail_instead_of_vanishing_or_hanging() {
     let rt = runtime();
     for n in RANK_COUNTS {
         rt.block_on(async {
-            let worlds: [(&str, Vec<Arc<dyn Communicator>>); 2] = [
-                (
-                    "local",
-                    LocalComm::world(n)
-                        .into_iter()
-                        .map(|c| Arc::new(c) as Arc<dyn Communicator>)
-                        .collect(),
-                ),
-                (
-                    "tcp",
-                    TcpComm::in_process_world(n)
-                        .await
-                        .unwrap()
-                        .into_iter()
-                        .map(|c| Arc::new(c) as Arc<dyn Communicator>)
-                        .collect(),
-                ),
-            ];
+            let worlds = local_and_tcp_worlds(n).await;
             let limit = std::time::Duration::from_secs(10);
             for (world, comms) in worlds {
                 // A receive from itself, posted before the shutdown.
