@@ -189,6 +189,36 @@ pub fn exit_code(err: &(dyn std::error::Error + 'static)) -> std::process::ExitC
     }
 }
 
+/// Cleanup to run before the job's abort ends this process
+/// ([`on_process_abort`]).
+type AbortHook = Box<dyn FnOnce() + Send>;
+
+static ABORT_HOOKS: std::sync::Mutex<Vec<AbortHook>> = std::sync::Mutex::new(Vec::new());
+
+/// Registers `hook` to run if the job's abort is about to end this
+/// process: the mpi backend's abort is `MPI_Abort`, which ends every
+/// process of the job at once, so nothing after [`run_world`] runs there.
+/// For the cleanup a program does once `run_world` has returned its error
+/// (output it staged, directories it made). Hooks run once each, in the
+/// order registered, on the failing rank's thread; the other backends
+/// never run them (`run_world` returns, and the program's own error path
+/// runs).
+pub fn on_process_abort(hook: impl FnOnce() + Send + 'static) {
+    ABORT_HOOKS
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .push(Box::new(hook));
+}
+
+/// Runs the hooks of [`on_process_abort`] (each once).
+#[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+pub(crate) fn run_process_abort_hooks() {
+    let hooks = std::mem::take(&mut *ABORT_HOOKS.lock().unwrap_or_else(|p| p.into_inner()));
+    for h in hooks {
+        h();
+    }
+}
+
 /// A rank's failure.
 #[derive(Debug, thiserror::Error)]
 #[error("{source}")]

@@ -130,3 +130,57 @@ fn mpirun_needs_the_mpi_backend_and_its_rank_count() {
     let (ok, stdout, stderr) = run(false, &["--backend", "mpi", "--ranks", "3"]);
     assert!(ok, "{stdout}\n{stderr}");
 }
+
+/// A job that fails under mpirun (a value one rank's CSV file cannot
+/// parse) leaves neither its output nor its staged parts: MPI_Abort ends
+/// every process before `main` could clean up, so the cleanup runs before
+/// it (`braid_core::world::on_process_abort`). Before, the output
+/// directory and `.braid-staging` with rank 0's part were left.
+#[test]
+fn a_failed_mpi_job_leaves_nothing_behind() {
+    let scratch = braid_tests::Scratch::new("mpi-fail");
+    let d = scratch.path();
+    let input = d.join("in");
+    std::fs::create_dir(&input).unwrap();
+    for f in 0..3 {
+        let mut text = String::from("ts,key,v\n");
+        for i in 0..20_000 {
+            text.push_str(&format!("{},{},{}\n", i * 3 + f, i % 7, i));
+        }
+        if f == 2 {
+            text.push_str("99999,1,notanumber\n");
+        }
+        std::fs::write(input.join(format!("p{f}.csv")), text).unwrap();
+    }
+    for out in [d.join("out"), d.join("out.parquet")] {
+        let o = Command::new("timeout")
+            .args(["120", "mpirun", "--oversubscribe", "-np", "3"])
+            .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+            .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+            .arg(env!("CARGO_BIN_EXE_rolling"))
+            .args([
+                "--backend",
+                "mpi",
+                "--by",
+                "key",
+                "--window",
+                "300",
+                "--input",
+            ])
+            .arg(&input)
+            .arg("--output")
+            .arg(&out)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "{stderr}");
+        assert!(stderr.contains("notanumber"), "{stderr}");
+        let left: Vec<String> = std::fs::read_dir(d)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n != "in")
+            .collect();
+        assert!(left.is_empty(), "{}: left behind {left:?}", out.display());
+    }
+}

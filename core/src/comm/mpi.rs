@@ -1278,6 +1278,8 @@ impl Communicator for MpiComm {
     }
 
     fn abort(&self, reason: &str) {
+        // MPI_Abort ends this process: the program's cleanup first.
+        crate::world::run_process_abort_hooks();
         let _ = self.tx.send(Req::Abort(reason.to_string()));
         if self.shared.driving == Driving::AnyThread {
             // MPI_Abort from here, now (it does not return).

@@ -609,6 +609,19 @@ fn main() -> ExitCode {
         Output::File(f) => Some(f.clone()),
         _ => None,
     };
+    // Under MPI a failed job's abort ends the process before the error
+    // path below: the same cleanup, run before it.
+    {
+        let (sink, created) = (sink.clone(), created.clone());
+        braid_core::world::on_process_abort(move || {
+            if let Some(s) = &sink {
+                s.abandon();
+            }
+            if let Some(p) = &created {
+                let _ = std::fs::remove_dir(p);
+            }
+        });
+    }
     let res = run_job(&cli.job, limits, move |ctx| {
         let job = job.clone();
         let p = p2.clone();
