@@ -12,7 +12,7 @@
 //! Why a pool: starting a scoped thread per share cost 50-90 us on a
 //! 16-core VM (measured: a 1 MiB AllToAll's copy split in two took 163 us
 //! against 72 unsplit), as much as the copy it was to halve. Helpers that
-//! ran out of work spin for [`SPIN`] before they sleep, and so does a
+//! ran out of work spin for `SPIN` (100 us) before they sleep, and so does a
 //! caller waiting for its shares, since a sleeping thread's wake-up costs
 //! tens of us on a VM too. The helpers are started on first use,
 //! one fewer than the host's cores (the caller is the last), and shared by

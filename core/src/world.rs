@@ -131,24 +131,22 @@ pub fn context_on(
 pub const PEER_FAILED_EXIT: u8 = 4;
 
 /// The rank whose failure `err` only passes on: the first
-/// [`CommError`](crate::CommError) in `err`'s chain of sources, if it
+/// [`CommError`] in `err`'s chain of sources, if it
 /// says another rank aborted the job or died. `None` for a failure of the
 /// rank's own (or one that names no peer).
 pub fn caused_by_peer(err: &(dyn std::error::Error + 'static)) -> Option<Rank> {
     match *first_comm_error(err)? {
-        crate::CommError::Aborted { rank, peer, .. } if peer != rank => Some(peer),
-        crate::CommError::PeerDied { peer, .. } => Some(peer),
+        CommError::Aborted { rank, peer, .. } if peer != rank => Some(peer),
+        CommError::PeerDied { peer, .. } => Some(peer),
         _ => None,
     }
 }
 
-/// The first [`CommError`](crate::CommError) in `err`'s chain of sources.
-fn first_comm_error<'a>(
-    err: &'a (dyn std::error::Error + 'static),
-) -> Option<&'a crate::CommError> {
+/// The first [`CommError`] in `err`'s chain of sources.
+fn first_comm_error<'a>(err: &'a (dyn std::error::Error + 'static)) -> Option<&'a CommError> {
     let mut cur = Some(err);
     while let Some(e) = cur {
-        if let Some(c) = e.downcast_ref::<crate::CommError>() {
+        if let Some(c) = e.downcast_ref::<CommError>() {
             return Some(c);
         }
         cur = e.source();
@@ -157,12 +155,12 @@ fn first_comm_error<'a>(
 }
 
 /// A copy of a rank's error for the first-error report (a `BoxError` is
-/// not `Clone`): its text, and the [`CommError`](crate::CommError) of its
+/// not `Clone`): its text, and the [`CommError`] of its
 /// chain as the source, so [`caused_by_peer`] still sees it.
 #[derive(Debug)]
 struct Reported {
     text: String,
-    comm: Option<crate::CommError>,
+    comm: Option<CommError>,
 }
 
 impl std::fmt::Display for Reported {

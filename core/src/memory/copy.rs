@@ -67,7 +67,7 @@ unsafe impl Send for Base {}
 // SAFETY: see `Send`.
 unsafe impl Sync for Base {}
 
-/// Threads a fill of `bytes` uses: shares of at least [`PER_THREAD`],
+/// Threads a fill of `bytes` uses: shares of at least `PER_THREAD` (256 KiB),
 /// at most this rank's share of the cores (or `BRAID_COPY_THREADS`).
 pub fn fill_threads(bytes: usize) -> usize {
     let cap = threads_override().unwrap_or_else(crate::context::cores_per_rank);
