@@ -85,7 +85,10 @@ pub struct FileSink {
     pub format: FileFormat,
     /// Destination.
     pub target: SinkTarget,
-    /// Schema of the stream (needed to write a rank's empty part).
+    /// Schema of the stream: the columns of every chunk (names and types,
+    /// in order; the sink fails on a chunk whose columns differ rather
+    /// than write them under the wrong names or types), and of a rank's
+    /// empty part.
     pub schema: SchemaRef,
 }
 
@@ -247,6 +250,35 @@ impl FileSink {
         let _ = std::fs::remove_dir_all(self.target.staging());
     }
 
+    /// Whether `b` has the sink's columns (names and types, in order;
+    /// nullability may differ): a Parquet part casts each column to its
+    /// field's type by position, and a CSV part's header comes from the
+    /// schema, so any other chunk would be written wrong without a word.
+    fn check_columns(&self, b: &RecordBatch) -> Result<()> {
+        let want = self.schema.fields();
+        let got = b.schema();
+        let same = got.fields().len() == want.len()
+            && got
+                .fields()
+                .iter()
+                .zip(want.iter())
+                .all(|(g, w)| g.name() == w.name() && g.data_type() == w.data_type());
+        if same {
+            return Ok(());
+        }
+        let list = |fs: &arrow_schema::Fields| {
+            fs.iter()
+                .map(|f| format!("{}: {}", f.name(), f.data_type()))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        Err(DataError::Invalid(format!(
+            "file sink: a chunk's columns ({}) differ from the sink's schema ({})",
+            list(got.fields()),
+            list(want)
+        )))
+    }
+
     async fn write_part(&self, input: &mut Receiver, part: &Path) -> Result<(), NodeError> {
         let mut w = self.open(part)?;
         let pq = parquet_schema(&self.schema);
@@ -255,6 +287,7 @@ impl FileSink {
                 return Err(NodeError::other("file sink got a non-table message"));
             };
             let b = t.into_batch();
+            self.check_columns(&b)?;
             let pq = pq.clone();
             // Encoding is CPU work: keep it off the runtime's threads.
             w = tokio::task::spawn_blocking(move || -> Result<Writer> {
@@ -578,6 +611,75 @@ mod tests {
         assert!(staging.exists(), "rank 2's part is still there");
         drop(r2);
         assert!(!staging.exists(), "the last rank out removes it");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A chunk whose columns differ from the sink's schema (here swapped)
+    /// fails the sink with both column lists: before, a Parquet part cast
+    /// the floats into the integer column by position (1.5 -> 1), and a CSV
+    /// part wrote them under the other column's header.
+    #[test]
+    fn a_chunk_with_other_columns_fails_instead_of_being_written_wrong() {
+        use arrow_array::{Float64Array, Int64Array};
+        let dir = std::env::temp_dir().join(format!("braid-sink-cols-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let declared = Arc::new(Schema::new(vec![
+            Field::new("a", DataType::Int64, false),
+            Field::new("b", DataType::Float64, false),
+        ]));
+        let swapped = Arc::new(Schema::new(vec![
+            Field::new("b", DataType::Float64, true),
+            Field::new("a", DataType::Int64, true),
+        ]));
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        for format in [FileFormat::Parquet, FileFormat::Csv] {
+            let sink = FileSink {
+                format,
+                target: SinkTarget::Dir(dir.clone()),
+                schema: declared.clone(),
+            };
+            sink.prepare().unwrap();
+            let part = sink.part(0);
+            let run = |schema: SchemaRef, cols: Vec<arrow_array::ArrayRef>| {
+                let batch = RecordBatch::try_new(schema, cols).unwrap();
+                let (mut tx, mut rx) = braid_core::channel(4);
+                rt.block_on(async {
+                    tx.send(braid_core::Message::new(0, batch)).await.unwrap();
+                    drop(tx);
+                    sink.write_part(&mut rx, &part)
+                        .await
+                        .err()
+                        .map(|e| e.to_string())
+                })
+            };
+            let e = run(
+                swapped.clone(),
+                vec![
+                    Arc::new(Float64Array::from(vec![1.5, 2.5])),
+                    Arc::new(Int64Array::from(vec![10, 20])),
+                ],
+            );
+            assert!(
+                e.as_ref()
+                    .is_some_and(|e| e.contains("b: Float64, a: Int64")
+                        && e.contains("a: Int64, b: Float64")),
+                "{format:?}: {e:?}"
+            );
+            // The declared columns, nullable or not, are written.
+            let ok = run(
+                Arc::new(Schema::new(vec![
+                    Field::new("a", DataType::Int64, true),
+                    Field::new("b", DataType::Float64, true),
+                ])),
+                vec![
+                    Arc::new(Int64Array::from(vec![1, 2])),
+                    Arc::new(Float64Array::from(vec![0.5, 1.5])),
+                ],
+            );
+            assert_eq!(ok, None, "{format:?}");
+        }
         let _ = std::fs::remove_dir_all(&dir);
     }
 
