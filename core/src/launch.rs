@@ -33,6 +33,12 @@ pub struct LaunchSpec {
     pub env: Vec<(OsString, OsString)>,
     /// How the ranks' output is shown.
     pub output: OutputMode,
+    /// How long the job may run: past it every rank still running is
+    /// stopped and the launch fails with [`LaunchError::TimedOut`] (a rank
+    /// stuck waiting, or in a computation that never ends, would otherwise
+    /// keep the launcher waiting for ever, as it keeps `mpirun`). `None`:
+    /// no limit.
+    pub timeout: Option<std::time::Duration>,
 }
 
 impl LaunchSpec {
@@ -44,6 +50,7 @@ impl LaunchSpec {
             args,
             env: Vec::new(),
             output: OutputMode::Prefixed,
+            timeout: None,
         }
     }
 }
@@ -91,6 +98,29 @@ pub enum LaunchError {
     /// The launcher was interrupted (Ctrl-C, SIGTERM, SIGHUP).
     #[error("interrupted; all ranks were stopped")]
     Interrupted,
+    /// The job ran past [`LaunchSpec::timeout`]; the ranks still running
+    /// were stopped.
+    #[error(
+        "the job ran past its timeout of {secs} s; rank(s) {} were still running and were stopped",
+        rank_list(running)
+    )]
+    TimedOut {
+        /// The timeout, in seconds.
+        secs: f64,
+        /// The ranks that had not ended.
+        running: Vec<Rank>,
+        /// What every rank printed (captured mode only).
+        report: Box<LaunchReport>,
+    },
+}
+
+/// "0, 2, 5": ranks for a message.
+fn rank_list(ranks: &[Rank]) -> String {
+    ranks
+        .iter()
+        .map(|r| r.to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// What the ranks did.
@@ -345,6 +375,10 @@ pub async fn launch(spec: LaunchSpec) -> Result<LaunchReport, LaunchError> {
     // After a failure, when the ranks still running are killed.
     let mut kill_at: Option<tokio::time::Instant> = None;
     let mut interrupted = false;
+    // Past the job's timeout: the ranks that had not ended by then.
+    let deadline = spec.timeout.map(|t| tokio::time::Instant::now() + t);
+    let mut timed_out: Option<Vec<Rank>> = None;
+    let mut ended = vec![false; n];
     let mut remaining = n;
     tokio::pin!(stop);
     while remaining > 0 {
@@ -353,6 +387,7 @@ pub async fn launch(spec: LaunchSpec) -> Result<LaunchReport, LaunchError> {
                 let Some((rank, status)) = d else { break };
                 remaining -= 1;
                 report.status[rank as usize] = status;
+                ended[rank as usize] = true;
                 let ok = status.map(|s| s.success()).unwrap_or(false);
                 if !ok && !interrupted {
                     let text = status.map(|s| s.to_string()).unwrap_or_else(|| "unknown status".into());
@@ -381,6 +416,20 @@ pub async fn launch(spec: LaunchSpec) -> Result<LaunchReport, LaunchError> {
                 interrupted = true;
                 let _ = kill_tx.send(true);
             }
+            _ = async {
+                if let Some(t) = deadline {
+                    tokio::time::sleep_until(t).await;
+                }
+            }, if deadline.is_some() && timed_out.is_none() && !killing && !interrupted => {
+                timed_out = Some(
+                    (0..spec.nranks)
+                        .filter(|r| !ended[*r as usize])
+                        .collect(),
+                );
+                killing = true;
+                kill_at = None;
+                let _ = kill_tx.send(true);
+            }
         }
     }
     for t in rank_tasks {
@@ -400,6 +449,16 @@ pub async fn launch(spec: LaunchSpec) -> Result<LaunchReport, LaunchError> {
     }
     if interrupted {
         return Err(LaunchError::Interrupted);
+    }
+    // A rank that failed on its own before the timeout is the cause; the
+    // ranks stopped at the timeout (and those that only heard of it) are
+    // not.
+    if let (Some(running), None) = (timed_out, &first_cause) {
+        return Err(LaunchError::TimedOut {
+            secs: spec.timeout.map_or(0.0, |t| t.as_secs_f64()),
+            running,
+            report: Box::new(report),
+        });
     }
     match first_cause.or(first_failure) {
         Some((rank, status)) => Err(LaunchError::RankFailed {

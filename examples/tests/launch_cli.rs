@@ -37,18 +37,48 @@ fn rank_pids(dir: &Path, n: usize) -> Vec<u32> {
 /// named for `what`, then sleep; with the ranks' pids once all started.
 #[cfg(target_os = "linux")]
 fn launch_sleepers(what: &str) -> (std::process::Child, Vec<u32>, std::path::PathBuf) {
+    launch_ranks(what, &[], "exec sleep 60")
+}
+
+/// `braid-launch -n 3 ARGS` of ranks that write their pid into a fresh
+/// folder named for `what`, then run `then` (shell); with the ranks' pids
+/// once all started.
+#[cfg(target_os = "linux")]
+fn launch_ranks(
+    what: &str,
+    args: &[&str],
+    then: &str,
+) -> (std::process::Child, Vec<u32>, std::path::PathBuf) {
     let dir = std::env::temp_dir().join(format!("braid-launch-{what}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    let script = format!("echo $$ > {}/pid$BRAID_RANK; exec sleep 60", dir.display());
+    let script = format!("echo $$ > {}/pid$BRAID_RANK; {then}", dir.display());
     let launcher = Command::new(env!("CARGO_BIN_EXE_braid-launch"))
-        .args(["-n", "3", "--", "sh", "-c", &script])
+        .args(["-n", "3"])
+        .args(args)
+        .args(["--", "sh", "-c", &script])
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
     let pids = rank_pids(&dir, 3);
     (launcher, pids, dir)
+}
+
+/// The launcher's exit status and stderr, once it ends (within 30 s).
+#[cfg(target_os = "linux")]
+fn finished(launcher: &mut std::process::Child, what: &str) -> (std::process::ExitStatus, String) {
+    let until = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(s) = launcher.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < until, "{what}: the launcher did not end");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut launcher.stderr.take().unwrap(), &mut err).unwrap();
+    (status, err)
 }
 
 /// The pids still running within 10 s (each then killed, so that a failed
@@ -77,16 +107,7 @@ fn a_stop_signal_ends_every_rank() {
         let (mut launcher, pids, dir) = launch_sleepers(name);
         // SAFETY: a signal to the child this test started.
         assert_eq!(unsafe { libc::kill(launcher.id() as i32, sig) }, 0);
-        let until = Instant::now() + Duration::from_secs(20);
-        let status = loop {
-            if let Some(s) = launcher.try_wait().unwrap() {
-                break s;
-            }
-            assert!(Instant::now() < until, "{name}: the launcher did not end");
-            std::thread::sleep(Duration::from_millis(20));
-        };
-        let mut err = String::new();
-        std::io::Read::read_to_string(&mut launcher.stderr.take().unwrap(), &mut err).unwrap();
+        let (status, err) = finished(&mut launcher, name);
         assert!(!status.success(), "{name}: {status:?}");
         assert!(err.contains("interrupted"), "{name}: {err}");
         let left = still_running(&pids);
@@ -109,4 +130,63 @@ fn a_killed_launcher_leaves_no_rank() {
         "ranks {left:?} outlived their killed launcher"
     );
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `--timeout`: a job whose ranks do not end is stopped when it runs out;
+/// the launcher exits 124 and names the ranks that were still running (a
+/// rank that already ended is not named), and no rank is left behind.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_job_past_its_timeout_is_stopped_and_named() {
+    let started = Instant::now();
+    let (mut launcher, pids, dir) = launch_ranks(
+        "timeout",
+        &["--timeout", "1.5"],
+        "if [ $BRAID_RANK = 1 ]; then exit 0; fi; exec sleep 60",
+    );
+    let (status, err) = finished(&mut launcher, "timeout");
+    assert_eq!(status.code(), Some(124), "{err}");
+    assert!(err.contains("timeout of 1.5 s"), "{err}");
+    assert!(err.contains("rank(s) 0, 2 were still running"), "{err}");
+    assert!(
+        started.elapsed() >= Duration::from_millis(1500),
+        "stopped before its timeout: {err}"
+    );
+    let left = still_running(&pids);
+    assert!(left.is_empty(), "ranks {left:?} still run");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A rank that fails on its own before the timeout is the error reported,
+/// not the timeout that stops the ranks it left waiting.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_failure_before_the_timeout_is_what_is_reported() {
+    let (mut launcher, pids, dir) = launch_ranks(
+        "timeout-fail",
+        &["--timeout", "1"],
+        "if [ $BRAID_RANK = 2 ]; then exit 3; fi; exec sleep 60",
+    );
+    let (status, err) = finished(&mut launcher, "timeout-fail");
+    assert_eq!(status.code(), Some(1), "{err}");
+    assert!(err.contains("rank 2 failed"), "{err}");
+    assert!(!err.contains("timeout"), "{err}");
+    let left = still_running(&pids);
+    assert!(left.is_empty(), "ranks {left:?} still run");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A timeout that is not a positive number of seconds is refused before
+/// any rank starts.
+#[test]
+fn a_bad_timeout_is_refused() {
+    for bad in ["0", "-1", "soon", "inf", "NaN"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_braid-launch"))
+            .args(["-n", "2", "--timeout", bad, "--", "true"])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{bad}: {err}");
+        assert!(err.contains(bad) && err.contains("timeout"), "{bad}: {err}");
+    }
 }

@@ -1,6 +1,7 @@
 //! `braid-launch -n N -- PROGRAM ARGS...`: starts N ranks of a tcp job on
 //! this host, prefixes their output with the rank, and fails (ending the
-//! others) as soon as one rank fails.
+//! others) as soon as one rank fails; with `--timeout SECS` it also stops
+//! a job that runs too long (a rank stuck waiting) and exits 124.
 
 use std::ffi::OsString;
 use std::process::ExitCode;
@@ -15,9 +16,31 @@ struct Cli {
     /// Number of ranks.
     #[arg(short = 'n', long = "ranks")]
     ranks: u32,
+    /// Stop every rank and fail (exit status 124) if the job runs longer
+    /// than this many seconds (fractions allowed). Default: no limit.
+    #[arg(long, value_name = "SECS", value_parser = parse_secs, allow_negative_numbers = true)]
+    timeout: Option<std::time::Duration>,
     /// The program to run, then its arguments.
     #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
     command: Vec<OsString>,
+}
+
+/// The exit status of a job stopped at its `--timeout`, as coreutils'
+/// `timeout` exits.
+const TIMED_OUT_EXIT: u8 = 124;
+
+/// A positive, finite number of seconds.
+fn parse_secs(text: &str) -> Result<std::time::Duration, String> {
+    let secs: f64 = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("'{text}' is not a number of seconds"))?;
+    if secs.is_nan() || secs <= 0.0 || secs.is_infinite() {
+        return Err(format!(
+            "'{text}': the timeout must be a positive number of seconds"
+        ));
+    }
+    std::time::Duration::try_from_secs_f64(secs).map_err(|e| format!("'{text}': {e}"))
 }
 
 fn main() -> ExitCode {
@@ -38,11 +61,17 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    match rt.block_on(launch(LaunchSpec::new(cli.ranks, program, cmd.collect()))) {
+    let mut spec = LaunchSpec::new(cli.ranks, program, cmd.collect());
+    spec.timeout = cli.timeout;
+    match rt.block_on(launch(spec)) {
         Ok(_) => ExitCode::SUCCESS,
         Err(e @ LaunchError::Interrupted) => {
             eprintln!("braid-launch: {e}");
             ExitCode::from(130)
+        }
+        Err(e @ LaunchError::TimedOut { .. }) => {
+            eprintln!("braid-launch: {e}");
+            ExitCode::from(TIMED_OUT_EXIT)
         }
         Err(e) => {
             eprintln!("braid-launch: {e}");
