@@ -899,6 +899,13 @@ extern "C" __global__ void rolling_window(const i64* ts, const i64* key, const d
 // Region slots (ts/key padded), P[end] included; even, so s_a and s_b together are
 // ROLL_SLOTS 16-byte (min, max) pairs in the min/max phase.
 #define ROLL_SLOTS (ROLL_PT(ROLL_CAP) + 2)
+// Slots of the unpadded region arrays (values, prefix counts): every row
+// and one past the last; even, so the arrays after them stay 16-byte
+// aligned. Unpadded, they keep the default build's shared memory at four
+// blocks within an SM's 196 KiB carve-out (1 KiB a block reserved), which
+// leaves the L1 60 KiB instead of 28.
+#define ROLL_XS (ROLL_CAP + 2)
+static_assert(ROLL_CAP % 2 == 0, "the region arrays must stay 16-byte aligned");
 #define ROLL_FULL 0xFFFFFFFFu
 #define ROLL_LOADS 5  // rows a thread loads at once in the load phase
 #define ROLL_INF __longlong_as_double(0x7ff0000000000000LL)
@@ -946,7 +953,7 @@ __device__ __forceinline__ void roll_term(double* s, double* e, double x) {
 // It lives in s_cnt (free until phase 3) as u16 entries: ROLL_NB buckets
 // and the sentinel. A lookup is one index read and one ts compare when a
 // bucket is one ts value (shift 0), a bisection of one bucket otherwise.
-#define ROLL_NB (2 * ROLL_SLOTS - 1)
+#define ROLL_NB (2 * ROLL_XS - 1)
 // A row that is the first of more buckets than this (a gap in ts much
 // wider than the region's typical step) leaves its tile to the walks,
 // so no lane loops long filling the index.
@@ -1248,10 +1255,10 @@ __device__ __forceinline__ void roll_tile(const i64* ts, const i64* key, const d
     constexpr int KM = KEY ? 1 : 2;
     extern __shared__ double smem[];
     double* s_x = smem;                          // values (NaN: null)
-    double* s_a = s_x + ROLL_SLOTS;              // ts, then P (hi), then level min
+    double* s_a = s_x + ROLL_XS;                 // ts, then P (hi), then level min
     double* s_b = s_a + ROLL_SLOTS;              // key, then P (lo), then level max
     u32* s_cnt = (u32*)(s_b + ROLL_SLOTS);       // prefix counts of non-null rows
-    u32* s_win = s_cnt + ROLL_SLOTS;             // per tile row: lo | hi << 16
+    u32* s_win = s_cnt + ROLL_XS;                // per tile row: lo | hi << 16
     i64* s_ts = (i64*)s_a;
     i64* s_key = (i64*)s_b;
     u32 &s_halo = sh.halo, &s_levels = sh.levels, &s_lmin = sh.lmin, &s_hmax = sh.hmax;

@@ -64,11 +64,14 @@ const MAX_LEVELS: usize = 8;
 /// it) the value, two 8-byte slots (ts and key, then the double-double
 /// prefix, then the min/max table) and a prefix count; per tile row the
 /// window bounds. The ts/key arrays are padded by one slot per 16 and the
-/// bounds by one per 32 (`ROLL_PT`, `ROLL_PW`).
+/// bounds by one per 32 (`ROLL_PT`, `ROLL_PW`); values and counts are not
+/// (`ROLL_XS`), which keeps four default blocks an SM within the 196 KiB
+/// carve-out and so a larger L1.
 fn tile_shared_bytes(build: Build) -> usize {
     let (cap, tile) = (build.region_rows(), build.tile_rows());
     let slots = cap + (cap >> 4) + 2;
-    3 * slots * 8 + slots * 4 + (tile + (tile >> 5)) * 4
+    let unpadded = cap + 2;
+    unpadded * 8 + 2 * slots * 8 + unpadded * 4 + (tile + (tile >> 5)) * 4
 }
 
 /// The tile pass's output pointers (`RollOut` in `kernels.cu`): values
