@@ -453,9 +453,15 @@ pub enum JobEnd {
 
 type JobEndHook = Box<dyn FnOnce(JobEnd) + Send>;
 
+tokio::task_local! {
+    /// The OpId allocator of the graph node this task runs (with the
+    /// address of the context it belongs to): see `Context::op_source`.
+    static NODE_OPS: (usize, Arc<OpIdAllocator>);
+}
+
 struct Inner {
     comm: Arc<dyn Communicator>,
-    op_ids: OpIdAllocator,
+    op_ids: Arc<OpIdAllocator>,
     resource: Arc<BufferResource>,
     progress: ProgressEngine,
     job_end: std::sync::Mutex<Vec<JobEndHook>>,
@@ -505,7 +511,7 @@ impl Context {
         Context {
             inner: Arc::new(Inner {
                 comm,
-                op_ids: OpIdAllocator::new(),
+                op_ids: Arc::new(OpIdAllocator::new()),
                 resource,
                 progress,
                 job_end: std::sync::Mutex::new(Vec::new()),
@@ -554,9 +560,38 @@ impl Context {
         &self.inner.comm
     }
 
-    /// The next OpId; every rank must call this in the same order.
+    /// The next OpId; every rank must call this in the same order. Inside
+    /// a node of a running [`Graph`](crate::graph::Graph) the ids come from
+    /// that node's own class of the sequence (see
+    /// [`OpIdAllocator`]), so nodes that run at once still agree across
+    /// ranks on each one's ids.
     pub fn next_op_id(&self) -> OpId {
-        self.inner.op_ids.next()
+        let me = Arc::as_ptr(&self.inner) as usize;
+        NODE_OPS
+            .try_with(|(owner, ops)| (*owner == me).then(|| ops.next()))
+            .ok()
+            .flatten()
+            .unwrap_or_else(|| self.inner.op_ids.next())
+    }
+
+    /// Where this task's OpIds come from: its graph node's allocator when
+    /// it runs as a node of a graph on this context, else the context's.
+    pub(crate) fn op_source(&self) -> Arc<OpIdAllocator> {
+        let me = Arc::as_ptr(&self.inner) as usize;
+        NODE_OPS
+            .try_with(|(owner, ops)| (*owner == me).then(|| ops.clone()))
+            .ok()
+            .flatten()
+            .unwrap_or_else(|| self.inner.op_ids.clone())
+    }
+
+    /// Runs `fut` with its OpIds drawn from `ops` (a graph node's class).
+    pub(crate) fn with_op_source<F: Future>(
+        &self,
+        ops: Arc<OpIdAllocator>,
+        fut: F,
+    ) -> tokio::task::futures::TaskLocalFuture<(usize, Arc<OpIdAllocator>), F> {
+        NODE_OPS.scope((Arc::as_ptr(&self.inner) as usize, ops), fut)
     }
 
     /// The buffer resource.

@@ -36,9 +36,11 @@ pub enum NodeError {
     /// The node panicked.
     #[error("panicked: {0}")]
     Panic(String),
-    /// Any other failure.
+    /// Any other failure. The error is also its source, so a
+    /// [`CommError`] inside it (a collective's, carried by a node's own
+    /// error type) stays visible to [`crate::world::caused_by_peer`].
     #[error("{0}")]
-    Other(BoxError),
+    Other(#[source] BoxError),
 }
 
 impl NodeError {
@@ -88,13 +90,36 @@ impl Graph {
     /// Runs every node to completion. On the first failure the other nodes
     /// are cancelled, the job is aborted on every rank, and the failure is
     /// returned.
+    ///
+    /// Each node draws its collectives' OpIds from a class of its own (its
+    /// position in the graph; [`OpIdAllocator`](crate::tag::OpIdAllocator)
+    /// explains the classes): nodes run at once, in an order that differs
+    /// between ranks, and one shared counter would give one node's
+    /// collective on one rank the id of another node's on the next. Class
+    /// 0 stays with the tasks that are not nodes (tasks a node spawns
+    /// among them: what they start must be in an order every rank shares).
     pub async fn run(self) -> Result<(), GraphError> {
+        let ops = self.ctx.op_source();
+        let classes = u32::try_from(self.nodes.len() + 1)
+            .unwrap_or(u32::MAX)
+            .checked_next_power_of_two()
+            .unwrap_or(1 << 31);
+        let fork = ops.fork(classes);
+        let res = self.run_nodes(&fork).await;
+        ops.join(fork);
+        res
+    }
+
+    async fn run_nodes(self, fork: &crate::tag::Fork) -> Result<(), GraphError> {
         let rank = self.ctx.rank();
         let mut set = JoinSet::new();
         let mut names = std::collections::HashMap::new();
-        for (name, fut) in self.nodes {
+        for (i, (name, fut)) in self.nodes.into_iter().enumerate() {
             let span = tracing::info_span!("node", rank, name = %name);
-            let h = set.spawn(fut.instrument(span));
+            let h = match fork.class(i + 1) {
+                Some(ops) => set.spawn(self.ctx.with_op_source(ops.clone(), fut).instrument(span)),
+                None => set.spawn(fut.instrument(span)),
+            };
             names.insert(h.id(), name);
         }
         // On the first failure the rest are cancelled and drained. Of the
@@ -150,7 +175,12 @@ impl NodeError {
     /// follow from another failure (a peer's abort, a closed channel).
     fn consequence_rank(&self) -> u8 {
         match self {
-            NodeError::Panic(_) | NodeError::Other(_) | NodeError::Memory(_) => 0,
+            NodeError::Panic(_) | NodeError::Memory(_) => 0,
+            NodeError::Other(e) => match crate::world::first_comm_error(e.as_ref()) {
+                Some(CommError::Aborted { .. } | CommError::PeerDied { .. }) => 2,
+                Some(_) => 1,
+                None => 0,
+            },
             NodeError::Comm(CommError::Aborted { .. } | CommError::PeerDied { .. }) => 2,
             NodeError::Comm(_) => 1,
             NodeError::Channel(_) => 3,

@@ -143,7 +143,9 @@ pub fn caused_by_peer(err: &(dyn std::error::Error + 'static)) -> Option<Rank> {
 }
 
 /// The first [`CommError`] in `err`'s chain of sources.
-fn first_comm_error<'a>(err: &'a (dyn std::error::Error + 'static)) -> Option<&'a CommError> {
+pub(crate) fn first_comm_error<'a>(
+    err: &'a (dyn std::error::Error + 'static),
+) -> Option<&'a CommError> {
     let mut cur = Some(err);
     while let Some(e) = cur {
         if let Some(c) = e.downcast_ref::<CommError>() {

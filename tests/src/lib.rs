@@ -308,6 +308,7 @@ impl Drop for Scratch {
 pub mod coll_suite;
 #[cfg(feature = "cuda")]
 pub mod gpu_suite;
+pub mod graph_suite;
 
 #[cfg(test)]
 mod tests {

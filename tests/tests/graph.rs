@@ -333,3 +333,93 @@ fn the_failure_reported_is_the_failing_ranks_own() {
         }
     }
 }
+
+/// `graph_suite::concurrent_collective_nodes` on every rank count, local
+/// and tcp (the mpi suite runs it under mpirun).
+#[test]
+fn nodes_that_run_at_once_keep_their_collectives_apart() {
+    let rt = runtime();
+    for n in RANK_COUNTS {
+        for backend in ["local", "tcp"] {
+            rt.block_on(async {
+                let ctxs = if backend == "local" {
+                    contexts(&WorldSpec::Local { nranks: n }, MemoryLimits::UNLIMITED)
+                        .await
+                        .expect("contexts")
+                } else {
+                    braid_tests::tcp_contexts(n, MemoryLimits::UNLIMITED).await
+                };
+                let hs: Vec<_> = ctxs
+                    .iter()
+                    .cloned()
+                    .map(|c| tokio::spawn(braid_tests::graph_suite::concurrent_collective_nodes(c)))
+                    .collect();
+                for (r, h) in hs.into_iter().enumerate() {
+                    let res = tokio::time::timeout(Duration::from_secs(30), h)
+                        .await
+                        .unwrap_or_else(|_| panic!("{backend}, {n} ranks: rank {r} hung"))
+                        .expect("rank task");
+                    if let Err(e) = res {
+                        panic!("{backend}, {n} ranks: {e}");
+                    }
+                }
+                braid_tests::shutdown_all(&ctxs).await;
+            });
+        }
+    }
+}
+
+/// A node whose collective failed because another rank's job failed
+/// reports that rank as the cause, through the node's own error type
+/// (`DataError`, carried by `NodeError::Other`): its process then exits
+/// with `PEER_FAILED_EXIT` and `braid-launch` names the rank that failed
+/// on its own. Before, the chain stopped at `NodeError::Other`, the
+/// bystanders exited 1 like the failing rank, and the launcher could name
+/// a bystander.
+#[test]
+fn a_collective_failed_by_a_peer_names_the_peer_through_node_errors() {
+    for n in RANK_COUNTS.into_iter().filter(|n| *n >= 2) {
+        let failing = n - 1;
+        let rt = runtime();
+        let errs: Vec<GraphError> = rt.block_on(async {
+            let ctxs = contexts(&WorldSpec::Local { nranks: n }, MemoryLimits::UNLIMITED)
+                .await
+                .expect("contexts");
+            let hs: Vec<_> = ctxs
+                .into_iter()
+                .map(|ctx| {
+                    tokio::spawn(async move {
+                        let mut g = Graph::new(ctx.clone());
+                        g.add("sum", async move {
+                            if ctx.rank() == failing {
+                                return Err(NodeError::other("deliberate failure"));
+                            }
+                            braid_coll::allreduce(&ctx, vec![1i64], braid_coll::ReduceKind::Sum)
+                                .await
+                                .map_err(|e| NodeError::from(braid_nodes::DataError::from(e)))?;
+                            Ok(())
+                        });
+                        g.run().await
+                    })
+                })
+                .collect();
+            let mut errs = Vec::new();
+            for h in hs {
+                let r = tokio::time::timeout(Duration::from_secs(30), h)
+                    .await
+                    .expect("a rank hung")
+                    .expect("rank task");
+                errs.push(r.expect_err("every rank fails"));
+            }
+            errs
+        });
+        for (r, e) in errs.iter().enumerate() {
+            let want = (r as u32 != failing).then_some(failing);
+            assert_eq!(
+                braid_core::world::caused_by_peer(e),
+                want,
+                "{n} ranks, rank {r}: {e}"
+            );
+        }
+    }
+}

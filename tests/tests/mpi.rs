@@ -290,6 +290,18 @@ fn mpi_a_rank_that_skips_a_call_fails_the_job() {
     }
 }
 
+/// The nodes of one graph run collectives at once, in an order that
+/// differs between ranks, and each meets its own (the graph gives each
+/// node a class of OpIds; MPI's tags hold them modulo its tag bound).
+#[test]
+fn mpi_graph_nodes_keep_their_collectives_apart() {
+    for n in RANK_COUNTS {
+        let out = run(n, &["graph-nodes"]);
+        let ok = out.iter().filter(|l| *l == "graph-nodes ok").count();
+        assert_eq!(ok, n as usize, "{n} ranks: {out:?}");
+    }
+}
+
 /// After a rank shuts its communicator down, its sends and receives fail
 /// with `CommError::Shutdown` (none is lost or waits for ever), and the
 /// job's own second shutdown returns.

@@ -226,6 +226,10 @@ fn main() -> ExitCode {
                     }
                     println!("after-shutdown ok");
                 }
+                "graph-nodes" => {
+                    braid_tests::graph_suite::concurrent_collective_nodes(ctx.clone()).await?;
+                    println!("graph-nodes ok");
+                }
                 "threads" => {
                     let workers = tokio::runtime::Handle::current().metrics().num_workers();
                     let waiting = |b| format!("{:?}", ctx.progress().waiting(b));
