@@ -46,6 +46,20 @@ impl FileFormat {
     }
 }
 
+/// Whether `name` is a part a sink writes (`part-<digits>.parquet` or
+/// `.csv`): what a run into the same directory replaces. Other files,
+/// `part-notes.csv` included, are the user's and stay.
+fn is_part_file(name: &str) -> bool {
+    let Some((stem, ext)) = name.strip_prefix("part-").and_then(|r| r.split_once('.')) else {
+        return false;
+    };
+    !stem.is_empty()
+        && stem.bytes().all(|b| b.is_ascii_digit())
+        && [FileFormat::Parquet, FileFormat::Csv]
+            .iter()
+            .any(|f| f.ext() == ext)
+}
+
 /// Where a sink writes.
 #[derive(Debug, Clone)]
 pub enum SinkTarget {
@@ -319,11 +333,11 @@ impl FileSink {
         match &self.target {
             SinkTarget::Dir(dir) => {
                 if rank == 0 {
-                    // Replace an earlier run's parts.
+                    // Replace an earlier run's parts, of either format: a
+                    // directory left holding both would be refused as input.
                     if let Ok(rd) = std::fs::read_dir(dir) {
                         for e in rd.flatten() {
-                            let name = e.file_name().to_string_lossy().into_owned();
-                            if name.starts_with("part-") && name.ends_with(self.format.ext()) {
+                            if is_part_file(&e.file_name().to_string_lossy()) {
                                 let _ = std::fs::remove_file(e.path());
                             }
                         }
@@ -683,6 +697,67 @@ mod tests {
                 ],
             );
             assert_eq!(ok, None, "{format:?}");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A run into a directory replaces every part an earlier run left
+    /// there, of either format (a directory of both is refused as input),
+    /// and nothing else.
+    #[test]
+    fn a_run_replaces_earlier_parts_of_either_format_and_nothing_else() {
+        let dir = std::env::temp_dir().join(format!("braid-sink-replace-{}", std::process::id()));
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let schema = Arc::new(Schema::new(vec![Field::new("x", DataType::Int64, false)]));
+        for (format, ours) in [
+            (FileFormat::Csv, "part-00000.csv"),
+            (FileFormat::Parquet, "part-00000.parquet"),
+        ] {
+            let _ = std::fs::remove_dir_all(&dir);
+            std::fs::create_dir_all(&dir).unwrap();
+            let old = ["part-00000.parquet", "part-00003.csv", "part-7.parquet"];
+            let kept = ["part-notes.csv", "part-00001.txt", "readme.parquet"];
+            for f in old.iter().chain(&kept) {
+                std::fs::write(dir.join(f), "old").unwrap();
+            }
+            let sink = FileSink {
+                format,
+                target: SinkTarget::Dir(dir.clone()),
+                schema: schema.clone(),
+            };
+            sink.prepare().unwrap();
+            let staged = sink.staged(0);
+            rt.block_on(async {
+                let ctx = braid_core::world::contexts(
+                    &braid_core::WorldSpec::Local { nranks: 1 },
+                    braid_core::MemoryLimits::UNLIMITED,
+                )
+                .await
+                .unwrap()
+                .remove(0);
+                let batch = RecordBatch::try_new(
+                    schema.clone(),
+                    vec![Arc::new(Int64Array::from(vec![1, 2]))],
+                )
+                .unwrap();
+                let (mut tx, rx) = braid_core::channel(4);
+                tx.send(braid_core::Message::new(0, batch)).await.unwrap();
+                drop(tx);
+                sink.clone().write(ctx.clone(), rx).await.unwrap();
+                staged.commit(&ctx).await.unwrap();
+            });
+            let mut names: Vec<String> = std::fs::read_dir(&dir)
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect();
+            names.sort();
+            let mut want: Vec<String> = kept.iter().map(|s| s.to_string()).collect();
+            want.push(ours.to_string());
+            want.sort();
+            assert_eq!(names, want, "{format:?}");
         }
         let _ = std::fs::remove_dir_all(&dir);
     }
