@@ -81,8 +81,12 @@ impl Receiver {
 
 /// Merges `inputs` (each increasing in seq) into `output` in increasing seq
 /// order: a message is forwarded once every still-open input has a message
-/// waiting (or has ended), so the smallest seq is known.
+/// waiting (or has ended), so the smallest seq is known. Equal seqs from
+/// different inputs (independent streams that each count from 0, such as
+/// two sources) go in input order, each renumbered to one above the seq
+/// forwarded before it; inputs whose seqs never meet keep theirs.
 pub async fn linearise(mut inputs: Vec<Receiver>, mut output: Sender) -> Result<(), ChannelError> {
+    let mut last: Option<u64> = None;
     let mut heads: Vec<Option<Message>> = Vec::with_capacity(inputs.len());
     let mut open: Vec<bool> = vec![true; inputs.len()];
     for _ in 0..inputs.len() {
@@ -105,7 +109,13 @@ pub async fn linearise(mut inputs: Vec<Receiver>, mut output: Sender) -> Result<
         match next {
             None => return Ok(()),
             Some((_, i)) => {
-                if let Some(m) = heads[i].take() {
+                if let Some(mut m) = heads[i].take() {
+                    if let Some(prev) = last.filter(|p| m.seq <= *p) {
+                        m.seq = prev
+                            .checked_add(1)
+                            .ok_or(ChannelError::OutOfOrder { prev, got: m.seq })?;
+                    }
+                    last = Some(m.seq);
                     output.send(m).await?;
                 }
             }
@@ -150,7 +160,7 @@ pub async fn fan_out(mut input: Receiver, mut outputs: Vec<Sender>) -> Result<()
 mod tests {
     use super::*;
     use crate::memory::Buffer;
-    use crate::message::PackedData;
+    use crate::message::{PackedData, Payload};
 
     fn msg(seq: u64) -> Message {
         Message::new(
@@ -187,6 +197,41 @@ mod tests {
         }
         driver.await.unwrap().unwrap();
         assert_eq!(got, (0..150).collect::<Vec<_>>());
+    }
+
+    /// Producers that each count from 0 (two sources) merge: ties go in
+    /// producer order and are renumbered upwards, nothing is lost, and the
+    /// output's seqs increase.
+    #[tokio::test]
+    async fn lineariser_merges_producers_whose_seqs_meet() {
+        let (out_tx, mut out_rx) = channel(4);
+        let (txs, drive) = Lineariser::producers(3, 2, out_tx);
+        let driver = tokio::spawn(drive);
+        for (p, mut tx) in txs.into_iter().enumerate() {
+            tokio::spawn(async move {
+                for k in 0..20u64 {
+                    // Payload: (producer, k); seqs 0.. on every producer.
+                    let mut m = msg(p as u64 * 1000 + k);
+                    m.seq = k;
+                    tx.send(m).await.unwrap();
+                }
+            });
+        }
+        let mut got = Vec::new();
+        while let Some(m) = out_rx.recv().await {
+            let Payload::Packed(p) = &m.payload else {
+                panic!("not packed")
+            };
+            let tag = u64::from_le_bytes(p.data.as_slice().try_into().unwrap());
+            got.push((m.seq, tag));
+        }
+        driver.await.unwrap().unwrap();
+        let want: Vec<(u64, u64)> = (0..20u64)
+            .flat_map(|k| (0..3u64).map(move |p| p * 1000 + k))
+            .enumerate()
+            .map(|(i, tag)| (i as u64, tag))
+            .collect();
+        assert_eq!(got, want);
     }
 
     #[tokio::test]
