@@ -95,28 +95,30 @@ impl Graph {
     /// position in the graph; [`OpIdAllocator`](crate::tag::OpIdAllocator)
     /// explains the classes): nodes run at once, in an order that differs
     /// between ranks, and one shared counter would give one node's
-    /// collective on one rank the id of another node's on the next. Class
-    /// 0 stays with the tasks that are not nodes (tasks a node spawns
-    /// among them: what they start must be in an order every rank shares).
+    /// collective on one rank the id of another node's on the next. The
+    /// classes share a block of ids the graph takes when it starts, in the
+    /// context's order (so graphs must start in the same order on every
+    /// rank, as collectives do); tasks that are not nodes (tasks a node
+    /// spawns among them) draw from the context's own sequence, past the
+    /// block.
     pub async fn run(self) -> Result<(), GraphError> {
-        let ops = self.ctx.op_source();
-        let classes = u32::try_from(self.nodes.len() + 1)
-            .unwrap_or(u32::MAX)
-            .checked_next_power_of_two()
-            .unwrap_or(1 << 31);
-        let fork = ops.fork(classes);
-        let res = self.run_nodes(&fork).await;
-        ops.join(fork);
-        res
+        let classes = self
+            .ctx
+            .op_source()
+            .fork(u32::try_from(self.nodes.len()).unwrap_or(u32::MAX));
+        self.run_nodes(classes).await
     }
 
-    async fn run_nodes(self, fork: &crate::tag::Fork) -> Result<(), GraphError> {
+    async fn run_nodes(
+        self,
+        classes: Vec<std::sync::Arc<crate::tag::OpIdAllocator>>,
+    ) -> Result<(), GraphError> {
         let rank = self.ctx.rank();
         let mut set = JoinSet::new();
         let mut names = std::collections::HashMap::new();
         for (i, (name, fut)) in self.nodes.into_iter().enumerate() {
             let span = tracing::info_span!("node", rank, name = %name);
-            let h = match fork.class(i + 1) {
+            let h = match classes.get(i) {
                 Some(ops) => set.spawn(self.ctx.with_op_source(ops.clone(), fut).instrument(span)),
                 None => set.spawn(fut.instrument(span)),
             };

@@ -60,69 +60,67 @@ impl fmt::Display for OpId {
 /// order (the same sequence of collectives), which is what SPMD code does.
 ///
 /// Ids start at [`OpIdAllocator::FIRST`]; ids below it are free for user
-/// point-to-point traffic. The counter wraps after 2^32 - FIRST ids: an id
-/// may be reused once every send and receive of its previous owner is done,
-/// which holds when fewer than ~4 billion operations are in flight.
+/// point-to-point traffic. The counter wraps after 2^31 ids: an id may be
+/// reused once every send and receive of its previous owner is done, which
+/// holds when fewer than ~2 billion operations are in flight.
 ///
 /// Concurrent callers whose order differs between ranks (the nodes of one
-/// graph, each a task of its own) cannot share one sequence. A
-/// [`Fork`] splits it instead: with `k` classes, the positions still to
-/// come, `c, c + 1, c + 2, ...`, are dealt out round-robin, class `j`
-/// taking `c + j + k s` for its `s`-th id. Class 0 stays with this
-/// allocator; classes `1..k` go to allocators of their own (one per node:
-/// see `Graph::run`). Each class draws in an order every rank shares, so
-/// every rank gives an operation the same id however its tasks interleave.
-/// [`OpIdAllocator::join`] then moves this allocator past every position
-/// any class used:
+/// graph, each a task of its own) cannot share one sequence.
+/// [`OpIdAllocator::fork`] gives them allocators of their own: it takes
+/// the next block of this allocator's positions (2^16 a class, at most
+/// 1/256 of them, aligned to its size) as one allocation in this
+/// allocator's order, and deals the block out round-robin, class `j` of
+/// `k` taking `start + j + k s` for its `s`-th id (wrapping within the
+/// block's share, `block / k`).
+/// Each class draws in an order every rank shares, so every rank gives an
+/// operation the same id however its tasks interleave; this allocator
+/// goes on past the block at once, so graphs that run at once, or end in
+/// another order on another rank, do not disturb it:
 ///
 /// ```text
-///   before the fork     c    c+1  c+2  c+3  c+4  c+5  c+6  c+7  ...
-///   k = 4 classes       0    1    2    3    0    1    2    3    ...
-///   after the join      c + 4 * (most ids any class drew)
+///   this allocator   ... c | block: start .. start + B | start + B ...
+///   k = 4 classes            0 1 2 3 0 1 2 3 0 1 2 3 ...
 /// ```
 ///
 /// With MPI, whose tags hold an OpId modulo `half` (a power of two, see
-/// the mpi backend), distinct classes stay distinct while `k <= half`.
+/// the mpi backend), the classes of one block stay distinct while `k <=
+/// half`, and graphs that run at once while their blocks together stay
+/// within `half` ids (Open MPI's ob1: 2^22).
 #[derive(Debug)]
 pub struct OpIdAllocator {
     seq: Mutex<Seq>,
 }
 
-/// Positions `base + stride * n` for `n = count, count + 1, ...` (wrapping).
+/// Positions `base + stride * (n % cap)` for `n = count, count + 1, ...`.
 #[derive(Debug, Clone, Copy)]
 struct Seq {
     base: u64,
     stride: u64,
+    /// Positions before the sequence wraps (a power of two).
+    cap: u64,
     count: u64,
-}
-
-/// An allocator's sequence split into classes (see [`OpIdAllocator`]):
-/// undone by [`OpIdAllocator::join`].
-#[derive(Debug)]
-pub struct Fork {
-    before: Seq,
-    classes: Vec<std::sync::Arc<OpIdAllocator>>,
-}
-
-impl Fork {
-    /// The allocator of class `j` (`1..k`; class 0 is the forked one).
-    pub fn class(&self, j: usize) -> Option<&std::sync::Arc<OpIdAllocator>> {
-        j.checked_sub(1).and_then(|i| self.classes.get(i))
-    }
 }
 
 impl OpIdAllocator {
     /// The first id handed out; `0..FIRST` are reserved for user tags.
     pub const FIRST: u32 = 1 << 16;
 
-    /// Ids from FIRST up before the counter wraps.
-    const RANGE: u64 = (1u64 << 32) - Self::FIRST as u64;
+    /// Positions of the context's sequence (ids FIRST .. FIRST + 2^31).
+    const POSITIONS: u64 = 1 << 31;
+
+    /// A fork takes at most this share of its allocator's positions.
+    const BLOCK_SHARE: u64 = 256;
+
+    /// Ids a forked class (a graph node) draws before its ids wrap: more
+    /// than a node has open at once.
+    const CLASS_IDS: u64 = 1 << 16;
 
     /// A fresh allocator.
     pub fn new() -> Self {
         Self::with(Seq {
             base: 0,
             stride: 1,
+            cap: Self::POSITIONS,
             count: 0,
         })
     }
@@ -140,48 +138,38 @@ impl OpIdAllocator {
     /// The next id.
     pub fn next(&self) -> OpId {
         let mut g = self.lock();
-        let pos = g.base.wrapping_add(g.stride.wrapping_mul(g.count));
+        let pos = g.base + g.stride * (g.count % g.cap);
         g.count = g.count.wrapping_add(1);
-        OpId(Self::FIRST + (pos % Self::RANGE) as u32)
+        OpId(Self::FIRST + (pos % Self::POSITIONS) as u32)
     }
 
-    /// Splits the positions still to come into `k` classes (at least 1):
-    /// this allocator keeps class 0, the fork holds classes `1..k`.
-    pub fn fork(&self, k: u32) -> Fork {
-        let k = u64::from(k.max(1));
+    /// `k` allocators (at least 1) of their own, sharing out the next
+    /// block of this allocator's positions; this allocator continues past
+    /// the block.
+    pub fn fork(&self, k: u32) -> Vec<std::sync::Arc<OpIdAllocator>> {
+        let k = u64::from(k.max(1)).next_power_of_two();
         let mut g = self.lock();
-        let before = *g;
-        let at = |j: u64| Seq {
-            base: before
-                .base
-                .wrapping_add(before.stride.wrapping_mul(before.count.wrapping_add(j))),
-            stride: before.stride.wrapping_mul(k),
-            count: 0,
-        };
-        *g = at(0);
-        Fork {
-            before,
-            classes: (1..k)
-                .map(|j| std::sync::Arc::new(Self::with(at(j))))
-                .collect(),
-        }
-    }
-
-    /// Ends `fork`: this allocator continues past every position a class
-    /// of it used. Deterministic across ranks when each class drew the
-    /// same number of ids on every rank.
-    pub fn join(&self, fork: Fork) {
-        let mut g = self.lock();
-        let k = fork.classes.len() as u64 + 1;
-        let most = fork
-            .classes
-            .iter()
-            .map(|c| c.lock().count)
-            .fold(g.count, u64::max);
-        *g = Seq {
-            count: fork.before.count.wrapping_add(k.wrapping_mul(most)),
-            ..fork.before
-        };
+        // A power of two dividing cap: CLASS_IDS a class (ids of graphs
+        // that run at once stay close together, as MPI's narrow tags
+        // need), at most 1/256 of cap, and at least k where cap allows.
+        let block = (k * Self::CLASS_IDS)
+            .min(g.cap / Self::BLOCK_SHARE)
+            .max(k)
+            .min(g.cap);
+        let start = g.count.div_ceil(block).wrapping_mul(block) % g.cap;
+        g.count = start + block;
+        let at = g.base + g.stride * start;
+        let (stride, cap) = (g.stride * k, (block / k).max(1));
+        (0..k)
+            .map(|j| {
+                std::sync::Arc::new(Self::with(Seq {
+                    base: at + g.stride * j,
+                    stride,
+                    cap,
+                    count: 0,
+                }))
+            })
+            .collect()
     }
 }
 
@@ -205,30 +193,59 @@ mod tests {
     }
 
     #[test]
-    fn forked_classes_never_share_an_id_and_the_join_passes_them_all() {
-        for k in [1u32, 2, 3, 4, 8] {
+    fn forked_classes_never_share_an_id_and_the_allocator_goes_on_past_them() {
+        for k in [1u32, 2, 3, 4, 8, 1000] {
             let a = OpIdAllocator::new();
             let before: Vec<u32> = (0..3).map(|_| a.next().0).collect();
-            let fork = a.fork(k);
-            // Class j draws j + 1 ids (class 0 from `a` itself).
+            let classes = a.fork(k);
+            assert_eq!(classes.len(), (k as usize).next_power_of_two());
+            // The allocator goes on at once, past every class's ids.
+            let after = a.next().0;
             let mut seen = std::collections::HashSet::new();
-            for j in 0..k as usize {
-                let c: &OpIdAllocator = if j == 0 { &a } else { fork.class(j).unwrap() };
-                for _ in 0..=j {
+            for (j, c) in classes.iter().enumerate() {
+                for _ in 0..=j.min(20) {
                     let id = c.next().0;
-                    assert!(!before.contains(&id), "k {k}: id {id} reused");
+                    assert!(
+                        !before.contains(&id) && id != after,
+                        "k {k}: id {id} reused"
+                    );
+                    assert!(id < after, "k {k}: class id {id} not below {after}");
                     assert!(seen.insert(id), "k {k}: id {id} drawn twice");
                 }
             }
-            assert!(fork.class(k as usize).is_none() && fork.class(0).is_none());
-            a.join(fork);
-            let after = a.next().0;
-            assert!(
-                seen.iter().all(|&id| id < after),
-                "k {k}: {after} not past {seen:?}"
-            );
-            // Every position of the k classes' longest run is skipped, none more.
-            assert_eq!(after, OpIdAllocator::FIRST + 3 + k * k, "k {k}");
+            // A second fork (a graph running beside the first) takes a
+            // block of its own.
+            for c in a.fork(k) {
+                let id = c.next().0;
+                assert!(!seen.contains(&id) && id > after, "k {k}: id {id}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_class_wraps_within_its_share_and_nested_forks_stay_inside_it() {
+        let a = OpIdAllocator::new();
+        let classes = a.fork(4);
+        let share = OpIdAllocator::CLASS_IDS as usize;
+        let c = &classes[1];
+        let first = c.next().0;
+        let ids: Vec<u32> = (1..share).map(|_| c.next().0).collect();
+        assert_eq!(c.next().0, first, "wraps after its share");
+        let own: std::collections::HashSet<u32> = ids.iter().copied().chain([first]).collect();
+        assert_eq!(own.len(), share);
+        // A graph inside that node forks the node's class: its ids are
+        // the class's own positions.
+        let inner = classes[2].fork(3);
+        let mut class2 = std::collections::HashSet::new();
+        let probe = a.fork(1); // nothing of the first block is handed out again
+        let outside = probe[0].next().0;
+        for i in &inner {
+            for _ in 0..5 {
+                let id = i.next().0;
+                assert!(!own.contains(&id) && id != outside, "inner id {id}");
+                assert!(class2.insert(id));
+                assert_eq!((id - first) % 4, 1, "inner id {id} outside node 2's class");
+            }
         }
     }
 

@@ -334,8 +334,9 @@ fn the_failure_reported_is_the_failing_ranks_own() {
     }
 }
 
-/// `graph_suite::concurrent_collective_nodes` on every rank count, local
-/// and tcp (the mpi suite runs it under mpirun).
+/// `graph_suite::concurrent_collective_nodes` and `concurrent_graphs` on
+/// every rank count, local and tcp (the mpi suite runs them under
+/// mpirun).
 #[test]
 fn nodes_that_run_at_once_keep_their_collectives_apart() {
     let rt = runtime();
@@ -352,7 +353,13 @@ fn nodes_that_run_at_once_keep_their_collectives_apart() {
                 let hs: Vec<_> = ctxs
                     .iter()
                     .cloned()
-                    .map(|c| tokio::spawn(braid_tests::graph_suite::concurrent_collective_nodes(c)))
+                    .map(|c| {
+                        tokio::spawn(async move {
+                            braid_tests::graph_suite::concurrent_collective_nodes(c.clone())
+                                .await?;
+                            braid_tests::graph_suite::concurrent_graphs(c).await
+                        })
+                    })
                     .collect();
                 for (r, h) in hs.into_iter().enumerate() {
                     let res = tokio::time::timeout(Duration::from_secs(30), h)

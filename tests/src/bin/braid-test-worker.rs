@@ -228,6 +228,7 @@ fn main() -> ExitCode {
                 }
                 "graph-nodes" => {
                     braid_tests::graph_suite::concurrent_collective_nodes(ctx.clone()).await?;
+                    braid_tests::graph_suite::concurrent_graphs(ctx.clone()).await?;
                     println!("graph-nodes ok");
                 }
                 "threads" => {
