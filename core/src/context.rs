@@ -566,12 +566,7 @@ impl Context {
     /// [`OpIdAllocator`]), so nodes that run at once still agree across
     /// ranks on each one's ids.
     pub fn next_op_id(&self) -> OpId {
-        let me = Arc::as_ptr(&self.inner) as usize;
-        NODE_OPS
-            .try_with(|(owner, ops)| (*owner == me).then(|| ops.next()))
-            .ok()
-            .flatten()
-            .unwrap_or_else(|| self.inner.op_ids.next())
+        self.op_source().next()
     }
 
     /// Where this task's OpIds come from: its graph node's allocator when
