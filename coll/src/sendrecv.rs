@@ -5,8 +5,11 @@
 //! r in the same call. Peers that do not pair up (rank 1 receives from
 //! rank 0, which sends elsewhere) are not detected, as in MPI: the
 //! receive waits for a message that never comes (a tcp job's idle peers
-//! are still alive, so nothing fails). Sizes, kinds and element types
-//! of paired calls are checked as in every collective.
+//! are still alive, so nothing fails). The kinds of paired calls are
+//! checked as in every collective (a receive that gets another kind of
+//! collective's frame fails with a mismatch); their sizes are not, and
+//! need not agree: each rank receives what its `src` sent, whatever its
+//! own part's size (the parts of an uneven ring step differ).
 
 use braid_core::{Buffer, Context, Rank, Tag};
 use braid_kernels::DType;
