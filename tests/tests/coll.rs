@@ -1113,3 +1113,90 @@ fn a_halo_exchange_dropped_unstarted_fails_every_rank() {
         });
     }
 }
+
+/// Every backend counts the collectives' traffic per peer (DESIGN's
+/// statistics): an AllToAllv in which rank r sends `r + 2q + 1` elements
+/// to rank q, then a Broadcast of `64 + root` KiB. Between in-process
+/// ranks, where the collectives meet instead of sending messages, each
+/// rank's statistics show exactly those bytes from and to each peer (the
+/// Broadcast's from and to the root), in one message or more each way.
+/// Over tcp a message is counted when it arrives, which may be before its
+/// receiver calls (so there the counts since the job began are checked),
+/// agreements add a few bytes, and a Broadcast goes along a tree: each
+/// rank has at least its AllToAllv bytes from and to each peer, and a
+/// non-root rank at least the Broadcast's bytes more from its peers.
+#[test]
+fn collectives_count_bytes_per_peer() {
+    let rt = runtime();
+    for n in RANK_COUNTS {
+        rt.block_on(async {
+            for (world, ctxs) in both_worlds(n).await {
+                let exact = world == "local";
+                let res = on_all(ctxs, move |c| async move {
+                    let (me, n) = (c.rank() as usize, c.nranks() as usize);
+                    let stats = c.comm().statistics().clone();
+                    let snap = || (0..n).map(|q| stats.peer(q as u32)).collect::<Vec<_>>();
+                    let before = if exact { snap() } else { vec![Default::default(); n] };
+                    let send_counts: Vec<usize> = (0..n).map(|q| me + 2 * q + 1).collect();
+                    let recv_counts: Vec<usize> = (0..n).map(|q| q + 2 * me + 1).collect();
+                    let offsets = |c: &[usize]| -> Vec<usize> {
+                        c.iter()
+                            .scan(0, |at, x| {
+                                *at += x;
+                                Some(*at - x)
+                            })
+                            .collect()
+                    };
+                    let spec = AllToAllvSpec {
+                        send_offsets: offsets(&send_counts),
+                        recv_offsets: offsets(&recv_counts),
+                        recv_len: recv_counts.iter().sum(),
+                        send_counts: send_counts.clone(),
+                        recv_counts: recv_counts.clone(),
+                    };
+                    let send: Vec<i64> = (0..send_counts.iter().sum::<usize>() as i64).collect();
+                    alltoallv(&c, send, spec).await.map_err(|e| e.to_string())?;
+                    let root = n - 1;
+                    let len = (64 + root) << 10;
+                    let data = (me == root).then(|| Buffer::from_vec(vec![7u8; len]));
+                    let got = broadcast(&c, root as u32, data).await.map_err(|e| e.to_string())?;
+                    if got.len() != len {
+                        return Err(format!("broadcast gave {} bytes, want {len}", got.len()));
+                    }
+                    let after = snap();
+                    let mut bcast_recv = 0;
+                    for q in (0..n).filter(|q| *q != me) {
+                        let (b, a) = (before[q], after[q]);
+                        let (recv, sent) = (a.bytes_recv - b.bytes_recv, a.bytes_sent - b.bytes_sent);
+                        let (mut want_recv, mut want_sent) =
+                            (8 * recv_counts[q] as u64, 8 * send_counts[q] as u64);
+                        bcast_recv += recv - want_recv.min(recv);
+                        if exact {
+                            want_recv += if q == root { len as u64 } else { 0 };
+                            want_sent += if me == root { len as u64 } else { 0 };
+                        }
+                        let ok = |got: u64, want: u64| if exact { got == want } else { got >= want };
+                        if !ok(recv, want_recv) || !ok(sent, want_sent) {
+                            return Err(format!(
+                                "peer {q}: received {recv} bytes (want {want_recv}), sent {sent} (want {want_sent})"
+                            ));
+                        }
+                        if a.msgs_recv <= b.msgs_recv || a.msgs_sent <= b.msgs_sent {
+                            return Err(format!("peer {q}: no message counted"));
+                        }
+                    }
+                    if me != root && bcast_recv < len as u64 {
+                        return Err(format!(
+                            "{bcast_recv} bytes received beyond the AllToAllv's, want the broadcast's {len} at least"
+                        ));
+                    }
+                    Ok(())
+                })
+                .await;
+                for (r, x) in res.into_iter().enumerate() {
+                    x.unwrap_or_else(|e| panic!("{world}, {n} ranks, rank {r}: {e}"));
+                }
+            }
+        });
+    }
+}

@@ -36,12 +36,13 @@ pub struct LocalComm {
 impl LocalComm {
     /// Creates the `nranks` communicators of a new in-process job.
     pub fn world(nranks: u32) -> Vec<LocalComm> {
+        let stats: Vec<Arc<Statistics>> = (0..nranks)
+            .map(|r| Arc::new(Statistics::new(r, nranks)))
+            .collect();
         let world = Arc::new(World {
             mailboxes: (0..nranks).map(|r| Arc::new(Mailbox::new(r))).collect(),
-            rendezvous: Arc::new(Rendezvous::new(nranks)),
-            stats: (0..nranks)
-                .map(|r| Arc::new(Statistics::new(r, nranks)))
-                .collect(),
+            rendezvous: Arc::new(Rendezvous::counted(nranks, stats.clone())),
+            stats,
             shut: std::sync::Mutex::new(vec![false; nranks as usize]),
             all_shut: Event::new(),
         });

@@ -73,6 +73,7 @@ use super::mailbox::KeyHasher;
 use crate::Rank;
 use crate::error::CommError;
 use crate::memory::Buffer;
+use crate::stats::Statistics;
 use crate::tag::{OpId, Tag};
 
 /// What one rank brings to a meeting: a small header (the caller's to
@@ -404,6 +405,11 @@ pub(crate) struct Rendezvous {
     /// Set (under the lock) once the job failed or a rank finished: an
     /// arrival or a waiter then looks at the table (under its lock).
     alarm: AtomicBool,
+    /// Each rank's statistics (empty: not counted). A rank's seat counts
+    /// what it took from and gave to each peer at the meeting, as one
+    /// message each way, in its own statistics only (no rank writes
+    /// another's counters).
+    stats: Vec<Arc<Statistics>>,
 }
 
 /// Where a rank stands after its deposit.
@@ -423,6 +429,16 @@ impl Rendezvous {
             open: AtomicUsize::new(0),
             overflowing: AtomicUsize::new(0),
             alarm: AtomicBool::new(false),
+            stats: Vec::new(),
+        }
+    }
+
+    /// A table whose meetings count each rank's traffic in `stats[rank]`
+    /// (one entry per rank), as the local backend's messages are counted.
+    pub(crate) fn counted(nranks: u32, stats: Vec<Arc<Statistics>>) -> Self {
+        Rendezvous {
+            stats,
+            ..Rendezvous::new(nranks)
         }
     }
 
@@ -833,10 +849,42 @@ impl<'s> Met<'s> {
 
 impl<'a> Seat<'a> {
     fn new(rv: &'a Rendezvous, rank: Rank, place: Place) -> Self {
-        Seat {
+        let seat = Seat {
             rv,
             rank,
             place: Some(place),
+        };
+        seat.count();
+        seat
+    }
+
+    /// Counts this rank's traffic at the meeting in its statistics: from
+    /// each peer the bytes that peer offered it, to each peer the bytes
+    /// it offered that peer (shared or copied, the data moved between
+    /// them logically), one message each way.
+    fn count(&self) {
+        let (Some(stats), Some(p)) = (self.rv.stats.get(self.rank as usize), &self.place) else {
+            return;
+        };
+        let m = self.rv.meeting(p);
+        // SAFETY: the meeting is complete (a seat exists only then) and
+        // this rank has not left it (its seat is being made).
+        let own = m
+            .slots
+            .get(self.rank as usize)
+            .and_then(|s| unsafe { s.offer() }.as_ref());
+        for (q, s) in m.slots.iter().enumerate() {
+            if q == self.rank as usize {
+                continue;
+            }
+            let peer = q as Rank;
+            // SAFETY: as above.
+            if let Some(o) = unsafe { s.offer() }.as_ref() {
+                stats.record_recv(peer, o.data.share(self.rank).map_or(0, |b| b.len()));
+            }
+            if let Some(o) = own {
+                stats.record_send(peer, o.data.share(peer).map_or(0, |b| b.len()));
+            }
         }
     }
 
