@@ -22,11 +22,15 @@
 //!
 //! Memory: the rank's sorted partition, its ghost rows and the output
 //! columns are held at once (the sort needs the partition anyway); the
-//! shuffle inside the sort spills over the host limit.
+//! kernel reads the partition's order and Float64 value columns where they
+//! lie (other value types are converted once), and copies only the rows
+//! of a chunk whose lookback reaches into the ghost rows. The shuffle
+//! inside the sort spills over the host limit.
 
 use std::sync::Arc;
 
 use arrow_array::{Array, ArrayRef, Float64Array, Int64Array, RecordBatch};
+use arrow_buffer::ScalarBuffer;
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use arrow_select::concat::concat_batches;
 use braid_coll::{HaloExchange, allgather};
@@ -221,8 +225,9 @@ pub fn order_as_i64(a: &ArrayRef, name: &str) -> Result<ArrayRef> {
     Ok(c)
 }
 
-/// The order column as i64 values (no nulls).
-fn order_values(batch: &RecordBatch, col: usize, name: &str) -> Result<Vec<i64>> {
+/// The order column as i64 values (no nulls): the column's own buffer
+/// where it is stored as i64 (Int64, Date64, timestamps), not a copy.
+fn order_values(batch: &RecordBatch, col: usize, name: &str) -> Result<ScalarBuffer<i64>> {
     let a = batch.column(col);
     if a.null_count() > 0 {
         return Err(DataError::Invalid(format!(
@@ -235,18 +240,75 @@ fn order_values(batch: &RecordBatch, col: usize, name: &str) -> Result<Vec<i64>>
         .as_any()
         .downcast_ref::<Int64Array>()
         .ok_or_else(|| DataError::Invalid("order column cast failed".into()))?;
-    Ok(a.values().to_vec())
+    Ok(a.values().clone())
 }
 
-/// A value column as f64 values and validity (None: no nulls).
-fn value_columns(batch: &RecordBatch, col: usize) -> Result<(Vec<f64>, Option<Vec<bool>>)> {
+/// A value column as f64 values (the column's own buffer where it is
+/// Float64, not a copy) and validity (None: no nulls).
+fn value_columns(
+    batch: &RecordBatch,
+    col: usize,
+) -> Result<(ScalarBuffer<f64>, Option<Vec<bool>>)> {
     let a = arrow_cast::cast(batch.column(col), &DataType::Float64)?;
     let a = a
         .as_any()
         .downcast_ref::<Float64Array>()
         .ok_or_else(|| DataError::Invalid("value column cast failed".into()))?;
     let valid = a.nulls().map(|n| n.iter().collect());
-    Ok((a.values().to_vec(), valid))
+    Ok((a.values().clone(), valid))
+}
+
+/// One input column of the kernel: the ghost rows (copies of lower ranks'
+/// rows), then this rank's own rows where they lie (`main`: the sorted
+/// batch's buffer). Rows are numbered across both, ghost rows first.
+struct Joined<T, M> {
+    ghost: Vec<T>,
+    main: M,
+}
+
+impl<T: Copy, M: std::ops::Deref<Target = [T]>> Joined<T, M> {
+    /// Own rows only.
+    fn own(main: M) -> Self {
+        Joined {
+            ghost: Vec::new(),
+            main,
+        }
+    }
+
+    /// Row `i` (`i < len()`: the callers' chunk bounds).
+    fn at(&self, i: usize) -> T {
+        match i.checked_sub(self.ghost.len()) {
+            None => self.ghost[i],
+            Some(j) => self.main[j],
+        }
+    }
+
+    /// Rows `[lo, hi)` as one slice: borrowed where they lie in one part;
+    /// a chunk whose lookback reaches into the ghost rows (the first
+    /// chunks only) gets a copy of its rows.
+    fn rows(&self, lo: usize, hi: usize) -> std::borrow::Cow<'_, [T]> {
+        let g = self.ghost.len();
+        if hi <= g {
+            std::borrow::Cow::Borrowed(&self.ghost[lo..hi])
+        } else if lo >= g {
+            std::borrow::Cow::Borrowed(&self.main[lo - g..hi - g])
+        } else {
+            let mut v = Vec::with_capacity(hi - lo);
+            v.extend_from_slice(&self.ghost[lo..]);
+            v.extend_from_slice(&self.main[..hi - g]);
+            std::borrow::Cow::Owned(v)
+        }
+    }
+
+    /// The first row for which `pred` is false (`pred` true on a prefix).
+    fn partition_point(&self, pred: impl Fn(&T) -> bool) -> usize {
+        let g = self.ghost.partition_point(&pred);
+        if g < self.ghost.len() {
+            g
+        } else {
+            g + self.main.partition_point(pred)
+        }
+    }
 }
 
 /// Runs the rolling aggregation: takes the table's chunks on `input`,
@@ -283,6 +345,10 @@ pub async fn rolling_node(
                     }
                 }
             }
+            // (Reading the input is timed apart from the sort: the source
+            // may be what the job waits for.)
+            stats.record_op("rolling: input", t.elapsed());
+            let t = std::time::Instant::now();
             let sorted = DistributedSort::new(vec![SortKey::asc(&spec.order)])
                 .sort(&ctx, schema.clone(), batches)
                 .await?;
@@ -317,9 +383,12 @@ struct Prepared {
     /// This rank's rows, sorted by (group,) order.
     sorted: RecordBatch,
     /// Order values of ghost rows, then of `sorted`.
-    ts: Vec<i64>,
+    ts: Joined<i64, ScalarBuffer<i64>>,
     /// Per value column: values and validity of ghost rows, then `sorted`.
-    vals: Vec<(Vec<f64>, Option<Vec<bool>>)>,
+    vals: Vec<(
+        Joined<f64, ScalarBuffer<f64>>,
+        Option<Joined<bool, Vec<bool>>>,
+    )>,
     /// Number of ghost rows.
     ghost: usize,
     /// Grouped: offsets of the groups in `sorted`.
@@ -448,27 +517,24 @@ fn emit(
                offsets: Option<&[usize]>|
      -> Result<Vec<ArrayRef>> {
         let mut cols = Vec::new();
+        let ts = p.ts.rows(lo, hi);
         for (vals, valid) in &p.vals {
-            let valid = valid.as_deref().map(|v| &v[lo..hi]);
+            let valid = valid.as_ref().map(|v| v.rows(lo, hi));
+            let valid = valid.as_deref();
+            let vals = vals.rows(lo, hi);
             let r = match offsets {
                 None => rolling(
-                    &p.ts[lo..hi],
-                    &vals[lo..hi],
+                    &ts,
+                    &vals,
                     valid,
                     spec.window,
                     spec.closed,
                     &spec.aggs,
                     emit_from,
                 ),
-                Some(o) => rolling_segments(
-                    &p.ts[lo..hi],
-                    &vals[lo..hi],
-                    valid,
-                    o,
-                    spec.window,
-                    spec.closed,
-                    &spec.aggs,
-                ),
+                Some(o) => {
+                    rolling_segments(&ts, &vals, valid, o, spec.window, spec.closed, &spec.aggs)
+                }
             }
             .map_err(|e| DataError::Invalid(e.to_string()))?;
             for c in r.columns {
@@ -492,11 +558,11 @@ fn emit(
             None => {
                 let g0 = p.ghost;
                 let lo =
-                    p.ts.partition_point(|x| *x < window_start(p.ts[g0 + s], spec))
+                    p.ts.partition_point(|x| *x < window_start(p.ts.at(g0 + s), spec))
                         .min(g0 + s);
                 let lookback = g0 + s - lo;
                 let mut e = (s + chunk_rows.max(2 * lookback)).min(n);
-                while e < n && p.ts[g0 + e] == p.ts[g0 + e - 1] {
+                while e < n && p.ts.at(g0 + e) == p.ts.at(g0 + e - 1) {
                     e += 1;
                 }
                 Chunk {
@@ -625,11 +691,14 @@ fn grouped(local: Vec<RecordBatch>, schema: SchemaRef, spec: &RollingSpec) -> Re
     let vals = spec
         .values
         .iter()
-        .map(|v| value_columns(&sorted, column_index(&schema, v)?))
+        .map(|v| {
+            let (x, ok) = value_columns(&sorted, column_index(&schema, v)?)?;
+            Ok((Joined::own(x), ok.map(Joined::own)))
+        })
         .collect::<Result<_>>()?;
     Ok(Prepared {
         sorted,
-        ts,
+        ts: Joined::own(ts),
         vals,
         ghost: 0,
         groups: Some(groups),
@@ -696,42 +765,47 @@ async fn ungrouped(ctx: &Context, sorted: RecordBatch, spec: &RollingSpec) -> Re
     // Later rounds hold older rows: put them first.
     ghosts.reverse();
     let ghost = ghosts.iter().map(|b| b.num_rows()).sum::<usize>();
-    // The kernel's inputs: ghost rows, then this rank's (whose order values
-    // are `ts` already; with no ghost rows every vector is taken as it is).
-    let ts = if ghost == 0 {
-        ts
-    } else {
-        let mut all = Vec::with_capacity(ghost + ts.len());
-        for b in &ghosts {
-            all.extend(order_values(b, 0, &spec.order)?);
-        }
-        all.extend_from_slice(&ts);
-        all
+    // The kernel's inputs: ghost rows copied, then this rank's rows where
+    // they lie (the sorted batch's buffers: `ts` is its order column).
+    let mut ghost_ts = Vec::with_capacity(ghost);
+    for b in &ghosts {
+        ghost_ts.extend_from_slice(&order_values(b, 0, &spec.order)?);
+    }
+    let ts = Joined {
+        ghost: ghost_ts,
+        main: ts,
     };
-    ghosts.push(narrow);
     let mut vals = Vec::new();
     for k in 0..spec.values.len() {
-        let mut v_all: Vec<f64> = Vec::new();
-        let mut valid: Option<Vec<bool>> = None;
+        let (main, main_ok) = value_columns(&narrow, k + 1)?;
+        let mut values = Joined {
+            ghost: Vec::with_capacity(ghost),
+            main,
+        };
+        let mut ghost_ok: Option<Vec<bool>> = None;
         for b in &ghosts {
             let (v, ok) = value_columns(b, k + 1)?;
-            match (ok, &mut valid) {
+            match (ok, &mut ghost_ok) {
                 (Some(ok), Some(all)) => all.extend(ok),
                 (Some(ok), None) => {
-                    let mut all = vec![true; v_all.len()];
+                    let mut all = vec![true; values.ghost.len()];
                     all.extend(ok);
-                    valid = Some(all);
+                    ghost_ok = Some(all);
                 }
                 (None, Some(all)) => all.extend(std::iter::repeat_n(true, v.len())),
                 (None, None) => {}
             }
-            if v_all.is_empty() {
-                v_all = v;
-            } else {
-                v_all.extend(v);
-            }
+            values.ghost.extend_from_slice(&v);
         }
-        vals.push((v_all, valid));
+        // Validity where either part has nulls; the other part all valid.
+        let valid = match (ghost_ok, main_ok) {
+            (None, None) => None,
+            (g, m) => Some(Joined {
+                ghost: g.unwrap_or_else(|| vec![true; ghost]),
+                main: m.unwrap_or_else(|| vec![true; values.main.len()]),
+            }),
+        };
+        vals.push((values, valid));
     }
     Ok(Prepared {
         sorted,
