@@ -378,6 +378,13 @@ pub async fn rolling_node(
     Ok(())
 }
 
+/// One value column's kernel input: values, and validity where there are
+/// nulls.
+type ValueInput = (
+    Joined<f64, ScalarBuffer<f64>>,
+    Option<Joined<bool, Vec<bool>>>,
+);
+
 /// A rank's sorted rows and the kernel's inputs.
 struct Prepared {
     /// This rank's rows, sorted by (group,) order.
@@ -385,10 +392,7 @@ struct Prepared {
     /// Order values of ghost rows, then of `sorted`.
     ts: Joined<i64, ScalarBuffer<i64>>,
     /// Per value column: values and validity of ghost rows, then `sorted`.
-    vals: Vec<(
-        Joined<f64, ScalarBuffer<f64>>,
-        Option<Joined<bool, Vec<bool>>>,
-    )>,
+    vals: Vec<ValueInput>,
     /// Number of ghost rows.
     ghost: usize,
     /// Grouped: offsets of the groups in `sorted`.
