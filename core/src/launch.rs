@@ -142,6 +142,37 @@ pub struct LaunchReport {
 /// a computation) is killed when this runs out.
 const KILL_GRACE: std::time::Duration = std::time::Duration::from_secs(3);
 
+/// How long a rank asked to stop (SIGTERM) gets to clean up (its staged
+/// output, its spill files) before it is killed (SIGKILL).
+const TERM_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// What the launcher asks of the ranks still running.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Stop {
+    /// Nothing: let them run.
+    Run,
+    /// End, cleaning up (SIGTERM; where there are no signals, a kill).
+    Term,
+    /// End now (SIGKILL).
+    Kill,
+}
+
+/// Asks a rank's process to end and clean up: SIGTERM on Unix, where a
+/// job's rank ends as on its own failure (it drops its work, so its
+/// staged output and spill files go); elsewhere it is killed.
+fn terminate(child: &mut tokio::process::Child) {
+    #[cfg(unix)]
+    if let Some(pid) = child.id().and_then(|p| libc::pid_t::try_from(p).ok()) {
+        // SAFETY: kill(2) with a pid this process spawned and has not yet
+        // reaped (`id` is None once it has), so the pid is still its child.
+        unsafe {
+            libc::kill(pid, libc::SIGTERM);
+        }
+        return;
+    }
+    let _ = child.start_kill();
+}
+
 /// The job's root listener: bound here and handed to rank 0 (see
 /// `TcpConfig::root_fd`), so the port is never free between its choice
 /// and rank 0's listening.
@@ -202,7 +233,8 @@ fn hand_over(_cmd: &mut Command, _listener: &std::net::TcpListener) {}
 
 /// Completes when the launcher is asked to stop: Ctrl-C (SIGINT) and, on
 /// Unix, SIGTERM or SIGHUP (what `kill`, a batch system's cancel or a
-/// closed terminal sends). The ranks are then killed, not left running
+/// closed terminal sends). The ranks are then stopped (SIGTERM, then
+/// SIGKILL after `TERM_GRACE`), not left running
 /// (a launcher ended by SIGTERM left its ranks behind). Call it before
 /// the first rank starts: on Unix the handlers are installed here, not
 /// when the future is first polled (a signal in between would end the
@@ -289,7 +321,7 @@ pub async fn launch(spec: LaunchSpec) -> Result<LaunchReport, LaunchError> {
     // let go of it first.
     let mut listener = cfg!(unix).then_some(listener);
     let token = random_token();
-    let (kill_tx, kill_rx) = watch::channel(false);
+    let (stop_tx, stop_rx) = watch::channel(Stop::Run);
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<(Rank, Option<ExitStatus>)>();
     let mut io_tasks = Vec::new();
     let mut rank_tasks = Vec::new();
@@ -320,7 +352,7 @@ pub async fn launch(spec: LaunchSpec) -> Result<LaunchReport, LaunchError> {
         let mut child = match spawned {
             Ok(c) => c,
             Err(source) => {
-                let _ = kill_tx.send(true);
+                let _ = stop_tx.send(Stop::Kill);
                 return Err(LaunchError::Spawn {
                     rank,
                     program: spec.program.to_string_lossy().into_owned(),
@@ -342,18 +374,32 @@ pub async fn launch(spec: LaunchSpec) -> Result<LaunchReport, LaunchError> {
                 tokio::spawn(forward(e, rank, true, spec.output)),
             ));
         }
-        let mut kill_rx = kill_rx.clone();
+        let mut stop_rx = stop_rx.clone();
         let done_tx = done_tx.clone();
         rank_tasks.push(tokio::spawn(async move {
-            let killed = tokio::select! {
-                s = child.wait() => Some(s.ok()),
-                _ = async { let _ = kill_rx.wait_for(|k| *k).await; } => None,
-            };
-            let status = match killed {
-                Some(s) => s,
-                None => {
-                    let _ = child.start_kill();
-                    child.wait().await.ok()
+            // Asked to stop: SIGTERM first, SIGKILL once the launcher says
+            // so (or at once where it asks for that first).
+            let mut asked = Stop::Run;
+            let status = loop {
+                tokio::select! {
+                    s = child.wait() => break s.ok(),
+                    c = stop_rx.changed() => {
+                        if c.is_err() {
+                            // The launcher is gone: nothing more will come.
+                            break child.wait().await.ok();
+                        }
+                        let now = *stop_rx.borrow_and_update();
+                        if now > asked {
+                            match now {
+                                Stop::Run => {}
+                                Stop::Term => terminate(&mut child),
+                                Stop::Kill => {
+                                    let _ = child.start_kill();
+                                }
+                            }
+                            asked = now;
+                        }
+                    }
                 }
             };
             let _ = done_tx.send((rank, status));
@@ -372,14 +418,23 @@ pub async fn launch(spec: LaunchSpec) -> Result<LaunchReport, LaunchError> {
     let mut first_failure: Option<(Rank, String)> = None;
     let mut first_cause: Option<(Rank, String)> = None;
     let mut killing = false;
-    // After a failure, when the ranks still running are killed.
+    // After a failure, when the ranks still running are asked to stop.
     let mut kill_at: Option<tokio::time::Instant> = None;
+    // Once they have been asked (SIGTERM), when they are killed.
+    let mut hard_at: Option<tokio::time::Instant> = None;
     let mut interrupted = false;
     // Past the job's timeout: the ranks that had not ended by then.
     let deadline = spec.timeout.map(|t| tokio::time::Instant::now() + t);
     let mut timed_out: Option<Vec<Rank>> = None;
     let mut ended = vec![false; n];
     let mut remaining = n;
+    // Asks the ranks still running to stop, and kills them after
+    // `TERM_GRACE` (a rank that ends on SIGTERM removes its staged output
+    // and spill files; a SIGKILL at once left them behind).
+    let ask_to_stop = |hard_at: &mut Option<tokio::time::Instant>| {
+        let _ = stop_tx.send(Stop::Term);
+        hard_at.get_or_insert(tokio::time::Instant::now() + TERM_GRACE);
+    };
     tokio::pin!(stop);
     while remaining > 0 {
         tokio::select! {
@@ -393,7 +448,7 @@ pub async fn launch(spec: LaunchSpec) -> Result<LaunchReport, LaunchError> {
                     let text = status.map(|s| s.to_string()).unwrap_or_else(|| "unknown status".into());
                     let echo = status.and_then(|s| s.code())
                         == Some(i32::from(crate::world::PEER_FAILED_EXIT));
-                    // (A rank the launcher killed is no cause.)
+                    // (A rank the launcher stopped is no cause.)
                     if first_cause.is_none() && !echo && !killing {
                         first_cause = Some((rank, text.clone()));
                     }
@@ -410,11 +465,19 @@ pub async fn launch(spec: LaunchSpec) -> Result<LaunchReport, LaunchError> {
             }, if kill_at.is_some() => {
                 kill_at = None;
                 killing = true;
-                let _ = kill_tx.send(true);
+                ask_to_stop(&mut hard_at);
+            }
+            _ = async {
+                if let Some(t) = hard_at {
+                    tokio::time::sleep_until(t).await;
+                }
+            }, if hard_at.is_some() => {
+                hard_at = None;
+                let _ = stop_tx.send(Stop::Kill);
             }
             _ = &mut stop, if !interrupted => {
                 interrupted = true;
-                let _ = kill_tx.send(true);
+                ask_to_stop(&mut hard_at);
             }
             _ = async {
                 if let Some(t) = deadline {
@@ -428,7 +491,7 @@ pub async fn launch(spec: LaunchSpec) -> Result<LaunchReport, LaunchError> {
                 );
                 killing = true;
                 kill_at = None;
-                let _ = kill_tx.send(true);
+                ask_to_stop(&mut hard_at);
             }
         }
     }

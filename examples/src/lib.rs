@@ -154,7 +154,21 @@ where
         (Backend::Mpi, _) => {
             return Err("--backend mpi needs a build with the mpi feature (cargo build --release --features mpi), started by mpirun or srun".into());
         }
-        (_, Some(cfg)) => WorldSpec::Tcp(cfg),
+        (_, Some(cfg)) => {
+            // A rank of a job that `braid-launch` (or `--backend tcp`)
+            // started: the launcher's count is the job's.
+            if args.ranks.is_some_and(|r| r != cfg.nranks) {
+                return Err(format!(
+                    "--ranks {}, but this process is one of the {n} ranks its launcher started (BRAID_NRANKS={n}): start {} with `braid-launch -n {}` (or drop --ranks)",
+                    args.ranks(),
+                    args.ranks(),
+                    args.ranks(),
+                    n = cfg.nranks
+                )
+                .into());
+            }
+            WorldSpec::Tcp(cfg)
+        }
         (Backend::Local, None) => WorldSpec::Local {
             nranks: args.ranks(),
         },

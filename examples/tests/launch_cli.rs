@@ -52,7 +52,10 @@ fn launch_ranks(
     let dir = std::env::temp_dir().join(format!("braid-launch-{what}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    let script = format!("echo $$ > {}/pid$BRAID_RANK; {then}", dir.display());
+    let script = format!(
+        "BRAID_DIR={}; echo $$ > $BRAID_DIR/pid$BRAID_RANK; {then}",
+        dir.display()
+    );
     let launcher = Command::new(env!("CARGO_BIN_EXE_braid-launch"))
         .args(["-n", "3"])
         .args(args)
@@ -114,6 +117,47 @@ fn a_stop_signal_ends_every_rank() {
         assert!(left.is_empty(), "{name}: ranks {left:?} still run");
         let _ = std::fs::remove_dir_all(&dir);
     }
+}
+
+/// A stopped job's ranks get SIGTERM first, so each can remove what it
+/// staged and spilled (`rolling` does): here every rank writes a mark
+/// when SIGTERM comes, but rank 1 then keeps running, and is killed once
+/// the grace runs out. Before, the ranks were killed at once (SIGKILL),
+/// and a tcp job's spill files stayed in the temporary folder.
+#[cfg(target_os = "linux")]
+#[test]
+fn stopped_ranks_get_to_clean_up_then_are_killed() {
+    let (mut launcher, pids, dir) = launch_ranks(
+        "term",
+        &[],
+        // (Ranks 0 and 2 wait on a sleep so that the trap runs at once,
+        // and end it; rank 1 sleeps in short steps, none left behind.)
+        "mark=\"echo x > $BRAID_DIR/clean$BRAID_RANK\"; \
+         if [ $BRAID_RANK = 1 ]; then trap \"$mark\" TERM; while true; do sleep 0.1; done; fi; \
+         trap \"$mark; kill \\$!; exit 3\" TERM; sleep 60 & wait",
+    );
+    let started = Instant::now();
+    // SAFETY: a signal to the child this test started.
+    assert_eq!(
+        unsafe { libc::kill(launcher.id() as i32, libc::SIGTERM) },
+        0
+    );
+    let (status, err) = finished(&mut launcher, "term");
+    assert!(!status.success(), "{status:?}: {err}");
+    for r in 0..3 {
+        assert!(
+            dir.join(format!("clean{r}")).exists(),
+            "rank {r} was not asked to stop before it was killed: {err}"
+        );
+    }
+    // Rank 1 ignored the request: killed after the grace, not before.
+    assert!(
+        started.elapsed() >= Duration::from_millis(1500),
+        "ended before the grace: {err}"
+    );
+    let left = still_running(&pids);
+    assert!(left.is_empty(), "ranks {left:?} still run");
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// A launcher killed with SIGKILL (no handler runs) takes its ranks with
@@ -188,5 +232,45 @@ fn a_bad_timeout_is_refused() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{bad}: {err}");
         assert!(err.contains(bad) && err.contains("timeout"), "{bad}: {err}");
+    }
+}
+
+/// A program started by `braid-launch` runs the launcher's count of
+/// ranks: `rolling --ranks` that says otherwise is refused on every rank,
+/// naming both counts, instead of being ignored; the job's summary says
+/// the ranks talked over tcp whatever `--backend` said.
+#[test]
+fn rolling_under_the_launcher_refuses_another_rank_count() {
+    let run = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_braid-launch"))
+            .args([
+                "-n",
+                "2",
+                "--",
+                env!("CARGO_BIN_EXE_rolling"),
+                "--rows",
+                "1000",
+            ])
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let out = run(&["--ranks", "3"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("--ranks 3")
+            && err.contains("BRAID_NRANKS=2")
+            && err.contains("braid-launch -n 3"),
+        "{err}"
+    );
+    for args in [&["--ranks", "2"][..], &[], &["--backend", "local"]] {
+        let out = run(args);
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{args:?}: {text}");
+        assert!(
+            text.contains("1000 rows in, 1000 rows out, 2 ranks (tcp)"),
+            "{args:?}: {text}"
+        );
     }
 }

@@ -642,7 +642,11 @@ fn main() -> ExitCode {
                 ReduceKind::Sum,
             )
             .await?;
-            Ok((counts, Totals::new(&totals, ctx.nranks()), stats))
+            Ok((
+                counts,
+                Totals::new(&totals, ctx.nranks(), ctx.comm().backend()),
+                stats,
+            ))
         }
     });
     let secs = start.elapsed().as_secs_f64();
@@ -664,7 +668,7 @@ fn main() -> ExitCode {
                     t.rows_out,
                     t.nranks,
                     if t.nranks == 1 { "" } else { "s" },
-                    cli.job.backend,
+                    t.backend,
                     t.rows_in as f64 / secs.max(1e-9),
                     peak_rss_mib()
                         .map(|m| m.to_string())
@@ -701,16 +705,20 @@ struct Totals {
     rows_in: u64,
     rows_out: u64,
     nranks: u32,
+    /// How the ranks talked (under `braid-launch`, tcp whatever
+    /// `--backend` said).
+    backend: braid_core::Backend,
 }
 
 impl Totals {
     /// From the AllReduce of every rank's `[rows_in, rows_out]`.
-    fn new(summed: &[i64], nranks: u32) -> Totals {
+    fn new(summed: &[i64], nranks: u32, backend: braid_core::Backend) -> Totals {
         let at = |i: usize| summed.get(i).map_or(0, |v| (*v).max(0) as u64);
         Totals {
             rows_in: at(0),
             rows_out: at(1),
             nranks,
+            backend,
         }
     }
 }
