@@ -417,15 +417,15 @@ pub(crate) fn ranks_on_host() -> usize {
 fn host_ranks() -> (usize, Placement) {
     static LAUNCHED: OnceLock<usize> = OnceLock::new();
     let launched = *LAUNCHED.get_or_init(|| {
-        [
-            HOST_RANKS_ENV,
-            "OMPI_COMM_WORLD_LOCAL_SIZE",
-            "MPI_LOCALNRANKS",
-        ]
-        .iter()
-        .filter_map(|k| std::env::var(k).ok()?.parse::<usize>().ok())
-        .max()
-        .unwrap_or(0)
+        // (braid's own variable warns when it is not a count; the MPI
+        // launchers' are theirs.)
+        let own = crate::env::count(HOST_RANKS_ENV, 1);
+        ["OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS"]
+            .iter()
+            .filter_map(|k| std::env::var(k).ok()?.parse::<usize>().ok())
+            .chain(own)
+            .max()
+            .unwrap_or(0)
     });
     let live = LIVE_RANKS.load(Ordering::Relaxed);
     if launched > live {

@@ -39,6 +39,12 @@ pub struct LaunchSpec {
     /// keep the launcher waiting for ever, as it keeps `mpirun`). `None`:
     /// no limit.
     pub timeout: Option<std::time::Duration>,
+    /// Where the ranks' progress is summed ([`crate::rank_progress`]):
+    /// each rank that reports through a [`ProgressReporter`] adds its
+    /// latest count. `None`: the ranks are not asked to report (Unix only).
+    ///
+    /// [`ProgressReporter`]: crate::rank_progress::ProgressReporter
+    pub progress: Option<std::sync::Arc<std::sync::atomic::AtomicU64>>,
 }
 
 impl LaunchSpec {
@@ -51,6 +57,7 @@ impl LaunchSpec {
             env: Vec::new(),
             output: OutputMode::Prefixed,
             timeout: None,
+            progress: None,
         }
     }
 }
@@ -187,8 +194,14 @@ fn root_listener() -> Result<(std::net::TcpListener, String), LaunchError> {
 #[cfg(unix)]
 fn hand_over(cmd: &mut Command, listener: &std::net::TcpListener) {
     use std::os::fd::AsRawFd;
-    let fd = listener.as_raw_fd();
-    cmd.env("BRAID_ROOT_FD", fd.to_string());
+    inherit(cmd, "BRAID_ROOT_FD", listener.as_raw_fd());
+}
+
+/// Lets the rank's process inherit descriptor `fd` (which this process
+/// holds open until the rank has been spawned) and names it in `var`.
+#[cfg(unix)]
+fn inherit(cmd: &mut Command, var: &str, fd: i32) {
+    cmd.env(var, fd.to_string());
     // SAFETY: the closure only calls fcntl on a descriptor this process
     // holds open until the child has been spawned (async-signal-safe, no
     // allocation): it clears close-on-exec, so the child keeps it.
@@ -321,6 +334,13 @@ pub async fn launch(spec: LaunchSpec) -> Result<LaunchReport, LaunchError> {
     // let go of it first.
     let mut listener = cfg!(unix).then_some(listener);
     let token = random_token();
+    // The ranks' progress reports, where asked for (a pipe the launcher
+    // cannot open only costs the reports).
+    #[cfg(unix)]
+    let progress_pipe = spec
+        .progress
+        .as_ref()
+        .and_then(|_| crate::rank_progress::ProgressPipe::new().ok());
     let (stop_tx, stop_rx) = watch::channel(Stop::Run);
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<(Rank, Option<ExitStatus>)>();
     let mut io_tasks = Vec::new();
@@ -341,6 +361,10 @@ pub async fn launch(spec: LaunchSpec) -> Result<LaunchReport, LaunchError> {
             .kill_on_drop(true);
         if let (0, Some(l)) = (rank, listener.as_ref()) {
             hand_over(&mut cmd, l);
+        }
+        #[cfg(unix)]
+        if let Some(fd) = progress_pipe.as_ref().and_then(|p| p.write_fd()) {
+            inherit(&mut cmd, crate::rank_progress::PROGRESS_FD_ENV, fd);
         }
         #[cfg(target_os = "linux")]
         die_with_launcher(&mut cmd);
@@ -406,6 +430,10 @@ pub async fn launch(spec: LaunchSpec) -> Result<LaunchReport, LaunchError> {
         }));
     }
     drop(done_tx);
+    #[cfg(unix)]
+    if let (Some(pipe), Some(total)) = (progress_pipe, spec.progress.clone()) {
+        pipe.collect(spec.nranks, total);
+    }
     let mut report = LaunchReport {
         status: vec![None; n],
         stdout: vec![String::new(); n],

@@ -8,13 +8,15 @@
 //! - [`message`], [`mod@channel`], [`graph`]: the streaming layer.
 //! - [`stats`]: per-rank statistics.
 //! - `cuda` (feature `cuda`): device buffers, NCCL, CUDA IPC.
-//! - [`world`]: starting ranks; [`launch`]: starting rank processes.
+//! - [`world`]: starting ranks; [`launch`]: starting rank processes;
+//!   [`rank_progress`]: their progress, summed where the launcher shows it.
 
 pub mod channel;
 pub mod comm;
 pub mod context;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod env;
 pub mod error;
 pub mod event;
 pub mod graph;
@@ -22,6 +24,7 @@ pub mod launch;
 pub mod memory;
 pub mod message;
 pub mod par;
+pub mod rank_progress;
 pub mod stats;
 pub mod tag;
 pub mod world;

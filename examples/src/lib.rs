@@ -146,13 +146,30 @@ where
     Fut: Future<Output = Result<T, BoxError>> + Send + 'static,
     T: Send + 'static,
 {
+    run_job_with_progress(args, limits, None, job)
+}
+
+/// [`run_job`], where the process that launches tcp ranks sums their
+/// progress reports into `progress` (each rank reports through a
+/// [`braid_core::rank_progress::ProgressReporter`]).
+pub fn run_job_with_progress<T, F, Fut>(
+    args: &JobArgs,
+    limits: MemoryLimits,
+    progress: Option<std::sync::Arc<std::sync::atomic::AtomicU64>>,
+    job: F,
+) -> Result<JobOutcome<T>, BoxError>
+where
+    F: Fn(Context) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<T, BoxError>> + Send + 'static,
+    T: Send + 'static,
+{
     args.check()?;
     let spec = match (args.backend, TcpConfig::from_env()?) {
         #[cfg(feature = "mpi")]
         (Backend::Mpi, _) => WorldSpec::Mpi,
         #[cfg(not(feature = "mpi"))]
         (Backend::Mpi, _) => {
-            return Err("--backend mpi needs a build with the mpi feature (cargo build --release --features mpi), started by mpirun or srun".into());
+            return Err("--backend mpi needs a build with the mpi feature (cargo build --release --features braid-examples/mpi), started by mpirun or srun".into());
         }
         (_, Some(cfg)) => {
             // A rank of a job that `braid-launch` (or `--backend tcp`)
@@ -179,7 +196,9 @@ where
                 .worker_threads(2)
                 .enable_all()
                 .build()?;
-            rt.block_on(launch(LaunchSpec::new(args.ranks(), exe, argv)))?;
+            let mut spec = LaunchSpec::new(args.ranks(), exe, argv);
+            spec.progress = progress;
+            rt.block_on(launch(spec))?;
             return Ok(JobOutcome::Launched);
         }
     };

@@ -274,3 +274,35 @@ fn rolling_under_the_launcher_refuses_another_rank_count() {
         );
     }
 }
+
+/// A launcher given a progress counter sums what its ranks report on the
+/// pipe it hands them (`BRAID_PROGRESS_FD`: each rank's latest count), as
+/// `rolling --backend tcp` shows its ranks' rows read; before, its bar
+/// stayed at 0 while the rank processes read.
+#[cfg(unix)]
+#[test]
+fn ranks_progress_reaches_the_launcher() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let total = Arc::new(AtomicU64::new(0));
+    // Rank r reports 1, then 100 (r + 1): only the latest counts.
+    let script = "import os\n\
+                  fd, r = int(os.environ['BRAID_PROGRESS_FD']), int(os.environ['BRAID_RANK'])\n\
+                  os.write(fd, f'{r} 1\\n'.encode())\n\
+                  os.write(fd, f'{r} {100 * (r + 1)}\\n'.encode())\n";
+    let mut spec =
+        braid_core::launch::LaunchSpec::new(3, "python3", vec!["-c".into(), script.into()]);
+    spec.output = braid_core::launch::OutputMode::Captured;
+    spec.progress = Some(total.clone());
+    let report = rt.block_on(braid_core::launch::launch(spec));
+    assert!(report.is_ok(), "{report:?}");
+    let until = Instant::now() + Duration::from_secs(10);
+    while total.load(Ordering::Relaxed) != 600 && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(total.load(Ordering::Relaxed), 600);
+}

@@ -189,7 +189,7 @@ pub enum RollingError {
     #[error("invalid segment offsets: {0}")]
     BadOffsets(&'static str),
     /// Unknown aggregation name.
-    #[error("unknown rolling aggregation {0:?}")]
+    #[error("unknown rolling aggregation {0:?} (sum, mean, min, max, count, std, var)")]
     UnknownAgg(String),
     /// Unknown window closure name.
     #[error("unknown window closure {0:?} (expected right, both, left or none)")]

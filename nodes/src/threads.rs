@@ -26,9 +26,9 @@ pub const RANK_THREADS_ENV: &str = "BRAID_RANK_THREADS";
 /// ranks ([`braid_core::context::cores_per_rank`]), or `BRAID_RANK_THREADS`
 /// where set to a number of at least 1.
 pub fn rank_threads() -> usize {
-    std::env::var(RANK_THREADS_ENV)
-        .ok()
-        .and_then(|v| v.trim().parse::<usize>().ok())
-        .filter(|&t| t >= 1)
+    // Read once (a bad value warns once); the cores' share may change as
+    // ranks start, so it is asked each time.
+    static SET: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    SET.get_or_init(|| braid_core::env::count(RANK_THREADS_ENV, 1))
         .unwrap_or_else(braid_core::context::cores_per_rank)
 }

@@ -76,16 +76,7 @@ pub fn fill_threads(bytes: usize) -> usize {
 
 fn threads_override() -> Option<usize> {
     static OVERRIDE: OnceLock<Option<usize>> = OnceLock::new();
-    *OVERRIDE.get_or_init(|| {
-        let v = std::env::var("BRAID_COPY_THREADS").ok()?;
-        match v.parse::<usize>() {
-            Ok(n) if n >= 1 => Some(n),
-            _ => {
-                tracing::warn!("BRAID_COPY_THREADS={v:?} ignored: expected a count of at least 1");
-                None
-            }
-        }
-    })
+    *OVERRIDE.get_or_init(|| crate::env::count("BRAID_COPY_THREADS", 1))
 }
 
 /// How a fill writes its copies.

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use arrow_schema::{DataType, TimeUnit};
 use braid_coll::ReduceKind;
 use braid_core::{BoxError, MemoryLimits};
-use braid_examples::{JobArgs, JobOutcome, init_tracing, run_job};
+use braid_examples::{JobArgs, JobOutcome, init_tracing, run_job_with_progress};
 use braid_kernels::rolling::{Agg, CalendarUnit, Closed, Window};
 use braid_kernels::window::Zone;
 use braid_nodes::job::{Device, Output, RollingJob};
@@ -441,9 +441,9 @@ fn build(cli: &Cli) -> Result<(RollingJob, MemoryLimits, Option<u64>), BoxError>
     };
     let schema = source.schema()?;
     let order_type = schema
-        .field_with_name(&cli.order)
-        .map(|f| f.data_type().clone())
-        .map_err(|_| format!("input has no column {:?}", cli.order))?;
+        .field(braid_nodes::partition::column_index(&schema, &cli.order)?)
+        .data_type()
+        .clone();
     let window = parse_window(&cli.window, &order_type, cli.closed)?;
     check_window_holds_rows(&window, cli.closed, &cli.window)?;
     let spec = RollingSpec {
@@ -595,9 +595,18 @@ fn main() -> ExitCode {
     );
     let ticker = {
         let (bar, p) = (bar.clone(), progress.clone());
+        // A rank process of a tcp job tells its launcher, which shows the
+        // job's bar (its own stderr is not a terminal).
+        let reporter = braid_core::rank_progress::ProgressReporter::from_env();
         std::thread::spawn(move || {
+            let mut told = None;
             while !bar.is_finished() {
-                bar.set_position(p.load(Ordering::Relaxed));
+                let now = p.load(Ordering::Relaxed);
+                bar.set_position(now);
+                if let Some(r) = reporter.as_ref().filter(|_| told != Some(now)) {
+                    r.report(now);
+                    told = Some(now);
+                }
                 // Unparked when the job ends, so the exit waits for no tick.
                 std::thread::park_timeout(Duration::from_millis(100));
             }
@@ -622,7 +631,7 @@ fn main() -> ExitCode {
             }
         });
     }
-    let res = run_job(&cli.job, limits, move |ctx| {
+    let res = run_job_with_progress(&cli.job, limits, Some(progress.clone()), move |ctx| {
         let job = job.clone();
         let p = p2.clone();
         async move {

@@ -1,0 +1,209 @@
+//! Progress of rank processes, summed where their launcher shows it.
+//!
+//! A launcher given a progress counter ([`LaunchSpec::progress`]) opens
+//! one pipe, lets every rank inherit its write end and names it in
+//! `BRAID_PROGRESS_FD`; a rank's [`ProgressReporter`] writes its latest
+//! count there as one line, `"<rank> <count>\n"` (a single write of fewer
+//! than `PIPE_BUF` bytes, so lines of several ranks never mix). The
+//! launcher keeps each rank's latest count and stores their sum in the
+//! counter, which its progress bar reads.
+//!
+//! ```text
+//!   rank 0 --"0 1200\n"--\
+//!   rank 1 --"1 900\n"----> pipe --> launcher: counts [1200, 900] -> 2100
+//! ```
+//!
+//! Reports are hints: a full pipe drops a report (the write end does not
+//! block), and a launcher that is gone makes them fail quietly.
+//!
+//! [`LaunchSpec::progress`]: crate::launch::LaunchSpec::progress
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::Rank;
+
+/// The variable that names the write end of the launcher's progress pipe
+/// in a rank's environment.
+pub const PROGRESS_FD_ENV: &str = "BRAID_PROGRESS_FD";
+
+/// A rank's channel to its launcher's progress counter.
+#[derive(Debug)]
+pub struct ProgressReporter {
+    rank: Rank,
+    #[cfg(unix)]
+    pipe: std::fs::File,
+}
+
+impl ProgressReporter {
+    /// The reporter of a rank process whose launcher asked for progress
+    /// (`BRAID_PROGRESS_FD` and `BRAID_RANK` set, the descriptor open and
+    /// a pipe); `None` otherwise, and always off Unix.
+    pub fn from_env() -> Option<ProgressReporter> {
+        let rank: Rank = std::env::var("BRAID_RANK").ok()?.trim().parse().ok()?;
+        let fd: i32 = std::env::var(PROGRESS_FD_ENV).ok()?.trim().parse().ok()?;
+        Self::open(rank, fd)
+    }
+
+    #[cfg(unix)]
+    fn open(rank: Rank, fd: i32) -> Option<ProgressReporter> {
+        use std::os::fd::FromRawFd;
+        if fd < 0 {
+            return None;
+        }
+        // SAFETY: fstat only reads the descriptor's metadata; a closed or
+        // invalid one returns -1. Only a pipe is taken (a descriptor of
+        // that number inherited for another purpose is left alone).
+        let is_pipe = unsafe {
+            let mut st: libc::stat = std::mem::zeroed();
+            libc::fstat(fd, &mut st) == 0 && (st.st_mode & libc::S_IFMT) == libc::S_IFIFO
+        };
+        if !is_pipe {
+            return None;
+        }
+        // SAFETY: the descriptor is open (fstat succeeded) and was handed
+        // to this process for this use only; it is owned from here on.
+        let pipe = unsafe { std::fs::File::from_raw_fd(fd) };
+        Some(ProgressReporter { rank, pipe })
+    }
+
+    #[cfg(not(unix))]
+    fn open(_rank: Rank, _fd: i32) -> Option<ProgressReporter> {
+        None
+    }
+
+    /// Reports this rank's count so far (it replaces the rank's earlier
+    /// reports). Never blocks; a report that does not fit is dropped.
+    pub fn report(&self, count: u64) {
+        #[cfg(unix)]
+        {
+            use std::io::Write;
+            let line = format!("{} {count}\n", self.rank);
+            let _ = (&self.pipe).write(line.as_bytes());
+        }
+        #[cfg(not(unix))]
+        let _ = (self.rank, count);
+    }
+}
+
+/// The launcher's end: the pipe's read end and write end (the latter for
+/// the ranks to inherit, closed here once they all started).
+#[cfg(unix)]
+pub(crate) struct ProgressPipe {
+    read: std::os::fd::OwnedFd,
+    write: Option<std::os::fd::OwnedFd>,
+}
+
+#[cfg(unix)]
+impl ProgressPipe {
+    /// A new pipe, both ends close-on-exec (a rank's command clears it on
+    /// the write end), the write end non-blocking.
+    pub(crate) fn new() -> std::io::Result<ProgressPipe> {
+        use std::os::fd::FromRawFd;
+        let mut fds = [0i32; 2];
+        // SAFETY: pipe2 writes two descriptors into `fds` on success.
+        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } == -1 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: both descriptors were just opened and are owned here.
+        let (read, write) = unsafe {
+            (
+                std::os::fd::OwnedFd::from_raw_fd(fds[0]),
+                std::os::fd::OwnedFd::from_raw_fd(fds[1]),
+            )
+        };
+        // SAFETY: fcntl on a descriptor owned here.
+        if unsafe { libc::fcntl(fds[1], libc::F_SETFL, libc::O_NONBLOCK) } == -1 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(ProgressPipe {
+            read,
+            write: Some(write),
+        })
+    }
+
+    /// The write end's descriptor, for the ranks (None once closed).
+    pub(crate) fn write_fd(&self) -> Option<i32> {
+        use std::os::fd::AsRawFd;
+        self.write.as_ref().map(|w| w.as_raw_fd())
+    }
+
+    /// Closes the launcher's copy of the write end (every rank has its
+    /// own) and sums the ranks' reports into `total` on a thread of its
+    /// own until every copy is closed.
+    pub(crate) fn collect(mut self, nranks: u32, total: Arc<AtomicU64>) {
+        drop(self.write.take());
+        let read = std::fs::File::from(self.read);
+        let _ = std::thread::Builder::new()
+            .name("braid-progress".into())
+            .spawn(move || sum_reports(std::io::BufReader::new(read), nranks, &total));
+    }
+}
+
+/// Reads `"<rank> <count>"` lines until the end, keeping each rank's
+/// latest count and their sum in `total`; malformed lines and ranks out
+/// of range are skipped.
+pub(crate) fn sum_reports(read: impl std::io::BufRead, nranks: u32, total: &AtomicU64) {
+    let mut counts = vec![0u64; nranks as usize];
+    for line in read.lines() {
+        let Ok(line) = line else { break };
+        let mut it = line.split_whitespace();
+        let (Some(r), Some(c)) = (it.next(), it.next()) else {
+            continue;
+        };
+        let (Ok(r), Ok(c)) = (r.parse::<usize>(), c.parse::<u64>()) else {
+            continue;
+        };
+        if let Some(slot) = counts.get_mut(r) {
+            *slot = c;
+            total.store(counts.iter().sum(), Ordering::Relaxed);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each rank's latest report counts once; lines that are not reports
+    /// (or name a rank the job does not have) change nothing.
+    #[test]
+    fn the_sum_keeps_each_ranks_latest_count() {
+        let text = "0 10\n1 5\n0 30\nnonsense\n7 1000\n1 x\n2 1\n";
+        let total = AtomicU64::new(0);
+        sum_reports(text.as_bytes(), 3, &total);
+        assert_eq!(total.load(Ordering::Relaxed), 30 + 5 + 1);
+    }
+
+    /// A report written to the pipe reaches the sum; closing every write
+    /// end ends the collector.
+    #[cfg(unix)]
+    #[test]
+    fn reports_through_the_pipe_reach_the_total() {
+        use std::os::fd::FromRawFd;
+        let pipe = ProgressPipe::new().unwrap();
+        let fd = pipe.write_fd().unwrap();
+        // A rank's copy of the write end (as a child inherits it).
+        // SAFETY: dup of a descriptor owned by `pipe`.
+        let dup = unsafe { libc::dup(fd) };
+        assert!(dup >= 0);
+        let rank = ProgressReporter::open(1, dup).expect("a pipe");
+        let total = Arc::new(AtomicU64::new(0));
+        pipe.collect(2, total.clone());
+        rank.report(42);
+        rank.report(7);
+        drop(rank);
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while total.load(Ordering::Relaxed) != 7 && std::time::Instant::now() < until {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert_eq!(total.load(Ordering::Relaxed), 7);
+        // Not a pipe: no reporter.
+        // SAFETY: a file this test opens and hands over.
+        let f = std::fs::File::open("/proc/self/status").unwrap();
+        let raw = std::os::fd::IntoRawFd::into_raw_fd(f);
+        assert!(ProgressReporter::open(0, raw).is_none());
+        // SAFETY: the descriptor is still open and owned by this test.
+        drop(unsafe { std::fs::File::from_raw_fd(raw) });
+    }
+}
