@@ -538,7 +538,10 @@ pub async fn launch(spec: LaunchSpec) -> Result<LaunchReport, LaunchError> {
             }
         }
     }
-    if interrupted {
+    // A stop that came as the last ranks ended, every one of them with
+    // success, stopped nothing: the job (and what it wrote) is whole.
+    let all_succeeded = report.status.iter().all(|s| s.is_some_and(|s| s.success()));
+    if interrupted && !all_succeeded {
         return Err(LaunchError::Interrupted);
     }
     // A rank that failed on its own before the timeout is the cause; the

@@ -790,11 +790,29 @@ fn tcp_backend_runs_the_job_in_processes() {
     assert!(tcp.exists() && local.exists());
 }
 
+/// A job stopped by SIGTERM or SIGINT exits 130 and leaves no output, no
+/// staging and no spill files: in-process ranks, and ranks in processes
+/// of their own (tcp), which the launcher asks to stop (SIGTERM) before
+/// it kills them; killed at once they left their spill files behind.
 #[test]
 fn a_stopped_job_leaves_nothing_behind() {
     let scratch = Scratch::new("cli-stop");
     let d = scratch.path();
-    for (target, signal) in [(d.join("out"), "-TERM"), (d.join("out.parquet"), "-INT")] {
+    let tmp = d.join("tmp");
+    std::fs::create_dir_all(&tmp).unwrap();
+    let spills = || {
+        std::fs::read_dir(&tmp)
+            .unwrap()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with("braid-spill"))
+            .count()
+    };
+    let grouped_tcp = ["--backend", "tcp", "--by", "key", "--memory-limit", "1MiB"];
+    for (target, signal, extra) in [
+        (d.join("out"), "-TERM", &[][..]),
+        (d.join("out.parquet"), "-INT", &[][..]),
+        (d.join("tcp"), "-TERM", &grouped_tcp[..]),
+    ] {
         // Far more rows than a second generates: the signal comes mid-job.
         let mut child = rolling()
             .args([
@@ -805,11 +823,25 @@ fn a_stopped_job_leaves_nothing_behind() {
                 "--output",
                 target.to_str().unwrap(),
             ])
+            .args(extra)
+            .env("TMPDIR", &tmp)
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::piped())
             .spawn()
             .unwrap();
-        std::thread::sleep(std::time::Duration::from_millis(1500));
+        if extra.is_empty() {
+            std::thread::sleep(std::time::Duration::from_millis(1500));
+        } else {
+            // The ranks spill before the signal comes.
+            let until = std::time::Instant::now() + std::time::Duration::from_secs(60);
+            while spills() == 0 && std::time::Instant::now() < until {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            assert!(
+                spills() > 0,
+                "{signal} {extra:?}: nothing spilled within 60 s"
+            );
+        }
         let st = Command::new("kill")
             .args([signal, &child.id().to_string()])
             .status()
@@ -835,11 +867,15 @@ fn a_stopped_job_leaves_nothing_behind() {
             .unwrap()
             .read_to_string(&mut err)
             .unwrap();
-        assert!(!status.success(), "{signal}: exited 0");
-        assert!(err.contains("stopped by SIG"), "{signal}: {err}");
+        assert_eq!(status.code(), Some(130), "{signal} {extra:?}: {err}");
+        assert!(
+            err.contains("stopped by SIG") || err.contains("interrupted"),
+            "{signal}: {err}"
+        );
         assert!(!target.exists(), "{signal}: left {}", target.display());
         let mut staging = target.as_os_str().to_owned();
         staging.push(".braid-staging");
         assert!(!PathBuf::from(staging).exists(), "{signal}: left staging");
+        assert_eq!(spills(), 0, "{signal} {extra:?}: spill files left: {err}");
     }
 }

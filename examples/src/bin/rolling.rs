@@ -492,28 +492,39 @@ fn build(cli: &Cli) -> Result<(RollingJob, MemoryLimits, Option<u64>), BoxError>
 /// job ends as a failure that cleans up instead of leaving its staging
 /// area behind; never where the handlers cannot be installed.
 async fn stop_signal() -> &'static str {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        match (
-            signal(SignalKind::interrupt()),
-            signal(SignalKind::terminate()),
-        ) {
-            (Ok(mut int), Ok(mut term)) => tokio::select! {
-                _ = int.recv() => "SIGINT",
-                _ = term.recv() => "SIGTERM",
-            },
-            _ => std::future::pending().await,
+    let by = {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{SignalKind, signal};
+            match (
+                signal(SignalKind::interrupt()),
+                signal(SignalKind::terminate()),
+            ) {
+                (Ok(mut int), Ok(mut term)) => tokio::select! {
+                    _ = int.recv() => "SIGINT",
+                    _ = term.recv() => "SIGTERM",
+                },
+                _ => std::future::pending().await,
+            }
         }
-    }
-    #[cfg(not(unix))]
-    {
-        match tokio::signal::ctrl_c().await {
-            Ok(()) => "Ctrl-C",
-            Err(_) => std::future::pending().await,
+        #[cfg(not(unix))]
+        {
+            match tokio::signal::ctrl_c().await {
+                Ok(()) => "Ctrl-C",
+                Err(_) => std::future::pending().await,
+            }
         }
-    }
+    };
+    STOPPED.store(true, Ordering::Relaxed);
+    by
 }
+
+/// Set once a stop signal came: the job then exits with [`STOPPED_EXIT`].
+static STOPPED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// The exit status of a job stopped by a signal (as `braid-launch` exits
+/// when stopped, and shells report a command ended by Ctrl-C).
+const STOPPED_EXIT: u8 = 130;
 
 /// This process's peak resident memory (Linux), in MiB.
 fn peak_rss_mib() -> Option<u64> {
@@ -704,7 +715,15 @@ fn main() -> ExitCode {
             }
             remove_created();
             eprintln!("error: {e}");
-            braid_core::world::exit_code(&*e)
+            let launch_stopped = matches!(
+                e.downcast_ref::<braid_core::launch::LaunchError>(),
+                Some(braid_core::launch::LaunchError::Interrupted)
+            );
+            if launch_stopped || STOPPED.load(Ordering::Relaxed) {
+                ExitCode::from(STOPPED_EXIT)
+            } else {
+                braid_core::world::exit_code(&*e)
+            }
         }
     }
 }
