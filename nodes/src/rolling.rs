@@ -27,6 +27,7 @@
 //! of a chunk whose lookback reaches into the ghost rows. The shuffle
 //! inside the sort spills over the host limit.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use arrow_array::{Array, ArrayRef, Float64Array, Int64Array, RecordBatch};
@@ -249,7 +250,12 @@ fn value_columns(
     batch: &RecordBatch,
     col: usize,
 ) -> Result<(ScalarBuffer<f64>, Option<Vec<bool>>)> {
-    let a = arrow_cast::cast(batch.column(col), &DataType::Float64)?;
+    value_columns_of(batch.column(col))
+}
+
+/// [`value_columns`] of one array.
+fn value_columns_of(a: &ArrayRef) -> Result<(ScalarBuffer<f64>, Option<Vec<bool>>)> {
+    let a = arrow_cast::cast(a, &DataType::Float64)?;
     let a = a
         .as_any()
         .downcast_ref::<Float64Array>()
@@ -378,12 +384,81 @@ pub async fn rolling_node(
     Ok(())
 }
 
-/// One value column's kernel input: values, and validity where there are
-/// nulls.
-type ValueInput = (
-    Joined<f64, ScalarBuffer<f64>>,
-    Option<Joined<bool, Vec<bool>>>,
-);
+/// A chunk's values of one column, and their validity (None: no nulls).
+type ChunkValues<'a> = (Cow<'a, [f64]>, Option<Vec<bool>>);
+
+/// One value column's kernel input: the ghost rows' values and validity
+/// (copied from lower ranks, as f64), then this rank's rows as the sorted
+/// batch stores them, converted to f64 a chunk at a time ([`rows`]): the
+/// node holds no converted copy of the partition, whatever the column's
+/// type (a Float64 column's values are read in place).
+///
+/// [`rows`]: ValueInput::rows
+struct ValueInput {
+    ghost: Vec<f64>,
+    /// The ghost rows' validity, where one of them is null.
+    ghost_valid: Option<Vec<bool>>,
+    /// This rank's rows.
+    main: ArrayRef,
+    /// `main`'s values where it is Float64 (shared, not copied).
+    main_f64: Option<ScalarBuffer<f64>>,
+}
+
+impl ValueInput {
+    /// The input of a column of this rank's rows, after `ghost` rows.
+    fn new(main: ArrayRef, ghost: Vec<f64>, ghost_valid: Option<Vec<bool>>) -> Self {
+        let main_f64 = main
+            .as_any()
+            .downcast_ref::<Float64Array>()
+            .map(|a| a.values().clone());
+        ValueInput {
+            ghost,
+            ghost_valid,
+            main,
+            main_f64,
+        }
+    }
+
+    /// Values and validity (None: no nulls) of rows `[lo, hi)`, ghost
+    /// rows first: borrowed where they are Float64 rows of one part, else
+    /// converted for this chunk.
+    fn rows(&self, lo: usize, hi: usize) -> Result<ChunkValues<'_>> {
+        let g = self.ghost.len();
+        let (ms, me) = (lo.max(g) - g, hi.max(g) - g);
+        let main = self.main.slice(ms, me - ms);
+        let main_vals: Cow<'_, [f64]> = match &self.main_f64 {
+            Some(v) => Cow::Borrowed(&v[ms..me]),
+            None => Cow::Owned(value_columns_of(&main)?.0.to_vec()),
+        };
+        let main_valid = main
+            .logical_nulls()
+            .map(|n| n.iter().collect::<Vec<bool>>());
+        if lo >= g {
+            return Ok((main_vals, main_valid));
+        }
+        // The chunk reaches into the ghost rows (the first chunks only).
+        let gs = &self.ghost[lo..g.min(hi)];
+        let mut vals = Vec::with_capacity(hi - lo);
+        vals.extend_from_slice(gs);
+        vals.extend_from_slice(&main_vals);
+        let valid = match (&self.ghost_valid, main_valid) {
+            (None, None) => None,
+            (gv, mv) => {
+                let mut all = Vec::with_capacity(hi - lo);
+                match gv {
+                    Some(gv) => all.extend_from_slice(&gv[lo..g.min(hi)]),
+                    None => all.resize(gs.len(), true),
+                }
+                match mv {
+                    Some(mv) => all.extend(mv),
+                    None => all.resize(hi - lo, true),
+                }
+                Some(all)
+            }
+        };
+        Ok((Cow::Owned(vals), valid))
+    }
+}
 
 /// A rank's sorted rows and the kernel's inputs.
 struct Prepared {
@@ -522,10 +597,9 @@ fn emit(
      -> Result<Vec<ArrayRef>> {
         let mut cols = Vec::new();
         let ts = p.ts.rows(lo, hi);
-        for (vals, valid) in &p.vals {
-            let valid = valid.as_ref().map(|v| v.rows(lo, hi));
+        for v in &p.vals {
+            let (vals, valid) = v.rows(lo, hi)?;
             let valid = valid.as_deref();
-            let vals = vals.rows(lo, hi);
             let r = match offsets {
                 None => rolling(
                     &ts,
@@ -696,8 +770,8 @@ fn grouped(local: Vec<RecordBatch>, schema: SchemaRef, spec: &RollingSpec) -> Re
         .values
         .iter()
         .map(|v| {
-            let (x, ok) = value_columns(&sorted, column_index(&schema, v)?)?;
-            Ok((Joined::own(x), ok.map(Joined::own)))
+            let c = sorted.column(column_index(&schema, v)?).clone();
+            Ok(ValueInput::new(c, Vec::new(), None))
         })
         .collect::<Result<_>>()?;
     Ok(Prepared {
@@ -781,35 +855,27 @@ async fn ungrouped(ctx: &Context, sorted: RecordBatch, spec: &RollingSpec) -> Re
     };
     let mut vals = Vec::new();
     for k in 0..spec.values.len() {
-        let (main, main_ok) = value_columns(&narrow, k + 1)?;
-        let mut values = Joined {
-            ghost: Vec::with_capacity(ghost),
-            main,
-        };
+        let mut values = Vec::with_capacity(ghost);
         let mut ghost_ok: Option<Vec<bool>> = None;
         for b in &ghosts {
             let (v, ok) = value_columns(b, k + 1)?;
             match (ok, &mut ghost_ok) {
                 (Some(ok), Some(all)) => all.extend(ok),
                 (Some(ok), None) => {
-                    let mut all = vec![true; values.ghost.len()];
+                    let mut all = vec![true; values.len()];
                     all.extend(ok);
                     ghost_ok = Some(all);
                 }
                 (None, Some(all)) => all.extend(std::iter::repeat_n(true, v.len())),
                 (None, None) => {}
             }
-            values.ghost.extend_from_slice(&v);
+            values.extend_from_slice(&v);
         }
-        // Validity where either part has nulls; the other part all valid.
-        let valid = match (ghost_ok, main_ok) {
-            (None, None) => None,
-            (g, m) => Some(Joined {
-                ghost: g.unwrap_or_else(|| vec![true; ghost]),
-                main: m.unwrap_or_else(|| vec![true; values.main.len()]),
-            }),
-        };
-        vals.push((values, valid));
+        vals.push(ValueInput::new(
+            narrow.column(k + 1).clone(),
+            values,
+            ghost_ok,
+        ));
     }
     Ok(Prepared {
         sorted,
