@@ -20,12 +20,13 @@
 //! Output: every input row once, all input columns kept, plus
 //! `<value>_<agg>` (float64; count is int64), in chunks of `chunk_rows`.
 //!
-//! Memory: the rank's sorted partition, its ghost rows and the output
-//! columns are held at once (the sort needs the partition anyway); the
-//! kernel reads the partition's order and Float64 value columns where they
-//! lie (other value types are converted once), and copies only the rows
-//! of a chunk whose lookback reaches into the ghost rows. The shuffle
-//! inside the sort spills over the host limit.
+//! Memory: after the sort, the node adds to the rank's sorted partition
+//! only its ghost rows, the chunks being computed and sent, and an i64
+//! copy of the order column where it is not stored as i64 (Int64, Date64
+//! and timestamps are read in place). Value columns are read in place
+//! where Float64 and converted a chunk at a time otherwise; only a chunk
+//! whose lookback reaches into the ghost rows copies its rows. The
+//! shuffle inside the sort spills over the host limit.
 
 use std::borrow::Cow;
 use std::sync::Arc;
