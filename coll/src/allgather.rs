@@ -573,7 +573,25 @@ pub async fn allgather_parts<T: Element>(
 
 /// Gathers every rank's `values`, concatenated in rank order (ranks may
 /// contribute different counts).
-pub async fn allgather<T: Element>(ctx: &Context, values: Vec<T>) -> Result<Vec<T>, CollError> {
+pub async fn allgather<T: Element>(
+    ctx: &Context,
+    values: impl Into<Elements<T>>,
+) -> Result<Vec<T>, CollError> {
+    let mut out = Vec::new();
+    allgather_into(ctx, values, &mut out).await?;
+    Ok(out)
+}
+
+/// [`allgather`] into `out`: the result written into `out`'s memory where
+/// it is large enough (its old contents are replaced), as MPI writes into
+/// a receive buffer the caller keeps; a loop that passes the same vector
+/// each time writes into memory it has already touched instead of a fresh
+/// vector's pages. On an error `out` is left empty or as it was.
+pub async fn allgather_into<T: Element>(
+    ctx: &Context,
+    values: impl Into<Elements<T>>,
+    out: &mut Vec<T>,
+) -> Result<(), CollError> {
     let values: Elements<T> = values.into();
     let bytes = values.buffer().len();
     let (parts, site) = streaming(ctx, bytes, |cb| {
@@ -590,7 +608,5 @@ pub async fn allgather<T: Element>(ctx: &Context, values: Vec<T>) -> Result<Vec<
         })
         .collect();
     crate::handle::spread(len * std::mem::size_of::<T>()).await;
-    let mut out = Vec::new();
-    assemble_into(site, placed, len, &mut out)?;
-    Ok(out)
+    assemble_into(site, placed, len, out)
 }

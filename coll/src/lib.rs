@@ -53,7 +53,8 @@ mod wire;
 pub use wire::Elements;
 
 pub use allgather::{
-    AllGather, ExtractOrder, Gathered, allgather, allgather_parts, start_allgather_parts,
+    AllGather, ExtractOrder, Gathered, allgather, allgather_into, allgather_parts,
+    start_allgather_parts,
 };
 pub use allreduce::{
     ReduceOp, allreduce, allreduce_into, allreduce_parts, reduce_scatter, start_allreduce,

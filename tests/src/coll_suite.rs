@@ -174,6 +174,29 @@ pub async fn run(ctx: Context, seed: u64) -> R<String> {
     }
     checks += 1;
 
+    // allgather_into: the same random parts concatenated into one vector
+    // the rank keeps, called twice (a result that needs more room, then
+    // one that needs less than the vector holds): each time exactly the
+    // concatenation, old contents gone.
+    let mut kept: Vec<f64> = vec![f64::NAN; 3];
+    for round in [32u64, 33] {
+        let count = |r: Rank| (seed_of(&[seed, round, r as u64]) % (40 * (34 - round))) as usize;
+        braid_coll::allgather_into(&ctx, input::<f64>(seed, round, me, count(me)), &mut kept)
+            .await
+            .map_err(e)?;
+        let want: Vec<f64> = (0..n)
+            .flat_map(|r| input::<f64>(seed, round, r, count(r)))
+            .collect();
+        ensure(bits_eq(&kept, &want), || {
+            format!(
+                "allgather_into (round {round}): {} values, want {}",
+                kept.len(),
+                want.len()
+            )
+        })?;
+    }
+    checks += 1;
+
     // A streaming call abandoned (its future dropped) while its peers are
     // still on their way: its core goes on without a waiter, so the peers
     // get their result. Two-step sizes: after the first step, rank 0's

@@ -5,7 +5,12 @@
 //!
 //! Each point is the time per operation (max over ranks) after 5 warm-up
 //! operations. The ratio columns are MPI time / braid time: above 1 means
-//! braid is faster (for bandwidth rows it is the bandwidth ratio).
+//! braid is faster.
+//!
+//! Between in-process ranks some forms copy nothing: `bcast` and
+//! `sendrecv` hand the buffer over, and the `_parts` forms return the
+//! other ranks' data where it lies. MPI's processes must copy; the table
+//! says which rows are such forms.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -43,22 +48,24 @@ pub struct CollArgs {
     /// Rank counts.
     #[arg(long, value_delimiter = ',', default_value = "2,4", value_parser = clap::value_parser!(u32).range(1..))]
     ranks: Vec<u32>,
-    /// Operations (barrier, bcast, allgather, allgather_stream, allreduce,
-    /// allreduce_into, allreduce_parts, reduce_scatter, alltoall,
-    /// alltoall_into, alltoallv, alltoallv_into, alltoallv_parts, sendrecv).
-    /// `allgather` is the one-shot call (`allgather_parts`: one array per
-    /// rank, as MPI_Allgather); `allgather_stream` the streaming `AllGather`
-    /// with one chunk per rank. The one-vector results: `allreduce`,
-    /// `alltoall` and `alltoallv` return a fresh vector per call; their
-    /// `_into` forms write into one vector each rank keeps across the loop,
-    /// as the MPI program writes into the receive buffer it keeps. The
-    /// `_parts` forms are braid's piecewise result forms (no copy of other
-    /// ranks' data in one process). Each is timed against the MPI call of
-    /// the same kind.
+    /// Operations (barrier, bcast, allgather, allgather_into,
+    /// allgather_parts, allgather_stream, allreduce, allreduce_into, allreduce_parts,
+    /// reduce_scatter, alltoall, alltoall_into, alltoallv, alltoallv_into,
+    /// alltoallv_parts, sendrecv). `allgather` is the one-shot call that
+    /// returns one vector of every rank's values, as MPI_Allgather fills
+    /// one; `allgather_stream` the streaming `AllGather` with one chunk
+    /// per rank. The one-vector results (`allgather`, `allreduce`,
+    /// `alltoall`, `alltoallv`) are fresh vectors per call; the `_into`
+    /// forms write into one vector each rank keeps across the loop, as the
+    /// MPI program writes into the receive buffer it keeps. The `_parts`
+    /// forms are braid's piecewise result forms (no copy of other ranks'
+    /// data in one process). Each is timed against the MPI call of the
+    /// same kind.
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "barrier,bcast,allgather,allgather_stream,allreduce,allreduce_into,allreduce_parts,reduce_scatter,alltoall_into,alltoallv,alltoallv_into,alltoallv_parts,sendrecv"
+        default_value = "barrier,bcast,allgather,allgather_into,allgather_parts,allgather_stream,allreduce,allreduce_into,allreduce_parts,reduce_scatter,alltoall,alltoall_into,alltoallv,alltoallv_into,alltoallv_parts,sendrecv",
+        value_parser = clap::builder::PossibleValuesParser::new(OPS)
     )]
     ops: Vec<String>,
     /// Bytes moved per point (bounds the iteration count).
@@ -99,6 +106,32 @@ pub(crate) fn used_bytes(op: &str, size: usize, n: usize) -> usize {
     }
 }
 
+/// Every operation the benchmark times.
+pub(crate) const OPS: [&str; 16] = [
+    "barrier",
+    "bcast",
+    "allgather",
+    "allgather_into",
+    "allgather_parts",
+    "allgather_stream",
+    "allreduce",
+    "allreduce_into",
+    "allreduce_parts",
+    "reduce_scatter",
+    "alltoall",
+    "alltoall_into",
+    "alltoallv",
+    "alltoallv_into",
+    "alltoallv_parts",
+    "sendrecv",
+];
+
+/// Whether `op`'s result between in-process ranks is handed over or read
+/// where it lies rather than copied (MPI's processes copy).
+fn copies_nothing_in_process(op: &str) -> bool {
+    matches!(op, "bcast" | "sendrecv") || op.ends_with("_parts")
+}
+
 /// Operations per point: `budget` bytes' worth, at least 5, at most 20000
 /// (small points run for tens of milliseconds, long enough that the
 /// first-point effects of a fresh runtime or process do not show).
@@ -123,6 +156,12 @@ pub(crate) async fn run_op(
             broadcast(ctx, 0, (me == 0).then(|| input.bytes.clone())).await?;
         }
         "allgather" => {
+            let _ = braid_coll::allgather(ctx, input.u8s.clone()).await?;
+        }
+        "allgather_into" => {
+            braid_coll::allgather_into(ctx, input.u8s.clone(), &mut input.out_u8).await?;
+        }
+        "allgather_parts" => {
             let _ = braid_coll::allgather_parts(ctx, input.u8s.clone()).await?;
         }
         "allgather_stream" => {
@@ -200,6 +239,8 @@ impl Input {
         let u = if matches!(
             op,
             "allgather"
+                | "allgather_into"
+                | "allgather_parts"
                 | "alltoall"
                 | "alltoall_into"
                 | "alltoallv"
@@ -290,12 +331,15 @@ fn time_mpi(
         .arg(match op {
             "alltoallv_parts" | "alltoallv_into" => "alltoallv",
             "alltoall_into" => "alltoall",
-            "allgather_stream" => "allgather",
+            "allgather_stream" | "allgather_parts" | "allgather_into" => "allgather",
             "allreduce_parts" | "allreduce_into" => "allreduce",
             other => other,
         })
         .arg(&list)
-        .output()?;
+        .output()
+        .map_err(|e| {
+            format!("could not run mpirun ({e}): OpenMPI must be installed (bench/install_mpi.sh installs it with apt)")
+        })?;
     if !out.status.success() {
         return Err(format!(
             "mpirun {op} failed: {}",
@@ -453,7 +497,8 @@ fn time_tcp_processes(n: u32, op: &str, points: &[(usize, usize)]) -> Result<Vec
 enum World {
     /// In-process ranks (`LocalComm`).
     Local,
-    /// In-process ranks talking over loopback TCP (`TcpComm`).
+    /// Ranks talking over loopback TCP (`TcpComm`): as `--tcp-ranks`
+    /// says, each in a process of its own (the default) or in this one.
     Tcp,
 }
 
@@ -639,6 +684,12 @@ pub fn run(args: CollArgs) -> Result<(), BoxError> {
             }
             println!();
             println!("## {op}, {n} ranks");
+            if copies_nothing_in_process(op) && args.worlds.contains(&World::Local) {
+                println!();
+                println!(
+                    "(braid local: the ranks' data is handed over or read where it lies, not copied; MPI's processes copy it)"
+                );
+            }
             println!();
             println!("| size | braid local | MPI shm | x | braid tcp | MPI tcp | x |");
             println!("|---:|---:|---:|---:|---:|---:|---:|");

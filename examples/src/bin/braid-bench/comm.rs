@@ -27,7 +27,7 @@ pub struct CommArgs {
     #[arg(long, default_value_t = 1 << 30)]
     bytes_per_point: usize,
     /// Repetitions per point; the best is kept.
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
     reps: u32,
     /// Round trips per latency measurement.
     #[arg(long, default_value_t = 20_000, value_parser = clap::value_parser!(u32).range(1..))]

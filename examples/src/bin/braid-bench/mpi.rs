@@ -55,7 +55,8 @@ pub struct MpiArgs {
     #[arg(long, default_value_t = 3)]
     reps: u32,
     /// Operations: `bw` and `pingpong` (point-to-point, 2 ranks), and the
-    /// collectives `barrier`, `bcast`, `allgather`, `allreduce_into`,
+    /// collectives `barrier`, `bcast`, `allgather_into`, `allgather_parts`
+    /// (one buffer a rank, each received on its own), `allreduce_into`,
     /// `reduce_scatter`, `alltoall_into`, `alltoallv_into`, `sendrecv`
     /// (as in `braid-bench coll`; the `_into` forms write into a vector
     /// kept across the loop, as MPI writes into its receive buffer).
@@ -91,10 +92,11 @@ const RAW_ACK: i32 = 2;
 
 /// The collectives this benchmark times (their names as in `braid-bench
 /// coll`).
-const COLLS: [&str; 8] = [
+const COLLS: [&str; 9] = [
     "barrier",
     "bcast",
-    "allgather",
+    "allgather_into",
+    "allgather_parts",
     "allreduce_into",
     "reduce_scatter",
     "alltoall_into",
@@ -151,6 +153,7 @@ impl Op {
         match self {
             Op::Bw => "bw",
             Op::PingPong => "pingpong",
+            Op::Coll("allgather_into" | "allgather_parts") => "allgather",
             Op::Coll("allreduce_into") => "allreduce",
             Op::Coll("alltoall_into") => "alltoall",
             Op::Coll("alltoallv_into") => "alltoallv",
@@ -186,7 +189,9 @@ fn raw_coll(w: &SimpleCommunicator, op: &str, size: usize, b: &mut RawBufs) {
     match op {
         "barrier" => w.barrier(),
         "bcast" => w.process_at_rank(0).broadcast_into(&mut b.send[..]),
-        "allgather" => w.all_gather_into(&b.send[..], &mut b.recv[..size * n]),
+        "allgather_into" | "allgather_parts" => {
+            w.all_gather_into(&b.send[..], &mut b.recv[..size * n])
+        }
         "allreduce_into" => {
             w.all_reduce_into(&b.f64s[..], &mut b.out_f64[..], SystemOperation::sum())
         }

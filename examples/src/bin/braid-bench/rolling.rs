@@ -3,7 +3,8 @@
 //! next to the same aggregations through Polars (`bench/rolling_polars.py`)
 //! on the same file in the same run. Both write snappy Parquet; times are
 //! whole runs (read, sort, aggregate, write), best of `--reps`; memory is
-//! each process's peak resident set.
+//! each process's peak resident set. The two outputs are compared
+//! (`bench/compare_rolling.py`): a difference fails the benchmark.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -27,7 +28,7 @@ pub struct RollingArgs {
     #[arg(long, default_value = "sum,mean,min,max,count")]
     aggs: String,
     /// Repetitions (the best is kept).
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
     reps: u32,
     /// Also run the job on GPUs (`rolling --device gpu`, one GPU per rank;
     /// needs a `cuda` build).
@@ -178,6 +179,7 @@ pub fn run(args: RollingArgs) -> Result<(), BoxError> {
         );
         println!("|---|---:|---:|---:|---:|---:|---:|");
     }
+    let mut checks = Vec::new();
     for by in [None, Some("key")] {
         let name = if by.is_some() {
             "grouped by key (100 keys)"
@@ -194,6 +196,9 @@ pub fn run(args: RollingArgs) -> Result<(), BoxError> {
             |r: &(Run, f64)| r.0.secs,
             || polars(&args, &input, by),
         )?;
+        // Both wrote the same rows and values (checked on the last run's
+        // outputs; a difference fails the benchmark).
+        checks.push(format!("{name}: {}", compare(&args)?));
         if args.gpu {
             let g = best(
                 args.reps,
@@ -221,5 +226,29 @@ pub fn run(args: RollingArgs) -> Result<(), BoxError> {
             );
         }
     }
+    println!();
+    for c in checks {
+        println!("- {c}");
+    }
     Ok(())
+}
+
+/// Compares braid's output with Polars' (`bench/compare_rolling.py`):
+/// its line, or the difference as an error.
+fn compare(args: &RollingArgs) -> Result<String, BoxError> {
+    let o = Command::new("python3")
+        .arg(repo().join("bench/compare_rolling.py"))
+        .arg(args.dir.join("braid-out"))
+        .arg(args.dir.join("polars-out.parquet"))
+        .output()?;
+    let text = String::from_utf8_lossy(&o.stdout).trim().to_string();
+    if !o.status.success() {
+        return Err(format!(
+            "braid's and Polars' outputs differ: {}{}",
+            text,
+            String::from_utf8_lossy(&o.stderr).trim()
+        )
+        .into());
+    }
+    Ok(text)
 }
