@@ -153,6 +153,13 @@ fn gbps(bytes: usize, d: Duration) -> f64 {
 
 /// Runs the benchmark and prints the tables.
 pub fn run(args: CommArgs) -> Result<(), BoxError> {
+    if args.max_size < 1024 {
+        return Err(format!(
+            "--max-size {} is below the bandwidth table's first size (1 KiB)",
+            args.max_size
+        )
+        .into());
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

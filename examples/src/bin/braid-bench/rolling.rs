@@ -15,14 +15,15 @@ use braid_core::BoxError;
 /// Options of `braid-bench rolling`.
 #[derive(Debug, clap::Args)]
 pub struct RollingArgs {
-    /// Rows of the generated input.
-    #[arg(long, default_value_t = 10_000_000)]
+    /// Rows of the generated input (at least 1).
+    #[arg(long, default_value_t = 10_000_000, value_parser = clap::value_parser!(u64).range(1..))]
     rows: u64,
     /// braid ranks.
     #[arg(long, default_value_t = 2)]
     ranks: u32,
-    /// Window (order units; the input's ts spans 10 units per row).
-    #[arg(long, default_value_t = 1000)]
+    /// Window (order units; the input's ts spans 10 units per row; at
+    /// least 1).
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(i64).range(1..), allow_negative_numbers = true)]
     window: i64,
     /// Aggregations.
     #[arg(long, default_value = "sum,mean,min,max,count")]
@@ -162,6 +163,20 @@ fn best<T>(
 
 /// Runs the benchmark and prints the table.
 pub fn run(args: RollingArgs) -> Result<(), BoxError> {
+    // What the runs need, checked before any of them.
+    if args.gpu && !cfg!(feature = "cuda") {
+        return Err("--gpu needs braid-bench built with --features braid-examples/cuda".into());
+    }
+    let has_polars = Command::new("python3")
+        .args(["-c", "import polars"])
+        .output()
+        .map_err(|e| format!("python3 could not be run ({e}); the Polars baseline needs it"))?;
+    if !has_polars.status.success() {
+        return Err(
+            "the Polars baseline needs python3 with polars (python3 -m pip install polars pyarrow)"
+                .into(),
+        );
+    }
     let input = input(&args)?;
     println!(
         "# braid-bench rolling: {} rows, window {}, aggs {}, braid {} local ranks vs Polars",
