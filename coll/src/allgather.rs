@@ -49,10 +49,12 @@ use crate::handle::{
     until_abandoned,
 };
 use crate::wire::{
-    Elements, FINISH, Framed, LAST, Meta, ONE_SHOT, assemble_into, exchange_framed, meet_seat,
-    met_meta, recv_counted_all, recv_streams_all, send_finish, send_framed,
+    DataRecv, Elements, FINISH, Framed, INLINE_MAX, LAST, Meta, ONE_SHOT, assemble_into,
+    exchange_framed_landing, land_parts, meet_seat, met_meta, recv_counted_all, recv_streams_all,
+    result_zone, send_finish, send_framed,
 };
 use braid_core::comm::OfferData;
+use braid_core::memory::LandingZone;
 
 /// How extracted chunks are ordered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -497,22 +499,29 @@ pub fn start_allgather_parts<T: Element>(
     values: impl Into<Elements<T>>,
     callback: Option<Callback>,
 ) -> Handle<Vec<Elements<T>>> {
-    start_gather(ctx, values.into(), callback, |parts, _| parts)
+    start_gather(ctx, values.into(), None, callback, |parts, _, _| parts)
 }
 
 /// The one-shot AllGather's core; `finish` shapes the parts (in rank
 /// order) into the result.
+/// Where `zone` is given, a peer's part that comes as messages is
+/// received straight into the zone at its place in a result laid out as
+/// if every rank sent as many elements as this one (`recv_landing`); the
+/// zone goes to `finish` with the parts, which say whether they landed
+/// in their places after all.
 fn start_gather<T: Element, R: Send + 'static>(
     ctx: &Context,
     values: Elements<T>,
+    zone: Option<LandingZone<T>>,
     callback: Option<Callback>,
-    finish: impl FnOnce(Vec<Elements<T>>, Site) -> R + Send + 'static,
+    finish: impl FnOnce(Vec<Elements<T>>, Option<LandingZone<T>>, Site) -> R + Send + 'static,
 ) -> Handle<R> {
     let site = Site::next(ctx, CollKind::AllGather);
     let op = site.op;
     let comm = ctx.comm().clone();
     start(ctx, CollKind::AllGather, op, callback, async move {
         let size = std::mem::size_of::<T>() as u64;
+        let own_bytes = values.buffer().len();
         let meta = Meta::new(CollKind::AllGather, T::DTYPE)
             .flags(ONE_SHOT)
             .count(values.len() as u64);
@@ -546,7 +555,18 @@ fn start_gather<T: Element, R: Send + 'static>(
             }
             Ok(())
         };
-        let got = exchange_framed(comm.as_ref(), site, Tag::new(op, 0), meta, offer, check).await?;
+        let place =
+            |p: Rank, len: usize| DataRecv::for_part(zone.as_ref(), p as usize * own_bytes, len);
+        let got = exchange_framed_landing(
+            comm.as_ref(),
+            site,
+            Tag::new(op, 0),
+            meta,
+            offer,
+            place,
+            check,
+        )
+        .await?;
         let mut parts = Vec::with_capacity(got.len() + 1);
         let mut own = Some(values);
         for (p, f) in got {
@@ -556,7 +576,7 @@ fn start_gather<T: Element, R: Send + 'static>(
             parts.push(Elements::from_buffer(f.data));
         }
         parts.extend(own.take());
-        Ok(finish(parts, site))
+        Ok(finish(parts, zone, site))
     })
 }
 
@@ -594,12 +614,23 @@ pub async fn allgather_into<T: Element>(
 ) -> Result<(), CollError> {
     let values: Elements<T> = values.into();
     let bytes = values.buffer().len();
-    let (parts, site) = streaming(ctx, bytes, |cb| {
-        start_gather(ctx, values, cb, |parts, site| (parts, site))
+    let per_rank = values.len();
+    // Over messages, large parts are received into their places in `out`
+    // where every rank sends as many elements as this one (as the ranks of
+    // one call usually do), as AllToAll's are; in process the parts are
+    // read where they lie and copied once either way.
+    let zone = (!ctx.comm().meets() && bytes > INLINE_MAX)
+        .then(|| LandingZone::reusing(std::mem::take(out), ctx.nranks() as usize * per_rank))
+        .flatten();
+    let (parts, zone, site) = streaming(ctx, bytes, |cb| {
+        start_gather(ctx, values, zone, cb, |parts, zone, site| {
+            (parts, zone, site)
+        })
     })
     .await?;
+    let alike = parts.iter().all(|p| p.len() == per_rank);
     let mut len = 0;
-    let placed = parts
+    let placed: Vec<(usize, Buffer)> = parts
         .into_iter()
         .map(|p| {
             let at = len;
@@ -607,6 +638,17 @@ pub async fn allgather_into<T: Element>(
             (at, p.buffer().clone())
         })
         .collect();
-    crate::handle::spread(len * std::mem::size_of::<T>()).await;
-    assemble_into(site, placed, len, out)
+    match zone {
+        // Laid out as guessed: the landed parts are in place.
+        Some(z) if alike => *out = land_parts(site, placed, z)?,
+        // Counts differ between ranks: parts that landed lie where an
+        // even layout puts them; all are copied into a result of the
+        // right layout (the zone is let go of once they are).
+        Some(_) => *out = land_parts(site, placed, result_zone(site, Vec::new(), len)?)?,
+        None => {
+            crate::handle::spread(len * std::mem::size_of::<T>()).await;
+            assemble_into(site, placed, len, out)?;
+        }
+    }
+    Ok(())
 }

@@ -561,6 +561,31 @@ pub(crate) async fn exchange_framed(
     tag: Tag,
     meta: Meta,
     data: OfferData,
+    check: impl FnMut(Rank, &Framed) -> Result<(), CollError>,
+) -> Result<Vec<(Rank, Framed)>, CollError> {
+    exchange_framed_landing(
+        comm,
+        site,
+        tag,
+        meta,
+        data,
+        |_, len| DataRecv::for_len(len),
+        check,
+    )
+    .await
+}
+
+/// [`exchange_framed`], where a peer's frame sent as messages is received
+/// as `early(peer, len)` says: `len` is what this rank sends that peer,
+/// which the peer's frame is taken to match (the ranks of one call send
+/// alike; a wrong guess costs one dropped receive, or a landing unused).
+pub(crate) async fn exchange_framed_landing(
+    comm: &dyn Communicator,
+    site: Site,
+    tag: Tag,
+    meta: Meta,
+    data: OfferData,
+    early: impl FnMut(Rank, usize) -> DataRecv,
     mut check: impl FnMut(Rank, &Framed) -> Result<(), CollError>,
 ) -> Result<Vec<(Rank, Framed)>, CollError> {
     let data = match meet_framed(comm, site, tag, meta, data, &mut check).await? {
@@ -569,7 +594,7 @@ pub(crate) async fn exchange_framed(
     };
     // Boxed: the message path's state would otherwise make every caller's
     // future larger, and in-process ranks never take it.
-    Box::pin(send_framed_all(comm, site, tag, meta, data, check)).await
+    Box::pin(send_framed_all(comm, site, tag, meta, data, early, check)).await
 }
 
 /// `exchange_framed`'s message path: a frame to every other rank, one
@@ -580,23 +605,21 @@ async fn send_framed_all(
     tag: Tag,
     meta: Meta,
     data: OfferData,
+    mut early: impl FnMut(Rank, usize) -> DataRecv,
     check: impl FnMut(Rank, &Framed) -> Result<(), CollError>,
 ) -> Result<Vec<(Rank, Framed)>, CollError> {
     let (n, me) = (comm.nranks(), site.rank);
-    let mut early = Vec::with_capacity(n as usize);
+    let mut recvs = Vec::with_capacity(n as usize);
     let sends: Vec<_> = (0..n)
         .filter(|p| *p != me)
         .map(|p| {
             let d = data.share_buffer(p).unwrap_or_default();
-            // A peer's frame is taken to be as large as this rank's to it
-            // (the ranks of one call send alike): a wrong guess costs one
-            // dropped receive.
-            early.push(DataRecv::for_len(d.len()));
+            recvs.push(early(p, d.len()));
             send_framed(comm, site, p, tag, meta, &[], d)
         })
         .collect();
     let peers = (0..n).filter(|p| *p != me);
-    let got = recv_framed_all(comm, site, peers, tag, early, check).await?;
+    let got = recv_framed_all(comm, site, peers, tag, recvs, check).await?;
     for s in sends {
         s.await?;
     }
