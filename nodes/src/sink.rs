@@ -182,6 +182,14 @@ impl FileSink {
     /// Checks, before any work, that the destination can be written: makes
     /// the staging directory. Call on every rank.
     pub fn prepare(&self) -> Result<()> {
+        if let SinkTarget::Dir(d) = &self.target {
+            if d.exists() && !d.is_dir() {
+                return Err(DataError::file(
+                    d,
+                    "the output directory is an existing file (a one-file output is named *.parquet or *.csv)",
+                ));
+            }
+        }
         let staging = self.target.staging();
         std::fs::create_dir_all(&staging)
             .map_err(|e| DataError::file(&staging, format!("output is not writable: {e}")))?;
@@ -630,6 +638,25 @@ mod tests {
         drop(r2);
         assert!(!staging.exists(), "the last rank out removes it");
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// An output directory named like an existing plain file is refused
+    /// as such, with a hint, and the file is left as it was (before, the
+    /// error was the OS's "Not a directory" for the staging path).
+    #[test]
+    fn an_output_directory_that_is_a_file_is_refused() {
+        let file =
+            std::env::temp_dir().join(format!("braid-sink-isfile-{}.txt", std::process::id()));
+        std::fs::write(&file, "keep").unwrap();
+        let sink = FileSink {
+            format: FileFormat::Csv,
+            target: SinkTarget::Dir(file.clone()),
+            schema: Arc::new(Schema::new(vec![Field::new("x", DataType::Int64, false)])),
+        };
+        let e = sink.prepare().unwrap_err().to_string();
+        assert!(e.contains("existing file") && e.contains(".parquet"), "{e}");
+        assert_eq!(std::fs::read_to_string(&file).unwrap(), "keep");
+        let _ = std::fs::remove_file(&file);
     }
 
     /// A chunk whose columns differ from the sink's schema (here swapped)

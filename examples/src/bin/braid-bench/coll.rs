@@ -3,6 +3,8 @@
 //! running the same operations in the same run (`bench/mpi_coll.c`, built
 //! by `bench/install_mpi.sh`, which installs OpenMPI with apt if needed).
 //!
+//! MPI runs with `--oversubscribe` (4 ranks on a 2-core host need it; its
+//! ranks then share cores, as braid's in-process ranks share threads).
 //! Each point is the time per operation (max over ranks) after 5 warm-up
 //! operations. The ratio columns are MPI time / braid time: above 1 means
 //! braid is faster.
