@@ -2,8 +2,8 @@
 braid's output (a directory of Parquet parts) against Polars' (one Parquet
 file), rows matched by `id`.
 
-Same rows and columns; equal nulls; integers equal; floats within 1e-9
-relative (+ 1e-9 absolute). One documented difference is allowed: a
+Same rows and columns; equal nulls; integers equal; floats equal or
+within 1e-9 relative (+ 1e-9 absolute; 1e-6 for std and var). One documented difference is allowed: a
 window with no non-null value gives a null sum in braid (as in DuckDB and
 DESIGN.md), 0 in Polars (up to its running sum's residue); there
 braid's `<v>_sum` must be null, Polars' within 1e-6 of 0, and (where counted) `<v>_count` 0. Prints one line; exit 1 at the first
@@ -45,7 +45,10 @@ def main():
         xs, ys = x.filter(both), y.filter(both)
         if x.dtype.is_float() or y.dtype.is_float():
             xs, ys = xs.cast(pl.Float64), ys.cast(pl.Float64)
-            close = ((xs - ys).abs() <= 1e-9 * (1.0 + ys.abs())) | (xs.is_nan() & ys.is_nan())
+            # Polars' running sums of squares lose more digits than its
+            # running sums: a looser bound for std and var.
+            rel = 1e-6 if name.endswith(("_std", "_var")) else 1e-9
+            close = ((xs - ys).abs() <= rel * (1.0 + ys.abs())) | (xs.is_nan() & ys.is_nan()) | (xs == ys)
         else:
             close = xs == ys
         if not close.all():

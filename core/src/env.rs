@@ -37,7 +37,9 @@ mod tests {
             ("-2", 1, None),
             ("2.5", 1, None),
         ] {
-            // SAFETY: only this test reads or writes this variable.
+            // SAFETY: std's environment calls take one lock, so Rust code
+            // in other test threads is safe; no C code in this crate's
+            // tests reads the environment (getenv would not take it).
             unsafe { std::env::set_var(var, value) };
             assert_eq!(count(var, min), want, "{value:?}");
         }

@@ -409,7 +409,9 @@ pub async fn launch(spec: LaunchSpec) -> Result<LaunchReport, LaunchError> {
                     s = child.wait() => break s.ok(),
                     c = stop_rx.changed() => {
                         if c.is_err() {
-                            // The launcher is gone: nothing more will come.
+                            // The launch was dropped (its caller gave up on
+                            // it): no one will watch this rank, so it ends.
+                            let _ = child.start_kill();
                             break child.wait().await.ok();
                         }
                         let now = *stop_rx.borrow_and_update();
@@ -460,12 +462,23 @@ pub async fn launch(spec: LaunchSpec) -> Result<LaunchReport, LaunchError> {
     // `TERM_GRACE` (a rank that ends on SIGTERM removes its staged output
     // and spill files; a SIGKILL at once left them behind).
     let ask_to_stop = |hard_at: &mut Option<tokio::time::Instant>| {
-        let _ = stop_tx.send(Stop::Term);
+        // (Never back from Kill to Term.)
+        stop_tx.send_if_modified(|s| {
+            let ask = *s < Stop::Term;
+            if ask {
+                *s = Stop::Term;
+            }
+            ask
+        });
         hard_at.get_or_insert(tokio::time::Instant::now() + TERM_GRACE);
     };
     tokio::pin!(stop);
     while remaining > 0 {
         tokio::select! {
+            // Ranks that have ended are taken first: a stop signal that
+            // comes as the last ones end finds them ended, and stops
+            // nothing (the job, and what it wrote, is whole).
+            biased;
             d = done_rx.recv() => {
                 let Some((rank, status)) = d else { break };
                 remaining -= 1;
@@ -538,10 +551,7 @@ pub async fn launch(spec: LaunchSpec) -> Result<LaunchReport, LaunchError> {
             }
         }
     }
-    // A stop that came as the last ranks ended, every one of them with
-    // success, stopped nothing: the job (and what it wrote) is whole.
-    let all_succeeded = report.status.iter().all(|s| s.is_some_and(|s| s.success()));
-    if interrupted && !all_succeeded {
+    if interrupted {
         return Err(LaunchError::Interrupted);
     }
     // A rank that failed on its own before the timeout is the cause; the

@@ -18,6 +18,7 @@
 //!
 //! [`LaunchSpec::progress`]: crate::launch::LaunchSpec::progress
 
+#[cfg(unix)]
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -48,11 +49,14 @@ impl ProgressReporter {
     #[cfg(unix)]
     fn open(rank: Rank, fd: i32) -> Option<ProgressReporter> {
         use std::os::fd::FromRawFd;
-        if fd < 0 {
+        // The launcher's pipe is never one of the standard descriptors
+        // (`ProgressPipe::new` keeps it above them): a rank's stdout or
+        // stderr, pipes too, is never taken for it.
+        if fd < 3 {
             return None;
         }
         // SAFETY: fstat only reads the descriptor's metadata; a closed or
-        // invalid one returns -1. Only a pipe is taken (a descriptor of
+        // invalid one returns -1. Only a pipe is used (a descriptor of
         // that number inherited for another purpose is left alone).
         let is_pipe = unsafe {
             let mut st: libc::stat = std::mem::zeroed();
@@ -61,9 +65,17 @@ impl ProgressReporter {
         if !is_pipe {
             return None;
         }
-        // SAFETY: the descriptor is open (fstat succeeded) and was handed
-        // to this process for this use only; it is owned from here on.
-        let pipe = unsafe { std::fs::File::from_raw_fd(fd) };
+        // A copy of the descriptor, owned by this reporter: the inherited
+        // one stays open, so several reporters in one process each close
+        // only their own.
+        // SAFETY: fcntl duplicates a descriptor that is open (fstat said
+        // so); the copy is close-on-exec and owned from here on.
+        let own = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 3) };
+        if own < 0 {
+            return None;
+        }
+        // SAFETY: `own` was just made and nothing else holds it.
+        let pipe = unsafe { std::fs::File::from_raw_fd(own) };
         Some(ProgressReporter { rank, pipe })
     }
 
@@ -97,23 +109,34 @@ pub(crate) struct ProgressPipe {
 #[cfg(unix)]
 impl ProgressPipe {
     /// A new pipe, both ends close-on-exec (a rank's command clears it on
-    /// the write end), the write end non-blocking.
+    /// the write end) and above the standard descriptors (a launcher
+    /// started with one of them closed would get it for the pipe, and a
+    /// rank's stdout would then be taken for its reports), the write end
+    /// non-blocking.
     pub(crate) fn new() -> std::io::Result<ProgressPipe> {
-        use std::os::fd::FromRawFd;
+        use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
         let mut fds = [0i32; 2];
-        // SAFETY: pipe2 writes two descriptors into `fds` on success.
-        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } == -1 {
+        // SAFETY: pipe writes two descriptors into `fds` on success.
+        if unsafe { libc::pipe(fds.as_mut_ptr()) } == -1 {
             return Err(std::io::Error::last_os_error());
         }
         // SAFETY: both descriptors were just opened and are owned here.
-        let (read, write) = unsafe {
-            (
-                std::os::fd::OwnedFd::from_raw_fd(fds[0]),
-                std::os::fd::OwnedFd::from_raw_fd(fds[1]),
-            )
+        let made = unsafe { [OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])] };
+        // Copies at 3 or above, close-on-exec (pipe2 is not on every
+        // Unix); the first ones close when `made` is dropped.
+        let lift = |fd: &OwnedFd| -> std::io::Result<OwnedFd> {
+            // SAFETY: fcntl duplicates a descriptor owned here.
+            let n = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 3) };
+            if n < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // SAFETY: `n` was just made and nothing else holds it.
+            Ok(unsafe { OwnedFd::from_raw_fd(n) })
         };
+        let (read, write) = (lift(&made[0])?, lift(&made[1])?);
+        drop(made);
         // SAFETY: fcntl on a descriptor owned here.
-        if unsafe { libc::fcntl(fds[1], libc::F_SETFL, libc::O_NONBLOCK) } == -1 {
+        if unsafe { libc::fcntl(write.as_raw_fd(), libc::F_SETFL, libc::O_NONBLOCK) } == -1 {
             return Err(std::io::Error::last_os_error());
         }
         Ok(ProgressPipe {
@@ -143,10 +166,15 @@ impl ProgressPipe {
 /// Reads `"<rank> <count>"` lines until the end, keeping each rank's
 /// latest count and their sum in `total`; malformed lines and ranks out
 /// of range are skipped.
+#[cfg_attr(not(unix), allow(dead_code))]
 pub(crate) fn sum_reports(read: impl std::io::BufRead, nranks: u32, total: &AtomicU64) {
     let mut counts = vec![0u64; nranks as usize];
-    for line in read.lines() {
+    for line in read.split(b'\n') {
+        // A read error ends the reports; a line that is not text is skipped.
         let Ok(line) = line else { break };
+        let Ok(line) = std::str::from_utf8(&line) else {
+            continue;
+        };
         let mut it = line.split_whitespace();
         let (Some(r), Some(c)) = (it.next(), it.next()) else {
             continue;
@@ -156,7 +184,8 @@ pub(crate) fn sum_reports(read: impl std::io::BufRead, nranks: u32, total: &Atom
         };
         if let Some(slot) = counts.get_mut(r) {
             *slot = c;
-            total.store(counts.iter().sum(), Ordering::Relaxed);
+            let sum = counts.iter().fold(0u64, |a, b| a.saturating_add(*b));
+            total.store(sum, Ordering::Relaxed);
         }
     }
 }
@@ -169,10 +198,14 @@ mod tests {
     /// (or name a rank the job does not have) change nothing.
     #[test]
     fn the_sum_keeps_each_ranks_latest_count() {
-        let text = "0 10\n1 5\n0 30\nnonsense\n7 1000\n1 x\n2 1\n";
+        let text: &[u8] = b"0 10\n1 5\n0 30\nnonsense\n\xff\xfe 9\n7 1000\n1 x\n2 1\n";
         let total = AtomicU64::new(0);
-        sum_reports(text.as_bytes(), 3, &total);
+        sum_reports(text, 3, &total);
         assert_eq!(total.load(Ordering::Relaxed), 30 + 5 + 1);
+        // Counts that would overflow their sum saturate.
+        let big = format!("0 {}\n1 {}\n", u64::MAX, u64::MAX);
+        sum_reports(big.as_bytes(), 2, &total);
+        assert_eq!(total.load(Ordering::Relaxed), u64::MAX);
     }
 
     /// A report written to the pipe reaches the sum; closing every write
@@ -188,6 +221,10 @@ mod tests {
         let dup = unsafe { libc::dup(fd) };
         assert!(dup >= 0);
         let rank = ProgressReporter::open(1, dup).expect("a pipe");
+        // (The reporter holds a copy of its own, as it would of an
+        // inherited descriptor.)
+        // SAFETY: `dup` is this test's and no longer used.
+        unsafe { libc::close(dup) };
         let total = Arc::new(AtomicU64::new(0));
         pipe.collect(2, total.clone());
         rank.report(42);
@@ -198,12 +235,14 @@ mod tests {
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
         assert_eq!(total.load(Ordering::Relaxed), 7);
-        // Not a pipe: no reporter.
-        // SAFETY: a file this test opens and hands over.
-        let f = std::fs::File::open("/proc/self/status").unwrap();
+        // Not a pipe, or a standard descriptor: no reporter.
+        let path = std::env::temp_dir().join(format!("braid-progress-{}", std::process::id()));
+        let f = std::fs::File::create(&path).unwrap();
         let raw = std::os::fd::IntoRawFd::into_raw_fd(f);
         assert!(ProgressReporter::open(0, raw).is_none());
         // SAFETY: the descriptor is still open and owned by this test.
         drop(unsafe { std::fs::File::from_raw_fd(raw) });
+        let _ = std::fs::remove_file(&path);
+        assert!(ProgressReporter::open(0, 1).is_none());
     }
 }

@@ -176,7 +176,7 @@ where
             // started: the launcher's count is the job's.
             if args.ranks.is_some_and(|r| r != cfg.nranks) {
                 return Err(format!(
-                    "--ranks {}, but this process is one of the {n} ranks its launcher started (BRAID_NRANKS={n}): start {} with `braid-launch -n {}` (or drop --ranks)",
+                    "--ranks {}, but this process is one of the {n} ranks its launcher started (BRAID_NRANKS={n}): start {} ranks with `braid-launch -n {}` (or drop --ranks)",
                     args.ranks(),
                     args.ranks(),
                     args.ranks(),

@@ -306,3 +306,50 @@ fn ranks_progress_reaches_the_launcher() {
     }
     assert_eq!(total.load(Ordering::Relaxed), 600);
 }
+
+/// A launch whose future is dropped (its caller gave up on it, under a
+/// timeout or a `select!`) while the runtime goes on ends its ranks: no
+/// one would watch them otherwise.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_dropped_launch_ends_its_ranks() {
+    let dir = std::env::temp_dir().join(format!("braid-launch-dropped-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let script = format!("echo $$ > {}/pid$BRAID_RANK; exec sleep 60", dir.display());
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut spec = braid_core::launch::LaunchSpec::new(3, "sh", vec!["-c".into(), script.into()]);
+    spec.output = braid_core::launch::OutputMode::Captured;
+    let pids = rt.block_on(async {
+        let launch = braid_core::launch::launch(spec);
+        tokio::pin!(launch);
+        // Until every rank has started, then the launch is let go of.
+        let until = Instant::now() + Duration::from_secs(30);
+        loop {
+            tokio::select! {
+                r = &mut launch => panic!("the launch ended: {r:?}"),
+                _ = tokio::time::sleep(Duration::from_millis(20)) => {}
+            }
+            let pids: Vec<u32> = (0..3)
+                .filter_map(|r| std::fs::read_to_string(dir.join(format!("pid{r}"))).ok())
+                .filter_map(|s| s.trim().parse().ok())
+                .collect();
+            if pids.len() == 3 {
+                break pids;
+            }
+            assert!(Instant::now() < until, "the ranks did not start");
+        }
+    });
+    // The launch future is gone; the runtime (and its rank tasks) live on.
+    let left = still_running(&pids);
+    assert!(
+        left.is_empty(),
+        "ranks {left:?} outlived their dropped launch"
+    );
+    drop(rt);
+    let _ = std::fs::remove_dir_all(&dir);
+}

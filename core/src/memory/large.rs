@@ -29,10 +29,18 @@
 /// variable `BRAID_MALLOC=system` leaves glibc's defaults. Not under MPI:
 /// there OpenMPI's single-copy transfers ran 5-15% slower with it.
 pub fn reuse_freed_memory() {
-    match std::env::var("BRAID_MALLOC") {
-        Ok(v) if v.trim() == "system" => return,
-        Ok(v) => tracing::warn!("BRAID_MALLOC={v:?} ignored: its one value is \"system\""),
-        Err(_) => {}
+    // Read once (a bad value warns once, not at every job's start).
+    static SYSTEM: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let system = *SYSTEM.get_or_init(|| match std::env::var("BRAID_MALLOC") {
+        Ok(v) if v.trim() == "system" => true,
+        Ok(v) => {
+            tracing::warn!("BRAID_MALLOC={v:?} ignored: its one value is \"system\"");
+            false
+        }
+        Err(_) => false,
+    });
+    if system {
+        return;
     }
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {

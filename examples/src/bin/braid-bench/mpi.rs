@@ -55,8 +55,9 @@ pub struct MpiArgs {
     #[arg(long, default_value_t = 3)]
     reps: u32,
     /// Operations: `bw` and `pingpong` (point-to-point, 2 ranks), and the
-    /// collectives `barrier`, `bcast`, `allgather_into`, `allgather_parts`
-    /// (one buffer a rank, each received on its own), `allreduce_into`,
+    /// collectives `barrier`, `bcast`, `allgather` (a fresh vector),
+    /// `allgather_into`, `allgather_parts` (one buffer a rank, each
+    /// received on its own), `allreduce_into`,
     /// `reduce_scatter`, `alltoall_into`, `alltoallv_into`, `sendrecv`
     /// (as in `braid-bench coll`; the `_into` forms write into a vector
     /// kept across the loop, as MPI writes into its receive buffer).
@@ -92,9 +93,10 @@ const RAW_ACK: i32 = 2;
 
 /// The collectives this benchmark times (their names as in `braid-bench
 /// coll`).
-const COLLS: [&str; 9] = [
+const COLLS: [&str; 10] = [
     "barrier",
     "bcast",
+    "allgather",
     "allgather_into",
     "allgather_parts",
     "allreduce_into",
@@ -189,7 +191,7 @@ fn raw_coll(w: &SimpleCommunicator, op: &str, size: usize, b: &mut RawBufs) {
     match op {
         "barrier" => w.barrier(),
         "bcast" => w.process_at_rank(0).broadcast_into(&mut b.send[..]),
-        "allgather_into" | "allgather_parts" => {
+        "allgather" | "allgather_into" | "allgather_parts" => {
             w.all_gather_into(&b.send[..], &mut b.recv[..size * n])
         }
         "allreduce_into" => {
