@@ -620,8 +620,9 @@ pub async fn allgather_into<T: Element>(
     // one call usually do), as AllToAll's are; in process the parts are
     // read where they lie and copied once either way.
     let zone = (!ctx.comm().meets() && bytes > INLINE_MAX)
-        .then(|| LandingZone::reusing(std::mem::take(out), ctx.nranks() as usize * per_rank))
-        .flatten();
+        .then(|| (ctx.nranks() as usize).checked_mul(per_rank))
+        .flatten()
+        .and_then(|n| LandingZone::reusing(std::mem::take(out), n));
     let (parts, zone, site) = streaming(ctx, bytes, |cb| {
         start_gather(ctx, values, zone, cb, |parts, zone, site| {
             (parts, zone, site)

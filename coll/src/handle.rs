@@ -85,6 +85,8 @@ pub struct Handle<T> {
     rank: braid_core::Rank,
     coll: CollKind,
     op: OpId,
+    /// The runtime that drives the core (its rank's progress engine's).
+    driver: tokio::runtime::Id,
 }
 
 impl<T> std::fmt::Debug for Handle<T> {
@@ -109,10 +111,19 @@ impl<T: Send + 'static> Handle<T> {
     }
 
     /// Blocks the calling thread until the collective completes and returns
-    /// its result. Call it from a thread that is not one of the runtime's
-    /// workers.
+    /// its result. From a task of a multi-thread runtime (a job's own task)
+    /// the worker's other tasks move to another thread while it waits
+    /// ([`braid_core::Event::wait_blocking_beside`]); on the one thread of
+    /// the current-thread runtime that drives the collective it fails at
+    /// once, since the wait could never end there: await the streaming form.
     pub fn wait(self) -> Result<T, CollError> {
-        self.inner.event().wait_blocking();
+        if let Err(e) = self.inner.event().wait_blocking_beside(self.driver) {
+            return Err(CollError::InvalidArgument {
+                rank: self.rank,
+                coll: self.coll,
+                detail: format!("Handle::wait (operation {}): {e}", self.op.0),
+            });
+        }
         self.take()
     }
 
@@ -221,6 +232,7 @@ where
         rank: ctx.rank(),
         coll,
         op,
+        driver: ctx.progress().runtime_id(),
     }
 }
 
@@ -489,6 +501,7 @@ pub(crate) fn manual<T>(
             rank: ctx.rank(),
             coll,
             op,
+            driver: ctx.progress().runtime_id(),
         },
         Finisher {
             inner,

@@ -434,10 +434,20 @@ impl Shuffle {
         self.result()
     }
 
-    /// Like [`Shuffle::wait`], blocking the calling thread.
+    /// Like [`Shuffle::wait`], blocking the calling thread (from a job's
+    /// task too: see [`crate::Handle::wait`]).
     pub fn wait_blocking(&self) -> Result<(), CollError> {
         self.abandon(Left::Waited);
-        self.done.wait_blocking();
+        if let Err(e) = self
+            .done
+            .wait_blocking_beside(self.ctx.progress().runtime_id())
+        {
+            return Err(CollError::InvalidArgument {
+                rank: self.ctx.rank(),
+                coll: CollKind::Shuffle,
+                detail: format!("Shuffle::wait_blocking: {e}"),
+            });
+        }
         self.result()
     }
 

@@ -73,6 +73,12 @@ impl ProgressEngine {
         tokio::runtime::Handle::try_current().is_ok_and(|h| h.id() == self.id)
     }
 
+    /// The id of the runtime the engine runs on (what a blocking wait for
+    /// one of its cores must not stop: [`crate::Event::wait_blocking_beside`]).
+    pub fn runtime_id(&self) -> tokio::runtime::Id {
+        self.id
+    }
+
     /// The engine of the runtime the caller runs on; `None` outside one.
     pub fn current() -> Option<Self> {
         tokio::runtime::Handle::try_current().ok().map(Self::new)

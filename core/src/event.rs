@@ -80,6 +80,30 @@ impl Event {
         }
     }
 
+    /// Blocks the calling thread until the event is set, where tasks of
+    /// the runtime `driver` set it, from any thread: on a worker of a
+    /// multi-thread runtime, the worker first hands its other tasks to
+    /// another thread (`tokio::task::block_in_place`), so a job's task that
+    /// waits does not hold the only worker its collective runs on. On the
+    /// thread of a current-thread runtime that is `driver`, nothing else
+    /// could set the event: refused ([`BlockingOnDriver`]).
+    pub fn wait_blocking_beside(&self, driver: tokio::runtime::Id) -> Result<(), BlockingOnDriver> {
+        if self.is_set() {
+            return Ok(());
+        }
+        match tokio::runtime::Handle::try_current() {
+            Err(_) => self.wait_blocking(),
+            Ok(h) => match h.runtime_flavor() {
+                tokio::runtime::RuntimeFlavor::CurrentThread if h.id() == driver => {
+                    return Err(BlockingOnDriver);
+                }
+                tokio::runtime::RuntimeFlavor::CurrentThread => self.wait_blocking(),
+                _ => tokio::task::block_in_place(|| self.wait_blocking()),
+            },
+        }
+        Ok(())
+    }
+
     /// Like [`Event::wait_blocking`] with a time limit; returns whether the
     /// event was set.
     pub fn wait_blocking_timeout(&self, timeout: Duration) -> bool {
@@ -105,6 +129,15 @@ impl Event {
         true
     }
 }
+
+/// A blocking wait refused: the calling thread is the only thread of the
+/// current-thread runtime whose tasks would set the event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "a blocking wait on the only thread of the runtime that drives the operation would never \
+     end: await the operation instead, or wait from another thread"
+)]
+pub struct BlockingOnDriver;
 
 /// Counts a thread in `Inner::blocked` for as long as it waits.
 struct Blocked<'a>(&'a Inner);

@@ -36,7 +36,7 @@ pub use channel::{ChannelError, Receiver, Sender, channel};
 pub use comm::{Backend, Communicator};
 pub use context::{Context, JobEnd, Placement, ProgressEngine, RankThreads, Waiting};
 pub use error::{CommError, MemoryError};
-pub use event::Event;
+pub use event::{BlockingOnDriver, Event};
 pub use graph::{BoxError, Graph, GraphError, NodeError};
 pub use memory::{Buffer, BufferResource, MemoryLimits, MemoryType, Reservation};
 pub use message::{Message, PackedData, Payload, TableChunk};

@@ -1200,3 +1200,82 @@ fn collectives_count_bytes_per_peer() {
         });
     }
 }
+
+/// A collective's blocking `wait` called from a job's own task (a worker of
+/// the rank's runtime, which also drives the collective) completes with the
+/// right result, on every rank count, instead of holding the worker the
+/// collective needs. Each rank's runtime has one worker where the ranks fit
+/// the host's cores, the case that hung.
+#[test]
+fn blocking_waits_inside_a_job_complete() {
+    for n in RANK_COUNTS {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let r = braid_core::run_world(
+                &WorldSpec::Local { nranks: n },
+                MemoryLimits::UNLIMITED,
+                move |c| async move {
+                    let mut sums = Vec::new();
+                    for round in 0..20i64 {
+                        braid_coll::start_barrier(&c, None).wait()?;
+                        let v = vec![c.rank() as i64 + round; 3];
+                        let h = braid_coll::start_allreduce(&c, v, ReduceKind::Sum.into(), None);
+                        sums.push(h.wait()?);
+                    }
+                    // A shuffle's blocking wait too: every rank sends one
+                    // chunk to each partition, then checks what it owns.
+                    let n = c.nranks();
+                    let sh = Shuffle::new(&c, 2 * n, PartitionOwner::RoundRobin, None);
+                    for pid in 0..2 * n {
+                        sh.insert(pid, rank_chunk(&c))?;
+                    }
+                    sh.insert_finished()?;
+                    sh.wait_blocking()?;
+                    for pid in sh.local_partitions() {
+                        let got = sh.extract(pid).await?.len();
+                        if got != n as usize {
+                            return Err(format!("partition {pid}: {got} chunks, not {n}").into());
+                        }
+                    }
+                    Ok(sums)
+                },
+            );
+            let _ = tx.send(r.map_err(|e| format!("rank {}: {e}", e.rank)));
+        });
+        let out = rx
+            .recv_timeout(Duration::from_secs(60))
+            .unwrap_or_else(|_| panic!("{n} ranks: a blocking wait in a job hung"))
+            .unwrap_or_else(|e| panic!("{n} ranks: {e}"));
+        let ranks = i64::from(n);
+        for (rank, sums) in out {
+            for (round, s) in sums.into_iter().enumerate() {
+                // sum over ranks r of (r + round)
+                let want = ranks * (ranks - 1) / 2 + ranks * round as i64;
+                assert_eq!(s, vec![want; 3], "{n} ranks, rank {rank}, round {round}");
+            }
+        }
+    }
+}
+
+/// On the one thread of a current-thread runtime that drives the
+/// collective, a blocking wait could never end: it fails at once with an
+/// error that says what to do, and the collective itself still completes
+/// (the peer that awaits it gets its result).
+#[test]
+fn a_blocking_wait_on_the_driving_thread_is_refused() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let ctxs = local_ctxs(2, MemoryLimits::UNLIMITED).await;
+        let h = braid_coll::start_barrier(&ctxs[0], None);
+        let e = h.wait().unwrap_err().to_string();
+        assert!(e.contains("await the operation instead"), "{e}");
+        assert!(e.contains("rank 0"), "{e}");
+        tokio::time::timeout(Duration::from_secs(30), barrier(&ctxs[1]))
+            .await
+            .expect("the peer's barrier hung")
+            .unwrap();
+    });
+}
