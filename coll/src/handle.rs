@@ -113,7 +113,7 @@ impl<T: Send + 'static> Handle<T> {
     /// Blocks the calling thread until the collective completes and returns
     /// its result. From a task of a multi-thread runtime (a job's own task)
     /// the worker's other tasks move to another thread while it waits
-    /// ([`braid_core::Event::wait_blocking_beside`]); on the one thread of
+    /// ([`braid_core::Event::wait_blocking_beside`]); in the `block_on` of
     /// the current-thread runtime that drives the collective it fails at
     /// once, since the wait could never end there: await the streaming form.
     pub fn wait(self) -> Result<T, CollError> {

@@ -84,9 +84,12 @@ impl Event {
     /// the runtime `driver` set it, from any thread: on a worker of a
     /// multi-thread runtime, the worker first hands its other tasks to
     /// another thread (`tokio::task::block_in_place`), so a job's task that
-    /// waits does not hold the only worker its collective runs on. On the
-    /// thread of a current-thread runtime that is `driver`, nothing else
-    /// could set the event: refused ([`BlockingOnDriver`]).
+    /// waits does not hold the only worker its collective runs on. In the
+    /// future a current-thread runtime `driver` runs with `block_on`,
+    /// nothing else could set the event: refused ([`BlockingOnDriver`]).
+    /// (A task that runtime spawned also runs on its one thread, but tokio
+    /// cannot tell it from a thread of its blocking pool, where the wait is
+    /// right, so there it blocks.)
     pub fn wait_blocking_beside(&self, driver: tokio::runtime::Id) -> Result<(), BlockingOnDriver> {
         if self.is_set() {
             return Ok(());
@@ -94,7 +97,9 @@ impl Event {
         match tokio::runtime::Handle::try_current() {
             Err(_) => self.wait_blocking(),
             Ok(h) => match h.runtime_flavor() {
-                tokio::runtime::RuntimeFlavor::CurrentThread if h.id() == driver => {
+                tokio::runtime::RuntimeFlavor::CurrentThread
+                    if h.id() == driver && tokio::task::try_id().is_none() =>
+                {
                     return Err(BlockingOnDriver);
                 }
                 tokio::runtime::RuntimeFlavor::CurrentThread => self.wait_blocking(),

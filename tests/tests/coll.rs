@@ -1277,5 +1277,17 @@ fn a_blocking_wait_on_the_driving_thread_is_refused() {
             .await
             .expect("the peer's barrier hung")
             .unwrap();
+        // From a thread of the runtime's blocking pool the same wait is
+        // right, and completes.
+        let h = braid_coll::start_allreduce(&ctxs[0], vec![1i32, 2], ReduceKind::Sum.into(), None);
+        let waiter = tokio::task::spawn_blocking(move || h.wait());
+        let peer = allreduce(&ctxs[1], vec![10i32, 20], ReduceKind::Sum);
+        let (w, p) = tokio::time::timeout(Duration::from_secs(30), async {
+            tokio::join!(waiter, peer)
+        })
+        .await
+        .expect("an allreduce hung");
+        assert_eq!(w.unwrap().unwrap(), vec![11, 22]);
+        assert_eq!(p.unwrap(), vec![11, 22]);
     });
 }
