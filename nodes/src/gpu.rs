@@ -134,7 +134,7 @@ pub fn check_gpu_spec(
             });
         }
     }
-    if let Some(by) = &spec.by {
+    for by in &spec.by {
         let t = schema.field(column_index(schema, by)?).data_type();
         if columns == Columns::AllOnDevice && !num_type(t).is_some_and(NumType::is_integer) {
             return Err(DataError::WrongType {
@@ -781,13 +781,20 @@ async fn core_table(
         .iter()
         .map(|v| column_index(schema, v))
         .collect::<Result<_, _>>()?;
-    let groups = match &spec.by {
-        Some(by) => {
-            let ki = column_index(schema, by)?;
-            let keys: Vec<ArrayRef> = host.iter().map(|b| b.column(ki).clone()).collect();
-            Some(group_codes(dc.ctx(), schema.field(ki), keys).await?)
-        }
-        None => None,
+    let groups = if spec.by.is_empty() {
+        None
+    } else {
+        let kis: Vec<usize> = spec
+            .by
+            .iter()
+            .map(|b| column_index(schema, b))
+            .collect::<Result<_, _>>()?;
+        let fields: Vec<&Field> = kis.iter().map(|&k| schema.field(k)).collect();
+        let keys: Vec<Vec<ArrayRef>> = host
+            .iter()
+            .map(|b| kis.iter().map(|&k| b.column(k).clone()).collect())
+            .collect();
+        Some(group_codes(dc.ctx(), &fields, keys).await?)
     };
     // The device sorts and compares the order column as i64.
     let order = schema.field(oi);
@@ -839,7 +846,11 @@ async fn core_table(
     });
     let table = DeviceTable::new(&gpu, core_schema.clone(), columns, rows).map_err(fail)?;
     let core_spec = RollingSpec {
-        by: spec.by.as_ref().map(|_| GROUP.to_string()),
+        by: if spec.by.is_empty() {
+            Vec::new()
+        } else {
+            vec![GROUP.to_string()]
+        },
         ..spec.clone()
     };
     Ok(Core {
@@ -858,39 +869,54 @@ struct GroupCodes {
     codes: Vec<ArrayRef>,
 }
 
-/// An integer group column without nulls on any rank is its own code (the
-/// device casts it to i64). Any other (strings, floats, nulls) becomes the
-/// index of its key in the sorted union of every rank's distinct keys in
-/// Arrow's row format, which every rank gathers (one AllGather of the
-/// distinct keys: cheap for the usual few thousand groups, and exact).
+/// One integer group column without nulls on any rank is its own code (the
+/// device casts it to i64). Any other key (strings, floats, nulls, or
+/// several group columns) becomes the index of its key in the sorted union
+/// of every rank's distinct keys in Arrow's row format, which every rank
+/// gathers (one AllGather of the distinct keys: cheap for the usual few
+/// thousand groups, and exact). `keys` holds each input chunk's group
+/// columns, in the order of `fields`.
 async fn group_codes(
     ctx: &braid_core::Context,
-    field: &Field,
-    keys: Vec<ArrayRef>,
+    fields: &[&Field],
+    keys: Vec<Vec<ArrayRef>>,
 ) -> Result<GroupCodes, NodeError> {
-    let nulls_here = keys.iter().any(|k| k.null_count() > 0);
+    let names: Vec<&String> = fields.iter().map(|f| f.name()).collect();
+    let nulls_here = keys.iter().flatten().any(|k| k.null_count() > 0);
     // Every rank must pick the same form, so the null check is global.
     let nulls = allgather(ctx, vec![i64::from(nulls_here)])
         .await
         .map_err(fail)?
         .iter()
         .any(|x| *x != 0);
-    if !nulls && num_type(field.data_type()).is_some_and(NumType::is_integer) {
-        return Ok(GroupCodes {
-            data_type: field.data_type().clone(),
-            codes: keys,
-        });
+    if let [field] = fields {
+        if !nulls && num_type(field.data_type()).is_some_and(NumType::is_integer) {
+            return Ok(GroupCodes {
+                data_type: field.data_type().clone(),
+                codes: keys.into_iter().flatten().collect(),
+            });
+        }
     }
     // Float keys group as DuckDB and Polars group them (one 0.0, one NaN).
-    let keys: Vec<ArrayRef> = keys
+    let keys: Vec<Vec<ArrayRef>> = keys
         .into_iter()
-        .map(|k| Ok(canonical_group_key(&k)?.unwrap_or(k)))
+        .map(|chunk| {
+            chunk
+                .into_iter()
+                .map(|k| Ok(canonical_group_key(&k)?.unwrap_or(k)))
+                .collect::<Result<_, DataError>>()
+        })
         .collect::<Result<_, DataError>>()?;
-    let conv =
-        RowConverter::new(vec![SortField::new(group_key_type(field.data_type()))]).map_err(fail)?;
+    let conv = RowConverter::new(
+        fields
+            .iter()
+            .map(|f| SortField::new(group_key_type(f.data_type())))
+            .collect(),
+    )
+    .map_err(fail)?;
     let rows: Vec<Rows> = keys
         .iter()
-        .map(|k| conv.convert_columns(std::slice::from_ref(k)))
+        .map(|k| conv.convert_columns(k))
         .collect::<Result<_, _>>()
         .map_err(fail)?;
     let mut mine: Vec<&[u8]> = rows
@@ -917,9 +943,8 @@ async fn group_codes(
             .filter(|l| i + 8 + l <= all.len())
             .ok_or_else(|| {
                 fail(format!(
-                    "rank {}: the gathered keys of group column {:?} are malformed",
+                    "rank {}: the gathered keys of group columns {names:?} are malformed",
                     ctx.rank(),
-                    field.name()
                 ))
             })?;
         dict.push(&all[i + 8..i + 8 + len]);
@@ -941,9 +966,8 @@ async fn group_codes(
                 .map(|a| Arc::new(a) as ArrayRef)
                 .ok_or_else(|| {
                     fail(format!(
-                        "rank {}: a key of group column {:?} is missing from the gathered keys",
+                        "rank {}: a key of group columns {names:?} is missing from the gathered keys",
                         ctx.rank(),
-                        field.name()
                     ))
                 })
         })
@@ -1025,8 +1049,8 @@ async fn roll(
             DataError::Invalid(format!("order column {:?} has null values", spec.order)).into(),
         );
     }
-    let (sorted, narrow_t, key, ghost) = match &spec.by {
-        None => {
+    let (sorted, narrow_t, key, ghost) = match spec.by.as_slice() {
+        [] => {
             let (sorted, keys) = global_sort(dc, table, oi).await?;
             stats.record_op("gpu rolling: distributed sort", t0.elapsed());
             let t1 = std::time::Instant::now();
@@ -1035,7 +1059,7 @@ async fn roll(
             stats.record_op("gpu rolling: lookback rounds", t1.elapsed());
             (sorted, table, None, ghost)
         }
-        Some(by) => {
+        [by] => {
             let ki = column_index(schema, by)?;
             let kty = num_type(schema.field(ki).data_type())
                 .filter(|t| t.is_integer())
@@ -1073,6 +1097,14 @@ async fn roll(
             let key = gather(&gpu, &key, 8, &p2).map_err(fail)?;
             let nt = narrow(&gpu, &sorted, spec, oi)?;
             (sorted, nt, Some(key), 0)
+        }
+        // `prepare` codes several group columns as one.
+        _ => {
+            return Err(fail(format!(
+                "the device rolling core takes one (coded) group column, not {:?}",
+                spec.by
+            ))
+            .into());
         }
     };
     // The kernel, one value column at a time; outputs stay on the device.

@@ -14,8 +14,8 @@
 //!      for own rows only
 //! ```
 //!
-//! Grouped: hash shuffle by the group column (whole groups on one rank),
-//! sort by (group, ts) locally, one kernel pass per group.
+//! Grouped: hash shuffle by the group columns (whole groups on one rank),
+//! sort by (group columns, ts) locally, one kernel pass per group.
 //!
 //! Output: every input row once, all input columns kept, plus
 //! `<value>_<agg>` (float64; count is int64), in chunks of `chunk_rows`.
@@ -52,8 +52,10 @@ use crate::threads::{map_scoped, rank_threads};
 pub struct RollingSpec {
     /// The order column (any integer type, a date or a timestamp).
     pub order: String,
-    /// The group column, if grouped.
-    pub by: Option<String>,
+    /// The group columns (empty: ungrouped). A group is the rows that
+    /// agree on all of them, as DuckDB's `PARTITION BY a, b` and Polars'
+    /// `group_by=["a", "b"]` group.
+    pub by: Vec<String>,
     /// Value columns (numeric).
     pub values: Vec<String>,
     /// How far back a window reaches: a length in the order column's units
@@ -128,8 +130,13 @@ impl RollingSpec {
             Window::Zoned { unit, zone, .. } => check_zoned(&self.order, ot, unit, zone)?,
             Window::Fixed(_) => {}
         }
-        if let Some(by) = &self.by {
+        for (i, by) in self.by.iter().enumerate() {
             column_index(schema, by)?;
+            if self.by[..i].contains(by) {
+                return Err(DataError::Invalid(format!(
+                    "group column {by:?} is given twice"
+                )));
+            }
         }
         let mut fields: Vec<Arc<Field>> = schema.fields().iter().cloned().collect();
         for v in &self.values {
@@ -331,9 +338,9 @@ pub async fn rolling_node(
     let out_schema = spec.output_schema(&schema)?;
     let stats = ctx.statistics().clone();
     let t = std::time::Instant::now();
-    let prepared = match &spec.by {
-        Some(by) => {
-            let local = hash_shuffle(&ctx, schema.clone(), std::slice::from_ref(by), input).await?;
+    let prepared = match spec.by.as_slice() {
+        [_, ..] => {
+            let local = hash_shuffle(&ctx, schema.clone(), &spec.by, input).await?;
             stats.record_op("rolling: shuffle by key", t.elapsed());
             let spec2 = spec.clone();
             let s1 = schema.clone();
@@ -341,7 +348,7 @@ pub async fn rolling_node(
                 .await
                 .map_err(NodeError::other)??
         }
-        None => {
+        [] => {
             let mut input = input;
             let mut batches = Vec::new();
             while let Some(m) = input.recv().await {
@@ -705,63 +712,75 @@ fn emit(
     Ok(())
 }
 
-/// Name of the grouping form of a float group column while `grouped`
-/// sorts (dropped before output; no input column can be named so, as the
-/// name starts with a NUL).
-const CANONICAL_KEY: &str = "\0braid_group";
+/// Name of the grouping form of the `i`th group column, where it is a
+/// float column, while `grouped` sorts (dropped before output; no input
+/// column can be named so, as the name starts with a NUL).
+fn canonical_key(i: usize) -> String {
+    format!("\0braid_group{i}")
+}
 
-/// Grouped: `local` holds whole groups; sort by (group, ts). A float group
-/// column is sorted and split by its grouping form (`canonical_group_key`:
-/// 0.0 and -0.0 one group, every NaN one group), and output as it came.
+/// Grouped: `local` holds whole groups; sort by (group columns, ts). A
+/// float group column is sorted and split by its grouping form
+/// (`canonical_group_key`: 0.0 and -0.0 one group, every NaN one group),
+/// and output as it came.
 fn grouped(local: Vec<RecordBatch>, schema: SchemaRef, spec: &RollingSpec) -> Result<Prepared> {
-    let by = spec.by.clone().unwrap_or_default();
-    let ki = column_index(&schema, &by)?;
-    let canonical = match schema.field(ki).data_type() {
-        t if is_float_key(t) => {
-            let mut fields = schema.fields().to_vec();
-            fields.push(Arc::new(Field::new(CANONICAL_KEY, DataType::Float64, true)));
-            let wide = Arc::new(Schema::new(fields));
-            let mut parts = Vec::with_capacity(local.len());
-            for b in &local {
-                let mut cols = b.columns().to_vec();
-                let c = b.column(ki);
+    let keys: Vec<usize> = spec
+        .by
+        .iter()
+        .map(|b| column_index(&schema, b))
+        .collect::<Result<_>>()?;
+    let floats: Vec<usize> = (0..keys.len())
+        .filter(|&i| is_float_key(schema.field(keys[i]).data_type()))
+        .collect();
+    // Sort by each group column (its grouping form where it is a float
+    // column, appended after the input's columns), then the order column.
+    let mut sort_keys: Vec<SortKey> = spec.by.iter().map(SortKey::asc).collect();
+    for &i in &floats {
+        sort_keys[i] = SortKey::asc(canonical_key(i));
+    }
+    sort_keys.push(SortKey::asc(&spec.order));
+    let width = schema.fields().len();
+    let sorted = if floats.is_empty() {
+        sort_parts(&schema, local, &sort_keys)?
+    } else {
+        let mut fields = schema.fields().to_vec();
+        for &i in &floats {
+            fields.push(Arc::new(Field::new(
+                canonical_key(i),
+                DataType::Float64,
+                true,
+            )));
+        }
+        let wide = Arc::new(Schema::new(fields));
+        let mut parts = Vec::with_capacity(local.len());
+        for b in local {
+            let mut cols = b.columns().to_vec();
+            for &i in &floats {
+                let c = b.column(keys[i]);
                 cols.push(canonical_group_key(c)?.unwrap_or_else(|| c.clone()));
-                parts.push(RecordBatch::try_new(wide.clone(), cols)?);
             }
-            Some((wide, parts))
+            parts.push(RecordBatch::try_new(wide.clone(), cols)?);
         }
-        _ => None,
+        sort_parts(&wide, parts, &sort_keys)?
     };
-    let (sorted, group_col) = match canonical {
-        Some((wide, parts)) => {
-            drop(local);
-            let all = sort_parts(
-                &wide,
-                parts,
-                &[SortKey::asc(CANONICAL_KEY), SortKey::asc(&spec.order)],
-            )?;
-            let g = all.num_columns() - 1;
-            let group_col = all.column(g).clone();
-            let keep: Vec<usize> = (0..g).collect();
-            (all.project(&keep)?, group_col)
-        }
-        None => {
-            let sorted = sort_parts(
-                &schema,
-                local,
-                &[SortKey::asc(&by), SortKey::asc(&spec.order)],
-            )?;
-            let group_col = sorted.column(ki).clone();
-            (sorted, group_col)
-        }
-    };
+    // The columns groups are split by: the sort's group keys.
+    let sorted_schema = sorted.schema();
+    let group_cols: Vec<ArrayRef> = sort_keys[..keys.len()]
+        .iter()
+        .map(|k| {
+            Ok(sorted
+                .column(column_index(&sorted_schema, &k.column)?)
+                .clone())
+        })
+        .collect::<Result<_>>()?;
+    let keep: Vec<usize> = (0..width).collect();
+    let sorted = sorted.project(&keep)?;
     let schema = sorted.schema();
     let ts = order_values(&sorted, column_index(&schema, &spec.order)?, &spec.order)?;
     let mut groups = vec![0];
     if sorted.num_rows() > 0 {
-        let key = group_col;
         groups.extend(
-            arrow_ord::partition::partition(&[key])?
+            arrow_ord::partition::partition(&group_cols)?
                 .ranges()
                 .iter()
                 .map(|r| r.end),
@@ -894,7 +913,7 @@ mod tests {
     fn spec(window: i64, closed: Closed) -> RollingSpec {
         RollingSpec {
             order: "ts".into(),
-            by: None,
+            by: Vec::new(),
             values: vec!["v".into()],
             window: window.into(),
             closed,

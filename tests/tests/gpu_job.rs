@@ -179,7 +179,7 @@ fn gpu_job_equals_cpu_job() {
                     let seed = g.next_u64();
                     let spec = RollingSpec {
                         order: "ts".into(),
-                        by: grouped.then(|| "key".to_string()),
+                        by: grouped.then(|| "key".to_string()).into_iter().collect(),
                         values: vec!["v".into(), "w".into()],
                         window: window.into(),
                         closed,
@@ -337,7 +337,7 @@ fn gpu_job_groups_by_strings_and_keeps_host_columns() {
                     let seed = g.next_u64();
                     let spec = RollingSpec {
                         order: "ts".into(),
-                        by: by.map(str::to_string),
+                        by: by.map(str::to_string).into_iter().collect(),
                         values: vec!["v".into(), "dec".into()],
                         window: window.into(),
                         closed,
@@ -456,7 +456,7 @@ fn gpu_job_calendar_windows_equal_cpu_job() {
                     let window = Window::Calendar { months, then, unit };
                     let spec = RollingSpec {
                         order: "ts".into(),
-                        by: grouped.then(|| "key".to_string()),
+                        by: grouped.then(|| "key".to_string()).into_iter().collect(),
                         values: vec!["v".into()],
                         window,
                         closed,
@@ -485,7 +485,7 @@ fn gpu_job_refuses_local_clock_windows_by_name() {
     ]));
     let spec = RollingSpec {
         order: "ts".into(),
-        by: None,
+        by: Vec::new(),
         values: vec!["v".into()],
         window: Window::Zoned {
             months: 0,

@@ -83,6 +83,45 @@ enum Grouping {
     /// 0.0 with -0.0 and every NaN together, so the int key's groups are the
     /// reference.
     Float,
+    /// By two columns together: `key` (int64, the int key halved) and
+    /// `key2` (float64: 0.0 or -0.0 for even int keys, a NaN of one of
+    /// several bit patterns for odd ones, 7.5 where the int key is null).
+    /// Each int key, null included, is one pair, so the int key's groups
+    /// are the reference.
+    Pair,
+}
+
+impl Grouping {
+    /// The spec's group columns.
+    fn by(self) -> Vec<String> {
+        match self {
+            Grouping::None => Vec::new(),
+            Grouping::Int | Grouping::Float => vec!["key".into()],
+            Grouping::Pair => vec!["key".into(), "key2".into()],
+        }
+    }
+}
+
+/// `key2` of a row (see `Grouping::Pair`; 1.0 where it is not grouped by).
+fn pair_key2(r: &Row, grouping: Grouping) -> Option<f64> {
+    if grouping != Grouping::Pair {
+        return Some(1.0);
+    }
+    Some(match r.key {
+        None => 7.5,
+        Some(k) if k % 2 == 0 => {
+            if r.id % 2 == 0 {
+                0.0
+            } else {
+                -0.0
+            }
+        }
+        Some(_) => match r.id % 3 {
+            0 => f64::NAN,
+            1 => -f64::NAN,
+            _ => f64::from_bits(0x7ff8_0000_dead_beef),
+        },
+    })
 }
 
 /// The float form of a row's key (see `Grouping::Float`).
@@ -114,6 +153,7 @@ fn schema(ts: &DataType, grouping: Grouping) -> SchemaRef {
             true,
         ),
         Field::new("v", DataType::Float64, true),
+        Field::new("key2", DataType::Float64, true),
     ]))
 }
 
@@ -127,6 +167,12 @@ fn batch(rows: &[Row], ts: &DataType, grouping: Grouping) -> RecordBatch {
     let key: ArrayRef = if grouping == Grouping::Float {
         Arc::new(Float64Array::from(
             rows.iter().map(float_key).collect::<Vec<_>>(),
+        ))
+    } else if grouping == Grouping::Pair {
+        Arc::new(Int64Array::from(
+            rows.iter()
+                .map(|r| r.key.map(|k| k / 2))
+                .collect::<Vec<_>>(),
         ))
     } else {
         Arc::new(Int64Array::from(
@@ -143,6 +189,11 @@ fn batch(rows: &[Row], ts: &DataType, grouping: Grouping) -> RecordBatch {
             key,
             Arc::new(Float64Array::from(
                 rows.iter().map(|r| r.v).collect::<Vec<_>>(),
+            )),
+            Arc::new(Float64Array::from(
+                rows.iter()
+                    .map(|r| pair_key2(r, grouping))
+                    .collect::<Vec<_>>(),
             )),
         ],
     )
@@ -305,7 +356,7 @@ async fn run_case(
     let w = w.into();
     let spec = RollingSpec {
         order: "ts".into(),
-        by: (grouping != Grouping::None).then(|| "key".to_string()),
+        by: grouping.by(),
         values: vec!["v".into()],
         window: w,
         closed,
@@ -631,6 +682,36 @@ fn float_keys_group_like_duckdb_and_polars() {
                         &rows,
                         &DataType::Int64,
                         Grouping::Float,
+                        w,
+                        closed,
+                        &what,
+                    )
+                    .await;
+                }
+            }
+            shutdown_all(&tcp).await;
+        });
+    }
+}
+
+/// Two group columns together, one of them float (0.0 with -0.0, every NaN
+/// together): checked against the int keys' groups, every rank count,
+/// local and tcp.
+#[test]
+fn two_group_columns_group_together() {
+    let rt = runtime();
+    let (rows, span) = rows(Data::Uniform, 8);
+    for n in RANK_COUNTS {
+        rt.block_on(async {
+            let (local, tcp) = local_and_tcp(n).await;
+            for (backend, ctxs) in [("local", &local), ("tcp", &tcp)] {
+                for (w, closed) in [(span / 40, Closed::Right), (span * 4, Closed::Left)] {
+                    let what = format!("{backend} {n} ranks, two group columns, w={w}, {closed:?}");
+                    run_case(
+                        ctxs,
+                        &rows,
+                        &DataType::Int64,
+                        Grouping::Pair,
                         w,
                         closed,
                         &what,

@@ -42,9 +42,10 @@ struct Cli {
     /// The order column: any integer type, a date or a timestamp.
     #[arg(long, default_value = "ts")]
     order: String,
-    /// The group column (optional).
-    #[arg(long)]
-    by: Option<String>,
+    /// The group columns, comma-separated (optional): each window holds
+    /// only rows that agree with its row on all of them.
+    #[arg(long, value_delimiter = ',')]
+    by: Vec<String>,
     /// Value columns, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "v")]
     values: Vec<String>,
