@@ -5,7 +5,7 @@ Each case writes a random CSV input (int64 ts, also near either end of
 i64, or ISO times read as timestamps, or ISO dates read as Date32, with
 duration and calendar (`1mo`, `1mo15d`, `2q`) windows; with ties and
 gaps, unsorted; an int, string or float key with nulls (0.0 and -0.0,
-NaN); a float value column with
+NaN), sometimes with a second group column; a float value column with
 nulls and, in some cases, NaN, infinities, huge magnitudes or a large mean
 with a small spread; an int value column with nulls), runs both devices with
 the same random parameters (ranks, backend, window, closed mode, grouping,
@@ -49,7 +49,7 @@ def gen_input(rng, path, rows, ts_mode="int"):
     span = rng.choice([rows // 10 + 1, rows * 3 + 1, 10**9 if not iso_ts else 10**10])
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["id", "ts", "key", "v", "w"])
+        w.writerow(["id", "ts", "key", "v", "w", "k2"])
         for i in range(rows):
             ts = ts_base + (rng.randrange(span) if kind != "ties" else rng.randrange(max(1, rows // 50)))
             if rng.random() < 0.05:
@@ -76,7 +76,9 @@ def gen_input(rng, path, rows, ts_mode="int"):
                 v = repr(rng.gauss(1e3 if rng.random() < 0.5 else 0, 50))
             wv = "" if rng.random() < 0.1 else str(rng.randrange(-1000, 1000))
             t_text = iso(ts)[:10] if ts_mode == "date" else iso(ts) if iso_ts else ts
-            w.writerow([i, t_text, key, v, wv])
+            # A second group column (`--by key,k2`), nulls included.
+            k2 = rng.choice(["a", "b", ""])
+            w.writerow([i, t_text, key, v, wv, k2])
 
 
 def run(rolling, args, out, log):
@@ -166,7 +168,7 @@ def main():
             # command line refuses it otherwise).
             args[args.index("--closed") + 1] = "both"
         if rng.random() < 0.6:
-            args += ["--by", "key"]
+            args += ["--by", "key,k2" if rng.random() < 0.3 else "key"]
         if a.only and case not in a.only:
             continue
         ran += 1

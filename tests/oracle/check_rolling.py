@@ -107,7 +107,7 @@ def parse_args(argv):
     p.add_argument("--input", required=True, help="input Parquet file (or directory of parts)")
     p.add_argument("--output", required=True, help="braid output: Parquet file or directory of part-*.parquet")
     p.add_argument("--order", required=True, help="order column (integer, date or timestamp)")
-    p.add_argument("--by", default=None, help="optional group column")
+    p.add_argument("--by", default=None, help="optional group columns, comma-separated")
     p.add_argument("--values", required=True, help="comma-separated value columns")
     w = p.add_mutually_exclusive_group(required=True)
     w.add_argument("--window", type=int, help="window length, >= 0, in order-column units")
@@ -204,7 +204,7 @@ class Spec:
 
     def __init__(self, args, base, pl):
         self.order = args.order
-        self.by = args.by
+        self.by = [c for c in args.by.split(",") if c] if args.by else []
         self.values = args.values
         self.aggs = args.aggs
         self.closed = args.closed
@@ -215,7 +215,7 @@ class Spec:
         self.agg_cols = [f"{v}_{a}" for v in self.values for a in self.aggs]
 
         cols = set(self.input_cols)
-        for c in [self.order] + ([self.by] if self.by else []) + self.values:
+        for c in [self.order] + self.by + self.values:
             if c not in cols:
                 raise UsageError(f"column {c!r} not in input (columns: {self.input_cols})")
         for c in self.input_cols:
@@ -224,7 +224,8 @@ class Spec:
         clash = [c for c in self.agg_cols if c in cols]
         if clash:
             raise UsageError(f"aggregate column names clash with input columns: {clash}")
-        if self.by in self.values or self.order in self.values or self.by == self.order:
+        named = [self.order] + self.by + self.values
+        if len(set(named)) != len(named):
             raise UsageError("order, group and value columns must be distinct")
 
         dt = base.schema[self.order]
@@ -294,7 +295,7 @@ class Spec:
         return (self.raw_ord_expr(pl) - pl.lit(self.shift, pl.Int64)).alias(ORD)
 
     def keys(self):
-        return [self.by] if self.by else []
+        return list(self.by)
 
 
 # --------------------------------------------------------------------------
@@ -358,7 +359,7 @@ def expected_duckdb(spec, base, pl):
         lower = f"{w - 1} PRECEDING"  # t - w < ts  <=>  t - (w-1) <= ts  (integers)
     if spec.period is None or local:
         upper = "CURRENT ROW" if spec.closed in ("both", "right") else "1 PRECEDING"
-    part = f"PARTITION BY {qi(spec.by)} " if spec.by else ""
+    part = f"PARTITION BY {', '.join(qi(b) for b in spec.by)} " if spec.by else ""
     window = f"({part}ORDER BY {ORD} RANGE BETWEEN {lower} AND {upper})"
 
     def nan_last(fn, c):
@@ -599,7 +600,7 @@ def main(argv=None):
         print(f"usage error: {e}", file=sys.stderr)
         return 2
 
-    mode = f"closed={spec.closed} " + (f"period={spec.period}" if spec.period else f"window={spec.window}") + (f" by={spec.by}" if spec.by else " ungrouped")
+    mode = f"closed={spec.closed} " + (f"period={spec.period}" if spec.period else f"window={spec.window}") + (f" by={','.join(spec.by)}" if spec.by else " ungrouped")
     print(f"check_rolling: {base.height} input rows, order={spec.order}"
           f"{' (timestamp ' + spec.unit + ')' if spec.unit else ''}, {mode}, "
           f"{len(spec.agg_cols)} agg columns, join on {spec.join_cols if len(spec.join_cols) < 6 else 'all input columns'}")

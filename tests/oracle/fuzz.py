@@ -182,6 +182,12 @@ def make_case(rng, i, d, local_share=0.15):
                  else rng.choice(nans) if k == 1 else k + 0.5 for k in ks], pa.float64())
         else:
             cols["key"] = pa.array([None if k is None else k - nkeys // 2 for k in ks], pa.int64())
+    # Sometimes a second group column: groups are the (key, key2) pairs.
+    key2 = bool(key) and rng.random() < 0.3
+    if key2:
+        cols["key2"] = pa.array(
+            [None if rng.random() < 0.1 else rng.choice(["a", "b", "c"]) for _ in range(rows)],
+            pa.string())
     # (Huge values are checked with DuckDB only, which does not check
     # local-clock windows.)
     kinds = rng.sample([k for k in ARROW_TYPE if not (zone and k == "f64_huge")], rng.choice([1, 1, 2, 3]))
@@ -243,11 +249,12 @@ def make_case(rng, i, d, local_share=0.15):
         # the true (and DuckDB's) value overflows to inf.
         check += ["--engines", "duckdb"]
     if key:
-        cmd += ["--by", "key"]
-        check += ["--by", "key"]
+        by = "key,key2" if key2 else "key"
+        cmd += ["--by", by]
+        check += ["--by", by]
     if rows > 1000 and rng.random() < 0.2:
         cmd += ["--memory-limit", "1MiB"]
-    desc = (f"rows={rows} ts={ts_kind}/{unit or 'i64'} key={key} values={kinds} "
+    desc = (f"rows={rows} ts={ts_kind}/{unit or 'i64'} key={key}{'+key2' if key2 else ''} values={kinds} "
             f"{' zone=' + zone if zone else ''} w={w_arg} closed={closed} ranks={ranks}/{backend}")
     # A window of 0 holds no rows but with closed both: the command line
     # refuses it (what it must say).
