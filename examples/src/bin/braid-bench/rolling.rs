@@ -21,8 +21,9 @@ pub struct RollingArgs {
     /// braid ranks.
     #[arg(long, default_value_t = 2)]
     ranks: u32,
-    /// Window (order units; the input's ts spans 10 units per row; at
-    /// least 1).
+    /// Window (order units; the input's ts spans 10 units per row, so
+    /// 1000 holds about 100 rows ungrouped and about 1 a group over the
+    /// 100 keys; at least 1).
     #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(i64).range(1..), allow_negative_numbers = true)]
     window: i64,
     /// Aggregations.
