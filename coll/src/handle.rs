@@ -111,11 +111,13 @@ impl<T: Send + 'static> Handle<T> {
     }
 
     /// Blocks the calling thread until the collective completes and returns
-    /// its result. From a task of a multi-thread runtime (a job's own task)
-    /// the worker's other tasks move to another thread while it waits
-    /// ([`braid_core::Event::wait_blocking_beside`]); in the `block_on` of
-    /// the current-thread runtime that drives the collective it fails at
-    /// once, since the wait could never end there: await the streaming form.
+    /// its result. From a job's own task (a worker of its rank's runtime)
+    /// the worker's other tasks move to another thread while it waits; in
+    /// the `block_on` of the current-thread runtime that drives the
+    /// collective it fails at once, since the wait could never end there.
+    /// Never call it from a task spawned on that current-thread runtime
+    /// (it would hold the one thread the collective needs): await the
+    /// streaming form there. See [`braid_core::Event::wait_blocking_beside`].
     pub fn wait(self) -> Result<T, CollError> {
         if let Err(e) = self.inner.event().wait_blocking_beside(self.driver) {
             return Err(CollError::InvalidArgument {

@@ -81,21 +81,26 @@ impl Event {
     }
 
     /// Blocks the calling thread until the event is set, where tasks of
-    /// the runtime `driver` set it, from any thread: on a worker of a
-    /// multi-thread runtime, the worker first hands its other tasks to
-    /// another thread (`tokio::task::block_in_place`), so a job's task that
-    /// waits does not hold the only worker its collective runs on. In the
-    /// future a current-thread runtime `driver` runs with `block_on`,
-    /// nothing else could set the event: refused ([`BlockingOnDriver`]).
-    /// (A task that runtime spawned also runs on its one thread, but tokio
-    /// cannot tell it from a thread of its blocking pool, where the wait is
-    /// right, so there it blocks.)
+    /// the runtime `driver` set it. On a thread of a multi-thread runtime
+    /// braid built (a rank's, [`mark_runtime_thread`]: a job's task runs
+    /// there), the worker first hands its other tasks to another thread
+    /// (`tokio::task::block_in_place`), so a task that waits does not hold
+    /// the only worker its collective runs on. In the future a
+    /// current-thread runtime `driver` runs with `block_on`, nothing else
+    /// could set the event: refused ([`BlockingOnDriver`]). Elsewhere the
+    /// thread just blocks. Two cases tokio gives no way to tell apart stay
+    /// the caller's to avoid: a task spawned on a current-thread `driver`
+    /// (it shares the thread that would have to set the event; a thread
+    /// of that runtime's blocking pool looks the same and may wait), and a
+    /// worker of a multi-thread runtime of the caller's own that has no
+    /// other worker free to run the collective (`block_in_place` is not
+    /// used there: in a `LocalSet` on that runtime's `block_on` thread,
+    /// which looks the same, it panics).
     pub fn wait_blocking_beside(&self, driver: tokio::runtime::Id) -> Result<(), BlockingOnDriver> {
         if self.is_set() {
             return Ok(());
         }
         match tokio::runtime::Handle::try_current() {
-            Err(_) => self.wait_blocking(),
             Ok(h) => match h.runtime_flavor() {
                 tokio::runtime::RuntimeFlavor::CurrentThread
                     if h.id() == driver && tokio::task::try_id().is_none() =>
@@ -103,8 +108,12 @@ impl Event {
                     return Err(BlockingOnDriver);
                 }
                 tokio::runtime::RuntimeFlavor::CurrentThread => self.wait_blocking(),
-                _ => tokio::task::block_in_place(|| self.wait_blocking()),
+                _ if RUNTIME_THREAD.with(std::cell::Cell::get) => {
+                    tokio::task::block_in_place(|| self.wait_blocking());
+                }
+                _ => self.wait_blocking(),
             },
+            Err(_) => self.wait_blocking(),
         }
         Ok(())
     }
@@ -133,6 +142,20 @@ impl Event {
         }
         true
     }
+}
+
+thread_local! {
+    /// Whether this thread belongs to a multi-thread runtime braid built
+    /// (a worker, or a thread of its blocking pool): there
+    /// `tokio::task::block_in_place` is always allowed.
+    static RUNTIME_THREAD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Marks the calling thread as one of a multi-thread runtime braid built
+/// (for the runtime builder's `on_thread_start`): a blocking wait there
+/// moves the worker's tasks away first ([`Event::wait_blocking_beside`]).
+pub fn mark_runtime_thread() {
+    RUNTIME_THREAD.with(|m| m.set(true));
 }
 
 /// A blocking wait refused: the calling thread is the only thread of the

@@ -324,6 +324,7 @@ fn runtime(workers: usize, rank: Rank, name: &str) -> Result<tokio::runtime::Run
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(workers.max(1))
         .thread_name(name)
+        .on_thread_start(crate::event::mark_runtime_thread)
         .enable_all()
         .build()
         .map_err(|e| RankError {

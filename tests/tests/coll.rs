@@ -1291,3 +1291,33 @@ fn a_blocking_wait_on_the_driving_thread_is_refused() {
         assert_eq!(p.unwrap(), vec![11, 22]);
     });
 }
+
+/// A blocking wait from a `LocalSet` on a multi-thread runtime's `block_on`
+/// thread (where tokio refuses `block_in_place`) blocks that thread, not a
+/// worker: it completes with the right result instead of panicking.
+#[test]
+fn a_blocking_wait_in_a_local_set_completes() {
+    let rt = runtime();
+    rt.block_on(async {
+        let ctxs = local_ctxs(2, MemoryLimits::UNLIMITED).await;
+        let c1 = ctxs[1].clone();
+        let peer = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            allreduce(&c1, vec![5i64], ReduceKind::Sum).await
+        });
+        let c0 = ctxs[0].clone();
+        let mine = tokio::task::LocalSet::new()
+            .run_until(async move {
+                tokio::task::spawn_local(async move {
+                    braid_coll::start_allreduce(&c0, vec![2i64], ReduceKind::Sum.into(), None)
+                        .wait()
+                })
+                .await
+            })
+            .await
+            .expect("the local task panicked")
+            .unwrap();
+        assert_eq!(mine, vec![7]);
+        assert_eq!(peer.await.unwrap().unwrap(), vec![7]);
+    });
+}
