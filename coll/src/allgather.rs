@@ -606,7 +606,11 @@ pub async fn allgather<T: Element>(
 /// it is large enough (its old contents are replaced), as MPI writes into
 /// a receive buffer the caller keeps; a loop that passes the same vector
 /// each time writes into memory it has already touched instead of a fresh
-/// vector's pages. On an error `out` is left empty or as it was.
+/// vector's pages. Over tcp and mpi, large parts are received into `out`
+/// laid out as if every rank sent as many elements as this one; where
+/// the counts differ, the result is a fresh vector (the parts that landed
+/// are copied out of `out`'s memory) and `out`'s old memory is let go.
+/// On an error `out` is left empty or as it was.
 pub async fn allgather_into<T: Element>(
     ctx: &Context,
     values: impl Into<Elements<T>>,

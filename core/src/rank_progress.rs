@@ -65,6 +65,11 @@ impl ProgressReporter {
         if !is_pipe {
             return None;
         }
+        // The inherited descriptor is not passed on to what this process
+        // starts (a child holding it would keep the launcher's collector
+        // waiting for the pipe's end).
+        // SAFETY: fcntl sets a flag of a descriptor that is open.
+        unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
         // A copy of the descriptor, owned by this reporter: the inherited
         // one stays open, so several reporters in one process each close
         // only their own.
@@ -73,6 +78,15 @@ impl ProgressReporter {
         let own = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 3) };
         if own < 0 {
             return None;
+        }
+        // Reports never block, whoever made the pipe (the flag belongs to
+        // the pipe's shared description; braid's launcher sets it too).
+        // SAFETY: fcntl reads and sets the flags of a descriptor owned here.
+        unsafe {
+            let flags = libc::fcntl(own, libc::F_GETFL);
+            if flags >= 0 {
+                libc::fcntl(own, libc::F_SETFL, flags | libc::O_NONBLOCK);
+            }
         }
         // SAFETY: `own` was just made and nothing else holds it.
         let pipe = unsafe { std::fs::File::from_raw_fd(own) };
@@ -163,15 +177,42 @@ impl ProgressPipe {
     }
 }
 
+/// The longest report line read (a rank and a count take at most 31
+/// bytes); longer lines are skipped without being held.
+const LINE_MAX: u64 = 64;
+
 /// Reads `"<rank> <count>"` lines until the end, keeping each rank's
-/// latest count and their sum in `total`; malformed lines and ranks out
-/// of range are skipped.
+/// latest count and their sum in `total`; malformed lines, lines longer
+/// than `LINE_MAX` and ranks out of range are skipped.
 #[cfg_attr(not(unix), allow(dead_code))]
-pub(crate) fn sum_reports(read: impl std::io::BufRead, nranks: u32, total: &AtomicU64) {
+pub(crate) fn sum_reports(mut read: impl std::io::BufRead, nranks: u32, total: &AtomicU64) {
+    use std::io::{BufRead, Read};
     let mut counts = vec![0u64; nranks as usize];
-    for line in read.split(b'\n') {
-        // A read error ends the reports; a line that is not text is skipped.
-        let Ok(line) = line else { break };
+    let mut sum: u128 = 0;
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        // A read error ends the reports, as does the end of the pipe.
+        match read.by_ref().take(LINE_MAX).read_until(b'\n', &mut line) {
+            Ok(0) | Err(_) => break,
+            Ok(_) => {}
+        }
+        if line.last() != Some(&b'\n') {
+            if line.len() as u64 == LINE_MAX {
+                // Too long to be a report: skip to the end of the line.
+                loop {
+                    line.clear();
+                    match read.by_ref().take(LINE_MAX).read_until(b'\n', &mut line) {
+                        Ok(0) | Err(_) => return,
+                        Ok(_) if line.last() == Some(&b'\n') => break,
+                        Ok(_) => {}
+                    }
+                }
+                continue;
+            }
+            // The last line, cut short by the end of the pipe: read as is.
+        }
+        // A line that is not text is skipped.
         let Ok(line) = std::str::from_utf8(&line) else {
             continue;
         };
@@ -183,9 +224,10 @@ pub(crate) fn sum_reports(read: impl std::io::BufRead, nranks: u32, total: &Atom
             continue;
         };
         if let Some(slot) = counts.get_mut(r) {
+            // The sum kept as each count changes (u128: no overflow).
+            sum = sum - u128::from(*slot) + u128::from(c);
             *slot = c;
-            let sum = counts.iter().fold(0u64, |a, b| a.saturating_add(*b));
-            total.store(sum, Ordering::Relaxed);
+            total.store(u64::try_from(sum).unwrap_or(u64::MAX), Ordering::Relaxed);
         }
     }
 }
@@ -206,6 +248,14 @@ mod tests {
         let big = format!("0 {}\n1 {}\n", u64::MAX, u64::MAX);
         sum_reports(big.as_bytes(), 2, &total);
         assert_eq!(total.load(Ordering::Relaxed), u64::MAX);
+        // A line far longer than a report is skipped, whatever it holds,
+        // and the reports around it still count; so does a last line
+        // without its newline.
+        let mut long = b"0 5\n".to_vec();
+        long.extend(std::iter::repeat_n(b'7', 100_000));
+        long.extend_from_slice(b" 3\n1 6\n0 2");
+        sum_reports(long.as_slice(), 2, &total);
+        assert_eq!(total.load(Ordering::Relaxed), 6 + 2);
     }
 
     /// A report written to the pipe reaches the sum; closing every write

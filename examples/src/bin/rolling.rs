@@ -622,6 +622,11 @@ fn main() -> ExitCode {
                 // Unparked when the job ends, so the exit waits for no tick.
                 std::thread::park_timeout(Duration::from_millis(100));
             }
+            // The last count, which the loop may not have reached.
+            let now = p.load(Ordering::Relaxed);
+            if let Some(r) = reporter.as_ref().filter(|_| told != Some(now)) {
+                r.report(now);
+            }
         })
     };
     let start = Instant::now();
