@@ -197,20 +197,18 @@ pub(crate) fn sum_reports(mut read: impl std::io::BufRead, nranks: u32, total: &
             Ok(0) | Err(_) => break,
             Ok(_) => {}
         }
-        if line.last() != Some(&b'\n') {
-            if line.len() as u64 == LINE_MAX {
-                // Too long to be a report: skip to the end of the line.
-                loop {
-                    line.clear();
-                    match read.by_ref().take(LINE_MAX).read_until(b'\n', &mut line) {
-                        Ok(0) | Err(_) => return,
-                        Ok(_) if line.last() == Some(&b'\n') => break,
-                        Ok(_) => {}
-                    }
+        // Too long to be a report: skip to the end of the line. (A last
+        // line cut short by the end of the pipe is read as it is.)
+        if line.last() != Some(&b'\n') && line.len() as u64 == LINE_MAX {
+            loop {
+                line.clear();
+                match read.by_ref().take(LINE_MAX).read_until(b'\n', &mut line) {
+                    Ok(0) | Err(_) => return,
+                    Ok(_) if line.last() == Some(&b'\n') => break,
+                    Ok(_) => {}
                 }
-                continue;
             }
-            // The last line, cut short by the end of the pipe: read as is.
+            continue;
         }
         // A line that is not text is skipped.
         let Ok(line) = std::str::from_utf8(&line) else {
