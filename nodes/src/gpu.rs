@@ -1103,8 +1103,7 @@ async fn roll(
             return Err(fail(format!(
                 "the device rolling core takes one (coded) group column, not {:?}",
                 spec.by
-            ))
-            .into());
+            )));
         }
     };
     // The kernel, one value column at a time; outputs stay on the device.
