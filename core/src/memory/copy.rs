@@ -15,25 +15,30 @@
 //! ```
 //!
 //! Cost model: one thread copies at memory speed for its core (~10-20 GB/s
-//! on current x86: `c` per byte), a host's memory serves several times
-//! that, and each thread beyond the caller costs about a fixed `o`:
-//! handing it a share (`crate::par`: ~1 us while helpers spin, tens of us
-//! when one must be woken; a share nobody took is taken back by the
-//! caller), its join, its first cache misses, and a core that other
-//! threads of the host no longer have. A fill of `F` bytes on `t` threads
-//! takes about `F c / t + o t`, least at `t = sqrt(F c / o)`:
-//! [`fill_threads`] takes `t = sqrt(F / THREAD_COST)` with `THREAD_COST =
-//! o / c` measured at ~112 KiB (1 MiB: 3 threads, 2 MiB: 4, 8 MiB: 8),
-//! over at most `cores_per_rank` threads (`BRAID_COPY_THREADS` caps it; 1
-//! turns the split off). Two in-process ranks on a 2-core host have one
-//! core each: nothing is split there.
+//! on current x86), a host's memory serves several times that, and handing
+//! a share to a helper (`crate::par`) costs ~1 us while helpers spin, tens
+//! of us when one must be woken (a share nobody took is taken back by the
+//! caller). So a copy is split only into shares of at least
+//! [`PER_THREAD`] bytes (~15-25 us of copying each), over at most
+//! `cores_per_rank` threads (`BRAID_COPY_THREADS` sets the cap instead; 1
+//! turns the split off), and over three quarters of them where the shares
+//! on all of them would be below [`FULL_SHARE`]: where the fills of every
+//! rank on the host together take all its cores, each fill waits for its
+//! slowest share, and any other thread of the host (a rank's runtime
+//! worker, the system) holds one of them back, which costs less than the
+//! last cores gain only where each share copies for a while. Two
+//! in-process ranks on a 2-core host have one core each: nothing is split
+//! there.
 //!
 //! Measured (2026-11-30, 16-core host, in-process ranks, `braid-bench
-//! coll` with `BRAID_COPY_THREADS` 1 to 8, us per call): 2 ranks filling
-//! 2 MiB (AllGather of 1 MiB) 151-219 on 1 thread, 91 on 2, 59-60 on 4,
-//! 82-112 on 8 (the split before: shares of 256 KiB); 4 ranks filling
-//! 1 MiB (AllToAll of 1 MiB) 77-104 on 1, 67 on 2, 61-64 on 3, 95-102 on
-//! 4; 2 ranks filling 8 MiB 178-214 on 8 threads against 294-328 on 4.
+//! coll`, `BRAID_COPY_THREADS` 1 to 8 with the cap then at 8 for 2 ranks
+//! and 4 for 4; us per call, two rounds): 2 ranks filling 2 MiB (an
+//! AllGather of 1 MiB) 151-219 on 1 thread, 67-75 on 3, 51-60 on 4 to 6,
+//! 82-114 on 8; filling 4 MiB (AllToAllv of 4 MiB) 101-128 on 4 or 5,
+//! 83-117 on 6, 175-202 on 8; filling 8 MiB 145-208 on 6, 176-214 on 8,
+//! 261-306 on 4; filling 32 MiB (AllGather of 16 MiB) 553-757 on 8,
+//! 833-860 on 6; 4 ranks filling 1 MiB (AllToAll of 1 MiB) 61-64 on 3,
+//! 95-102 on 4; filling 4 MiB 175-183 on 3, 207-222 on 4.
 //!
 //! Stores: a fill whose bytes cannot stay in the last-level cache writes
 //! with streaming (non-temporal) stores ([`Stores`]). A cached store first
@@ -51,10 +56,10 @@ use std::sync::OnceLock;
 /// Bytes below which a share is not worth a thread of its own.
 pub const PER_THREAD: usize = 256 << 10;
 
-/// What one more thread of a fill costs, in bytes the caller could have
-/// copied meanwhile (`o / c` in the module's cost model): ~7 us at
-/// ~16 GB/s.
-pub const THREAD_COST: usize = 112 << 10;
+/// Bytes a share must reach on every one of the rank's cores for a fill
+/// to take them all (below, it takes three quarters: see the module's
+/// cost model).
+pub const FULL_SHARE: usize = 2 << 20;
 
 /// One piece of a fill: `len` bytes at byte `at` of the destination,
 /// copied from `src`, or zeroed where `src` is `None`.
@@ -83,14 +88,20 @@ unsafe impl Send for Base {}
 // SAFETY: see `Send`.
 unsafe impl Sync for Base {}
 
-/// Threads a fill of `bytes` uses: `sqrt(bytes / THREAD_COST)` (the
-/// module's cost model; shares of at least `PER_THREAD`), at most this
-/// rank's share of the cores (or `BRAID_COPY_THREADS`).
+/// Threads a fill of `bytes` uses: shares of at least `PER_THREAD` (256 KiB),
+/// on at most this rank's share of the cores (or `BRAID_COPY_THREADS`),
+/// three quarters of them unless each would copy `FULL_SHARE` or more:
+/// see the module's cost model.
 pub fn fill_threads(bytes: usize) -> usize {
-    let cap = threads_override().unwrap_or_else(crate::context::cores_per_rank);
-    cap.min((bytes / THREAD_COST).isqrt())
-        .min(bytes / PER_THREAD)
-        .max(1)
+    let cap = threads_override().unwrap_or_else(|| {
+        let cores = crate::context::cores_per_rank();
+        if bytes / cores.max(1) >= FULL_SHARE {
+            cores
+        } else {
+            cores - cores / 4
+        }
+    });
+    cap.min(bytes / PER_THREAD).max(1)
 }
 
 fn threads_override() -> Option<usize> {
@@ -463,16 +474,15 @@ mod tests {
                 assert_eq!(&dst[half + 1000..], &src[half..]);
             }
         }
-        // Below one share's worth, one thread; above, the square root of
-        // the bytes over a thread's cost, within the rank's cores.
+        // Below one share's worth, one thread; above, a share of 256 KiB
+        // or more a thread, on three quarters of the rank's cores.
         assert!(fill_threads(len) >= 1);
         assert_eq!(fill_threads(PER_THREAD - 1), 1);
         if threads_override().is_none() {
-            let cap = crate::context::cores_per_rank();
-            assert_eq!(fill_threads(1 << 20), cap.min(3));
-            assert_eq!(fill_threads(2 << 20), cap.min(4));
-            assert_eq!(fill_threads(8 << 20), cap.min(8));
-            assert_eq!(fill_threads(64 << 20), cap.min(24));
+            let cores = crate::context::cores_per_rank();
+            assert_eq!(fill_threads(1 << 20), (cores - cores / 4).min(4));
+            let big = FULL_SHARE * cores;
+            assert_eq!(fill_threads(big), cores.min(big / PER_THREAD));
         }
     }
 }
