@@ -94,25 +94,38 @@ fn suite_local() {
 #[test]
 fn suite_in_jobs() {
     for n in RANK_COUNTS {
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let r = braid_core::run_world(
-                &WorldSpec::Local { nranks: n },
-                MemoryLimits::UNLIMITED,
-                move |c| async move { Ok(coll_suite::run(c, 70 + n as u64).await?) },
-            );
-            let _ = tx.send(r.map_err(|e| format!("rank {}: {e}", e.rank)));
+        let lines = local_job(n, 120, move |c| async move {
+            Ok(coll_suite::run(c, 70 + n as u64).await?)
         });
-        let lines = rx
-            .recv_timeout(Duration::from_secs(120))
-            .unwrap_or_else(|_| panic!("{n} ranks: the job hung"))
-            .unwrap_or_else(|e| panic!("{n} ranks: {e}"));
         assert_eq!(lines.len(), n as usize);
         for (r, (rank, line)) in lines.into_iter().enumerate() {
             assert_eq!(rank, r as u32);
             assert!(line.starts_with("coll ok"), "{n} ranks, rank {r}: {line}");
         }
     }
+}
+
+/// Runs `job` as an `n`-rank local job (`run_world`, on a thread of its
+/// own) and returns each rank's result; fails the test if the job fails or
+/// has not ended within `secs` seconds.
+fn local_job<T, F, Fut>(n: u32, secs: u64, job: F) -> Vec<(u32, T)>
+where
+    T: Send + 'static,
+    F: Fn(Context) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<T, Box<dyn std::error::Error + Send + Sync>>> + Send + 'static,
+{
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let r = braid_core::run_world(
+            &WorldSpec::Local { nranks: n },
+            MemoryLimits::UNLIMITED,
+            job,
+        );
+        let _ = tx.send(r.map_err(|e| format!("rank {}: {e}", e.rank)));
+    });
+    rx.recv_timeout(Duration::from_secs(secs))
+        .unwrap_or_else(|_| panic!("{n} ranks: the job hung"))
+        .unwrap_or_else(|e| panic!("{n} ranks: {e}"))
 }
 
 /// A rank that gives up (returns an error and aborts, as a job's rank
@@ -1209,43 +1222,31 @@ fn collectives_count_bytes_per_peer() {
 #[test]
 fn blocking_waits_inside_a_job_complete() {
     for n in RANK_COUNTS {
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let r = braid_core::run_world(
-                &WorldSpec::Local { nranks: n },
-                MemoryLimits::UNLIMITED,
-                move |c| async move {
-                    let mut sums = Vec::new();
-                    for round in 0..20i64 {
-                        braid_coll::start_barrier(&c, None).wait()?;
-                        let v = vec![c.rank() as i64 + round; 3];
-                        let h = braid_coll::start_allreduce(&c, v, ReduceKind::Sum.into(), None);
-                        sums.push(h.wait()?);
-                    }
-                    // A shuffle's blocking wait too: every rank sends one
-                    // chunk to each partition, then checks what it owns.
-                    let n = c.nranks();
-                    let sh = Shuffle::new(&c, 2 * n, PartitionOwner::RoundRobin, None);
-                    for pid in 0..2 * n {
-                        sh.insert(pid, rank_chunk(&c))?;
-                    }
-                    sh.insert_finished()?;
-                    sh.wait_blocking()?;
-                    for pid in sh.local_partitions() {
-                        let got = sh.extract(pid).await?.len();
-                        if got != n as usize {
-                            return Err(format!("partition {pid}: {got} chunks, not {n}").into());
-                        }
-                    }
-                    Ok(sums)
-                },
-            );
-            let _ = tx.send(r.map_err(|e| format!("rank {}: {e}", e.rank)));
+        let out = local_job(n, 60, move |c| async move {
+            let mut sums = Vec::new();
+            for round in 0..20i64 {
+                braid_coll::start_barrier(&c, None).wait()?;
+                let v = vec![c.rank() as i64 + round; 3];
+                let h = braid_coll::start_allreduce(&c, v, ReduceKind::Sum.into(), None);
+                sums.push(h.wait()?);
+            }
+            // A shuffle's blocking wait too: every rank sends one
+            // chunk to each partition, then checks what it owns.
+            let n = c.nranks();
+            let sh = Shuffle::new(&c, 2 * n, PartitionOwner::RoundRobin, None);
+            for pid in 0..2 * n {
+                sh.insert(pid, rank_chunk(&c))?;
+            }
+            sh.insert_finished()?;
+            sh.wait_blocking()?;
+            for pid in sh.local_partitions() {
+                let got = sh.extract(pid).await?.len();
+                if got != n as usize {
+                    return Err(format!("partition {pid}: {got} chunks, not {n}").into());
+                }
+            }
+            Ok(sums)
         });
-        let out = rx
-            .recv_timeout(Duration::from_secs(60))
-            .unwrap_or_else(|_| panic!("{n} ranks: a blocking wait in a job hung"))
-            .unwrap_or_else(|e| panic!("{n} ranks: {e}"));
         let ranks = i64::from(n);
         for (rank, sums) in out {
             for (round, s) in sums.into_iter().enumerate() {

@@ -669,29 +669,7 @@ async fn local_and_tcp(n: u32) -> (Vec<Context>, Vec<Context>) {
 /// local and tcp.
 #[test]
 fn float_keys_group_like_duckdb_and_polars() {
-    let rt = runtime();
-    let (rows, span) = rows(Data::Uniform, 7);
-    for n in RANK_COUNTS {
-        rt.block_on(async {
-            let (local, tcp) = local_and_tcp(n).await;
-            for (backend, ctxs) in [("local", &local), ("tcp", &tcp)] {
-                for (w, closed) in [(span / 40, Closed::Right), (span * 4, Closed::Both)] {
-                    let what = format!("{backend} {n} ranks, float keys, w={w}, {closed:?}");
-                    run_case(
-                        ctxs,
-                        &rows,
-                        &DataType::Int64,
-                        Grouping::Float,
-                        w,
-                        closed,
-                        &what,
-                    )
-                    .await;
-                }
-            }
-            shutdown_all(&tcp).await;
-        });
-    }
+    groups_match_the_int_keys(Grouping::Float, 7, Closed::Both);
 }
 
 /// Two group columns together, one of them float (0.0 with -0.0, every NaN
@@ -699,24 +677,23 @@ fn float_keys_group_like_duckdb_and_polars() {
 /// local and tcp.
 #[test]
 fn two_group_columns_group_together() {
+    groups_match_the_int_keys(Grouping::Pair, 8, Closed::Left);
+}
+
+/// `run_case` with `grouping` on uniform rows from `seed`, every rank count,
+/// local and tcp: a short window closed right and a window over all the
+/// data closed `wide`.
+fn groups_match_the_int_keys(grouping: Grouping, seed: u64, wide: Closed) {
     let rt = runtime();
-    let (rows, span) = rows(Data::Uniform, 8);
+    let (rows, span) = rows(Data::Uniform, seed);
     for n in RANK_COUNTS {
         rt.block_on(async {
             let (local, tcp) = local_and_tcp(n).await;
             for (backend, ctxs) in [("local", &local), ("tcp", &tcp)] {
-                for (w, closed) in [(span / 40, Closed::Right), (span * 4, Closed::Left)] {
-                    let what = format!("{backend} {n} ranks, two group columns, w={w}, {closed:?}");
-                    run_case(
-                        ctxs,
-                        &rows,
-                        &DataType::Int64,
-                        Grouping::Pair,
-                        w,
-                        closed,
-                        &what,
-                    )
-                    .await;
+                for (w, closed) in [(span / 40, Closed::Right), (span * 4, wide)] {
+                    let what = format!("{backend} {n} ranks, {grouping:?}, w={w}, {closed:?}");
+                    let ts = DataType::Int64;
+                    run_case(ctxs, &rows, &ts, grouping, w, closed, &what).await;
                 }
             }
             shutdown_all(&tcp).await;
