@@ -81,9 +81,9 @@ impl Event {
     }
 
     /// Blocks the calling thread until the event is set, where tasks of
-    /// the runtime `driver` set it. On a thread of a multi-thread runtime
-    /// braid built (a rank's, [`mark_runtime_thread`]: a job's task runs
-    /// there), the worker first hands its other tasks to another thread
+    /// the runtime `driver` set it. In a task braid spawned on a
+    /// multi-thread runtime (a rank's job, a graph's node: [`spawned_task`]),
+    /// the worker first hands its other tasks to another thread
     /// (`tokio::task::block_in_place`), so a task that waits does not hold
     /// the only worker its collective runs on. In the future a
     /// current-thread runtime `driver` runs with `block_on`, nothing else
@@ -92,10 +92,10 @@ impl Event {
     /// the caller's to avoid: a task spawned on a current-thread `driver`
     /// (it shares the thread that would have to set the event; a thread
     /// of that runtime's blocking pool looks the same and may wait), and a
-    /// worker of a multi-thread runtime of the caller's own that has no
-    /// other worker free to run the collective (`block_in_place` is not
-    /// used there: in a `LocalSet` on that runtime's `block_on` thread,
-    /// which looks the same, it panics).
+    /// task of the caller's own on a multi-thread runtime with no other
+    /// worker free to run the collective (`block_in_place` is used only in
+    /// braid's own tasks: elsewhere, in a `LocalSet` on a `block_on` thread
+    /// or a blocking-pool thread, which look the same, it panics).
     pub fn wait_blocking_beside(&self, driver: tokio::runtime::Id) -> Result<(), BlockingOnDriver> {
         if self.is_set() {
             return Ok(());
@@ -108,7 +108,7 @@ impl Event {
                     return Err(BlockingOnDriver);
                 }
                 tokio::runtime::RuntimeFlavor::CurrentThread => self.wait_blocking(),
-                _ if RUNTIME_THREAD.with(std::cell::Cell::get) => {
+                _ if SPAWNED_TASK.try_with(|_| ()).is_ok() => {
                     tokio::task::block_in_place(|| self.wait_blocking());
                 }
                 _ => self.wait_blocking(),
@@ -144,18 +144,21 @@ impl Event {
     }
 }
 
-thread_local! {
-    /// Whether this thread belongs to a multi-thread runtime braid built
-    /// (a worker, or a thread of its blocking pool): there
-    /// `tokio::task::block_in_place` is always allowed.
-    static RUNTIME_THREAD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+tokio::task_local! {
+    /// Set while a task braid spawned on a runtime's workers (a rank's
+    /// job, a graph's node) is polled: `tokio::task::block_in_place` is
+    /// allowed there on a multi-thread runtime.
+    static SPAWNED_TASK: ();
 }
 
-/// Marks the calling thread as one of a multi-thread runtime braid built
-/// (for the runtime builder's `on_thread_start`): a blocking wait there
-/// moves the worker's tasks away first ([`Event::wait_blocking_beside`]).
-pub fn mark_runtime_thread() {
-    RUNTIME_THREAD.with(|m| m.set(true));
+/// `fut`, marked as a task spawned on a runtime's workers (for
+/// `tokio::spawn` and `JoinSet::spawn` only): a blocking wait inside it
+/// moves the worker's other tasks away first
+/// ([`Event::wait_blocking_beside`]).
+pub fn spawned_task<F: std::future::Future>(
+    fut: F,
+) -> impl std::future::Future<Output = F::Output> {
+    SPAWNED_TASK.scope((), fut)
 }
 
 /// A blocking wait refused: the calling thread is the only thread of the

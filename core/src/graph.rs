@@ -17,6 +17,7 @@ use crate::Rank;
 use crate::channel::ChannelError;
 use crate::context::Context;
 use crate::error::{CommError, MemoryError};
+use crate::event::spawned_task;
 
 /// A boxed error from user code.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
@@ -119,8 +120,10 @@ impl Graph {
         for (i, (name, fut)) in self.nodes.into_iter().enumerate() {
             let span = tracing::info_span!("node", rank, name = %name);
             let h = match classes.get(i) {
-                Some(ops) => set.spawn(self.ctx.with_op_source(ops.clone(), fut).instrument(span)),
-                None => set.spawn(fut.instrument(span)),
+                Some(ops) => set.spawn(spawned_task(
+                    self.ctx.with_op_source(ops.clone(), fut).instrument(span),
+                )),
+                None => set.spawn(spawned_task(fut.instrument(span))),
             };
             names.insert(h.id(), name);
         }

@@ -324,7 +324,6 @@ fn runtime(workers: usize, rank: Rank, name: &str) -> Result<tokio::runtime::Run
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(workers.max(1))
         .thread_name(name)
-        .on_thread_start(crate::event::mark_runtime_thread)
         .enable_all()
         .build()
         .map_err(|e| RankError {
@@ -372,7 +371,7 @@ fn run_shared<T: Send + 'static>(
             })?;
         let handles: Vec<_> = ctxs
             .into_iter()
-            .map(|ctx| tokio::spawn(start(ctx, err_tx.clone())))
+            .map(|ctx| tokio::spawn(crate::event::spawned_task(start(ctx, err_tx.clone()))))
             .collect();
         drop(err_tx);
         let mut outcomes = Vec::new();
@@ -411,7 +410,7 @@ fn run_rank_threads<T: Send + 'static>(
         let started = std::thread::Builder::new()
             .name(format!("braid-rank-{rank}"))
             .spawn(move || {
-                let task = rt.spawn(task);
+                let task = rt.spawn(crate::event::spawned_task(task));
                 rt.block_on(task)
             });
         match started {

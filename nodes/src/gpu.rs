@@ -134,6 +134,13 @@ pub fn check_gpu_spec(
             });
         }
     }
+    if columns == Columns::AllOnDevice && spec.by.len() > 1 {
+        // Only the job's node codes several group columns as one.
+        return Err(DataError::Invalid(format!(
+            "the gpu rolling node groups by one column, not {:?} (the GPU job codes several as one)",
+            spec.by
+        )));
+    }
     for by in &spec.by {
         let t = schema.field(column_index(schema, by)?).data_type();
         if columns == Columns::AllOnDevice && !num_type(t).is_some_and(NumType::is_integer) {

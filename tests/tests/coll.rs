@@ -1245,6 +1245,19 @@ fn blocking_waits_inside_a_job_complete() {
                     return Err(format!("partition {pid}: {got} chunks, not {n}").into());
                 }
             }
+            // From a blocking-pool thread running a LocalSet (where tokio
+            // refuses `block_in_place`) the wait just blocks.
+            let v = vec![c.rank() as i64];
+            let h = braid_coll::start_allreduce(&c, v, ReduceKind::Sum.into(), None);
+            let got = tokio::task::spawn_blocking(move || {
+                let local = tokio::task::LocalSet::new();
+                tokio::runtime::Handle::current().block_on(local.run_until(async { h.wait() }))
+            })
+            .await??;
+            let want = i64::from(n) * (i64::from(n) - 1) / 2;
+            if got != vec![want] {
+                return Err(format!("allreduce from a LocalSet: {got:?}, not [{want}]").into());
+            }
             Ok(sums)
         });
         let ranks = i64::from(n);

@@ -93,14 +93,19 @@ unsafe impl Sync for Base {}
 /// three quarters of them unless each would copy `FULL_SHARE` or more:
 /// see the module's cost model.
 pub fn fill_threads(bytes: usize) -> usize {
-    let cap = threads_override().unwrap_or_else(|| {
-        let cores = crate::context::cores_per_rank();
-        if bytes / cores.max(1) >= FULL_SHARE {
-            cores
-        } else {
-            cores - cores / 4
-        }
-    });
+    match threads_override() {
+        Some(cap) => cap.min(bytes / PER_THREAD).max(1),
+        None => fill_threads_on(bytes, crate::context::cores_per_rank()),
+    }
+}
+
+/// [`fill_threads`] for a rank with `cores` cores and no override.
+fn fill_threads_on(bytes: usize, cores: usize) -> usize {
+    let cap = if bytes / cores.max(1) >= FULL_SHARE {
+        cores
+    } else {
+        cores - cores / 4
+    };
     cap.min(bytes / PER_THREAD).max(1)
 }
 
@@ -478,11 +483,24 @@ mod tests {
         // or more a thread, on three quarters of the rank's cores.
         assert!(fill_threads(len) >= 1);
         assert_eq!(fill_threads(PER_THREAD - 1), 1);
-        if threads_override().is_none() {
-            let cores = crate::context::cores_per_rank();
-            assert_eq!(fill_threads(1 << 20), (cores - cores / 4).min(4));
-            let big = FULL_SHARE * cores;
-            assert_eq!(fill_threads(big), cores.min(big / PER_THREAD));
+        for (bytes, cores, want) in [
+            (1 << 20, 1, 1),
+            (1 << 20, 2, 2),
+            (1 << 20, 4, 3),
+            (1 << 20, 8, 4),
+            (2 << 20, 8, 6),
+            (8 << 20, 8, 6),
+            (16 << 20, 8, 8),
+            (4 << 20, 4, 3),
+            (8 << 20, 4, 4),
+            (64 << 20, 16, 16),
+            (usize::MAX, 0, 1),
+        ] {
+            assert_eq!(
+                fill_threads_on(bytes, cores),
+                want,
+                "{bytes} bytes, {cores} cores"
+            );
         }
     }
 }
