@@ -35,7 +35,7 @@
 //! };
 //! let spec = RollingSpec {
 //!     order: "ts".into(),
-//!     by: Some("key".into()),
+//!     by: vec!["key".into()],
 //!     values: vec!["v".into()],
 //!     window: 1000.into(),
 //!     closed: Closed::Right,
