@@ -86,12 +86,13 @@ impl Event {
     /// the worker first hands its other tasks to another thread
     /// (`tokio::task::block_in_place`), so a task that waits does not hold
     /// the only worker its collective runs on. In the future a
-    /// current-thread runtime `driver` runs with `block_on`, nothing else
-    /// could set the event: refused ([`BlockingOnDriver`]). Elsewhere the
-    /// thread just blocks. Two cases tokio gives no way to tell apart stay
-    /// the caller's to avoid: a task spawned on a current-thread `driver`
-    /// (it shares the thread that would have to set the event; a thread
-    /// of that runtime's blocking pool looks the same and may wait), and a
+    /// current-thread runtime `driver` runs with `block_on`, or in a task
+    /// braid spawned on it, nothing else could set the event: refused
+    /// ([`BlockingOnDriver`]). Elsewhere the thread just blocks. Two cases
+    /// tokio gives no way to tell apart stay the caller's to avoid: a task
+    /// of the caller's own spawned on a current-thread `driver` (it shares
+    /// the thread that would have to set the event; a thread of that
+    /// runtime's blocking pool looks the same and may wait), and a
     /// task of the caller's own on a multi-thread runtime with no other
     /// worker free to run the collective (`block_in_place` is used only in
     /// braid's own tasks: elsewhere, in a `LocalSet` on a `block_on` thread
@@ -102,13 +103,16 @@ impl Event {
         }
         match tokio::runtime::Handle::try_current() {
             Ok(h) => match h.runtime_flavor() {
+                // The driver's `block_on`, or a task braid spawned on it
+                // (both run on its one thread).
                 tokio::runtime::RuntimeFlavor::CurrentThread
-                    if h.id() == driver && tokio::task::try_id().is_none() =>
+                    if h.id() == driver
+                        && (tokio::task::try_id().is_none() || in_spawned_task()) =>
                 {
                     return Err(BlockingOnDriver);
                 }
                 tokio::runtime::RuntimeFlavor::CurrentThread => self.wait_blocking(),
-                _ if SPAWNED_TASK.try_with(|_| ()).is_ok() => {
+                _ if in_spawned_task() => {
                     tokio::task::block_in_place(|| self.wait_blocking());
                 }
                 _ => self.wait_blocking(),
@@ -149,6 +153,11 @@ tokio::task_local! {
     /// job, a graph's node) is polled: `tokio::task::block_in_place` is
     /// allowed there on a multi-thread runtime.
     static SPAWNED_TASK: ();
+}
+
+/// Whether the caller runs inside a task braid spawned ([`spawned_task`]).
+fn in_spawned_task() -> bool {
+    SPAWNED_TASK.try_with(|_| ()).is_ok()
 }
 
 /// `fut`, marked as a task spawned on a runtime's workers (for

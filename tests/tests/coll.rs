@@ -1306,6 +1306,34 @@ fn a_blocking_wait_on_the_driving_thread_is_refused() {
     });
 }
 
+/// A graph's node on the one thread of a current-thread runtime that
+/// drives its collectives: a blocking wait there fails at once (it would
+/// hold the thread the collective needs) and the node's error says why;
+/// the peer's collective still completes.
+#[test]
+fn a_blocking_wait_in_a_node_on_the_driving_thread_fails() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let ctxs = local_ctxs(2, MemoryLimits::UNLIMITED).await;
+        let mut g = braid_core::Graph::new(ctxs[0].clone());
+        let c0 = ctxs[0].clone();
+        g.add("waits", async move {
+            braid_coll::start_barrier(&c0, None)
+                .wait()
+                .map_err(braid_core::NodeError::other)
+        });
+        let run = tokio::time::timeout(Duration::from_secs(30), g.run());
+        let peer = tokio::time::timeout(Duration::from_secs(30), barrier(&ctxs[1]));
+        let (r, p) = tokio::join!(run, peer);
+        let e = r.expect("the graph hung").unwrap_err().to_string();
+        assert!(e.contains("await the operation instead"), "{e}");
+        p.expect("the peer's barrier hung").unwrap();
+    });
+}
+
 /// A blocking wait from a `LocalSet` on a multi-thread runtime's `block_on`
 /// thread (where tokio refuses `block_in_place`) blocks that thread, not a
 /// worker: it completes with the right result instead of panicking.
