@@ -57,6 +57,38 @@ pub fn column_index(batch_schema: &arrow_schema::Schema, name: &str) -> Result<u
         })
 }
 
+/// Fails unless `batch` has `schema`'s columns: the same names and types
+/// in the same order (nullability may differ). Operators that index a
+/// batch's columns by the schema's positions call it on every batch they
+/// take, so a chunk of another shape is a clear error (`what` names the
+/// operator), not an index out of bounds or a silently wrong column.
+pub fn check_columns(what: &str, schema: &arrow_schema::Schema, batch: &RecordBatch) -> Result<()> {
+    let (want, got) = (schema.fields(), batch.schema_ref().fields());
+    // Chunks usually share the schema's own fields: nothing to compare.
+    if want == got {
+        return Ok(());
+    }
+    let same = got.len() == want.len()
+        && got
+            .iter()
+            .zip(want.iter())
+            .all(|(g, w)| g.name() == w.name() && g.data_type() == w.data_type());
+    if same {
+        return Ok(());
+    }
+    let list = |fs: &arrow_schema::Fields| {
+        fs.iter()
+            .map(|f| format!("{}: {}", f.name(), f.data_type()))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    Err(DataError::Invalid(format!(
+        "{what}: a chunk's columns ({}) differ from the schema's ({})",
+        list(got),
+        list(want)
+    )))
+}
+
 /// A row converter for the given key columns with their sort options.
 /// Float keys are encoded as [`order_key_column`] gives them (f64), so
 /// they order as DuckDB and Polars order them.
@@ -128,47 +160,134 @@ pub fn split_by(batch: &RecordBatch, dest: &[u32], nparts: usize) -> Result<Vec<
 /// A key column as grouping compares it: a float column (or a dictionary
 /// of floats) becomes f64 with -0.0 as 0.0 and every NaN as one NaN, as
 /// DuckDB and Polars group (the row format orders floats totally, so it
-/// would tell those apart); `None` for any other type, which groups by its
-/// values as they are.
+/// would tell those apart); lists, fixed-size lists and structs with float
+/// values inside are rebuilt with their floats so made (DuckDB and Polars
+/// compare nested floats the same way); `None` for any other type, which
+/// groups by its values as they are.
 pub fn canonical_group_key(col: &ArrayRef) -> Result<Option<ArrayRef>> {
+    use arrow_array::cast::AsArray;
+    use arrow_array::{FixedSizeListArray, LargeListArray, ListArray, StructArray};
     use arrow_schema::DataType;
     if !is_float_key(col.data_type()) {
         return Ok(None);
     }
-    let wide = arrow_cast::cast(col, &DataType::Float64)?;
-    let f = wide
-        .as_any()
-        .downcast_ref::<Float64Array>()
-        .ok_or_else(|| DataError::Invalid("float key cast failed".into()))?;
-    let canon: Float64Array = f.unary(|x| {
-        if x.is_nan() {
-            f64::NAN
-        } else if x == 0.0 {
-            0.0
-        } else {
-            x
+    // The canonical form of a child array (always float-bearing here).
+    let child = |a: &ArrayRef| -> Result<ArrayRef> {
+        Ok(canonical_group_key(a)?.unwrap_or_else(|| a.clone()))
+    };
+    let out: ArrayRef = match col.data_type() {
+        DataType::Float16 | DataType::Float32 | DataType::Float64 => {
+            let wide = arrow_cast::cast(col, &DataType::Float64)?;
+            let f = wide
+                .as_any()
+                .downcast_ref::<Float64Array>()
+                .ok_or_else(|| DataError::Invalid("float key cast failed".into()))?;
+            Arc::new(f.unary::<_, arrow_array::types::Float64Type>(|x| {
+                if x.is_nan() {
+                    f64::NAN
+                } else if x == 0.0 {
+                    0.0
+                } else {
+                    x
+                }
+            }))
         }
-    });
-    Ok(Some(Arc::new(canon)))
+        // A dictionary's values, unpacked, in their canonical form.
+        DataType::Dictionary(_, v) => child(&arrow_cast::cast(col, v)?)?,
+        DataType::List(f) => {
+            let l = col.as_list::<i32>();
+            Arc::new(ListArray::try_new(
+                canonical_field(f),
+                l.offsets().clone(),
+                child(l.values())?,
+                l.nulls().cloned(),
+            )?)
+        }
+        DataType::LargeList(f) => {
+            let l = col.as_list::<i64>();
+            Arc::new(LargeListArray::try_new(
+                canonical_field(f),
+                l.offsets().clone(),
+                child(l.values())?,
+                l.nulls().cloned(),
+            )?)
+        }
+        DataType::FixedSizeList(f, size) => {
+            let l = col.as_fixed_size_list();
+            Arc::new(FixedSizeListArray::try_new(
+                canonical_field(f),
+                *size,
+                child(l.values())?,
+                l.nulls().cloned(),
+            )?)
+        }
+        DataType::Struct(fields) => {
+            let s = col.as_struct();
+            let cols = s
+                .columns()
+                .iter()
+                .map(|c| {
+                    if is_float_key(c.data_type()) {
+                        child(c)
+                    } else {
+                        Ok(c.clone())
+                    }
+                })
+                .collect::<Result<Vec<_>>>()?;
+            let fields: arrow_schema::Fields = fields.iter().map(canonical_field).collect();
+            Arc::new(StructArray::try_new(fields, cols, s.nulls().cloned())?)
+        }
+        other => {
+            return Err(DataError::Invalid(format!(
+                "no grouping form for key type {other}"
+            )));
+        }
+    };
+    Ok(Some(out))
 }
 
 /// Whether a key column of this type groups by `canonical_group_key`:
-/// floats, and dictionaries of floats (a categorical of floats).
+/// floats, dictionaries of floats (a categorical of floats), and lists,
+/// fixed-size lists and structs with such values inside.
 pub fn is_float_key(t: &arrow_schema::DataType) -> bool {
     use arrow_schema::DataType;
     match t {
         DataType::Float16 | DataType::Float32 | DataType::Float64 => true,
         DataType::Dictionary(_, v) => is_float_key(v),
+        DataType::List(f) | DataType::LargeList(f) | DataType::FixedSizeList(f, _) => {
+            is_float_key(f.data_type())
+        }
+        DataType::Struct(fields) => fields.iter().any(|f| is_float_key(f.data_type())),
         _ => false,
     }
 }
 
 /// The type [`canonical_group_key`] gives a key column of type `t`.
 pub fn group_key_type(t: &arrow_schema::DataType) -> arrow_schema::DataType {
-    if is_float_key(t) {
-        arrow_schema::DataType::Float64
+    use arrow_schema::DataType;
+    if !is_float_key(t) {
+        return t.clone();
+    }
+    match t {
+        DataType::Dictionary(_, v) => group_key_type(v),
+        DataType::List(f) => DataType::List(canonical_field(f)),
+        DataType::LargeList(f) => DataType::LargeList(canonical_field(f)),
+        DataType::FixedSizeList(f, size) => DataType::FixedSizeList(canonical_field(f), *size),
+        DataType::Struct(fields) => DataType::Struct(fields.iter().map(canonical_field).collect()),
+        _ => DataType::Float64,
+    }
+}
+
+/// A nested type's child field with its type as [`group_key_type`] makes it.
+fn canonical_field(f: &arrow_schema::FieldRef) -> arrow_schema::FieldRef {
+    if is_float_key(f.data_type()) {
+        Arc::new(
+            f.as_ref()
+                .clone()
+                .with_data_type(group_key_type(f.data_type())),
+        )
     } else {
-        t.clone()
+        f.clone()
     }
 }
 
@@ -185,10 +304,20 @@ pub fn hash_partition(
             "hash partitioning needs at least one key column".into(),
         ));
     }
+    if nparts == 0 {
+        return Err(DataError::Invalid(
+            "hash partitioning needs at least one partition".into(),
+        ));
+    }
     let mut fields = Vec::with_capacity(key_cols.len());
     let mut cols = Vec::with_capacity(key_cols.len());
     for &i in key_cols {
-        let c = batch.column(i);
+        let c = batch.columns().get(i).ok_or_else(|| {
+            DataError::Invalid(format!(
+                "key column {i} is not below the batch's {} columns",
+                batch.num_columns()
+            ))
+        })?;
         let c = canonical_group_key(c)?.unwrap_or_else(|| c.clone());
         fields.push(SortField::new(c.data_type().clone()));
         cols.push(c);

@@ -42,7 +42,7 @@ use braid_kernels::window::Zone;
 
 use crate::error::{DataError, Result};
 use crate::ipc::{pack, unpack};
-use crate::partition::{canonical_group_key, column_index, is_float_key};
+use crate::partition::{canonical_group_key, column_index, group_key_type, is_float_key};
 use crate::shuffle::hash_shuffle;
 use crate::sort::{DistributedSort, SortKey, sort_parts};
 use crate::threads::{map_scoped, rank_threads};
@@ -747,7 +747,7 @@ fn grouped(local: Vec<RecordBatch>, schema: SchemaRef, spec: &RollingSpec) -> Re
         for &i in &floats {
             fields.push(Arc::new(Field::new(
                 canonical_key(i),
-                DataType::Float64,
+                group_key_type(schema.field(keys[i]).data_type()),
                 true,
             )));
         }

@@ -10,7 +10,7 @@ use braid_core::{Context, PackedData, Payload, Receiver};
 
 use crate::error::{DataError, Result};
 use crate::ipc::{pack, unpack};
-use crate::partition::{column_index, hash_partition};
+use crate::partition::{check_columns, column_index, hash_partition};
 
 /// A shuffle of record batches to ranks: each batch is split into one part
 /// per rank; other ranks' parts are packed and sent at once, this rank's part
@@ -119,6 +119,7 @@ pub async fn hash_shuffle(
         let Payload::Table(t) = m.payload else {
             return Err(DataError::Invalid("shuffle got a non-table message".into()));
         };
+        check_columns("hash shuffle", &schema, t.batch())?;
         let cols = cols.clone();
         shuffle
             .insert(move || hash_partition(t.batch(), &cols, n))

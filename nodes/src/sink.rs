@@ -27,6 +27,7 @@ use parquet::file::properties::WriterProperties;
 
 use crate::error::{DataError, Result};
 use crate::parquet_writer::{ColumnParallelWriter, concat_parquet};
+use crate::partition::check_columns;
 
 /// File format of a sink.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -277,32 +278,7 @@ impl FileSink {
     /// field's type by position, and a CSV part's header comes from the
     /// schema, so any other chunk would be written wrong without a word.
     fn check_columns(&self, b: &RecordBatch) -> Result<()> {
-        let want = self.schema.fields();
-        let got = b.schema();
-        // Chunks usually share the sink's schema itself: no field compared.
-        if Arc::ptr_eq(&got, &self.schema) {
-            return Ok(());
-        }
-        let same = got.fields().len() == want.len()
-            && got
-                .fields()
-                .iter()
-                .zip(want.iter())
-                .all(|(g, w)| g.name() == w.name() && g.data_type() == w.data_type());
-        if same {
-            return Ok(());
-        }
-        let list = |fs: &arrow_schema::Fields| {
-            fs.iter()
-                .map(|f| format!("{}: {}", f.name(), f.data_type()))
-                .collect::<Vec<_>>()
-                .join(", ")
-        };
-        Err(DataError::Invalid(format!(
-            "file sink: a chunk's columns ({}) differ from the sink's schema ({})",
-            list(got.fields()),
-            list(want)
-        )))
+        check_columns("file sink", &self.schema, b)
     }
 
     async fn write_part(&self, input: &mut Receiver, part: &Path) -> Result<(), NodeError> {

@@ -38,7 +38,7 @@ use braid_kernels::sort::{gather_packed, order_key, radix_sort_pairs_on, unpack_
 
 use crate::error::{DataError, Result};
 use crate::partition::{
-    Splitters, column_index, converter, key_rows, order_key_column, range_partition,
+    Splitters, check_columns, column_index, converter, key_rows, order_key_column, range_partition,
 };
 use crate::shuffle::TableShuffle;
 use crate::threads::{map_scoped, rank_threads};
@@ -90,10 +90,10 @@ fn resolve(schema: &arrow_schema::Schema, keys: &[SortKey]) -> Result<Vec<(usize
 /// a sort of row indices by the keys' row format (one memcmp per
 /// comparison, no per-column dispatch).
 pub fn local_sort(batch: &RecordBatch, keys: &[SortKey]) -> Result<RecordBatch> {
+    let resolved = resolve(batch.schema_ref(), keys)?;
     if batch.num_rows() <= 1 {
         return Ok(batch.clone());
     }
-    let resolved = resolve(batch.schema_ref(), keys)?;
     let idx = if resolved.len() == 1 {
         let cols = resolved
             .into_iter()
@@ -157,6 +157,9 @@ pub fn sort_parts(
 ) -> Result<RecordBatch> {
     if parts.is_empty() {
         return Ok(RecordBatch::new_empty(schema.clone()));
+    }
+    for p in &parts {
+        check_columns("sort", schema, p)?;
     }
     if let Some(rows) = radix_order(schema, &parts, keys)? {
         return gather_rows(schema, &parts, &rows);
@@ -259,6 +262,19 @@ fn range_bits(parts: &[ScalarBuffer<i64>]) -> Option<(i64, u32)> {
 /// decimals) are gathered straight from the parts' value buffers, with
 /// their validity; other columns go through Arrow's `interleave`.
 pub fn gather_rows(schema: &SchemaRef, parts: &[RecordBatch], rows: &[u64]) -> Result<RecordBatch> {
+    for p in parts {
+        check_columns("gather", schema, p)?;
+    }
+    if let Some(r) = rows.iter().find(|r| {
+        let (b, i) = unpack_row(**r);
+        parts.get(b).is_none_or(|p| i >= p.num_rows())
+    }) {
+        let (b, i) = unpack_row(*r);
+        return Err(DataError::Invalid(format!(
+            "gather: row {i} of part {b} is not among the {} parts' rows",
+            parts.len()
+        )));
+    }
     // (batch, row) pairs for the columns that go through `interleave`,
     // made once by the first such column.
     let pairs: OnceLock<Vec<(usize, usize)>> = OnceLock::new();
@@ -395,6 +411,9 @@ impl DistributedSort {
     ) -> Result<RecordBatch> {
         let n = ctx.nranks() as usize;
         let keys = resolve(&schema, &self.keys)?;
+        for b in &batches {
+            check_columns("distributed sort", &schema, b)?;
+        }
         if n == 1 {
             let (schema, sk) = (schema.clone(), self.keys.clone());
             return tokio::task::spawn_blocking(move || sort_parts(&schema, batches, &sk))

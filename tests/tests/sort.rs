@@ -473,3 +473,320 @@ fn a_sort_without_keys_is_an_error() {
         });
     }
 }
+
+/// Rank r's rows of (id, l: list<f64>, s: struct<a: f64, b: i64>): lists
+/// of 0-3 values and structs over the float values that orders disagree
+/// on (`float_rows`' specials), some lists null.
+fn nested_rows(seed: u64, r: u32) -> RecordBatch {
+    use arrow_array::builder::{Float64Builder, ListBuilder};
+    use arrow_array::{ArrayRef, StructArray};
+    let specials = [
+        0.0,
+        -0.0,
+        f64::NAN,
+        -f64::NAN,
+        f64::from_bits(0xfff0_0000_0000_0001),
+        f64::INFINITY,
+        f64::NEG_INFINITY,
+        1.5,
+    ];
+    let mut g = SplitMix(seed_of(&[seed, r as u64]));
+    let count = if r % 4 == 3 {
+        0
+    } else {
+        30 + g.below(90) as usize
+    };
+    let mut pick = || specials[g.below(specials.len() as u64) as usize];
+    let mut lists = ListBuilder::new(Float64Builder::new());
+    let mut a = Vec::with_capacity(count);
+    let mut b = Vec::with_capacity(count);
+    for _ in 0..count {
+        if pick() == 1.5 && pick() == 1.5 {
+            lists.append_null();
+        } else {
+            let len = (pick().to_bits() % 4) as usize;
+            for _ in 0..len {
+                let x = pick();
+                lists.values().append_value(x);
+            }
+            lists.append(true);
+        }
+        a.push(pick());
+        b.push((pick().to_bits() % 3) as i64);
+    }
+    let s = StructArray::from(vec![
+        (
+            Arc::new(Field::new("a", DataType::Float64, false)),
+            Arc::new(Float64Array::from(a)) as ArrayRef,
+        ),
+        (
+            Arc::new(Field::new("b", DataType::Int64, false)),
+            Arc::new(Int64Array::from(b)) as ArrayRef,
+        ),
+    ]);
+    let ids: Vec<i64> = (0..count).map(|i| (r as i64) << 32 | i as i64).collect();
+    let (l, s): (ArrayRef, ArrayRef) = (Arc::new(lists.finish()), Arc::new(s));
+    // Every rank's schema the same, whether its lists hold a null or not.
+    let schema = Schema::new(vec![
+        Field::new("id", DataType::Int64, false),
+        Field::new("l", l.data_type().clone(), true),
+        Field::new("s", s.data_type().clone(), false),
+    ]);
+    RecordBatch::try_new(
+        Arc::new(schema),
+        vec![Arc::new(Int64Array::from(ids)), l, s],
+    )
+    .unwrap()
+}
+
+/// (id, l, (s.a, s.b)) of each row.
+type NestedKey = (i64, Option<Vec<f64>>, (f64, i64));
+
+fn nested_keys_of(b: &RecordBatch) -> Vec<NestedKey> {
+    use arrow_array::cast::AsArray;
+    let id = b.column(0).as_any().downcast_ref::<Int64Array>().unwrap();
+    let l = b.column(1).as_list::<i32>();
+    let s = b.column(2).as_struct();
+    let sa = s.column(0).as_any().downcast_ref::<Float64Array>().unwrap();
+    let sb = s.column(1).as_any().downcast_ref::<Int64Array>().unwrap();
+    (0..b.num_rows())
+        .map(|i| {
+            let list = (!l.is_null(i)).then(|| {
+                let v = l.value(i);
+                v.as_any()
+                    .downcast_ref::<Float64Array>()
+                    .unwrap()
+                    .values()
+                    .to_vec()
+            });
+            (id.value(i), list, (sa.value(i), sb.value(i)))
+        })
+        .collect()
+}
+
+/// Lists as DuckDB's `ORDER BY` and Polars' `sort` order them: element by
+/// element (`float_cmp`), a prefix first; null lists last.
+fn list_cmp(x: &Option<Vec<f64>>, y: &Option<Vec<f64>>) -> std::cmp::Ordering {
+    use std::cmp::Ordering::*;
+    match (x, y) {
+        (None, None) => Equal,
+        (None, Some(_)) => Greater,
+        (Some(_), None) => Less,
+        (Some(p), Some(q)) => p
+            .iter()
+            .zip(q)
+            .map(|(a, b)| float_cmp(*a, *b))
+            .find(|o| *o != Equal)
+            .unwrap_or(p.len().cmp(&q.len())),
+    }
+}
+
+/// Float values inside list and struct keys sort as DuckDB and Polars
+/// sort them (-0.0 tied with 0.0, every NaN last), not in the row
+/// format's IEEE total order: every rank count, local and tcp; the order
+/// within and across ranks, no key split across ranks, every row once
+/// with its own value bits.
+#[test]
+fn nested_float_keys_sort_as_duckdb_and_polars() {
+    type Cmp = fn(&NestedKey, &NestedKey) -> std::cmp::Ordering;
+    let orders: [(&str, Cmp); 2] = [
+        ("l", |x, y| list_cmp(&x.1, &y.1)),
+        ("s", |x, y| float_cmp(x.2.0, y.2.0).then(x.2.1.cmp(&y.2.1))),
+    ];
+    let rt = runtime();
+    for n in RANK_COUNTS {
+        rt.block_on(async {
+            let tcp = tcp_contexts(n, MemoryLimits::UNLIMITED).await;
+            for (world, ctxs) in [("local", local_ctxs(n).await), ("tcp", tcp.clone())] {
+                for (k, (column, cmp)) in orders.iter().enumerate() {
+                    let what = format!("{world}, {n} ranks, by {column}");
+                    let seed = 71 + n as u64 * 5 + k as u64;
+                    let sort = DistributedSort::new(vec![SortKey::asc(*column)]);
+                    let parts = sort_all(&ctxs, &sort, |r| nested_rows(seed, r)).await;
+                    let per_rank: Vec<Vec<NestedKey>> = parts.iter().map(nested_keys_of).collect();
+                    let all: Vec<&NestedKey> = per_rank.iter().flatten().collect();
+                    for w in all.windows(2) {
+                        assert_ne!(
+                            cmp(w[0], w[1]),
+                            std::cmp::Ordering::Greater,
+                            "{what}: {:?} before {:?}",
+                            w[0],
+                            w[1]
+                        );
+                    }
+                    for r in 1..per_rank.len() {
+                        for s in 0..r {
+                            if let (Some(last), Some(first)) =
+                                (per_rank[s].last(), per_rank[r].first())
+                            {
+                                assert_eq!(
+                                    cmp(last, first),
+                                    std::cmp::Ordering::Less,
+                                    "{what}: key of {last:?} split across ranks {s} and {r}"
+                                );
+                            }
+                        }
+                    }
+                    let bits = |k: &NestedKey| {
+                        let l =
+                            k.1.as_ref()
+                                .map(|v| v.iter().map(|x| x.to_bits()).collect());
+                        (k.0, l, k.2.0.to_bits(), k.2.1)
+                    };
+                    let mut got: Vec<(i64, Option<Vec<u64>>, u64, i64)> =
+                        all.iter().map(|k| bits(k)).collect();
+                    let mut want: Vec<_> = (0..n)
+                        .flat_map(|r| nested_keys_of(&nested_rows(seed, r)))
+                        .map(|k| bits(&k))
+                        .collect();
+                    got.sort_unstable();
+                    want.sort_unstable();
+                    assert_eq!(got, want, "{what}: every row once, values unchanged");
+                }
+            }
+            shutdown_all(&tcp).await;
+        });
+    }
+}
+
+/// A hash shuffle by a list key puts the lists that group together in
+/// DuckDB and Polars (`[0.0]` with `[-0.0]`, NaNs of any sign and payload
+/// together) on one rank: every rank count, local and tcp; every row once.
+#[test]
+fn nested_float_keys_shuffle_as_they_group() {
+    use braid_core::{Message, channel};
+    use braid_nodes::shuffle::hash_shuffle;
+    // A list's grouping form: -0.0 as 0.0, every NaN as one NaN.
+    let group = |l: &Option<Vec<f64>>| {
+        l.as_ref().map(|v| {
+            v.iter()
+                .map(|x| {
+                    if x.is_nan() {
+                        f64::NAN.to_bits()
+                    } else {
+                        (x + 0.0).to_bits()
+                    }
+                })
+                .collect::<Vec<u64>>()
+        })
+    };
+    let rt = runtime();
+    for n in RANK_COUNTS {
+        rt.block_on(async {
+            let tcp = tcp_contexts(n, MemoryLimits::UNLIMITED).await;
+            for (world, ctxs) in [("local", local_ctxs(n).await), ("tcp", tcp.clone())] {
+                let what = format!("{world}, {n} ranks");
+                let seed = 91 + n as u64;
+                let hs: Vec<_> = ctxs
+                    .iter()
+                    .map(|c| {
+                        let c = c.clone();
+                        tokio::spawn(async move {
+                            let b = nested_rows(seed, c.rank());
+                            let (mut tx, rx) = channel(2);
+                            let schema = b.schema();
+                            tx.send(Message::new(0, b)).await.unwrap();
+                            drop(tx);
+                            hash_shuffle(&c, schema, &["l".to_string()], rx).await
+                        })
+                    })
+                    .collect();
+                let mut home = std::collections::HashMap::new();
+                let mut got = Vec::new();
+                for (r, h) in hs.into_iter().enumerate() {
+                    let parts = tokio::time::timeout(Duration::from_secs(60), h)
+                        .await
+                        .expect("hung")
+                        .unwrap()
+                        .unwrap_or_else(|e| panic!("{what}, rank {r}: {e}"));
+                    for k in parts.iter().flat_map(nested_keys_of) {
+                        let at = *home.entry(group(&k.1)).or_insert(r);
+                        assert_eq!(at, r, "{what}: group of {:?} on ranks {at} and {r}", k.1);
+                        got.push(k.0);
+                    }
+                }
+                let mut want: Vec<i64> = (0..n)
+                    .flat_map(|r| nested_keys_of(&nested_rows(seed, r)))
+                    .map(|k| k.0)
+                    .collect();
+                got.sort_unstable();
+                want.sort_unstable();
+                assert_eq!(got, want, "{what}: every row once");
+            }
+            shutdown_all(&tcp).await;
+        });
+    }
+}
+
+/// A batch whose columns differ from the schema the sort or the shuffle
+/// was given is a clear error on every rank (it panicked with an index
+/// out of bounds, or would have sorted by the wrong column).
+#[test]
+fn a_batch_of_another_shape_is_an_error() {
+    use braid_core::{Message, channel};
+    use braid_nodes::shuffle::hash_shuffle;
+    let rt = runtime();
+    let swapped = |b: RecordBatch| b.project(&[0, 2, 1]).unwrap();
+    for n in [1, 2, 3] {
+        rt.block_on(async {
+            let ctxs = local_ctxs(n).await;
+            let hs: Vec<_> = ctxs
+                .iter()
+                .map(|c| {
+                    let c = c.clone();
+                    tokio::spawn(async move {
+                        let b = rows(3, c.rank(), n);
+                        let sorted = by_b().sort(&c, schema(), vec![swapped(b.clone())]).await;
+                        let (mut tx, rx) = channel(2);
+                        tx.send(Message::new(0, swapped(b))).await.unwrap();
+                        drop(tx);
+                        let shuffled = hash_shuffle(&c, schema(), &["b".to_string()], rx).await;
+                        (sorted.map(|_| ()), shuffled.map(|_| ()))
+                    })
+                })
+                .collect();
+            for (r, h) in hs.into_iter().enumerate() {
+                let (sorted, shuffled) = tokio::time::timeout(Duration::from_secs(60), h)
+                    .await
+                    .expect("hung")
+                    .unwrap();
+                for (what, res) in [("sort", sorted), ("shuffle", shuffled)] {
+                    let e = res.err().map(|e| e.to_string()).unwrap_or_default();
+                    assert!(
+                        e.contains("differ from the schema's"),
+                        "{n} ranks, rank {r}, {what}: {e:?}"
+                    );
+                }
+            }
+        });
+    }
+}
+
+/// The public partition helpers refuse bad arguments with an error (they
+/// panicked: a remainder by zero partitions, a key column or a row index
+/// out of range).
+#[test]
+fn partition_helpers_refuse_bad_arguments() {
+    use braid_nodes::partition::hash_partition;
+    use braid_nodes::sort::gather_rows;
+    let b = rows(4, 0, 1);
+    assert!(b.num_rows() > 0);
+    let e = |r: Result<usize, braid_nodes::DataError>| r.err().map(|e| e.to_string());
+    let msg = e(hash_partition(&b, &[0], 0).map(|v| v.len())).unwrap_or_default();
+    assert!(msg.contains("at least one partition"), "{msg:?}");
+    let msg = e(hash_partition(&b, &[7], 2).map(|v| v.len())).unwrap_or_default();
+    assert!(msg.contains("key column 7"), "{msg:?}");
+    let past = b.num_rows() as u64;
+    let msg =
+        e(gather_rows(&b.schema(), std::slice::from_ref(&b), &[0, past]).map(|x| x.num_rows()))
+            .unwrap_or_default();
+    assert!(msg.contains("not among"), "{msg:?}");
+    let msg =
+        e(gather_rows(&b.schema(), std::slice::from_ref(&b), &[1 << 32]).map(|x| x.num_rows()))
+            .unwrap_or_default();
+    assert!(msg.contains("not among"), "{msg:?}");
+    // In range: the rows as they are.
+    let g = gather_rows(&b.schema(), std::slice::from_ref(&b), &[past - 1, 0]).unwrap();
+    assert_eq!(g.num_rows(), 2);
+    assert_eq!(g.slice(1, 1), b.slice(0, 1));
+}
