@@ -457,6 +457,126 @@ fn csv_directory_reads_as_one_file() {
     }
 }
 
+/// CSV dates and timestamps keep every digit: a column of whole seconds
+/// in the rows its type is inferred from keeps a later row's fraction (it
+/// was truncated to the second), files of one directory that differ in
+/// precision read as one timestamp column (it became text), minutes
+/// without seconds are timestamps, and a date column with a later time of
+/// day fails naming the line (it kept the day alone).
+#[test]
+fn csv_dates_and_timestamps_keep_every_digit() {
+    let scratch = Scratch::new("cli-csv-time");
+    let d = scratch.path();
+    // 10,000 rows 5 s apart (value 1), then three with fractions.
+    let mut csv = String::from("id,ts,v\n");
+    for i in 0..10_000u64 {
+        let t = i * 5;
+        csv.push_str(&format!(
+            "{i},2024-01-01 {:02}:{:02}:{:02},1\n",
+            t / 3600,
+            t / 60 % 60,
+            t % 60
+        ));
+    }
+    for (id, t, v) in [
+        (10_000, "2024-01-01 14:00:00.6", 10),
+        (10_001, "2024-01-01 14:00:01.5", 20),
+        (10_002, "2024-01-01 14:00:01.9", 40),
+    ] {
+        csv.push_str(&format!("{id},{t},{v}\n"));
+    }
+    let input = d.join("late.csv");
+    std::fs::write(&input, csv).unwrap();
+    let job = |input: &Path, name: &str, window: &str| {
+        let out = d.join(name);
+        let (ok, _, err) = run(&[
+            "--input",
+            input.to_str().unwrap(),
+            "--output",
+            out.to_str().unwrap(),
+            "--ranks",
+            "2",
+            "--window",
+            window,
+            "--aggs",
+            "sum,count",
+        ]);
+        assert!(ok, "{name}: {err}");
+        let text = std::fs::read_to_string(&out).unwrap();
+        let mut rows: Vec<Vec<String>> = text
+            .lines()
+            .skip(1)
+            .map(|l| l.split(',').map(String::from).collect())
+            .collect();
+        rows.sort_by_key(|r| r[0].parse::<u64>().unwrap());
+        rows
+    };
+    let rows = job(&input, "late-out.csv", "1s");
+    assert_eq!(rows.len(), 10_003);
+    // Windows (t - 1 s, t]: the late rows' own sums, then two each.
+    let tail: Vec<(&str, &str, &str)> = rows[10_000..]
+        .iter()
+        .map(|r| (r[1].as_str(), r[3].as_str(), r[4].as_str()))
+        .collect();
+    assert_eq!(
+        tail,
+        [
+            ("2024-01-01T14:00:00.600", "10.0", "1"),
+            ("2024-01-01T14:00:01.500", "30.0", "2"),
+            ("2024-01-01T14:00:01.900", "60.0", "2"),
+        ]
+    );
+    assert_eq!(
+        (rows[9_999][3].as_str(), rows[9_999][4].as_str()),
+        ("1.0", "1")
+    );
+
+    // A directory whose files differ in precision; minutes alone.
+    let dir = d.join("parts");
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::write(dir.join("a.csv"), "id,ts,v\n1,2024-06-01 09:47,1\n").unwrap();
+    std::fs::write(
+        dir.join("b.csv"),
+        "id,ts,v\n2,2024-06-01 09:47:00.250,2\n3,2024-06-01T09:48:00.250123Z,4\n",
+    )
+    .unwrap();
+    let rows = job(&dir, "dir-out.csv", "1m");
+    let got: Vec<(&str, &str, &str)> = rows
+        .iter()
+        .map(|r| (r[1].as_str(), r[3].as_str(), r[4].as_str()))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("2024-06-01T09:47:00", "1.0", "1"),
+            ("2024-06-01T09:47:00.250", "3.0", "2"),
+            ("2024-06-01T09:48:00.250123", "4.0", "1"),
+        ]
+    );
+
+    // A date column whose line 10,002 has a time of day.
+    let mut csv = String::from("ts,v\n");
+    for i in 0..10_000u64 {
+        csv.push_str(&format!("2024-01-{:02},{i}\n", 1 + i % 28));
+    }
+    csv.push_str("2024-02-01 23:00:00,1\n");
+    let input = d.join("dates.csv");
+    std::fs::write(&input, csv).unwrap();
+    let out = d.join("dates-out.csv");
+    assert_clean_failure(
+        &[
+            "--input",
+            input.to_str().unwrap(),
+            "--output",
+            out.to_str().unwrap(),
+            "--window",
+            "2",
+        ],
+        &out,
+        "line 10002: value '2024-02-01 23:00:00' of column \"ts\" is not a date",
+    );
+}
+
 fn have_oracle() -> bool {
     Command::new("python3")
         .args(["-c", "import duckdb, polars, pyarrow"])

@@ -79,6 +79,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+mod csv_time;
 pub mod error;
 #[cfg(feature = "cuda")]
 pub mod gpu;

@@ -22,6 +22,7 @@ use braid_kernels::hash::{GOLDEN, mix64};
 use futures::StreamExt;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 
+use crate::csv_time;
 use crate::error::{DataError, Result};
 
 /// The synthetic data of the generator source.
@@ -326,13 +327,71 @@ fn csv_error(path: &Path, schema: &SchemaRef, e: arrow_schema::ArrowError) -> Da
     }
 }
 
+/// Rows of a CSV file its column types are inferred from.
+const CSV_SAMPLE_ROWS: usize = 10_000;
+
+/// A CSV file's schema, inferred from its first rows: Arrow's inference,
+/// then dates and timestamps as [`csv_time`] finds them in the same rows
+/// read as text (a timestamp in microseconds, or nanoseconds where a
+/// fraction has more digits; minutes without seconds too).
 fn csv_schema(path: &Path) -> Result<Schema> {
-    let f = File::open(path).map_err(|e| DataError::file(path, e))?;
+    let open = || File::open(path).map_err(|e| DataError::file(path, e));
     let (schema, _) = arrow_csv::reader::Format::default()
         .with_header(true)
-        .infer_schema(f, Some(10_000))
+        .infer_schema(open()?, Some(CSV_SAMPLE_ROWS))
         .map_err(|e| DataError::file(path, e))?;
-    Ok(schema)
+    let maybe_time = |t: &DataType| {
+        matches!(
+            t,
+            DataType::Date32 | DataType::Timestamp(..) | DataType::Utf8
+        )
+    };
+    if !schema.fields().iter().any(|f| maybe_time(f.data_type())) {
+        return Ok(schema);
+    }
+    let text = Arc::new(Schema::new(
+        schema
+            .fields()
+            .iter()
+            .map(|f| Field::new(f.name(), DataType::Utf8, true))
+            .collect::<Vec<_>>(),
+    ));
+    let sample = arrow_csv::ReaderBuilder::new(text)
+        .with_header(true)
+        .with_batch_size(CSV_SAMPLE_ROWS)
+        .build(open()?)
+        .map_err(|e| DataError::file(path, e))?
+        .next()
+        .transpose()
+        .map_err(|e| DataError::file(path, e))?;
+    let fields = schema
+        .fields()
+        .iter()
+        .enumerate()
+        .map(|(i, f)| {
+            let t = f.data_type();
+            let found = sample
+                .as_ref()
+                .filter(|_| maybe_time(t))
+                .and_then(|b| {
+                    b.column(i)
+                        .as_any()
+                        .downcast_ref::<arrow_array::StringArray>()
+                })
+                .and_then(csv_time::infer);
+            let t = match (found, t) {
+                (Some(found), _) => found,
+                // Arrow's pattern matched where the value does not parse:
+                // the read names the value.
+                (None, DataType::Timestamp(TimeUnit::Second | TimeUnit::Millisecond, z)) => {
+                    DataType::Timestamp(TimeUnit::Microsecond, z.clone())
+                }
+                (None, t) => t.clone(),
+            };
+            f.as_ref().clone().with_data_type(t)
+        })
+        .collect::<Vec<_>>();
+    Ok(Schema::new(fields))
 }
 
 /// The schema of CSV files read as one table: every file's header must
@@ -369,6 +428,16 @@ fn csv_table_schema(files: &[PathBuf]) -> Result<SchemaRef> {
                         (_, DataType::Null) => continue,
                         (DataType::Int64, DataType::Float64)
                         | (DataType::Float64, DataType::Int64) => DataType::Float64,
+                        // Timestamps take the finer unit; dates in one file
+                        // and timestamps in another are timestamps (as
+                        // DuckDB reads them).
+                        (DataType::Timestamp(u, None), DataType::Timestamp(v, None)) => {
+                            csv_time::timestamp(if *u == TimeUnit::Nanosecond { *u } else { *v })
+                        }
+                        (DataType::Timestamp(u, None), DataType::Date32)
+                        | (DataType::Date32, DataType::Timestamp(u, None)) => {
+                            csv_time::timestamp(*u)
+                        }
                         _ => DataType::Utf8,
                     };
                 }
@@ -555,11 +624,14 @@ impl Source {
                     let (tx, mut rx) = tokio::sync::mpsc::channel::<Result<RecordBatch>>(2);
                     let schema = schema.clone();
                     let parser = tokio::task::spawn_blocking(move || {
+                        // Dates and timestamps are read as text, then
+                        // converted strictly (`csv_time`).
+                        let read = csv_time::read_schema(&schema);
                         let reader =
                             File::open(&f)
                                 .map_err(|e| DataError::file(&f, e))
                                 .and_then(|file| {
-                                    arrow_csv::ReaderBuilder::new(schema.clone())
+                                    arrow_csv::ReaderBuilder::new(read.clone())
                                         .with_header(true)
                                         // The reader sizes its buffers for a whole
                                         // batch up front; smaller chunks are
@@ -573,12 +645,19 @@ impl Source {
                                 let _ = tx.blocking_send(Err(e));
                             }
                             Ok(reader) => {
+                                // The file line of the next batch's first row
+                                // (the header is line 1).
+                                let mut line = 2;
                                 for b in reader {
+                                    let b = b.map_err(|e| csv_error(&f, &read, e)).and_then(|b| {
+                                        let rows = b.num_rows();
+                                        let b = csv_time::convert(b, &schema, &f, line);
+                                        line += rows;
+                                        b
+                                    });
+                                    let failed = b.is_err();
                                     // A closed channel: the node stopped.
-                                    if tx
-                                        .blocking_send(b.map_err(|e| csv_error(&f, &schema, e)))
-                                        .is_err()
-                                    {
+                                    if tx.blocking_send(b).is_err() || failed {
                                         break;
                                     }
                                 }
