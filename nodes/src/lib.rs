@@ -80,6 +80,7 @@
 //! ```
 
 mod csv_time;
+mod csv_writer;
 pub mod error;
 #[cfg(feature = "cuda")]
 pub mod gpu;

@@ -25,6 +25,7 @@ use braid_core::{Context, NodeError, Payload, Receiver};
 use parquet::basic::Compression;
 use parquet::file::properties::WriterProperties;
 
+use crate::csv_writer::CsvWriter;
 use crate::error::{DataError, Result};
 use crate::parquet_writer::{ColumnParallelWriter, concat_parquet};
 use crate::partition::check_columns;
@@ -109,7 +110,7 @@ pub struct FileSink {
 
 enum Writer {
     Parquet(Box<ColumnParallelWriter>),
-    Csv(Box<arrow_csv::Writer<File>>),
+    Csv(Box<CsvWriter<File>>),
 }
 
 /// The schema a Parquet part is written in. Parquet has no timestamp
@@ -229,11 +230,9 @@ impl FileSink {
                 .map_err(|e| DataError::file(path, e))?,
             )),
             FileFormat::Csv => {
-                let mut w = arrow_csv::WriterBuilder::new().with_header(true).build(f);
                 // The header goes out now, so that a part with no rows is
                 // still a CSV file of this schema.
-                w.write(&RecordBatch::new_empty(self.schema.clone()))
-                    .map_err(|e| DataError::file(path, e))?;
+                let w = CsvWriter::new(f, &self.schema).map_err(|e| DataError::file(path, e))?;
                 Writer::Csv(Box::new(w))
             }
         })
@@ -306,7 +305,7 @@ impl FileSink {
             Writer::Parquet(pw) => {
                 pw.close().map_err(|e| DataError::file(part, e))?;
             }
-            Writer::Csv(cw) => drop(cw),
+            Writer::Csv(cw) => cw.finish().map_err(|e| DataError::file(part, e))?,
         }
         Ok(())
     }

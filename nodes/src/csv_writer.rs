@@ -1,0 +1,164 @@
+//! Writing record batches as CSV that tells an empty string from a null.
+//!
+//! Arrow's CSV writer writes both as an empty field, so a string key `""`
+//! and a null key read back as one (DuckDB and Polars write `""` for the
+//! empty string and nothing for a null, and Polars reads them back apart).
+//! This writer formats values as Arrow's does (its `ArrayFormatter` with
+//! the default formats: RFC 3339 timestamps, nulls as nothing) and quotes
+//! as the `csv` crate's "necessary" style does (a field holding a comma, a
+//! quote or a line break is quoted, quotes doubled), and besides writes a
+//! value whose text is empty, and a record of one empty field, as `""`.
+
+use std::io::Write;
+
+use arrow_array::{Array, RecordBatch};
+use arrow_cast::display::{ArrayFormatter, FormatOptions};
+use arrow_schema::{ArrowError, Schema};
+
+/// A CSV writer of one schema's batches.
+pub(crate) struct CsvWriter<W: Write> {
+    out: std::io::BufWriter<W>,
+    /// One formatted value (reused).
+    field: String,
+}
+
+impl<W: Write> CsvWriter<W> {
+    /// A writer that has written `schema`'s header line; nested columns
+    /// (lists, structs, maps) are refused here, before any row is made.
+    pub(crate) fn new(out: W, schema: &Schema) -> Result<Self, ArrowError> {
+        if let Some(f) = schema.fields().iter().find(|f| f.data_type().is_nested()) {
+            return Err(ArrowError::CsvError(format!(
+                "column \"{}\" has the nested type {}, which CSV cannot hold (write Parquet)",
+                f.name(),
+                f.data_type()
+            )));
+        }
+        let mut w = CsvWriter {
+            out: std::io::BufWriter::with_capacity(1 << 20, out),
+            field: String::new(),
+        };
+        let names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
+        w.record(names.iter().map(|n| Some(*n)))?;
+        Ok(w)
+    }
+
+    /// Writes one record: `None` is a null (an empty field).
+    fn record<'a>(
+        &mut self,
+        fields: impl ExactSizeIterator<Item = Option<&'a str>>,
+    ) -> Result<(), ArrowError> {
+        let alone = fields.len() == 1;
+        for (i, f) in fields.enumerate() {
+            if i > 0 {
+                self.out.write_all(b",")?;
+            }
+            write_field(&mut self.out, f, alone)?;
+        }
+        self.out.write_all(b"\n")?;
+        Ok(())
+    }
+
+    /// Writes the rows of `batch` (whose columns are the header's).
+    pub(crate) fn write(&mut self, batch: &RecordBatch) -> Result<(), ArrowError> {
+        let options = FormatOptions::default().with_null("");
+        let columns = batch.columns();
+        let formatters = columns
+            .iter()
+            .map(|a| ArrayFormatter::try_new(a.as_ref(), &options))
+            .collect::<Result<Vec<_>, _>>()?;
+        let alone = columns.len() == 1;
+        for row in 0..batch.num_rows() {
+            for (i, (f, a)) in formatters.iter().zip(columns).enumerate() {
+                if i > 0 {
+                    self.out.write_all(b",")?;
+                }
+                if a.is_null(row) {
+                    write_field(&mut self.out, None, alone)?;
+                    continue;
+                }
+                self.field.clear();
+                f.value(row)
+                    .write(&mut self.field)
+                    .map_err(|e| ArrowError::CsvError(format!("row {row}, column {i}: {e}")))?;
+                write_field(&mut self.out, Some(&self.field), alone)?;
+            }
+            self.out.write_all(b"\n")?;
+        }
+        Ok(())
+    }
+
+    /// Flushes what is buffered (an error here is the file's).
+    pub(crate) fn finish(mut self) -> Result<(), ArrowError> {
+        self.out.flush()?;
+        Ok(())
+    }
+}
+
+/// One field: a null as nothing (but `""` where it is a record's only
+/// field, which would otherwise be a blank line that readers skip), an
+/// empty value as `""`, a value holding a comma, quote or line break
+/// quoted with its quotes doubled, any other as it is.
+fn write_field(out: &mut impl Write, f: Option<&str>, alone: bool) -> std::io::Result<()> {
+    match f {
+        None if alone => out.write_all(b"\"\""),
+        None => Ok(()),
+        Some("") => out.write_all(b"\"\""),
+        Some(v) if v.bytes().any(|c| matches!(c, b',' | b'"' | b'\n' | b'\r')) => {
+            out.write_all(b"\"")?;
+            for (i, part) in v.split('"').enumerate() {
+                if i > 0 {
+                    out.write_all(b"\"\"")?;
+                }
+                out.write_all(part.as_bytes())?;
+            }
+            out.write_all(b"\"")
+        }
+        Some(v) => out.write_all(v.as_bytes()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow_array::{ArrayRef, Int64Array, StringArray};
+    use std::sync::Arc;
+
+    fn csv(cols: Vec<(&str, ArrayRef)>) -> String {
+        let b = RecordBatch::try_from_iter(cols).unwrap();
+        let mut buf = Vec::new();
+        let mut w = CsvWriter::new(&mut buf, &b.schema()).unwrap();
+        w.write(&b).unwrap();
+        w.finish().unwrap();
+        String::from_utf8(buf).unwrap()
+    }
+
+    #[test]
+    fn empty_strings_and_nulls_differ_and_specials_are_quoted() {
+        let s: ArrayRef = Arc::new(StringArray::from(vec![
+            Some(""),
+            None,
+            Some("a,b"),
+            Some("say \"hi\""),
+            Some("two\nlines"),
+            Some("plain"),
+        ]));
+        let n: ArrayRef = Arc::new(Int64Array::from(vec![
+            Some(1),
+            None,
+            Some(3),
+            Some(4),
+            Some(5),
+            Some(6),
+        ]));
+        assert_eq!(
+            csv(vec![("s", s), ("n,x", n)]),
+            "s,\"n,x\"\n\"\",1\n,\n\"a,b\",3\n\"say \"\"hi\"\"\",4\n\"two\nlines\",5\nplain,6\n"
+        );
+    }
+
+    #[test]
+    fn a_lone_null_field_is_not_a_blank_line() {
+        let n: ArrayRef = Arc::new(Int64Array::from(vec![None, Some(2)]));
+        assert_eq!(csv(vec![("n", n)]), "n\n\"\"\n2\n");
+    }
+}
