@@ -165,7 +165,9 @@ fn files_with(path: &Path, ext: &str) -> Result<Vec<PathBuf>> {
     if files.is_empty() {
         return Err(DataError::file(
             path,
-            format!("directory has no .{ext} files"),
+            format!(
+                "directory has no .{ext} files (data files are found by extension: .parquet or .csv)"
+            ),
         ));
     }
     Ok(files)
@@ -191,8 +193,22 @@ fn data_file_below(dir: &Path, exts: &[&str], depth: u32) -> Option<PathBuf> {
 fn parquet_builder(path: &Path) -> Result<ParquetRecordBatchReaderBuilder<File>> {
     use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions};
     let f = File::open(path).map_err(|e| DataError::file(path, e))?;
-    let meta = ArrowReaderMetadata::load(&f, ArrowReaderOptions::new())
-        .map_err(|e| DataError::file(path, e))?;
+    let meta = ArrowReaderMetadata::load(&f, ArrowReaderOptions::new()).map_err(|e| {
+        // Say what a file that is not Parquet at all is taken for.
+        let mut magic = [0u8; 4];
+        let mut r = &f;
+        let parquet = std::io::Seek::seek(&mut r, std::io::SeekFrom::Start(0)).is_ok()
+            && std::io::Read::read_exact(&mut r, &mut magic).is_ok()
+            && magic == *b"PAR1";
+        if parquet {
+            DataError::file(path, e)
+        } else {
+            DataError::file(
+                path,
+                "not a Parquet file (it does not start with PAR1): inputs are read by extension, .csv as CSV and anything else as Parquet (decompress a compressed CSV first)",
+            )
+        }
+    })?;
     let meta = match zones_kept(&meta) {
         Some(schema) => ArrowReaderMetadata::try_new(
             meta.metadata().clone(),

@@ -273,12 +273,32 @@ struct WindowTerms {
     total: i128,
 }
 
+/// A duration written as a clock, `HH:MM` or `HH:MM:SS[.fraction]` (as
+/// DuckDB's `INTERVAL '01:30:00'`), in the terms [`duration`] reads
+/// (`1h30m0s`); `None` for any other form.
+fn clock_duration(s: &str) -> Option<String> {
+    let parts: Vec<&str> = s.split(':').collect();
+    let digits = |p: &str| !p.is_empty() && p.bytes().all(|c| c.is_ascii_digit());
+    let two = |p: &str| p.len() == 2 && digits(p) && p < "60";
+    match parts.as_slice() {
+        [h, m] if digits(h) && two(m) => Some(format!("{h}h{m}m")),
+        [h, m, sec] if digits(h) && two(m) => {
+            let (whole, frac) = sec.split_once('.').unwrap_or((sec, "0"));
+            (two(whole) && digits(frac)).then(|| format!("{h}h{m}m{whole}.{frac}s"))
+        }
+        _ => None,
+    }
+}
+
 /// Parses a duration of one or more `<number><unit>` terms (`1h30m`,
 /// `1.5h`, `2 weeks`, `1y6mo`); a number may have a fraction as long as
 /// the term is a whole number of nanoseconds (months: a whole number of
 /// months).
 fn duration(s: &str) -> Result<WindowTerms, String> {
     const UNITS: &str = "ns, us, ms, s, m, h, d, w, mo, q, y";
+    if let Some(terms) = clock_duration(s.trim()) {
+        return duration(&terms);
+    }
     let mut rest = s;
     let mut total: i128 = 0;
     let mut months: u32 = 0;
@@ -302,8 +322,8 @@ fn duration(s: &str) -> Result<WindowTerms, String> {
         rest = next;
         let nanos: i128 = match unit.to_ascii_lowercase().as_str() {
             "ns" | "nanosecond" | "nanoseconds" => 1,
-            "us" | "µs" | "microsecond" | "microseconds" => 1_000,
-            "ms" | "millisecond" | "milliseconds" => 1_000_000,
+            "us" | "µs" | "usec" | "usecs" | "microsecond" | "microseconds" => 1_000,
+            "ms" | "msec" | "msecs" | "millisecond" | "milliseconds" => 1_000_000,
             "s" | "sec" | "secs" | "second" | "seconds" => 1_000_000_000,
             "m" | "min" | "mins" | "minute" | "minutes" => 60_000_000_000,
             "h" | "hr" | "hrs" | "hour" | "hours" => 3_600_000_000_000,
@@ -832,6 +852,29 @@ mod tests {
         let mars = DataType::Timestamp(TimeUnit::Millisecond, Some("Mars/Olympus".into()));
         assert_eq!(w("3h", &mars), Ok(Window::Fixed(10_800_000)));
         assert!(w("1d", &mars).unwrap_err().contains("unknown time zone"));
+    }
+
+    /// DuckDB's spellings: `msec`/`usec` units and the clock form.
+    #[test]
+    fn duckdb_interval_spellings_parse() {
+        let ts = DataType::Timestamp(TimeUnit::Microsecond, None);
+        let w = |s: &str| parse_window(s, &ts, Closed::Right);
+        assert_eq!(w("300000 msec"), Ok(Window::Fixed(300_000_000)));
+        assert_eq!(w("300000000 usecs"), Ok(Window::Fixed(300_000_000)));
+        assert_eq!(w("01:30:00"), Ok(Window::Fixed(5_400_000_000)));
+        assert_eq!(w("1:30"), Ok(Window::Fixed(5_400_000_000)));
+        assert_eq!(w("00:00:01.5"), Ok(Window::Fixed(1_500_000)));
+        assert_eq!(w("36:00:00"), Ok(Window::Fixed(129_600_000_000)));
+        for bad in [
+            "01:60:00",
+            "1:2",
+            "01:30:",
+            ":30",
+            "01:30:00:00",
+            "01:3a:00",
+        ] {
+            assert!(w(bad).is_err(), "{bad:?} accepted");
+        }
     }
 
     #[test]
