@@ -205,6 +205,11 @@ fn parse_window(s: &str, order_type: &DataType, closed: Closed) -> Result<Window
         DataType::Timestamp(TimeUnit::Microsecond, _) => (1_000, CalendarUnit::Micros),
         DataType::Timestamp(TimeUnit::Nanosecond, _) => (1, CalendarUnit::Nanos),
         DataType::Date32 => (86_400_000_000_000, CalendarUnit::Days),
+        DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View => {
+            return Err(format!(
+                "the order column is text ({order_type}), not a timestamp, date or integer: a CSV column is read as text where a value in a file's first 10,000 rows is neither a number nor an ISO 8601 date or timestamp"
+            ));
+        }
         _ => {
             return Err(format!(
                 "window {s:?} is not an integer; durations need a timestamp or date order column (this one is {order_type})"
@@ -1003,6 +1008,12 @@ mod tests {
         assert!(
             e.as_ref()
                 .is_err_and(|e| e.contains("durations need a timestamp or date")),
+            "{e:?}"
+        );
+        let e = pw("5m", &DataType::Utf8, Closed::Right);
+        assert!(
+            e.as_ref()
+                .is_err_and(|e| e.contains("the order column is text")),
             "{e:?}"
         );
         let err = |w: &str, want: &str| {
