@@ -356,6 +356,37 @@ fn float_keys_of(b: &RecordBatch) -> Vec<FloatKey> {
         .collect()
 }
 
+/// Asserts that the ranks' rows, in rank order, are sorted by `cmp`, and
+/// that no key is split across ranks (a rank's last row is below every
+/// later rank's first).
+fn assert_sorted_apart<K: std::fmt::Debug>(
+    per_rank: &[Vec<K>],
+    cmp: impl Fn(&K, &K) -> std::cmp::Ordering,
+    what: &str,
+) {
+    let all: Vec<&K> = per_rank.iter().flatten().collect();
+    for w in all.windows(2) {
+        assert_ne!(
+            cmp(w[0], w[1]),
+            std::cmp::Ordering::Greater,
+            "{what}: {:?} before {:?}",
+            w[0],
+            w[1]
+        );
+    }
+    for r in 1..per_rank.len() {
+        for s in 0..r {
+            if let (Some(last), Some(first)) = (per_rank[s].last(), per_rank[r].first()) {
+                assert_eq!(
+                    cmp(last, first),
+                    std::cmp::Ordering::Less,
+                    "{what}: key of {last:?} split across ranks {s} and {r}"
+                );
+            }
+        }
+    }
+}
+
 /// Float sort keys order as DuckDB's `ORDER BY` and Polars' `sort` do
 /// (Arrow's IEEE total order put NaNs with the sign bit first and -0.0
 /// before 0.0, and could put -0.0 and 0.0 on different ranks): one key (f
@@ -424,27 +455,8 @@ async fn check_float_orders(ctxs: &[Context], world: &str) {
         let what = format!("{world}, order {k}");
         let parts = sort_all(ctxs, sort, |r| float_rows(seed, r)).await;
         let per_rank: Vec<Vec<FloatKey>> = parts.iter().map(float_keys_of).collect();
+        assert_sorted_apart(&per_rank, cmp, &what);
         let all: Vec<&FloatKey> = per_rank.iter().flatten().collect();
-        for w in all.windows(2) {
-            assert_ne!(
-                cmp(w[0], w[1]),
-                std::cmp::Ordering::Greater,
-                "{what}: {:?} before {:?}",
-                w[0],
-                w[1]
-            );
-        }
-        for r in 1..per_rank.len() {
-            for s in 0..r {
-                if let (Some(last), Some(first)) = (per_rank[s].last(), per_rank[r].first()) {
-                    assert_eq!(
-                        cmp(last, first),
-                        std::cmp::Ordering::Less,
-                        "{what}: key of {last:?} split across ranks {s} and {r}"
-                    );
-                }
-            }
-        }
         let bits = |k: &FloatKey| (k.2, k.0.map(f64::to_bits), k.1.map(f64::to_bits));
         let mut got: Vec<_> = all.iter().map(|k| bits(k)).collect();
         let mut want: Vec<_> = (0..n)
@@ -604,29 +616,8 @@ fn nested_float_keys_sort_as_duckdb_and_polars() {
                     let sort = DistributedSort::new(vec![SortKey::asc(*column)]);
                     let parts = sort_all(&ctxs, &sort, |r| nested_rows(seed, r)).await;
                     let per_rank: Vec<Vec<NestedKey>> = parts.iter().map(nested_keys_of).collect();
+                    assert_sorted_apart(&per_rank, cmp, &what);
                     let all: Vec<&NestedKey> = per_rank.iter().flatten().collect();
-                    for w in all.windows(2) {
-                        assert_ne!(
-                            cmp(w[0], w[1]),
-                            std::cmp::Ordering::Greater,
-                            "{what}: {:?} before {:?}",
-                            w[0],
-                            w[1]
-                        );
-                    }
-                    for r in 1..per_rank.len() {
-                        for s in 0..r {
-                            if let (Some(last), Some(first)) =
-                                (per_rank[s].last(), per_rank[r].first())
-                            {
-                                assert_eq!(
-                                    cmp(last, first),
-                                    std::cmp::Ordering::Less,
-                                    "{what}: key of {last:?} split across ranks {s} and {r}"
-                                );
-                            }
-                        }
-                    }
                     let bits = |k: &NestedKey| {
                         let l =
                             k.1.as_ref()
