@@ -32,9 +32,13 @@
 //! aborts the job so that every rank fails instead of hanging; no call
 //! returns data built from mismatched calls.
 //!
-//! OpIds: each call takes the next OpId of the context (32-bit counter), so
-//! ids are not reused within 4 billion collectives; a call's messages use
-//! only its own OpId's tags.
+//! OpIds: each call takes the next OpId of the context (32-bit counter)
+//! when it starts: a `start_*` call at once, a streaming call (an async
+//! fn, which runs nothing before it is polled) when its future is first
+//! polled. So every rank must start, or first poll, its collectives in one
+//! order (ranks that differ fail with a mismatch). Ids are not reused
+//! within 4 billion collectives; a call's messages use only its own
+//! OpId's tags.
 
 pub mod allgather;
 pub mod allreduce;

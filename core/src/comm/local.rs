@@ -63,7 +63,7 @@ impl LocalComm {
     /// rank, whichever of the two it waits in, errors instead of hanging.
     fn mixed(&self, tag: Tag, who: Rank) -> CommError {
         let reason = format!(
-            "mismatched calls: rank {who} sent a message for operation {} where other ranks meet in-process",
+            "mismatched calls: rank {who} sent a message for operation {} where other ranks meet in-process (the ranks called collectives of different kinds there, one that sends messages such as HaloExchange, SendRecv or Shuffle against one that meets such as Barrier, Broadcast, AllGather or AllReduce, or called their collectives in another order)",
             tag.op.0
         );
         self.abort(&reason);
