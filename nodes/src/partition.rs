@@ -166,12 +166,13 @@ pub fn split_by(batch: &RecordBatch, dest: &[u32], nparts: usize) -> Result<Vec<
 /// groups by its values as they are.
 pub fn canonical_group_key(col: &ArrayRef) -> Result<Option<ArrayRef>> {
     use arrow_array::cast::AsArray;
-    use arrow_array::{FixedSizeListArray, LargeListArray, ListArray, StructArray};
+    use arrow_array::{FixedSizeListArray, StructArray};
     use arrow_schema::DataType;
     if !is_float_key(col.data_type()) {
         return Ok(None);
     }
-    // The canonical form of a child array (always float-bearing here).
+    // The canonical form of a child array (as it is where it holds no
+    // float).
     let child = |a: &ArrayRef| -> Result<ArrayRef> {
         Ok(canonical_group_key(a)?.unwrap_or_else(|| a.clone()))
     };
@@ -194,24 +195,8 @@ pub fn canonical_group_key(col: &ArrayRef) -> Result<Option<ArrayRef>> {
         }
         // A dictionary's values, unpacked, in their canonical form.
         DataType::Dictionary(_, v) => child(&arrow_cast::cast(col, v)?)?,
-        DataType::List(f) => {
-            let l = col.as_list::<i32>();
-            Arc::new(ListArray::try_new(
-                canonical_field(f),
-                l.offsets().clone(),
-                child(l.values())?,
-                l.nulls().cloned(),
-            )?)
-        }
-        DataType::LargeList(f) => {
-            let l = col.as_list::<i64>();
-            Arc::new(LargeListArray::try_new(
-                canonical_field(f),
-                l.offsets().clone(),
-                child(l.values())?,
-                l.nulls().cloned(),
-            )?)
-        }
+        DataType::List(f) => canonical_list(col.as_list::<i32>(), f, child)?,
+        DataType::LargeList(f) => canonical_list(col.as_list::<i64>(), f, child)?,
         DataType::FixedSizeList(f, size) => {
             let l = col.as_fixed_size_list();
             Arc::new(FixedSizeListArray::try_new(
@@ -223,17 +208,7 @@ pub fn canonical_group_key(col: &ArrayRef) -> Result<Option<ArrayRef>> {
         }
         DataType::Struct(fields) => {
             let s = col.as_struct();
-            let cols = s
-                .columns()
-                .iter()
-                .map(|c| {
-                    if is_float_key(c.data_type()) {
-                        child(c)
-                    } else {
-                        Ok(c.clone())
-                    }
-                })
-                .collect::<Result<Vec<_>>>()?;
+            let cols = s.columns().iter().map(child).collect::<Result<Vec<_>>>()?;
             let fields: arrow_schema::Fields = fields.iter().map(canonical_field).collect();
             Arc::new(StructArray::try_new(fields, cols, s.nulls().cloned())?)
         }
@@ -244,6 +219,21 @@ pub fn canonical_group_key(col: &ArrayRef) -> Result<Option<ArrayRef>> {
         }
     };
     Ok(Some(out))
+}
+
+/// A list (`i32` or `i64` offsets) with its values in their canonical
+/// form (`child`), its offsets and nulls shared.
+fn canonical_list<O: arrow_array::OffsetSizeTrait>(
+    l: &arrow_array::GenericListArray<O>,
+    f: &arrow_schema::FieldRef,
+    child: impl Fn(&ArrayRef) -> Result<ArrayRef>,
+) -> Result<ArrayRef> {
+    Ok(Arc::new(arrow_array::GenericListArray::<O>::try_new(
+        canonical_field(f),
+        l.offsets().clone(),
+        child(l.values())?,
+        l.nulls().cloned(),
+    )?))
 }
 
 /// Whether a key column of this type groups by `canonical_group_key`:

@@ -387,6 +387,13 @@ fn assert_sorted_apart<K: std::fmt::Debug>(
     }
 }
 
+/// Asserts that `got` holds the rows of `want`, each once, in any order.
+fn assert_same_rows<T: Ord + std::fmt::Debug>(mut got: Vec<T>, mut want: Vec<T>, what: &str) {
+    got.sort_unstable();
+    want.sort_unstable();
+    assert_eq!(got, want, "{what}");
+}
+
 /// Float sort keys order as DuckDB's `ORDER BY` and Polars' `sort` do
 /// (Arrow's IEEE total order put NaNs with the sign bit first and -0.0
 /// before 0.0, and could put -0.0 and 0.0 on different ranks): one key (f
@@ -458,14 +465,16 @@ async fn check_float_orders(ctxs: &[Context], world: &str) {
         assert_sorted_apart(&per_rank, cmp, &what);
         let all: Vec<&FloatKey> = per_rank.iter().flatten().collect();
         let bits = |k: &FloatKey| (k.2, k.0.map(f64::to_bits), k.1.map(f64::to_bits));
-        let mut got: Vec<_> = all.iter().map(|k| bits(k)).collect();
-        let mut want: Vec<_> = (0..n)
+        let got: Vec<_> = all.iter().map(|k| bits(k)).collect();
+        let want: Vec<_> = (0..n)
             .flat_map(|r| float_keys_of(&float_rows(seed, r)))
             .map(|k| bits(&k))
             .collect();
-        got.sort_unstable();
-        want.sort_unstable();
-        assert_eq!(got, want, "{what}: every row once, values unchanged");
+        assert_same_rows(
+            got,
+            want,
+            &format!("{what}: every row once, values unchanged"),
+        );
     }
 }
 
@@ -624,15 +633,17 @@ fn nested_float_keys_sort_as_duckdb_and_polars() {
                                 .map(|v| v.iter().map(|x| x.to_bits()).collect());
                         (k.0, l, k.2.0.to_bits(), k.2.1)
                     };
-                    let mut got: Vec<(i64, Option<Vec<u64>>, u64, i64)> =
+                    let got: Vec<(i64, Option<Vec<u64>>, u64, i64)> =
                         all.iter().map(|k| bits(k)).collect();
-                    let mut want: Vec<_> = (0..n)
+                    let want: Vec<_> = (0..n)
                         .flat_map(|r| nested_keys_of(&nested_rows(seed, r)))
                         .map(|k| bits(&k))
                         .collect();
-                    got.sort_unstable();
-                    want.sort_unstable();
-                    assert_eq!(got, want, "{what}: every row once, values unchanged");
+                    assert_same_rows(
+                        got,
+                        want,
+                        &format!("{what}: every row once, values unchanged"),
+                    );
                 }
             }
             shutdown_all(&tcp).await;
@@ -696,13 +707,11 @@ fn nested_float_keys_shuffle_as_they_group() {
                         got.push(k.0);
                     }
                 }
-                let mut want: Vec<i64> = (0..n)
+                let want: Vec<i64> = (0..n)
                     .flat_map(|r| nested_keys_of(&nested_rows(seed, r)))
                     .map(|k| k.0)
                     .collect();
-                got.sort_unstable();
-                want.sort_unstable();
-                assert_eq!(got, want, "{what}: every row once");
+                assert_same_rows(got, want, &format!("{what}: every row once"));
             }
             shutdown_all(&tcp).await;
         });
