@@ -241,6 +241,51 @@ fn bad_input_is_a_clear_error_with_nothing_left_behind() {
         &inside,
         "lies inside the input directory",
     );
+    // Nor the other way round: a directory output replaces its part
+    // files when the job commits, which would delete (or overwrite) an
+    // input file among them and its siblings.
+    let holder = d.join("holder");
+    std::fs::create_dir(&holder).unwrap();
+    let (part0, part1) = (holder.join("part-00000.csv"), holder.join("part-00001.csv"));
+    std::fs::write(&part0, "ts,v\n1,1.0\n2,2.0\n").unwrap();
+    std::fs::write(&part1, "ts,v\n3,3.0\n").unwrap();
+    let (ok, _, err) = run(&[
+        "--input",
+        part1.to_str().unwrap(),
+        "--output",
+        holder.to_str().unwrap(),
+    ]);
+    assert!(!ok && err.contains("lies inside the output"), "{err}");
+    let mut left: Vec<_> = std::fs::read_dir(&holder)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    left.sort();
+    assert_eq!(
+        left,
+        ["part-00000.csv", "part-00001.csv"],
+        "the holder changed"
+    );
+    assert_eq!(std::fs::read(&part1).unwrap(), b"ts,v\n3,3.0\n");
+    // A one-file output that is an existing directory is refused before
+    // anything is staged beside it.
+    let plain = d.join("plain.csv");
+    std::fs::write(&plain, "ts,v\n1,1.0\n2,2.0\n").unwrap();
+    for name in ["taken.parquet", "taken.csv"] {
+        let taken = d.join(name);
+        std::fs::create_dir(&taken).unwrap();
+        let (ok, _, err) = run(&[
+            "--input",
+            plain.to_str().unwrap(),
+            "--output",
+            taken.to_str().unwrap(),
+        ]);
+        assert!(!ok && err.contains("output file is a directory"), "{err}");
+        let mut staging = taken.as_os_str().to_owned();
+        staging.push(".braid-staging");
+        assert!(!PathBuf::from(staging).exists(), "{name}: staging left");
+        assert_eq!(std::fs::read_dir(&taken).unwrap().count(), 0);
+    }
     // A directory output the job created is gone after a failure too.
     let dir_out = d.join("dir-out");
     let (ok, _, err) = run(&["--device", "tpu", "--output", os]);

@@ -94,5 +94,6 @@ pub mod sink;
 pub mod sort;
 pub mod source;
 pub mod threads;
+mod widen;
 
 pub use error::DataError;

@@ -192,14 +192,16 @@ impl FileSink {
                 ));
             }
         }
-        let staging = self.target.staging();
-        std::fs::create_dir_all(&staging)
-            .map_err(|e| DataError::file(&staging, format!("output is not writable: {e}")))?;
+        // Checked before the staging directory is made: a refused output
+        // leaves nothing behind.
         if let SinkTarget::File(f) = &self.target {
             if f.is_dir() {
                 return Err(DataError::file(f, "output file is a directory"));
             }
         }
+        let staging = self.target.staging();
+        std::fs::create_dir_all(&staging)
+            .map_err(|e| DataError::file(&staging, format!("output is not writable: {e}")))?;
         Ok(())
     }
 

@@ -24,6 +24,7 @@ use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 
 use crate::csv_time;
 use crate::error::{DataError, Result};
+use crate::widen;
 
 /// The synthetic data of the generator source.
 #[derive(Debug, Clone)]
@@ -437,25 +438,12 @@ fn csv_table_schema(files: &[PathBuf]) -> Result<SchemaRef> {
                         ),
                     ));
                 }
+                // Types that differ take their common type (integers and
+                // floats give f64; timestamps the finer unit; dates in one
+                // file and timestamps in another are timestamps, as
+                // DuckDB reads them), text where there is none.
                 for (a, t) in acc.iter_mut().zip(types) {
-                    *a = match (&*a, &t) {
-                        (x, y) if x == y => t,
-                        (DataType::Null, _) => t,
-                        (_, DataType::Null) => continue,
-                        (DataType::Int64, DataType::Float64)
-                        | (DataType::Float64, DataType::Int64) => DataType::Float64,
-                        // Timestamps take the finer unit; dates in one file
-                        // and timestamps in another are timestamps (as
-                        // DuckDB reads them).
-                        (DataType::Timestamp(u, None), DataType::Timestamp(v, None)) => {
-                            csv_time::timestamp(if *u == TimeUnit::Nanosecond { *u } else { *v })
-                        }
-                        (DataType::Timestamp(u, None), DataType::Date32)
-                        | (DataType::Date32, DataType::Timestamp(u, None)) => {
-                            csv_time::timestamp(*u)
-                        }
-                        _ => DataType::Utf8,
-                    };
+                    *a = widen::common_type(a, &t).unwrap_or(DataType::Utf8);
                 }
             }
         }
@@ -478,20 +466,31 @@ fn csv_table_schema(files: &[PathBuf]) -> Result<SchemaRef> {
 }
 
 /// The schema of Parquet files read as one table: every file must have
-/// the same columns (names and types, in order); a column is nullable
-/// where any file's is (writers differ in what they declare: pyarrow keeps
-/// a table's non-nullable fields, Polars declares every field nullable).
+/// the same columns, by name (in any order; the first file's order is the
+/// table's), and each column takes the common type of its files' types
+/// (`widen::common_type`: `int32` and `int64` read as `int64`, `string`
+/// and `large_string` and dictionaries of strings as one string type, as
+/// DuckDB reads them); a column is nullable where any file's is (writers
+/// differ in what they declare: pyarrow keeps a table's non-nullable
+/// fields, Polars declares every field nullable). A file whose column
+/// names repeat is matched by position.
 fn parquet_table_schema(files: &[PathBuf]) -> Result<SchemaRef> {
     let Some((first_file, rest)) = files.split_first() else {
         return Err(DataError::Invalid("no Parquet files".into()));
     };
     let first = parquet_builder(first_file)?.schema().clone();
     let mut fields: Vec<Field> = first.fields().iter().map(|f| f.as_ref().clone()).collect();
+    let names =
+        |s: &Schema| -> Vec<String> { s.fields().iter().map(|x| x.name().clone()).collect() };
+    let by_name = unique_names(&first);
     for f in rest {
         let s = parquet_builder(f)?.schema().clone();
-        let names =
-            |s: &Schema| -> Vec<String> { s.fields().iter().map(|x| x.name().clone()).collect() };
-        if names(&s) != names(&first) {
+        let (mut mine, mut theirs) = (names(&first), names(&s));
+        if by_name {
+            mine.sort();
+            theirs.sort();
+        }
+        if mine != theirs {
             return Err(DataError::file(
                 f,
                 format!(
@@ -501,17 +500,23 @@ fn parquet_table_schema(files: &[PathBuf]) -> Result<SchemaRef> {
                 ),
             ));
         }
-        for (acc, x) in fields.iter_mut().zip(s.fields()) {
+        for (k, acc) in fields.iter_mut().enumerate() {
+            let x = column_of(&s, k, acc.name())
+                .map(|j| s.field(j))
+                .ok_or_else(|| DataError::file(f, format!("no column {:?}", acc.name())))?;
             if acc.data_type() != x.data_type() {
-                return Err(DataError::file(
-                    f,
-                    format!(
-                        "column {:?} is {} here, {} in the first file",
-                        x.name(),
-                        x.data_type(),
-                        acc.data_type()
-                    ),
-                ));
+                let t = widen::common_type(acc.data_type(), x.data_type()).ok_or_else(|| {
+                    DataError::file(
+                        f,
+                        format!(
+                            "column {:?} is {} here, {} in the first file (no type holds both)",
+                            x.name(),
+                            x.data_type(),
+                            acc.data_type()
+                        ),
+                    )
+                })?;
+                acc.set_data_type(t);
             }
             if x.is_nullable() {
                 acc.set_nullable(true);
@@ -524,14 +529,67 @@ fn parquet_table_schema(files: &[PathBuf]) -> Result<SchemaRef> {
     )))
 }
 
-/// `b` under the table's schema where its file declared it otherwise (a
-/// column non-nullable there, nullable in another file).
-fn as_table(b: RecordBatch, table: &SchemaRef) -> Result<RecordBatch> {
+/// Whether no two columns of `s` share a name (then files are matched by
+/// name).
+fn unique_names(s: &Schema) -> bool {
+    let mut seen = std::collections::HashSet::new();
+    s.fields().iter().all(|f| seen.insert(f.name()))
+}
+
+/// The position in `s` of the table's column `k`, named `name`: the same
+/// position where the name is there (always so for names that repeat),
+/// else the column of that name.
+fn column_of(s: &Schema, k: usize, name: &str) -> Option<usize> {
+    match s.fields().get(k) {
+        Some(f) if f.name() == name => Some(k),
+        _ => s.index_of(name).ok(),
+    }
+}
+
+/// `b`, read from `file`, under the table's schema: its columns in the
+/// table's order, each cast to the table's type where the file's differs
+/// (exactly: a value the type cannot hold, such as a timestamp beyond the
+/// finer unit's range, is an error, not a null), declared nullable where
+/// another file's is.
+fn as_table(b: RecordBatch, table: &SchemaRef, file: &Path) -> Result<RecordBatch> {
     if b.schema().fields() == table.fields() {
         return Ok(b);
     }
-    RecordBatch::try_new(table.clone(), b.columns().to_vec())
-        .map_err(|e| DataError::Invalid(format!("a batch does not fit the table's schema: {e}")))
+    let exact = arrow_cast::CastOptions {
+        safe: false,
+        ..Default::default()
+    };
+    let schema = b.schema();
+    let cols = table
+        .fields()
+        .iter()
+        .enumerate()
+        .map(|(k, f)| {
+            let c = column_of(&schema, k, f.name())
+                .map(|j| b.column(j))
+                .ok_or_else(|| DataError::file(file, format!("no column {:?}", f.name())))?;
+            if c.data_type() == f.data_type() {
+                return Ok(c.clone());
+            }
+            arrow_cast::cast_with_options(c, f.data_type(), &exact).map_err(|e| {
+                DataError::file(
+                    file,
+                    format!(
+                        "column {:?}: {} read as the table's {}: {e}",
+                        f.name(),
+                        c.data_type(),
+                        f.data_type()
+                    ),
+                )
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    RecordBatch::try_new(table.clone(), cols).map_err(|e| {
+        DataError::file(
+            file,
+            format!("a batch does not fit the table's schema: {e}"),
+        )
+    })
 }
 
 impl Source {
@@ -608,14 +666,17 @@ impl Source {
                     .map(|(_, piece)| piece);
                 let mut reads = futures::stream::iter(mine)
                     .map(|(f, g, start, len)| {
+                        let table = table.clone();
                         tokio::task::spawn_blocking(move || {
-                            read_parquet_piece(&f, g, start, len, chunk_rows)
+                            read_parquet_piece(&f, g, start, len, chunk_rows)?
+                                .into_iter()
+                                .map(|b| as_table(b, &table, &f))
+                                .collect::<Result<Vec<_>>>()
                         })
                     })
                     .buffered(in_flight);
                 while let Some(read) = reads.next().await {
                     for b in read.map_err(NodeError::other)?? {
-                        let b = as_table(b, &table)?;
                         count(b.num_rows());
                         out.send(Message::new(seq, b)).await?;
                         seq += 1;
@@ -750,7 +811,8 @@ mod tests {
 
     /// Files of one table that declare a column's nullability differently
     /// read as one nullable table (values and nulls kept); a column of
-    /// another type is an error that names it.
+    /// a type no type shares with the first file's is an error that names
+    /// it.
     #[test]
     fn parquet_files_differing_in_nullability_read_as_one_table() {
         let d = std::env::temp_dir().join(format!("braid-source-test-{}", std::process::id()));
@@ -787,7 +849,7 @@ mod tests {
         let mut batches = Vec::new();
         for f in [&a, &b] {
             for x in read_parquet_piece(f, 0, 0, 2, 16).unwrap_or_else(|e| panic!("{e}")) {
-                batches.push(as_table(x, &table).unwrap_or_else(|e| panic!("{e}")));
+                batches.push(as_table(x, &table, f).unwrap_or_else(|e| panic!("{e}")));
             }
         }
         let all = arrow_select::concat::concat_batches(&table, &batches)
@@ -802,18 +864,177 @@ mod tests {
         assert_eq!(vs, vec![Some(0.5), Some(1.5), None, Some(2.5)]);
         write(
             &c,
-            fields(true, DataType::Int32),
+            fields(true, DataType::Utf8),
             vec![
-                Arc::new(arrow_array::Int32Array::from(vec![5])),
+                Arc::new(arrow_array::StringArray::from(vec!["5"])),
                 Arc::new(Float64Array::from(vec![1.0])),
             ],
         );
         let e = parquet_table_schema(&[a, c]).err().map(|e| e.to_string());
         assert!(
             e.as_ref()
-                .is_some_and(|e| e.contains("column \"ts\" is Int32 here, Int64")),
+                .is_some_and(|e| e.contains("column \"ts\" is Utf8 here, Int64")),
             "{e:?}"
         );
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    /// Files of one table whose columns come in another order, or in
+    /// types of one family (int32 and int64, string, large_string and a
+    /// dictionary of strings, timestamps in two units), read as one table
+    /// as DuckDB reads them: by name, in the common type, every value
+    /// kept.
+    #[test]
+    fn parquet_files_differing_in_order_and_width_read_as_one_table() {
+        use arrow_array::{
+            Array, DictionaryArray, Int32Array, LargeStringArray, StringArray,
+            TimestampMillisecondArray, TimestampNanosecondArray, types::Int8Type,
+        };
+        let d = std::env::temp_dir().join(format!("braid-source-widen-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap_or_else(|e| panic!("{e}"));
+        let (a, b, c) = (
+            d.join("a.parquet"),
+            d.join("b.parquet"),
+            d.join("c.parquet"),
+        );
+        let ns = DataType::Timestamp(TimeUnit::Nanosecond, None);
+        let ms = DataType::Timestamp(TimeUnit::Millisecond, None);
+        write(
+            &a,
+            Schema::new(vec![
+                Field::new("ts", ms.clone(), false),
+                Field::new("k", DataType::Utf8, true),
+                Field::new("v", DataType::Int32, true),
+            ]),
+            vec![
+                Arc::new(TimestampMillisecondArray::from(vec![1, 2])),
+                Arc::new(StringArray::from(vec![Some("x"), None])),
+                Arc::new(Int32Array::from(vec![Some(-7), Some(i32::MAX)])),
+            ],
+        );
+        let dict: DictionaryArray<Int8Type> = vec!["y", "y", "z"].into_iter().collect();
+        write(
+            &b,
+            Schema::new(vec![
+                Field::new("v", DataType::Int64, false),
+                Field::new("k", dict.data_type().clone(), true),
+                Field::new("ts", ns.clone(), true),
+            ]),
+            vec![
+                Arc::new(Int64Array::from(vec![i64::MIN, 0, i64::MAX])),
+                Arc::new(dict),
+                Arc::new(TimestampNanosecondArray::from(vec![3_000_001, 4, 5])),
+            ],
+        );
+        write(
+            &c,
+            Schema::new(vec![
+                Field::new("k", DataType::LargeUtf8, true),
+                Field::new("ts", ms.clone(), true),
+                Field::new("v", DataType::Int32, true),
+            ]),
+            vec![
+                Arc::new(LargeStringArray::from(vec!["w"])),
+                Arc::new(TimestampMillisecondArray::from(vec![6])),
+                Arc::new(Int32Array::from(vec![None])),
+            ],
+        );
+        let files = [a, b, c];
+        let table = parquet_table_schema(&files).unwrap_or_else(|e| panic!("{e}"));
+        let types: Vec<(&str, &DataType)> = table
+            .fields()
+            .iter()
+            .map(|f| (f.name().as_str(), f.data_type()))
+            .collect();
+        assert_eq!(
+            types,
+            [
+                ("ts", &ns),
+                ("k", &DataType::LargeUtf8),
+                ("v", &DataType::Int64)
+            ]
+        );
+        let mut batches = Vec::new();
+        for (f, rows) in files.iter().zip([2, 3, 1]) {
+            for x in read_parquet_piece(f, 0, 0, rows, 16).unwrap_or_else(|e| panic!("{e}")) {
+                batches.push(as_table(x, &table, f).unwrap_or_else(|e| panic!("{e}")));
+            }
+        }
+        let all = arrow_select::concat::concat_batches(&table, &batches)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let col = |k: usize| all.column(k).as_any();
+        let ts = col(0).downcast_ref::<TimestampNanosecondArray>();
+        let k = col(1).downcast_ref::<LargeStringArray>();
+        let v = col(2).downcast_ref::<Int64Array>();
+        let (Some(ts), Some(k), Some(v)) = (ts, k, v) else {
+            panic!("column types: {:?}", all.schema())
+        };
+        assert_eq!(
+            ts.values().to_vec(),
+            [1_000_000, 2_000_000, 3_000_001, 4, 5, 6_000_000]
+        );
+        let ks: Vec<Option<&str>> = k.iter().collect();
+        assert_eq!(
+            ks,
+            [Some("x"), None, Some("y"), Some("y"), Some("z"), Some("w")]
+        );
+        let vs: Vec<Option<i64>> = v.iter().collect();
+        assert_eq!(
+            vs,
+            [
+                Some(-7),
+                Some(i32::MAX as i64),
+                Some(i64::MIN),
+                Some(0),
+                Some(i64::MAX),
+                None
+            ]
+        );
+        assert!(v.is_null(5));
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    /// Every codec that pyarrow, DuckDB and Polars write reads back (Brotli
+    /// was missing from the build: "Disabled feature at compile time").
+    #[test]
+    fn parquet_files_of_every_common_codec_read() {
+        use parquet::basic::{BrotliLevel, Compression, GzipLevel, ZstdLevel};
+        use parquet::file::properties::WriterProperties;
+        let d = std::env::temp_dir().join(format!("braid-source-codec-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap_or_else(|e| panic!("{e}"));
+        let schema = Arc::new(Schema::new(vec![Field::new("v", DataType::Int64, false)]));
+        let want: Vec<i64> = (0..1000).map(|i| i * i - 7).collect();
+        let batch = RecordBatch::try_new(
+            schema.clone(),
+            vec![Arc::new(Int64Array::from(want.clone()))],
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        for codec in [
+            Compression::UNCOMPRESSED,
+            Compression::SNAPPY,
+            Compression::GZIP(GzipLevel::default()),
+            Compression::LZ4_RAW,
+            Compression::ZSTD(ZstdLevel::default()),
+            Compression::BROTLI(BrotliLevel::default()),
+        ] {
+            let p = d.join(format!("{codec:?}.parquet"));
+            let props = WriterProperties::builder().set_compression(codec).build();
+            let f = File::create(&p).unwrap_or_else(|e| panic!("{e}"));
+            let mut w = ArrowWriter::try_new(f, schema.clone(), Some(props))
+                .unwrap_or_else(|e| panic!("{codec:?}: {e}"));
+            w.write(&batch).unwrap_or_else(|e| panic!("{codec:?}: {e}"));
+            w.close().unwrap_or_else(|e| panic!("{codec:?}: {e}"));
+            let got = read_parquet_piece(&p, 0, 0, want.len(), 4096)
+                .unwrap_or_else(|e| panic!("{codec:?}: {e}"));
+            let got: Vec<i64> = got
+                .iter()
+                .flat_map(|b| {
+                    let a = b.column(0).as_any().downcast_ref::<Int64Array>();
+                    a.map(|a| a.values().to_vec()).unwrap_or_default()
+                })
+                .collect();
+            assert_eq!(got, want, "{codec:?}");
+        }
         let _ = std::fs::remove_dir_all(&d);
     }
 }

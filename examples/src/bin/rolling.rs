@@ -154,9 +154,20 @@ fn parse_bytes(s: &str) -> Result<u64, String> {
 /// (DuckDB's `RANGE BETWEEN 0 PRECEDING AND CURRENT ROW`) and no row with
 /// any other mode: every output would be null, which a user who typed it
 /// did not mean (Polars refuses a zero period). The library keeps the
-/// rule's plain meaning; the command line refuses it.
+/// rule's plain meaning; the command line refuses a window written as 0.
+/// A window of another length that holds no rows all the same (`1` with
+/// `--closed none` on integers, `12h` with `--closed left` on dates) gives
+/// nulls, as Polars and DuckDB compute it.
 fn check_window_holds_rows(w: &Window, closed: Closed, given: &str) -> Result<(), String> {
-    if *w == Window::Fixed(0) && closed != Closed::Both {
+    let written_zero = || {
+        let g = given.trim();
+        let int = g.strip_suffix('i').unwrap_or(g);
+        match int.parse::<u64>() {
+            Ok(v) => v == 0,
+            Err(_) => duration(g).is_ok_and(|d| d.total == 0 && d.months == 0),
+        }
+    };
+    if *w == Window::Fixed(0) && closed != Closed::Both && written_zero() {
         return Err(format!(
             "window {given:?} is 0: with --closed {} it holds no rows (every result null); \
              use --closed both for the rows of equal order value, or a longer window",
@@ -301,8 +312,22 @@ fn clock_duration(s: &str) -> Option<String> {
 /// months).
 fn duration(s: &str) -> Result<WindowTerms, String> {
     const UNITS: &str = "ns, us, ms, s, m, h, d, w, mo, q, y";
-    if let Some(terms) = clock_duration(s.trim()) {
-        return duration(&terms);
+    // Clock terms, alone or after others as DuckDB prints an interval
+    // (`2 days 03:00:00`), become `h`, `m` and `s` terms.
+    if s.contains(':') {
+        let terms: Option<Vec<String>> = s
+            .split_whitespace()
+            .map(|t| match t.contains(':') {
+                true => clock_duration(t),
+                false => Some(t.to_string()),
+            })
+            .collect();
+        return match terms {
+            Some(t) => duration(&t.join(" ")),
+            None => Err(format!(
+                "bad window {s:?}: a clock term is HH:MM or HH:MM:SS[.fraction]"
+            )),
+        };
     }
     let mut rest = s;
     let mut total: i128 = 0;
@@ -426,6 +451,16 @@ fn check_apart(input: &Path, output: &Path) -> Result<(), BoxError> {
     };
     if o == i {
         return Err(format!("--output {} is the input", output.display()).into());
+    }
+    // The commit replaces the output directory's part files of either
+    // format: an input among them would be deleted, or overwritten.
+    if i.starts_with(&o) {
+        return Err(format!(
+            "--input {} lies inside the output {} (the output's part files are replaced when the job commits)",
+            input.display(),
+            output.display()
+        )
+        .into());
     }
     if i.is_dir() && o.starts_with(&i) {
         return Err(format!(
@@ -870,7 +905,20 @@ mod tests {
         assert_eq!(w("1:30"), Ok(Window::Fixed(5_400_000_000)));
         assert_eq!(w("00:00:01.5"), Ok(Window::Fixed(1_500_000)));
         assert_eq!(w("36:00:00"), Ok(Window::Fixed(129_600_000_000)));
+        // As DuckDB prints an interval: day terms, then a clock.
+        assert_eq!(w("2 days 03:00:00"), Ok(Window::Fixed(183_600_000_000)));
+        assert_eq!(w("1 day 00:00:00.5"), Ok(Window::Fixed(86_400_500_000)));
+        assert_eq!(
+            w("1 year 2 months 3 days 04:05:06.5"),
+            Ok(Window::Calendar {
+                months: 14,
+                then: 273_906_500_000,
+                unit: CalendarUnit::Micros,
+            })
+        );
         for bad in [
+            "2 days 03:0",
+            "2 days 3:00 4:00:",
             "01:60:00",
             "1:2",
             "01:30:",
