@@ -64,6 +64,7 @@ use crate::wire::Elements;
 use crate::wire::{
     DataRecv, Framed, Meta, Signature, assemble_into, exchange_framed, land_parts, meet_seat,
     met_meta, recv_framed_all, result_zone, send_framed, typed, typed_bytes, vec_to_buffer,
+    with_sends,
 };
 
 /// A user-supplied reduction: `acc[i] = acc[i] (op) x[i]`. It must be the
@@ -574,15 +575,13 @@ fn start_allreduce_core<T: Element, R: Send + 'static>(
                 DataRecv::for_part(zone.as_ref(), lo * sz, (hi - lo) * sz)
             })
             .collect();
-        let mut blocks: Vec<Buffer> = recv_framed_all(comm.as_ref(), site, peers, tag, data, check)
+        let got = recv_framed_all(comm.as_ref(), site, peers, tag, data, check);
+        let mut blocks: Vec<Buffer> = with_sends(got, sends)
             .await?
             .into_iter()
             .map(|(_, f)| f.data)
             .collect();
         blocks.insert(me as usize, mine_buf);
-        for s in sends {
-            s.await?;
-        }
         if let Some(zone) = zone {
             spread(len * sz).await;
             let placed = blocks

@@ -17,7 +17,7 @@ use braid_kernels::DType;
 
 use crate::error::{CollError, CollKind, Site};
 use crate::handle::{Callback, Handle, start, streaming};
-use crate::wire::{DataRecv, Meta, recv_framed, send_framed};
+use crate::wire::{DataRecv, Meta, recv_framed, send_framed, with_sends};
 
 /// What a rank got from its neighbours.
 #[derive(Debug, Clone, Default)]
@@ -122,10 +122,8 @@ impl HaloExchange {
                         Ok(None)
                     }
                 };
-                let (from_left, from_right) = futures::try_join!(left, right)?;
-                for s in sends {
-                    s.await?;
-                }
+                let (from_left, from_right) =
+                    with_sends(async { futures::try_join!(left, right) }, sends).await?;
                 Ok(Halo {
                     from_left,
                     from_right,

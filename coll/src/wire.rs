@@ -218,6 +218,18 @@ impl Future for FrameSend {
     }
 }
 
+/// `recv`'s outcome, with `sends` driven alongside it: a send that fails
+/// (a message over the backend's limit) fails the call at once, instead of
+/// after receives from peers that may be waiting on their own failed sends
+/// (every rank of a ring so: a hang).
+pub(crate) async fn with_sends<T>(
+    recv: impl Future<Output = Result<T, CollError>>,
+    sends: Vec<FrameSend>,
+) -> Result<T, CollError> {
+    let (got, _) = futures::try_join!(recv, futures::future::try_join_all(sends))?;
+    Ok(got)
+}
+
 /// How the data of a frame that follows its header is received.
 pub(crate) enum DataRecv {
     /// Its receive is posted once the header says it follows: nothing
@@ -619,11 +631,7 @@ async fn send_framed_all(
         })
         .collect();
     let peers = (0..n).filter(|p| *p != me);
-    let got = recv_framed_all(comm, site, peers, tag, recvs, check).await?;
-    for s in sends {
-        s.await?;
-    }
-    Ok(got)
+    with_sends(recv_framed_all(comm, site, peers, tag, recvs, check), sends).await
 }
 
 /// Receives each of `peers`' streams on `tag`: `each` gets every data
@@ -962,8 +970,11 @@ pub(crate) async fn agree(
             carry.cloned().unwrap_or_default(),
         );
         let src = (me + n - dist) % n;
-        let f = recv_framed(comm, site, src, tag, DataRecv::AfterHead).await?;
-        send.await?;
+        let f = with_sends(
+            recv_framed(comm, site, src, tag, DataRecv::AfterHead),
+            vec![send],
+        )
+        .await?;
         let b = f.user_meta.as_ref();
         if b.len() != AGREE_LEN {
             return Err(site.mismatch(src, "malformed agreement message"));

@@ -416,3 +416,83 @@ fn a_send_refused_at_the_sender_fails_the_receiver_too() {
     let e1 = res[1].as_ref().expect_err("the receiver hears of it");
     assert!(e1.contains("rank 0"), "rank 1: {e1}");
 }
+
+/// Sends over the limit on every rank at once (a ring step, a halo
+/// exchange, an AllToAll, an AllReduce, each rank's parts over tcp's
+/// message limit): each rank's own refused send fails its call in bounded
+/// time. Before, the calls awaited their receives first, from peers whose
+/// sends had failed alike, and every rank waited forever (seen over MPI,
+/// whose limit is 2 GiB).
+#[test]
+fn sends_refused_on_every_rank_fail_every_rank() {
+    use braid_coll::{HaloExchange, ReduceKind};
+    use braid_core::{Buffer, PackedData};
+    const LIMIT: u64 = 4096;
+    let rt = runtime();
+    let big = || Buffer::from_vec(vec![3u8; 2 * LIMIT as usize]);
+    for n in [2u32, 3, 5] {
+        for what in ["sendrecv", "halo", "alltoall", "allreduce"] {
+            let res: Vec<Result<(), String>> = rt.block_on(async {
+                let comms = TcpComm::in_process_world_with(n, |c| c.max_message_bytes = LIMIT)
+                    .await
+                    .expect("world");
+                let hs: Vec<_> = comms
+                    .into_iter()
+                    .map(|c| {
+                        let ctx = braid_core::world::context_for(
+                            Arc::new(c),
+                            braid_core::MemoryLimits::UNLIMITED,
+                        );
+                        tokio::spawn(async move {
+                            let (r, n) = (ctx.rank(), ctx.nranks());
+                            let elems = n as usize * LIMIT as usize; // 8 B each: a part is 8x the limit
+                            let out = match what {
+                                "sendrecv" => {
+                                    braid_coll::sendrecv(&ctx, (r + 1) % n, big(), (r + n - 1) % n)
+                                        .await
+                                        .map(|_| ())
+                                }
+                                "halo" => {
+                                    let p = || PackedData {
+                                        metadata: Default::default(),
+                                        data: big(),
+                                    };
+                                    HaloExchange::new(&ctx).exchange(p(), p()).await.map(|_| ())
+                                }
+                                "alltoall" => braid_coll::alltoall(&ctx, vec![1i64; elems])
+                                    .await
+                                    .map(|_| ()),
+                                _ => braid_coll::allreduce(
+                                    &ctx,
+                                    vec![1.0f64; elems],
+                                    ReduceKind::Sum,
+                                )
+                                .await
+                                .map(|_| ()),
+                            };
+                            out.map_err(|e| e.to_string())
+                        })
+                    })
+                    .collect();
+                let mut out = Vec::new();
+                for h in hs {
+                    let r = tokio::time::timeout(Duration::from_secs(30), h)
+                        .await
+                        .unwrap_or_else(|_| panic!("{what}, {n} ranks: a rank hung"))
+                        .expect("task");
+                    out.push(r);
+                }
+                out
+            });
+            for (r, x) in res.iter().enumerate() {
+                let e = x
+                    .as_ref()
+                    .expect_err(&format!("{what}, {n} ranks: rank {r} succeeded"));
+                assert!(
+                    e.contains(&LIMIT.to_string()),
+                    "{what}, {n} ranks, rank {r}: {e}"
+                );
+            }
+        }
+    }
+}
