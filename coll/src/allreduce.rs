@@ -98,11 +98,8 @@ impl<T> From<ReduceKind> for ReduceOp<T> {
 impl<T: Element> ReduceOp<T> {
     fn code(&self) -> u32 {
         match self {
-            ReduceOp::Builtin(ReduceKind::Sum) => 1,
-            ReduceOp::Builtin(ReduceKind::Prod) => 2,
-            ReduceOp::Builtin(ReduceKind::Min) => 3,
-            ReduceOp::Builtin(ReduceKind::Max) => 4,
-            ReduceOp::Custom(_) => 255,
+            ReduceOp::Builtin(k) => builtin_code(*k),
+            ReduceOp::Custom(_) => CUSTOM_CODE,
         }
     }
 
@@ -112,6 +109,37 @@ impl<T: Element> ReduceOp<T> {
             ReduceOp::Custom(f) => f(acc, x),
         }
     }
+}
+
+/// A built-in operator's number in a frame header (every rank must pass
+/// the same).
+const fn builtin_code(k: ReduceKind) -> u32 {
+    match k {
+        ReduceKind::Sum => 1,
+        ReduceKind::Prod => 2,
+        ReduceKind::Min => 3,
+        ReduceKind::Max => 4,
+    }
+}
+
+/// A user-supplied operator's number (ranks cannot tell two apart).
+const CUSTOM_CODE: u32 = 255;
+
+/// An operator's name from its number, for a mismatch's message.
+pub(crate) fn op_name(code: u32) -> String {
+    [
+        ReduceKind::Sum,
+        ReduceKind::Prod,
+        ReduceKind::Min,
+        ReduceKind::Max,
+    ]
+    .into_iter()
+    .find(|k| builtin_code(*k) == code)
+    .map(|k| format!("{k:?}"))
+    .unwrap_or_else(|| match code {
+        CUSTOM_CODE => "a custom operator".into(),
+        c => format!("operator {c}"),
+    })
 }
 
 /// Inputs up to this many bytes are all-reduced in one step (see the

@@ -1162,15 +1162,16 @@ impl Signature {
                 dtype(hi[0])
             )
         } else if lo[0] != hi[0] {
-            let what = match coll {
-                CollKind::Broadcast => "roots",
-                CollKind::AllReduce | CollKind::ReduceScatter => "reduction operators",
-                _ => "parameters",
-            };
-            format!(
-                "ranks pass different {what} ({} and {})",
-                lo[0] as u32, hi[0] as u32
-            )
+            let (a, b) = (lo[0] as u32, hi[0] as u32);
+            match coll {
+                CollKind::Broadcast => format!("ranks pass different roots ({a} and {b})"),
+                CollKind::AllReduce | CollKind::ReduceScatter => format!(
+                    "ranks pass different reduction operators ({} and {})",
+                    crate::allreduce::op_name(a),
+                    crate::allreduce::op_name(b)
+                ),
+                _ => format!("ranks pass different parameters ({a} and {b})"),
+            }
         } else {
             format!("ranks pass different counts ({} and {})", lo[1], hi[1])
         }
@@ -1181,6 +1182,17 @@ impl Signature {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
+
+    #[test]
+    fn a_mismatch_names_the_reduction_operators() {
+        let w = |aux: u64| [(u64::from(DType::F64.code()) << 32) | aux, 10];
+        let d = Signature::describe(CollKind::AllReduce, w(3), w(4));
+        assert!(d.contains("(Min and Max)"), "{d}");
+        let d = Signature::describe(CollKind::ReduceScatter, w(1), w(255));
+        assert!(d.contains("(Sum and a custom operator)"), "{d}");
+        let d = Signature::describe(CollKind::Broadcast, w(0), w(2));
+        assert!(d.contains("different roots (0 and 2)"), "{d}");
+    }
 
     #[test]
     fn a_frame_send_never_polls_a_finished_send_again() {

@@ -15,6 +15,16 @@ use crate::error::CommError;
 use crate::graph::BoxError;
 use crate::memory::{BufferResource, MemoryLimits};
 
+/// The size of the MPI job this process was started in, as mpirun or srun
+/// tell it (Open MPI's `OMPI_COMM_WORLD_SIZE`, the PMI `PMI_SIZE` of MPICH,
+/// Intel MPI and srun, Slurm's `SLURM_STEP_NUM_TASKS`), with the variable
+/// that said so; `None` outside one.
+pub fn mpi_launch_size() -> Option<(&'static str, u32)> {
+    ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_STEP_NUM_TASKS"]
+        .into_iter()
+        .find_map(|v| Some((v, std::env::var(v).ok()?.trim().parse().ok()?)))
+}
+
 /// Which ranks this process runs.
 #[derive(Debug, Clone)]
 pub enum WorldSpec {
@@ -33,7 +43,10 @@ pub enum WorldSpec {
 impl WorldSpec {
     /// The tcp rank described by the `BRAID_*` environment if it is set,
     /// else `nranks` local ranks.
-    /// With `BRAID_BACKEND=mpi` (feature `mpi`), the MPI rank.
+    /// With `BRAID_BACKEND=mpi` (feature `mpi`), the MPI rank. A process
+    /// that mpirun or srun started as one of several ([`mpi_launch_size`])
+    /// without `BRAID_BACKEND=mpi` is refused: each would run a whole job
+    /// of its own.
     pub fn from_env_or_local(nranks: u32) -> Result<WorldSpec, CommError> {
         if std::env::var("BRAID_BACKEND").is_ok_and(|b| b == "mpi") {
             #[cfg(feature = "mpi")]
@@ -46,7 +59,17 @@ impl WorldSpec {
         }
         Ok(match TcpConfig::from_env()? {
             Some(c) => WorldSpec::Tcp(c),
-            None => WorldSpec::Local { nranks },
+            None => {
+                if let Some((var, n)) = mpi_launch_size().filter(|(_, n)| *n > 1) {
+                    return Err(CommError::Bootstrap {
+                        rank: Rank::MAX,
+                        detail: format!(
+                            "this process is one of {n} started by mpirun or srun ({var}={n}), but BRAID_BACKEND is not mpi: each would run a whole job of its own; set BRAID_BACKEND=mpi (a build with the mpi feature)"
+                        ),
+                    });
+                }
+                WorldSpec::Local { nranks }
+            }
         })
     }
 

@@ -29,15 +29,7 @@ pub struct JobArgs {
 /// The ranks a job runs without `--ranks`.
 pub const DEFAULT_RANKS: u32 = 4;
 
-/// The size of the MPI job this process was started in, as mpirun or srun
-/// tell it (Open MPI's `OMPI_COMM_WORLD_SIZE`, the PMI `PMI_SIZE` of MPICH,
-/// Intel MPI and srun, Slurm's `SLURM_STEP_NUM_TASKS`), with the variable
-/// that said so; `None` outside one.
-pub fn mpi_launch_size() -> Option<(&'static str, u32)> {
-    ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_STEP_NUM_TASKS"]
-        .into_iter()
-        .find_map(|v| Some((v, std::env::var(v).ok()?.trim().parse().ok()?)))
-}
+pub use braid_core::world::mpi_launch_size;
 
 /// The most ranks `--ranks` starts on one host (tasks or processes); more
 /// would only exhaust its memory and threads.

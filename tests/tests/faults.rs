@@ -496,3 +496,46 @@ fn sends_refused_on_every_rank_fail_every_rank() {
         }
     }
 }
+
+/// A program started by mpirun or srun as one of several processes, but
+/// not told to use MPI, is refused (each would run a whole job of its own
+/// and report success); started as the only one, it runs as a local job.
+#[test]
+fn a_process_of_an_mpi_launch_without_the_mpi_backend_is_refused() {
+    for (var, n) in [
+        ("OMPI_COMM_WORLD_SIZE", 3),
+        ("PMI_SIZE", 2),
+        ("OMPI_COMM_WORLD_SIZE", 1),
+    ] {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_braid-test-worker"));
+        c.arg("exchange").arg("5");
+        for v in [
+            "BRAID_BACKEND",
+            "BRAID_RANK",
+            "BRAID_NRANKS",
+            "BRAID_ROOT",
+            "BRAID_TOKEN",
+            "OMPI_COMM_WORLD_SIZE",
+            "PMI_SIZE",
+            "SLURM_STEP_NUM_TASKS",
+        ] {
+            c.env_remove(v);
+        }
+        let out = c.env(var, n.to_string()).output().expect("spawn");
+        let err = String::from_utf8_lossy(&out.stderr);
+        if n > 1 {
+            assert_eq!(out.status.code(), Some(2), "{var}={n}: {err}");
+            assert!(
+                err.contains(&format!("one of {n} started by mpirun or srun ({var}={n})"))
+                    && err.contains("BRAID_BACKEND=mpi"),
+                "{var}={n}: {err}"
+            );
+        } else {
+            let so = String::from_utf8_lossy(&out.stdout);
+            assert!(
+                out.status.success() && so.contains("exchange ok"),
+                "{var}={n}: {so} {err}"
+            );
+        }
+    }
+}

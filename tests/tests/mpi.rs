@@ -115,7 +115,9 @@ fn mpi_receive_lands_in_the_offered_memory() {
 fn mpi_sends_complete_before_their_receives_are_posted() {
     for n in [2, 3] {
         for len in [65_536u64, 4 << 20] {
-            let mut child = mpirun(n)
+            // The guard (and its TMPDIR) lives until the job has ended.
+            let mut job = mpirun(n);
+            let mut child = job
                 .args(["swap", &len.to_string()])
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped())

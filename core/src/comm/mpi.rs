@@ -918,23 +918,20 @@ impl MpiComm {
     /// Call once per process.
     pub fn init() -> Result<MpiComm, CommError> {
         let (tx, rx) = mpsc::channel::<Req>();
-        let (ready_tx, ready_rx) = mpsc::channel::<Result<Arc<Shared>, String>>();
+        let (ready_tx, ready_rx) = mpsc::channel::<Result<Arc<Shared>, CommError>>();
         let mailbox = Arc::new(Mailbox::default());
         let mb = mailbox.clone();
         std::thread::Builder::new()
             .name("braid-mpi".into())
             .spawn(move || progress(rx, ready_tx, mb))
             .map_err(|e| CommError::Bootstrap {
-                rank: 0,
+                rank: Rank::MAX,
                 detail: format!("cannot start the MPI progress thread: {e}"),
             })?;
-        let shared = ready_rx
-            .recv()
-            .map_err(|_| CommError::Bootstrap {
-                rank: 0,
-                detail: "the MPI progress thread died during MPI_Init".into(),
-            })?
-            .map_err(|detail| CommError::Bootstrap { rank: 0, detail })?;
+        let shared = ready_rx.recv().map_err(|_| CommError::Bootstrap {
+            rank: Rank::MAX,
+            detail: "the MPI progress thread died during MPI_Init".into(),
+        })??;
         let (rank, nranks, stats, tags) = {
             let e = shared.lock();
             (e.rank, e.world.size() as u32, e.stats.clone(), e.tags)
@@ -1011,11 +1008,14 @@ impl Future for MpiSend {
 /// while no task does.
 fn progress(
     rx: mpsc::Receiver<Req>,
-    ready: mpsc::Sender<Result<Arc<Shared>, String>>,
+    ready: mpsc::Sender<Result<Arc<Shared>, CommError>>,
     mailbox: Arc<Mailbox>,
 ) {
     let Some((universe, level)) = mpi::initialize_with_threading(mpi::Threading::Serialized) else {
-        let _ = ready.send(Err("MPI is already initialised in this process".into()));
+        let _ = ready.send(Err(CommError::Bootstrap {
+            rank: Rank::MAX,
+            detail: "MPI is already initialised in this process".into(),
+        }));
         return;
     };
     let driving = match level {
@@ -1030,9 +1030,10 @@ fn progress(
     let world = universe.world();
     let (rank, nranks) = (world.rank() as Rank, world.size() as u32);
     let Some(tag_ub) = world.get_attr::<TagUb>().map(|t| i64::from(t.0)) else {
-        let _ = ready.send(Err(format!(
-            "rank {rank}: MPI_COMM_WORLD has no MPI_TAG_UB attribute (every MPI sets it)"
-        )));
+        let _ = ready.send(Err(CommError::Bootstrap {
+            rank,
+            detail: "MPI_COMM_WORLD has no MPI_TAG_UB attribute (every MPI sets it)".into(),
+        }));
         return;
     };
     // BRAID_MPI_TAG_UB lowers the bound (to run a job as under an MPI with
@@ -1044,9 +1045,10 @@ fn progress(
         None => tag_ub,
         Some(Ok(v)) => v.min(tag_ub),
         Some(Err(e)) => {
-            let _ = ready.send(Err(format!(
-                "rank {rank}: BRAID_MPI_TAG_UB is not a number: {e}"
-            )));
+            let _ = ready.send(Err(CommError::Bootstrap {
+                rank,
+                detail: format!("BRAID_MPI_TAG_UB is not a number: {e}"),
+            }));
             return;
         }
     };
@@ -1056,9 +1058,12 @@ fn progress(
         } else {
             format!("MPI_TAG_UB is {tag_ub}")
         };
-        let _ = ready.send(Err(format!(
-            "rank {rank}: {what}; braid needs a tag bound of at least 32767, as the MPI standard guarantees"
-        )));
+        let _ = ready.send(Err(CommError::Bootstrap {
+            rank,
+            detail: format!(
+                "{what}; braid needs a tag bound of at least 32767, as the MPI standard guarantees"
+            ),
+        }));
         return;
     };
     mailbox.set_rank(rank);
