@@ -90,7 +90,13 @@ impl Graph {
 
     /// Runs every node to completion. On the first failure the other nodes
     /// are cancelled, the job is aborted on every rank, and the failure is
-    /// returned.
+    /// returned. A rank whose nodes all succeed returns once every rank's
+    /// have (a barrier of empty messages on the graph's own OpId): a node
+    /// that fails drops its senders, and the nodes downstream of it, on
+    /// its rank, see a clean end of their input and may finish their part
+    /// (a shuffle sends its finish) before the abort goes out, so another
+    /// rank's nodes could all end well on partial data; the barrier makes
+    /// that rank fail with the abort instead of returning `Ok`.
     ///
     /// Each node draws its collectives' OpIds from a class of its own (its
     /// position in the graph; [`OpIdAllocator`](crate::tag::OpIdAllocator)
@@ -103,11 +109,23 @@ impl Graph {
     /// spawns among them) draw from the context's own sequence, past the
     /// block.
     pub async fn run(self) -> Result<(), GraphError> {
+        let k = self.nodes.len();
         let classes = self
             .ctx
             .op_source()
-            .fork(u32::try_from(self.nodes.len()).unwrap_or(u32::MAX));
-        self.run_nodes(classes).await
+            .fork(u32::try_from(k + 1).unwrap_or(u32::MAX));
+        // The class past the nodes' gives the barrier at the end its id.
+        let end = classes.get(k).map(|c| c.next());
+        let ctx = self.ctx.clone();
+        self.run_nodes(classes).await?;
+        match end {
+            Some(op) => all_ended_well(&ctx, op).await.map_err(|e| GraphError {
+                rank: ctx.rank(),
+                node: "(the graph's end, where every rank's nodes have succeeded)".into(),
+                source: NodeError::Comm(e),
+            }),
+            None => Ok(()),
+        }
     }
 
     async fn run_nodes(
@@ -173,6 +191,26 @@ impl Graph {
         self.ctx.comm().abort(&e.to_string());
         Err(e)
     }
+}
+
+/// Returns once every rank has arrived (a dissemination barrier: ceil(log2
+/// N) rounds, each an empty message to `me + d` and one from `me - d`, on
+/// `op`'s tags); fails with the job's abort where a rank aborts instead.
+async fn all_ended_well(ctx: &Context, op: crate::OpId) -> Result<(), CommError> {
+    let comm = ctx.comm();
+    let (n, me) = (comm.nranks(), comm.rank());
+    let (mut dist, mut round) = (1u32, 0u8);
+    while dist < n {
+        let tag = crate::Tag::new(op, round);
+        let send = comm.send((me + dist) % n, tag, crate::Buffer::default());
+        let recv = comm.recv((me + n - dist) % n, tag);
+        let (sent, got) = futures::join!(send, recv);
+        sent?;
+        got?;
+        dist = dist.saturating_mul(2);
+        round = round.wrapping_add(1);
+    }
+    Ok(())
 }
 
 impl NodeError {

@@ -430,3 +430,76 @@ fn a_collective_failed_by_a_peer_names_the_peer_through_node_errors() {
         }
     }
 }
+
+/// A rank whose nodes all succeed still fails when another rank's graph
+/// failed: its graph ends at a barrier every rank reaches only on
+/// success. Here the ranks' nodes share nothing (each a source and a sink
+/// of its own), so before the barrier every other rank returned `Ok`; so
+/// did, at times, ranks whose shuffle had taken the failed rank's
+/// clean-looking end of input (its source's dropped sender) as all of it.
+#[test]
+fn a_graph_ends_well_only_where_every_ranks_graph_does() {
+    async fn one(ctx: Context, failing: u32) -> Result<u64, GraphError> {
+        let me = ctx.rank();
+        let (mut tx, mut rx) = channel(2);
+        let mut g = Graph::new(ctx.clone());
+        g.add("source", async move {
+            for s in 0..6 {
+                if me == failing && s == 3 {
+                    return Err(NodeError::other("source broke at message 3"));
+                }
+                tx.send(msg(s)).await?;
+            }
+            Ok(())
+        });
+        g.add("sink", async move {
+            while rx.recv().await.is_some() {}
+            Ok(())
+        });
+        let res = g.run().await;
+        let _ = ctx.comm().shutdown().await;
+        res.map(|()| 0)
+    }
+    let rt = runtime();
+    for n in RANK_COUNTS.into_iter().filter(|n| *n >= 2) {
+        for backend in ["local", "tcp"] {
+            rt.block_on(async {
+                let ctxs: Vec<Context> = if backend == "local" {
+                    contexts(&WorldSpec::Local { nranks: n }, MemoryLimits::UNLIMITED)
+                        .await
+                        .expect("contexts")
+                } else {
+                    TcpComm::in_process_world(n)
+                        .await
+                        .expect("world")
+                        .into_iter()
+                        .map(|c| context_for(Arc::new(c), MemoryLimits::UNLIMITED))
+                        .collect()
+                };
+                let failing = n / 2;
+                let hs: Vec<_> = ctxs
+                    .into_iter()
+                    .map(|c| tokio::spawn(one(c, failing)))
+                    .collect();
+                for (r, h) in hs.into_iter().enumerate() {
+                    let res = tokio::time::timeout(Duration::from_secs(30), h)
+                        .await
+                        .unwrap_or_else(|_| panic!("{backend}, {n} ranks: rank {r} hung"))
+                        .expect("graph task");
+                    let e = match res {
+                        Ok(_) => panic!("{backend}, {n} ranks: rank {r} returned Ok"),
+                        Err(e) => e,
+                    };
+                    if r as u32 == failing {
+                        assert_eq!(e.node, "source", "{e}");
+                    } else {
+                        assert!(
+                            matches!(e.source, NodeError::Comm(CommError::Aborted { peer, .. }) if peer == failing),
+                            "{backend}, {n} ranks, rank {r}: {e}"
+                        );
+                    }
+                }
+            });
+        }
+    }
+}
