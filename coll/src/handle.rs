@@ -227,6 +227,7 @@ where
             started: None,
             finished: false,
             span,
+            running: Some(ctx.core_started()),
         }),
     );
     Handle {
@@ -258,6 +259,9 @@ struct CoreRun<T, F> {
     /// Complete: never poll the protocol again.
     finished: bool,
     span: tracing::Span,
+    /// Counts this core as running on its rank until it completes (or is
+    /// dropped): the rank's job waits for it before shutting down.
+    running: Option<braid_core::CoreGuard>,
 }
 
 impl<T, F> Future for CoreRun<T, F>
@@ -298,6 +302,7 @@ where
         if let Some(ev) = this.after.take() {
             ev.set();
         }
+        this.running.take();
         Poll::Ready(())
     }
 }

@@ -471,6 +471,31 @@ struct Inner {
     resource: Arc<BufferResource>,
     progress: ProgressEngine,
     job_end: std::sync::Mutex<Vec<JobEndHook>>,
+    cores: Arc<Cores>,
+}
+
+/// The collectives this rank has started and not finished (their cores):
+/// a rank's job waits for them before it shuts down
+/// ([`Context::cores_finished`]), so that a handle dropped unwaited, whose
+/// core runs on (peers may be in the same call), does not find the
+/// communicator shut under it.
+#[derive(Default)]
+struct Cores {
+    running: std::sync::atomic::AtomicUsize,
+    idle: tokio::sync::Notify,
+}
+
+/// A running collective's place in [`Context::cores_finished`]'s count:
+/// held by its core, given back when the core is dropped (finished or
+/// not).
+pub struct CoreGuard(Arc<Cores>);
+
+impl Drop for CoreGuard {
+    fn drop(&mut self) {
+        if self.0.running.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.idle.notify_waiters();
+        }
+    }
 }
 
 impl Drop for Inner {
@@ -521,6 +546,7 @@ impl Context {
                 resource,
                 progress,
                 job_end: std::sync::Mutex::new(Vec::new()),
+                cores: Arc::default(),
             }),
         }
     }
@@ -593,6 +619,29 @@ impl Context {
         fut: F,
     ) -> tokio::task::futures::TaskLocalFuture<(usize, Arc<OpIdAllocator>), F> {
         NODE_OPS.scope((Arc::as_ptr(&self.inner) as usize, ops), fut)
+    }
+
+    /// Counts a collective's core as running until the guard drops (a
+    /// collective's core holds it: see [`Context::cores_finished`]).
+    pub fn core_started(&self) -> CoreGuard {
+        self.inner.cores.running.fetch_add(1, Ordering::AcqRel);
+        CoreGuard(self.inner.cores.clone())
+    }
+
+    /// Waits until no collective this rank started is running. Bounded
+    /// where the peers make the same calls or end their jobs (a core whose
+    /// peer finished fails with `PeerFinished`).
+    pub async fn cores_finished(&self) {
+        let cores = &self.inner.cores;
+        loop {
+            let idle = cores.idle.notified();
+            let mut idle = std::pin::pin!(idle);
+            idle.as_mut().enable();
+            if cores.running.load(Ordering::Acquire) == 0 {
+                return;
+            }
+            idle.await;
+        }
     }
 
     /// The buffer resource.

@@ -34,7 +34,7 @@ pub type Rank = u32;
 
 pub use channel::{ChannelError, Receiver, Sender, channel};
 pub use comm::{Backend, Communicator};
-pub use context::{Context, JobEnd, Placement, ProgressEngine, RankThreads, Waiting};
+pub use context::{Context, CoreGuard, JobEnd, Placement, ProgressEngine, RankThreads, Waiting};
 pub use error::{CommError, MemoryError};
 pub use event::{BlockingOnDriver, Event};
 pub use graph::{BoxError, Graph, GraphError, NodeError};

@@ -538,11 +538,15 @@ where
         Err(p) => Err(panicked(p)),
     };
     let r = match ran {
-        Ok(v) => comm
-            .shutdown()
-            .await
-            .map(|_| v)
-            .map_err(|e| Box::new(e) as BoxError),
+        // Collectives whose handles the job dropped unwaited finish first:
+        // their peers may be in the same calls.
+        Ok(v) => {
+            ends.cores_finished().await;
+            comm.shutdown()
+                .await
+                .map(|_| v)
+                .map_err(|e| Box::new(e) as BoxError)
+        }
         Err(e) => {
             comm.abort(&e.to_string());
             // Lets the abort notice reach the other ranks.

@@ -1004,3 +1004,34 @@ async fn halo_checks(ctx: &Context, seed: u64) -> R<()> {
     })?;
     Ok(())
 }
+
+/// A job that drops the handles of collectives it started (their cores
+/// run on: every rank makes the same calls) and then ends: its rank waits
+/// for those cores before shutting down, so the job ends cleanly. Each
+/// dropped call's callback bumps `done`; returns an AllReduce's sum made
+/// after them (N on every rank).
+pub async fn dropped_handles(ctx: &Context, done: Arc<std::sync::atomic::AtomicUsize>) -> R<i64> {
+    let bump = || -> Option<braid_coll::Callback> {
+        let d = done.clone();
+        Some(Box::new(move || {
+            d.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }))
+    };
+    let me = i64::from(ctx.rank());
+    drop(braid_coll::start_allreduce(
+        ctx,
+        vec![me; 100_000],
+        ReduceOp::Builtin(ReduceKind::Sum),
+        bump(),
+    ));
+    drop(braid_coll::start_broadcast(
+        ctx,
+        0,
+        (ctx.rank() == 0).then(|| Buffer::from_vec(vec![7u8; 1 << 20])),
+        bump(),
+    ));
+    let v = allreduce(ctx, vec![1i64], ReduceKind::Sum)
+        .await
+        .map_err(e)?;
+    Ok(v[0])
+}

@@ -1363,3 +1363,49 @@ fn a_blocking_wait_in_a_local_set_completes() {
         assert_eq!(peer.await.unwrap().unwrap(), vec![7]);
     });
 }
+
+/// A job that drops started collectives' handles and ends at once ends
+/// cleanly on every rank: the rank waits for those cores (every rank made
+/// the calls) before it shuts down. Before, the shutdown closed the
+/// communicator under them and the job failed ("a collective it did not
+/// call" between in-process ranks, "communicator is shut down" over tcp).
+#[test]
+fn dropped_handles_finish_before_the_rank_shuts_down() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    for n in RANK_COUNTS {
+        let done = Arc::new(AtomicUsize::new(0));
+        let d = done.clone();
+        let res = braid_core::run_world(
+            &WorldSpec::Local { nranks: n },
+            MemoryLimits::UNLIMITED,
+            move |ctx| {
+                let d = d.clone();
+                async move { Ok(coll_suite::dropped_handles(&ctx, d).await?) }
+            },
+        )
+        .unwrap_or_else(|e| panic!("local, {n} ranks: {e}"));
+        assert!(res.iter().all(|(_, v)| *v == n as i64), "{res:?}");
+        assert_eq!(
+            done.load(Ordering::Relaxed),
+            2 * n as usize,
+            "callbacks run"
+        );
+        let rt = runtime();
+        let mut spec = LaunchSpec::new(
+            n,
+            env!("CARGO_BIN_EXE_braid-test-worker"),
+            vec!["dropped-handles".into()],
+        );
+        spec.output = OutputMode::Captured;
+        let report = rt
+            .block_on(launch(spec))
+            .unwrap_or_else(|e| panic!("tcp, {n} ranks: {e:?}"));
+        let want = format!("dropped-handles ok {n}");
+        assert_eq!(report.stdout.len(), n as usize, "{:?}", report.stdout);
+        assert!(
+            report.stdout.iter().all(|l| l.trim() == want),
+            "tcp, {n} ranks: {:?}",
+            report.stdout
+        );
+    }
+}

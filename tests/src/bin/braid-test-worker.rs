@@ -34,6 +34,8 @@
 //!   receive to itself and to the next rank, fail with
 //!   `CommError::Shutdown` within 10 s (the job's own shutdown then runs
 //!   a second time); prints `after-shutdown ok`.
+//! - `dropped-handles`: drops two started collectives' handles, then ends
+//!   (`coll_suite::dropped_handles`); prints `dropped-handles ok N`.
 //! - `threads`: prints `threads WORKERS SMALL BULK`: the rank's runtime
 //!   workers and how it waits for an 8 B and a 1 MiB collective.
 
@@ -185,6 +187,11 @@ fn main() -> ExitCode {
                     } else if arg == 1 && ctx.rank() == 0 {
                         comm.recv(ctx.nranks() - 1, Tag::new(OpId(9), 0)).await?;
                     }
+                }
+                "dropped-handles" => {
+                    let done = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+                    let n = braid_tests::coll_suite::dropped_handles(&ctx, done).await?;
+                    println!("dropped-handles ok {n}");
                 }
                 "wait" => {
                     println!("ready {}", std::process::id());
