@@ -18,7 +18,12 @@
 //! sort by (group columns, ts) locally, one kernel pass per group.
 //!
 //! Output: every input row once, all input columns kept, plus
-//! `<value>_<agg>` (float64; count is int64), in chunks of `chunk_rows`.
+//! `<value>_<agg>` (float64; count is int64), in chunks of at least
+//! `chunk_rows` rows (but a rank's last): a chunk ends between rows of
+//! different order values, and ungrouped holds at least twice the
+//! lookback its first row needs (so that its lookback rows, read again,
+//! stay at most a third of the work); grouped, a chunk holds whole
+//! groups.
 //!
 //! Memory: after the sort, the node adds to the rank's sorted partition
 //! only its ghost rows, the chunks being computed and sent, and an i64

@@ -1,12 +1,15 @@
 //! Hash shuffle of a table: afterwards every row with a given key is on
 //! the rank `hash(key) % N`. Chunks are partitioned and sent as they stream
 //! in; the shuffle spills to disk over the host memory limit. Each rank's
-//! own share never leaves it (no packing, no copy).
+//! own share never leaves it (no packing, no copy) while it fits under the
+//! limit (it is charged to the host memory like the parts received); a
+//! part that does not fit is packed and goes through the shuffle's store,
+//! which spills it.
 
 use arrow_array::RecordBatch;
 use arrow_schema::SchemaRef;
 use braid_coll::{PartitionOwner, Shuffle};
-use braid_core::{Context, PackedData, Payload, Receiver};
+use braid_core::{Context, MemoryType, PackedData, Payload, Receiver, Reservation};
 
 use crate::error::{DataError, Result};
 use crate::ipc::{pack, unpack};
@@ -21,6 +24,8 @@ pub(crate) struct TableShuffle {
     schema: SchemaRef,
     shuffle: Shuffle,
     own: Vec<RecordBatch>,
+    /// The host memory `own` holds, charged until the shuffle ends.
+    own_charge: Vec<Reservation>,
 }
 
 impl TableShuffle {
@@ -31,6 +36,7 @@ impl TableShuffle {
             schema,
             shuffle: Shuffle::new(ctx, ctx.nranks(), PartitionOwner::RoundRobin, None),
             own: Vec::new(),
+            own_charge: Vec::new(),
         }
     }
 
@@ -68,7 +74,25 @@ impl TableShuffle {
         .await
         .map_err(|e| DataError::Invalid(e.to_string()))??;
         if mine.num_rows() > 0 {
-            self.own.push(mine);
+            let size = mine.get_array_memory_size() as u64;
+            match self
+                .ctx
+                .resource()
+                .reserve_or_fail(size, &[MemoryType::Host])
+            {
+                Ok(r) => {
+                    self.own_charge.push(r);
+                    self.own.push(mine);
+                }
+                // Over the limit: packed, into the shuffle's store (which
+                // spills it) as a part sent to this rank.
+                Err(_) => {
+                    let p = tokio::task::spawn_blocking(move || pack(&mine))
+                        .await
+                        .map_err(|e| DataError::Invalid(e.to_string()))??;
+                    self.shuffle.insert(me as u32, p)?;
+                }
+            }
         }
         for (dest, p) in parts.into_iter().enumerate() {
             if let Some(p) = p {
@@ -83,12 +107,14 @@ impl TableShuffle {
         self.shuffle.insert_finished()?;
         let mine = self.shuffle.extract(self.ctx.rank()).await?;
         drop(self.shuffle);
-        let (own, schema) = (self.own, self.schema);
+        let (own, schema, charge) = (self.own, self.schema, self.own_charge);
         tokio::task::spawn_blocking(move || -> Result<Vec<RecordBatch>> {
             let mut parts = own;
             for p in mine {
                 parts.extend(unpack(&p, &schema)?);
             }
+            // Handed on: no longer the shuffle's to account.
+            drop(charge);
             Ok(parts)
         })
         .await

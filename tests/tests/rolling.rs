@@ -548,6 +548,24 @@ fn rolling_under_a_memory_limit_spills_and_matches() {
         .await;
         let spilled: u64 = ctxs.iter().map(|c| c.statistics().spilled_bytes()).sum();
         assert!(spilled > 0, "nothing spilled under a 4 KiB limit");
+        // One rank: its whole share is its own, which is charged to the
+        // limit and spilled like the parts from peers (before, a rank's
+        // own share was never charged, and one rank never spilled).
+        let one = contexts(&WorldSpec::Local { nranks: 1 }, limits)
+            .await
+            .unwrap();
+        run_case(
+            &one,
+            &rows,
+            &DataType::Int64,
+            Grouping::Int,
+            span / 20,
+            Closed::Both,
+            "memory limit, grouped, one rank",
+        )
+        .await;
+        let spilled = one[0].statistics().spilled_bytes();
+        assert!(spilled > 0, "one rank spilled nothing under a 4 KiB limit");
     });
 }
 
