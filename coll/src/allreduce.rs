@@ -63,8 +63,8 @@ use crate::handle::{Callback, Handle, ResultStep, spread, start, streaming};
 use crate::wire::Elements;
 use crate::wire::{
     DataRecv, Framed, Meta, Signature, assemble_into, exchange_framed, land_parts, meet_seat,
-    met_meta, recv_framed_all, result_zone, send_framed, typed, typed_bytes, vec_to_buffer,
-    with_sends,
+    met_meta, none_refused, recv_framed_all, result_zone, send_framed, typed, typed_bytes,
+    vec_to_buffer,
 };
 
 /// A user-supplied reduction: `acc[i] = acc[i] (op) x[i]`. It must be the
@@ -603,13 +603,16 @@ fn start_allreduce_core<T: Element, R: Send + 'static>(
                 DataRecv::for_part(zone.as_ref(), lo * sz, (hi - lo) * sz)
             })
             .collect();
-        let got = recv_framed_all(comm.as_ref(), site, peers, tag, data, check);
-        let mut blocks: Vec<Buffer> = with_sends(got, sends)
+        none_refused(&sends)?;
+        let mut blocks: Vec<Buffer> = recv_framed_all(comm.as_ref(), site, peers, tag, data, check)
             .await?
             .into_iter()
             .map(|(_, f)| f.data)
             .collect();
         blocks.insert(me as usize, mine_buf);
+        for s in sends {
+            s.await?;
+        }
         if let Some(zone) = zone {
             spread(len * sz).await;
             let placed = blocks

@@ -57,7 +57,7 @@ use crate::handle::{Callback, Handle, spread, start, streaming};
 use crate::wire::Elements;
 use crate::wire::{
     DataRecv, Framed, Meta, assemble_into, assemble_slices_into, land_parts, meet_framed,
-    meet_seat, met_meta, recv_framed_all, result_zone, send_framed, with_sends,
+    meet_seat, met_meta, none_refused, recv_framed_all, result_zone, send_framed,
 };
 
 /// Bytes of this rank's own part copied between two polls of the
@@ -604,8 +604,8 @@ async fn exchange<T: Element>(
                     DataRecv::for_part(zone, o * sz, c * sz)
                 })
                 .collect();
+            none_refused(&sends)?;
             let frames = recv_framed_all(comm.as_ref(), site, peers, tag, data, |_, _| Ok(()));
-            let frames = with_sends(frames, sends);
             // This rank's own part goes to its place while the others
             // arrive (the receives are posted at the first poll), a piece
             // at a time with the receives polled between pieces: a
@@ -701,6 +701,9 @@ async fn exchange<T: Element>(
                     }
                     None => parts[p as usize] = Some(Elements::from_buffer(f.data)),
                 }
+            }
+            for s in sends {
+                s.await?;
             }
         }
     }

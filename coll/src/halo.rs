@@ -17,7 +17,7 @@ use braid_kernels::DType;
 
 use crate::error::{CollError, CollKind, Site};
 use crate::handle::{Callback, Handle, start, streaming};
-use crate::wire::{DataRecv, Meta, recv_framed, send_framed, with_sends};
+use crate::wire::{DataRecv, Meta, none_refused, recv_framed, send_framed};
 
 /// What a rank got from its neighbours.
 #[derive(Debug, Clone, Default)]
@@ -98,6 +98,7 @@ impl HaloExchange {
                         send_right.data,
                     ));
                 }
+                none_refused(&sends)?;
                 let left = async {
                     if me > 0 {
                         let f = recv_framed(comm.as_ref(), site, me - 1, tag, DataRecv::AfterHead)
@@ -122,8 +123,10 @@ impl HaloExchange {
                         Ok(None)
                     }
                 };
-                let (from_left, from_right) =
-                    with_sends(async { futures::try_join!(left, right) }, sends).await?;
+                let (from_left, from_right) = futures::try_join!(left, right)?;
+                for s in sends {
+                    s.await?;
+                }
                 Ok(Halo {
                     from_left,
                     from_right,

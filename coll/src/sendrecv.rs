@@ -16,7 +16,7 @@ use braid_kernels::DType;
 
 use crate::error::{CollError, CollKind, Site};
 use crate::handle::{Callback, Handle, start, streaming};
-use crate::wire::{DataRecv, Meta, recv_framed, send_framed, with_sends};
+use crate::wire::{DataRecv, Meta, none_refused, recv_framed, send_framed};
 
 /// Starts sending `data` to `dst` while receiving from `src`.
 pub fn start_sendrecv(
@@ -43,8 +43,10 @@ pub fn start_sendrecv(
         // the header's.
         let early = DataRecv::for_len(data.len());
         let send = send_framed(comm.as_ref(), site, dst, tag, meta, &[], data);
-        let recv = recv_framed(comm.as_ref(), site, src, tag, early);
-        Ok(with_sends(recv, vec![send]).await?.data)
+        none_refused([&send])?;
+        let got = recv_framed(comm.as_ref(), site, src, tag, early).await?;
+        send.await?;
+        Ok(got.data)
     })
 }
 

@@ -218,16 +218,30 @@ impl Future for FrameSend {
     }
 }
 
-/// `recv`'s outcome, with `sends` driven alongside it: a send that fails
-/// (a message over the backend's limit) fails the call at once, instead of
-/// after receives from peers that may be waiting on their own failed sends
-/// (every rank of a ring so: a hang).
-pub(crate) async fn with_sends<T>(
-    recv: impl Future<Output = Result<T, CollError>>,
-    sends: Vec<FrameSend>,
-) -> Result<T, CollError> {
-    let (got, _) = futures::try_join!(recv, futures::future::try_join_all(sends))?;
-    Ok(got)
+impl FrameSend {
+    /// The error of a send refused within the call, seen without polling
+    /// ([`SendFuture::refused`]).
+    fn refused(&self) -> Option<CollError> {
+        [&self.head, &self.data]
+            .into_iter()
+            .flatten()
+            .find_map(|f| f.refused())
+            .map(|e| self.site.comm(e.clone()))
+    }
+}
+
+/// Fails where one of `sends` was refused within its call (a message over
+/// the backend's limit): a call checks this before it waits for its
+/// receives, whose peers may be waiting for their own refused sends (every
+/// rank of a ring so: a hang). Sends that fail later fail their peers'
+/// receives too.
+pub(crate) fn none_refused<'a>(
+    sends: impl IntoIterator<Item = &'a FrameSend>,
+) -> Result<(), CollError> {
+    sends
+        .into_iter()
+        .find_map(FrameSend::refused)
+        .map_or(Ok(()), Err)
 }
 
 /// How the data of a frame that follows its header is received.
@@ -631,7 +645,12 @@ async fn send_framed_all(
         })
         .collect();
     let peers = (0..n).filter(|p| *p != me);
-    with_sends(recv_framed_all(comm, site, peers, tag, recvs, check), sends).await
+    none_refused(&sends)?;
+    let got = recv_framed_all(comm, site, peers, tag, recvs, check).await?;
+    for s in sends {
+        s.await?;
+    }
+    Ok(got)
 }
 
 /// Receives each of `peers`' streams on `tag`: `each` gets every data
@@ -970,11 +989,9 @@ pub(crate) async fn agree(
             carry.cloned().unwrap_or_default(),
         );
         let src = (me + n - dist) % n;
-        let f = with_sends(
-            recv_framed(comm, site, src, tag, DataRecv::AfterHead),
-            vec![send],
-        )
-        .await?;
+        none_refused([&send])?;
+        let f = recv_framed(comm, site, src, tag, DataRecv::AfterHead).await?;
+        send.await?;
         let b = f.user_meta.as_ref();
         if b.len() != AGREE_LEN {
             return Err(site.mismatch(src, "malformed agreement message"));

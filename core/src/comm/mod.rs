@@ -187,6 +187,16 @@ impl SendFuture {
         SendFuture(SendState::Ready(r))
     }
 
+    /// The error of a send the backend refused within the call (a
+    /// message over its limit, a communicator shut or failed), seen
+    /// without polling; `None` for a send that succeeded or is under way.
+    pub fn refused(&self) -> Option<&CommError> {
+        match &self.0 {
+            SendState::Ready(Err(e)) => Some(e),
+            _ => None,
+        }
+    }
+
     /// A send that completes later, when `f` does.
     pub fn waiting(f: impl Future<Output = Result<(), CommError>> + Send + 'static) -> Self {
         SendFuture(SendState::Waiting(Box::pin(f)))
