@@ -512,6 +512,10 @@ fn collect<T>(
 /// communicator, or an abort that tells the other ranks it failed; then
 /// the job's end for what waits for it. A failure is also reported to
 /// `first_error`.
+/// How long a rank whose job has ended waits for the collectives it
+/// started and did not wait for (dropped handles) before it shuts down.
+const CORES_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
 async fn run_rank<T, F, Fut>(
     ctx: Context,
     job: Arc<F>,
@@ -539,9 +543,19 @@ where
     };
     let r = match ran {
         // Collectives whose handles the job dropped unwaited finish first:
-        // their peers may be in the same calls.
+        // their peers may be in the same calls. Bounded: a peer that never
+        // makes the call but waits for this rank in something else would
+        // wait forever on a rank that waits for it; after the bound the
+        // rank shuts down as before, and that peer fails (`PeerFinished`).
         Ok(v) => {
-            ends.cores_finished().await;
+            if tokio::time::timeout(CORES_WAIT, ends.cores_finished())
+                .await
+                .is_err()
+            {
+                tracing::warn!(
+                    "rank {rank}: collectives whose handles were dropped still run after {CORES_WAIT:?}; shutting down"
+                );
+            }
             comm.shutdown()
                 .await
                 .map(|_| v)
