@@ -21,10 +21,14 @@ pub struct JobArgs {
     pub ranks: Option<u32>,
     /// How ranks talk: `local` (threads of this process), `tcp` (one
     /// process per rank on this host) or `mpi` (ranks started by mpirun or
-    /// srun; needs the `mpi` feature).
-    #[arg(long, env = "BRAID_BACKEND", default_value = "local")]
-    pub backend: Backend,
+    /// srun; needs the `mpi` feature) [default: local, or tcp in a rank
+    /// that braid-launch started].
+    #[arg(long, env = "BRAID_BACKEND")]
+    pub backend: Option<Backend>,
 }
+
+/// The error for `--backend mpi` on a build without the `mpi` feature.
+const MPI_FEATURE_NEEDED: &str = "--backend mpi needs a build with the mpi feature (cargo build --release --features braid-examples/mpi), started by mpirun or srun";
 
 /// The ranks a job runs without `--ranks`.
 pub const DEFAULT_RANKS: u32 = 4;
@@ -41,6 +45,12 @@ impl JobArgs {
         self.ranks.unwrap_or(DEFAULT_RANKS)
     }
 
+    /// The backend asked for (`--backend` or `BRAID_BACKEND`; `local`
+    /// where neither says).
+    pub fn backend(&self) -> Backend {
+        self.backend.unwrap_or(Backend::Local)
+    }
+
     /// Checks `--ranks` and `--backend` against each other and against
     /// how this process was started, before any work.
     pub fn check(&self) -> Result<(), String> {
@@ -54,7 +64,10 @@ impl JobArgs {
         if ranks == 0 {
             return Err("--ranks must be at least 1".into());
         }
-        match (self.backend, launched) {
+        if self.backend() == Backend::Mpi && !cfg!(feature = "mpi") {
+            return Err(MPI_FEATURE_NEEDED.into());
+        }
+        match (self.backend(), launched) {
             // Each process would run a whole job of its own, all of them
             // writing the same output.
             (b, Some((var, n))) if b != Backend::Mpi && n > 1 => {
@@ -72,22 +85,58 @@ impl JobArgs {
             }
             _ => {}
         }
-        if self.backend != Backend::Mpi && ranks > MAX_HOST_RANKS {
+        if self.backend() != Backend::Mpi && ranks > MAX_HOST_RANKS {
             return Err(format!(
                 "--ranks {ranks} is more than the {MAX_HOST_RANKS} ranks one host runs (--backend {})",
-                self.backend
+                self.backend()
             ));
         }
         Ok(())
     }
 }
 
-/// Installs a tracing subscriber reading `RUST_LOG` (default: warnings).
+/// Writes to stdout as `print!` does, except that a closed stdout (the
+/// reader of `| head` gone) ends the process quietly with status 0, where
+/// `print!` panics; any other write error ends it with status 1.
+#[macro_export]
+macro_rules! out {
+    ($($arg:tt)*) => {
+        $crate::write_stdout(format_args!($($arg)*))
+    };
+}
+
+/// [`out!`] with a newline, as `println!`.
+#[macro_export]
+macro_rules! outln {
+    () => {
+        $crate::write_stdout(format_args!("\n"))
+    };
+    ($($arg:tt)*) => {
+        $crate::write_stdout(format_args!("{}\n", format_args!($($arg)*)))
+    };
+}
+
+/// What [`out!`] and [`outln!`] call.
+pub fn write_stdout(args: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    if let Err(e) = std::io::stdout().lock().write_fmt(args) {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(0);
+        }
+        eprintln!("error: writing to stdout: {e}");
+        std::process::exit(1);
+    }
+}
+
+/// Installs a tracing subscriber reading `RUST_LOG` (default: warnings);
+/// colours only where stderr is a terminal (not in a file or a pipe).
 pub fn init_tracing() {
+    use std::io::IsTerminal;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr)
         .try_init();
 }
@@ -104,11 +153,12 @@ pub fn median(mut v: Vec<f64>) -> f64 {
     }
 }
 
-/// A byte count for tables: `8 B`, `64 KiB`, `16 MiB`.
+/// A byte count for tables, exact: `8 B`, `64 KiB`, `16 MiB`, and a size
+/// that is no whole number of KiB or MiB in bytes (`2000000 B`).
 pub fn size_name(s: usize) -> String {
-    if s >= 1 << 20 {
+    if s >= 1 << 20 && s % (1 << 20) == 0 {
         format!("{} MiB", s >> 20)
-    } else if s >= 1 << 10 {
+    } else if s >= 1 << 10 && s % (1 << 10) == 0 {
         format!("{} KiB", s >> 10)
     } else {
         format!("{s} B")
@@ -156,12 +206,19 @@ where
     T: Send + 'static,
 {
     args.check()?;
-    let spec = match (args.backend, TcpConfig::from_env()?) {
+    let spec = match (args.backend(), TcpConfig::from_env()?) {
         #[cfg(feature = "mpi")]
         (Backend::Mpi, _) => WorldSpec::Mpi,
         #[cfg(not(feature = "mpi"))]
-        (Backend::Mpi, _) => {
-            return Err("--backend mpi needs a build with the mpi feature (cargo build --release --features braid-examples/mpi), started by mpirun or srun".into());
+        (Backend::Mpi, _) => return Err(MPI_FEATURE_NEEDED.into()),
+        // Asked for in-process ranks, but started as one rank of a job:
+        // each process would run a whole job of its own.
+        (Backend::Local, Some(cfg)) if args.backend.is_some() => {
+            return Err(format!(
+                "--backend local (or BRAID_BACKEND=local), but this process is rank {} of the {} that braid-launch started: drop --backend (the ranks talk over tcp) or run without braid-launch",
+                cfg.rank, cfg.nranks
+            )
+            .into());
         }
         (_, Some(cfg)) => {
             // A rank of a job that `braid-launch` (or `--backend tcp`)
@@ -199,14 +256,17 @@ where
 
 #[cfg(test)]
 mod tests {
-    use super::{Backend, JobArgs, median};
+    use super::{Backend, JobArgs, median, size_name};
 
     /// A process started by mpirun or srun must run with `--backend mpi`
     /// (each would otherwise run a whole job of its own), and `--ranks`
     /// under mpi may only repeat the launcher's count.
     #[test]
     fn backend_and_ranks_fit_how_the_process_was_started() {
-        let args = |ranks: Option<u32>, backend| JobArgs { ranks, backend };
+        let args = |ranks: Option<u32>, backend| JobArgs {
+            ranks,
+            backend: Some(backend),
+        };
         let mpirun = |n| Some(("OMPI_COMM_WORLD_SIZE", n));
         let ok = |a: JobArgs, l| a.check_with(l).is_ok();
         assert!(ok(args(None, Backend::Local), None));
@@ -222,6 +282,16 @@ mod tests {
             // One rank of mpirun runs as asked.
             assert!(ok(args(None, b), mpirun(1)));
         }
+        if !cfg!(feature = "mpi") {
+            // Without the feature, that comes first (before advice on
+            // --ranks that could not be followed).
+            let e = args(Some(2), Backend::Mpi)
+                .check_with(mpirun(3))
+                .err()
+                .unwrap_or_default();
+            assert!(e.contains("mpi feature"), "{e}");
+            return;
+        }
         assert!(ok(args(None, Backend::Mpi), mpirun(3)));
         assert!(ok(args(Some(3), Backend::Mpi), mpirun(3)));
         assert!(ok(args(Some(5000), Backend::Mpi), mpirun(5000)));
@@ -233,6 +303,17 @@ mod tests {
         // A singleton (no launcher) is one rank.
         assert!(ok(args(Some(1), Backend::Mpi), None));
         assert!(!ok(args(Some(4), Backend::Mpi), None));
+    }
+
+    #[test]
+    fn size_names_are_exact() {
+        assert_eq!(size_name(8), "8 B");
+        assert_eq!(size_name(1500), "1500 B");
+        assert_eq!(size_name(64 << 10), "64 KiB");
+        assert_eq!(size_name(100_000), "100000 B");
+        assert_eq!(size_name(1 << 20), "1 MiB");
+        assert_eq!(size_name(1536 << 10), "1536 KiB");
+        assert_eq!(size_name(2_000_000), "2000000 B");
     }
 
     #[test]

@@ -237,8 +237,9 @@ fn a_bad_timeout_is_refused() {
 
 /// A program started by `braid-launch` runs the launcher's count of
 /// ranks: `rolling --ranks` that says otherwise is refused on every rank,
-/// naming both counts, instead of being ignored; the job's summary says
-/// the ranks talked over tcp whatever `--backend` said.
+/// naming both counts, instead of being ignored; `--backend local`, which
+/// would run a whole job in each process, is refused too (it was ignored
+/// without a word).
 #[test]
 fn rolling_under_the_launcher_refuses_another_rank_count() {
     let run = |args: &[&str]| {
@@ -264,7 +265,14 @@ fn rolling_under_the_launcher_refuses_another_rank_count() {
             && err.contains("braid-launch -n 3"),
         "{err}"
     );
-    for args in [&["--ranks", "2"][..], &[], &["--backend", "local"]] {
+    let out = run(&["--backend", "local"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("--backend local") && err.contains("of the 2 that braid-launch started"),
+        "{err}"
+    );
+    for args in [&["--ranks", "2"][..], &[], &["--backend", "tcp"]] {
         let out = run(args);
         let text = String::from_utf8_lossy(&out.stdout);
         assert!(out.status.success(), "{args:?}: {text}");

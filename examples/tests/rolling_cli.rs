@@ -361,6 +361,25 @@ fn bad_input_is_a_clear_error_with_nothing_left_behind() {
             );
         }
     }
+    // The missing parents the job made for its output go as well.
+    for (top, target) in [
+        ("new-a", d.join("new-a/deep/out.parquet")),
+        ("new-b", d.join("new-b/deep/dir")),
+    ] {
+        assert_clean_failure(
+            &[
+                "--input",
+                csv.to_str().unwrap(),
+                "--ranks",
+                "2",
+                "--output",
+                target.to_str().unwrap(),
+            ],
+            &target,
+            "null",
+        );
+        assert!(!d.join(top).exists(), "{top} left behind");
+    }
 }
 
 #[test]

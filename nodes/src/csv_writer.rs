@@ -15,6 +15,17 @@ use arrow_array::{Array, RecordBatch};
 use arrow_cast::display::{ArrayFormatter, FormatOptions};
 use arrow_schema::{ArrowError, Schema};
 
+/// Why CSV cannot hold `schema`'s columns: the first nested one (list,
+/// struct, map), if any.
+pub(crate) fn unwritable(schema: &Schema) -> Option<String> {
+    let f = schema.fields().iter().find(|f| f.data_type().is_nested())?;
+    Some(format!(
+        "column \"{}\" has the nested type {}, which CSV cannot hold (write Parquet)",
+        f.name(),
+        f.data_type()
+    ))
+}
+
 /// A CSV writer of one schema's batches.
 pub(crate) struct CsvWriter<W: Write> {
     out: std::io::BufWriter<W>,
@@ -26,12 +37,8 @@ impl<W: Write> CsvWriter<W> {
     /// A writer that has written `schema`'s header line; nested columns
     /// (lists, structs, maps) are refused here, before any row is made.
     pub(crate) fn new(out: W, schema: &Schema) -> Result<Self, ArrowError> {
-        if let Some(f) = schema.fields().iter().find(|f| f.data_type().is_nested()) {
-            return Err(ArrowError::CsvError(format!(
-                "column \"{}\" has the nested type {}, which CSV cannot hold (write Parquet)",
-                f.name(),
-                f.data_type()
-            )));
+        if let Some(e) = unwritable(schema) {
+            return Err(ArrowError::CsvError(e));
         }
         let mut w = CsvWriter {
             out: std::io::BufWriter::with_capacity(1 << 20, out),

@@ -82,6 +82,13 @@ impl SinkTarget {
         }
     }
 
+    /// The directory or file asked for.
+    pub fn path(&self) -> &Path {
+        match self {
+            SinkTarget::Dir(p) | SinkTarget::File(p) => p,
+        }
+    }
+
     fn staging(&self) -> PathBuf {
         match self {
             SinkTarget::Dir(d) => d.join(".braid-staging"),
@@ -197,6 +204,11 @@ impl FileSink {
         if let SinkTarget::File(f) = &self.target {
             if f.is_dir() {
                 return Err(DataError::file(f, "output file is a directory"));
+            }
+        }
+        if self.format == FileFormat::Csv {
+            if let Some(e) = crate::csv_writer::unwritable(&self.schema) {
+                return Err(DataError::file(self.target.path(), e));
             }
         }
         let staging = self.target.staging();
@@ -500,6 +512,45 @@ mod tests {
             Writer::Csv(_) => unreachable!(),
         }
         ParquetRecordBatchReaderBuilder::try_new(File::open(path).unwrap()).unwrap()
+    }
+
+    /// A CSV output of nested columns is refused before any rank starts,
+    /// naming the output and the column, with nothing staged (it failed
+    /// in a rank's sink, naming its staged part).
+    #[test]
+    fn csv_output_of_nested_columns_is_refused_when_prepared() {
+        let dir = std::env::temp_dir().join(format!("braid-sink-nested-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("ts", DataType::Int64, false),
+            Field::new_list("l", Field::new_list_field(DataType::Int64, true), true),
+        ]));
+        for target in [
+            SinkTarget::Dir(dir.join("out")),
+            SinkTarget::File(dir.join("out.csv")),
+        ] {
+            let sink = FileSink {
+                format: FileFormat::Csv,
+                target: target.clone(),
+                schema: schema.clone(),
+            };
+            let e = sink.prepare().unwrap_err().to_string();
+            assert!(
+                e.contains(&target.path().display().to_string())
+                    && e.contains("column \"l\" has the nested type")
+                    && !e.contains("staging"),
+                "{e}"
+            );
+            assert!(!target.staging().exists());
+            // Parquet holds it.
+            let sink = FileSink {
+                format: FileFormat::Parquet,
+                ..sink
+            };
+            sink.prepare().unwrap();
+            assert!(target.staging().exists());
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -357,6 +357,14 @@ fn csv_schema(path: &Path) -> Result<Schema> {
         .with_header(true)
         .infer_schema(open()?, Some(CSV_SAMPLE_ROWS))
         .map_err(|e| DataError::file(path, e))?;
+    // An empty file has no header: refused, rather than read as a table
+    // with no columns (which the job would report as a missing column).
+    if schema.fields().is_empty() {
+        return Err(DataError::file(
+            path,
+            "the CSV file is empty (a CSV input starts with a header line)",
+        ));
+    }
     let maybe_time = |t: &DataType| {
         matches!(
             t,
@@ -601,6 +609,25 @@ impl Source {
             Source::Memory(s, _) => Ok(s.clone()),
             Source::Generator(g) => Ok(g.schema()),
         }
+    }
+
+    /// The table's rows where known before reading it: a Parquet table's
+    /// by its footers, held or generated rows; `None` for CSV (known only
+    /// once read). For progress reports.
+    pub fn known_rows(&self) -> Result<Option<u64>> {
+        Ok(match self {
+            Source::Parquet(p) => {
+                let mut rows = 0u64;
+                for f in files_with(p, "parquet")? {
+                    let n = parquet_builder(&f)?.metadata().file_metadata().num_rows();
+                    rows = rows.saturating_add(n.max(0) as u64);
+                }
+                Some(rows)
+            }
+            Source::Csv(_) => None,
+            Source::Memory(_, batches) => Some(batches.iter().map(|b| b.num_rows() as u64).sum()),
+            Source::Generator(g) => Some(g.rows),
+        })
     }
 
     /// Reads this rank's share and sends it downstream in chunks of at most

@@ -40,6 +40,9 @@ fn parse_secs(text: &str) -> Result<std::time::Duration, String> {
             "'{text}': the timeout must be a positive number of seconds"
         ));
     }
+    if secs < 0.001 {
+        return Err(format!("'{text}': the timeout must be at least 0.001 s"));
+    }
     std::time::Duration::try_from_secs_f64(secs).map_err(|e| format!("'{text}': {e}"))
 }
 

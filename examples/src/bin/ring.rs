@@ -9,6 +9,7 @@ use std::time::Instant;
 
 use braid_core::{Buffer, MemoryLimits, OpId, Tag};
 use braid_examples::{JobArgs, JobOutcome, init_tracing, run_job};
+use braid_examples::{out, outln};
 use clap::Parser;
 
 /// Pass a token around a ring of ranks and check it.
@@ -17,12 +18,37 @@ use clap::Parser;
 struct Cli {
     #[command(flatten)]
     job: JobArgs,
-    /// Numbers (u64) in the token.
-    #[arg(long, default_value_t = 1 << 20)]
+    /// Numbers (u64) in the token (each rank holds two tokens at a time).
+    #[arg(long, default_value_t = 1 << 20, value_parser = parse_len)]
     len: usize,
     /// Laps around the ring.
     #[arg(long, default_value_t = 10)]
     laps: u32,
+}
+
+/// The most numbers a token holds: its bytes must fit in `isize`.
+const MAX_LEN: usize = isize::MAX as usize / 8;
+
+/// `--len`, within [`MAX_LEN`].
+fn parse_len(s: &str) -> Result<usize, String> {
+    let n: usize = s.parse().map_err(|e| format!("{e}"))?;
+    if n > MAX_LEN {
+        return Err(format!("at most {MAX_LEN} numbers"));
+    }
+    Ok(n)
+}
+
+/// An empty vector with room for `len` elements of a token, or an error
+/// that names the rank and the size where that memory cannot be had.
+fn try_vec<T>(rank: u32, len: usize) -> Result<Vec<T>, String> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(len).map_err(|_| {
+        format!(
+            "rank {rank}: no memory for a token of {} bytes; try a smaller --len",
+            len.saturating_mul(std::mem::size_of::<T>())
+        )
+    })?;
+    Ok(v)
 }
 
 fn main() -> ExitCode {
@@ -36,25 +62,22 @@ fn main() -> ExitCode {
         let tag = Tag::new(OpId(1), 0);
         let next = (rank + 1) % n;
         let prev = (rank + n - 1) % n;
-        let add = |b: &Buffer, r: u32| -> Buffer {
-            let v: Vec<u8> = b
-                .as_slice()
-                .chunks_exact(8)
-                .flat_map(|c| {
-                    let x = u64::from_le_bytes(c.try_into().unwrap_or([0; 8]));
-                    x.wrapping_add(r as u64).to_le_bytes()
-                })
-                .collect();
-            Buffer::from_vec(v)
+        let add = |b: &Buffer, r: u32| -> Result<Buffer, String> {
+            let mut v = try_vec(rank, b.len())?;
+            v.extend(b.as_slice().chunks_exact(8).flat_map(|c| {
+                let x = u64::from_le_bytes(c.try_into().unwrap_or([0; 8]));
+                x.wrapping_add(r as u64).to_le_bytes()
+            }));
+            Ok(Buffer::from_vec(v))
         };
-        let initial: Vec<u64> = (0..len as u64)
-            .map(|i| i.wrapping_mul(0x9e37_79b9))
-            .collect();
+        let mut initial: Vec<u64> = try_vec(rank, len)?;
+        initial.extend((0..len as u64).map(|i| i.wrapping_mul(0x9e37_79b9)));
         if rank == 0 {
-            let mut token =
-                Buffer::from_vec(initial.iter().flat_map(|x| x.to_le_bytes()).collect());
+            let mut bytes = try_vec(rank, len.saturating_mul(8))?;
+            bytes.extend(initial.iter().flat_map(|x| x.to_le_bytes()));
+            let mut token = Buffer::from_vec(bytes);
             for _ in 0..laps {
-                comm.send(next, tag, add(&token, 0)).await?;
+                comm.send(next, tag, add(&token, 0)?).await?;
                 token = comm.recv(prev, tag).await?;
             }
             // Each lap adds 0 + 1 + ... + (n - 1).
@@ -77,7 +100,7 @@ fn main() -> ExitCode {
         } else {
             for _ in 0..laps {
                 let t = comm.recv(prev, tag).await?;
-                comm.send(next, tag, add(&t, rank)).await?;
+                comm.send(next, tag, add(&t, rank)?).await?;
             }
         }
         Ok((n, ctx.statistics().to_string()))
@@ -85,12 +108,12 @@ fn main() -> ExitCode {
     match res {
         Ok(JobOutcome::Ran(stats)) => {
             for (_, (_, s)) in &stats {
-                print!("{s}");
+                out!("{s}");
             }
             // The world's size as the ranks saw it (a launched rank's
             // process is not told `--ranks`).
             if let Some((_, (n, _))) = stats.iter().find(|(r, _)| *r == 0) {
-                println!(
+                outln!(
                     "ring ok: {n} ranks, {laps} laps of {len} numbers, {:.3} s",
                     start.elapsed().as_secs_f64()
                 );

@@ -17,6 +17,7 @@ use arrow_schema::{DataType, TimeUnit};
 use braid_coll::ReduceKind;
 use braid_core::{BoxError, MemoryLimits};
 use braid_examples::{JobArgs, JobOutcome, init_tracing, run_job_with_progress};
+use braid_examples::{out, outln};
 use braid_kernels::rolling::{Agg, CalendarUnit, Closed, Window};
 use braid_kernels::window::Zone;
 use braid_nodes::job::{Device, Output, RollingJob};
@@ -72,16 +73,16 @@ struct Cli {
     #[arg(long)]
     memory_limit: Option<String>,
     /// Generated rows (without --input).
-    #[arg(long, default_value_t = 10_000_000)]
+    #[arg(long, default_value_t = 10_000_000, conflicts_with = "input")]
     rows: u64,
-    /// Generated distinct keys (without --input).
-    #[arg(long, default_value_t = 100)]
+    /// Generated distinct keys, at least 1 (without --input).
+    #[arg(long, default_value_t = 100, conflicts_with = "input", value_parser = clap::value_parser!(u64).range(1..))]
     keys: u64,
-    /// Generator seed.
-    #[arg(long, default_value_t = 42)]
+    /// Generator seed (without --input).
+    #[arg(long, default_value_t = 42, conflicts_with = "input")]
     seed: u64,
-    /// Generate ts as `timestamp[us]` instead of int64.
-    #[arg(long)]
+    /// Generate ts as `timestamp[us]` instead of int64 (without --input).
+    #[arg(long, conflicts_with = "input")]
     timestamp: bool,
     /// Where to compute: cpu, or gpu (needs a build with `--features
     /// cuda`; one rank per GPU unless `--ranks` says otherwise: ranks
@@ -185,6 +186,8 @@ fn parse_window(s: &str, order_type: &DataType, closed: Closed) -> Result<Window
     if s.starts_with('-') {
         return Err(format!("window must be >= 0, got {s}"));
     }
+    // An explicit sign, as Rust's and Python's integers take it.
+    let s = s.strip_prefix('+').unwrap_or(s);
     // A plain integer, or Polars' index form `10i` (integer columns only:
     // on a timestamp it would read as 10 of its units, which a user who
     // meant 10 rows would not notice; Polars refuses it there too).
@@ -534,10 +537,9 @@ fn build(cli: &Cli) -> Result<(RollingJob, MemoryLimits, Option<u64>), BoxError>
         device: None,
         host: cli.memory_limit.as_deref().map(parse_bytes).transpose()?,
     };
-    let total = match &source {
-        Source::Generator(g) => Some(g.rows),
-        _ => None,
-    };
+    // For the progress bar only: a footer that cannot be read fails the
+    // job later, with its own error.
+    let total = source.known_rows().ok().flatten();
     let job = RollingJob {
         source,
         spec,
@@ -610,7 +612,7 @@ fn has_ext(dir: &std::path::Path, ext: &str) -> bool {
 fn gpu_ranks(cli: &mut Cli, ranks_given: bool) {
     #[cfg(feature = "cuda")]
     if cli.device == Device::Gpu
-        && cli.job.backend != braid_core::Backend::Mpi
+        && cli.job.backend() != braid_core::Backend::Mpi
         && std::env::var_os("BRAID_RANK").is_none()
     {
         let gpus = u32::try_from(braid_core::cuda::Gpu::count()).unwrap_or(u32::MAX);
@@ -640,11 +642,20 @@ fn main() -> ExitCode {
         .value_source("ranks")
         .is_some_and(|s| s != clap::parser::ValueSource::DefaultValue);
     gpu_ranks(&mut cli, ranks_given);
-    // A failed job removes an output directory it created (still empty:
-    // nothing is moved into it before every rank succeeded).
-    let created = cli.output.clone().filter(|p| !p.exists());
+    // A failed job removes the directories it created for its output (the
+    // output directory and its missing parents, or a one-file output's
+    // missing parents): still empty, as nothing is moved into them before
+    // every rank succeeded. Deepest first; `remove_dir` leaves any that
+    // is not empty.
+    let created: Vec<PathBuf> = cli
+        .output
+        .iter()
+        .flat_map(|p| p.ancestors())
+        .filter(|a| !a.as_os_str().is_empty() && !a.exists())
+        .map(Path::to_path_buf)
+        .collect();
     let remove_created = || {
-        if let Some(p) = &created {
+        for p in &created {
             let _ = std::fs::remove_dir(p);
         }
     };
@@ -659,11 +670,15 @@ fn main() -> ExitCode {
     let progress = Arc::new(AtomicU64::new(0));
     let bar =
         indicatif::ProgressBar::with_draw_target(total, indicatif::ProgressDrawTarget::stderr());
+    // A CSV input's rows are known only once read: a count, no bar.
+    let template = if total.is_some() {
+        "{spinner} {elapsed_precise} [{bar:30}] {pos}/{len} rows read"
+    } else {
+        "{spinner} {elapsed_precise} {pos} rows read"
+    };
     bar.set_style(
-        indicatif::ProgressStyle::with_template(
-            "{spinner} {elapsed_precise} [{bar:30}] {pos}/{len} rows read",
-        )
-        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        indicatif::ProgressStyle::with_template(template)
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
     let ticker = {
         let (bar, p) = (bar.clone(), progress.clone());
@@ -703,7 +718,7 @@ fn main() -> ExitCode {
             if let Some(s) = &sink {
                 s.abandon();
             }
-            if let Some(p) = &created {
+            for p in &created {
                 let _ = std::fs::remove_dir(p);
             }
         });
@@ -742,13 +757,13 @@ fn main() -> ExitCode {
     match res {
         Ok(JobOutcome::Ran(per_rank)) => {
             for (r, (c, _, stats)) in &per_rank {
-                println!("rank {r}: {} rows in, {} rows out", c.rows_in, c.rows_out);
-                print!("{stats}");
+                outln!("rank {r}: {} rows in, {} rows out", c.rows_in, c.rows_out);
+                out!("{stats}");
             }
             // The job's line, once: where rank 0 ran (every process of a
             // tcp or MPI job runs one rank).
             if let Some((_, (_, t, _))) = per_rank.iter().find(|(r, _)| *r == 0) {
-                println!(
+                outln!(
                     "rolling: {} rows in, {} rows out, {} rank{} ({}), {secs:.3} s, {:.0} rows/s, peak RSS {} MiB{}",
                     t.rows_in,
                     t.rows_out,
@@ -769,7 +784,7 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Ok(JobOutcome::Launched) => {
-            println!(
+            outln!(
                 "rolling: {} tcp ranks finished in {secs:.3} s",
                 cli.job.ranks()
             );

@@ -189,9 +189,11 @@ impl TcpConfig {
                 .map_err(|_| bad(format!("BRAID_LISTEN={l:?} is not an IP address")))?;
         }
         if let Some(t) = get("BRAID_TIMEOUT") {
-            let secs: u64 = t
-                .parse()
-                .map_err(|_| bad(format!("BRAID_TIMEOUT={t:?} is not a number of seconds")))?;
+            let secs: u64 = t.parse().ok().filter(|s| *s > 0).ok_or_else(|| {
+                bad(format!(
+                    "BRAID_TIMEOUT={t:?} is not a whole number of seconds, at least 1"
+                ))
+            })?;
             c.timeout = Duration::from_secs(secs);
         }
         if let Some(l) = get("BRAID_TCP_LANES") {

@@ -32,7 +32,7 @@ use braid_core::{
     BoxError, Buffer, Communicator, Context, MemoryLimits, ProgressEngine, RankThreads,
 };
 use braid_core::{WorldSpec, run_world};
-use braid_examples::size_name;
+use braid_examples::{outln, size_name};
 
 /// Options of `braid-bench coll`.
 #[derive(Debug, clap::Args)]
@@ -445,7 +445,7 @@ pub fn rank(args: CollRankArgs) -> Result<(), BoxError> {
     })?;
     for (_, times) in per_rank {
         let ns: Vec<String> = times.iter().map(|t| t.as_nanos().to_string()).collect();
-        println!("{RANK_TIMES} {}", ns.join(","));
+        outln!("{RANK_TIMES} {}", ns.join(","));
     }
     Ok(())
 }
@@ -640,9 +640,9 @@ pub fn run(args: CollArgs) -> Result<(), BoxError> {
         Some(0) => "every rank in this process on one current-thread runtime".to_string(),
         Some(t) => format!("every rank in this process on {t} runtime threads"),
     };
-    println!("# braid-bench coll: braid ({threads}) vs OpenMPI, same machine, same run");
-    println!();
-    println!(
+    outln!("# braid-bench coll: braid ({threads}) vs OpenMPI, same machine, same run");
+    outln!();
+    outln!(
         "Times are microseconds per operation (max over ranks). x = MPI time / braid time (> 1: braid faster)."
     );
     for &n in &args.ranks {
@@ -684,17 +684,17 @@ pub fn run(args: CollArgs) -> Result<(), BoxError> {
                 };
                 cols.push(Some((braid_us, mpi_us)));
             }
-            println!();
-            println!("## {op}, {n} ranks");
+            outln!();
+            outln!("## {op}, {n} ranks");
             if copies_nothing_in_process(op) && args.worlds.contains(&World::Local) {
-                println!();
-                println!(
+                outln!();
+                outln!(
                     "(braid local: the ranks' data is handed over or read where it lies, not copied; MPI's processes copy it)"
                 );
             }
-            println!();
-            println!("| size | braid local | MPI shm | x | braid tcp | MPI tcp | x |");
-            println!("|---:|---:|---:|---:|---:|---:|---:|");
+            outln!();
+            outln!("| size | braid local | MPI shm | x | braid tcp | MPI tcp | x |");
+            outln!("|---:|---:|---:|---:|---:|---:|---:|");
             for (k, (size, _)) in points.iter().enumerate() {
                 let mut row = format!("| {} |", size_name(*size));
                 for col in &cols {
@@ -705,7 +705,7 @@ pub fn run(args: CollArgs) -> Result<(), BoxError> {
                         None => row += " - | - | - |",
                     }
                 }
-                println!("{row}");
+                outln!("{row}");
             }
         }
     }

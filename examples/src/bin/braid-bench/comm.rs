@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use braid_core::comm::local::LocalComm;
 use braid_core::comm::tcp::TcpComm;
 use braid_core::{BoxError, Buffer, Communicator, OpId, Tag};
-use braid_examples::size_name;
+use braid_examples::{outln, size_name};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -179,12 +179,12 @@ pub fn run(args: CommArgs) -> Result<(), BoxError> {
             .collect();
         let best = |v: Vec<Duration>| v.into_iter().min().unwrap_or_default();
 
-        println!("# braid-bench comm: 2 ranks, one process, 2 runtime threads");
-        println!();
-        println!("## latency, 8 B one way (us; ratio = braid tcp / raw tcp, lower is better)");
-        println!();
-        println!("| local us | tcp us | raw tcp us | tcp / raw |");
-        println!("|---:|---:|---:|---:|");
+        outln!("# braid-bench comm: 2 ranks, one process, 2 runtime threads");
+        outln!();
+        outln!("## latency, 8 B one way (us; ratio = braid tcp / raw tcp, lower is better)");
+        outln!();
+        outln!("| local us | tcp us | raw tcp us | tcp / raw |");
+        outln!("|---:|---:|---:|---:|");
         let (mut l, mut t, mut r) = (Vec::new(), Vec::new(), Vec::new());
         for _ in 0..args.reps {
             l.push(braid_latency(local[0].clone(), local[1].clone(), args.pingpongs).await?);
@@ -193,18 +193,18 @@ pub fn run(args: CommArgs) -> Result<(), BoxError> {
         }
         let (l, t, r) = (best(l), best(t), best(r));
         let us = |d: Duration| d.as_secs_f64() * 1e6;
-        println!(
+        outln!(
             "| {:.2} | {:.2} | {:.2} | {:.2} |",
             us(l),
             us(t),
             us(r),
             us(t) / us(r)
         );
-        println!();
-        println!("## bandwidth (GB/s; ratio = braid tcp / raw tcp, higher is better)");
-        println!();
-        println!("| size | local GB/s | tcp GB/s | raw tcp GB/s | tcp / raw |");
-        println!("|---:|---:|---:|---:|---:|");
+        outln!();
+        outln!("## bandwidth (GB/s; ratio = braid tcp / raw tcp, higher is better)");
+        outln!();
+        outln!("| size | local GB/s | tcp GB/s | raw tcp GB/s | tcp / raw |");
+        outln!("|---:|---:|---:|---:|---:|");
         let mut size = 1usize << 10;
         while size <= args.max_size {
             let iters = (args.bytes_per_point / size).clamp(4, 100_000);
@@ -220,7 +220,7 @@ pub fn run(args: CommArgs) -> Result<(), BoxError> {
                 gbps(bytes, best(t)),
                 gbps(bytes, best(r)),
             );
-            println!(
+            outln!(
                 "| {} | {:.2} | {:.2} | {:.2} | {:.2} |",
                 size_name(size),
                 l,

@@ -29,7 +29,7 @@ use braid_core::cuda::cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT;
 use braid_core::cuda::ipc::IpcSendRecv;
 use braid_core::cuda::{CudaError, DeviceBuffer, Gpu, NcclDType, NcclMode, NcclOp, NcclWork};
 use braid_core::{BoxError, Context, Event, MemoryLimits};
-use braid_examples::{JobArgs, JobOutcome, median, run_job, size_name};
+use braid_examples::{JobArgs, JobOutcome, median, outln, run_job, size_name};
 use braid_kernels::gpu::{NvlinkConfig, NvlinkSendRecv, Staging};
 
 /// Options of `braid-bench gpu`.
@@ -649,9 +649,9 @@ pub fn run(a: GpuArgs) -> Result<(), BoxError> {
         return Ok(());
     }
     let n = a.job.ranks() as usize;
-    println!(
+    outln!(
         "braid-bench gpu: {n} ranks ({:?} backend), {name}, {gpus} GPU(s) visible; checks {}; NCCL {:?}",
-        a.job.backend,
+        a.job.backend(),
         if a.no_checks { "off" } else { "on" },
         if a.nonblocking {
             NcclMode::NonBlocking
@@ -659,10 +659,10 @@ pub fn run(a: GpuArgs) -> Result<(), BoxError> {
             NcclMode::Blocking
         }
     );
-    println!(
+    outln!(
         "times in us per call (max over ranks; raw sync and braid await are medians of single calls); busbw in GB/s; ratio = braid busbw / raw busbw; added = braid await - raw sync"
     );
-    println!(
+    outln!(
         "{:<15} {:>9} {:>10} {:>10} {:>10} {:>11} {:>9} {:>9} {:>7} {:>8}",
         "coll",
         "size",
@@ -683,7 +683,7 @@ pub fn run(a: GpuArgs) -> Result<(), BoxError> {
         } else {
             ""
         };
-        println!(
+        outln!(
             "{:<15} {:>9} {:>10.2} {:>10.2} {:>10.2} {:>11.2} {:>9.2} {:>9.2} {:>7.3} {:>8.2} {baseline}",
             coll,
             size_name(size),

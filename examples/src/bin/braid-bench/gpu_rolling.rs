@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use braid_core::BoxError;
 use braid_core::cuda::{DeviceBuffer, Gpu};
-use braid_examples::median;
+use braid_examples::{median, outln};
 use braid_kernels::gpu::{RollingInput, rolling};
 use braid_kernels::rolling::{Agg, Closed};
 use braid_kernels::{CalendarUnit, Window};
@@ -162,7 +162,7 @@ pub fn run(a: GpuRollingArgs) -> Result<(), BoxError> {
     let c = median(copy);
     let kb = bytes / k / 1e9;
     let cb = 2.0 * size as f64 / c / 1e9;
-    println!(
+    outln!(
         "# braid-bench gpu-rolling on {}: {} rows{}, window {} (~{:.0} rows), aggregations {} of one f64 column",
         gpu.context().name().unwrap_or_default(),
         a.n,
@@ -179,11 +179,11 @@ pub fn run(a: GpuRollingArgs) -> Result<(), BoxError> {
             .collect::<Vec<_>>()
             .join(",")
     );
-    println!();
-    println!("| what | median ms | GB/s (read + written) | ratio to copy |");
-    println!("|---|---:|---:|---:|");
-    println!("| D2D copy, 1 GiB | {:.2} | {cb:.0} | 1.00 |", c * 1e3);
-    println!(
+    outln!();
+    outln!("| what | median ms | GB/s (read + written) | ratio to copy |");
+    outln!("|---|---:|---:|---:|");
+    outln!("| D2D copy, 1 GiB | {:.2} | {cb:.0} | 1.00 |", c * 1e3);
+    outln!(
         "| rolling kernel (levels + windows) | {:.2} | {kb:.0} | {:.2} |",
         k * 1e3,
         kb / cb

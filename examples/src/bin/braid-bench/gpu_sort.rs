@@ -7,6 +7,7 @@ use std::time::Instant;
 
 use braid_core::BoxError;
 use braid_core::cuda::{DeviceBuffer, Gpu};
+use braid_examples::outln;
 use braid_kernels::gpu::{order_key_i64, radix_sort};
 
 /// Options of `braid-bench gpu-sort`.
@@ -58,7 +59,7 @@ pub fn run(a: GpuSortArgs) -> Result<(), BoxError> {
     }
     times.sort_by(f64::total_cmp);
     let med = times[times.len() / 2];
-    println!(
+    outln!(
         "braid radix sort: {} i64 keys + u32 permutation on {}: median {:.2} ms ({:.2} Gkeys/s), runs {:?}",
         a.n,
         gpu.context().name().unwrap_or_default(),

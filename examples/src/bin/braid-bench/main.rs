@@ -4,6 +4,7 @@
 //! - `comm`: point-to-point latency and bandwidth, 2 ranks, local and tcp,
 //!   against a raw tokio TCP socket pair.
 //! - `mpi` (feature `mpi`): braid's mpi backend against raw MPI.
+//!   Subcommands whose feature a build lacks say so when asked for.
 //! - `rolling`: the rolling job against Polars on 10 million rows.
 //! - `gpu` (feature `cuda`): device collectives against raw NCCL, and the
 //!   copy-engine IPC SendRecv against NCCL send/recv.
@@ -63,6 +64,39 @@ enum What {
     #[cfg(feature = "mpi")]
     #[command(hide = true)]
     MpiRank(mpi::MpiRankArgs),
+    /// `mpi` on a build without the feature: says so.
+    #[cfg(not(feature = "mpi"))]
+    #[command(hide = true)]
+    Mpi(Unbuilt),
+    /// `gpu` on a build without the feature: says so.
+    #[cfg(not(feature = "cuda"))]
+    #[command(hide = true)]
+    Gpu(Unbuilt),
+    /// `gpu-sort` on a build without the feature: says so.
+    #[cfg(not(feature = "cuda"))]
+    #[command(hide = true)]
+    GpuSort(Unbuilt),
+    /// `gpu-rolling` on a build without the feature: says so.
+    #[cfg(not(feature = "cuda"))]
+    #[command(hide = true)]
+    GpuRolling(Unbuilt),
+}
+
+/// The arguments of a subcommand this build lacks, taken as they come.
+#[cfg(not(all(feature = "mpi", feature = "cuda")))]
+#[derive(Debug, clap::Args)]
+struct Unbuilt {
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+    _rest: Vec<String>,
+}
+
+/// The error for a subcommand whose feature this build lacks.
+#[cfg(not(all(feature = "mpi", feature = "cuda")))]
+fn unbuilt(what: &str, feature: &str) -> Result<(), braid_core::BoxError> {
+    Err(format!(
+        "`braid-bench {what}` needs a build with the {feature} feature (cargo build --release --bin braid-bench --features braid-examples/{feature})"
+    )
+    .into())
 }
 
 fn main() -> ExitCode {
@@ -87,6 +121,14 @@ fn main() -> ExitCode {
         What::Mpi(a) => mpi::run(a),
         #[cfg(feature = "mpi")]
         What::MpiRank(a) => mpi::rank(a),
+        #[cfg(not(feature = "mpi"))]
+        What::Mpi(_) => unbuilt("mpi", "mpi"),
+        #[cfg(not(feature = "cuda"))]
+        What::Gpu(_) => unbuilt("gpu", "cuda"),
+        #[cfg(not(feature = "cuda"))]
+        What::GpuSort(_) => unbuilt("gpu-sort", "cuda"),
+        #[cfg(not(feature = "cuda"))]
+        What::GpuRolling(_) => unbuilt("gpu-rolling", "cuda"),
     };
     match res {
         Ok(()) => ExitCode::SUCCESS,

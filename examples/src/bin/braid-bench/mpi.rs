@@ -23,7 +23,7 @@ use std::time::Instant;
 use braid_core::comm::mpi::MpiComm;
 use braid_core::world::context_for;
 use braid_core::{BoxError, Buffer, Communicator, Context, MemoryLimits, OpId, Tag};
-use braid_examples::{median, size_name};
+use braid_examples::{median, outln, size_name};
 use mpi::collective::SystemOperation;
 use mpi::topology::SimpleCommunicator;
 use mpi::traits::{Communicator as _, CommunicatorCollectives, Destination, Root, Source};
@@ -383,7 +383,7 @@ pub fn rank(args: MpiRankArgs) -> Result<(), BoxError> {
                 }
                 if comm.rank() == 0 {
                     let us = |s: f64| s * 1e6 / iters as f64 / op.per_iteration();
-                    println!(
+                    outln!(
                         "ROUND bytes={size} raw_us={:.3} braid_us={:.3}",
                         us(raw_s),
                         us(braid_s)
@@ -459,7 +459,7 @@ async fn rank_coll(args: MpiRankArgs, op: &'static str) -> Result<(), BoxError> 
             .ok_or_else(no_raw)?;
             if comm.rank() == 0 {
                 let us = |s: f64| s * 1e6 / iters as f64;
-                println!(
+                outln!(
                     "ROUND bytes={size} raw_us={:.3} braid_us={:.3}",
                     us(worst[0]),
                     us(worst[1])
@@ -531,21 +531,21 @@ pub fn run(args: MpiArgs) -> Result<(), BoxError> {
         None
     };
     let me = std::env::current_exe()?;
-    println!("# braid-bench mpi: braid's mpi backend vs raw MPI");
-    println!();
-    println!(
+    outln!("# braid-bench mpi: braid's mpi backend vs raw MPI");
+    outln!();
+    outln!(
         "bw: rank 0 sends {WINDOW} messages back to back, rank 1 receives them and acknowledges"
     );
-    println!("(as osu_bw); pingpong: one message there and back; both on 2 ranks, us per message.");
-    println!("Collectives: braid's call against MPI's own on every rank, us per operation (the");
-    println!("slowest rank's time).");
-    println!(
+    outln!("(as osu_bw); pingpong: one message there and back; both on 2 ranks, us per message.");
+    outln!("Collectives: braid's call against MPI's own on every rank, us per operation (the");
+    outln!("slowest rank's time).");
+    outln!(
         "In one mpirun, each rank alternates {} rounds of raw MPI calls and of braid (which goes",
         args.rounds
     );
-    println!("first alternates too). braid and MPI: medians over the rounds; x: the median of the");
-    println!("rounds' MPI time / braid time (= braid bandwidth / MPI bandwidth), then its range.");
-    println!(
+    outln!("first alternates too). braid and MPI: medians over the rounds; x: the median of the");
+    outln!("rounds' MPI time / braid time (= braid bandwidth / MPI bandwidth), then its range.");
+    outln!(
         "mpi_coll: the separate C program's best of {} runs, for reference.",
         args.reps
     );
@@ -591,13 +591,13 @@ pub fn run(args: MpiArgs) -> Result<(), BoxError> {
                         }
                     }
                 }
-                println!();
-                println!("## {}, {n} ranks, {name}", args_name(op));
-                println!();
-                println!(
+                outln!();
+                outln!("## {}, {n} ranks, {name}", args_name(op));
+                outln!();
+                outln!(
                     "| size | braid us | MPI us | braid GB/s | MPI GB/s | x | x range | mpi_coll us |"
                 );
-                println!("|---:|---:|---:|---:|---:|---:|---|---:|");
+                outln!("|---:|---:|---:|---:|---:|---:|---|---:|");
                 for (k, (size, _)) in points.iter().enumerate() {
                     let mine: Vec<_> = all.iter().filter(|r| r.0 == *size).collect();
                     if mine.is_empty() {
@@ -621,7 +621,7 @@ pub fn run(args: MpiArgs) -> Result<(), BoxError> {
                     } else {
                         "-".to_string()
                     };
-                    println!(
+                    outln!(
                         "| {} | {b:.2} | {r:.2} | {:.2} | {:.2} | {xm:.2} | {lo:.2}-{hi:.2} | {sep} |",
                         size_name(*size),
                         gbs(b),

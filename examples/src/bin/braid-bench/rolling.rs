@@ -11,6 +11,7 @@ use std::process::Command;
 use std::time::Instant;
 
 use braid_core::BoxError;
+use braid_examples::outln;
 
 /// Options of `braid-bench rolling`.
 #[derive(Debug, clap::Args)]
@@ -18,16 +19,16 @@ pub struct RollingArgs {
     /// Rows of the generated input (at least 1).
     #[arg(long, default_value_t = 10_000_000, value_parser = clap::value_parser!(u64).range(1..))]
     rows: u64,
-    /// braid ranks.
-    #[arg(long, default_value_t = 2)]
+    /// braid ranks (local, 1 to 1024).
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=i64::from(braid_examples::MAX_HOST_RANKS)))]
     ranks: u32,
     /// Window (order units; the input's ts spans 10 units per row, so
     /// 1000 holds about 100 rows ungrouped and about 1 a group over the
     /// 100 keys; at least 1).
     #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(i64).range(1..), allow_negative_numbers = true)]
     window: i64,
-    /// Aggregations.
-    #[arg(long, default_value = "sum,mean,min,max,count")]
+    /// Aggregations, comma-separated: sum, mean, min, max, count, std, var.
+    #[arg(long, default_value = "sum,mean,min,max,count", value_parser = parse_aggs)]
     aggs: String,
     /// Repetitions (the best is kept).
     #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
@@ -39,6 +40,15 @@ pub struct RollingArgs {
     /// Work directory (input and outputs).
     #[arg(long, default_value = "target/bench/rolling")]
     dir: PathBuf,
+}
+
+/// `--aggs` checked before any run (the runs take the text as it is).
+fn parse_aggs(s: &str) -> Result<String, String> {
+    for a in s.split(',') {
+        a.parse::<braid_kernels::rolling::Agg>()
+            .map_err(|e| e.to_string())?;
+    }
+    Ok(s.to_owned())
 }
 
 struct Run {
@@ -96,7 +106,9 @@ fn braid(
     let o = cmd.output()?;
     let secs = t.elapsed().as_secs_f64();
     if !o.status.success() {
-        return Err(format!("rolling failed: {}", String::from_utf8_lossy(&o.stderr)).into());
+        let err = String::from_utf8_lossy(&o.stderr);
+        let err = err.trim().trim_start_matches("error: ");
+        return Err(format!("the rolling job failed: {err}").into());
     }
     let text = String::from_utf8_lossy(&o.stdout);
     let peak = text
@@ -179,21 +191,24 @@ pub fn run(args: RollingArgs) -> Result<(), BoxError> {
         );
     }
     let input = input(&args)?;
-    println!(
+    outln!(
         "# braid-bench rolling: {} rows, window {}, aggs {}, braid {} local ranks vs Polars",
-        args.rows, args.window, args.aggs, args.ranks
+        args.rows,
+        args.window,
+        args.aggs,
+        args.ranks
     );
-    println!();
+    outln!();
     if args.gpu {
-        println!(
+        outln!(
             "| job | braid cpu s | braid gpu s | Polars s | x (cpu s / gpu s) | x (Polars s / gpu s) | gpu peak host MiB |"
         );
-        println!("|---|---:|---:|---:|---:|---:|---:|");
+        outln!("|---|---:|---:|---:|---:|---:|---:|");
     } else {
-        println!(
+        outln!(
             "| job | braid s | Polars s | x (Polars s / braid s) | braid peak MiB | Polars peak MiB | Polars compute-only s |"
         );
-        println!("|---|---:|---:|---:|---:|---:|---:|");
+        outln!("|---|---:|---:|---:|---:|---:|---:|");
     }
     let mut checks = Vec::new();
     for by in [None, Some("key")] {
@@ -221,7 +236,7 @@ pub fn run(args: RollingArgs) -> Result<(), BoxError> {
                 |r: &Run| r.secs,
                 || braid(&args, &input, by, "gpu"),
             )?;
-            println!(
+            outln!(
                 "| {name} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.0} |",
                 b.secs,
                 g.secs,
@@ -231,7 +246,7 @@ pub fn run(args: RollingArgs) -> Result<(), BoxError> {
                 g.peak_mib
             );
         } else {
-            println!(
+            outln!(
                 "| {name} | {:.2} | {:.2} | {:.2} | {:.0} | {:.0} | {:.2} |",
                 b.secs,
                 p.secs,
@@ -242,9 +257,9 @@ pub fn run(args: RollingArgs) -> Result<(), BoxError> {
             );
         }
     }
-    println!();
+    outln!();
     for c in checks {
-        println!("- {c}");
+        outln!("- {c}");
     }
     Ok(())
 }
