@@ -317,10 +317,15 @@ impl AllGather {
                     data.data.clone(),
                 );
                 // Kept only if the backend did not finish it within the
-                // call (an error is kept too: the core reports it).
+                // call. An error is kept too (the core reports it) and
+                // returned now, as the shuffle's: a peer would otherwise
+                // only see a count that does not match.
                 match (&mut f).now_or_never() {
                     Some(Ok(())) => {}
-                    Some(Err(e)) => s.sends.push(Box::pin(std::future::ready(Err(e)))),
+                    Some(Err(e)) => {
+                        s.sends.push(Box::pin(std::future::ready(Err(e.clone()))));
+                        return Err(e);
+                    }
                     None => s.sends.push(Box::pin(f)),
                 }
             }

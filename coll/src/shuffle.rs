@@ -363,7 +363,9 @@ impl Shuffle {
             .collect()
     }
 
-    /// Inserts a chunk of partition `pid`; it leaves for its owner now.
+    /// Inserts a chunk of partition `pid`; it leaves for its owner now. A
+    /// chunk the transport refuses at once (over its message limit) is an
+    /// error here as well as the collective's.
     pub fn insert(&self, pid: u32, chunk: PackedData) -> Result<(), CollError> {
         if pid >= self.nparts {
             return Err(self
@@ -393,12 +395,16 @@ impl Shuffle {
             &chunk.metadata,
             chunk.data,
         );
-        // Kept only if the backend did not finish it within the call (an
-        // error is kept too: the core reports it), so a long stream does
-        // not hold a future per chunk.
+        // Kept only if the backend did not finish it within the call, so a
+        // long stream does not hold a future per chunk. An error is kept
+        // too (the core reports it) and returned now: the chunk is lost,
+        // and a peer would otherwise only see a count that does not match.
         match futures::FutureExt::now_or_never(&mut f) {
             Some(Ok(())) => {}
-            Some(Err(e)) => s.sends.push(Box::pin(std::future::ready(Err(e)))),
+            Some(Err(e)) => {
+                s.sends.push(Box::pin(std::future::ready(Err(e.clone()))));
+                return Err(e);
+            }
             None => s.sends.push(Box::pin(f)),
         }
         Ok(())

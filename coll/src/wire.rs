@@ -163,6 +163,17 @@ pub(crate) fn send_framed(
     data: Buffer,
 ) -> FrameSend {
     let inline = data.len() <= INLINE_MAX;
+    if !inline && dst != comm.rank() && data.len() as u64 > comm.max_message() {
+        // Refused whole (the backend's `send` says why): a header sent
+        // without its data would have the receiver take the next frame's
+        // header for this data, and fail with a mismatch that hides the
+        // cause.
+        return FrameSend {
+            site,
+            head: None,
+            data: Some(comm.send(dst, tag, data)),
+        };
+    }
     let meta = if inline {
         meta
     } else {

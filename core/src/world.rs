@@ -174,9 +174,45 @@ pub(crate) fn first_comm_error<'a>(
         if let Some(c) = e.downcast_ref::<CommError>() {
             return Some(c);
         }
+        // A transparent wrapper hands on its inner error's source, not
+        // the inner error: the chain would skip the CommError itself.
+        if let Some(crate::NodeError::Comm(c)) = e.downcast_ref::<crate::NodeError>() {
+            return Some(c);
+        }
         cur = e.source();
     }
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A node that failed on a peer's death or abort is "caused by the
+    /// peer" (exit status 4), also where the node's error is the
+    /// `CommError` itself (`NodeError::Comm`, a transparent wrapper whose
+    /// `source` skips it): before, such ranks exited 1 and a launcher
+    /// could name one of them as the failed rank.
+    #[test]
+    fn a_node_failed_by_a_peer_names_the_peer() {
+        let died = CommError::PeerDied {
+            rank: 0,
+            peer: 2,
+            detail: "gone".into(),
+        };
+        let e = crate::graph::GraphError {
+            rank: 0,
+            node: "sink".into(),
+            source: crate::NodeError::Comm(died),
+        };
+        assert_eq!(caused_by_peer(&e), Some(2));
+        let own = crate::graph::GraphError {
+            rank: 0,
+            node: "sink".into(),
+            source: crate::NodeError::Panic("x".into()),
+        };
+        assert_eq!(caused_by_peer(&own), None);
+    }
 }
 
 /// A copy of a rank's error for the first-error report (a `BoxError` is

@@ -26,6 +26,13 @@ pub(crate) fn unwritable(schema: &Schema) -> Option<String> {
     ))
 }
 
+/// The header line every writer of `schema` starts with, as bytes.
+pub(crate) fn header(schema: &Schema) -> Result<Vec<u8>, ArrowError> {
+    let mut w = CsvWriter::new(Vec::new(), schema)?;
+    w.out.flush()?;
+    Ok(std::mem::take(w.out.get_mut()))
+}
+
 /// A CSV writer of one schema's batches.
 pub(crate) struct CsvWriter<W: Write> {
     out: std::io::BufWriter<W>,

@@ -198,12 +198,14 @@ impl ColumnParallelWriter {
 /// part's row groups stay as they were (the output has at least one per
 /// non-empty part). Bloom filters are not copied (braid writes none).
 /// Parts whose Parquet schema differs from `schema`'s are refused; errors
-/// name the part.
+/// name the part. Setting `stop` ends the copy at the next row group with
+/// an error (the job it was for was abandoned).
 pub fn concat_parquet(
     parts: &[impl AsRef<Path>],
     out: File,
     schema: SchemaRef,
     props: WriterProperties,
+    stop: &std::sync::atomic::AtomicBool,
 ) -> Result<(), ParquetError> {
     let (mut writer, _) =
         ArrowWriter::try_new(out, schema, Some(props))?.into_serialized_writer()?;
@@ -222,6 +224,11 @@ pub fn concat_parquet(
         }
         let index = meta.page_index();
         for (g, rg) in meta.row_groups().iter().enumerate() {
+            if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                return Err(ParquetError::General(
+                    "stopped: the job was abandoned".into(),
+                ));
+            }
             let mut out_rg = writer.next_row_group()?;
             for (c, column) in rg.columns().iter().enumerate() {
                 let close = ColumnCloseResult {
@@ -427,7 +434,14 @@ mod tests {
             all.push(b);
         }
         let out = d.join("all.parquet");
-        concat_parquet(&parts, File::create(&out).unwrap(), schema(), props(1000)).unwrap();
+        concat_parquet(
+            &parts,
+            File::create(&out).unwrap(),
+            schema(),
+            props(1000),
+            &Default::default(),
+        )
+        .unwrap();
         let (got, groups) = read(&out);
         assert_eq!(concat(&got), concat(&all));
         let mut want_groups = Vec::new();
@@ -467,6 +481,7 @@ mod tests {
             File::create(d.join("bad.parquet")).unwrap(),
             schema(),
             props(10),
+            &Default::default(),
         );
         assert!(e.unwrap_err().to_string().contains("differs"));
         let _ = std::fs::remove_dir_all(&d);

@@ -8,19 +8,35 @@
 //!   every rank: write STAGING/part-RRRRR.<ext>      (the sink node)
 //!   the rank's whole graph succeeded                 (Staged::commit)
 //!   barrier (all ranks wrote their part; a failure aborts the job here)
-//!   directory output: each rank renames its part into DIR/
-//!   single file:      rank 0 appends the parts in rank order into FILE.tmp,
-//!                     then renames it to FILE
-//!   rank 0 removes STAGING
+//!   directory output:
+//!     each rank: DIR/part-RRRRR.<ext> (if any) -> DIR/.part-RRRRR.<ext>.braid-replaced,
+//!                its staged part -> DIR/part-RRRRR.<ext>
+//!     agree: every rank's part is in place (else each undoes its own)
+//!     each rank drops its replaced file; rank 0 removes the earlier run's
+//!     other parts (the other format, ranks past this job's) and STAGING
+//!   single file:
+//!     rank 0: appends the parts in rank order into STAGING/joined.<ext>
+//!     agree: the join succeeded
+//!     rank 0: FILE (if any) -> FILE.braid-replaced, joined -> FILE
+//!     agree: the file is in place (else rank 0 undoes it)
+//!     rank 0 drops the replaced file and removes STAGING
 //! ```
+//!
+//! Each agreement is an AllReduce of one flag: a rank whose step failed,
+//! or one that died or aborted meanwhile, fails every rank's commit, and
+//! each rank then undoes what it moved (its `Staged`, dropped uncommitted,
+//! puts back the file it replaced), so a failed or stopped job leaves the
+//! output as it was. A join running on a blocking thread is told to stop
+//! when its commit is abandoned; it never moves anything into place.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use arrow_array::RecordBatch;
 use arrow_schema::{DataType, Field, Schema, SchemaRef, TimeUnit};
-use braid_coll::barrier;
+use braid_coll::{ReduceKind, allreduce, barrier};
 use braid_core::{Context, NodeError, Payload, Receiver};
 use parquet::basic::Compression;
 use parquet::file::properties::WriterProperties;
@@ -269,6 +285,8 @@ impl FileSink {
                 Cleanup::IfEmpty
             },
             armed: true,
+            placed: None,
+            stop: Arc::new(AtomicBool::new(false)),
         }
     }
 
@@ -324,88 +342,143 @@ impl FileSink {
         Ok(())
     }
 
-    async fn commit(&self, ctx: &Context, part: &Path) -> Result<(), NodeError> {
-        let (rank, n) = (ctx.rank(), ctx.nranks());
-        let staging = self.target.staging();
-        match &self.target {
-            SinkTarget::Dir(dir) => {
-                if rank == 0 {
-                    // Replace an earlier run's parts, of either format: a
-                    // directory left holding both would be refused as input.
-                    if let Ok(rd) = std::fs::read_dir(dir) {
-                        for e in rd.flatten() {
-                            if is_part_file(&e.file_name().to_string_lossy()) {
-                                let _ = std::fs::remove_file(e.path());
-                            }
+    /// Joins `parts` in rank order into `joined` (rank 0 of a one-file
+    /// output); `stop` ends it early (an abandoned commit). Nothing is
+    /// moved into place here.
+    fn join(&self, parts: &[PathBuf], joined: &Path, stop: &AtomicBool) -> Result<()> {
+        let stopped = || DataError::file(joined, "stopped: the job was abandoned");
+        match self.format {
+            FileFormat::Parquet => {
+                // The parts' encoded row groups are copied, not decoded
+                // and encoded again.
+                let out = File::create(joined).map_err(|e| DataError::file(joined, e))?;
+                concat_parquet(
+                    parts,
+                    out,
+                    parquet_schema(&self.schema),
+                    parquet_props(),
+                    stop,
+                )
+                .map_err(|e| DataError::file(joined, e))?;
+            }
+            FileFormat::Csv => {
+                use std::io::{Read, Write};
+                let mut out = std::io::BufWriter::new(
+                    File::create(joined).map_err(|e| DataError::file(joined, e))?,
+                );
+                // Every part starts with the same header: the first part
+                // is copied whole, the others past their header's bytes
+                // (a quoted column name may hold a line break, so the
+                // header is not "the first line"), byte for byte.
+                let header = crate::csv_writer::header(&self.schema)
+                    .map_err(|e| DataError::file(joined, e))?;
+                let mut buf = vec![0u8; 1 << 20];
+                for (i, p) in parts.iter().enumerate() {
+                    let mut f = File::open(p).map_err(|e| DataError::file(p, e))?;
+                    if i > 0 {
+                        let mut head = vec![0u8; header.len()];
+                        f.read_exact(&mut head).map_err(|e| DataError::file(p, e))?;
+                        if head != header {
+                            return Err(DataError::file(p, "its header differs from the output's"));
                         }
                     }
+                    loop {
+                        if stop.load(Ordering::Relaxed) {
+                            return Err(stopped());
+                        }
+                        let k = f.read(&mut buf).map_err(|e| DataError::file(p, e))?;
+                        if k == 0 {
+                            break;
+                        }
+                        out.write_all(&buf[..k])
+                            .map_err(|e| DataError::file(joined, e))?;
+                    }
                 }
-                barrier(ctx).await.map_err(DataError::from)?;
-                let dest = dir.join(format!("part-{rank:05}.{}", self.format.ext()));
-                std::fs::rename(part, &dest).map_err(|e| DataError::file(&dest, e))?;
-                barrier(ctx).await.map_err(DataError::from)?;
-                if rank == 0 {
-                    let _ = std::fs::remove_dir_all(&staging);
-                }
+                out.flush().map_err(|e| DataError::file(joined, e))?;
             }
-            SinkTarget::File(file) => {
-                if rank == 0 {
-                    let parts: Vec<PathBuf> = (0..n).map(|r| self.part(r)).collect();
-                    let this = self.clone();
-                    let file = file.clone();
-                    tokio::task::spawn_blocking(move || this.merge(&parts, &file))
-                        .await
-                        .map_err(NodeError::other)??;
-                    let _ = std::fs::remove_dir_all(&staging);
-                }
-                barrier(ctx).await.map_err(DataError::from)?;
-            }
+        }
+        if stop.load(Ordering::Relaxed) {
+            return Err(stopped());
         }
         Ok(())
     }
+}
 
-    fn merge(&self, parts: &[PathBuf], file: &Path) -> Result<()> {
-        let mut tmp = file.as_os_str().to_owned();
-        tmp.push(".tmp");
-        let tmp = PathBuf::from(tmp);
-        let res = (|| -> Result<()> {
-            match self.format {
-                FileFormat::Parquet => {
-                    // The parts' encoded row groups are copied, not
-                    // decoded and encoded again.
-                    let out = File::create(&tmp).map_err(|e| DataError::file(&tmp, e))?;
-                    concat_parquet(parts, out, parquet_schema(&self.schema), parquet_props())
-                        .map_err(|e| DataError::file(&tmp, e))?;
-                }
-                FileFormat::Csv => {
-                    use std::io::{BufRead, BufReader, Write};
-                    let mut out = std::io::BufWriter::new(
-                        File::create(&tmp).map_err(|e| DataError::file(&tmp, e))?,
-                    );
-                    // Every part starts with the same header line: the
-                    // first part is copied whole, the others from their
-                    // second line on, byte for byte (quoted fields may
-                    // hold line breaks, even blank lines).
-                    for (i, p) in parts.iter().enumerate() {
-                        let mut f =
-                            BufReader::new(File::open(p).map_err(|e| DataError::file(p, e))?);
-                        if i > 0 {
-                            let mut header = Vec::new();
-                            f.read_until(b'\n', &mut header)
-                                .map_err(|e| DataError::file(p, e))?;
-                        }
-                        std::io::copy(&mut f, &mut out).map_err(|e| DataError::file(&tmp, e))?;
-                    }
-                    out.flush().map_err(|e| DataError::file(&tmp, e))?;
-                }
-            }
-            std::fs::rename(&tmp, file).map_err(|e| DataError::file(file, e))
-        })();
-        if res.is_err() {
-            let _ = std::fs::remove_file(&tmp);
+/// Whether every rank's step of a commit went well (`ok` is this rank's):
+/// an AllReduce of one flag, which fails where a peer died or aborted.
+async fn all_ok(ctx: &Context, ok: bool) -> Result<bool, NodeError> {
+    let v = allreduce(ctx, vec![i32::from(ok)], ReduceKind::Min)
+        .await
+        .map_err(DataError::from)?;
+    Ok(v.first() == Some(&1))
+}
+
+/// A file this rank moved into place during a commit, and the file it
+/// replaced (moved aside), so that an unfinished commit can be undone.
+#[derive(Debug)]
+struct Placed {
+    dest: PathBuf,
+    replaced: Option<PathBuf>,
+}
+
+impl Placed {
+    /// Puts back what was there before.
+    fn undo(self) {
+        let _ = std::fs::remove_file(&self.dest);
+        if let Some(r) = self.replaced {
+            let _ = std::fs::rename(r, &self.dest);
         }
-        res
     }
+
+    /// Keeps the new file: drops the replaced one.
+    fn keep(self) {
+        if let Some(r) = self.replaced {
+            let _ = std::fs::remove_file(r);
+        }
+    }
+}
+
+/// Where `dest`'s earlier file waits while a commit may still be undone:
+/// beside it, hidden, under a name no reader takes for data
+/// (`DIR/.part-00001.parquet.braid-replaced`, `FILE.braid-replaced`).
+fn replaced_path(dest: &Path, hidden: bool) -> PathBuf {
+    let name = dest
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let dot = if hidden { "." } else { "" };
+    dest.with_file_name(format!("{dot}{name}.braid-replaced"))
+}
+
+/// Moves `src` to `dest`, first moving a file already at `dest` aside.
+/// Refuses a directory at `dest` (a rename would fail on it, or replace an
+/// empty one without a word).
+fn place(src: &Path, dest: &Path, hidden: bool) -> Result<Placed> {
+    let replaced = match std::fs::symlink_metadata(dest) {
+        Ok(m) if m.is_dir() => {
+            return Err(DataError::file(
+                dest,
+                "is a directory, which the output's file cannot replace",
+            ));
+        }
+        Ok(_) => {
+            let r = replaced_path(dest, hidden);
+            std::fs::rename(dest, &r).map_err(|e| DataError::file(dest, e))?;
+            Some(r)
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => return Err(DataError::file(dest, e)),
+    };
+    if let Err(e) = std::fs::rename(src, dest) {
+        if let Some(r) = &replaced {
+            let _ = std::fs::rename(r, dest);
+        }
+        return Err(DataError::file(dest, e));
+    }
+    Ok(Placed {
+        dest: dest.to_path_buf(),
+        replaced,
+    })
 }
 
 /// A rank's staged part of a [`FileSink`]'s output (see
@@ -416,6 +489,11 @@ pub struct Staged {
     staging: PathBuf,
     cleanup: Cleanup,
     armed: bool,
+    /// What this rank moved into place while the commit may still fail:
+    /// undone on drop.
+    placed: Option<Placed>,
+    /// Set on drop: a join running on a blocking thread stops.
+    stop: Arc<AtomicBool>,
 }
 
 /// What a rank's [`Staged`] dropped uncommitted removes of the staging
@@ -432,17 +510,109 @@ enum Cleanup {
 impl Staged {
     /// Moves the output into place once every rank's graph succeeded: a
     /// barrier (a rank that failed has aborted the job, so this fails
-    /// instead), then the commit of the module doc.
+    /// instead), then the commit of the module doc. On an error (here or
+    /// on any rank), and where the returned future is dropped unfinished,
+    /// the output is left as it was.
     pub async fn commit(mut self, ctx: &Context) -> Result<(), NodeError> {
         barrier(ctx).await.map_err(DataError::from)?;
-        self.sink.commit(ctx, &self.part).await?;
+        match self.sink.target.clone() {
+            SinkTarget::Dir(dir) => self.commit_dir(ctx, &dir).await?,
+            SinkTarget::File(file) => self.commit_file(ctx, &file).await?,
+        }
+        if let Some(p) = self.placed.take() {
+            p.keep();
+        }
         self.armed = false;
+        if ctx.rank() == 0 {
+            let _ = std::fs::remove_dir_all(&self.staging);
+        }
+        Ok(())
+    }
+
+    /// Each rank moves its part into `dir`; once every rank's is there,
+    /// rank 0 removes the earlier run's other parts.
+    async fn commit_dir(&mut self, ctx: &Context, dir: &Path) -> Result<(), NodeError> {
+        let (rank, n) = (ctx.rank(), ctx.nranks());
+        let ext = self.sink.format.ext();
+        let dest = dir.join(format!("part-{rank:05}.{ext}"));
+        let mine = place(&self.part, &dest, true).map(|p| self.placed = Some(p));
+        let all = all_ok(ctx, mine.is_ok()).await;
+        mine?;
+        if !all? {
+            return Err(DataError::file(
+                dir,
+                "another rank could not move its part into place; the output is left as it was",
+            )
+            .into());
+        }
+        if rank == 0 {
+            // Replace an earlier run's parts, of either format: a
+            // directory left holding both would be refused as input.
+            let ours: Vec<String> = (0..n).map(|r| format!("part-{r:05}.{ext}")).collect();
+            if let Ok(rd) = std::fs::read_dir(dir) {
+                for e in rd.flatten() {
+                    let name = e.file_name().to_string_lossy().into_owned();
+                    if is_part_file(&name) && !ours.contains(&name) {
+                        let _ = std::fs::remove_file(e.path());
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Rank 0 joins the parts into one file and moves it into place, each
+    /// step agreed by every rank.
+    async fn commit_file(&mut self, ctx: &Context, file: &Path) -> Result<(), NodeError> {
+        let (rank, n) = (ctx.rank(), ctx.nranks());
+        let joined = self
+            .staging
+            .join(format!("joined.{}", self.sink.format.ext()));
+        let mine: Result<(), NodeError> = if rank == 0 {
+            let parts: Vec<PathBuf> = (0..n).map(|r| self.sink.part(r)).collect();
+            let (sink, stop, out) = (self.sink.clone(), self.stop.clone(), joined.clone());
+            tokio::task::spawn_blocking(move || sink.join(&parts, &out, &stop))
+                .await
+                .map_err(NodeError::other)
+                .and_then(|r| r.map_err(NodeError::from))
+        } else {
+            Ok(())
+        };
+        // A peer's failure meanwhile is the error (it may be why the join
+        // failed: a stopped rank removes its part).
+        let all = all_ok(ctx, mine.is_ok()).await?;
+        mine?;
+        if !all {
+            return Err(DataError::file(
+                file,
+                "rank 0 could not join the ranks' parts; the output is left as it was",
+            )
+            .into());
+        }
+        let mine = if rank == 0 {
+            place(&joined, file, false).map(|p| self.placed = Some(p))
+        } else {
+            Ok(())
+        };
+        let all = all_ok(ctx, mine.is_ok()).await;
+        mine?;
+        if !all? {
+            return Err(DataError::file(
+                file,
+                "rank 0 could not move the joined file into place; the output is left as it was",
+            )
+            .into());
+        }
         Ok(())
     }
 }
 
 impl Drop for Staged {
     fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(p) = self.placed.take() {
+            p.undo();
+        }
         if self.armed {
             let _ = std::fs::remove_file(&self.part);
             let _ = match self.cleanup {
@@ -636,6 +806,244 @@ mod tests {
         let want: Vec<Option<i32>> = vec![Some(-3), None, Some(0), Some(19_723)];
         assert_eq!(d.iter().collect::<Vec<_>>(), want);
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Runs `n` local ranks, each writing `rows(rank)` through `sink` and
+    /// committing; every rank's outcome, by rank.
+    fn write_and_commit(
+        sink: &FileSink,
+        n: u32,
+        rows: impl Fn(u32) -> RecordBatch,
+        between: impl FnOnce(),
+    ) -> Vec<Result<(), NodeError>> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        sink.prepare().unwrap();
+        let staged: Vec<Staged> = (0..n).map(|r| sink.staged(r)).collect();
+        rt.block_on(async {
+            let ctxs = braid_core::world::contexts(
+                &braid_core::WorldSpec::Local { nranks: n },
+                braid_core::MemoryLimits::UNLIMITED,
+            )
+            .await
+            .unwrap();
+            // Every part written first, then `between`, then the commits.
+            for ctx in &ctxs {
+                let (mut tx, rx) = braid_core::channel(4);
+                tx.send(braid_core::Message::new(0, rows(ctx.rank())))
+                    .await
+                    .unwrap();
+                drop(tx);
+                sink.clone().write(ctx.clone(), rx).await.unwrap();
+            }
+            between();
+            let runs = ctxs.into_iter().zip(staged).map(|(ctx, st)| {
+                tokio::spawn(async move {
+                    let r = st.commit(&ctx).await;
+                    if r.is_err() {
+                        ctx.comm().abort("commit failed");
+                    }
+                    r
+                })
+            });
+            futures::future::join_all(runs)
+                .await
+                .into_iter()
+                .map(|r| r.unwrap())
+                .collect()
+        })
+    }
+
+    /// One Int64 column `x` of `rank * 10 + i` for i < 3.
+    fn rank_rows(schema: &SchemaRef, rank: u32) -> RecordBatch {
+        let x: Vec<i64> = (0..3).map(|i| i64::from(rank) * 10 + i).collect();
+        RecordBatch::try_new(schema.clone(), vec![Arc::new(Int64Array::from(x))]).unwrap()
+    }
+
+    /// The names in `dir`, sorted.
+    fn names(dir: &Path) -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// A directory commit that fails on one rank (its part's place is a
+    /// directory) fails on every rank and leaves the earlier run's output
+    /// as it was: before, the other ranks' new parts replaced theirs and
+    /// the earlier run's other parts were deleted, a partial output that
+    /// looked whole.
+    #[test]
+    fn a_directory_commit_failing_on_one_rank_leaves_the_earlier_output() {
+        let base = std::env::temp_dir().join(format!("braid-sink-undo-{}", std::process::id()));
+        let schema = Arc::new(Schema::new(vec![Field::new("x", DataType::Int64, false)]));
+        for n in [1u32, 2, 3, 4, 5, 8] {
+            let dir = base.join(format!("n{n}"));
+            let _ = std::fs::remove_dir_all(&dir);
+            std::fs::create_dir_all(&dir).unwrap();
+            // The earlier run: n + 1 parts (one past this job's ranks).
+            for r in 0..=n {
+                std::fs::write(dir.join(format!("part-{r:05}.csv")), format!("x\nold{r}\n"))
+                    .unwrap();
+            }
+            let sink = FileSink {
+                format: FileFormat::Csv,
+                target: SinkTarget::Dir(dir.clone()),
+                schema: schema.clone(),
+            };
+            let bad = n - 1;
+            let blocker = dir.join(format!("part-{bad:05}.csv"));
+            let outcomes = write_and_commit(
+                &sink,
+                n,
+                |r| rank_rows(&schema, r),
+                || {
+                    std::fs::remove_file(&blocker).unwrap();
+                    std::fs::create_dir_all(blocker.join("x")).unwrap();
+                },
+            );
+            for (r, o) in outcomes.iter().enumerate() {
+                assert!(o.is_err(), "n {n}: rank {r} committed");
+            }
+            let e = outcomes[bad as usize].as_ref().unwrap_err().to_string();
+            assert!(e.contains("is a directory"), "n {n}: {e}");
+            let mut want: Vec<String> = (0..=n).map(|r| format!("part-{r:05}.csv")).collect();
+            want.sort();
+            assert_eq!(names(&dir), want, "n {n}");
+            for r in (0..=n).filter(|r| *r != bad) {
+                let text = std::fs::read_to_string(dir.join(format!("part-{r:05}.csv"))).unwrap();
+                assert_eq!(text, format!("x\nold{r}\n"), "n {n}: part {r}");
+            }
+            assert!(!sink.target.staging().exists(), "n {n}");
+            // Without the blocker the same job replaces them all.
+            std::fs::remove_dir_all(&blocker).unwrap();
+            let outcomes = write_and_commit(&sink, n, |r| rank_rows(&schema, r), || {});
+            assert!(outcomes.iter().all(|o| o.is_ok()), "n {n}: {outcomes:?}");
+            let want: Vec<String> = (0..n).map(|r| format!("part-{r:05}.csv")).collect();
+            assert_eq!(names(&dir), want, "n {n}");
+            for r in 0..n {
+                let text = std::fs::read_to_string(dir.join(format!("part-{r:05}.csv"))).unwrap();
+                let want: String = (0..3).map(|i| format!("{}\n", r * 10 + i)).collect();
+                assert_eq!(text, format!("x\n{want}"), "n {n}: part {r}");
+            }
+        }
+        let _ = std::fs::remove_dir_all(&base);
+    }
+
+    /// A one-file output whose place turns out to be taken by a directory
+    /// fails on every rank, with nothing moved and no staging left.
+    #[test]
+    fn a_one_file_commit_that_cannot_be_placed_fails_everywhere() {
+        let base = std::env::temp_dir().join(format!("braid-sink-place-{}", std::process::id()));
+        let schema = Arc::new(Schema::new(vec![Field::new("x", DataType::Int64, false)]));
+        for n in [1u32, 2, 3, 4, 5, 8] {
+            let _ = std::fs::remove_dir_all(&base);
+            std::fs::create_dir_all(&base).unwrap();
+            let file = base.join("out.parquet");
+            let sink = FileSink {
+                format: FileFormat::Parquet,
+                target: SinkTarget::File(file.clone()),
+                schema: schema.clone(),
+            };
+            let outcomes = write_and_commit(
+                &sink,
+                n,
+                |r| rank_rows(&schema, r),
+                || {
+                    std::fs::create_dir_all(file.join("x")).unwrap();
+                },
+            );
+            assert!(outcomes.iter().all(|o| o.is_err()), "n {n}: {outcomes:?}");
+            assert!(file.join("x").is_dir());
+            assert_eq!(names(&base), ["out.parquet"], "n {n}");
+        }
+        let _ = std::fs::remove_dir_all(&base);
+    }
+
+    /// A one-file CSV output whose column name holds a line break is
+    /// joined past each part's whole header: before, the header's second
+    /// line stayed in the file as a row for every part after the first.
+    #[test]
+    fn a_joined_csv_skips_headers_that_span_lines() {
+        let base = std::env::temp_dir().join(format!("braid-sink-head-{}", std::process::id()));
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("id", DataType::Int64, false),
+            Field::new("multi\nline, \"q\"", DataType::Int64, false),
+        ]));
+        for n in [1u32, 2, 3, 4, 5, 8] {
+            let _ = std::fs::remove_dir_all(&base);
+            std::fs::create_dir_all(&base).unwrap();
+            let file = base.join("out.csv");
+            let sink = FileSink {
+                format: FileFormat::Csv,
+                target: SinkTarget::File(file.clone()),
+                schema: schema.clone(),
+            };
+            let rows = |r: u32| {
+                let id: Vec<i64> = (0..2).map(|i| i64::from(r) * 10 + i).collect();
+                let v: Vec<i64> = id.iter().map(|x| x * 7).collect();
+                RecordBatch::try_new(
+                    schema.clone(),
+                    vec![
+                        Arc::new(Int64Array::from(id)),
+                        Arc::new(Int64Array::from(v)),
+                    ],
+                )
+                .unwrap()
+            };
+            let outcomes = write_and_commit(&sink, n, rows, || {});
+            assert!(outcomes.iter().all(|o| o.is_ok()), "n {n}: {outcomes:?}");
+            let got: Vec<RecordBatch> = arrow_csv::ReaderBuilder::new(schema.clone())
+                .with_header(true)
+                .build(File::open(&file).unwrap())
+                .unwrap()
+                .map(|b| b.unwrap())
+                .collect();
+            let got = arrow_select::concat::concat_batches(&schema, &got).unwrap();
+            let want: Vec<RecordBatch> = (0..n).map(rows).collect();
+            let want = arrow_select::concat::concat_batches(&schema, &want).unwrap();
+            assert_eq!(got, want, "n {n}");
+            assert_eq!(names(&base), ["out.csv"], "n {n}");
+        }
+        let _ = std::fs::remove_dir_all(&base);
+    }
+
+    /// A join told to stop (its commit abandoned) ends with an error.
+    #[test]
+    fn a_stopped_join_ends() {
+        let base = std::env::temp_dir().join(format!("braid-sink-stop-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&base);
+        std::fs::create_dir_all(&base).unwrap();
+        let schema = Arc::new(Schema::new(vec![Field::new("x", DataType::Int64, false)]));
+        for format in [FileFormat::Csv, FileFormat::Parquet] {
+            let sink = FileSink {
+                format,
+                target: SinkTarget::File(base.join(format!("out.{}", format.ext()))),
+                schema: schema.clone(),
+            };
+            let part = base.join(format!("p.{}", format.ext()));
+            match sink.open(&part).unwrap() {
+                Writer::Parquet(w) => w.close().unwrap(),
+                Writer::Csv(w) => w.finish().unwrap(),
+            }
+            let joined = base.join(format!("j.{}", format.ext()));
+            sink.join(
+                std::slice::from_ref(&part),
+                &joined,
+                &AtomicBool::new(false),
+            )
+            .unwrap();
+            let e = sink
+                .join(&[part.clone(), part], &joined, &AtomicBool::new(true))
+                .unwrap_err();
+            assert!(e.to_string().contains("stopped"), "{e}");
+        }
+        let _ = std::fs::remove_dir_all(&base);
     }
 
     /// A failed job leaves no staging directory, whatever order its ranks

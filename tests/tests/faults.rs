@@ -431,7 +431,14 @@ fn sends_refused_on_every_rank_fail_every_rank() {
     let rt = runtime();
     let big = || Buffer::from_vec(vec![3u8; 2 * LIMIT as usize]);
     for n in [2u32, 3, 5] {
-        for what in ["sendrecv", "halo", "alltoall", "allreduce"] {
+        for what in [
+            "sendrecv",
+            "halo",
+            "alltoall",
+            "allreduce",
+            "shuffle",
+            "allgather",
+        ] {
             let res: Vec<Result<(), String>> = rt.block_on(async {
                 let comms = TcpComm::in_process_world_with(n, |c| c.max_message_bytes = LIMIT)
                     .await
@@ -462,6 +469,45 @@ fn sends_refused_on_every_rank_fail_every_rank() {
                                 "alltoall" => braid_coll::alltoall(&ctx, vec![1i64; elems])
                                     .await
                                     .map(|_| ()),
+                                // Several framed chunks to each peer on one
+                                // tag: the first refused must not let the
+                                // next one's header stand in for its data.
+                                "allgather" => {
+                                    let ag = braid_coll::AllGather::new(&ctx, None);
+                                    let c = || PackedData {
+                                        metadata: Default::default(),
+                                        data: big(),
+                                    };
+                                    match ag.insert(0, c()).and_then(|()| ag.insert_last(1, c())) {
+                                        Ok(()) => ag
+                                            .extract(braid_coll::ExtractOrder::RankSeq)
+                                            .await
+                                            .map(|_| ()),
+                                        Err(e) => Err(e),
+                                    }
+                                }
+                                "shuffle" => {
+                                    let sh = braid_coll::Shuffle::new(
+                                        &ctx,
+                                        n,
+                                        braid_coll::PartitionOwner::RoundRobin,
+                                        None,
+                                    );
+                                    let mut res = Ok(());
+                                    for pid in 0..n {
+                                        for _ in 0..3 {
+                                            let c = PackedData {
+                                                metadata: Default::default(),
+                                                data: big(),
+                                            };
+                                            res = res.and_then(|()| sh.insert(pid, c));
+                                        }
+                                    }
+                                    match res.and_then(|()| sh.insert_finished()) {
+                                        Ok(()) => sh.extract(r).await.map(|_| ()),
+                                        Err(e) => Err(e),
+                                    }
+                                }
                                 _ => braid_coll::allreduce(
                                     &ctx,
                                     vec![1.0f64; elems],

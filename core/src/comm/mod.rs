@@ -93,6 +93,14 @@ pub trait Communicator: Send + Sync + 'static {
     /// in-process ranks the buffer itself is what the receiver gets.
     fn send(&self, dst: Rank, tag: Tag, data: Buffer) -> SendFuture;
 
+    /// The largest message this backend sends to another rank (tcp's
+    /// `BRAID_MAX_MESSAGE`, MPI's 2 GiB - 1); `send` refuses a larger one.
+    /// A message made of parts (a header, then its data) checks the data
+    /// against it before sending either.
+    fn max_message(&self) -> u64 {
+        u64::MAX
+    }
+
     /// Receives the next message from `src` with `tag`.
     fn recv(&self, src: Rank, tag: Tag) -> RecvFuture;
 

@@ -1207,6 +1207,10 @@ impl Communicator for MpiComm {
         Backend::Mpi
     }
 
+    fn max_message(&self) -> u64 {
+        i32::MAX as u64
+    }
+
     fn send(&self, dst: Rank, tag: Tag, data: Buffer) -> SendFuture {
         if let Err(e) = check_rank(self.rank, dst, self.nranks) {
             return SendFuture::ready(Err(e));

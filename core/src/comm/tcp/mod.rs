@@ -1337,6 +1337,10 @@ impl Communicator for TcpComm {
         Backend::Tcp
     }
 
+    fn max_message(&self) -> u64 {
+        self.shared.max_message
+    }
+
     fn send(&self, dst: Rank, tag: Tag, data: Buffer) -> SendFuture {
         if let Err(e) = check_rank(self.shared.rank, dst, self.shared.nranks) {
             return SendFuture::ready(Err(e));
