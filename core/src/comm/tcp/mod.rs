@@ -1089,13 +1089,23 @@ async fn bootstrap_root(
         let next = tokio::time::timeout_at(deadline, ctrl_rx.recv()).await;
         let (r, mut s) = match next {
             Ok(Some(x)) => x,
-            Ok(None) => return Err(shared.bootstrap_err("listener stopped")),
+            Ok(None) => {
+                let detail = "rank 0's listener stopped";
+                abort_bootstrap(&mut conns, detail).await;
+                return Err(shared.bootstrap_err(detail));
+            }
             Err(_) => {
-                let absent: Vec<usize> = (1..n).filter(|r| conns[*r].is_none()).collect();
-                return Err(shared.bootstrap_err(format!(
-                    "timed out after {} s waiting for ranks {absent:?} to join",
+                let absent: Vec<String> = (1..n)
+                    .filter(|r| conns[*r].is_none())
+                    .map(|r| r.to_string())
+                    .collect();
+                let detail = format!(
+                    "rank(s) {} did not join within {} s (the process ended, or never set up its communicator)",
+                    absent.join(", "),
                     shared.timeout.as_secs()
-                )));
+                );
+                abort_bootstrap(&mut conns, &detail).await;
+                return Err(shared.bootstrap_err(detail));
             }
         };
         let reg = tokio::time::timeout(HANDSHAKE_TIMEOUT, Control::read(&mut s)).await;
@@ -1149,6 +1159,22 @@ async fn bootstrap_root(
         )));
     }
     Ok(())
+}
+
+/// Rank 0's bootstrap failed: tells each rank that registered why
+/// (`Abort`), so that its error names the cause (a rank that never joined)
+/// instead of a closed connection, and it exits as one that only heard of
+/// another's failure. Bounded: a rank that does not read is not waited for.
+async fn abort_bootstrap(conns: &mut [Option<(TcpStream, String)>], detail: &str) {
+    let msg = Control::Abort {
+        origin: 0,
+        reason: format!("bootstrap failed: {detail}"),
+    };
+    let writes = conns
+        .iter_mut()
+        .filter_map(|c| c.as_mut())
+        .map(|(s, _)| msg.write(s));
+    let _ = tokio::time::timeout(Duration::from_secs(2), futures::future::join_all(writes)).await;
 }
 
 /// Writes control messages in order and answers flush requests.
@@ -1268,7 +1294,16 @@ async fn bootstrap_peer(
                 reason,
             });
         }
-        Ok(Ok(other)) => {
+        Ok(Ok(None)) => {
+            // Rank 0 ended (or dropped this rank) before the table: its
+            // own error says why; this rank only passes that on.
+            return Err(CommError::PeerDied {
+                rank: shared.rank,
+                peer: 0,
+                detail: "rank 0 closed its connection during bootstrap, before sending the address table (it failed or exited; its own error says why)".into(),
+            });
+        }
+        Ok(Ok(Some(other))) => {
             return Err(shared.bootstrap_err(format!(
                 "expected the address table from rank 0, got {other:?}"
             )));
