@@ -8,6 +8,15 @@
 //! (`BRAID_ROOT_FD`, Unix): a port chosen free and bound later by rank 0
 //! could be taken in between by another process's connection, which
 //! failed a job on a busy host with "Address already in use".
+//!
+//! Each rank runs in a process group of its own (Unix), and stopping a
+//! rank signals its whole group: a rank started through a wrapper script
+//! (`sh -c 'prog; echo done'`) is stopped with its program, not only the
+//! shell. Since the ranks are then outside the terminal's foreground
+//! group, Ctrl-C reaches only the launcher, which passes it on (SIGTERM
+//! to every rank's group). The ranks' lines are printed by threads of
+//! their own through bounded queues: a reader that stops reading stalls
+//! the ranks' output, never the launcher's timeout or signal handling.
 
 use std::ffi::OsString;
 use std::io::Write;
@@ -15,7 +24,7 @@ use std::process::{ExitStatus, Stdio};
 
 use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 use tokio::process::Command;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::Rank;
 use crate::comm::tcp::random_token;
@@ -91,7 +100,10 @@ pub enum LaunchError {
         source: std::io::Error,
     },
     /// A rank failed; the others were ended.
-    #[error("rank {rank} failed ({status}); the other ranks were stopped")]
+    #[error(
+        "rank {rank} failed ({status}){}; the other ranks were stopped",
+        early_note(exited_first)
+    )]
     RankFailed {
         /// The first rank that failed on its own: not one that exited with
         /// [`PEER_FAILED_EXIT`](crate::world::PEER_FAILED_EXIT) (it only
@@ -99,9 +111,16 @@ pub enum LaunchError {
         rank: Rank,
         /// Its exit status.
         status: String,
+        /// The ranks that had exited with success before the first
+        /// failure, while others still ran: a rank that ends before it
+        /// joins the job fails the others' start-up, and is named here.
+        exited_first: Vec<Rank>,
         /// What every rank printed (captured mode only).
         report: Box<LaunchReport>,
     },
+    /// The thread that prints the ranks' output could not be started.
+    #[error("cannot start the thread that prints the ranks' output: {0}")]
+    Output(std::io::Error),
     /// The launcher was interrupted (Ctrl-C, SIGTERM, SIGHUP).
     #[error("interrupted; all ranks were stopped")]
     Interrupted,
@@ -130,6 +149,18 @@ fn rank_list(ranks: &[Rank]) -> String {
         .join(", ")
 }
 
+/// "; rank(s) 2 had exited with status 0 before that": the ranks that
+/// ended with success before a failure (none: nothing).
+fn early_note(ranks: &[Rank]) -> String {
+    if ranks.is_empty() {
+        return String::new();
+    }
+    format!(
+        "; rank(s) {} had already exited with status 0 before that, while the others ran",
+        rank_list(ranks)
+    )
+}
+
 /// What the ranks did.
 #[derive(Debug, Clone, Default)]
 pub struct LaunchReport {
@@ -153,6 +184,22 @@ const KILL_GRACE: std::time::Duration = std::time::Duration::from_secs(3);
 /// output, its spill files) before it is killed (SIGKILL).
 const TERM_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 
+/// How long a stopped job's output may take to reach the launcher's
+/// stdout and stderr once its ranks have ended: a pipe held open by a
+/// process that left its rank's group, or a reader that stopped reading,
+/// does not keep the launcher waiting. (A job that ended on its own gets
+/// [`IO_WAIT`] for its pipes, and its output is printed in full unless
+/// the launcher is asked to stop.)
+const STOPPED_IO_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// How long the launcher waits for a rank's pipes to close once the rank
+/// has ended on its own (a process it started may hold them open).
+const IO_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Lines queued for the launcher's stdout (and as many for its stderr)
+/// before the ranks' output waits for the reader.
+const PRINT_QUEUE: usize = 1024;
+
 /// What the launcher asks of the ranks still running.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Stop {
@@ -164,20 +211,91 @@ enum Stop {
     Kill,
 }
 
-/// Asks a rank's process to end and clean up: SIGTERM on Unix, where a
-/// job's rank ends as on its own failure (it drops its work, so its
-/// staged output and spill files go); elsewhere it is killed.
-fn terminate(child: &mut tokio::process::Child) {
+/// Sends `sig` to the process group of a rank's process (`pgid`, the
+/// rank's pid: each rank leads a group of its own), so that what a wrapper
+/// script started goes with it. Whether any process got it.
+#[cfg(unix)]
+fn signal_group(pgid: libc::pid_t, sig: libc::c_int) -> bool {
+    // SAFETY: kill(2) on the group this launcher made for one rank; its
+    // id stays reserved while any process of the group lives (a group id
+    // is not reused as a process id meanwhile), and it fails with ESRCH
+    // once none does.
+    pgid > 0 && unsafe { libc::kill(-pgid, sig) } == 0
+}
+
+/// Asks a rank to end and clean up: SIGTERM to its process group on Unix,
+/// where a job's rank ends as on its own failure (it drops its work, so
+/// its staged output and spill files go); elsewhere it is killed.
+fn terminate(child: &mut tokio::process::Child, pgid: Option<i32>) {
     #[cfg(unix)]
-    if let Some(pid) = child.id().and_then(|p| libc::pid_t::try_from(p).ok()) {
-        // SAFETY: kill(2) with a pid this process spawned and has not yet
-        // reaped (`id` is None once it has), so the pid is still its child.
-        unsafe {
-            libc::kill(pid, libc::SIGTERM);
+    if let Some(g) = pgid {
+        if signal_group(g, libc::SIGTERM) {
+            return;
         }
-        return;
     }
+    #[cfg(not(unix))]
+    let _ = pgid;
     let _ = child.start_kill();
+}
+
+/// Kills a rank: its whole process group on Unix (SIGKILL), and its
+/// process in any case.
+fn kill_rank(child: &mut tokio::process::Child, pgid: Option<i32>) {
+    #[cfg(unix)]
+    if let Some(g) = pgid {
+        signal_group(g, libc::SIGKILL);
+    }
+    #[cfg(not(unix))]
+    let _ = pgid;
+    let _ = child.start_kill();
+}
+
+/// Whether any process of a rank's group still runs. On Linux a zombie
+/// does not count (an orphan the rank left is reaped by init, which may
+/// take its time; it holds no pipe). `false` off Unix, where a rank has
+/// no group.
+fn group_alive(pgid: Option<i32>) -> bool {
+    #[cfg(unix)]
+    if let Some(g) = pgid {
+        if !signal_group(g, 0) {
+            return false;
+        }
+        #[cfg(target_os = "linux")]
+        return linux_group_runs(g);
+        #[cfg(not(target_os = "linux"))]
+        return true;
+    }
+    let _ = pgid;
+    false
+}
+
+/// Whether /proc lists a process of group `pgid` that is not a zombie
+/// (true where /proc cannot be read: the group is then taken as alive).
+#[cfg(target_os = "linux")]
+fn linux_group_runs(pgid: i32) -> bool {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return true;
+    };
+    dir.flatten().any(|e| {
+        let name = e.file_name();
+        let Some(pid) = name
+            .to_str()
+            .filter(|n| n.bytes().all(|b| b.is_ascii_digit()))
+        else {
+            return false;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            return false;
+        };
+        // "pid (comm) state ppid pgrp ...": the name may hold anything,
+        // so the fields are counted from its closing parenthesis.
+        let Some((_, rest)) = stat.rsplit_once(')') else {
+            return false;
+        };
+        let mut f = rest.split_whitespace();
+        let (state, pgrp) = (f.next(), f.nth(1));
+        state != Some("Z") && pgrp.and_then(|p| p.parse::<i32>().ok()) == Some(pgid)
+    })
 }
 
 /// The job's root listener: bound here and handed to rank 0 (see
@@ -244,52 +362,111 @@ fn die_with_launcher(cmd: &mut Command) {
 #[cfg(not(unix))]
 fn hand_over(_cmd: &mut Command, _listener: &std::net::TcpListener) {}
 
-/// Completes when the launcher is asked to stop: Ctrl-C (SIGINT) and, on
-/// Unix, SIGTERM or SIGHUP (what `kill`, a batch system's cancel or a
-/// closed terminal sends). The ranks are then stopped (SIGTERM, then
-/// SIGKILL after `TERM_GRACE`), not left running
-/// (a launcher ended by SIGTERM left its ranks behind). Call it before
-/// the first rank starts: on Unix the handlers are installed here, not
-/// when the future is first polled (a signal in between would end the
-/// launcher the default way). A signal whose handler cannot be installed
-/// never completes.
-fn stop_requested() -> impl std::future::Future<Output = ()> {
+/// The requests to stop the launcher: Ctrl-C (SIGINT) and, on Unix,
+/// SIGTERM or SIGHUP (what `kill`, a batch system's cancel or a closed
+/// terminal sends). The ranks are then stopped (SIGTERM to each rank's
+/// process group, then SIGKILL after `TERM_GRACE`), not left running (a
+/// launcher ended by SIGTERM left its ranks behind). Made before the first
+/// rank starts: on Unix the handlers are installed here, not when first
+/// waited on (a signal in between would end the launcher the default
+/// way). A signal whose handler cannot be installed never comes.
+struct StopSignals {
     #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        let streams: Vec<_> = [
-            SignalKind::interrupt(),
-            SignalKind::terminate(),
-            SignalKind::hangup(),
-        ]
-        .into_iter()
-        .filter_map(|k| signal(k).ok())
-        .collect();
-        async move {
-            if streams.is_empty() {
+    streams: Vec<tokio::signal::unix::Signal>,
+}
+
+impl StopSignals {
+    /// Installs the handlers.
+    fn install() -> StopSignals {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{SignalKind, signal};
+            let streams = [
+                SignalKind::interrupt(),
+                SignalKind::terminate(),
+                SignalKind::hangup(),
+            ]
+            .into_iter()
+            .filter_map(|k| signal(k).ok())
+            .collect();
+            StopSignals { streams }
+        }
+        #[cfg(not(unix))]
+        StopSignals {}
+    }
+
+    /// Completes at the next request to stop.
+    async fn recv(&mut self) {
+        #[cfg(unix)]
+        {
+            if self.streams.is_empty() {
                 return std::future::pending::<()>().await;
             }
-            let waits = streams.into_iter().map(|mut s| {
+            let waits = self.streams.iter_mut().map(|s| {
                 Box::pin(async move {
                     s.recv().await;
                 })
             });
             futures::future::select_all(waits).await;
         }
-    }
-    #[cfg(not(unix))]
-    async {
+        #[cfg(not(unix))]
         if tokio::signal::ctrl_c().await.is_err() {
             std::future::pending::<()>().await;
         }
     }
 }
 
+/// Where the ranks' lines go in [`OutputMode::Prefixed`]: a thread that
+/// writes them to the launcher's stdout or stderr, fed through a bounded
+/// queue. A write blocks only that thread: a reader that stops reading
+/// (`braid-launch ... | sleep`) fills the queue, and then the ranks' pipes,
+/// while the runtime that signals and reaps the ranks runs on.
+struct Printer {
+    /// The queue (the forwarders hold clones; the thread ends once every
+    /// one is dropped and the queue is written out).
+    tx: mpsc::Sender<Vec<u8>>,
+    /// Completes once the thread has written everything queued.
+    drained: oneshot::Receiver<()>,
+}
+
+impl Printer {
+    /// The printer of stdout (`to_stderr` false) or stderr.
+    fn start(to_stderr: bool) -> Result<Printer, LaunchError> {
+        let (tx, mut rx) = mpsc::channel::<Vec<u8>>(PRINT_QUEUE);
+        let (done_tx, drained) = oneshot::channel();
+        std::thread::Builder::new()
+            .name(
+                if to_stderr {
+                    "braid-stderr"
+                } else {
+                    "braid-stdout"
+                }
+                .into(),
+            )
+            .spawn(move || {
+                while let Some(line) = rx.blocking_recv() {
+                    // A reader that is gone (EPIPE) costs only the output:
+                    // the queue is still emptied, so no rank waits on it.
+                    let _ = if to_stderr {
+                        std::io::stderr().lock().write_all(&line)
+                    } else {
+                        std::io::stdout().lock().write_all(&line)
+                    };
+                }
+                let _ = done_tx.send(());
+            })
+            .map_err(LaunchError::Output)?;
+        Ok(Printer { tx, drained })
+    }
+}
+
+/// Reads a rank's stdout or stderr to its end: each line goes to `print`
+/// prefixed with the rank (waiting while its queue is full, never
+/// blocking a thread), or, without `print`, is kept and returned.
 async fn forward<R: AsyncRead + Unpin>(
     r: R,
     rank: Rank,
-    to_stderr: bool,
-    mode: OutputMode,
+    print: Option<mpsc::Sender<Vec<u8>>>,
 ) -> String {
     let mut r = BufReader::new(r);
     let mut line = Vec::new();
@@ -302,16 +479,15 @@ async fn forward<R: AsyncRead + Unpin>(
         }
         let text = String::from_utf8_lossy(&line);
         let text = text.trim_end_matches(['\n', '\r']);
-        match mode {
-            OutputMode::Prefixed => {
-                let out = format!("[rank {rank}] {text}\n");
-                if to_stderr {
-                    let _ = std::io::stderr().lock().write_all(out.as_bytes());
-                } else {
-                    let _ = std::io::stdout().lock().write_all(out.as_bytes());
-                }
+        match &print {
+            Some(tx) => {
+                // (The printer gone: the line is dropped, the pipe still
+                // read to its end.)
+                let _ = tx
+                    .send(format!("[rank {rank}] {text}\n").into_bytes())
+                    .await;
             }
-            OutputMode::Captured => {
+            None => {
                 captured.push_str(text);
                 captured.push('\n');
             }
@@ -328,7 +504,12 @@ pub async fn launch(spec: LaunchSpec) -> Result<LaunchReport, LaunchError> {
         return Err(LaunchError::NoRanks);
     }
     let n = spec.nranks as usize;
-    let stop = stop_requested();
+    let mut stop = StopSignals::install();
+    // The printers of the ranks' lines (none where they are captured).
+    let printers = match spec.output {
+        OutputMode::Prefixed => Some((Printer::start(false)?, Printer::start(true)?)),
+        OutputMode::Captured => None,
+    };
     let (listener, root) = root_listener()?;
     // Where it cannot be handed over, rank 0 binds the address itself:
     // let go of it first.
@@ -359,6 +540,9 @@ pub async fn launch(spec: LaunchSpec) -> Result<LaunchReport, LaunchError> {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .kill_on_drop(true);
+        // A group of its own, which stopping the rank signals whole.
+        #[cfg(unix)]
+        cmd.process_group(0);
         if let (0, Some(l)) = (rank, listener.as_ref()) {
             hand_over(&mut cmd, l);
         }
@@ -384,19 +568,15 @@ pub async fn launch(spec: LaunchSpec) -> Result<LaunchReport, LaunchError> {
                 });
             }
         };
+        // The rank leads its group: the group's id is its pid.
+        let pgid = child.id().and_then(|p| i32::try_from(p).ok());
         if let Some(o) = child.stdout.take() {
-            io_tasks.push((
-                rank,
-                false,
-                tokio::spawn(forward(o, rank, false, spec.output)),
-            ));
+            let print = printers.as_ref().map(|(p, _)| p.tx.clone());
+            io_tasks.push((rank, false, tokio::spawn(forward(o, rank, print))));
         }
         if let Some(e) = child.stderr.take() {
-            io_tasks.push((
-                rank,
-                true,
-                tokio::spawn(forward(e, rank, true, spec.output)),
-            ));
+            let print = printers.as_ref().map(|(_, p)| p.tx.clone());
+            io_tasks.push((rank, true, tokio::spawn(forward(e, rank, print))));
         }
         let mut stop_rx = stop_rx.clone();
         let done_tx = done_tx.clone();
@@ -411,17 +591,16 @@ pub async fn launch(spec: LaunchSpec) -> Result<LaunchReport, LaunchError> {
                         if c.is_err() {
                             // The launch was dropped (its caller gave up on
                             // it): no one will watch this rank, so it ends.
-                            let _ = child.start_kill();
+                            kill_rank(&mut child, pgid);
+                            asked = Stop::Kill;
                             break child.wait().await.ok();
                         }
                         let now = *stop_rx.borrow_and_update();
                         if now > asked {
                             match now {
                                 Stop::Run => {}
-                                Stop::Term => terminate(&mut child),
-                                Stop::Kill => {
-                                    let _ = child.start_kill();
-                                }
+                                Stop::Term => terminate(&mut child, pgid),
+                                Stop::Kill => kill_rank(&mut child, pgid),
                             }
                             asked = now;
                         }
@@ -429,9 +608,35 @@ pub async fn launch(spec: LaunchSpec) -> Result<LaunchReport, LaunchError> {
                 }
             };
             let _ = done_tx.send((rank, status));
+            // A rank asked to stop may end before what it started in its
+            // group (a wrapper shell ends at SIGTERM while its program
+            // still cleans up): the group gets the same grace, and is
+            // killed with the rest when it runs out.
+            while asked >= Stop::Term && group_alive(pgid) {
+                if asked == Stop::Kill {
+                    kill_rank(&mut child, pgid);
+                    break;
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(std::time::Duration::from_millis(50)) => {}
+                    c = stop_rx.changed() => {
+                        asked = if c.is_err() {
+                            Stop::Kill
+                        } else {
+                            asked.max(*stop_rx.borrow_and_update())
+                        };
+                    }
+                }
+            }
         }));
     }
     drop(done_tx);
+    // Only the forwarders hold the printers' queues now: each printer ends
+    // once they have ended and it has written what they queued.
+    let drained: Vec<oneshot::Receiver<()>> = printers
+        .into_iter()
+        .flat_map(|(o, e)| [o.drained, e.drained])
+        .collect();
     #[cfg(unix)]
     if let (Some(pipe), Some(total)) = (progress_pipe, spec.progress.clone()) {
         pipe.collect(spec.nranks, total);
@@ -447,6 +652,9 @@ pub async fn launch(spec: LaunchSpec) -> Result<LaunchReport, LaunchError> {
     // it, and the summary names the cause.
     let mut first_failure: Option<(Rank, String)> = None;
     let mut first_cause: Option<(Rank, String)> = None;
+    // The ranks that ended with success before any failure while others
+    // still ran (a rank that leaves before it joins fails the others).
+    let mut exited_first: Vec<Rank> = Vec::new();
     let mut killing = false;
     // After a failure, when the ranks still running are asked to stop.
     let mut kill_at: Option<tokio::time::Instant> = None;
@@ -472,7 +680,6 @@ pub async fn launch(spec: LaunchSpec) -> Result<LaunchReport, LaunchError> {
         });
         hard_at.get_or_insert(tokio::time::Instant::now() + TERM_GRACE);
     };
-    tokio::pin!(stop);
     while remaining > 0 {
         tokio::select! {
             // Ranks that have ended are taken first: a stop signal that
@@ -485,6 +692,9 @@ pub async fn launch(spec: LaunchSpec) -> Result<LaunchReport, LaunchError> {
                 report.status[rank as usize] = status;
                 ended[rank as usize] = true;
                 let ok = status.map(|s| s.success()).unwrap_or(false);
+                if ok && remaining > 0 && first_failure.is_none() && !killing && !interrupted {
+                    exited_first.push(rank);
+                }
                 if !ok && !interrupted {
                     let text = status.map(|s| s.to_string()).unwrap_or_else(|| "unknown status".into());
                     let echo = status.and_then(|s| s.code())
@@ -516,7 +726,7 @@ pub async fn launch(spec: LaunchSpec) -> Result<LaunchReport, LaunchError> {
                 hard_at = None;
                 let _ = stop_tx.send(Stop::Kill);
             }
-            _ = &mut stop, if !interrupted => {
+            _ = stop.recv(), if !interrupted => {
                 interrupted = true;
                 ask_to_stop(&mut hard_at);
             }
@@ -536,19 +746,54 @@ pub async fn launch(spec: LaunchSpec) -> Result<LaunchReport, LaunchError> {
             }
         }
     }
-    for t in rank_tasks {
-        let _ = t.await;
-    }
-    // A grandchild may hold a pipe open; do not wait for it for ever (one
-    // deadline for all of them, not 5 s a pipe).
-    let io_deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
-    for (rank, is_err, t) in io_tasks {
-        if let Ok(Ok(text)) = tokio::time::timeout_at(io_deadline, t).await {
-            if is_err {
-                report.stderr[rank as usize] = text;
-            } else {
-                report.stdout[rank as usize] = text;
+    // Every rank has ended; the groups of those asked to stop end within
+    // the same grace (killed when it runs out).
+    let ranks_done = futures::future::join_all(rank_tasks);
+    tokio::pin!(ranks_done);
+    match hard_at {
+        Some(t) => tokio::select! {
+            _ = &mut ranks_done => {}
+            _ = tokio::time::sleep_until(t) => {
+                let _ = stop_tx.send(Stop::Kill);
+                ranks_done.await;
             }
+        },
+        None => {
+            ranks_done.await;
+        }
+    }
+    // A process that left its rank's group may hold a pipe open, and a
+    // reader may not read: wait for neither for ever (one deadline for all
+    // the pipes; a stopped job's output gets less).
+    let stopped = interrupted || killing;
+    let io_deadline = tokio::time::Instant::now() + if stopped { STOPPED_IO_WAIT } else { IO_WAIT };
+    for (rank, is_err, mut t) in io_tasks {
+        match tokio::time::timeout_at(io_deadline, &mut t).await {
+            Ok(Ok(text)) if is_err => report.stderr[rank as usize] = text,
+            Ok(Ok(text)) => report.stdout[rank as usize] = text,
+            Ok(Err(_)) => {}
+            // (Its queued lines stay queued; its pipe is let go of.)
+            Err(_) => t.abort(),
+        }
+    }
+    // The lines still queued for the launcher's stdout and stderr: a job
+    // that ended on its own prints them all, unless the launcher is asked
+    // to stop meanwhile or the job's timeout passes; a stopped job's get
+    // until the deadline above.
+    for d in drained {
+        if stopped {
+            let _ = tokio::time::timeout_at(io_deadline, d).await;
+            continue;
+        }
+        tokio::select! {
+            _ = d => {}
+            _ = stop.recv() => break,
+            _ = async {
+                match deadline {
+                    Some(t) => tokio::time::sleep_until(t).await,
+                    None => std::future::pending::<()>().await,
+                }
+            } => break,
         }
     }
     if interrupted {
@@ -568,6 +813,7 @@ pub async fn launch(spec: LaunchSpec) -> Result<LaunchReport, LaunchError> {
         Some((rank, status)) => Err(LaunchError::RankFailed {
             rank,
             status,
+            exited_first,
             report: Box::new(report),
         }),
         None => Ok(report),

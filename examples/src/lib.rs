@@ -9,7 +9,7 @@
 use std::future::Future;
 
 use braid_core::comm::tcp::TcpConfig;
-use braid_core::launch::{LaunchSpec, launch};
+use braid_core::launch::{LaunchError, LaunchSpec, launch};
 use braid_core::{Backend, BoxError, Context, MemoryLimits, Rank, WorldSpec};
 
 /// Options shared by every example.
@@ -93,6 +93,33 @@ impl JobArgs {
         }
         Ok(())
     }
+}
+
+/// The exit status of a job stopped by a signal (Ctrl-C, SIGTERM, SIGHUP),
+/// as shells report a command ended by Ctrl-C.
+pub const STOPPED_EXIT: u8 = 130;
+
+/// The exit status of a job stopped at its timeout (`braid-launch
+/// --timeout`), as coreutils' `timeout` exits.
+pub const TIMED_OUT_EXIT: u8 = 124;
+
+/// The exit status for a job that failed with `err`: [`STOPPED_EXIT`]
+/// where its launcher (`--backend tcp`) was stopped by a signal,
+/// [`TIMED_OUT_EXIT`] where it ran past its timeout, otherwise
+/// [`braid_core::world::exit_code`]'s.
+pub fn exit_code(err: &(dyn std::error::Error + 'static)) -> std::process::ExitCode {
+    let mut cur = Some(err);
+    while let Some(e) = cur {
+        match e.downcast_ref::<LaunchError>() {
+            Some(LaunchError::Interrupted) => return std::process::ExitCode::from(STOPPED_EXIT),
+            Some(LaunchError::TimedOut { .. }) => {
+                return std::process::ExitCode::from(TIMED_OUT_EXIT);
+            }
+            _ => {}
+        }
+        cur = e.source();
+    }
+    braid_core::world::exit_code(err)
 }
 
 /// Writes to stdout as `print!` does, except that a closed stdout (the

@@ -1,5 +1,7 @@
 //! `braid-launch` as a user runs it: asked to stop by a signal, it ends
-//! every rank before it exits; killed outright, it takes them with it.
+//! every rank (and what a rank's wrapper script started) before it exits;
+//! killed outright, it takes them with it; a reader that does not read
+//! its output does not stop it from stopping the job.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail by panicking
 
@@ -19,10 +21,15 @@ fn alive(pid: u32) -> bool {
 
 /// The pids the ranks wrote into `dir` (one file a rank), once all `n` did.
 fn rank_pids(dir: &Path, n: usize) -> Vec<u32> {
+    pids_named(dir, "pid", n)
+}
+
+/// The pids written into `dir` as `{name}{rank}`, once all `n` were.
+fn pids_named(dir: &Path, name: &str, n: usize) -> Vec<u32> {
     let until = Instant::now() + Duration::from_secs(30);
     loop {
         let pids: Vec<u32> = (0..n)
-            .filter_map(|r| std::fs::read_to_string(dir.join(format!("pid{r}"))).ok())
+            .filter_map(|r| std::fs::read_to_string(dir.join(format!("{name}{r}"))).ok())
             .filter_map(|s| s.trim().parse().ok())
             .collect();
         if pids.len() == n {
@@ -49,6 +56,17 @@ fn launch_ranks(
     args: &[&str],
     then: &str,
 ) -> (std::process::Child, Vec<u32>, std::path::PathBuf) {
+    launch_ranks_to(what, args, then, Stdio::null())
+}
+
+/// [`launch_ranks`] with the launcher's stdout sent to `stdout`.
+#[cfg(target_os = "linux")]
+fn launch_ranks_to(
+    what: &str,
+    args: &[&str],
+    then: &str,
+    stdout: Stdio,
+) -> (std::process::Child, Vec<u32>, std::path::PathBuf) {
     let dir = std::env::temp_dir().join(format!("braid-launch-{what}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
@@ -60,7 +78,7 @@ fn launch_ranks(
         .args(["-n", "3"])
         .args(args)
         .args(["--", "sh", "-c", &script])
-        .stdout(Stdio::null())
+        .stdout(stdout)
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
@@ -360,4 +378,182 @@ fn a_dropped_launch_ends_its_ranks() {
     );
     drop(rt);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A reader that never reads the launcher's output (`braid-launch ... |
+/// sleep 40`) does not stop the launcher from stopping the job: the ranks
+/// print without end, the pipe fills, and still `--timeout` stops them
+/// (status 124), as SIGTERM does (status 130). Before, the launcher wrote
+/// the ranks' lines with blocking writes on its runtime's two workers,
+/// which then never ran the timeout or the signal handling: it ran on,
+/// and no rank was stopped.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_reader_that_does_not_read_does_not_stop_the_stopping() {
+    for (what, args) in [
+        ("stuck-timeout", &["--timeout", "2"][..]),
+        ("stuck-term", &[]),
+    ] {
+        // (The test holds the read end of the launcher's stdout and never
+        // reads it.)
+        let (mut launcher, pids, dir) =
+            launch_ranks_to(what, args, "exec yes hello", Stdio::piped());
+        let started = Instant::now();
+        if args.is_empty() {
+            // Long enough for the pipe to fill and the printer to wait.
+            std::thread::sleep(Duration::from_millis(1500));
+            // SAFETY: a signal to the child this test started.
+            assert_eq!(
+                unsafe { libc::kill(launcher.id() as i32, libc::SIGTERM) },
+                0
+            );
+        }
+        let (status, err) = finished(&mut launcher, what);
+        let want = if args.is_empty() { 130 } else { 124 };
+        assert_eq!(status.code(), Some(want), "{what}: {err}");
+        // Timeout or signal, then the grace and the bounded wait for the
+        // output; not the launcher waiting on its reader.
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{what}: took {:?}",
+            started.elapsed()
+        );
+        let left = still_running(&pids);
+        assert!(left.is_empty(), "{what}: ranks {left:?} still run");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+/// A rank started through a wrapper script (`sh -c 'prog; echo done'`) is
+/// stopped with the program the wrapper runs: at the timeout and at
+/// SIGTERM the launcher signals the rank's whole process group, and does
+/// not then wait on pipes that the program holds. Before, only the shell
+/// was signalled; the launcher said the ranks were stopped while each
+/// program ran on, and waited 5 s more for their pipes.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_wrapped_rank_is_stopped_with_its_wrapper() {
+    // The wrapper (this rank's shell) runs a program that writes its pid
+    // as inner{rank}, then sleeps; the wrapper has more to do after it.
+    let then = r#"sh -c "echo \$\$ > $BRAID_DIR/inner$BRAID_RANK; exec sleep 60"; echo done"#;
+    for (what, args) in [
+        ("wrapped-timeout", &["--timeout", "1.5"][..]),
+        ("wrapped-term", &[]),
+    ] {
+        let (mut launcher, pids, dir) = launch_ranks(what, args, then);
+        let inner = pids_named(&dir, "inner", 3);
+        let stop_at = Instant::now();
+        if args.is_empty() {
+            // SAFETY: a signal to the child this test started.
+            assert_eq!(
+                unsafe { libc::kill(launcher.id() as i32, libc::SIGTERM) },
+                0
+            );
+        }
+        let (status, err) = finished(&mut launcher, what);
+        let want = if args.is_empty() { 130 } else { 124 };
+        assert_eq!(status.code(), Some(want), "{what}: {err}");
+        // Each program was signalled with its wrapper: no waiting for
+        // their pipes, and none left running.
+        let inner_alive: Vec<u32> = inner.iter().copied().filter(|p| alive(*p)).collect();
+        let left = still_running(&[pids, inner].concat());
+        assert!(
+            inner_alive.is_empty() && left.is_empty(),
+            "{what}: {inner_alive:?} outlived the launcher: {err}"
+        );
+        assert!(
+            stop_at.elapsed() < Duration::from_millis(4500),
+            "{what}: took {:?}",
+            stop_at.elapsed()
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+/// A rank that ends (status 0) before it joins the job fails the others'
+/// start-up: the launcher names rank 0, whose error names the missing
+/// rank, and says that rank 2 had exited; ranks 1 and 3 say rank 0
+/// aborted the start-up because rank 2 never joined (and, only passing
+/// that on, are not named). Before, the summary named rank 1 or 3, whose
+/// error was "expected the address table from rank 0, got None".
+#[cfg(unix)]
+#[test]
+fn a_rank_that_never_joins_is_named() {
+    let script = format!(
+        "[ \"$BRAID_RANK\" = 2 ] && exit 0; exec {} --len 1000 --laps 2",
+        env!("CARGO_BIN_EXE_ring")
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_braid-launch"))
+        .args(["-n", "4", "--", "sh", "-c", &script])
+        .env("BRAID_TIMEOUT", "2")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("braid-launch: rank 0 failed")
+            && err.contains("rank(s) 2 had already exited with status 0"),
+        "{err}"
+    );
+    assert!(
+        err.contains("[rank 0] error: rank 0: bootstrap failed: rank(s) 2 did not join"),
+        "{err}"
+    );
+    for r in [1, 3] {
+        assert!(
+            err.contains(&format!(
+                "[rank {r}] error: rank {r}: job aborted by rank 0: bootstrap failed: rank(s) 2 did not join"
+            )),
+            "{err}"
+        );
+    }
+    assert!(!err.contains("got None"), "{err}");
+}
+
+/// `ring --backend tcp` stopped by Ctrl-C (SIGINT) or SIGTERM exits with
+/// status 130, as `rolling` and `braid-launch` do; before, it exited 1.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_stopped_tcp_ring_exits_130() {
+    for (sig, name) in [(libc::SIGINT, "SIGINT"), (libc::SIGTERM, "SIGTERM")] {
+        let mut ring = Command::new(env!("CARGO_BIN_EXE_ring"))
+            .args(["--backend", "tcp", "--ranks", "2", "--len", "100000"])
+            .args(["--laps", "100000000"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // Once both rank processes run, the launcher handles the signal.
+        let until = Instant::now() + Duration::from_secs(30);
+        while children(ring.id()).len() < 2 {
+            assert!(Instant::now() < until, "{name}: the ranks did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let ranks = children(ring.id());
+        // SAFETY: a signal to the child this test started.
+        assert_eq!(unsafe { libc::kill(ring.id() as i32, sig) }, 0);
+        let (status, err) = finished(&mut ring, name);
+        assert_eq!(status.code(), Some(130), "{name}: {err}");
+        assert!(err.contains("interrupted"), "{name}: {err}");
+        let left = still_running(&ranks);
+        assert!(left.is_empty(), "{name}: ranks {left:?} still run");
+    }
+}
+
+/// The processes whose parent is `pid` (Linux, from /proc).
+#[cfg(target_os = "linux")]
+fn children(pid: u32) -> Vec<u32> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|p| {
+            std::fs::read_to_string(format!("/proc/{p}/stat")).is_ok_and(|stat| {
+                stat.rsplit_once(')')
+                    .and_then(|(_, rest)| rest.split_whitespace().nth(1)?.parse::<u32>().ok())
+                    == Some(pid)
+            })
+        })
+        .collect()
 }

@@ -7,6 +7,7 @@ use std::ffi::OsString;
 use std::process::ExitCode;
 
 use braid_core::launch::{LaunchError, LaunchSpec, launch};
+use braid_examples::{STOPPED_EXIT, TIMED_OUT_EXIT};
 use clap::Parser;
 
 /// Start the ranks of a braid tcp job on this host.
@@ -24,10 +25,6 @@ struct Cli {
     #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
     command: Vec<OsString>,
 }
-
-/// The exit status of a job stopped at its `--timeout`, as coreutils'
-/// `timeout` exits.
-const TIMED_OUT_EXIT: u8 = 124;
 
 /// A positive, finite number of seconds.
 fn parse_secs(text: &str) -> Result<std::time::Duration, String> {
@@ -70,7 +67,7 @@ fn main() -> ExitCode {
         Ok(_) => ExitCode::SUCCESS,
         Err(e @ LaunchError::Interrupted) => {
             eprintln!("braid-launch: {e}");
-            ExitCode::from(130)
+            ExitCode::from(STOPPED_EXIT)
         }
         Err(e @ LaunchError::TimedOut { .. }) => {
             eprintln!("braid-launch: {e}");

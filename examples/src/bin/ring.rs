@@ -123,7 +123,8 @@ fn main() -> ExitCode {
         Ok(JobOutcome::Launched) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e}");
-            braid_core::world::exit_code(&*e)
+            // (Stopped by a signal under --backend tcp: 130, as rolling.)
+            braid_examples::exit_code(&*e)
         }
     }
 }

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use arrow_schema::{DataType, TimeUnit};
 use braid_coll::ReduceKind;
 use braid_core::{BoxError, MemoryLimits};
-use braid_examples::{JobArgs, JobOutcome, init_tracing, run_job_with_progress};
+use braid_examples::{JobArgs, JobOutcome, STOPPED_EXIT, init_tracing, run_job_with_progress};
 use braid_examples::{out, outln};
 use braid_kernels::rolling::{Agg, CalendarUnit, Closed, Window};
 use braid_kernels::window::Zone;
@@ -585,10 +585,6 @@ async fn stop_signal() -> &'static str {
 /// Set once a stop signal came: the job then exits with [`STOPPED_EXIT`].
 static STOPPED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
-/// The exit status of a job stopped by a signal (as `braid-launch` exits
-/// when stopped, and shells report a command ended by Ctrl-C).
-const STOPPED_EXIT: u8 = 130;
-
 /// This process's peak resident memory (Linux), in MiB.
 fn peak_rss_mib() -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
@@ -796,14 +792,11 @@ fn main() -> ExitCode {
             }
             remove_created();
             eprintln!("error: {e}");
-            let launch_stopped = matches!(
-                e.downcast_ref::<braid_core::launch::LaunchError>(),
-                Some(braid_core::launch::LaunchError::Interrupted)
-            );
-            if launch_stopped || STOPPED.load(Ordering::Relaxed) {
+            if STOPPED.load(Ordering::Relaxed) {
                 ExitCode::from(STOPPED_EXIT)
             } else {
-                braid_core::world::exit_code(&*e)
+                // (A stopped tcp launcher: STOPPED_EXIT too.)
+                braid_examples::exit_code(&*e)
             }
         }
     }
