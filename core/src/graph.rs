@@ -150,7 +150,33 @@ impl Graph {
         // consumer that fails makes its producer see a closed channel an
         // instant later, and either may be joined first.
         let mut failures: Vec<(u8, GraphError)> = Vec::new();
-        while let Some(res) = set.join_next_with_id().await {
+        // A peer's death or abort is seen by the communicator when it
+        // happens, but by the nodes only at their next message: a node
+        // that computes or writes for long after its last collective would
+        // go on for nothing. Checked every `FAILURE_CHECK`, it cancels them.
+        let mut check = tokio::time::interval(FAILURE_CHECK);
+        check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            let res = tokio::select! {
+                res = set.join_next_with_id() => match res {
+                    Some(res) => res,
+                    None => break,
+                },
+                _ = check.tick(), if failures.is_empty() => {
+                    if let Some(e) = self.ctx.comm().failure() {
+                        set.abort_all();
+                        failures.push((
+                            NodeError::Comm(e.clone()).consequence_rank(),
+                            GraphError {
+                                rank,
+                                node: "(the job: a peer failed while this rank's nodes ran)".into(),
+                                source: NodeError::Comm(e),
+                            },
+                        ));
+                    }
+                    continue;
+                }
+            };
             let (id, err) = match res {
                 Ok((_, Ok(()))) => continue,
                 Ok((id, Err(e))) => (id, e),
@@ -192,6 +218,10 @@ impl Graph {
         Err(e)
     }
 }
+
+/// How often a running graph checks its communicator for a peer's failure
+/// (one lock and a clone of nothing where there is none).
+const FAILURE_CHECK: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// Returns once every rank has arrived (a dissemination barrier: ceil(log2
 /// N) rounds, each an empty message to `me + d` and one from `me - d`, on

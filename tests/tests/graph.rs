@@ -503,3 +503,77 @@ fn a_graph_ends_well_only_where_every_ranks_graph_does() {
         }
     }
 }
+
+/// A rank whose nodes compute without messages for long after a peer
+/// failed stops at once (the graph checks its communicator while its
+/// nodes run), not when its nodes are done: before, the failure was seen
+/// only at the graph's end, so a rank went on computing and writing for
+/// the whole rest of the job.
+#[test]
+fn a_peer_failure_cancels_nodes_that_send_nothing() {
+    /// Longer than the wait below: a rank that is not cancelled runs out
+    /// the wait and fails the test.
+    const WORK: Duration = Duration::from_secs(60);
+    async fn one(ctx: Context, failing: u32) -> Result<u64, GraphError> {
+        let me = ctx.rank();
+        let mut g = Graph::new(ctx.clone());
+        g.add("work", async move {
+            if me == failing {
+                return Err(NodeError::other("work broke"));
+            }
+            let end = tokio::time::Instant::now() + WORK;
+            while tokio::time::Instant::now() < end {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            Ok(())
+        });
+        let res = g.run().await;
+        let _ = ctx.comm().shutdown().await;
+        res.map(|()| 0)
+    }
+    let rt = runtime();
+    for n in RANK_COUNTS.into_iter().filter(|n| *n >= 2) {
+        for backend in ["local", "tcp"] {
+            rt.block_on(async {
+                let ctxs: Vec<Context> = if backend == "local" {
+                    contexts(&WorldSpec::Local { nranks: n }, MemoryLimits::UNLIMITED)
+                        .await
+                        .expect("contexts")
+                } else {
+                    TcpComm::in_process_world(n)
+                        .await
+                        .expect("world")
+                        .into_iter()
+                        .map(|c| context_for(Arc::new(c), MemoryLimits::UNLIMITED))
+                        .collect()
+                };
+                let failing = n - 1;
+                let hs: Vec<_> = ctxs
+                    .into_iter()
+                    .map(|c| tokio::spawn(one(c, failing)))
+                    .collect();
+                for (r, h) in hs.into_iter().enumerate() {
+                    let res = tokio::time::timeout(Duration::from_secs(20), h)
+                        .await
+                        .unwrap_or_else(|_| {
+                            panic!("{backend}, {n} ranks: rank {r} ran on after the failure")
+                        })
+                        .expect("graph task");
+                    let e = match res {
+                        Ok(_) => panic!("{backend}, {n} ranks: rank {r} returned Ok"),
+                        Err(e) => e,
+                    };
+                    if r as u32 == failing {
+                        assert_eq!(e.node, "work", "{e}");
+                    } else {
+                        assert!(
+                            matches!(e.source, NodeError::Comm(CommError::Aborted { peer, .. }) if peer == failing),
+                            "{backend}, {n} ranks, rank {r}: {e}"
+                        );
+                        assert!(e.to_string().contains("work broke"), "{e}");
+                    }
+                }
+            });
+        }
+    }
+}
