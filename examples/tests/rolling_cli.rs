@@ -321,6 +321,21 @@ fn bad_input_is_a_clear_error_with_nothing_left_behind() {
         &out,
         "line 10007: value '2.5' of column \"v\" is not Int64",
     );
+    // The same with 100 quoted fields over two lines each before it: the
+    // line is the file's (it was the record's number, 100 short).
+    let quoted = d.join("quoted.csv");
+    let mut text = String::from("id,ts,v,note\n");
+    for i in 0..10_005 {
+        let note = if i < 100 { "\"a\nb\"" } else { "c" };
+        text.push_str(&format!("{i},{i},{i},{note}\n"));
+    }
+    text.push_str("20000,20000,2.5,c\n");
+    std::fs::write(&quoted, text).unwrap();
+    assert_clean_failure(
+        &["--input", quoted.to_str().unwrap(), "--output", os],
+        &out,
+        "line 10107: value '2.5' of column \"v\" is not Int64",
+    );
     // A directory that mixes formats, or holds data in a subdirectory,
     // is refused (its other files were skipped without a word).
     let mixed = d.join("mixed");

@@ -138,14 +138,38 @@ pub(crate) fn read_schema(table: &SchemaRef) -> SchemaRef {
     ))
 }
 
+/// The line of the CSV file at `path` on which its record `record` starts
+/// (the header is record 0; lines count from 1), counting the line breaks
+/// inside quoted fields, which a record number does not; `record + 1`
+/// where the file cannot be read that far. For error messages only: it
+/// reads the file up to that record.
+pub(crate) fn record_line(path: &std::path::Path, record: usize) -> usize {
+    let found = (|| {
+        let mut r = csv::ReaderBuilder::new()
+            .has_headers(false)
+            .flexible(true)
+            .from_path(path)
+            .ok()?;
+        let mut rec = csv::ByteRecord::new();
+        for _ in 0..=record {
+            if !r.read_byte_record(&mut rec).ok()? {
+                return None;
+            }
+        }
+        usize::try_from(rec.position()?.line()).ok()
+    })();
+    found.unwrap_or(record + 1)
+}
+
 /// `b` (read with [`read_schema`]) with its date and timestamp columns
-/// converted to `table`'s types; `first_line` is the file line of its
-/// first row (for errors, which name `path`).
+/// converted to `table`'s types; `first_record` is the file's record
+/// number of its first row (the header is record 0), for errors, which
+/// name `path` and the row's line.
 pub(crate) fn convert(
     b: RecordBatch,
     table: &SchemaRef,
     path: &std::path::Path,
-    first_line: usize,
+    first_record: usize,
 ) -> Result<RecordBatch> {
     if b.schema().fields() == table.fields() {
         return Ok(b);
@@ -166,7 +190,7 @@ pub(crate) fn convert(
                     path,
                     format!(
                         "line {}: value '{}' of column \"{}\" {why}, the type inferred from the file's first 10,000 rows (give such data as Parquet, or with a value of that kind in those rows)",
-                        first_line + row,
+                        record_line(path, first_record + row),
                         text.value(row),
                         f.name()
                     ),
@@ -248,6 +272,19 @@ mod tests {
         assert_eq!(t(&[None]), None);
     }
 
+    /// A record's line counts the line breaks of the quoted fields before
+    /// it; an unreadable file or a record past its end gives record + 1.
+    #[test]
+    fn record_lines_count_quoted_line_breaks() {
+        let path = std::env::temp_dir().join(format!("braid-recline-{}.csv", std::process::id()));
+        std::fs::write(&path, "a,b\n1,\"x\ny\"\n2,z\n3,\"p\n\nq\"\n4,w\n").unwrap();
+        let lines: Vec<usize> = (0..5).map(|r| record_line(&path, r)).collect();
+        assert_eq!(lines, [1, 2, 4, 5, 8]);
+        assert_eq!(record_line(&path, 9), 10);
+        assert_eq!(record_line(std::path::Path::new("/nonexistent.csv"), 3), 4);
+        std::fs::remove_file(&path).unwrap();
+    }
+
     #[test]
     fn converts_exactly_or_names_the_line() {
         let table: SchemaRef = Arc::new(Schema::new(vec![
@@ -260,7 +297,7 @@ mod tests {
                 vec![Arc::new(strings(d)), Arc::new(strings(t))],
             )
             .unwrap();
-            convert(b, &table, std::path::Path::new("x.csv"), 2)
+            convert(b, &table, std::path::Path::new("x.csv"), 1)
         };
         let b = read(
             &[Some("1969-12-31"), None],

@@ -317,8 +317,9 @@ const READ_BATCH_ROWS: usize = 1 << 20;
 
 /// A CSV reader's error on `path`, a value that does not parse as its
 /// column's type said in the file's terms: the column by name and the
-/// file's line (the reader counts records from 0 at the header and names
-/// columns by index); other errors as they are.
+/// file's line (the reader counts records from 0 at the header, which
+/// [`csv_time::record_line`] turns into the line, and names columns by
+/// index); other errors as they are.
 fn csv_error(path: &Path, schema: &SchemaRef, e: arrow_schema::ArrowError) -> DataError {
     let arrow_schema::ArrowError::ParseError(msg) = &e else {
         return DataError::file(path, e);
@@ -335,7 +336,7 @@ fn csv_error(path: &Path, schema: &SchemaRef, e: arrow_schema::ArrowError) -> Da
         let name = schema.fields().get(col.parse::<usize>().ok()?)?.name();
         Some(format!(
             "line {}: value '{value}' of column \"{name}\" is not {ty}, the type inferred from the file's first 10,000 rows (give such data as Parquet, or with a value of the wider type in those rows)",
-            record + 1
+            csv_time::record_line(path, record)
         ))
     })();
     match parsed {
@@ -749,14 +750,14 @@ impl Source {
                                 let _ = tx.blocking_send(Err(e));
                             }
                             Ok(reader) => {
-                                // The file line of the next batch's first row
-                                // (the header is line 1).
-                                let mut line = 2;
+                                // The record number of the next batch's
+                                // first row (the header is record 0).
+                                let mut record = 1;
                                 for b in reader {
                                     let b = b.map_err(|e| csv_error(&f, &read, e)).and_then(|b| {
                                         let rows = b.num_rows();
-                                        let b = csv_time::convert(b, &schema, &f, line);
-                                        line += rows;
+                                        let b = csv_time::convert(b, &schema, &f, record);
+                                        record += rows;
                                         b
                                     });
                                     let failed = b.is_err();

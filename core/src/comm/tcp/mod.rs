@@ -107,8 +107,9 @@ pub struct TcpConfig {
     pub root: String,
     /// The job token every connection must present.
     pub token: String,
-    /// Address this rank's data listener binds to (not rank 0, which binds
-    /// `root`). Default: loopback.
+    /// Address this rank's data listener binds to. Rank 0 binds `root`,
+    /// or where this is not loopback, this address with `root`'s port.
+    /// Default: loopback.
     pub listen: IpAddr,
     /// How long bootstrap and connection set-up may take.
     pub timeout: Duration,
@@ -144,6 +145,34 @@ impl TcpConfig {
             lanes: None,
             root_fd: None,
         }
+    }
+
+    /// Checks what every rank could otherwise only find out by failing to
+    /// join (after retrying for the whole `timeout`): `root` is
+    /// `host:port`, and the token fits a handshake.
+    pub fn check(&self) -> Result<(), CommError> {
+        let bad = |detail: String| CommError::Bootstrap {
+            rank: self.rank,
+            detail,
+        };
+        let port = self
+            .root
+            .rsplit_once(':')
+            .map(|(host, port)| (host, port.parse::<u16>()));
+        if !matches!(port, Some((h, Ok(_))) if !h.is_empty()) {
+            return Err(bad(format!(
+                "the root address {:?} (BRAID_ROOT) is not host:port",
+                self.root
+            )));
+        }
+        if self.token.len() > wire::MAX_TOKEN_LEN {
+            return Err(bad(format!(
+                "the job token (BRAID_TOKEN) has {} bytes, more than the {} a handshake carries",
+                self.token.len(),
+                wire::MAX_TOKEN_LEN
+            )));
+        }
+        Ok(())
     }
 
     /// Reads `BRAID_RANK`, `BRAID_NRANKS`, `BRAID_ROOT`, `BRAID_TOKEN` and
@@ -502,10 +531,19 @@ impl TcpComm {
     /// Joins the job described by `config`: rank 0 binds the root address,
     /// the others connect to it. Returns once every rank has registered.
     pub async fn connect(config: TcpConfig) -> Result<TcpComm, CommError> {
+        config.check()?;
         let listener = if let (0, Some(fd)) = (config.rank, config.root_fd) {
             inherited_listener(fd, &config.root)?
         } else if config.rank == 0 {
-            let addr = resolve(&config.root, config.rank).await?;
+            let mut addr = resolve(&config.root, config.rank).await?;
+            // A listen address other than loopback (`BRAID_LISTEN`) is
+            // where rank 0 listens too, on the root's port: a root host
+            // name may resolve to loopback on its own host (Debian's
+            // /etc/hosts maps the host's name to 127.0.1.1), where the
+            // other hosts' ranks could not reach it.
+            if !config.listen.is_loopback() {
+                addr = SocketAddr::new(config.listen, addr.port());
+            }
             TcpListener::bind(addr)
                 .await
                 .map_err(|e| CommError::Bootstrap {
@@ -1530,6 +1568,80 @@ mod tests {
     use super::*;
     use crate::tag::OpId;
     use std::os::fd::{AsRawFd, IntoRawFd};
+
+    /// A root address without a port, or a token longer than a handshake
+    /// carries, fails every rank at once (they retried for the whole
+    /// timeout before, or were refused at the handshake).
+    #[test]
+    fn configs_that_cannot_join_are_refused_before_trying() {
+        let c = |root: &str, token_len: usize| {
+            TcpConfig::new(1, 2, root, "t".repeat(token_len)).check()
+        };
+        assert!(c("127.0.0.1:4000", 16).is_ok());
+        assert!(c("[::1]:4000", 16).is_ok());
+        assert!(c("host.example:1", wire::MAX_TOKEN_LEN).is_ok());
+        for root in ["127.0.0.1", "host:", ":4000", "host:99999", "host:port"] {
+            let e = c(root, 16).err().map(|e| e.to_string()).unwrap_or_default();
+            assert!(
+                e.contains("is not host:port") && e.contains("rank 1"),
+                "{root}: {e}"
+            );
+        }
+        let e = c("h:1", wire::MAX_TOKEN_LEN + 1)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(e.contains("1025 bytes"), "{e}");
+        // Rank 0 is refused as early, in `connect`.
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap_or_else(|e| panic!("runtime: {e}"));
+        let r = rt.block_on(TcpComm::connect(TcpConfig::new(0, 2, "127.0.0.1", "t")));
+        assert!(
+            r.err()
+                .is_some_and(|e| e.to_string().contains("not host:port"))
+        );
+    }
+
+    /// Rank 0 with a listen address other than loopback listens there, on
+    /// the root's port: a rank that reaches the host by another address
+    /// (here 127.0.0.2, where rank 0's root says 127.0.0.1, as a host
+    /// name that resolves to loopback on its own host would) joins. Before,
+    /// rank 0 bound the root's address only and the rank timed out.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn rank_0_listens_where_braid_listen_says() {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap_or_else(|e| panic!("runtime: {e}"));
+        rt.block_on(async {
+            let port = TcpListener::bind("127.0.0.1:0")
+                .await
+                .and_then(|l| l.local_addr())
+                .map(|a| a.port())
+                .unwrap_or_else(|e| panic!("{e}"));
+            let mut c0 = TcpConfig::new(0, 2, format!("127.0.0.1:{port}"), "tok");
+            c0.listen = IpAddr::V4(Ipv4Addr::UNSPECIFIED);
+            c0.timeout = Duration::from_secs(5);
+            let mut c1 = TcpConfig::new(1, 2, format!("127.0.0.2:{port}"), "tok");
+            c1.timeout = Duration::from_secs(5);
+            let (a, b) = tokio::join!(TcpComm::connect(c0), TcpComm::connect(c1));
+            let (a, b) = (
+                a.unwrap_or_else(|e| panic!("rank 0: {e}")),
+                b.unwrap_or_else(|e| panic!("rank 1: {e}")),
+            );
+            let tag = Tag::new(OpId(1), 0);
+            a.send(1, tag, crate::Buffer::from_vec(vec![7u8; 3]))
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+            let got = b.recv(0, tag).await.unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(got.as_slice(), [7, 7, 7]);
+            let _ = tokio::join!(a.shutdown(), b.shutdown());
+        });
+    }
 
     /// Every connection gets keepalive probes (a lost host fails the job
     /// instead of hanging it), with the times the constants say.
