@@ -796,7 +796,12 @@ pub async fn launch(spec: LaunchSpec) -> Result<LaunchReport, LaunchError> {
             } => break,
         }
     }
-    if interrupted {
+    // Interrupted, unless every rank succeeded anyway: a rank asked to stop
+    // while it puts its output in place lets that finish (a stop then
+    // could leave the ranks' parts mixed), and a job that ended whole is
+    // no interrupted one.
+    let all_ok = report.status.iter().all(|s| s.is_some_and(|s| s.success()));
+    if interrupted && !all_ok {
         return Err(LaunchError::Interrupted);
     }
     // A rank that failed on its own before the timeout is the cause; the

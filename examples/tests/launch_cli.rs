@@ -137,6 +137,40 @@ fn a_stop_signal_ends_every_rank() {
     }
 }
 
+/// A stop signal whose ranks all end well anyway (as `rolling`'s do when
+/// the signal comes while they move their output into place, which they
+/// finish) is no interruption: the launcher succeeds. Before, it reported
+/// "interrupted" and exit 130 over a whole, new output.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_stop_that_every_rank_outlives_is_no_failure() {
+    // Each rank ignores SIGTERM (its sleep too), and ends well a moment
+    // later.
+    let (mut launcher, pids, dir) = launch_ranks(
+        "outlived",
+        &[],
+        "trap '' TERM; echo x > $BRAID_DIR/ready$BRAID_RANK; sleep 1; exit 0",
+    );
+    for r in 0..3 {
+        let ready = dir.join(format!("ready{r}"));
+        let until = Instant::now() + Duration::from_secs(20);
+        while !ready.exists() {
+            assert!(Instant::now() < until, "rank {r} never started");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+    // SAFETY: a signal to the child this test started.
+    assert_eq!(
+        unsafe { libc::kill(launcher.id() as i32, libc::SIGTERM) },
+        0
+    );
+    let (status, err) = finished(&mut launcher, "outlived");
+    assert!(status.success(), "{status:?}: {err}");
+    assert!(!err.contains("interrupted"), "{err}");
+    assert!(still_running(&pids).is_empty());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A stopped job's ranks get SIGTERM first, so each can remove what it
 /// staged and spilled (`rolling` does): here every rank writes a mark
 /// when SIGTERM comes, but rank 1 then keeps running, and is killed once

@@ -9,29 +9,40 @@
 //!   the rank's whole graph succeeded                 (Staged::commit)
 //!   barrier (all ranks wrote their part; a failure aborts the job here)
 //!   directory output:
-//!     each rank: DIR/part-RRRRR.<ext> (if any) -> DIR/.part-RRRRR.<ext>.braid-replaced,
-//!                its staged part -> DIR/part-RRRRR.<ext>
-//!     agree: every rank's part is in place (else each undoes its own)
-//!     each rank drops its replaced file; rank 0 removes the earlier run's
-//!     other parts (the other format, ranks past this job's) and STAGING
+//!     each rank: DIR/part-RRRRR.<ext>, if any, gets a second name
+//!                DIR/.part-RRRRR.<ext>.braid-replaced; its staged part
+//!                replaces it (rename)
+//!     rank 0:    the earlier run's other parts -> .NAME.braid-replaced
+//!     agree: the lowest rank whose moves failed, if any (then each rank
+//!            undoes its own moves)
+//!     each rank drops its second names; rank 0 any left by a killed run
 //!   single file:
 //!     rank 0: appends the parts in rank order into STAGING/joined.<ext>
 //!     agree: the join succeeded
-//!     rank 0: FILE (if any) -> FILE.braid-replaced, joined -> FILE
+//!     rank 0: FILE, if any, gets a second name FILE.braid-replaced;
+//!             joined replaces FILE
 //!     agree: the file is in place (else rank 0 undoes it)
-//!     rank 0 drops the replaced file and removes STAGING
+//!   rank 0 drops its second names and removes STAGING
 //! ```
 //!
-//! Each agreement is an AllReduce of one flag: a rank whose step failed,
-//! or one that died or aborted meanwhile, fails every rank's commit, and
-//! each rank then undoes what it moved (its `Staged`, dropped uncommitted,
-//! puts back the file it replaced), so a failed or stopped job leaves the
-//! output as it was. A join running on a blocking thread is told to stop
-//! when its commit is abandoned; it never moves anything into place.
+//! Each agreement is an AllReduce of one number: a rank whose step
+//! failed, or one that died or aborted meanwhile, fails every rank's
+//! commit, and each rank then undoes what it moved (its `Staged`, dropped
+//! uncommitted, renames the second names back), so a failed or stopped
+//! job leaves the output as it was. A file's second name is a hard link
+//! (a rename where the file system has none), so the output's names
+//! always name whole files, also for a process killed between two steps.
+//! A stop signal that comes while a commit moves files should let it
+//! finish ([`placing_outputs`]): the moves take milliseconds, and a rank
+//! stopped between its agreement and its end, while the others keep their
+//! parts, would leave a directory output mixed. The same holds for a rank
+//! killed there (SIGKILL), which no protocol of renames can rule out. A
+//! join running on a blocking thread is told to stop when its commit is
+//! abandoned; it never moves anything into place.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use arrow_array::RecordBatch;
@@ -285,7 +296,7 @@ impl FileSink {
                 Cleanup::IfEmpty
             },
             armed: true,
-            placed: None,
+            moved: Vec::new(),
             stop: Arc::new(AtomicBool::new(false)),
         }
     }
@@ -404,56 +415,121 @@ impl FileSink {
     }
 }
 
-/// Whether every rank's step of a commit went well (`ok` is this rank's):
-/// an AllReduce of one flag, which fails where a peer died or aborted.
-async fn all_ok(ctx: &Context, ok: bool) -> Result<bool, NodeError> {
-    let v = allreduce(ctx, vec![i32::from(ok)], ReduceKind::Min)
+/// The lowest rank whose step of a commit failed (`ok` is this rank's
+/// outcome), `None` where every rank's went well: an AllReduce (min) of
+/// one number, which fails where a peer died or aborted.
+async fn first_failed(ctx: &Context, ok: bool) -> Result<Option<u32>, NodeError> {
+    let n = i64::from(ctx.nranks());
+    let mine = if ok { n } else { i64::from(ctx.rank()) };
+    let v = allreduce(ctx, vec![mine], ReduceKind::Min)
         .await
         .map_err(DataError::from)?;
-    Ok(v.first() == Some(&1))
+    match v.first() {
+        Some(&r) if r >= n => Ok(None),
+        Some(&r) => Ok(Some(u32::try_from(r).unwrap_or(u32::MAX))),
+        None => Err(NodeError::other("the commit's agreement came back empty")),
+    }
 }
 
-/// A file this rank moved into place during a commit, and the file it
-/// replaced (moved aside), so that an unfinished commit can be undone.
+/// Commits of this process between their first file move and their end.
+static PLACING: AtomicUsize = AtomicUsize::new(0);
+
+/// How many commits of this process are moving files into place: a stop
+/// signal that comes then should let them finish (their few renames and
+/// agreements take milliseconds), since a rank stopped then, while others
+/// keep their part, can leave a directory output mixed.
+pub fn placing_outputs() -> usize {
+    PLACING.load(Ordering::Relaxed)
+}
+
+/// Counts a commit in [`placing_outputs`] while held.
+struct PlacingGuard;
+
+impl PlacingGuard {
+    fn new() -> Self {
+        PLACING.fetch_add(1, Ordering::Relaxed);
+        PlacingGuard
+    }
+}
+
+impl Drop for PlacingGuard {
+    fn drop(&mut self) {
+        PLACING.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// A file move of a commit, undone if the commit does not finish.
 #[derive(Debug)]
-struct Placed {
-    dest: PathBuf,
-    replaced: Option<PathBuf>,
+enum Moved {
+    /// A new file at `dest`; `replaced` names the file it replaced (a
+    /// second name, kept until the commit holds).
+    Placed {
+        dest: PathBuf,
+        replaced: Option<PathBuf>,
+    },
+    /// An earlier run's file at `path` (one this run does not replace)
+    /// moved aside to `aside`, to go once the commit holds.
+    Aside { path: PathBuf, aside: PathBuf },
 }
 
-impl Placed {
+impl Moved {
     /// Puts back what was there before.
     fn undo(self) {
-        let _ = std::fs::remove_file(&self.dest);
-        if let Some(r) = self.replaced {
-            let _ = std::fs::rename(r, &self.dest);
+        match self {
+            Moved::Placed {
+                dest,
+                replaced: Some(r),
+            } => {
+                let _ = std::fs::rename(r, dest);
+            }
+            Moved::Placed {
+                dest,
+                replaced: None,
+            } => {
+                let _ = std::fs::remove_file(dest);
+            }
+            Moved::Aside { path, aside } => {
+                let _ = std::fs::rename(aside, path);
+            }
         }
     }
 
-    /// Keeps the new file: drops the replaced one.
+    /// Keeps the new state: drops the earlier file.
     fn keep(self) {
-        if let Some(r) = self.replaced {
-            let _ = std::fs::remove_file(r);
+        match self {
+            Moved::Placed {
+                replaced: Some(r), ..
+            }
+            | Moved::Aside { aside: r, .. } => {
+                let _ = std::fs::remove_file(r);
+            }
+            Moved::Placed { replaced: None, .. } => {}
         }
     }
 }
 
-/// Where `dest`'s earlier file waits while a commit may still be undone:
-/// beside it, hidden, under a name no reader takes for data
-/// (`DIR/.part-00001.parquet.braid-replaced`, `FILE.braid-replaced`).
+/// The suffix of the second name an earlier file has while a commit may
+/// still be undone.
+const REPLACED: &str = ".braid-replaced";
+
+/// Where `dest`'s earlier file is kept while a commit may still be
+/// undone: beside it, hidden in a directory output, under a name no
+/// reader takes for data (`DIR/.part-00001.parquet.braid-replaced`,
+/// `FILE.braid-replaced`).
 fn replaced_path(dest: &Path, hidden: bool) -> PathBuf {
     let name = dest
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
     let dot = if hidden { "." } else { "" };
-    dest.with_file_name(format!("{dot}{name}.braid-replaced"))
+    dest.with_file_name(format!("{dot}{name}{REPLACED}"))
 }
 
-/// Moves `src` to `dest`, first moving a file already at `dest` aside.
-/// Refuses a directory at `dest` (a rename would fail on it, or replace an
-/// empty one without a word).
-fn place(src: &Path, dest: &Path, hidden: bool) -> Result<Placed> {
+/// Moves `src` to `dest`. A file already at `dest` keeps a second name
+/// (a hard link, so `dest` names a whole file at every instant, even where
+/// the process is killed between the steps; moved aside first on a file
+/// system without hard links). Refuses a directory at `dest`.
+fn place(src: &Path, dest: &Path, hidden: bool) -> Result<Moved> {
     let replaced = match std::fs::symlink_metadata(dest) {
         Ok(m) if m.is_dir() => {
             return Err(DataError::file(
@@ -463,7 +539,11 @@ fn place(src: &Path, dest: &Path, hidden: bool) -> Result<Placed> {
         }
         Ok(_) => {
             let r = replaced_path(dest, hidden);
-            std::fs::rename(dest, &r).map_err(|e| DataError::file(dest, e))?;
+            // Left by a run killed in its commit: older than `dest`.
+            let _ = std::fs::remove_file(&r);
+            if std::fs::hard_link(dest, &r).is_err() {
+                std::fs::rename(dest, &r).map_err(|e| DataError::file(dest, e))?;
+            }
             Some(r)
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
@@ -475,9 +555,37 @@ fn place(src: &Path, dest: &Path, hidden: bool) -> Result<Placed> {
         }
         return Err(DataError::file(dest, e));
     }
-    Ok(Placed {
+    Ok(Moved::Placed {
         dest: dest.to_path_buf(),
         replaced,
+    })
+}
+
+/// The names and paths of `dir`'s entries (none where it cannot be read).
+fn dir_entries(dir: &Path) -> Vec<(String, PathBuf)> {
+    std::fs::read_dir(dir)
+        .map(|rd| {
+            rd.flatten()
+                .map(|e| (e.file_name().to_string_lossy().into_owned(), e.path()))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Moves an earlier run's part that this run does not replace aside.
+fn set_aside(path: &Path) -> Result<Moved> {
+    if path.is_dir() {
+        return Err(DataError::file(
+            path,
+            "is a directory named like a part file; move it out of the output directory",
+        ));
+    }
+    let aside = replaced_path(path, true);
+    std::fs::rename(path, &aside)
+        .map_err(|e| DataError::file(path, format!("cannot remove the earlier part: {e}")))?;
+    Ok(Moved::Aside {
+        path: path.to_path_buf(),
+        aside,
     })
 }
 
@@ -489,9 +597,9 @@ pub struct Staged {
     staging: PathBuf,
     cleanup: Cleanup,
     armed: bool,
-    /// What this rank moved into place while the commit may still fail:
-    /// undone on drop.
-    placed: Option<Placed>,
+    /// What this rank moved while the commit may still fail: undone on
+    /// drop, latest first.
+    moved: Vec<Moved>,
     /// Set on drop: a join running on a blocking thread stops.
     stop: Arc<AtomicBool>,
 }
@@ -519,8 +627,8 @@ impl Staged {
             SinkTarget::Dir(dir) => self.commit_dir(ctx, &dir).await?,
             SinkTarget::File(file) => self.commit_file(ctx, &file).await?,
         }
-        if let Some(p) = self.placed.take() {
-            p.keep();
+        for m in self.moved.drain(..) {
+            m.keep();
         }
         self.armed = false;
         if ctx.rank() == 0 {
@@ -529,32 +637,44 @@ impl Staged {
         Ok(())
     }
 
-    /// Each rank moves its part into `dir`; once every rank's is there,
-    /// rank 0 removes the earlier run's other parts.
+    /// Each rank moves its part into `dir`, rank 0 the earlier run's other
+    /// parts aside; kept once every rank's moves went well.
     async fn commit_dir(&mut self, ctx: &Context, dir: &Path) -> Result<(), NodeError> {
+        let _placing = PlacingGuard::new();
         let (rank, n) = (ctx.rank(), ctx.nranks());
         let ext = self.sink.format.ext();
         let dest = dir.join(format!("part-{rank:05}.{ext}"));
-        let mine = place(&self.part, &dest, true).map(|p| self.placed = Some(p));
-        let all = all_ok(ctx, mine.is_ok()).await;
+        let mut mine = place(&self.part, &dest, true).map(|m| self.moved.push(m));
+        if rank == 0 && mine.is_ok() {
+            // The earlier run's other parts, of either format (a directory
+            // left holding both would be refused as input).
+            let ours: Vec<String> = (0..n).map(|r| format!("part-{r:05}.{ext}")).collect();
+            for (name, path) in dir_entries(dir) {
+                if is_part_file(&name) && !ours.contains(&name) {
+                    mine = set_aside(&path).map(|m| self.moved.push(m));
+                    if mine.is_err() {
+                        break;
+                    }
+                }
+            }
+        }
+        let failed = first_failed(ctx, mine.is_ok()).await;
         mine?;
-        if !all? {
+        if let Some(r) = failed? {
             return Err(DataError::file(
                 dir,
-                "another rank could not move its part into place; the output is left as it was",
+                format!(
+                    "rank {r} could not move its part into place; the output is left as it was"
+                ),
             )
             .into());
         }
         if rank == 0 {
-            // Replace an earlier run's parts, of either format: a
-            // directory left holding both would be refused as input.
-            let ours: Vec<String> = (0..n).map(|r| format!("part-{r:05}.{ext}")).collect();
-            if let Ok(rd) = std::fs::read_dir(dir) {
-                for e in rd.flatten() {
-                    let name = e.file_name().to_string_lossy().into_owned();
-                    if is_part_file(&name) && !ours.contains(&name) {
-                        let _ = std::fs::remove_file(e.path());
-                    }
+            // Every rank's earlier files are obsolete now, also those a
+            // rank killed in this or an earlier commit left behind.
+            for (name, path) in dir_entries(dir) {
+                if name.starts_with(".part-") && name.ends_with(REPLACED) {
+                    let _ = std::fs::remove_file(path);
                 }
             }
         }
@@ -580,23 +700,24 @@ impl Staged {
         };
         // A peer's failure meanwhile is the error (it may be why the join
         // failed: a stopped rank removes its part).
-        let all = all_ok(ctx, mine.is_ok()).await?;
+        let failed = first_failed(ctx, mine.is_ok()).await?;
         mine?;
-        if !all {
+        if failed.is_some() {
             return Err(DataError::file(
                 file,
                 "rank 0 could not join the ranks' parts; the output is left as it was",
             )
             .into());
         }
+        let _placing = PlacingGuard::new();
         let mine = if rank == 0 {
-            place(&joined, file, false).map(|p| self.placed = Some(p))
+            place(&joined, file, false).map(|m| self.moved.push(m))
         } else {
             Ok(())
         };
-        let all = all_ok(ctx, mine.is_ok()).await;
+        let failed = first_failed(ctx, mine.is_ok()).await;
         mine?;
-        if !all? {
+        if failed?.is_some() {
             return Err(DataError::file(
                 file,
                 "rank 0 could not move the joined file into place; the output is left as it was",
@@ -610,8 +731,8 @@ impl Staged {
 impl Drop for Staged {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
-        if let Some(p) = self.placed.take() {
-            p.undo();
+        while let Some(m) = self.moved.pop() {
+            m.undo();
         }
         if self.armed {
             let _ = std::fs::remove_file(&self.part);
@@ -920,8 +1041,27 @@ mod tests {
                 assert_eq!(text, format!("x\nold{r}\n"), "n {n}: part {r}");
             }
             assert!(!sink.target.staging().exists(), "n {n}");
-            // Without the blocker the same job replaces them all.
             std::fs::remove_dir_all(&blocker).unwrap();
+            std::fs::write(&blocker, format!("x\nold{bad}\n")).unwrap();
+            // An earlier part past this job's ranks that cannot go (a
+            // directory named like one) fails the commit the same way.
+            let extra = dir.join(format!("part-{:05}.parquet", n + 3));
+            std::fs::create_dir_all(extra.join("x")).unwrap();
+            let outcomes = write_and_commit(&sink, n, |r| rank_rows(&schema, r), || {});
+            assert!(outcomes.iter().all(|o| o.is_err()), "n {n}: {outcomes:?}");
+            let e = outcomes[0].as_ref().unwrap_err().to_string();
+            assert!(
+                e.contains("is a directory named like a part file"),
+                "n {n}: {e}"
+            );
+            for r in 0..=n {
+                let text = std::fs::read_to_string(dir.join(format!("part-{r:05}.csv"))).unwrap();
+                assert_eq!(text, format!("x\nold{r}\n"), "n {n}: part {r}");
+            }
+            std::fs::remove_dir_all(&extra).unwrap();
+            // Without them the same job replaces every part, and drops
+            // the second names a killed run left.
+            std::fs::write(dir.join(".part-00009.csv.braid-replaced"), "stale").unwrap();
             let outcomes = write_and_commit(&sink, n, |r| rank_rows(&schema, r), || {});
             assert!(outcomes.iter().all(|o| o.is_ok()), "n {n}: {outcomes:?}");
             let want: Vec<String> = (0..n).map(|r| format!("part-{r:05}.csv")).collect();

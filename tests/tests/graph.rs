@@ -431,6 +431,22 @@ fn a_collective_failed_by_a_peer_names_the_peer_through_node_errors() {
     }
 }
 
+/// `n` ranks' contexts: in-process (`"local"`) or over tcp in this process.
+async fn world(backend: &str, n: u32) -> Vec<Context> {
+    if backend == "local" {
+        contexts(&WorldSpec::Local { nranks: n }, MemoryLimits::UNLIMITED)
+            .await
+            .expect("contexts")
+    } else {
+        TcpComm::in_process_world(n)
+            .await
+            .expect("world")
+            .into_iter()
+            .map(|c| context_for(Arc::new(c), MemoryLimits::UNLIMITED))
+            .collect()
+    }
+}
+
 /// A rank whose nodes all succeed still fails when another rank's graph
 /// failed: its graph ends at a barrier every rank reaches only on
 /// success. Here the ranks' nodes share nothing (each a source and a sink
@@ -464,18 +480,7 @@ fn a_graph_ends_well_only_where_every_ranks_graph_does() {
     for n in RANK_COUNTS.into_iter().filter(|n| *n >= 2) {
         for backend in ["local", "tcp"] {
             rt.block_on(async {
-                let ctxs: Vec<Context> = if backend == "local" {
-                    contexts(&WorldSpec::Local { nranks: n }, MemoryLimits::UNLIMITED)
-                        .await
-                        .expect("contexts")
-                } else {
-                    TcpComm::in_process_world(n)
-                        .await
-                        .expect("world")
-                        .into_iter()
-                        .map(|c| context_for(Arc::new(c), MemoryLimits::UNLIMITED))
-                        .collect()
-                };
+                let ctxs = world(backend, n).await;
                 let failing = n / 2;
                 let hs: Vec<_> = ctxs
                     .into_iter()
@@ -535,18 +540,7 @@ fn a_peer_failure_cancels_nodes_that_send_nothing() {
     for n in RANK_COUNTS.into_iter().filter(|n| *n >= 2) {
         for backend in ["local", "tcp"] {
             rt.block_on(async {
-                let ctxs: Vec<Context> = if backend == "local" {
-                    contexts(&WorldSpec::Local { nranks: n }, MemoryLimits::UNLIMITED)
-                        .await
-                        .expect("contexts")
-                } else {
-                    TcpComm::in_process_world(n)
-                        .await
-                        .expect("world")
-                        .into_iter()
-                        .map(|c| context_for(Arc::new(c), MemoryLimits::UNLIMITED))
-                        .collect()
-                };
+                let ctxs = world(backend, n).await;
                 let failing = n - 1;
                 let hs: Vec<_> = ctxs
                     .into_iter()

@@ -579,8 +579,19 @@ async fn stop_signal() -> &'static str {
         }
     };
     STOPPED.store(true, Ordering::Relaxed);
+    // A commit moving files into place is let finish (milliseconds; a
+    // rank stopped then, while others keep their parts, could leave a
+    // directory output mixed), within a bound: a job that then ends well
+    // exits 0 with its output whole.
+    let wait = Instant::now();
+    while braid_nodes::sink::placing_outputs() > 0 && wait.elapsed() < COMMIT_WAIT {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     by
 }
+
+/// How long a stop signal waits for a commit that is moving files.
+const COMMIT_WAIT: Duration = Duration::from_secs(30);
 
 /// Set once a stop signal came: the job then exits with [`STOPPED_EXIT`].
 static STOPPED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
