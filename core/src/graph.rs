@@ -153,9 +153,12 @@ impl Graph {
         // A peer's death or abort is seen by the communicator when it
         // happens, but by the nodes only at their next message: a node
         // that computes or writes for long after its last collective would
-        // go on for nothing. Checked every `FAILURE_CHECK`, it cancels them.
+        // go on for nothing. Checked every `FAILURE_CHECK`, a failure that
+        // no node has reported within `FAILURE_GRACE` cancels them (a node
+        // that waits on a message reports it at once, under its own name).
         let mut check = tokio::time::interval(FAILURE_CHECK);
         check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut failure_seen: Option<tokio::time::Instant> = None;
         loop {
             let res = tokio::select! {
                 res = set.join_next_with_id() => match res {
@@ -164,6 +167,10 @@ impl Graph {
                 },
                 _ = check.tick(), if failures.is_empty() => {
                     if let Some(e) = self.ctx.comm().failure() {
+                        let seen = *failure_seen.get_or_insert_with(tokio::time::Instant::now);
+                        if seen.elapsed() < FAILURE_GRACE {
+                            continue;
+                        }
                         set.abort_all();
                         failures.push((
                             NodeError::Comm(e.clone()).consequence_rank(),
@@ -222,6 +229,10 @@ impl Graph {
 /// How often a running graph checks its communicator for a peer's failure
 /// (one lock and a clone of nothing where there is none).
 const FAILURE_CHECK: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// How long a failure the communicator has seen is left to the nodes to
+/// report (under their own names) before the graph cancels them.
+const FAILURE_GRACE: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// Returns once every rank has arrived (a dissemination barrier: ceil(log2
 /// N) rounds, each an empty message to `me + d` and one from `me - d`, on
