@@ -1303,6 +1303,10 @@ async fn root_control_reader(
     }
 }
 
+/// How much longer than the bootstrap timeout a rank other than 0 waits
+/// for rank 0's address table (or its Abort naming the missing ranks).
+const TABLE_GRACE: Duration = Duration::from_secs(2);
+
 /// A rank other than 0: registers with rank 0 and waits for the table.
 async fn bootstrap_peer(
     shared: Arc<Shared>,
@@ -1323,7 +1327,11 @@ async fn bootstrap_peer(
         .write(&mut s)
         .await
         .map_err(|e| shared.bootstrap_err(format!("registering with rank 0: {e}")))?;
-    let table = match tokio::time::timeout(shared.timeout, Control::read(&mut s)).await {
+    // Rank 0 gives up at its own timeout and says which ranks did not
+    // join (an Abort): waited for a little longer here, so that its
+    // verdict, not this rank's own timeout, is what this rank reports.
+    let wait = shared.timeout + TABLE_GRACE;
+    let table = match tokio::time::timeout(wait, Control::read(&mut s)).await {
         Ok(Ok(Some(Control::Table(t)))) if t.len() == shared.nranks as usize => t,
         Ok(Ok(Some(Control::Abort { origin, reason }))) => {
             return Err(CommError::Aborted {
@@ -1350,7 +1358,7 @@ async fn bootstrap_peer(
         Err(_) => {
             return Err(shared.bootstrap_err(format!(
                 "timed out after {} s waiting for the other ranks to join",
-                shared.timeout.as_secs()
+                wait.as_secs()
             )));
         }
     };
