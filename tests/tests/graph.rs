@@ -447,6 +447,38 @@ async fn world(backend: &str, n: u32) -> Vec<Context> {
     }
 }
 
+/// Runs `one` on every rank of `n` (`backend` as in [`world`]); every
+/// rank's error, by rank. Panics where a rank returns `Ok` or has not
+/// ended `within` (it hung, or ran on after the failure).
+async fn every_rank_fails<F, Fut>(
+    backend: &str,
+    n: u32,
+    within: Duration,
+    one: F,
+) -> Vec<GraphError>
+where
+    F: Fn(Context) -> Fut,
+    Fut: std::future::Future<Output = Result<u64, GraphError>> + Send + 'static,
+{
+    let hs: Vec<_> = world(backend, n)
+        .await
+        .into_iter()
+        .map(|c| tokio::spawn(one(c)))
+        .collect();
+    let mut errs = Vec::new();
+    for (r, h) in hs.into_iter().enumerate() {
+        let res = tokio::time::timeout(within, h)
+            .await
+            .unwrap_or_else(|_| panic!("{backend}, {n} ranks: rank {r} did not end in {within:?}"))
+            .expect("graph task");
+        match res {
+            Ok(_) => panic!("{backend}, {n} ranks: rank {r} returned Ok"),
+            Err(e) => errs.push(e),
+        }
+    }
+    errs
+}
+
 /// A rank whose nodes all succeed still fails when another rank's graph
 /// failed: its graph ends at a barrier every rank reaches only on
 /// success. Here the ranks' nodes share nothing (each a source and a sink
@@ -480,21 +512,11 @@ fn a_graph_ends_well_only_where_every_ranks_graph_does() {
     for n in RANK_COUNTS.into_iter().filter(|n| *n >= 2) {
         for backend in ["local", "tcp"] {
             rt.block_on(async {
-                let ctxs = world(backend, n).await;
                 let failing = n / 2;
-                let hs: Vec<_> = ctxs
-                    .into_iter()
-                    .map(|c| tokio::spawn(one(c, failing)))
-                    .collect();
-                for (r, h) in hs.into_iter().enumerate() {
-                    let res = tokio::time::timeout(Duration::from_secs(30), h)
-                        .await
-                        .unwrap_or_else(|_| panic!("{backend}, {n} ranks: rank {r} hung"))
-                        .expect("graph task");
-                    let e = match res {
-                        Ok(_) => panic!("{backend}, {n} ranks: rank {r} returned Ok"),
-                        Err(e) => e,
-                    };
+                let errs =
+                    every_rank_fails(backend, n, Duration::from_secs(30), |c| one(c, failing))
+                        .await;
+                for (r, e) in errs.into_iter().enumerate() {
                     if r as u32 == failing {
                         assert_eq!(e.node, "source", "{e}");
                     } else {
@@ -540,23 +562,12 @@ fn a_peer_failure_cancels_nodes_that_send_nothing() {
     for n in RANK_COUNTS.into_iter().filter(|n| *n >= 2) {
         for backend in ["local", "tcp"] {
             rt.block_on(async {
-                let ctxs = world(backend, n).await;
                 let failing = n - 1;
-                let hs: Vec<_> = ctxs
-                    .into_iter()
-                    .map(|c| tokio::spawn(one(c, failing)))
-                    .collect();
-                for (r, h) in hs.into_iter().enumerate() {
-                    let res = tokio::time::timeout(Duration::from_secs(20), h)
-                        .await
-                        .unwrap_or_else(|_| {
-                            panic!("{backend}, {n} ranks: rank {r} ran on after the failure")
-                        })
-                        .expect("graph task");
-                    let e = match res {
-                        Ok(_) => panic!("{backend}, {n} ranks: rank {r} returned Ok"),
-                        Err(e) => e,
-                    };
+                // (Not ended within 20 s: ran on after the failure.)
+                let errs =
+                    every_rank_fails(backend, n, Duration::from_secs(20), |c| one(c, failing))
+                        .await;
+                for (r, e) in errs.into_iter().enumerate() {
                     if r as u32 == failing {
                         assert_eq!(e.node, "work", "{e}");
                     } else {
