@@ -25,6 +25,17 @@ pub fn mpi_launch_size() -> Option<(&'static str, u32)> {
         .find_map(|v| Some((v, std::env::var(v).ok()?.trim().parse().ok()?)))
 }
 
+/// This process's rank in the MPI job it was started in, as mpirun or
+/// srun tell it (`OMPI_COMM_WORLD_RANK`, `PMI_RANK`, `SLURM_PROCID`), where
+/// that job has more than one rank: for errors before MPI is started,
+/// which mpirun prints without saying whose they are.
+pub fn mpi_launch_rank() -> Option<Rank> {
+    mpi_launch_size().filter(|(_, n)| *n > 1)?;
+    ["OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"]
+        .into_iter()
+        .find_map(|v| std::env::var(v).ok()?.trim().parse().ok())
+}
+
 /// Which ranks this process runs.
 #[derive(Debug, Clone)]
 pub enum WorldSpec {

@@ -1,17 +1,19 @@
 //! The rolling-aggregation job as a graph of nodes on each rank:
 //!
 //! ```text
+//!   agree on the job (AllGather of its terms: every rank the same job)
 //!   source ──chunks──> rolling (sort or shuffle, halo, kernel) ──chunks──> sink
 //! ```
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use braid_coll::allgather_parts;
 use braid_core::{Context, Graph, NodeError, Receiver, Sender, channel};
 
 use crate::error::DataError;
 use crate::rolling::{RollingSpec, rolling_node};
-use crate::sink::{CollectSink, FileSink};
+use crate::sink::{CollectSink, FileSink, SinkTarget};
 use crate::source::Source;
 
 /// Where the job's output goes.
@@ -107,12 +109,111 @@ impl RollingJob {
         Ok(())
     }
 
-    /// Runs the job on this rank. `progress` counts rows read.
+    /// What every rank of the job must be given alike, as (name, value)
+    /// pairs: the spec, where the input comes from, where the output goes
+    /// and the device. (Not the chunk size: it changes no result.)
+    pub fn terms(&self) -> Vec<(&'static str, String)> {
+        let s = &self.spec;
+        let list = |v: &[String]| {
+            if v.is_empty() {
+                "none".to_string()
+            } else {
+                v.join(",")
+            }
+        };
+        let input = match &self.source {
+            Source::Parquet(p) => format!("Parquet at {}", p.display()),
+            Source::Csv(p) => format!("CSV at {}", p.display()),
+            Source::Memory(..) => "batches in memory".to_string(),
+            Source::Generator(g) => format!(
+                "generated ({} rows, {} keys, span {}, seed {}, null fraction {}, {})",
+                g.rows,
+                g.keys,
+                g.span,
+                g.seed,
+                g.null_fraction,
+                if g.timestamp {
+                    "timestamps"
+                } else {
+                    "integer ts"
+                }
+            ),
+        };
+        let output = match &self.output {
+            Output::File(f) => match &f.target {
+                SinkTarget::Dir(p) => format!("the directory {} ({:?})", p.display(), f.format),
+                SinkTarget::File(p) => format!("the file {}", p.display()),
+            },
+            Output::Collect(_) => "memory".to_string(),
+            Output::Discard => "none".to_string(),
+        };
+        let aggs: Vec<String> = s.aggs.iter().map(ToString::to_string).collect();
+        vec![
+            ("input", input),
+            ("order column", s.order.clone()),
+            ("group columns", list(&s.by)),
+            ("value columns", list(&s.values)),
+            ("window", format!("{:?}", s.window)),
+            ("closed", s.closed.to_string()),
+            ("aggregations", aggs.join(",")),
+            ("output", output),
+            ("device", format!("{:?}", self.device)),
+        ]
+    }
+
+    /// Fails on every rank, with one message, where the ranks were given
+    /// different jobs ([`Self::terms`]): one AllGather of a few hundred
+    /// bytes before any work. Without it, ranks told different windows
+    /// would write inconsistent results without a word, and a rank told
+    /// to write an output that another was not would wait for ever in a
+    /// commit the other never joins.
+    pub async fn agree(&self, ctx: &Context) -> Result<(), NodeError> {
+        let terms = self.terms();
+        let mut mine = Vec::new();
+        for (name, value) in &terms {
+            mine.extend_from_slice(name.as_bytes());
+            mine.push(0);
+            mine.extend_from_slice(value.as_bytes());
+            mine.push(0);
+        }
+        let all = allgather_parts::<u8>(ctx, mine)
+            .await
+            .map_err(NodeError::other)?;
+        let all: Vec<_> = all.iter().map(|p| p.as_slice()).collect();
+        let Some((first, rest)) = all.split_first() else {
+            return Ok(());
+        };
+        let Some((r, other)) = rest.iter().enumerate().find(|(_, p)| *p != first) else {
+            return Ok(());
+        };
+        // The first term whose value differs (fields: name, value, ...).
+        let fields = |b: &[u8]| -> Vec<String> {
+            b.split(|c| *c == 0)
+                .map(|f| String::from_utf8_lossy(f).into_owned())
+                .collect()
+        };
+        let (f0, f1) = (fields(first), fields(other));
+        let (name, a, b) = (0..terms.len())
+            .map(|i| {
+                let at = |f: &[String]| f.get(2 * i + 1).cloned().unwrap_or_else(|| "?".into());
+                (terms[i].0, at(&f0), at(&f1))
+            })
+            .find(|(_, a, b)| a != b)
+            .unwrap_or(("job", "?".into(), "?".into()));
+        Err(NodeError::other(DataError::Invalid(format!(
+            "the ranks were given different jobs: rank 0's {name} is {a}, rank {}'s {b} (every rank must be started with the same arguments)",
+            r + 1
+        ))))
+    }
+
+    /// Runs the job on this rank, once every rank agrees on it
+    /// ([`Self::agree`]). `progress` counts rows read.
     pub async fn run(
         self,
         ctx: Context,
         progress: Option<Arc<AtomicU64>>,
     ) -> Result<JobCounts, NodeError> {
+        self.agree(&ctx).await?;
         let schema = self.source.schema()?;
         let out_schema = self.spec.output_schema(&schema)?;
         let (src_tx, src_rx) = channel(4);

@@ -238,9 +238,25 @@ impl FileSink {
                 return Err(DataError::file(self.target.path(), e));
             }
         }
+        // The staging directory is made to show that the output can be
+        // written, then removed again with the directories made for it
+        // (deepest first; one that holds anything stays): a rank stopped
+        // before its job starts (mpirun ends the other ranks when one
+        // fails its own checks) leaves nothing behind. The sink makes
+        // them again when it writes, which it does only once every rank
+        // has joined the job (`RollingJob::agree`), so after every rank's
+        // check.
         let staging = self.target.staging();
+        let made: Vec<PathBuf> = staging
+            .ancestors()
+            .take_while(|a| !a.as_os_str().is_empty() && !a.exists())
+            .map(Path::to_path_buf)
+            .collect();
         std::fs::create_dir_all(&staging)
             .map_err(|e| DataError::file(&staging, format!("output is not writable: {e}")))?;
+        for d in &made {
+            let _ = std::fs::remove_dir(d);
+        }
         Ok(())
     }
 
@@ -839,9 +855,11 @@ mod tests {
                 ..sink
             };
             sink.prepare().unwrap();
-            assert!(target.staging().exists());
+            // Nothing made to check it stays (the sink makes the staging
+            // directory when it writes).
+            assert!(!target.staging().exists() && !dir.exists());
         }
-        std::fs::remove_dir_all(&dir).unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
@@ -1187,7 +1205,7 @@ mod tests {
     }
 
     /// A failed job leaves no staging directory, whatever order its ranks
-    /// fail in: rank 0 cleaned up first, then rank 1 prepared (making the
+    /// fail in: rank 0 cleaned up first, then rank 1 wrote (making the
     /// directory again) and failed with a part staged; every rank's guard
     /// dropped uncommitted. Rank 1's guard removed only its part before,
     /// and the directory stayed.
@@ -1202,11 +1220,12 @@ mod tests {
             schema,
         };
         let staging = sink.target.staging();
-        sink.prepare().unwrap();
+        // (As the sink's writers make it.)
+        std::fs::create_dir_all(&staging).unwrap();
         let (r0, r1, r2) = (sink.staged(0), sink.staged(1), sink.staged(2));
         drop(r0);
         assert!(!staging.exists(), "rank 0 removes the staging directory");
-        sink.prepare().unwrap();
+        std::fs::create_dir_all(&staging).unwrap();
         std::fs::write(sink.part(1), "x\n1\n").unwrap();
         std::fs::write(sink.part(2), "x\n2\n").unwrap();
         drop(r1);

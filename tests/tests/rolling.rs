@@ -787,3 +787,71 @@ fn order_columns_of_every_integer_and_date_type() {
         });
     }
 }
+
+/// Ranks given different jobs fail on every rank, with one message naming
+/// the term and the rank, before any work: a different window (which would
+/// have written inconsistent results), and an output on one rank only
+/// (which hung: that rank waited in the commit the others never joined).
+/// Every rank count from 2, local and tcp.
+#[test]
+fn ranks_given_different_jobs_fail_on_every_rank() {
+    let rt = runtime();
+    let schema = schema(&DataType::Int64, Grouping::None);
+    let spec = RollingSpec {
+        order: "ts".into(),
+        by: vec![],
+        values: vec!["v".into()],
+        window: Window::Fixed(10),
+        closed: Closed::Right,
+        aggs: vec![Agg::Sum],
+    };
+    for n in RANK_COUNTS.into_iter().filter(|n| *n > 1) {
+        rt.block_on(async {
+            let (local, tcp) = local_and_tcp(n).await;
+            for (backend, ctxs) in [("local", &local), ("tcp", &tcp)] {
+                for case in ["window", "output"] {
+                    // The last rank differs.
+                    let odd = n as usize - 1;
+                    let mut hs = Vec::new();
+                    for (r, ctx) in ctxs.iter().enumerate() {
+                        let mut spec = spec.clone();
+                        let mut output = Output::Collect(CollectSink::new());
+                        if r == odd && case == "window" {
+                            spec.window = Window::Fixed(20);
+                        }
+                        if r == odd && case == "output" {
+                            output = Output::Discard;
+                        }
+                        let job = RollingJob {
+                            source: Source::Memory(schema.clone(), vec![]),
+                            spec,
+                            output,
+                            chunk_rows: 100,
+                            device: braid_nodes::job::Device::Cpu,
+                        };
+                        let ctx = ctx.clone();
+                        hs.push(tokio::spawn(async move { job.run(ctx, None).await }));
+                    }
+                    let what = format!("{backend}, {n} ranks, {case}");
+                    for h in hs {
+                        let e = tokio::time::timeout(Duration::from_secs(30), h)
+                            .await
+                            .unwrap_or_else(|_| panic!("{what}: a rank hung"))
+                            .unwrap()
+                            .err()
+                            .unwrap_or_else(|| panic!("{what}: a rank succeeded"))
+                            .to_string();
+                        let term = if case == "window" { "window" } else { "output" };
+                        assert!(
+                            e.contains("given different jobs")
+                                && e.contains(&format!("rank 0's {term} is"))
+                                && e.contains(&format!("rank {odd}'s")),
+                            "{what}: {e}"
+                        );
+                    }
+                }
+            }
+            shutdown_all(&tcp).await;
+        });
+    }
+}

@@ -670,7 +670,10 @@ fn main() -> ExitCode {
         Ok(x) => x,
         Err(e) => {
             remove_created();
-            eprintln!("error: {e}");
+            match braid_core::world::mpi_launch_rank() {
+                Some(r) => eprintln!("error: rank {r}: {e}"),
+                None => eprintln!("error: {e}"),
+            }
             return ExitCode::FAILURE;
         }
     };
