@@ -13,7 +13,11 @@ use arrow_select::take::take_record_batch;
 
 use crate::error::{DataError, Result};
 
-/// A 64-bit hash of bytes, the same on every rank and process.
+/// A 64-bit hash of bytes, the same on every rank and process. Ends in a
+/// full avalanche (splitmix64's finaliser): every input bit reaches the
+/// low bits that `% nparts` keeps. (Without it the low bits of a 4-byte
+/// key, whose row is 5 bytes, never reached them: with 2, 4 or 8 ranks
+/// 100 small int32, uint32 or date32 keys all went to one rank.)
 pub fn hash_bytes(b: &[u8]) -> u64 {
     let mut h: u64 = 0x243f_6a88_85a3_08d3 ^ (b.len() as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
     let mut chunks = b.chunks_exact(8);
@@ -26,8 +30,7 @@ pub fn hash_bytes(b: &[u8]) -> u64 {
     let mut w = [0u8; 8];
     let rest = chunks.remainder();
     w[..rest.len()].copy_from_slice(rest);
-    h = (h ^ u64::from_le_bytes(w)).wrapping_mul(0xc4ce_b9fe_1a85_ec53);
-    h ^ (h >> 29)
+    braid_kernels::hash::mix64(h ^ u64::from_le_bytes(w))
 }
 
 /// Index of the named column, or a clear error.
@@ -431,6 +434,62 @@ mod tests {
     use arrow_array::{Int64Array, StringArray};
 
     use super::*;
+
+    /// Distinct keys of every integer width, dates, floats and strings
+    /// spread over the partitions: with 2000 keys no partition of 2 to 8
+    /// gets fewer than half its even share of them. (int32, uint32 and
+    /// date32 keys all went to one partition of 2, 4 or 8.)
+    #[test]
+    fn distinct_keys_of_every_type_spread_over_the_partitions() {
+        use arrow_array::{
+            Date32Array, Float32Array, Int8Array, Int16Array, Int32Array, UInt16Array, UInt32Array,
+            UInt64Array,
+        };
+        const KEYS: usize = 2000;
+        let cols: Vec<ArrayRef> = vec![
+            Arc::new(Int8Array::from_iter_values(
+                (0..256).map(|i| (i as i16 - 128) as i8),
+            )),
+            Arc::new(Int16Array::from_iter_values((0..KEYS).map(|i| i as i16))),
+            Arc::new(UInt16Array::from_iter_values((0..KEYS).map(|i| i as u16))),
+            Arc::new(Int32Array::from_iter_values((0..KEYS).map(|i| i as i32))),
+            Arc::new(UInt32Array::from_iter_values((0..KEYS).map(|i| i as u32))),
+            Arc::new(Date32Array::from_iter_values(
+                (0..KEYS).map(|i| 19000 + i as i32),
+            )),
+            Arc::new(Int64Array::from_iter_values(
+                (0..KEYS).map(|i| i as i64 * 1000),
+            )),
+            Arc::new(UInt64Array::from_iter_values((0..KEYS).map(|i| i as u64))),
+            Arc::new(Float32Array::from_iter_values(
+                (0..KEYS).map(|i| i as f32 * 0.5),
+            )),
+            Arc::new(Float64Array::from_iter_values((0..KEYS).map(|i| i as f64))),
+            Arc::new(StringArray::from_iter_values(
+                (0..KEYS).map(|i| format!("k{i}")),
+            )),
+        ];
+        for col in cols {
+            let keys = col.len();
+            let schema = Arc::new(arrow_schema::Schema::new(vec![arrow_schema::Field::new(
+                "k",
+                col.data_type().clone(),
+                false,
+            )]));
+            let batch = RecordBatch::try_new(schema, vec![col.clone()]).unwrap();
+            for n in [2usize, 3, 4, 5, 8] {
+                let parts = hash_partition(&batch, &[0], n).unwrap();
+                let sizes: Vec<usize> = parts.iter().map(|p| p.num_rows()).collect();
+                assert_eq!(sizes.iter().sum::<usize>(), keys);
+                assert!(
+                    sizes.iter().all(|s| *s * 2 * n >= keys),
+                    "{} keys of {} over {n}: {sizes:?}",
+                    keys,
+                    col.data_type()
+                );
+            }
+        }
+    }
 
     /// 0.0 and -0.0, and NaNs of any bit pattern, land in one partition
     /// each, for f32, f64 and dictionary-of-f64 keys; other values keep

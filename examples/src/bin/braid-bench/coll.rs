@@ -40,11 +40,13 @@ pub struct CollArgs {
     /// The MPI baseline binary; built with bench/install_mpi.sh when absent.
     #[arg(long)]
     mpi: Option<PathBuf>,
-    /// Message sizes in bytes.
+    /// Message sizes in bytes (1 to 2^31 - 1: the MPI baseline counts
+    /// bytes in a C int).
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "8,1024,65536,1048576,16777216,67108864"
+        default_value = "8,1024,65536,1048576,16777216,67108864",
+        value_parser = size_arg
     )]
     sizes: Vec<usize>,
     /// Rank counts.
@@ -96,6 +98,22 @@ pub struct CollArgs {
 }
 
 /// Sizes as the MPI program rounds them, so both sides move the same bytes.
+/// A `--sizes` entry: 1 to `i32::MAX` bytes (MPI counts a message's
+/// bytes in a C int; 0 would be timed as the smallest size, 8 B).
+pub(crate) fn size_arg(s: &str) -> Result<usize, String> {
+    let n: usize = s
+        .trim()
+        .parse()
+        .map_err(|e| format!("{s:?} is not a size in bytes: {e}"))?;
+    if n == 0 || n > i32::MAX as usize {
+        return Err(format!(
+            "{n} bytes: a size must be 1 to {} (MPI counts bytes in a C int)",
+            i32::MAX
+        ));
+    }
+    Ok(n)
+}
+
 pub(crate) fn used_bytes(op: &str, size: usize, n: usize) -> usize {
     match op {
         "barrier" => 0,

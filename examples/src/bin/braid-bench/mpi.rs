@@ -28,7 +28,7 @@ use mpi::collective::SystemOperation;
 use mpi::topology::SimpleCommunicator;
 use mpi::traits::{Communicator as _, CommunicatorCollectives, Destination, Root, Source};
 
-use super::coll::{Input, run_op, used_bytes};
+use super::coll::{Input, run_op, size_arg, used_bytes};
 
 /// Options of `braid-bench mpi`.
 #[derive(Debug, Clone, clap::Args)]
@@ -36,11 +36,13 @@ pub struct MpiArgs {
     /// The MPI baseline binary; built with bench/install_mpi.sh when absent.
     #[arg(long)]
     mpi: Option<PathBuf>,
-    /// Message sizes in bytes.
+    /// Message sizes in bytes (1 to 2^31 - 1: MPI counts bytes in a C
+    /// int).
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "8,1024,65536,1048576,16777216,67108864"
+        default_value = "8,1024,65536,1048576,16777216,67108864",
+        value_parser = size_arg
     )]
     sizes: Vec<usize>,
     /// Bytes moved per point and side in each round (bounds the iteration
