@@ -177,8 +177,11 @@ pub enum MemoryError {
         /// What the reservation had left.
         remaining: u64,
     },
-    /// Spilling to disk failed.
-    #[error("spill I/O failed: {0}")]
+    /// Spilling to disk failed (spills go under the temp directory,
+    /// `$TMPDIR`).
+    #[error(
+        "spill I/O failed: {0} (spills go under $TMPDIR, /tmp by default: point it at a disk with room, or raise the memory limit)"
+    )]
     Spill(String),
 }
 

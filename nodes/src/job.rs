@@ -5,8 +5,8 @@
 //!   source ──chunks──> rolling (sort or shuffle, halo, kernel) ──chunks──> sink
 //! ```
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use braid_coll::allgather_parts;
 use braid_core::{Context, Graph, NodeError, Receiver, Sender, channel};
@@ -68,6 +68,45 @@ async fn count_rows(
         }
     }
     Ok(())
+}
+
+/// A running job's row counts, for progress displays: each rank of this
+/// process that runs the job with it registers its live counters (rows
+/// read by its source, rows that reached its sink), and a display sums
+/// them.
+#[derive(Debug, Default)]
+pub struct JobProgress {
+    ranks: Mutex<Vec<(Arc<AtomicU64>, Arc<AtomicU64>)>>,
+}
+
+impl JobProgress {
+    /// No ranks yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn register(&self, read: Arc<AtomicU64>, written: Arc<AtomicU64>) {
+        if let Ok(mut r) = self.ranks.lock() {
+            r.push((read, written));
+        }
+    }
+
+    fn sum(&self, pick: impl Fn(&(Arc<AtomicU64>, Arc<AtomicU64>)) -> &AtomicU64) -> u64 {
+        self.ranks.lock().map_or(0, |r| {
+            r.iter().map(|c| pick(c).load(Ordering::Relaxed)).sum()
+        })
+    }
+
+    /// Rows read so far, over this process's ranks.
+    pub fn read(&self) -> u64 {
+        self.sum(|c| &c.0)
+    }
+
+    /// Rows computed and passed to the output so far, over this process's
+    /// ranks.
+    pub fn written(&self) -> u64 {
+        self.sum(|c| &c.1)
+    }
 }
 
 /// Row counts of one rank.
@@ -207,11 +246,12 @@ impl RollingJob {
     }
 
     /// Runs the job on this rank, once every rank agrees on it
-    /// ([`Self::agree`]). `progress` counts rows read.
+    /// ([`Self::agree`]). `progress`, where given, sees this rank's rows
+    /// read and written as they go.
     pub async fn run(
         self,
         ctx: Context,
-        progress: Option<Arc<AtomicU64>>,
+        progress: Option<Arc<JobProgress>>,
     ) -> Result<JobCounts, NodeError> {
         self.agree(&ctx).await?;
         let schema = self.source.schema()?;
@@ -220,22 +260,15 @@ impl RollingJob {
         let (out_tx, out_rx) = channel(4);
         let rows_in = Arc::new(AtomicU64::new(0));
         let rows_out = Arc::new(AtomicU64::new(0));
+        if let Some(p) = &progress {
+            p.register(rows_in.clone(), rows_out.clone());
+        }
         let mut g = Graph::new(ctx.clone());
         {
-            let (ctx, ri, p) = (ctx.clone(), rows_in.clone(), progress.clone());
+            let (ctx, ri) = (ctx.clone(), rows_in.clone());
             let source = self.source.clone();
             let chunk = self.chunk_rows;
-            g.add("source", async move {
-                let counter = Arc::new(AtomicU64::new(0));
-                let c2 = counter.clone();
-                let res = source.run(ctx, chunk, src_tx, Some(c2)).await;
-                let n = counter.load(Ordering::Relaxed);
-                ri.store(n, Ordering::Relaxed);
-                if let Some(p) = p {
-                    p.fetch_add(n, Ordering::Relaxed);
-                }
-                res
-            });
+            g.add("source", source.run(ctx, chunk, src_tx, Some(ri)));
         }
         match self.device {
             Device::Cpu => {

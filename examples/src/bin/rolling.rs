@@ -20,7 +20,7 @@ use braid_examples::{JobArgs, JobOutcome, STOPPED_EXIT, init_tracing, run_job_wi
 use braid_examples::{out, outln};
 use braid_kernels::rolling::{Agg, CalendarUnit, Closed, Window};
 use braid_kernels::window::Zone;
-use braid_nodes::job::{Device, Output, RollingJob};
+use braid_nodes::job::{Device, JobProgress, Output, RollingJob};
 use braid_nodes::rolling::RollingSpec;
 use braid_nodes::sink::{FileFormat, FileSink, SinkTarget};
 use braid_nodes::source::{GeneratorSpec, Source, has_extension};
@@ -68,8 +68,9 @@ struct Cli {
     /// Rows per chunk.
     #[arg(long, default_value_t = 64 * 1024)]
     chunk_rows: usize,
-    /// Host memory limit per rank (bytes, or with a unit: 512MiB, 2GB, 1e9);
-    /// shuffled data over it spills to disk.
+    /// Host memory limit per rank for shuffled data (bytes, or with a
+    /// unit: 512MiB, 2GB, 1e9); what is over it spills to $TMPDIR (not a
+    /// cap on the whole process: the sort and the kernel hold their data).
     #[arg(long)]
     memory_limit: Option<String>,
     /// Generated rows (without --input).
@@ -677,29 +678,40 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    // Rows read: the launcher's sum of its tcp ranks' reports, or this
+    // process's ranks' counts (`job_progress`, which also counts the rows
+    // that reached the output: past the reading, the sort, halo and
+    // kernel are what the bar waits for).
     let progress = Arc::new(AtomicU64::new(0));
+    let job_progress = Arc::new(JobProgress::new());
     let bar =
         indicatif::ProgressBar::with_draw_target(total, indicatif::ProgressDrawTarget::stderr());
     // A CSV input's rows are known only once read: a count, no bar.
     let template = if total.is_some() {
-        "{spinner} {elapsed_precise} [{bar:30}] {pos}/{len} rows read"
+        "{spinner} {elapsed_precise} [{bar:30}] {pos}/{len} rows read{msg}"
     } else {
-        "{spinner} {elapsed_precise} {pos} rows read"
+        "{spinner} {elapsed_precise} {pos} rows read{msg}"
     };
     bar.set_style(
         indicatif::ProgressStyle::with_template(template)
             .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
     let ticker = {
-        let (bar, p) = (bar.clone(), progress.clone());
+        let (bar, p, jp) = (bar.clone(), progress.clone(), job_progress.clone());
         // A rank process of a tcp job tells its launcher, which shows the
         // job's bar (its own stderr is not a terminal).
         let reporter = braid_core::rank_progress::ProgressReporter::from_env();
         std::thread::spawn(move || {
             let mut told = None;
             while !bar.is_finished() {
-                let now = p.load(Ordering::Relaxed);
+                let now = p.load(Ordering::Relaxed) + jp.read();
                 bar.set_position(now);
+                let written = jp.written();
+                if written > 0 {
+                    bar.set_message(format!(", {written} rows computed"));
+                } else if total.is_some_and(|t| t > 0 && now >= t) {
+                    bar.set_message(", sorting and exchanging rows between ranks");
+                }
                 if let Some(r) = reporter.as_ref().filter(|_| told != Some(now)) {
                     r.report(now);
                     told = Some(now);
@@ -708,14 +720,14 @@ fn main() -> ExitCode {
                 std::thread::park_timeout(Duration::from_millis(100));
             }
             // The last count, which the loop may not have reached.
-            let now = p.load(Ordering::Relaxed);
+            let now = p.load(Ordering::Relaxed) + jp.read();
             if let Some(r) = reporter.as_ref().filter(|_| told != Some(now)) {
                 r.report(now);
             }
         })
     };
     let start = Instant::now();
-    let p2 = progress.clone();
+    let p2 = job_progress.clone();
     let sink = match &job.output {
         Output::File(f) => Some(f.clone()),
         _ => None,
