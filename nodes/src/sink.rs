@@ -238,25 +238,42 @@ impl FileSink {
                 return Err(DataError::file(self.target.path(), e));
             }
         }
-        // The staging directory is made to show that the output can be
-        // written, then removed again with the directories made for it
-        // (deepest first; one that holds anything stays): a rank stopped
-        // before its job starts (mpirun ends the other ranks when one
-        // fails its own checks) leaves nothing behind. The sink makes
-        // them again when it writes, which it does only once every rank
-        // has joined the job (`RollingJob::agree`), so after every rank's
-        // check.
+        // Writability without making the staging directory: a probe
+        // directory of this process's own name is made and removed in the
+        // nearest directory that exists (the staging directory's, or the
+        // one it will be made in). A staging directory made here would be
+        // left behind by a rank ended before its job starts (mpirun ends
+        // the other ranks when one fails its own checks); one made and
+        // removed again raced with the other ranks' checks of the same
+        // path ("the output directory is an existing file" where another
+        // rank had just removed it). The sink makes the directories when
+        // it writes.
         let staging = self.target.staging();
-        let made: Vec<PathBuf> = staging
+        let base = staging
             .ancestors()
-            .take_while(|a| !a.as_os_str().is_empty() && !a.exists())
-            .map(Path::to_path_buf)
-            .collect();
-        std::fs::create_dir_all(&staging)
-            .map_err(|e| DataError::file(&staging, format!("output is not writable: {e}")))?;
-        for d in &made {
-            let _ = std::fs::remove_dir(d);
-        }
+            .skip(1)
+            .find(|a| a.as_os_str().is_empty() || a.exists())
+            .map(|a| {
+                if a.as_os_str().is_empty() {
+                    Path::new(".")
+                } else {
+                    a
+                }
+            })
+            .unwrap_or(Path::new("."));
+        static PROBES: AtomicUsize = AtomicUsize::new(0);
+        let probe = base.join(format!(
+            ".braid-probe-{}-{}",
+            std::process::id(),
+            PROBES.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir(&probe).map_err(|e| {
+            DataError::file(
+                self.target.path(),
+                format!("output is not writable: {}: {e}", base.display()),
+            )
+        })?;
+        let _ = std::fs::remove_dir(&probe);
         Ok(())
     }
 
@@ -1202,6 +1219,40 @@ mod tests {
             assert!(e.to_string().contains("stopped"), "{e}");
         }
         let _ = std::fs::remove_dir_all(&base);
+    }
+
+    /// Ranks check one output at once (processes of a tcp or MPI job):
+    /// every check passes and none leaves a directory behind. (Checks that
+    /// made the staging directory and removed it again failed each other
+    /// with "the output directory is an existing file".)
+    #[test]
+    fn ranks_prepare_one_output_at_once() {
+        let dir = std::env::temp_dir().join(format!("braid-sink-race-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let schema = Arc::new(Schema::new(vec![Field::new("x", DataType::Int64, false)]));
+        for target in [
+            SinkTarget::Dir(dir.join("out")),
+            SinkTarget::File(dir.join("one.parquet")),
+        ] {
+            let sink = FileSink {
+                format: FileFormat::Parquet,
+                target,
+                schema: schema.clone(),
+            };
+            std::thread::scope(|s| {
+                for _ in 0..8 {
+                    s.spawn(|| {
+                        for _ in 0..200 {
+                            sink.prepare().unwrap();
+                        }
+                    });
+                }
+            });
+        }
+        let left: Vec<_> = std::fs::read_dir(&dir).unwrap().collect();
+        assert!(left.is_empty(), "{left:?}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     /// A failed job leaves no staging directory, whatever order its ranks
