@@ -80,13 +80,16 @@ impl<W: Write> CsvWriter<W> {
             .iter()
             .map(|a| ArrayFormatter::try_new(a.as_ref(), &options))
             .collect::<Result<Vec<_>, _>>()?;
+        // Logical nulls: a null-typed column (all null, without a validity
+        // buffer) and a dictionary's null values are nulls too.
+        let nulls: Vec<_> = columns.iter().map(|a| a.logical_nulls()).collect();
         let alone = columns.len() == 1;
         for row in 0..batch.num_rows() {
-            for (i, (f, a)) in formatters.iter().zip(columns).enumerate() {
+            for (i, (f, n)) in formatters.iter().zip(&nulls).enumerate() {
                 if i > 0 {
                     self.out.write_all(b",")?;
                 }
-                if a.is_null(row) {
+                if n.as_ref().is_some_and(|n| n.is_null(row)) {
                     write_field(&mut self.out, None, alone)?;
                     continue;
                 }
@@ -167,6 +170,25 @@ mod tests {
         assert_eq!(
             csv(vec![("s", s), ("n,x", n)]),
             "s,\"n,x\"\n\"\",1\n,\n\"a,b\",3\n\"say \"\"hi\"\"\",4\n\"two\nlines\",5\nplain,6\n"
+        );
+    }
+
+    /// A null-typed column (pyarrow's type for a column of `None`s) and a
+    /// dictionary's null values are written as nulls, not as `""` (which
+    /// reads back as an empty string).
+    #[test]
+    fn null_typed_columns_and_null_dictionary_values_are_nulls() {
+        use arrow_array::types::Int32Type;
+        use arrow_array::{DictionaryArray, Int32Array, NullArray};
+        let z: ArrayRef = Arc::new(NullArray::new(2));
+        let d: ArrayRef = Arc::new(DictionaryArray::<Int32Type>::new(
+            Int32Array::from(vec![0, 1]),
+            Arc::new(StringArray::from(vec![Some("a"), None])),
+        ));
+        let n: ArrayRef = Arc::new(Int64Array::from(vec![1, 2]));
+        assert_eq!(
+            csv(vec![("z", z), ("d", d), ("n", n)]),
+            "z,d,n\n,a,1\n,,2\n"
         );
     }
 

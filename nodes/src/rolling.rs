@@ -83,9 +83,12 @@ pub fn is_order_type(t: &DataType) -> bool {
         )
 }
 
-/// Value columns: every integer, float and decimal type (read as f64).
+/// Value columns: every integer, float and decimal type (read as f64), and
+/// the null type.
 fn is_numeric(t: &DataType) -> bool {
-    t.is_numeric()
+    // The null type is what pyarrow gives a column of `None`s only: its
+    // windows count 0, as any all-null column's (DuckDB reads it so).
+    t.is_numeric() || *t == DataType::Null
 }
 
 impl RollingSpec {

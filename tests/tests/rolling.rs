@@ -855,3 +855,83 @@ fn ranks_given_different_jobs_fail_on_every_rank() {
         });
     }
 }
+
+/// A value column of the null type (pyarrow's type for a column of
+/// `None`s) aggregates as any all-null column: count 0, every other
+/// aggregate null, on every row; every rank count, local and tcp. (It was
+/// refused as not numeric.)
+#[test]
+fn a_null_typed_value_column_gives_empty_windows() {
+    use arrow_array::NullArray;
+    let rt = runtime();
+    let schema: SchemaRef = Arc::new(Schema::new(vec![
+        Field::new("ts", DataType::Int64, false),
+        Field::new("v", DataType::Null, true),
+    ]));
+    let rows = 500usize;
+    for n in RANK_COUNTS {
+        rt.block_on(async {
+            let (local, tcp) = local_and_tcp(n).await;
+            for (backend, ctxs) in [("local", &local), ("tcp", &tcp)] {
+                let mut hs = Vec::new();
+                let mut sinks = Vec::new();
+                for (r, ctx) in ctxs.iter().enumerate() {
+                    let ts: Vec<i64> = (0..rows)
+                        .filter(|i| i % n as usize == r)
+                        .map(|i| (i as i64 * 7919) % 1000)
+                        .collect();
+                    let len = ts.len();
+                    let batch = RecordBatch::try_new(
+                        schema.clone(),
+                        vec![
+                            Arc::new(Int64Array::from(ts)),
+                            Arc::new(NullArray::new(len)),
+                        ],
+                    )
+                    .unwrap();
+                    let sink = CollectSink::new();
+                    sinks.push(sink.clone());
+                    let job = RollingJob {
+                        source: Source::Memory(schema.clone(), vec![batch]),
+                        spec: RollingSpec {
+                            order: "ts".into(),
+                            by: vec![],
+                            values: vec!["v".into()],
+                            window: Window::Fixed(50),
+                            closed: Closed::Right,
+                            aggs: AGGS.to_vec(),
+                        },
+                        output: Output::Collect(sink),
+                        chunk_rows: 64,
+                        device: braid_nodes::job::Device::Cpu,
+                    };
+                    let ctx = ctx.clone();
+                    hs.push(tokio::spawn(async move { job.run(ctx, None).await }));
+                }
+                let what = format!("{backend}, {n} ranks");
+                for h in hs {
+                    tokio::time::timeout(Duration::from_secs(60), h)
+                        .await
+                        .unwrap_or_else(|_| panic!("{what}: a rank hung"))
+                        .unwrap()
+                        .unwrap_or_else(|e| panic!("{what}: {e}"));
+                }
+                let mut seen = 0;
+                for b in sinks.iter().flat_map(|s| s.batches()) {
+                    for agg in AGGS {
+                        let c = b.column_by_name(&format!("v_{}", agg.name())).unwrap();
+                        if agg == Agg::Count {
+                            let c = c.as_any().downcast_ref::<Int64Array>().unwrap();
+                            assert!(c.iter().all(|x| x == Some(0)), "{what}: count");
+                        } else {
+                            assert_eq!(c.null_count(), b.num_rows(), "{what}: {}", agg.name());
+                        }
+                    }
+                    seen += b.num_rows();
+                }
+                assert_eq!(seen, rows, "{what}: every row once");
+            }
+            shutdown_all(&tcp).await;
+        });
+    }
+}
