@@ -412,12 +412,42 @@ fn csv_schema(path: &Path) -> Result<Schema> {
                 (None, DataType::Timestamp(TimeUnit::Second | TimeUnit::Millisecond, z)) => {
                     DataType::Timestamp(TimeUnit::Microsecond, z.clone())
                 }
+                // Floats spelled as Arrow's pattern does not know them
+                // (`nan`, `Infinity`, `-INF`: DuckDB reads them as
+                // doubles), among numbers: a float column, not text. (Its
+                // reader parses these spellings.)
+                (None, DataType::Utf8)
+                    if sample
+                        .as_ref()
+                        .and_then(|b| {
+                            b.column(i)
+                                .as_any()
+                                .downcast_ref::<arrow_array::StringArray>()
+                        })
+                        .is_some_and(all_floats) =>
+                {
+                    DataType::Float64
+                }
                 (None, t) => t.clone(),
             };
             f.as_ref().clone().with_data_type(t)
         })
         .collect::<Vec<_>>();
     Ok(Schema::new(fields))
+}
+
+/// Whether a sampled text column holds only numbers, some of them spelled
+/// as Arrow's inference does not take a float (`nan`, `Infinity`, `+inf`
+/// in any letter case), and at least one value.
+fn all_floats(values: &arrow_array::StringArray) -> bool {
+    values.iter().flatten().next().is_some()
+        && values.iter().flatten().all(|v| {
+            let special = v.trim_start_matches(['+', '-']);
+            ["nan", "inf", "infinity"]
+                .iter()
+                .any(|s| special.eq_ignore_ascii_case(s))
+                || (v.bytes().any(|c| c.is_ascii_digit()) && v.parse::<f64>().is_ok())
+        })
 }
 
 /// The schema of CSV files read as one table: every file's header must
@@ -1019,6 +1049,46 @@ mod tests {
             ]
         );
         assert!(v.is_null(5));
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    /// Float spellings Arrow's inference does not know (`nan`,
+    /// `Infinity`, `-INF`) among numbers make a float column, as DuckDB
+    /// reads them, and read as those values; a column with words in it
+    /// stays text. (They made the column text, and the job refused it as
+    /// a value column.)
+    #[test]
+    fn csv_float_spellings_infer_a_float_column() {
+        let d = std::env::temp_dir().join(format!("braid-source-nan-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap_or_else(|e| panic!("{e}"));
+        let p = d.join("v.csv");
+        std::fs::write(
+            &p,
+            "ts,v,w\n1,nan,a\n2,Infinity,nan\n3,-INF,1\n4,1.5,2\n5,,3\n6,+inf,4\n7,2,5\n",
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let schema = csv_schema(&p).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(schema.field(1).data_type(), &DataType::Float64);
+        assert_eq!(schema.field(2).data_type(), &DataType::Utf8);
+        let batch = arrow_csv::ReaderBuilder::new(Arc::new(schema))
+            .with_header(true)
+            .build(File::open(&p).unwrap_or_else(|e| panic!("{e}")))
+            .unwrap_or_else(|e| panic!("{e}"))
+            .next()
+            .unwrap_or_else(|| panic!("no batch"))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let v = batch
+            .column(1)
+            .as_any()
+            .downcast_ref::<arrow_array::Float64Array>()
+            .unwrap_or_else(|| panic!("not f64"));
+        assert!(v.value(0).is_nan());
+        assert_eq!(v.value(1), f64::INFINITY);
+        assert_eq!(v.value(2), f64::NEG_INFINITY);
+        assert_eq!(v.value(3), 1.5);
+        assert!(arrow_array::Array::is_null(v, 4));
+        assert_eq!(v.value(5), f64::INFINITY);
+        assert_eq!(v.value(6), 2.0);
         let _ = std::fs::remove_dir_all(&d);
     }
 
