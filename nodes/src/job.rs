@@ -207,11 +207,11 @@ impl RollingJob {
     /// to write an output that another was not would wait for ever in a
     /// commit the other never joins.
     pub async fn agree(&self, ctx: &Context) -> Result<(), NodeError> {
+        // The values only, each ended by a NUL (the names are the same
+        // on every rank; no path or column name holds a NUL).
         let terms = self.terms();
         let mut mine = Vec::new();
-        for (name, value) in &terms {
-            mine.extend_from_slice(name.as_bytes());
-            mine.push(0);
+        for (_, value) in &terms {
             mine.extend_from_slice(value.as_bytes());
             mine.push(0);
         }
@@ -225,18 +225,16 @@ impl RollingJob {
         let Some((r, other)) = rest.iter().enumerate().find(|(_, p)| *p != first) else {
             return Ok(());
         };
-        // The first term whose value differs (fields: name, value, ...).
+        // The first term whose value differs.
         let fields = |b: &[u8]| -> Vec<String> {
             b.split(|c| *c == 0)
                 .map(|f| String::from_utf8_lossy(f).into_owned())
                 .collect()
         };
         let (f0, f1) = (fields(first), fields(other));
+        let at = |f: &[String], i: usize| f.get(i).cloned().unwrap_or_else(|| "?".into());
         let (name, a, b) = (0..terms.len())
-            .map(|i| {
-                let at = |f: &[String]| f.get(2 * i + 1).cloned().unwrap_or_else(|| "?".into());
-                (terms[i].0, at(&f0), at(&f1))
-            })
+            .map(|i| (terms[i].0, at(&f0, i), at(&f1, i)))
             .find(|(_, a, b)| a != b)
             .unwrap_or(("job", "?".into(), "?".into()));
         Err(NodeError::other(DataError::Invalid(format!(
