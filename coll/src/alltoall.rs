@@ -222,6 +222,15 @@ enum Layout {
 }
 
 impl Layout {
+    /// The collective this layout makes: equal blocks are AllToAll,
+    /// given counts AllToAllv (errors name the one the user called).
+    fn kind(&self) -> CollKind {
+        match self {
+            Layout::Equal { .. } => CollKind::AllToAll,
+            Layout::Given(_) => CollKind::AllToAllv,
+        }
+    }
+
     /// (offset, count) of what this rank sends rank `p`.
     fn send(&self, p: usize) -> (usize, usize) {
         match self {
@@ -311,10 +320,10 @@ fn start_one_vector<T: Element>(
     callback: Option<Callback>,
     mut out: Vec<T>,
 ) -> Handle<Vec<T>> {
-    let site = Site::next(ctx, CollKind::AllToAll);
+    let site = Site::next(ctx, layout.kind());
     let op = site.op;
     let comm = ctx.comm().clone();
-    start(ctx, CollKind::AllToAll, op, callback, async move {
+    start(ctx, site.coll, op, callback, async move {
         let n = comm.nranks();
         let sz = std::mem::size_of::<T>();
         layout
@@ -388,9 +397,7 @@ async fn meet_into<T: Element>(
         ));
     }
     let (mut sent_sum, mut recv_sum) = spec.digests(me, n);
-    let meta = Meta::new(CollKind::AllToAll, T::DTYPE)
-        .count(sent_sum)
-        .seq(recv_sum);
+    let meta = Meta::new(site.coll, T::DTYPE).count(sent_sum).seq(recv_sum);
     let buf = send.buffer();
     // (Inside `send`: `spec` was validated against its length.)
     let own = buf.as_slice().get(so * sz..(so + sc) * sz).ok_or_else(|| {
@@ -480,10 +487,10 @@ fn start_parts<T: Element, R: Send + 'static>(
     callback: Option<Callback>,
     finish: impl FnOnce(Vec<Elements<T>>, Layout, Site) -> R + Send + 'static,
 ) -> Handle<R> {
-    let site = Site::next(ctx, CollKind::AllToAll);
+    let site = Site::next(ctx, layout.kind());
     let op = site.op;
     let comm = ctx.comm().clone();
-    start(ctx, CollKind::AllToAll, op, callback, async move {
+    start(ctx, site.coll, op, callback, async move {
         let n = comm.nranks();
         layout
             .validate(n as usize, send.len(), std::mem::size_of::<T>())
@@ -552,9 +559,7 @@ async fn exchange<T: Element>(
         })
     };
     let mut first_err = None;
-    let meta = Meta::new(CollKind::AllToAll, T::DTYPE)
-        .count(sent_sum)
-        .seq(recv_sum);
+    let meta = Meta::new(site.coll, T::DTYPE).count(sent_sum).seq(recv_sum);
     let slices = offer_ranges(spec, me, n, &buf, sz);
     let check = |p: u32, f: &Framed| wrong_dtype(p, f).map_or(Ok(()), |d| Err(site.mismatch(p, d)));
     match meet_framed(comm.as_ref(), site, tag, meta, slices, check).await? {
@@ -580,7 +585,7 @@ async fn exchange<T: Element>(
             let mut sends = Vec::new();
             for p in (0..n).filter(|p| *p != me) {
                 // count: what this rank sends p; seq: what it expects from p.
-                let meta = Meta::new(CollKind::AllToAll, T::DTYPE)
+                let meta = Meta::new(site.coll, T::DTYPE)
                     .count(spec.send(p as usize).1 as u64)
                     .seq(spec.recv(p as usize).1 as u64);
                 sends.push(send_framed(

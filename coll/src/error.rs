@@ -18,8 +18,10 @@ pub enum CollKind {
     AllReduce,
     /// ReduceScatter.
     ReduceScatter,
-    /// AllToAll and AllToAllv.
+    /// AllToAll (equal blocks).
     AllToAll,
+    /// AllToAllv (per-peer counts and offsets).
+    AllToAllv,
     /// Shuffle.
     Shuffle,
     /// HaloExchange.
@@ -41,6 +43,7 @@ impl CollKind {
             CollKind::Shuffle => 7,
             CollKind::HaloExchange => 8,
             CollKind::SendRecv => 9,
+            CollKind::AllToAllv => 10,
         }
     }
 
@@ -57,6 +60,7 @@ impl CollKind {
             Shuffle,
             HaloExchange,
             SendRecv,
+            AllToAllv,
         ]
         .into_iter()
         .find(|k| k.code() == c)
@@ -71,6 +75,7 @@ impl CollKind {
             CollKind::AllReduce => "allreduce",
             CollKind::ReduceScatter => "reduce_scatter",
             CollKind::AllToAll => "alltoall",
+            CollKind::AllToAllv => "alltoallv",
             CollKind::Shuffle => "shuffle",
             CollKind::HaloExchange => "halo_exchange",
             CollKind::SendRecv => "sendrecv",

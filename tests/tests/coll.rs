@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use braid_coll::{
     AllGather, AllToAllvSpec, ExtractOrder, HaloExchange, PartitionOwner, ReduceKind, ReduceOp,
-    Shuffle, allgather, allreduce, alltoallv, barrier, broadcast, sendrecv,
+    Shuffle, allgather, allreduce, alltoall, alltoallv, barrier, broadcast, sendrecv,
 };
 use braid_core::launch::{LaunchSpec, OutputMode, launch};
 use braid_core::world::contexts;
@@ -522,6 +522,19 @@ fn mismatch_cases() -> Vec<(&'static str, Case)> {
             })
         }),
         ("alltoallv counts", alltoallv_count_mismatch),
+        // AllToAll on rank 0, AllToAllv with the same counts elsewhere.
+        ("alltoall against alltoallv", |c| {
+            Box::pin(async move {
+                let n = c.nranks() as usize;
+                if c.rank() == 0 {
+                    alltoall(&c, vec![7i32; 2 * n]).await.map(|_| ())
+                } else {
+                    let spec = AllToAllvSpec::from_counts(vec![2; n], vec![2; n]);
+                    alltoallv(&c, vec![7i32; 2 * n], spec).await.map(|_| ())
+                }
+                .map_err(|e| e.to_string())
+            })
+        }),
         // Different collectives at one operation. In-process, both of
         // these meet: the meeting's heads differ in kind.
         ("allreduce against broadcast", |c| {
@@ -634,16 +647,18 @@ fn alltoallv_mismatch_is_seen_by_every_rank() {
         let case = alltoallv_count_mismatch;
         rt.block_on(async {
             let what = "alltoallv counts";
-            all_see_mismatch(
+            for results in [
                 on_all(local_ctxs(n, MemoryLimits::UNLIMITED).await, case).await,
-                what,
-                n,
-            );
-            all_see_mismatch(
                 on_all(tcp_ctxs(n, MemoryLimits::UNLIMITED).await, case).await,
-                what,
-                n,
-            );
+            ] {
+                // The error names the collective the user called.
+                for (r, e) in results.iter().enumerate() {
+                    if let Err(e) = e {
+                        assert!(e.contains(": alltoallv ("), "{n} ranks, rank {r}: {e}");
+                    }
+                }
+                all_see_mismatch(results, what, n);
+            }
         });
     }
 }

@@ -136,7 +136,7 @@ pub fn start_alltoallv(
     spec: DeviceAllToAllv,
     callback: Option<Callback>,
 ) -> Handle<DeviceBuffer> {
-    let site = Site::next(dc.ctx(), CollKind::AllToAll);
+    let site = Site::next(dc.ctx(), CollKind::AllToAllv);
     let n = dc.nranks() as usize;
     let valid = (|| {
         same_gpu(dc, &site, input)?;
