@@ -50,10 +50,10 @@ pub struct LaunchSpec {
     pub timeout: Option<std::time::Duration>,
     /// Where the ranks' progress is summed ([`crate::rank_progress`]):
     /// each rank that reports through a [`ProgressReporter`] adds its
-    /// latest count. `None`: the ranks are not asked to report (Unix only).
+    /// latest counts. `None`: the ranks are not asked to report (Unix only).
     ///
     /// [`ProgressReporter`]: crate::rank_progress::ProgressReporter
-    pub progress: Option<std::sync::Arc<std::sync::atomic::AtomicU64>>,
+    pub progress: Option<std::sync::Arc<crate::rank_progress::Progress>>,
 }
 
 impl LaunchSpec {

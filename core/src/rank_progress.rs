@@ -3,14 +3,14 @@
 //! A launcher given a progress counter ([`LaunchSpec::progress`]) opens
 //! one pipe, lets every rank inherit its write end and names it in
 //! `BRAID_PROGRESS_FD`; a rank's [`ProgressReporter`] writes its latest
-//! count there as one line, `"<rank> <count>\n"` (a single write of fewer
-//! than `PIPE_BUF` bytes, so lines of several ranks never mix). The
-//! launcher keeps each rank's latest count and stores their sum in the
-//! counter, which its progress bar reads.
+//! counts there as one line, `"<rank> <read> <written>\n"` (a single
+//! write of fewer than `PIPE_BUF` bytes, so lines of several ranks never
+//! mix). The launcher keeps each rank's latest counts and stores their
+//! sums in its [`Progress`], which its progress bar reads.
 //!
 //! ```text
-//!   rank 0 --"0 1200\n"--\
-//!   rank 1 --"1 900\n"----> pipe --> launcher: counts [1200, 900] -> 2100
+//!   rank 0 --"0 1200 0\n"--\
+//!   rank 1 --"1 900 300\n"---> pipe --> launcher: read 2100, written 300
 //! ```
 //!
 //! Reports are hints: a full pipe drops a report (the write end does not
@@ -23,6 +23,17 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::Rank;
+
+/// A job's progress: rows read and rows written (computed and passed to
+/// the output), each summed over the ranks that report. A launcher's bar
+/// reads it; the two counts tell reading from the work after it.
+#[derive(Debug, Default)]
+pub struct Progress {
+    /// Rows read.
+    pub read: AtomicU64,
+    /// Rows written.
+    pub written: AtomicU64,
+}
 
 /// The variable that names the write end of the launcher's progress pipe
 /// in a rank's environment.
@@ -98,17 +109,18 @@ impl ProgressReporter {
         None
     }
 
-    /// Reports this rank's count so far (it replaces the rank's earlier
-    /// reports). Never blocks; a report that does not fit is dropped.
-    pub fn report(&self, count: u64) {
+    /// Reports this rank's counts so far, rows read and rows written (they
+    /// replace the rank's earlier report). Never blocks; a report that
+    /// does not fit is dropped.
+    pub fn report(&self, read: u64, written: u64) {
         #[cfg(unix)]
         {
             use std::io::Write;
-            let line = format!("{} {count}\n", self.rank);
+            let line = format!("{} {read} {written}\n", self.rank);
             let _ = (&self.pipe).write(line.as_bytes());
         }
         #[cfg(not(unix))]
-        let _ = (self.rank, count);
+        let _ = (self.rank, read, written);
     }
 }
 
@@ -168,7 +180,7 @@ impl ProgressPipe {
     /// Closes the launcher's copy of the write end (every rank has its
     /// own) and sums the ranks' reports into `total` on a thread of its
     /// own until every copy is closed.
-    pub(crate) fn collect(mut self, nranks: u32, total: Arc<AtomicU64>) {
+    pub(crate) fn collect(mut self, nranks: u32, total: Arc<Progress>) {
         drop(self.write.take());
         let read = std::fs::File::from(self.read);
         let _ = std::thread::Builder::new()
@@ -177,18 +189,40 @@ impl ProgressPipe {
     }
 }
 
-/// The longest report line read (a rank and a count take at most 31
+/// The longest report line read (a rank and two counts take at most 52
 /// bytes); longer lines are skipped without being held.
 const LINE_MAX: u64 = 64;
 
-/// Reads `"<rank> <count>"` lines until the end, keeping each rank's
-/// latest count and their sum in `total`; malformed lines, lines longer
-/// than `LINE_MAX` and ranks out of range are skipped.
+/// One of [`Progress`]'s sums, kept as each rank's count changes.
+struct Sum {
+    counts: Vec<u64>,
+    sum: u128,
+}
+
+impl Sum {
+    /// Replaces rank `r`'s count (in range) and stores the new sum in
+    /// `to`, saturated (u128: the sum itself never overflows).
+    fn set(&mut self, r: usize, c: u64, to: &AtomicU64) {
+        self.sum = self.sum - u128::from(self.counts[r]) + u128::from(c);
+        self.counts[r] = c;
+        to.store(
+            u64::try_from(self.sum).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
+    }
+}
+
+/// Reads `"<rank> <read> <written>"` lines until the end, keeping each
+/// rank's latest counts and their sums in `total`; malformed lines, lines
+/// longer than `LINE_MAX` and ranks out of range are skipped.
 #[cfg_attr(not(unix), allow(dead_code))]
-pub(crate) fn sum_reports(mut read: impl std::io::BufRead, nranks: u32, total: &AtomicU64) {
+pub(crate) fn sum_reports(mut read: impl std::io::BufRead, nranks: u32, total: &Progress) {
     use std::io::{BufRead, Read};
-    let mut counts = vec![0u64; nranks as usize];
-    let mut sum: u128 = 0;
+    let sum = || Sum {
+        counts: vec![0u64; nranks as usize],
+        sum: 0,
+    };
+    let (mut reads, mut writes) = (sum(), sum());
     let mut line = Vec::new();
     loop {
         line.clear();
@@ -215,17 +249,15 @@ pub(crate) fn sum_reports(mut read: impl std::io::BufRead, nranks: u32, total: &
             continue;
         };
         let mut it = line.split_whitespace();
-        let (Some(r), Some(c)) = (it.next(), it.next()) else {
+        let (Some(r), Some(c), Some(w), None) = (it.next(), it.next(), it.next(), it.next()) else {
             continue;
         };
-        let (Ok(r), Ok(c)) = (r.parse::<usize>(), c.parse::<u64>()) else {
+        let (Ok(r), Ok(c), Ok(w)) = (r.parse::<usize>(), c.parse::<u64>(), w.parse::<u64>()) else {
             continue;
         };
-        if let Some(slot) = counts.get_mut(r) {
-            // The sum kept as each count changes (u128: no overflow).
-            sum = sum - u128::from(*slot) + u128::from(c);
-            *slot = c;
-            total.store(u64::try_from(sum).unwrap_or(u64::MAX), Ordering::Relaxed);
+        if r < nranks as usize {
+            reads.set(r, c, &total.read);
+            writes.set(r, w, &total.written);
         }
     }
 }
@@ -238,22 +270,29 @@ mod tests {
     /// (or name a rank the job does not have) change nothing.
     #[test]
     fn the_sum_keeps_each_ranks_latest_count() {
-        let text: &[u8] = b"0 10\n1 5\n0 30\nnonsense\n\xff\xfe 9\n7 1000\n1 x\n2 1\n";
-        let total = AtomicU64::new(0);
+        let text: &[u8] =
+            b"0 10 1\n1 5 0\n0 30 4\nnonsense\n\xff\xfe 9 9\n7 1000 1\n1 x 1\n2 1 2\n1 9\n1 9 9 9\n";
+        let total = Progress::default();
         sum_reports(text, 3, &total);
-        assert_eq!(total.load(Ordering::Relaxed), 30 + 5 + 1);
+        let sums = |t: &Progress| {
+            (
+                t.read.load(Ordering::Relaxed),
+                t.written.load(Ordering::Relaxed),
+            )
+        };
+        assert_eq!(sums(&total), (30 + 5 + 1, 4 + 2));
         // Counts that would overflow their sum saturate.
-        let big = format!("0 {}\n1 {}\n", u64::MAX, u64::MAX);
+        let big = format!("0 {m} 1\n1 {m} 2\n", m = u64::MAX);
         sum_reports(big.as_bytes(), 2, &total);
-        assert_eq!(total.load(Ordering::Relaxed), u64::MAX);
+        assert_eq!(sums(&total), (u64::MAX, 3));
         // A line far longer than a report is skipped, whatever it holds,
         // and the reports around it still count; so does a last line
         // without its newline.
-        let mut long = b"0 5\n".to_vec();
+        let mut long = b"0 5 5\n".to_vec();
         long.extend(std::iter::repeat_n(b'7', 100_000));
-        long.extend_from_slice(b" 3\n1 6\n0 2");
+        long.extend_from_slice(b" 3 3\n1 6 1\n0 2 0");
         sum_reports(long.as_slice(), 2, &total);
-        assert_eq!(total.load(Ordering::Relaxed), 6 + 2);
+        assert_eq!(sums(&total), (6 + 2, 1));
     }
 
     /// A report written to the pipe reaches the sum; closing every write
@@ -273,16 +312,17 @@ mod tests {
         // inherited descriptor.)
         // SAFETY: `dup` is this test's and no longer used.
         unsafe { libc::close(dup) };
-        let total = Arc::new(AtomicU64::new(0));
+        let total = Arc::new(Progress::default());
         pipe.collect(2, total.clone());
-        rank.report(42);
-        rank.report(7);
+        rank.report(42, 0);
+        rank.report(7, 3);
         drop(rank);
         let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        while total.load(Ordering::Relaxed) != 7 && std::time::Instant::now() < until {
+        while total.written.load(Ordering::Relaxed) != 3 && std::time::Instant::now() < until {
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
-        assert_eq!(total.load(Ordering::Relaxed), 7);
+        assert_eq!(total.read.load(Ordering::Relaxed), 7);
+        assert_eq!(total.written.load(Ordering::Relaxed), 3);
         // Not a pipe, or a standard descriptor: no reporter.
         let path = std::env::temp_dir().join(format!("braid-progress-{}", std::process::id()));
         let f = std::fs::File::create(&path).unwrap();

@@ -224,7 +224,7 @@ where
 pub fn run_job_with_progress<T, F, Fut>(
     args: &JobArgs,
     limits: MemoryLimits,
-    progress: Option<std::sync::Arc<std::sync::atomic::AtomicU64>>,
+    progress: Option<std::sync::Arc<braid_core::rank_progress::Progress>>,
     job: F,
 ) -> Result<JobOutcome<T>, BoxError>
 where

@@ -336,24 +336,26 @@ fn rolling_under_the_launcher_refuses_another_rank_count() {
 }
 
 /// A launcher given a progress counter sums what its ranks report on the
-/// pipe it hands them (`BRAID_PROGRESS_FD`: each rank's latest count), as
-/// `rolling --backend tcp` shows its ranks' rows read; before, its bar
-/// stayed at 0 while the rank processes read.
+/// pipe it hands them (`BRAID_PROGRESS_FD`: each rank's latest rows read
+/// and written), as `rolling --backend tcp` shows its ranks' rows read and
+/// then computed; before, its bar stayed at 0 while the rank processes
+/// read, and later said "sorting" until the end.
 #[cfg(unix)]
 #[test]
 fn ranks_progress_reaches_the_launcher() {
     use std::sync::Arc;
-    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::atomic::Ordering;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
-    let total = Arc::new(AtomicU64::new(0));
-    // Rank r reports 1, then 100 (r + 1): only the latest counts.
+    let total = Arc::new(braid_core::rank_progress::Progress::default());
+    // Rank r reports (1, 0), then (100 (r + 1), 10 (r + 1)): only the
+    // latest counts.
     let script = "import os\n\
                   fd, r = int(os.environ['BRAID_PROGRESS_FD']), int(os.environ['BRAID_RANK'])\n\
-                  os.write(fd, f'{r} 1\\n'.encode())\n\
-                  os.write(fd, f'{r} {100 * (r + 1)}\\n'.encode())\n";
+                  os.write(fd, f'{r} 1 0\\n'.encode())\n\
+                  os.write(fd, f'{r} {100 * (r + 1)} {10 * (r + 1)}\\n'.encode())\n";
     let mut spec =
         braid_core::launch::LaunchSpec::new(3, "python3", vec!["-c".into(), script.into()]);
     spec.output = braid_core::launch::OutputMode::Captured;
@@ -361,10 +363,16 @@ fn ranks_progress_reaches_the_launcher() {
     let report = rt.block_on(braid_core::launch::launch(spec));
     assert!(report.is_ok(), "{report:?}");
     let until = Instant::now() + Duration::from_secs(10);
-    while total.load(Ordering::Relaxed) != 600 && Instant::now() < until {
+    let sums = || {
+        (
+            total.read.load(Ordering::Relaxed),
+            total.written.load(Ordering::Relaxed),
+        )
+    };
+    while sums() != (600, 60) && Instant::now() < until {
         std::thread::sleep(Duration::from_millis(5));
     }
-    assert_eq!(total.load(Ordering::Relaxed), 600);
+    assert_eq!(sums(), (600, 60));
 }
 
 /// A launch whose future is dropped (its caller gave up on it, under a

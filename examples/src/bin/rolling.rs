@@ -10,7 +10,7 @@
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use arrow_schema::{DataType, TimeUnit};
@@ -678,11 +678,11 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    // Rows read: the launcher's sum of its tcp ranks' reports, or this
-    // process's ranks' counts (`job_progress`, which also counts the rows
-    // that reached the output: past the reading, the sort, halo and
-    // kernel are what the bar waits for).
-    let progress = Arc::new(AtomicU64::new(0));
+    // Rows read and written: the launcher's sums of its tcp ranks'
+    // reports, or this process's ranks' counts (`job_progress`). Past the
+    // reading, the sort, halo and kernel are what the bar waits for; the
+    // rows written (passed to the output) show the kernel's progress.
+    let progress = Arc::new(braid_core::rank_progress::Progress::default());
     let job_progress = Arc::new(JobProgress::new());
     let bar =
         indicatif::ProgressBar::with_draw_target(total, indicatif::ProgressDrawTarget::stderr());
@@ -701,28 +701,33 @@ fn main() -> ExitCode {
         // A rank process of a tcp job tells its launcher, which shows the
         // job's bar (its own stderr is not a terminal).
         let reporter = braid_core::rank_progress::ProgressReporter::from_env();
+        let counts = move || {
+            (
+                p.read.load(Ordering::Relaxed) + jp.read(),
+                p.written.load(Ordering::Relaxed) + jp.written(),
+            )
+        };
         std::thread::spawn(move || {
             let mut told = None;
             while !bar.is_finished() {
-                let now = p.load(Ordering::Relaxed) + jp.read();
-                bar.set_position(now);
-                let written = jp.written();
+                let (read, written) = counts();
+                bar.set_position(read);
                 if written > 0 {
                     bar.set_message(format!(", {written} rows computed"));
-                } else if total.is_some_and(|t| t > 0 && now >= t) {
+                } else if total.is_some_and(|t| t > 0 && read >= t) {
                     bar.set_message(", sorting and exchanging rows between ranks");
                 }
-                if let Some(r) = reporter.as_ref().filter(|_| told != Some(now)) {
-                    r.report(now);
-                    told = Some(now);
+                if let Some(r) = reporter.as_ref().filter(|_| told != Some((read, written))) {
+                    r.report(read, written);
+                    told = Some((read, written));
                 }
                 // Unparked when the job ends, so the exit waits for no tick.
                 std::thread::park_timeout(Duration::from_millis(100));
             }
-            // The last count, which the loop may not have reached.
-            let now = p.load(Ordering::Relaxed) + jp.read();
+            // The last counts, which the loop may not have reached.
+            let now = counts();
             if let Some(r) = reporter.as_ref().filter(|_| told != Some(now)) {
-                r.report(now);
+                r.report(now.0, now.1);
             }
         })
     };
