@@ -497,10 +497,25 @@ fn csv_directory_reads_as_one_file() {
         all.push_str(&line);
         parts[(i % 3) as usize].push_str(&line);
     }
-    std::fs::write(d.join("all.csv"), all).unwrap();
+    let gzip = |text: &str| {
+        use std::io::Write;
+        let mut z = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        z.write_all(text.as_bytes()).unwrap();
+        z.finish().unwrap()
+    };
+    std::fs::write(d.join("all.csv"), &all).unwrap();
+    std::fs::write(d.join("all.csv.gz"), gzip(&all)).unwrap();
+    // One part gzip-compressed; beside the parts, files that are not data
+    // (Spark's marker and checksums) and an empty CSV file, all skipped.
     for (j, p) in parts.iter().enumerate() {
-        std::fs::write(dir.join(format!("p{j}.csv")), p).unwrap();
+        match j {
+            1 => std::fs::write(dir.join(format!("p{j}.csv.gz")), gzip(p)).unwrap(),
+            _ => std::fs::write(dir.join(format!("p{j}.csv")), p).unwrap(),
+        }
     }
+    std::fs::write(dir.join("_SUCCESS"), "").unwrap();
+    std::fs::write(dir.join(".p0.csv.crc"), "crc").unwrap();
+    std::fs::write(dir.join("e.csv"), "").unwrap();
     let sorted_output = |input: &Path, ranks: &str, name: &str| {
         let out = d.join(name);
         let (ok, _, err) = run(&[
@@ -534,6 +549,28 @@ fn csv_directory_reads_as_one_file() {
         let got = sorted_output(&dir, ranks, &format!("got-{ranks}.csv"));
         assert!(got == want, "{ranks} ranks: the directory's output differs");
     }
+    let got = sorted_output(&d.join("all.csv.gz"), "3", "got-gz.csv");
+    assert!(got == want, "the .csv.gz file's output differs");
+    // A file of neither format is refused, not skipped (its rows would be
+    // missing without a word), and so is an output named like a
+    // compressed CSV (it became a directory of Parquet parts).
+    std::fs::write(dir.join("p3.csv.zst"), "x").unwrap();
+    let out = d.join("refused.csv");
+    let args = [
+        "--input",
+        dir.to_str().unwrap(),
+        "--output",
+        out.to_str().unwrap(),
+    ];
+    assert_clean_failure(&args, &out, "p3.csv.zst is neither a CSV file");
+    let (plain, out) = (d.join("all.csv"), d.join("out.csv.gz"));
+    let args = [
+        "--input",
+        plain.to_str().unwrap(),
+        "--output",
+        out.to_str().unwrap(),
+    ];
+    assert_clean_failure(&args, &out, "not a .gz file");
 }
 
 /// CSV dates and timestamps keep every digit: a column of whole seconds

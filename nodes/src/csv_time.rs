@@ -148,8 +148,7 @@ pub(crate) fn record_line(path: &std::path::Path, record: usize) -> usize {
         let mut r = csv::ReaderBuilder::new()
             .has_headers(false)
             .flexible(true)
-            .from_path(path)
-            .ok()?;
+            .from_reader(crate::source::open_csv(path).ok()?);
         let mut rec = csv::ByteRecord::new();
         for _ in 0..=record {
             if !r.read_byte_record(&mut rec).ok()? {

@@ -119,12 +119,113 @@ pub fn has_extension(path: &Path, ext: &str) -> bool {
         .is_some_and(|x| x.to_str().is_some_and(|x| x.eq_ignore_ascii_case(ext)))
 }
 
-/// The files a source reads at `path`: the file itself, or the `.ext`
-/// files directly in the directory, sorted by name. A directory that also
-/// holds files of the other format, or subdirectories with data files
-/// (Hive-style partitions, say), is refused rather than read in part:
-/// those rows would be missing without a word.
-fn files_with(path: &Path, ext: &str) -> Result<Vec<PathBuf>> {
+/// A data file's format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DataFormat {
+    /// Parquet.
+    Parquet,
+    /// CSV with a header line (gzip-compressed as `.csv.gz`).
+    Csv,
+}
+
+impl DataFormat {
+    /// The format a file's name says, in any letter case: `.csv` and
+    /// `.csv.gz` are CSV; `.parquet`, `.parq` and `.pq` are Parquet; other
+    /// names say nothing.
+    pub fn of_name(path: &Path) -> Option<DataFormat> {
+        if has_extension(path, "csv") || gz_csv(path) {
+            Some(DataFormat::Csv)
+        } else if ["parquet", "parq", "pq"]
+            .iter()
+            .any(|x| has_extension(path, x))
+        {
+            Some(DataFormat::Parquet)
+        } else {
+            None
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            DataFormat::Parquet => "Parquet",
+            DataFormat::Csv => "CSV",
+        }
+    }
+}
+
+/// Whether `path` names a gzip-compressed CSV file (`.csv.gz`).
+fn gz_csv(path: &Path) -> bool {
+    has_extension(path, "gz")
+        && path
+            .file_stem()
+            .is_some_and(|s| has_extension(Path::new(s), "csv"))
+}
+
+/// A CSV file's bytes, decompressed where it is a `.csv.gz` (several gzip
+/// members, as `cat a.gz b.gz` makes, read as one stream).
+pub(crate) fn open_csv(path: &Path) -> Result<Box<dyn std::io::Read + Send>> {
+    let f = File::open(path).map_err(|e| DataError::file(path, e))?;
+    Ok(if gz_csv(path) {
+        Box::new(flate2::read::MultiGzDecoder::new(f))
+    } else {
+        Box::new(f)
+    })
+}
+
+/// Files and directories that are not data, as Spark, Hive, Dask and
+/// pyarrow agree: names that start with `.` or `_` (`_SUCCESS`, `.crc`
+/// checksums, `_metadata`, `_temporary`, braid's own staging).
+fn not_data(path: &Path) -> bool {
+    path.file_name()
+        .and_then(|n| n.to_str())
+        .is_some_and(|n| n.starts_with('.') || n.starts_with('_'))
+}
+
+/// Whether the file starts with Parquet's magic bytes.
+fn starts_par1(path: &Path) -> bool {
+    let mut magic = [0u8; 4];
+    File::open(path)
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut magic))
+        .is_ok()
+        && magic == *b"PAR1"
+}
+
+/// A data file's format: its name's, else Parquet where it starts with
+/// Parquet's magic (Hive's and Hadoop's part files have no extension).
+fn format_of(path: &Path) -> Option<DataFormat> {
+    DataFormat::of_name(path).or_else(|| starts_par1(path).then_some(DataFormat::Parquet))
+}
+
+impl Source {
+    /// The source that reads `path`: a file is CSV when its name ends in
+    /// `.csv` or `.csv.gz`, else Parquet (its footer says if it is not); a
+    /// directory is CSV when it holds CSV files, else Parquet (reading
+    /// then checks that its files are all of one format).
+    pub fn at(path: PathBuf) -> Source {
+        let csv = match path.is_dir() {
+            false => DataFormat::of_name(&path) == Some(DataFormat::Csv),
+            true => std::fs::read_dir(&path).is_ok_and(|rd| {
+                rd.flatten().any(|e| {
+                    let p = e.path();
+                    !not_data(&p) && DataFormat::of_name(&p) == Some(DataFormat::Csv)
+                })
+            }),
+        };
+        match csv {
+            true => Source::Csv(path),
+            false => Source::Parquet(path),
+        }
+    }
+}
+
+/// The files a source reads at `path`: the file itself, or every file
+/// directly in the directory, sorted by name, except those whose names
+/// start with `.` or `_` ([`not_data`]) and empty CSV files (no header, no
+/// rows, as DuckDB and Polars skip them). A directory is read whole or
+/// refused: a file of the other format, a file of neither format, or a
+/// subdirectory with data files (Hive-style partitions, say) is an error,
+/// as those rows would otherwise be missing without a word.
+fn files_with(path: &Path, format: DataFormat) -> Result<Vec<PathBuf>> {
     let meta = std::fs::metadata(path).map_err(|e| DataError::file(path, e))?;
     if meta.is_file() {
         return Ok(vec![path.to_path_buf()]);
@@ -132,11 +233,12 @@ fn files_with(path: &Path, ext: &str) -> Result<Vec<PathBuf>> {
     let entries: Vec<PathBuf> = std::fs::read_dir(path)
         .map_err(|e| DataError::file(path, e))?
         .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| !not_data(p))
         .collect();
-    let formats = ["parquet", "csv"];
-    for p in &entries {
+    let mut files = Vec::new();
+    for p in entries {
         if p.is_dir() {
-            if let Some(inner) = data_file_below(p, &formats, 8) {
+            if let Some(inner) = data_file_below(&p, 8) {
                 return Err(DataError::file(
                     path,
                     format!(
@@ -145,45 +247,63 @@ fn files_with(path: &Path, ext: &str) -> Result<Vec<PathBuf>> {
                     ),
                 ));
             }
-        } else if let Some(other) = formats
-            .iter()
-            .find(|f| !f.eq_ignore_ascii_case(ext) && has_extension(p, f))
-        {
-            return Err(DataError::file(
-                path,
-                format!(
-                    "the directory holds both .{ext} and .{other} files ({}): give one format",
-                    p.display()
-                ),
-            ));
+            continue;
+        }
+        match format_of(&p) {
+            Some(f) if f == format => {
+                let empty = std::fs::metadata(&p).is_ok_and(|m| m.len() == 0);
+                if !(format == DataFormat::Csv && empty) {
+                    files.push(p);
+                }
+            }
+            Some(other) => {
+                return Err(DataError::file(
+                    path,
+                    format!(
+                        "the directory holds both {} and {} files ({}): give one format",
+                        format.name(),
+                        other.name(),
+                        p.display()
+                    ),
+                ));
+            }
+            None => {
+                return Err(DataError::file(
+                    path,
+                    format!(
+                        "{} is neither a CSV file (.csv, or gzip-compressed .csv.gz) nor a Parquet file, and every file in an input directory is read (names that start with . or _ are skipped): move it out or rename it",
+                        p.display()
+                    ),
+                ));
+            }
         }
     }
-    let mut files: Vec<PathBuf> = entries
-        .into_iter()
-        .filter(|p| has_extension(p, ext) && p.is_file())
-        .collect();
     files.sort();
     if files.is_empty() {
         return Err(DataError::file(
             path,
             format!(
-                "directory has no .{ext} files (data files are found by extension: .parquet or .csv)"
+                "directory has no {} files (data files: .parquet, .parq, .pq or Parquet by content; .csv or .csv.gz)",
+                format.name()
             ),
         ));
     }
     Ok(files)
 }
 
-/// A file with one of the `exts` in `dir` or below it (at most `depth`
-/// levels down), if any.
-fn data_file_below(dir: &Path, exts: &[&str], depth: u32) -> Option<PathBuf> {
+/// A data file (by its name or content) in `dir` or below it (at most
+/// `depth` levels down), if any; names that are not data are skipped.
+fn data_file_below(dir: &Path, depth: u32) -> Option<PathBuf> {
     let entries = std::fs::read_dir(dir).ok()?;
     for p in entries.filter_map(|e| e.ok().map(|e| e.path())) {
-        if p.is_file() && exts.iter().any(|x| has_extension(&p, x)) {
+        if not_data(&p) {
+            continue;
+        }
+        if p.is_file() && format_of(&p).is_some() {
             return Some(p);
         }
         if depth > 0 && p.is_dir() {
-            if let Some(f) = data_file_below(&p, exts, depth - 1) {
+            if let Some(f) = data_file_below(&p, depth - 1) {
                 return Some(f);
             }
         }
@@ -206,7 +326,7 @@ fn parquet_builder(path: &Path) -> Result<ParquetRecordBatchReaderBuilder<File>>
         } else {
             DataError::file(
                 path,
-                "not a Parquet file (it does not start with PAR1): inputs are read by extension, .csv as CSV and anything else as Parquet (decompress a compressed CSV first)",
+                "not a Parquet file (it does not start with PAR1): inputs are read by name, .csv and .csv.gz as CSV and anything else as Parquet (decompress a CSV compressed otherwise first)",
             )
         }
     })?;
@@ -297,9 +417,90 @@ fn read_parquet_piece(
         .with_batch_size(chunk_rows.min(READ_BATCH_ROWS))
         .build()
         .map_err(|e| DataError::file(f, e))?;
-    reader
+    let batches = reader
         .map(|b| b.map_err(|e| DataError::file(f, e)))
-        .collect()
+        .collect::<Result<Vec<_>>>()?;
+    check_interval_months(f, g, start, len)?;
+    Ok(batches)
+}
+
+/// Fails if a Parquet INTERVAL column among rows `start..start + len` of
+/// row group `g` holds months. An INTERVAL is three numbers (months,
+/// days, milliseconds); arrow-rs reads it as days and milliseconds only
+/// (it has no reader for Arrow's month-day-nano intervals, nor a writer),
+/// so the job would carry `1 month 2 days` on as `2 days` without a word.
+/// The months are read here as a second, hinted read of those columns
+/// alone (files without INTERVAL columns cost nothing).
+fn check_interval_months(f: &Path, g: usize, start: usize, len: usize) -> Result<()> {
+    use arrow_array::{Array, IntervalYearMonthArray};
+    use arrow_schema::IntervalUnit;
+    use parquet::arrow::ProjectionMask;
+    use parquet::arrow::arrow_reader::{
+        ArrowReaderMetadata, ArrowReaderOptions, RowSelection, RowSelector,
+    };
+    let builder = parquet_builder(f)?;
+    let schema = builder.schema().clone();
+    let days_ms = DataType::Interval(IntervalUnit::DayTime);
+    let intervals: Vec<usize> = (0..schema.fields().len())
+        .filter(|&i| schema.field(i).data_type() == &days_ms)
+        .collect();
+    if intervals.is_empty() {
+        return Ok(());
+    }
+    let hinted = Schema::new_with_metadata(
+        schema
+            .fields()
+            .iter()
+            .map(|x| match x.data_type() == &days_ms {
+                true => x
+                    .as_ref()
+                    .clone()
+                    .with_data_type(DataType::Interval(IntervalUnit::YearMonth)),
+                false => x.as_ref().clone(),
+            })
+            .collect::<Vec<_>>(),
+        schema.metadata().clone(),
+    );
+    let meta = ArrowReaderMetadata::try_new(
+        builder.metadata().clone(),
+        ArrowReaderOptions::new().with_schema(Arc::new(hinted)),
+    )
+    .map_err(|e| DataError::file(f, e))?;
+    let mask = ProjectionMask::roots(meta.parquet_schema(), intervals.iter().copied());
+    let file = File::open(f).map_err(|e| DataError::file(f, e))?;
+    let reader = ParquetRecordBatchReaderBuilder::new_with_metadata(file, meta)
+        .with_projection(mask)
+        .with_row_groups(vec![g])
+        .with_row_selection(RowSelection::from(vec![
+            RowSelector::skip(start),
+            RowSelector::select(len),
+        ]))
+        .with_batch_size(READ_BATCH_ROWS.min(len.max(1)))
+        .build()
+        .map_err(|e| DataError::file(f, e))?;
+    let mut row = start;
+    for b in reader {
+        let b = b.map_err(|e| DataError::file(f, e))?;
+        for (c, &i) in intervals.iter().enumerate() {
+            let months = b
+                .column(c)
+                .as_any()
+                .downcast_ref::<IntervalYearMonthArray>()
+                .and_then(|m| (0..m.len()).find(|&k| m.is_valid(k) && m.value(k) != 0));
+            if let Some(k) = months {
+                return Err(DataError::file(
+                    f,
+                    format!(
+                        "column \"{}\" is a Parquet INTERVAL that holds months (row {} of row group {g}): braid's Parquet reader keeps only an interval's days and milliseconds, so the column would be carried on wrong; drop it from the input or cast it (to text, or to its parts) before the job",
+                        schema.field(i).name(),
+                        row + k
+                    ),
+                ));
+            }
+        }
+        row += b.num_rows();
+    }
+    Ok(())
 }
 
 /// How many bytes of row groups, by their footers' uncompressed sizes, a
@@ -353,7 +554,7 @@ const CSV_SAMPLE_ROWS: usize = 10_000;
 /// read as text (a timestamp in microseconds, or nanoseconds where a
 /// fraction has more digits; minutes without seconds too).
 fn csv_schema(path: &Path) -> Result<Schema> {
-    let open = || File::open(path).map_err(|e| DataError::file(path, e));
+    let open = || open_csv(path);
     let (schema, _) = arrow_csv::reader::Format::default()
         .with_header(true)
         .infer_schema(open()?, Some(CSV_SAMPLE_ROWS))
@@ -635,8 +836,8 @@ impl Source {
     /// The table's schema (every rank gets the same answer).
     pub fn schema(&self) -> Result<SchemaRef> {
         match self {
-            Source::Parquet(p) => parquet_table_schema(&files_with(p, "parquet")?),
-            Source::Csv(p) => csv_table_schema(&files_with(p, "csv")?),
+            Source::Parquet(p) => parquet_table_schema(&files_with(p, DataFormat::Parquet)?),
+            Source::Csv(p) => csv_table_schema(&files_with(p, DataFormat::Csv)?),
             Source::Memory(s, _) => Ok(s.clone()),
             Source::Generator(g) => Ok(g.schema()),
         }
@@ -649,7 +850,7 @@ impl Source {
         Ok(match self {
             Source::Parquet(p) => {
                 let mut rows = 0u64;
-                for f in files_with(p, "parquet")? {
+                for f in files_with(p, DataFormat::Parquet)? {
                     let n = parquet_builder(&f)?.metadata().file_metadata().num_rows();
                     rows = rows.saturating_add(n.max(0) as u64);
                 }
@@ -680,7 +881,7 @@ impl Source {
         };
         match self {
             Source::Parquet(path) => {
-                let files = files_with(&path, "parquet")?;
+                let files = files_with(&path, DataFormat::Parquet)?;
                 let table = parquet_table_schema(&files)?;
                 // Work items are (file, row group, first row, rows). With
                 // fewer row groups than ranks, row groups are cut into row
@@ -742,7 +943,7 @@ impl Source {
                 }
             }
             Source::Csv(path) => {
-                let files = files_with(&path, "csv")?;
+                let files = files_with(&path, DataFormat::Csv)?;
                 let schema = csv_table_schema(&files)?;
                 // With at least as many files as ranks, each rank reads
                 // whole files of its own. Otherwise every rank parses each
@@ -762,19 +963,16 @@ impl Source {
                         // Dates and timestamps are read as text, then
                         // converted strictly (`csv_time`).
                         let read = csv_time::read_schema(&schema);
-                        let reader =
-                            File::open(&f)
+                        let reader = open_csv(&f).and_then(|file| {
+                            arrow_csv::ReaderBuilder::new(read.clone())
+                                .with_header(true)
+                                // The reader sizes its buffers for a whole
+                                // batch up front; smaller chunks are
+                                // allowed ("at most").
+                                .with_batch_size(chunk_rows.min(READ_BATCH_ROWS))
+                                .build(file)
                                 .map_err(|e| DataError::file(&f, e))
-                                .and_then(|file| {
-                                    arrow_csv::ReaderBuilder::new(read.clone())
-                                        .with_header(true)
-                                        // The reader sizes its buffers for a whole
-                                        // batch up front; smaller chunks are
-                                        // allowed ("at most").
-                                        .with_batch_size(chunk_rows.min(READ_BATCH_ROWS))
-                                        .build(file)
-                                        .map_err(|e| DataError::file(&f, e))
-                                });
+                        });
                         match reader {
                             Err(e) => {
                                 let _ = tx.blocking_send(Err(e));
@@ -1199,6 +1397,75 @@ mod zone_tests {
         assert_eq!(vals, Some(ms), "the instants are unchanged");
         let _ = std::fs::remove_dir_all(&d);
     }
+
+    /// A Parquet INTERVAL column with months (as DuckDB writes one, no
+    /// Arrow schema kept) is refused, naming the column and the row: the
+    /// reader keeps only days and milliseconds, and `1 month 2 days` went
+    /// on as `2 days`. Without months the column reads, unchanged.
+    #[test]
+    fn intervals_with_months_are_refused_not_cut() {
+        use arrow_array::{IntervalDayTimeArray, IntervalYearMonthArray};
+        use arrow_buffer::IntervalDayTime;
+        use arrow_schema::IntervalUnit;
+        let d = std::env::temp_dir().join(format!("braid-source-ivl-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap_or_else(|e| panic!("{e}"));
+        let write = |name: &str, col: ArrayRef| {
+            let path = d.join(name);
+            let schema = Arc::new(Schema::new(vec![
+                Field::new("ts", DataType::Int64, false),
+                Field::new("iv", col.data_type().clone(), true),
+            ]));
+            let b = RecordBatch::try_new(
+                schema.clone(),
+                vec![Arc::new(Int64Array::from(vec![1i64, 2, 3])), col],
+            )
+            .unwrap_or_else(|e| panic!("{e}"));
+            let opts = parquet::arrow::arrow_writer::ArrowWriterOptions::new()
+                .with_skip_arrow_metadata(true);
+            let f = File::create(&path).unwrap_or_else(|e| panic!("{e}"));
+            let mut w = ArrowWriter::try_new_with_options(f, schema, opts)
+                .unwrap_or_else(|e| panic!("{e}"));
+            w.write(&b).unwrap_or_else(|e| panic!("{e}"));
+            w.close().unwrap_or_else(|e| panic!("{e}"));
+            path
+        };
+        // Months, stored as INTERVAL (12 bytes), read back as days and ms.
+        let months = write(
+            "m.parquet",
+            Arc::new(IntervalYearMonthArray::from(vec![Some(0), None, Some(5)])),
+        );
+        let e = read_parquet_piece(&months, 0, 0, 3, 2)
+            .err()
+            .map(|e| e.to_string());
+        assert!(
+            e.as_ref()
+                .is_some_and(|e| e.contains("column \"iv\"") && e.contains("row 2")),
+            "{e:?}"
+        );
+        // Rows without months, in a piece of their own, read.
+        assert!(read_parquet_piece(&months, 0, 0, 2, 2).is_ok());
+        let days = vec![
+            Some(IntervalDayTime::new(2, 1001)),
+            None,
+            Some(IntervalDayTime::new(-1, 5)),
+        ];
+        let path = write(
+            "d.parquet",
+            Arc::new(IntervalDayTimeArray::from(days.clone())),
+        );
+        let got = read_parquet_piece(&path, 0, 0, 3, 16).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(
+            got[0].column(1).data_type(),
+            &DataType::Interval(IntervalUnit::DayTime)
+        );
+        let vals = got[0]
+            .column(1)
+            .as_any()
+            .downcast_ref::<IntervalDayTimeArray>()
+            .map(|a| a.iter().collect::<Vec<_>>());
+        assert_eq!(vals, Some(days));
+        let _ = std::fs::remove_dir_all(&d);
+    }
 }
 
 #[cfg(test)]
@@ -1217,23 +1484,46 @@ mod dir_tests {
         let touch = |p: &Path| std::fs::write(p, b"x").unwrap_or_else(|e| panic!("{e}"));
         touch(&d.join("b.parquet"));
         touch(&d.join("a.parquet"));
+        touch(&d.join("c.PQ"));
+        // Not data by their names (Spark's marker and checksums, Dask's
+        // metadata): skipped.
+        touch(&d.join("_SUCCESS"));
+        touch(&d.join(".a.parquet.crc"));
+        touch(&d.join("_metadata"));
+        // A part file without an ending is Parquet by its magic bytes.
+        std::fs::write(d.join("000000_0"), b"PAR1...").unwrap_or_else(|e| panic!("{e}"));
+        let ok = files_with(&d, DataFormat::Parquet).unwrap_or_else(|e| panic!("{e}"));
+        let want = ["000000_0", "a.parquet", "b.parquet", "c.PQ"].map(|f| d.join(f));
+        assert_eq!(ok, want);
+        assert!(matches!(Source::at(d.clone()), Source::Parquet(_)));
+        // A file of neither format is refused, not skipped (it was).
         touch(&d.join("notes.txt"));
-        let ok = files_with(&d, "parquet").unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(ok, vec![d.join("a.parquet"), d.join("b.parquet")]);
+        let e = files_with(&d, DataFormat::Parquet)
+            .err()
+            .map(|e| e.to_string());
+        assert!(
+            e.as_ref()
+                .is_some_and(|e| e.contains("notes.txt is neither")),
+            "{e:?}"
+        );
+        std::fs::remove_file(d.join("notes.txt")).unwrap_or_else(|e| panic!("{e}"));
         touch(&sub.join("c.parquet"));
-        let e = files_with(&d, "parquet").err().map(|e| e.to_string());
+        let e = files_with(&d, DataFormat::Parquet)
+            .err()
+            .map(|e| e.to_string());
         assert!(
             e.as_ref()
                 .is_some_and(|e| e.contains("c.parquet") && e.contains("subdirectory")),
             "{e:?}"
         );
         std::fs::remove_file(sub.join("c.parquet")).unwrap_or_else(|e| panic!("{e}"));
-        touch(&d.join("x.CSV"));
-        for ext in ["parquet", "csv"] {
-            let e = files_with(&d, ext).err().map(|e| e.to_string());
+        touch(&d.join("x.CSV.gz"));
+        assert!(matches!(Source::at(d.clone()), Source::Csv(_)));
+        for format in [DataFormat::Parquet, DataFormat::Csv] {
+            let e = files_with(&d, format).err().map(|e| e.to_string());
             assert!(
                 e.as_ref().is_some_and(|e| e.contains("both")),
-                "{ext}: {e:?}"
+                "{format:?}: {e:?}"
             );
         }
         let _ = std::fs::remove_dir_all(&d);

@@ -32,7 +32,8 @@ use clap::Parser;
 struct Cli {
     #[command(flatten)]
     job: JobArgs,
-    /// Input: a Parquet or CSV file, or a directory of them. Without it,
+    /// Input: a Parquet or CSV file (.csv, or .csv.gz compressed), or a
+    /// directory of them (files named .* or _* skipped). Without it,
     /// `--rows` rows are generated (columns id, ts, key, v).
     #[arg(long)]
     input: Option<PathBuf>,
@@ -477,6 +478,24 @@ fn check_apart(input: &Path, output: &Path) -> Result<(), BoxError> {
     Ok(())
 }
 
+/// Refuses an `--output` whose name ends like a file braid does not
+/// write (`out.csv.gz`, `out.pq`, `out.json`): it would otherwise become a
+/// directory of Parquet parts under that name.
+fn check_output_name(p: &Path) -> Result<(), BoxError> {
+    const FILE_ENDINGS: [&str; 18] = [
+        "gz", "bz2", "xz", "zst", "zip", "lz4", "snappy", "pq", "parq", "tsv", "txt", "json",
+        "jsonl", "ndjson", "arrow", "feather", "ipc", "orc",
+    ];
+    match FILE_ENDINGS.iter().find(|x| has_extension(p, x)) {
+        Some(x) => Err(format!(
+            "--output {}: braid writes a .parquet or .csv file, or a directory of part files, not a .{x} file (name a file .parquet or .csv, or give a directory whose name does not end in .{x})",
+            p.display()
+        )
+        .into()),
+        None => Ok(()),
+    }
+}
+
 /// Nanoseconds in a day.
 const DAY_NS: i128 = 86_400_000_000_000;
 
@@ -486,15 +505,7 @@ fn build(cli: &Cli) -> Result<(RollingJob, MemoryLimits, Option<u64>), BoxError>
         check_apart(i, o)?;
     }
     let source = match &cli.input {
-        Some(p) => {
-            if has_extension(p, "csv")
-                || (p.is_dir() && has_ext(p, "csv") && !has_ext(p, "parquet"))
-            {
-                Source::Csv(p.clone())
-            } else {
-                Source::Parquet(p.clone())
-            }
-        }
+        Some(p) => Source::at(p.clone()),
         None => Source::Generator(GeneratorSpec {
             rows: cli.rows,
             keys: cli.keys,
@@ -522,6 +533,7 @@ fn build(cli: &Cli) -> Result<(RollingJob, MemoryLimits, Option<u64>), BoxError>
     let output = match &cli.output {
         None => Output::Discard,
         Some(p) => {
+            check_output_name(p)?;
             let format = if has_extension(p, "csv") {
                 FileFormat::Csv
             } else {
@@ -603,12 +615,6 @@ fn peak_rss_mib() -> Option<u64> {
     let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
     let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kb / 1024)
-}
-
-fn has_ext(dir: &std::path::Path, ext: &str) -> bool {
-    std::fs::read_dir(dir)
-        .map(|rd| rd.flatten().any(|e| has_extension(&e.path(), ext)))
-        .unwrap_or(false)
 }
 
 /// `--device gpu` runs one rank per GPU unless `--ranks` is given: ranks
