@@ -118,7 +118,7 @@ pub fn check_gpu_spec(
         // host; the node takes device columns as they are.
         let takes = match columns {
             Columns::AllOnDevice => num_type(t).is_some(),
-            Columns::Needed => t.is_numeric(),
+            Columns::Needed => crate::rolling::numbers(t),
         };
         if !takes {
             return Err(DataError::WrongType {

@@ -88,7 +88,17 @@ pub fn is_order_type(t: &DataType) -> bool {
 fn is_numeric(t: &DataType) -> bool {
     // The null type is what pyarrow gives a column of `None`s only: its
     // windows count 0, as any all-null column's (DuckDB reads it so).
-    t.is_numeric() || *t == DataType::Null
+    numbers(t) || *t == DataType::Null
+}
+
+/// Integers, floats and decimals, plain or dictionary-encoded (pyarrow's
+/// `dictionary_encode()`, a Parquet column read with its dictionary kept):
+/// read as f64 (the cast unpacks a dictionary), as DuckDB reads them.
+pub(crate) fn numbers(t: &DataType) -> bool {
+    match t {
+        DataType::Dictionary(_, v) => v.is_numeric(),
+        t => t.is_numeric(),
+    }
 }
 
 impl RollingSpec {
@@ -930,7 +940,7 @@ mod tests {
     }
 
     #[test]
-    fn decimal_values_read_as_f64() {
+    fn decimal_and_dictionary_values_read_as_f64() {
         use arrow_array::{Decimal32Array, Decimal64Array, Decimal128Array};
         let cols: Vec<(DataType, ArrayRef)> = vec![
             (
@@ -955,6 +965,17 @@ mod tests {
                     Decimal128Array::from(vec![Some(125), None, Some(-7)])
                         .with_precision_and_scale(38, 2)
                         .unwrap(),
+                ),
+            ),
+            // Dictionary-encoded (was refused: "expected a numeric type").
+            (
+                DataType::Dictionary(Box::new(DataType::Int32), Box::new(DataType::Float64)),
+                Arc::new(
+                    arrow_array::DictionaryArray::<arrow_array::types::Int32Type>::try_new(
+                        arrow_array::Int32Array::from(vec![Some(1), None, Some(0)]),
+                        Arc::new(Float64Array::from(vec![-0.07, 1.25])),
+                    )
+                    .unwrap(),
                 ),
             ),
         ];
