@@ -551,6 +551,14 @@ fn csv_directory_reads_as_one_file() {
     }
     let got = sorted_output(&d.join("all.csv.gz"), "3", "got-gz.csv");
     assert!(got == want, "the .csv.gz file's output differs");
+    // Semicolons, tabs (a .tsv file) and pipes between the fields, found
+    // from the header as DuckDB's sniffer finds them (the header read as
+    // one column: "input has no column \"ts\"").
+    for (name, sep) in [("semi.csv", ";"), ("all.tsv", "\t"), ("pipe.csv", "|")] {
+        std::fs::write(d.join(name), all.replace(',', sep)).unwrap();
+        let got = sorted_output(&d.join(name), "2", &format!("got-{name}.csv"));
+        assert!(got == want, "{name}: the output differs");
+    }
     // A file of neither format is refused, not skipped (its rows would be
     // missing without a word), and so is an output named like a
     // compressed CSV (it became a directory of Parquet parts).

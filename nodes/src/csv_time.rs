@@ -148,6 +148,7 @@ pub(crate) fn record_line(path: &std::path::Path, record: usize) -> usize {
         let mut r = csv::ReaderBuilder::new()
             .has_headers(false)
             .flexible(true)
+            .delimiter(crate::source::csv_delimiter(path).ok()?)
             .from_reader(crate::source::open_csv(path).ok()?);
         let mut rec = csv::ByteRecord::new();
         for _ in 0..=record {

@@ -133,7 +133,7 @@ impl DataFormat {
     /// `.csv.gz` are CSV; `.parquet`, `.parq` and `.pq` are Parquet; other
     /// names say nothing.
     pub fn of_name(path: &Path) -> Option<DataFormat> {
-        if has_extension(path, "csv") || gz_csv(path) {
+        if has_extension(path, "csv") || has_extension(path, "tsv") || gz_csv(path) {
             Some(DataFormat::Csv)
         } else if ["parquet", "parq", "pq"]
             .iter()
@@ -153,13 +153,44 @@ impl DataFormat {
     }
 }
 
-/// Whether `path` names a gzip-compressed CSV file (`.csv.gz`).
+/// Whether `path` names a gzip-compressed CSV file (`.csv.gz`, `.tsv.gz`).
 fn gz_csv(path: &Path) -> bool {
     has_extension(path, "gz")
-        && path
-            .file_stem()
-            .is_some_and(|s| has_extension(Path::new(s), "csv"))
+        && path.file_stem().is_some_and(|s| {
+            has_extension(Path::new(s), "csv") || has_extension(Path::new(s), "tsv")
+        })
 }
+
+/// A CSV file's field delimiter, found as DuckDB's sniffer finds it: of
+/// `,` `;` tab and `|`, the one its header line holds most often outside
+/// quotes (`,` where none appears, or on a tie with it).
+pub(crate) fn csv_delimiter(path: &Path) -> Result<u8> {
+    use std::io::{BufRead, Read};
+    let mut line = Vec::new();
+    std::io::BufReader::new(open_csv(path)?)
+        .take(1 << 20)
+        .read_until(b'\n', &mut line)
+        .map_err(|e| DataError::file(path, e))?;
+    let mut counts = [0usize; 4];
+    let mut quoted = false;
+    for &c in &line {
+        match c {
+            b'"' => quoted = !quoted,
+            _ if quoted => {}
+            _ => {
+                if let Some(k) = CSV_DELIMITERS.iter().position(|&d| d == c) {
+                    counts[k] += 1;
+                }
+            }
+        }
+    }
+    // The first of the most frequent: `,` wins its ties.
+    let best = (0..4).fold(0, |b, k| if counts[k] > counts[b] { k } else { b });
+    Ok(CSV_DELIMITERS[best])
+}
+
+/// The field delimiters a CSV input may use, `,` first.
+const CSV_DELIMITERS: [u8; 4] = [b',', b';', b'\t', b'|'];
 
 /// A CSV file's bytes, decompressed where it is a `.csv.gz` (several gzip
 /// members, as `cat a.gz b.gz` makes, read as one stream).
@@ -555,8 +586,10 @@ const CSV_SAMPLE_ROWS: usize = 10_000;
 /// fraction has more digits; minutes without seconds too).
 fn csv_schema(path: &Path) -> Result<Schema> {
     let open = || open_csv(path);
+    let delimiter = csv_delimiter(path)?;
     let (schema, _) = arrow_csv::reader::Format::default()
         .with_header(true)
+        .with_delimiter(delimiter)
         .infer_schema(open()?, Some(CSV_SAMPLE_ROWS))
         .map_err(|e| DataError::file(path, e))?;
     // An empty file has no header: refused, rather than read as a table
@@ -585,6 +618,7 @@ fn csv_schema(path: &Path) -> Result<Schema> {
     ));
     let sample = arrow_csv::ReaderBuilder::new(text)
         .with_header(true)
+        .with_delimiter(delimiter)
         .with_batch_size(CSV_SAMPLE_ROWS)
         .build(open()?)
         .map_err(|e| DataError::file(path, e))?
@@ -966,6 +1000,7 @@ impl Source {
                         let reader = open_csv(&f).and_then(|file| {
                             arrow_csv::ReaderBuilder::new(read.clone())
                                 .with_header(true)
+                                .with_delimiter(csv_delimiter(&f)?)
                                 // The reader sizes its buffers for a whole
                                 // batch up front; smaller chunks are
                                 // allowed ("at most").
@@ -1287,6 +1322,30 @@ mod tests {
         assert!(arrow_array::Array::is_null(v, 4));
         assert_eq!(v.value(5), f64::INFINITY);
         assert_eq!(v.value(6), 2.0);
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    /// The delimiter is the header's most frequent of `,` `;` tab `|`
+    /// outside quotes, `,` on ties and where none appears.
+    #[test]
+    fn csv_delimiters_are_found_from_the_header() {
+        let d = std::env::temp_dir().join(format!("braid-source-delim-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap_or_else(|e| panic!("{e}"));
+        let cases: [(&str, u8); 7] = [
+            ("a,b,c\n1;2,3\n", b','),
+            ("a;b;c\n1,5;2;3\n", b';'),
+            ("a\tb\n1\t2\n", b'\t'),
+            ("a|b\n", b'|'),
+            ("\"x;y;z\",b\n1,2\n", b','),
+            ("a;b,c\n", b','),
+            ("single\n1\n", b','),
+        ];
+        for (i, (text, want)) in cases.iter().enumerate() {
+            let p = d.join(format!("{i}.csv"));
+            std::fs::write(&p, text).unwrap_or_else(|e| panic!("{e}"));
+            let got = csv_delimiter(&p).unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(got, *want, "{text:?}");
+        }
         let _ = std::fs::remove_dir_all(&d);
     }
 
