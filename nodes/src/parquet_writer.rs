@@ -7,17 +7,21 @@
 //! on one core of the 2-core VM, 2026-11-26), and Arrow's `ArrowWriter`
 //! does it column after column on one thread. [`ColumnParallelWriter`]
 //! writes the file `ArrowWriter` writes (same properties, row groups cut at
-//! the same row counts, the same metadata) with the columns of each batch,
-//! and the closing of each row group's column chunks, spread over up to
-//! `threads` scoped threads. It takes properties without a row-group byte
-//! limit or content-defined chunking (it refuses them; braid's sink sets
-//! neither):
+//! the same row counts and estimated byte sizes, the same metadata) with
+//! the columns of each batch, and the closing of each row group's column
+//! chunks, spread over up to `threads` scoped threads. It refuses
+//! content-defined chunking (braid's sink does not use it):
 //!
 //! ```text
 //!   batch -> leaves (one per Parquet column) -> [threads] encode into
-//!   the row group's column writers -> at max_row_group_size rows:
-//!   [threads] close each column chunk -> append them in column order
+//!   the row group's column writers -> at max_row_group_row_count rows or
+//!   max_row_group_bytes estimated encoded bytes: [threads] close each
+//!   column chunk -> append them in column order
 //! ```
+//!
+//! The open row group is held in memory, encoded, until it is cut: the
+//! byte limit is what bounds that for wide tables (173 columns of 8 bytes
+//! at 1M rows a group held ~1 GiB a rank).
 //!
 //! Cost model: a batch costs its encoding split over the threads, plus one
 //! thread start per thread used (tens of us, against the ~15 ms that
@@ -58,6 +62,8 @@ pub struct ColumnParallelWriter {
     /// Rows written into the open row group.
     rows: usize,
     max_rows: usize,
+    /// The estimated encoded bytes at which a row group is cut.
+    max_bytes: Option<usize>,
     threads: usize,
     /// A write failed: the columns may hold different row counts, so
     /// every later call fails.
@@ -73,14 +79,13 @@ impl ColumnParallelWriter {
         props: WriterProperties,
         threads: usize,
     ) -> Result<Self, ParquetError> {
-        if props.max_row_group_bytes().is_some() || props.content_defined_chunking().is_some() {
+        if props.content_defined_chunking().is_some() {
             return Err(ParquetError::General(
-                "column-parallel Parquet writer: row-group byte limits and content-defined \
-                 chunking are not supported"
-                    .into(),
+                "column-parallel Parquet writer: content-defined chunking is not supported".into(),
             ));
         }
         let max_rows = props.max_row_group_row_count().unwrap_or(usize::MAX).max(1);
+        let max_bytes = props.max_row_group_bytes();
         // Through ArrowWriter so the file carries the same metadata (the
         // Arrow schema) as one that ArrowWriter writes.
         let (file, factory) =
@@ -94,13 +99,16 @@ impl ColumnParallelWriter {
             row_group: 0,
             rows: 0,
             max_rows,
+            max_bytes,
             threads: threads.max(1),
             failed: false,
         })
     }
 
     /// Appends `batch` (of the writer's schema), cutting row groups at the
-    /// properties' row count.
+    /// properties' row count and estimated byte size as `ArrowWriter`
+    /// does: a batch that would take the open group past its byte limit
+    /// at the group's average row size so far is split there.
     pub fn write(&mut self, batch: &RecordBatch) -> Result<(), ParquetError> {
         self.check()?;
         if batch.schema().fields() != self.schema.fields() {
@@ -112,17 +120,40 @@ impl ColumnParallelWriter {
         }
         let mut at = 0;
         while at < batch.num_rows() {
-            let take = (self.max_rows - self.rows).min(batch.num_rows() - at);
+            let mut take = (self.max_rows - self.rows).min(batch.num_rows() - at);
             self.failed = true;
+            if let Some(max) = self.max_bytes.filter(|_| self.rows > 0) {
+                let bytes = self.estimated_bytes();
+                // What fits at the group's average row size so far.
+                let fit = (max.saturating_sub(bytes)).checked_div(bytes / self.rows);
+                if bytes >= max || fit == Some(0) {
+                    self.flush_row_group()?;
+                    self.failed = false;
+                    continue;
+                }
+                if let Some(fit) = fit {
+                    take = take.min(fit);
+                }
+            }
             self.encode(&batch.slice(at, take))?;
             at += take;
             self.rows += take;
-            if self.rows >= self.max_rows {
+            if self.rows >= self.max_rows
+                || self.max_bytes.is_some_and(|m| self.estimated_bytes() >= m)
+            {
                 self.flush_row_group()?;
             }
             self.failed = false;
         }
         Ok(())
+    }
+
+    /// The open row group's estimated encoded size (ArrowWriter's measure).
+    fn estimated_bytes(&self) -> usize {
+        self.columns
+            .iter()
+            .map(|c| c.get_estimated_total_bytes())
+            .sum()
     }
 
     /// Writes the open row group (if it has rows) and the footer.
@@ -324,8 +355,13 @@ mod tests {
     }
 
     fn props(group_rows: usize) -> WriterProperties {
+        props_bytes(group_rows, None)
+    }
+
+    fn props_bytes(group_rows: usize, group_bytes: Option<usize>) -> WriterProperties {
         WriterProperties::builder()
             .set_max_row_group_row_count(Some(group_rows))
+            .set_max_row_group_bytes(group_bytes)
             .set_data_page_row_count_limit(100)
             .set_write_batch_size(50)
             .set_compression(parquet::basic::Compression::SNAPPY)
@@ -355,12 +391,18 @@ mod tests {
             .map(|(k, &n)| batch(seed.wrapping_add(k as u64), n))
             .collect();
         let want = concat(&batches);
-        for threads in [1, 2, 3, 8] {
+        // Row groups cut by rows; and by estimated bytes (~30 KB: groups
+        // of a few thousand rows, batches split where they would pass it).
+        for (threads, bytes) in [1, 2, 3, 8]
+            .into_iter()
+            .flat_map(|t| [(t, None), (t, Some(30_000))])
+        {
+            let props = || props_bytes(20_000, bytes);
             let p = d.join(format!("t{threads}.parquet"));
             let mut w = ColumnParallelWriter::try_new(
                 File::create(&p).unwrap(),
                 schema(),
-                props(20_000),
+                props(),
                 threads,
             )
             .unwrap();
@@ -369,18 +411,20 @@ mod tests {
             }
             w.close().unwrap();
             let (got, groups) = read(&p);
-            assert_eq!(concat(&got), want, "threads {threads}");
+            assert_eq!(concat(&got), want, "threads {threads}, bytes {bytes:?}");
             // ArrowWriter with the same properties: the same row groups.
             let q = d.join("arrow.parquet");
             let mut a =
-                ArrowWriter::try_new(File::create(&q).unwrap(), schema(), Some(props(20_000)))
-                    .unwrap();
+                ArrowWriter::try_new(File::create(&q).unwrap(), schema(), Some(props())).unwrap();
             for b in &batches {
                 a.write(b).unwrap();
             }
             a.close().unwrap();
-            assert_eq!(groups, read(&q).1, "threads {threads}");
+            assert_eq!(groups, read(&q).1, "threads {threads}, bytes {bytes:?}");
             assert_eq!(groups.iter().sum::<i64>(), want.num_rows() as i64);
+            if bytes.is_some() {
+                assert!(groups.len() > 5, "no groups cut by bytes: {groups:?}");
+            }
         }
         let _ = std::fs::remove_dir_all(&d);
     }

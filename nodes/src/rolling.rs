@@ -397,9 +397,9 @@ pub async fn rolling_node(
     let t = std::time::Instant::now();
     let (tx, mut rx) = tokio::sync::mpsc::channel::<Result<RecordBatch>>(rank_threads().max(2));
     let spec2 = spec.clone();
-    let worker = tokio::task::spawn_blocking(move || {
-        emit(prepared, &spec2, out_schema, chunk_rows.max(1), &tx)
-    });
+    let chunk_rows = output_chunk_rows(chunk_rows, &spec);
+    let worker =
+        tokio::task::spawn_blocking(move || emit(prepared, &spec2, out_schema, chunk_rows, &tx));
     let mut seq = 0;
     while let Some(b) = rx.recv().await {
         output.send(Message::new(seq, b?)).await?;
@@ -408,6 +408,28 @@ pub async fn rolling_node(
     worker.await.map_err(NodeError::other)??;
     stats.record_op("rolling: aggregate and emit", t.elapsed());
     Ok(())
+}
+
+/// The most bytes of aggregate columns an output chunk holds: 16 MiB.
+///
+/// Output chunks wait in the channels between the kernel and the sink (a
+/// dozen of them at once: the kernel's group of chunks, its channel, the
+/// job's two channels, the sink's own), and their aggregate columns are
+/// new memory (the input's columns are slices of the sorted partition). At
+/// 65,536 rows, 21 value columns with all seven aggregations made 77 MB
+/// chunks, and a 1M-row job held 2 GiB a rank for its output; a cap of
+/// 16 MiB leaves narrow jobs' chunks as they were (5 aggregations of one
+/// column: 40 bytes a row) and cuts wide ones to ~14K rows.
+const OUTPUT_CHUNK_BYTES: usize = 16 << 20;
+
+/// Rows per output chunk: `chunk_rows`, fewer where the aggregate columns
+/// of that many rows would pass [`OUTPUT_CHUNK_BYTES`] (8 bytes a value,
+/// and its validity; never below 1024 rows, where per-chunk costs grow).
+fn output_chunk_rows(chunk_rows: usize, spec: &RollingSpec) -> usize {
+    let row_bytes = (spec.values.len() * spec.aggs.len() * 9).max(1);
+    chunk_rows
+        .min((OUTPUT_CHUNK_BYTES / row_bytes).max(1024))
+        .max(1)
 }
 
 /// A chunk's values of one column, and their validity (None: no nulls).
@@ -991,6 +1013,26 @@ mod tests {
             assert_eq!((v[0], v[2]), (1.25, -0.07), "{dt}");
             assert_eq!(valid, Some(vec![true, false, true]), "{dt}");
         }
+    }
+
+    /// Output chunks hold at most 16 MiB of aggregates (9 bytes a value
+    /// with its validity), never fewer than 1024 rows.
+    #[test]
+    fn output_chunks_are_cut_by_their_aggregates_bytes() {
+        let with = |values: usize, aggs: &[Agg]| RollingSpec {
+            values: (0..values).map(|i| format!("v{i}")).collect(),
+            aggs: aggs.to_vec(),
+            ..spec(5, Closed::Right)
+        };
+        let five = [Agg::Sum, Agg::Mean, Agg::Min, Agg::Max, Agg::Count];
+        let all = [five.as_slice(), &[Agg::Std, Agg::Var]].concat();
+        assert_eq!(output_chunk_rows(65_536, &with(1, &five)), 65_536);
+        assert_eq!(output_chunk_rows(1, &with(1, &five)), 1);
+        assert_eq!(
+            output_chunk_rows(65_536, &with(21, &all)),
+            (16 << 20) / (21 * 7 * 9)
+        );
+        assert_eq!(output_chunk_rows(65_536, &with(5000, &all)), 1024);
     }
 
     #[test]
