@@ -66,7 +66,9 @@ struct Cli {
     /// Aggregations, comma-separated: sum, mean, min, max, count, std, var.
     #[arg(long, value_delimiter = ',', default_value = "sum,mean,min,max,count")]
     aggs: Vec<Agg>,
-    /// Rows per chunk.
+    /// Rows per chunk (the unit that flows between nodes; each costs a few
+    /// KB and tens of microseconds, and a spilled one a file, so below
+    /// ~1000 rows the overhead outweighs the rows).
     #[arg(long, default_value_t = 64 * 1024)]
     chunk_rows: usize,
     /// Host memory limit per rank for shuffled data (bytes, or with a
