@@ -51,13 +51,24 @@ pub fn column_index(batch_schema: &arrow_schema::Schema, name: &str) -> Result<u
         .index_of(name)
         .map_err(|_| DataError::MissingColumn {
             name: name.to_string(),
-            available: batch_schema
-                .fields()
-                .iter()
-                .map(|f| f.name().as_str())
-                .collect::<Vec<_>>()
-                .join(", "),
+            available: column_list(batch_schema),
         })
+}
+
+/// The schema's column names for an error, `, `-separated, each cut at
+/// 100 characters and the list at 20 names (a CSV file whose header is
+/// one 30 MB line printed a 30 MB error).
+fn column_list(schema: &arrow_schema::Schema) -> String {
+    let cut = |n: &str| match n.char_indices().nth(100) {
+        Some((at, _)) => format!("{}...", &n[..at]),
+        None => n.to_string(),
+    };
+    let names = schema.fields().iter().map(|f| cut(f.name()));
+    let mut list: Vec<String> = names.take(20).collect();
+    if schema.fields().len() > 20 {
+        list.push(format!("... {} more", schema.fields().len() - 20));
+    }
+    list.join(", ")
 }
 
 /// Fails unless `batch` has `schema`'s columns: the same names and types
@@ -434,6 +445,25 @@ mod tests {
     use arrow_array::{Int64Array, StringArray};
 
     use super::*;
+
+    /// A missing column's error lists at most 20 names of at most 100
+    /// characters each.
+    #[test]
+    fn missing_column_errors_stay_short() {
+        let long = "h".repeat(30_000);
+        use arrow_schema::{DataType, Field};
+        let mut fields = vec![Field::new(long.as_str(), DataType::Int64, true)];
+        fields.extend((0..50).map(|i| Field::new(format!("c{i}"), DataType::Int64, true)));
+        let schema = arrow_schema::Schema::new(fields);
+        let e = column_index(&schema, "ts").err().map(|e| e.to_string());
+        let e = e.unwrap_or_default();
+        assert!(e.len() < 500, "{} bytes", e.len());
+        assert!(
+            e.contains(&format!("{}...", &long[..100])) && e.contains("c18, ... 31 more"),
+            "{e}"
+        );
+        assert_eq!(column_index(&schema, "c7").ok(), Some(8));
+    }
 
     /// Distinct keys of every integer width, dates, floats and strings
     /// spread over the partitions: with 2000 keys no partition of 2 to 8

@@ -203,6 +203,9 @@ pub(crate) fn open_csv(path: &Path) -> Result<Box<dyn std::io::Read + Send>> {
     })
 }
 
+/// Why an input that is neither a regular file nor a directory is refused.
+const NOT_REGULAR: &str = "not a regular file or directory (a pipe, socket or device): inputs are read more than once (the schema, then the rows), so give the data as a file";
+
 /// Files and directories that are not data, as Spark, Hive, Dask and
 /// pyarrow agree: names that start with `.` or `_` (`_SUCCESS`, `.crc`
 /// checksums, `_metadata`, `_temporary`, braid's own staging).
@@ -261,6 +264,9 @@ fn files_with(path: &Path, format: DataFormat) -> Result<Vec<PathBuf>> {
     if meta.is_file() {
         return Ok(vec![path.to_path_buf()]);
     }
+    if !meta.is_dir() {
+        return Err(DataError::file(path, NOT_REGULAR));
+    }
     let entries: Vec<PathBuf> = std::fs::read_dir(path)
         .map_err(|e| DataError::file(path, e))?
         .filter_map(|e| e.ok().map(|e| e.path()))
@@ -279,6 +285,11 @@ fn files_with(path: &Path, format: DataFormat) -> Result<Vec<PathBuf>> {
                 ));
             }
             continue;
+        }
+        // A pipe, socket or device: never opened (opening a pipe waits
+        // for a writer), refused (its rows would be missing).
+        if !p.is_file() {
+            return Err(DataError::file(&p, NOT_REGULAR));
         }
         match format_of(&p) {
             Some(f) if f == format => {
@@ -299,10 +310,13 @@ fn files_with(path: &Path, format: DataFormat) -> Result<Vec<PathBuf>> {
                 ));
             }
             None => {
+                // A file that cannot be read says so, rather than be
+                // taken for one of neither format.
+                File::open(&p).map_err(|e| DataError::file(&p, e))?;
                 return Err(DataError::file(
                     path,
                     format!(
-                        "{} is neither a CSV file (.csv, or gzip-compressed .csv.gz) nor a Parquet file, and every file in an input directory is read (names that start with . or _ are skipped): move it out or rename it",
+                        "{} is neither a CSV file (.csv or .tsv, or gzip-compressed .csv.gz or .tsv.gz) nor a Parquet file, and every file in an input directory is read (names that start with . or _ are skipped): move it out or rename it",
                         p.display()
                     ),
                 ));
@@ -357,19 +371,65 @@ fn parquet_builder(path: &Path) -> Result<ParquetRecordBatchReaderBuilder<File>>
         } else {
             DataError::file(
                 path,
-                "not a Parquet file (it does not start with PAR1): inputs are read by name, .csv and .csv.gz as CSV and anything else as Parquet (decompress a CSV compressed otherwise first)",
+                "not a Parquet file (it does not start with PAR1): inputs are read by name, .csv, .tsv, .csv.gz and .tsv.gz as CSV and anything else as Parquet (decompress a CSV compressed otherwise first)",
             )
         }
     })?;
-    let meta = match zones_kept(&meta) {
-        Some(schema) => ArrowReaderMetadata::try_new(
+    let zoned = zones_kept(&meta);
+    let meta = match (
+        readable(zoned.clone().unwrap_or_else(|| meta.schema().clone())),
+        zoned,
+    ) {
+        ((schema, true), _) | ((schema, false), Some(_)) => ArrowReaderMetadata::try_new(
             meta.metadata().clone(),
             ArrowReaderOptions::new().with_schema(schema),
         )
         .map_err(|e| DataError::file(path, e))?,
-        None => meta,
+        ((_, false), None) => meta,
     };
     Ok(ParquetRecordBatchReaderBuilder::new_with_metadata(f, meta))
+}
+
+/// `schema` with the dictionary types the Parquet reader cannot build
+/// replaced by their value types (and whether any was): pyarrow keeps a
+/// `dictionary<int32, decimal128>` column's type in the file's Arrow
+/// schema, and the reader, taking it as its hint, failed the whole file
+/// ("unsupported data type for byte array dictionary reader"). The
+/// reader builds dictionaries of strings, binaries and the other
+/// primitive types.
+fn readable(schema: SchemaRef) -> (SchemaRef, bool) {
+    let builds = |v: &DataType| {
+        matches!(
+            v,
+            DataType::Utf8 | DataType::LargeUtf8 | DataType::Binary | DataType::LargeBinary
+        ) || (v.is_primitive()
+            && !matches!(
+                v,
+                DataType::Decimal32(..)
+                    | DataType::Decimal64(..)
+                    | DataType::Decimal128(..)
+                    | DataType::Decimal256(..)
+            ))
+    };
+    let mut changed = false;
+    let fields: Vec<Field> = schema
+        .fields()
+        .iter()
+        .map(|f| match f.data_type() {
+            DataType::Dictionary(_, v) if !builds(v) => {
+                changed = true;
+                f.as_ref().clone().with_data_type(v.as_ref().clone())
+            }
+            _ => f.as_ref().clone(),
+        })
+        .collect();
+    match changed {
+        true => (
+            Arc::new(Schema::new_with_metadata(fields, schema.metadata().clone())),
+            true,
+        ),
+        false => (schema, false),
+    }
 }
 
 /// The file's schema with the time zones its writer recorded put back,
@@ -1457,6 +1517,44 @@ mod zone_tests {
         let _ = std::fs::remove_dir_all(&d);
     }
 
+    /// A dictionary of decimals (pyarrow keeps the type in the file's
+    /// Arrow schema) reads as its decimals: the reader, hinted with the
+    /// dictionary type, failed the whole file.
+    #[test]
+    fn dictionaries_of_decimals_read_as_decimals() {
+        use arrow_array::{Array, Decimal128Array, DictionaryArray, Int32Array, types::Int32Type};
+        let d = std::env::temp_dir().join(format!("braid-source-ddec-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap_or_else(|e| panic!("{e}"));
+        let path = d.join("d.parquet");
+        let values = Decimal128Array::from(vec![125i128, -3500])
+            .with_precision_and_scale(12, 3)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let dict = DictionaryArray::<Int32Type>::try_new(
+            Int32Array::from(vec![Some(0), None, Some(1), Some(0)]),
+            Arc::new(values),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let schema = Arc::new(Schema::new(vec![Field::new(
+            "dec",
+            dict.data_type().clone(),
+            true,
+        )]));
+        let b = RecordBatch::try_new(schema.clone(), vec![Arc::new(dict)])
+            .unwrap_or_else(|e| panic!("{e}"));
+        let f = File::create(&path).unwrap_or_else(|e| panic!("{e}"));
+        let mut w = ArrowWriter::try_new(f, schema, None).unwrap_or_else(|e| panic!("{e}"));
+        w.write(&b).unwrap_or_else(|e| panic!("{e}"));
+        w.close().unwrap_or_else(|e| panic!("{e}"));
+        let got = read_parquet_piece(&path, 0, 0, 4, 16).unwrap_or_else(|e| panic!("{e}"));
+        let dec = got[0]
+            .column(0)
+            .as_any()
+            .downcast_ref::<Decimal128Array>()
+            .map(|a| a.iter().collect::<Vec<_>>());
+        assert_eq!(dec, Some(vec![Some(125), None, Some(-3500), Some(125)]));
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
     /// A Parquet INTERVAL column with months (as DuckDB writes one, no
     /// Arrow schema kept) is refused, naming the column and the row: the
     /// reader keeps only days and milliseconds, and `1 month 2 days` went
@@ -1576,6 +1674,24 @@ mod dir_tests {
             "{e:?}"
         );
         std::fs::remove_file(sub.join("c.parquet")).unwrap_or_else(|e| panic!("{e}"));
+        // A named pipe is refused without being opened (opening one waits
+        // for a writer: the job hung), and so is one given as the input.
+        #[cfg(unix)]
+        {
+            let fifo = d.join("000001_0");
+            let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+            assert!(made.is_ok_and(|s| s.success()), "mkfifo");
+            for p in [&d, &fifo] {
+                let e = files_with(p, DataFormat::Parquet)
+                    .err()
+                    .map(|e| e.to_string());
+                assert!(
+                    e.as_ref().is_some_and(|e| e.contains("not a regular file")),
+                    "{e:?}"
+                );
+            }
+            std::fs::remove_file(&fifo).unwrap_or_else(|e| panic!("{e}"));
+        }
         touch(&d.join("x.CSV.gz"));
         assert!(matches!(Source::at(d.clone()), Source::Csv(_)));
         for format in [DataFormat::Parquet, DataFormat::Csv] {

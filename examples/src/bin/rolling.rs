@@ -484,6 +484,9 @@ fn check_apart(input: &Path, output: &Path) -> Result<(), BoxError> {
 /// write (`out.csv.gz`, `out.pq`, `out.json`): it would otherwise become a
 /// directory of Parquet parts under that name.
 fn check_output_name(p: &Path) -> Result<(), BoxError> {
+    if braid_nodes::sink::ends_in_separator(p) {
+        return Ok(());
+    }
     const FILE_ENDINGS: [&str; 18] = [
         "gz", "bz2", "xz", "zst", "zip", "lz4", "snappy", "pq", "parq", "tsv", "txt", "json",
         "jsonl", "ndjson", "arrow", "feather", "ipc", "orc",
