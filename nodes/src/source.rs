@@ -500,7 +500,14 @@ fn read_parquet_piece(
 ) -> Result<Vec<RecordBatch>> {
     use parquet::arrow::arrow_reader::{RowSelection, RowSelector};
     let selection = RowSelection::from(vec![RowSelector::skip(start), RowSelector::select(len)]);
-    let reader = parquet_builder(f)?
+    let builder = parquet_builder(f)?;
+    let days_ms = DataType::Interval(arrow_schema::IntervalUnit::DayTime);
+    let intervals = builder
+        .schema()
+        .fields()
+        .iter()
+        .any(|x| x.data_type() == &days_ms);
+    let reader = builder
         .with_row_groups(vec![g])
         .with_row_selection(selection)
         // The reader sizes its buffers for a whole batch up front; smaller
@@ -511,7 +518,9 @@ fn read_parquet_piece(
     let batches = reader
         .map(|b| b.map_err(|e| DataError::file(f, e)))
         .collect::<Result<Vec<_>>>()?;
-    check_interval_months(f, g, start, len)?;
+    if intervals {
+        check_interval_months(f, g, start, len)?;
+    }
     Ok(batches)
 }
 
@@ -521,7 +530,7 @@ fn read_parquet_piece(
 /// (it has no reader for Arrow's month-day-nano intervals, nor a writer),
 /// so the job would carry `1 month 2 days` on as `2 days` without a word.
 /// The months are read here as a second, hinted read of those columns
-/// alone (files without INTERVAL columns cost nothing).
+/// alone (called only for files with such columns).
 fn check_interval_months(f: &Path, g: usize, start: usize, len: usize) -> Result<()> {
     use arrow_array::{Array, IntervalYearMonthArray};
     use arrow_schema::IntervalUnit;
