@@ -1033,7 +1033,7 @@ fn tcp_backend_runs_the_job_in_processes() {
     assert!(tcp.exists() && local.exists());
 }
 
-/// A job stopped by SIGTERM or SIGINT exits 130 and leaves no output, no
+/// A job stopped by SIGTERM, SIGINT or SIGHUP exits 130 and leaves no output, no
 /// staging and no spill files: in-process ranks, and ranks in processes
 /// of their own (tcp), which the launcher asks to stop (SIGTERM) before
 /// it kills them; killed at once they left their spill files behind.
@@ -1051,10 +1051,14 @@ fn a_stopped_job_leaves_nothing_behind() {
             .count()
     };
     let grouped_tcp = ["--backend", "tcp", "--by", "key", "--memory-limit", "1MiB"];
+    let grouped = ["--by", "key", "--memory-limit", "1MiB"];
     for (target, signal, extra) in [
         (d.join("out"), "-TERM", &[][..]),
         (d.join("out.parquet"), "-INT", &[][..]),
         (d.join("tcp"), "-TERM", &grouped_tcp[..]),
+        // A closed terminal's SIGHUP: in-process ranks died of it, leaving
+        // staging and spill files.
+        (d.join("hup.parquet"), "-HUP", &grouped[..]),
     ] {
         // Far more rows than a second generates: the signal comes mid-job.
         let mut child = rolling()

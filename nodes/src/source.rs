@@ -328,7 +328,7 @@ fn files_with(path: &Path, format: DataFormat) -> Result<Vec<PathBuf>> {
         return Err(DataError::file(
             path,
             format!(
-                "directory has no {} files (data files: .parquet, .parq, .pq or Parquet by content; .csv or .csv.gz)",
+                "directory has no {} files (data files: .parquet, .parq, .pq or Parquet by content; .csv, .tsv, .csv.gz or .tsv.gz)",
                 format.name()
             ),
         ));

@@ -166,7 +166,7 @@ fn parse_bytes(s: &str) -> Result<u64, String> {
 fn check_window_holds_rows(w: &Window, closed: Closed, given: &str) -> Result<(), String> {
     let written_zero = || {
         let g = given.trim();
-        let int = g.strip_suffix('i').unwrap_or(g);
+        let int = g.strip_suffix(['i', 'I']).unwrap_or(g);
         match int.parse::<u64>() {
             Ok(v) => v == 0,
             Err(_) => duration(g).is_ok_and(|d| d.total == 0 && d.months == 0),
@@ -195,7 +195,7 @@ fn parse_window(s: &str, order_type: &DataType, closed: Closed) -> Result<Window
     // A plain integer, or Polars' index form `10i` (integer columns only:
     // on a timestamp it would read as 10 of its units, which a user who
     // meant 10 rows would not notice; Polars refuses it there too).
-    let int = s.strip_suffix('i').unwrap_or(s);
+    let int = s.strip_suffix(['i', 'I']).unwrap_or(s);
     if !int.is_empty() && int.bytes().all(|b| b.is_ascii_digit()) {
         if int.len() < s.len() && !order_type.is_integer() {
             return Err(format!(
@@ -577,13 +577,19 @@ async fn stop_signal() -> &'static str {
         #[cfg(unix)]
         {
             use tokio::signal::unix::{SignalKind, signal};
+            // SIGHUP too: what a closed terminal or a dropped ssh session
+            // sends (the tcp launcher's ranks and braid-launch took it;
+            // in-process ranks died of it, leaving staging and spill
+            // files behind).
             match (
                 signal(SignalKind::interrupt()),
                 signal(SignalKind::terminate()),
+                signal(SignalKind::hangup()),
             ) {
-                (Ok(mut int), Ok(mut term)) => tokio::select! {
+                (Ok(mut int), Ok(mut term), Ok(mut hup)) => tokio::select! {
                     _ = int.recv() => "SIGINT",
                     _ = term.recv() => "SIGTERM",
+                    _ = hup.recv() => "SIGHUP",
                 },
                 _ => std::future::pending().await,
             }
@@ -1078,6 +1084,7 @@ mod tests {
         assert_eq!(ms("1500µs"), Ok(2));
         // Polars' index suffix on an integer order column.
         assert_eq!(pw("10i", &DataType::Int64, Closed::Right), Ok(10));
+        assert_eq!(pw("10I", &DataType::Int64, Closed::Right), Ok(10));
         assert_eq!(pw("7i", &DataType::UInt16, Closed::Right), Ok(7));
         for temporal in [DataType::Date32, DataType::Date64, MS] {
             let e = pw("3i", &temporal, Closed::Right);
