@@ -244,9 +244,9 @@ pub fn order_as_i64(a: &ArrayRef, name: &str) -> Result<ArrayRef> {
     // The cast makes a null of a value it cannot hold.
     if c.null_count() > a.null_count() {
         return Err(DataError::Invalid(format!(
-            "order column {name:?} has {} values above {}",
-            c.null_count() - a.null_count(),
-            i64::MAX
+            "order column {name:?} has values above {} ({} in one chunk of this rank's rows)",
+            i64::MAX,
+            c.null_count() - a.null_count()
         )));
     }
     Ok(c)
@@ -258,7 +258,7 @@ fn order_values(batch: &RecordBatch, col: usize, name: &str) -> Result<ScalarBuf
     let a = batch.column(col);
     if a.null_count() > 0 {
         return Err(DataError::Invalid(format!(
-            "order column {name:?} has {} null values",
+            "order column {name:?} has null values ({} in this rank's rows)",
             a.null_count()
         )));
     }
