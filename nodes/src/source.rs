@@ -124,13 +124,14 @@ pub fn has_extension(path: &Path, ext: &str) -> bool {
 pub enum DataFormat {
     /// Parquet.
     Parquet,
-    /// CSV with a header line (gzip-compressed as `.csv.gz`).
+    /// CSV with a header line (`.csv`, `.tsv`; gzip-compressed as
+    /// `.csv.gz`, `.tsv.gz`).
     Csv,
 }
 
 impl DataFormat {
-    /// The format a file's name says, in any letter case: `.csv` and
-    /// `.csv.gz` are CSV; `.parquet`, `.parq` and `.pq` are Parquet; other
+    /// The format a file's name says, in any letter case: `.csv`, `.tsv`,
+    /// `.csv.gz` and `.tsv.gz` are CSV; `.parquet`, `.parq` and `.pq` are Parquet; other
     /// names say nothing.
     pub fn of_name(path: &Path) -> Option<DataFormat> {
         if has_extension(path, "csv") || has_extension(path, "tsv") || gz_csv(path) {
@@ -231,8 +232,8 @@ fn format_of(path: &Path) -> Option<DataFormat> {
 }
 
 impl Source {
-    /// The source that reads `path`: a file is CSV when its name ends in
-    /// `.csv` or `.csv.gz`, else Parquet (its footer says if it is not); a
+    /// The source that reads `path`: a file is CSV when its name says so
+    /// ([`DataFormat::of_name`]), else Parquet (its footer says if it is not); a
     /// directory is CSV when it holds CSV files, else Parquet (reading
     /// then checks that its files are all of one format).
     pub fn at(path: PathBuf) -> Source {
@@ -361,12 +362,7 @@ fn parquet_builder(path: &Path) -> Result<ParquetRecordBatchReaderBuilder<File>>
     let f = File::open(path).map_err(|e| DataError::file(path, e))?;
     let meta = ArrowReaderMetadata::load(&f, ArrowReaderOptions::new()).map_err(|e| {
         // Say what a file that is not Parquet at all is taken for.
-        let mut magic = [0u8; 4];
-        let mut r = &f;
-        let parquet = std::io::Seek::seek(&mut r, std::io::SeekFrom::Start(0)).is_ok()
-            && std::io::Read::read_exact(&mut r, &mut magic).is_ok()
-            && magic == *b"PAR1";
-        if parquet {
+        if starts_par1(path) {
             DataError::file(path, e)
         } else {
             DataError::file(
