@@ -14,6 +14,18 @@
 //! with the header's ([`DataRecv`]), so that the transport can take the
 //! data as soon as it comes (into the caller's memory where it offers a
 //! landing) rather than after a round trip through the task.
+//!
+//! Data larger than the backend's largest message
+//! ([`Communicator::max_message`]: 2 GiB - 1 over MPI) goes as pieces:
+//!
+//! ```text
+//!   header (DATA_FOLLOWS | PIECES; total bytes in the 40 bits of byte 3 and
+//!   the last u32) | piece 1 | piece 2 | ... (each <= the limit, none empty)
+//! ```
+//!
+//! The receiver takes pieces from the same (src, tag) until they add up
+//! to the total, copying each into one vector as it comes (one copy, the
+//! memory of one piece beyond the data's own).
 
 use std::borrow::Cow;
 use std::future::Future;
@@ -44,6 +56,39 @@ pub(crate) const LAST: u8 = 4;
 /// Flag: a one-shot call's only frame (the one-shot AllGather), so that a
 /// streaming call's chunk is never taken for one, nor the other way round.
 pub(crate) const ONE_SHOT: u8 = 8;
+/// Flag: the data follows as several messages (pieces), their total
+/// length in the header's spare bytes. (16 is allreduce's `IN_RESULT`.)
+pub(crate) const PIECES: u8 = 64;
+/// The largest frame sent as pieces: its length must fit the header's 40
+/// spare bits.
+const PIECED_MAX: u64 = (1 << 40) - 1;
+/// The most pieces a frame is sent as (each a message, posted at once):
+/// with MPI's limit 128 TiB; a limit of a few bytes fails the frame
+/// rather than send it a few bytes a message.
+const MAX_PIECES: u64 = 1 << 16;
+
+/// The total data length of a frame flagged [`PIECES`] (byte 3 high,
+/// bytes 28..32 low), from its first message's bytes.
+fn pieced_total(b: &[u8]) -> u64 {
+    u64::from(b[3]) << 32 | u64::from(u32::from_le_bytes([b[28], b[29], b[30], b[31]]))
+}
+
+/// Length of each piece (but the last) of data over a limit of `limit`
+/// bytes a message: whole pages where the limit allows, so that pieces
+/// start aligned.
+fn piece_len(limit: u64) -> usize {
+    let l = usize::try_from(limit).unwrap_or(usize::MAX);
+    if l >= 8192 { l & !4095 } else { l }
+}
+
+/// How many pieces `len` bytes go as under `limit` (`u64::MAX` where the
+/// limit is 0: no piece can be sent).
+fn pieces(len: usize, limit: u64) -> u64 {
+    match piece_len(limit) {
+        0 => u64::MAX,
+        p => len.div_ceil(p) as u64,
+    }
+}
 
 /// The fixed header of a collective's message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -162,8 +207,13 @@ pub(crate) fn send_framed(
     user_meta: &[u8],
     data: Buffer,
 ) -> FrameSend {
-    let inline = data.len() <= INLINE_MAX;
-    if !inline && dst != comm.rank() && data.len() as u64 > comm.max_message() {
+    let limit = comm.max_message();
+    // (Inline only where the whole frame fits one message: under a limit
+    // of a few KiB the data follows as pieces.)
+    let inline = data.len() <= INLINE_MAX
+        && (dst == comm.rank() || (META_LEN + user_meta.len() + data.len()) as u64 <= limit);
+    let over = !inline && dst != comm.rank() && data.len() as u64 > limit;
+    if over && (data.len() as u64 > PIECED_MAX || pieces(data.len(), limit) > MAX_PIECES) {
         // Refused whole (the backend's `send` says why): a header sent
         // without its data would have the receiver take the next frame's
         // header for this data, and fail with a mismatch that hides the
@@ -172,16 +222,25 @@ pub(crate) fn send_framed(
             site,
             head: None,
             data: Some(comm.send(dst, tag, data)),
+            rest: Vec::new(),
+            rest_done: 0,
         };
     }
     let meta = if inline {
         meta
+    } else if over {
+        meta.flags(DATA_FOLLOWS | PIECES)
     } else {
         meta.flags(DATA_FOLLOWS)
     };
     let mut head =
         Vec::with_capacity(META_LEN + user_meta.len() + if inline { data.len() } else { 0 });
     meta.encode(user_meta.len(), &mut head);
+    if over {
+        let total = data.len() as u64;
+        head[3] = (total >> 32) as u8;
+        head[28..32].copy_from_slice(&(total as u32).to_le_bytes());
+    }
     head.extend_from_slice(user_meta);
     let second = if inline {
         head.extend_from_slice(data.as_slice());
@@ -190,11 +249,28 @@ pub(crate) fn send_framed(
         Some(data)
     };
     let head = comm.send(dst, tag, Buffer::from_vec(head));
-    let data = second.map(|d| comm.send(dst, tag, d));
+    let mut rest = Vec::new();
+    let data = match second {
+        Some(d) if over => {
+            // Every piece posted now, in order after the header: the
+            // transport keeps (src, tag) order, so they arrive together.
+            let step = piece_len(limit);
+            let mut pieces = (0..d.len())
+                .step_by(step)
+                .map(|s| comm.send(dst, tag, d.slice(s..(s + step).min(d.len()))));
+            let first = pieces.next();
+            rest.extend(pieces);
+            first
+        }
+        Some(d) => Some(comm.send(dst, tag, d)),
+        None => None,
+    };
     FrameSend {
         site,
         head: Some(head),
         data,
+        rest,
+        rest_done: 0,
     }
 }
 
@@ -209,6 +285,10 @@ pub(crate) struct FrameSend {
     /// backend's send future need not answer again once it has).
     head: Option<SendFuture>,
     data: Option<SendFuture>,
+    /// A pieced frame's pieces after the first ([`PIECES`]); those before
+    /// `rest_done` have finished.
+    rest: Vec<SendFuture>,
+    rest_done: usize,
 }
 
 impl Future for FrameSend {
@@ -225,6 +305,13 @@ impl Future for FrameSend {
                 }
             }
         }
+        while let Some(f) = this.rest.get_mut(this.rest_done) {
+            let r = ready!(Pin::new(f).poll(cx));
+            this.rest_done += 1;
+            if let Err(e) = r {
+                return Poll::Ready(Err(this.site.comm(e)));
+            }
+        }
         Poll::Ready(Ok(()))
     }
 }
@@ -236,6 +323,7 @@ impl FrameSend {
         [&self.head, &self.data]
             .into_iter()
             .flatten()
+            .chain(&self.rest[self.rest_done..])
             .find_map(|f| f.refused())
             .map(|e| self.site.comm(e.clone()))
     }
@@ -323,8 +411,9 @@ pub(crate) async fn recv_framed(
 enum Head {
     /// The whole frame (data inline).
     Whole(Framed),
-    /// The header; the data is the next message of the same (src, tag).
-    DataFollows(Meta, Bytes),
+    /// The header; the data is the next message of the same (src, tag),
+    /// or the next messages adding up to the total where it is pieced.
+    DataFollows(Meta, Bytes, Option<u64>),
 }
 
 /// Fails unless `src`'s frame belongs to the same kind of collective.
@@ -357,7 +446,8 @@ fn open_head(site: Site, src: Rank, first: Buffer) -> Result<Head, CollError> {
         first.bytes().slice(META_LEN..body)
     };
     if meta.flags & DATA_FOLLOWS != 0 {
-        return Ok(Head::DataFollows(meta, user_meta));
+        let pieced = (meta.flags & PIECES != 0).then(|| pieced_total(first.as_slice()));
+        return Ok(Head::DataFollows(meta, user_meta, pieced));
     }
     let data = if body == first.len() {
         Buffer::default()
@@ -379,7 +469,81 @@ enum Pending {
     /// write the data straight into the landing from its first byte.
     Head(RecvFuture, Option<RecvFuture>),
     Data(Meta, Bytes, RecvFuture),
+    /// A pieced frame's data ([`PIECES`]), boxed: rare, and larger.
+    Pieces(Box<Pieces>),
     Done,
+}
+
+/// A pieced frame being received: the pieces so far, copied in order.
+struct Pieces {
+    meta: Meta,
+    user_meta: Bytes,
+    /// The data's length as its header gave it.
+    total: usize,
+    got: Vec<u8>,
+    recv: RecvFuture,
+}
+
+impl Pieces {
+    /// The receive of a pieced frame's data of `total` bytes whose first
+    /// piece `recv` takes.
+    fn start(
+        site: Site,
+        meta: Meta,
+        user_meta: Bytes,
+        total: u64,
+        recv: RecvFuture,
+    ) -> Result<Box<Pieces>, CollError> {
+        let memory = |detail: String| CollError::Memory {
+            rank: site.rank,
+            coll: site.coll,
+            op: site.op,
+            source: braid_core::MemoryError::OutOfMemory {
+                size: total,
+                detail,
+            },
+        };
+        let n =
+            usize::try_from(total).map_err(|_| memory("more than this host can address".into()))?;
+        let mut got = Vec::new();
+        got.try_reserve_exact(n)
+            .map_err(|e| memory(format!("a message's pieces put together: {e}")))?;
+        Ok(Box::new(Pieces {
+            meta,
+            user_meta,
+            total: n,
+            got,
+            recv,
+        }))
+    }
+
+    /// Takes one piece from `src`; `Some(frame)` once they add up to the
+    /// total. A piece that is empty or goes past the total is a frame
+    /// this rank cannot be sent: a mismatch, not data read as the next
+    /// frame's.
+    fn add(&mut self, site: Site, src: Rank, piece: Buffer) -> Result<Option<Framed>, CollError> {
+        if piece.is_empty() || self.got.len() + piece.len() > self.total {
+            return Err(site.mismatch(
+                src,
+                format!(
+                    "rank {src}'s message of {} bytes in pieces got a piece of {} bytes after {}",
+                    self.total,
+                    piece.len(),
+                    self.got.len()
+                ),
+            ));
+        }
+        self.got.extend_from_slice(piece.as_slice());
+        drop(piece);
+        if self.got.len() < self.total {
+            return Ok(None);
+        }
+        Ok(Some(Framed {
+            meta: self.meta,
+            user_meta: std::mem::take(&mut self.user_meta),
+            data: Buffer::from_vec(std::mem::take(&mut self.got)),
+        }))
+    }
 }
 
 impl Pending {
@@ -411,9 +575,16 @@ impl Pending {
                             *self = Pending::Done;
                             return Poll::Ready(Ok(f));
                         }
-                        Ok(Head::DataFollows(meta, um)) => {
+                        Ok(Head::DataFollows(meta, um, None)) => {
                             let data = data.unwrap_or_else(|| comm.recv(src, tag));
                             *self = Pending::Data(meta, um, data);
+                        }
+                        Ok(Head::DataFollows(meta, um, Some(total))) => {
+                            let data = data.unwrap_or_else(|| comm.recv(src, tag));
+                            match Pieces::start(site, meta, um, total, data) {
+                                Ok(p) => *self = Pending::Pieces(p),
+                                Err(e) => return Poll::Ready(Err(e)),
+                            }
                         }
                         Err(e) => return Poll::Ready(Err(e)),
                     }
@@ -432,6 +603,23 @@ impl Pending {
                     };
                     *self = Pending::Done;
                     return Poll::Ready(Ok(f));
+                }
+                Pending::Pieces(p) => {
+                    let Poll::Ready(r) = Pin::new(&mut p.recv).poll(cx) else {
+                        return Poll::Pending;
+                    };
+                    let piece = match r {
+                        Ok(b) => b,
+                        Err(e) => return Poll::Ready(Err(site.comm(e))),
+                    };
+                    match p.add(site, src, piece) {
+                        Ok(Some(f)) => {
+                            *self = Pending::Done;
+                            return Poll::Ready(Ok(f));
+                        }
+                        Ok(None) => p.recv = comm.recv(src, tag),
+                        Err(e) => return Poll::Ready(Err(e)),
+                    }
                 }
                 Pending::Done => return Poll::Pending,
             }
@@ -1222,22 +1410,60 @@ mod tests {
         assert!(d.contains("different roots (0 and 2)"), "{d}");
     }
 
+    /// Pieces add up to the header's total in order; an empty piece or
+    /// one past the total is a mismatch naming the peer, not data.
+    #[test]
+    fn pieces_add_up_to_their_total_and_no_further() {
+        let site = Site {
+            rank: 1,
+            coll: CollKind::Shuffle,
+            op: braid_core::OpId(7),
+        };
+        let meta = Meta::new(CollKind::Shuffle, DType::Bytes);
+        // (A receive that never completes: `add` is handed the pieces.)
+        let comm = LocalComm::world(1).remove(0);
+        let start = || {
+            let recv = comm.recv(0, braid_core::Tag::new(OpId(1), 0));
+            Pieces::start(site, meta, Bytes::new(), 10, recv).unwrap()
+        };
+        let b = |v: &[u8]| Buffer::from_vec(v.to_vec());
+        let mut p = start();
+        assert!(p.add(site, 3, b(&[1, 2, 3, 4])).unwrap().is_none());
+        let f = p.add(site, 3, b(&[5, 6, 7, 8, 9, 10])).unwrap().unwrap();
+        assert_eq!(f.data.as_slice(), &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10]);
+        let mut p = start();
+        let e = p.add(site, 3, Buffer::default()).unwrap_err().to_string();
+        assert!(e.contains("rank 3") && e.contains("0 bytes"), "{e}");
+        let mut p = start();
+        assert!(p.add(site, 3, b(&[0; 8])).unwrap().is_none());
+        let e = p.add(site, 3, b(&[0; 3])).unwrap_err().to_string();
+        assert!(e.contains("10 bytes") && e.contains("after 8"), "{e}");
+        // Piece lengths: whole pages from 8 KiB up; a limit of 0 sends none.
+        assert_eq!(piece_len(i32::MAX as u64), (1 << 31) - 4096);
+        assert_eq!(piece_len(5000), 5000);
+        assert_eq!(pieces(10_001, 5000), 3);
+        assert_eq!(pieces(1, 0), u64::MAX);
+    }
+
     #[test]
     fn a_frame_send_never_polls_a_finished_send_again() {
         use futures::FutureExt as _;
         // The data's send finishes on its second poll; the header's at
         // once. An `async` block panics if polled after it finished, as
         // some backends' send futures do.
-        let mut polls = 0;
-        let data = std::future::poll_fn(move |cx| {
-            polls += 1;
-            if polls < 2 {
-                cx.waker().wake_by_ref();
-                Poll::Pending
-            } else {
-                Poll::Ready(Ok(()))
-            }
-        });
+        // The same for a pieced frame's later pieces.
+        let twice = || {
+            let mut polls = 0;
+            std::future::poll_fn(move |cx| {
+                polls += 1;
+                if polls < 2 {
+                    cx.waker().wake_by_ref();
+                    Poll::Pending
+                } else {
+                    Poll::Ready(Ok(()))
+                }
+            })
+        };
         let mut f = FrameSend {
             site: Site {
                 rank: 0,
@@ -1245,9 +1471,15 @@ mod tests {
                 op: braid_core::OpId(1),
             },
             head: Some(SendFuture::waiting(async { Ok(()) })),
-            data: Some(SendFuture::waiting(data)),
+            data: Some(SendFuture::waiting(twice())),
+            rest: vec![
+                SendFuture::waiting(async { Ok(()) }),
+                SendFuture::waiting(twice()),
+            ],
+            rest_done: 0,
         };
         assert!((&mut f).now_or_never().is_none(), "the data is pending");
+        assert!((&mut f).now_or_never().is_none(), "a piece is pending");
         assert!(matches!((&mut f).now_or_never(), Some(Ok(()))));
     }
     use braid_core::OpId;

@@ -317,6 +317,35 @@ fn a_rank_that_skips_a_call_fails_every_rank() {
     }
 }
 
+/// The suite over tcp with a message limit of 5000 bytes
+/// (`BRAID_MAX_MESSAGE`): every part larger than that goes as pieces
+/// (`wire`'s `PIECES`), the frames that would carry small data inline
+/// send it after their header, and each result still equals its
+/// reference. MPI's limit is 2 GiB - 1; `mpi.rs` runs the same suite
+/// under `BRAID_MPI_MAX_MESSAGE`.
+#[test]
+fn suite_tcp_in_pieces() {
+    let rt = runtime();
+    for n in RANK_COUNTS {
+        rt.block_on(async {
+            let comms = braid_core::comm::tcp::TcpComm::in_process_world_with(n, |c| {
+                c.max_message_bytes = 5000
+            })
+            .await
+            .expect("tcp world");
+            let ctxs = comms
+                .into_iter()
+                .map(|c| braid_core::world::context_for(Arc::new(c), MemoryLimits::UNLIMITED))
+                .collect();
+            let res = on_all(ctxs, |c| coll_suite::run(c, 90 + n as u64)).await;
+            for (r, x) in res.into_iter().enumerate() {
+                let line = x.unwrap_or_else(|e| panic!("{n} ranks, rank {r}: {e}"));
+                assert!(line.starts_with("coll ok"), "{line}");
+            }
+        });
+    }
+}
+
 #[test]
 fn suite_tcp_processes() {
     let rt = runtime();

@@ -375,11 +375,12 @@ fn an_unanswering_root_fails_within_the_timeout() {
     assert!(took < Duration::from_secs(30), "took {took:?}");
 }
 
-/// A send that only its own rank sees fail (a broadcast's data over the
-/// receiver's message limit, refused at the sender before any byte
-/// moves) aborts the job: the receiver, which already has the frame's
-/// header and waits for the data after it, gets an error in bounded time
-/// instead of waiting forever.
+/// A send that only its own rank sees fail (a broadcast's data that would
+/// take more than 65536 pieces of the message limit, refused at the
+/// sender before any byte moves) aborts the job: the receiver, which waits
+/// for the frame, gets an error in bounded time instead of waiting
+/// forever. (Data over the limit in fewer pieces goes through:
+/// `coll.rs`'s `suite_tcp_in_pieces`.)
 #[test]
 fn a_send_refused_at_the_sender_fails_the_receiver_too() {
     let rt = runtime();
@@ -392,8 +393,9 @@ fn a_send_refused_at_the_sender_fails_the_receiver_too() {
                 let ctx =
                     braid_core::world::context_for(c.clone(), braid_core::MemoryLimits::UNLIMITED);
                 tokio::spawn(async move {
+                    // 65537 pieces of 1024 bytes.
                     let data = (ctx.rank() == 0)
-                        .then(|| braid_core::Buffer::from_vec(vec![7u8; 64 << 10]));
+                        .then(|| braid_core::Buffer::from_vec(vec![7u8; 1024 * 65537]));
                     braid_coll::broadcast(&ctx, 0, data)
                         .await
                         .map(|_| ())
@@ -417,19 +419,21 @@ fn a_send_refused_at_the_sender_fails_the_receiver_too() {
     assert!(e1.contains("rank 0"), "rank 1: {e1}");
 }
 
-/// Sends over the limit on every rank at once (a ring step, a halo
-/// exchange, an AllToAll, an AllReduce, each rank's parts over tcp's
-/// message limit): each rank's own refused send fails its call in bounded
-/// time. Before, the calls awaited their receives first, from peers whose
-/// sends had failed alike, and every rank waited forever (seen over MPI,
-/// whose limit is 2 GiB).
+/// Sends refused on every rank at once (a ring step, a halo exchange, an
+/// AllToAll, an AllReduce, each rank's parts more than 65536 pieces of
+/// tcp's message limit): each rank's own refused send fails its call in
+/// bounded time. Before, the calls awaited their receives first, from
+/// peers whose sends had failed alike, and every rank waited forever (seen
+/// over MPI, whose limit is 2 GiB, before parts over it went as pieces).
 #[test]
 fn sends_refused_on_every_rank_fail_every_rank() {
     use braid_coll::{HaloExchange, ReduceKind};
     use braid_core::{Buffer, PackedData};
-    const LIMIT: u64 = 4096;
+    const LIMIT: u64 = 64;
+    // More than the 65536 pieces a frame may be sent as.
+    const PART: usize = 65537 * LIMIT as usize;
     let rt = runtime();
-    let big = || Buffer::from_vec(vec![3u8; 2 * LIMIT as usize]);
+    let big = || Buffer::from_vec(vec![3u8; PART]);
     for n in [2u32, 3, 5] {
         for what in [
             "sendrecv",
@@ -452,7 +456,7 @@ fn sends_refused_on_every_rank_fail_every_rank() {
                         );
                         tokio::spawn(async move {
                             let (r, n) = (ctx.rank(), ctx.nranks());
-                            let elems = n as usize * LIMIT as usize; // 8 B each: a part is 8x the limit
+                            let elems = n as usize * PART.div_ceil(8); // 8 B each: a part is PART bytes
                             let out = match what {
                                 "sendrecv" => {
                                     braid_coll::sendrecv(&ctx, (r + 1) % n, big(), (r + n - 1) % n)

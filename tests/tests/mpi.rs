@@ -188,14 +188,44 @@ fn mpi_collective_suite_at_the_smallest_tag_bound() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "a bound of 32766 was accepted");
     assert!(err.contains("MPI_TAG_UB"), "no tag-bound error: {err}");
-    collective_suite(Some("32767"));
+    collective_suite(Some(Env::TagUb("32767")));
 }
 
-fn collective_suite(tag_ub: Option<&str>) {
+/// The suite with messages of at most 5000 bytes (`BRAID_MPI_MAX_MESSAGE`,
+/// as MPI's own 2 GiB - 1 for larger data): every larger part goes as
+/// pieces, and each result still equals its reference. A value that is
+/// not a number of bytes is refused on every rank.
+#[test]
+fn mpi_collective_suite_in_pieces() {
+    let out = mpirun(2)
+        .env("BRAID_MPI_MAX_MESSAGE", "0")
+        .args(["coll", "1"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a limit of 0 bytes was accepted");
+    assert!(
+        err.contains("BRAID_MPI_MAX_MESSAGE"),
+        "no limit error: {err}"
+    );
+    collective_suite(Some(Env::MaxMessage("5000")));
+}
+
+/// The environment a run of the suite gets.
+#[derive(Debug, Clone, Copy)]
+enum Env {
+    /// `BRAID_MPI_TAG_UB`.
+    TagUb(&'static str),
+    /// `BRAID_MPI_MAX_MESSAGE`.
+    MaxMessage(&'static str),
+}
+
+fn collective_suite(tag_ub: Option<Env>) {
     for n in RANK_COUNTS {
         let mut cmd = mpirun(n);
         match tag_ub {
-            Some(ub) => cmd.env("BRAID_MPI_TAG_UB", ub),
+            Some(Env::TagUb(ub)) => cmd.env("BRAID_MPI_TAG_UB", ub),
+            Some(Env::MaxMessage(m)) => cmd.env("BRAID_MPI_MAX_MESSAGE", m),
             None => cmd.env("BRAID_COPY_THREADS", "2"),
         };
         let lines: Vec<String> = run_cmd(cmd, n, &["coll", &(800 + n).to_string()])

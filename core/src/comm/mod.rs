@@ -94,9 +94,9 @@ pub trait Communicator: Send + Sync + 'static {
     fn send(&self, dst: Rank, tag: Tag, data: Buffer) -> SendFuture;
 
     /// The largest message this backend sends to another rank (tcp's
-    /// `BRAID_MAX_MESSAGE`, MPI's 2 GiB - 1); `send` refuses a larger one.
-    /// A message made of parts (a header, then its data) checks the data
-    /// against it before sending either.
+    /// `BRAID_MAX_MESSAGE`, MPI's 2 GiB - 1 or `BRAID_MPI_MAX_MESSAGE`);
+    /// `send` refuses a larger one. Collectives send larger data as
+    /// pieces of at most this (braid-coll's frames).
     fn max_message(&self) -> u64 {
         u64::MAX
     }

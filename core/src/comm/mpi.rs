@@ -911,12 +911,38 @@ pub struct MpiComm {
     stats: Arc<Statistics>,
     tx: mpsc::Sender<Req>,
     shared: Arc<Shared>,
+    /// The largest message `send` takes: MPI's 2 GiB - 1 (a C `int` of
+    /// bytes), or less where `BRAID_MPI_MAX_MESSAGE` says. Collectives send
+    /// larger data as pieces of at most this.
+    max_message: u64,
+}
+
+/// The most bytes one MPI message can carry (its count is a C `int`).
+const MPI_MAX_MESSAGE: u64 = i32::MAX as u64;
+
+/// `BRAID_MPI_MAX_MESSAGE`, which lowers the largest message (to try
+/// collectives' pieced messages at small sizes); it never raises it.
+fn max_message_from_env(rank: Rank) -> Result<u64, CommError> {
+    let Ok(v) = std::env::var("BRAID_MPI_MAX_MESSAGE") else {
+        return Ok(MPI_MAX_MESSAGE);
+    };
+    match v.trim().parse::<u64>() {
+        Ok(m) if m >= 1 => Ok(m.min(MPI_MAX_MESSAGE)),
+        _ => Err(CommError::Bootstrap {
+            rank,
+            detail: format!(
+                "BRAID_MPI_MAX_MESSAGE={v:?} is not a number of bytes from 1 to {MPI_MAX_MESSAGE}"
+            ),
+        }),
+    }
 }
 
 impl MpiComm {
     /// Initialises MPI on a progress thread and joins MPI_COMM_WORLD.
     /// Call once per process.
     pub fn init() -> Result<MpiComm, CommError> {
+        // (Before MPI starts: a bad value fails every rank at once.)
+        let max_message = max_message_from_env(Rank::MAX)?;
         let (tx, rx) = mpsc::channel::<Req>();
         let (ready_tx, ready_rx) = mpsc::channel::<Result<Arc<Shared>, CommError>>();
         let mailbox = Arc::new(Mailbox::default());
@@ -944,6 +970,7 @@ impl MpiComm {
             stats,
             tx,
             shared,
+            max_message,
         })
     }
 
@@ -1208,7 +1235,7 @@ impl Communicator for MpiComm {
     }
 
     fn max_message(&self) -> u64 {
-        i32::MAX as u64
+        self.max_message
     }
 
     fn send(&self, dst: Rank, tag: Tag, data: Buffer) -> SendFuture {
@@ -1221,12 +1248,12 @@ impl Communicator for MpiComm {
         }
         // MPI counts bytes in a C int (rsmpi panics past it, in the
         // progress pass): refuse such a message here, where it is clear.
-        if data.len() > i32::MAX as usize {
+        if data.len() as u64 > self.max_message {
             return SendFuture::ready(Err(CommError::MessageTooLarge {
                 rank,
                 peer: dst,
                 size: data.len() as u64,
-                limit: i32::MAX as u64,
+                limit: self.max_message,
                 backend: "MPI",
             }));
         }
