@@ -75,4 +75,4 @@ pub use error::{CollError, CollKind};
 pub use halo::{Halo, HaloExchange};
 pub use handle::{Callback, Handle};
 pub use sendrecv::{sendrecv, start_sendrecv};
-pub use shuffle::{PartitionOwner, Shuffle};
+pub use shuffle::{PartitionOwner, Shuffle, remove_spill_dirs};

@@ -151,9 +151,30 @@ impl Store {
                 #[cfg(unix)]
                 std::os::unix::fs::DirBuilderExt::mode(&mut b, 0o700);
                 b.create(&self.dir)
+                    .map(|()| live_spill_dirs().push(self.dir.clone()))
                     .map_err(|e| format!("{}: {e}", self.dir.display()))
             })
             .clone()
+    }
+}
+
+/// The spill directories this process's live shuffles made.
+static LIVE_SPILL_DIRS: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+
+fn live_spill_dirs() -> std::sync::MutexGuard<'static, Vec<PathBuf>> {
+    LIVE_SPILL_DIRS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Removes the spill directories of every shuffle of this process that
+/// has not ended yet: for a process about to exit without waiting for
+/// them (a stopped or failed job whose blocking work still holds a
+/// shuffle's store; an MPI abort). Shuffles still running lose their
+/// spilled chunks; call it only on the way out.
+pub fn remove_spill_dirs() {
+    for d in std::mem::take(&mut *live_spill_dirs()) {
+        let _ = std::fs::remove_dir_all(d);
     }
 }
 
@@ -174,6 +195,7 @@ impl Drop for Store {
         // another's, and stays).
         if let Some(Ok(())) = self.dir_made.get() {
             let _ = std::fs::remove_dir_all(&self.dir);
+            live_spill_dirs().retain(|d| *d != self.dir);
         }
     }
 }

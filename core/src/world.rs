@@ -164,11 +164,44 @@ pub fn context_on(
 /// exited first. See [`exit_code`].
 pub const PEER_FAILED_EXIT: u8 = 4;
 
-/// The rank whose failure `err` only passes on: the first
-/// [`CommError`] in `err`'s chain of sources, if it
-/// says another rank aborted the job or died. `None` for a failure of the
+/// Another rank's failure as this rank learned it from the job's own
+/// agreement (the ranks' vote after a commit step, rank 0 refusing the
+/// job), not from the transport: a rank that fails only with it passes
+/// it on ([`caused_by_peer`]: exit status [`PEER_FAILED_EXIT`]), so that a
+/// launcher names the rank that failed on its own.
+#[derive(Debug, thiserror::Error)]
+#[error("{detail}")]
+pub struct PeerFailure {
+    /// The rank that failed on its own.
+    pub peer: Rank,
+    /// What it failed at, as this rank says it.
+    pub detail: String,
+}
+
+/// How long a rank that passes on another's failure ([`PeerFailure`])
+/// waits for that rank's abort before it aborts the job itself.
+const RELAY_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// The rank a [`PeerFailure`] in `err`'s chain names.
+fn relayed_from(err: &(dyn std::error::Error + 'static)) -> Option<Rank> {
+    let mut cur = Some(err);
+    while let Some(e) = cur {
+        if let Some(p) = e.downcast_ref::<PeerFailure>() {
+            return Some(p.peer);
+        }
+        cur = e.source();
+    }
+    None
+}
+
+/// The rank whose failure `err` only passes on: a [`PeerFailure`] in
+/// `err`'s chain of sources, or the first [`CommError`] there if it says
+/// another rank aborted the job or died. `None` for a failure of the
 /// rank's own (or one that names no peer).
 pub fn caused_by_peer(err: &(dyn std::error::Error + 'static)) -> Option<Rank> {
+    if let Some(p) = relayed_from(err) {
+        return Some(p);
+    }
     match *first_comm_error(err)? {
         CommError::Aborted { rank, peer, .. } if peer != rank => Some(peer),
         CommError::PeerDied { peer, .. } => Some(peer),
@@ -224,15 +257,50 @@ mod tests {
         };
         assert_eq!(caused_by_peer(&own), None);
     }
+
+    /// A failure passed on through the job's own vote (`PeerFailure`, as
+    /// a node's error) names the peer, also in the first-error report's
+    /// copy: a rank that relayed rank 0's failed commit was reported as
+    /// the job's error, and exited 1 as if it had failed on its own.
+    #[test]
+    fn a_relayed_failure_names_the_peer_in_the_report_too() {
+        let e = crate::graph::GraphError {
+            rank: 1,
+            node: "sink".into(),
+            source: crate::NodeError::other(PeerFailure {
+                peer: 0,
+                detail: "rank 0 could not move its part".into(),
+            }),
+        };
+        assert_eq!(caused_by_peer(&e), Some(0));
+        let r = Reported::of(&e);
+        assert_eq!(caused_by_peer(&r), Some(0));
+        assert_eq!(r.to_string(), e.to_string());
+    }
 }
 
 /// A copy of a rank's error for the first-error report (a `BoxError` is
-/// not `Clone`): its text, and the [`CommError`] of its
-/// chain as the source, so [`caused_by_peer`] still sees it.
+/// not `Clone`): its text, and the [`PeerFailure`] or else the
+/// [`CommError`] of its chain as the source, so [`caused_by_peer`] still
+/// sees them.
 #[derive(Debug)]
 struct Reported {
     text: String,
+    relayed: Option<PeerFailure>,
     comm: Option<CommError>,
+}
+
+impl Reported {
+    fn of(err: &(dyn std::error::Error + 'static)) -> Reported {
+        Reported {
+            text: err.to_string(),
+            relayed: relayed_from(err).map(|peer| PeerFailure {
+                peer,
+                detail: err.to_string(),
+            }),
+            comm: first_comm_error(err).cloned(),
+        }
+    }
 }
 
 impl std::fmt::Display for Reported {
@@ -243,9 +311,11 @@ impl std::fmt::Display for Reported {
 
 impl std::error::Error for Reported {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        self.comm
-            .as_ref()
-            .map(|c| c as &(dyn std::error::Error + 'static))
+        match (&self.relayed, &self.comm) {
+            (Some(p), _) => Some(p as &(dyn std::error::Error + 'static)),
+            (None, Some(c)) => Some(c as &(dyn std::error::Error + 'static)),
+            (None, None) => None,
+        }
     }
 }
 
@@ -449,8 +519,29 @@ fn run_shared<T: Send + 'static>(
             outcomes.push(h.await);
         }
         Ok::<_, RankError>(outcomes)
-    })?;
-    collect(outcomes, &err_rx)
+    });
+    let failed = match &outcomes {
+        Ok(o) => o.iter().any(|o| !matches!(o, Ok(Ok(_)))),
+        Err(_) => true,
+    };
+    end_runtime(rt, failed);
+    collect(outcomes?, &err_rx)
+}
+
+/// Ends a rank's runtime once its tasks are done. After a failure (a stop
+/// signal, an error) without waiting for its blocking work: dropping the
+/// runtime waits for every `spawn_blocking` task, and a local sort or a
+/// kernel pass there kept a stopped job running for seconds (Ctrl-C at
+/// 2 s of a 3.6 s job took 2.4 s to act). That work's threads end with
+/// the process, or with their work; what they hold is dropped then
+/// (shuffles' spill files: `braid_coll::remove_spill_dirs` removes them
+/// for a process that exits first).
+fn end_runtime(rt: tokio::runtime::Runtime, failed: bool) {
+    if failed {
+        rt.shutdown_background();
+    } else {
+        drop(rt);
+    }
 }
 
 /// Each of `nranks` in-process ranks on a runtime of its own, of
@@ -481,7 +572,9 @@ fn run_rank_threads<T: Send + 'static>(
             .name(format!("braid-rank-{rank}"))
             .spawn(move || {
                 let task = rt.spawn(crate::event::spawned_task(task));
-                rt.block_on(task)
+                let out = rt.block_on(task);
+                end_runtime(rt, !matches!(out, Ok(Ok(_))));
+                out
             });
         match started {
             Ok(t) => threads.push(t),
@@ -609,6 +702,18 @@ where
                 .map_err(|e| Box::new(e) as BoxError)
         }
         Err(e) => {
+            // A failure passed on from the job's own vote: the rank it
+            // names fails on its own and aborts the job itself. This
+            // rank's abort, sent at once, could reach that rank before its
+            // own error and stand in for it (rank 0 refused the job, and
+            // said "aborted by rank 1"): it waits for that abort first,
+            // within a bound.
+            if relayed_from(e.as_ref()).is_some() {
+                let t0 = std::time::Instant::now();
+                while comm.failure().is_none() && t0.elapsed() < RELAY_WAIT {
+                    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+                }
+            }
             comm.abort(&e.to_string());
             // Lets the abort notice reach the other ranks.
             let _ = comm.shutdown().await;
@@ -626,10 +731,7 @@ where
     r.map(|v| (rank, v)).map_err(|source| {
         let _ = first_error.send(RankError {
             rank,
-            source: Box::new(Reported {
-                text: source.to_string(),
-                comm: first_comm_error(source.as_ref()).cloned(),
-            }),
+            source: Box::new(Reported::of(source.as_ref())),
         });
         RankError { rank, source }
     })

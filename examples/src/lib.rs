@@ -115,11 +115,32 @@ pub fn exit_code(err: &(dyn std::error::Error + 'static)) -> std::process::ExitC
             Some(LaunchError::TimedOut { .. }) => {
                 return std::process::ExitCode::from(TIMED_OUT_EXIT);
             }
+            Some(e @ LaunchError::RankFailed { .. }) => {
+                return std::process::ExitCode::from(failed_rank_status(e));
+            }
             _ => {}
         }
         cur = e.source();
     }
     braid_core::world::exit_code(err)
+}
+
+/// The exit status a launcher of tcp ranks ends with when `e` says a
+/// rank failed: that rank's own (a usage error's 2 stays 2), or 1 where
+/// it has none in 1..=255 (killed by a signal).
+pub fn failed_rank_status(e: &LaunchError) -> u8 {
+    match e {
+        LaunchError::RankFailed { rank, report, .. } => report
+            .status
+            .get(*rank as usize)
+            .copied()
+            .flatten()
+            .and_then(|s| s.code())
+            .and_then(|c| u8::try_from(c).ok())
+            .filter(|c| *c != 0)
+            .unwrap_or(1),
+        _ => 1,
+    }
 }
 
 /// Writes to stdout as `print!` does, except that a closed stdout (the

@@ -206,11 +206,16 @@ impl RollingJob {
     /// would write inconsistent results without a word, and a rank told
     /// to write an output that another was not would wait for ever in a
     /// commit the other never joins.
-    pub async fn agree(&self, ctx: &Context) -> Result<(), NodeError> {
-        // The values only, each ended by a NUL (the names are the same
-        // on every rank; no path or column name holds a NUL).
+    ///
+    /// `refused`: why this rank cannot run the job (rank 0 could not take
+    /// the output): every rank then fails with it.
+    pub async fn agree(&self, ctx: &Context, refused: Option<String>) -> Result<(), NodeError> {
+        // A refusal first, then the values only, each ended by a NUL (the
+        // names are the same on every rank; no path or column name holds
+        // a NUL, and a refusal's NULs become spaces).
         let terms = self.terms();
-        let mut mine = Vec::new();
+        let mut mine = refused.unwrap_or_default().replace('\0', " ").into_bytes();
+        mine.push(0);
         for (_, value) in &terms {
             mine.extend_from_slice(value.as_bytes());
             mine.push(0);
@@ -218,7 +223,25 @@ impl RollingJob {
         let all = allgather_parts::<u8>(ctx, mine)
             .await
             .map_err(NodeError::other)?;
-        let all: Vec<_> = all.iter().map(|p| p.as_slice()).collect();
+        let split = |p: &[u8]| -> (String, Vec<u8>) {
+            let at = p.iter().position(|c| *c == 0).unwrap_or(p.len());
+            (
+                String::from_utf8_lossy(&p[..at]).into_owned(),
+                p.get(at + 1..).unwrap_or_default().to_vec(),
+            )
+        };
+        let all: Vec<(String, Vec<u8>)> = all.iter().map(|p| split(&p.as_slice())).collect();
+        if let Some((r, (why, _))) = all.iter().enumerate().find(|(_, (w, _))| !w.is_empty()) {
+            return Err(if r == ctx.rank() as usize {
+                NodeError::other(DataError::Invalid(why.clone()))
+            } else {
+                NodeError::other(braid_core::world::PeerFailure {
+                    peer: r as u32,
+                    detail: format!("rank {r} cannot run the job: {why}"),
+                })
+            });
+        }
+        let all: Vec<&[u8]> = all.iter().map(|(_, t)| t.as_slice()).collect();
         let Some((first, rest)) = all.split_first() else {
             return Ok(());
         };
@@ -251,7 +274,19 @@ impl RollingJob {
         ctx: Context,
         progress: Option<Arc<JobProgress>>,
     ) -> Result<JobCounts, NodeError> {
-        self.agree(&ctx).await?;
+        // Rank 0 takes the output before any rank stages a byte; where it
+        // cannot (a second job writing it), every rank fails at the
+        // agreement with rank 0's error.
+        let lock = match &self.output {
+            Output::File(f) if ctx.rank() == 0 => Some(f.lock()),
+            _ => None,
+        };
+        let refused = match &lock {
+            Some(Err(e)) => Some(e.to_string()),
+            _ => None,
+        };
+        self.agree(&ctx, refused).await?;
+        let _lock = lock.transpose()?;
         let schema = self.source.schema()?;
         let out_schema = self.spec.output_schema(&schema)?;
         let (src_tx, src_rx) = channel(4);

@@ -86,6 +86,7 @@ pub mod error;
 pub mod gpu;
 pub mod ipc;
 pub mod job;
+pub mod output_lock;
 pub mod parquet_writer;
 pub mod partition;
 pub mod rolling;

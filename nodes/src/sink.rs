@@ -55,6 +55,7 @@ use parquet::schema::types::ColumnPath;
 
 use crate::csv_writer::CsvWriter;
 use crate::error::{DataError, Result};
+use crate::output_lock::{OutputLock, beside};
 use crate::parquet_writer::{ColumnParallelWriter, concat_parquet};
 use crate::partition::check_columns;
 
@@ -130,11 +131,16 @@ impl SinkTarget {
     fn staging(&self) -> PathBuf {
         match self {
             SinkTarget::Dir(d) => d.join(".braid-staging"),
-            SinkTarget::File(f) => {
-                let mut s = f.as_os_str().to_owned();
-                s.push(".braid-staging");
-                PathBuf::from(s)
-            }
+            SinkTarget::File(f) => beside(f, "", ".braid-staging"),
+        }
+    }
+
+    /// The lock file of the output ([`FileSink::lock`]): in a directory
+    /// output (hidden, as its staging area), beside a one-file output.
+    fn lock_path(&self) -> PathBuf {
+        match self {
+            SinkTarget::Dir(d) => d.join(".braid-lock"),
+            SinkTarget::File(f) => beside(f, "", ".braid-lock"),
         }
     }
 }
@@ -387,6 +393,7 @@ impl FileSink {
     /// runs, so that nothing a failed or cancelled job staged is left
     /// behind.
     pub fn staged(&self, rank: u32) -> Staged {
+        live_staged().push(self.target.staging());
         Staged {
             sink: self.clone(),
             part: self.part(rank),
@@ -411,9 +418,42 @@ impl FileSink {
         self.write_part(&mut input, &part).await
     }
 
-    /// Removes the staging area (after a failure outside the graph).
+    /// Takes the output for this job (call on rank 0, before the ranks
+    /// agree on the job, so that no rank stages anything without it):
+    /// fails where another job holds it, and removes what a killed
+    /// earlier job left staged. Hold the lock until the commit is done.
+    pub fn lock(&self) -> Result<OutputLock> {
+        let path = self.target.lock_path();
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(|e| DataError::file(dir, e))?;
+        }
+        let lock = OutputLock::acquire(path, self.target.path())?;
+        if lock.held() {
+            // No job stages here but this one now: a staging area (or a
+            // file of its name) is a killed job's.
+            let staging = self.target.staging();
+            match std::fs::symlink_metadata(&staging) {
+                Ok(m) if m.is_dir() => {
+                    let _ = std::fs::remove_dir_all(&staging);
+                }
+                Ok(_) => {
+                    let _ = std::fs::remove_file(&staging);
+                }
+                Err(_) => {}
+            }
+        }
+        Ok(lock)
+    }
+
+    /// Removes the staging area after a failure outside the graph (an MPI
+    /// abort ends the process without running the `Staged` guard): only
+    /// while this process has a [`Staged`] of it, since otherwise the area
+    /// may be another job's (one whose lock made this job fail).
     pub fn abandon(&self) {
-        let _ = std::fs::remove_dir_all(self.target.staging());
+        let staging = self.target.staging();
+        if live_staged().contains(&staging) {
+            let _ = std::fs::remove_dir_all(staging);
+        }
     }
 
     /// Whether `b` has the sink's columns (names and types, in order;
@@ -622,12 +662,7 @@ const REPLACED: &str = ".braid-replaced";
 /// reader takes for data (`DIR/.part-00001.parquet.braid-replaced`,
 /// `FILE.braid-replaced`).
 fn replaced_path(dest: &Path, hidden: bool) -> PathBuf {
-    let name = dest
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let dot = if hidden { "." } else { "" };
-    dest.with_file_name(format!("{dot}{name}{REPLACED}"))
+    beside(dest, if hidden { "." } else { "" }, REPLACED)
 }
 
 /// Moves `src` to `dest`. A file already at `dest` keeps a second name
@@ -766,13 +801,15 @@ impl Staged {
         let failed = first_failed(ctx, mine.is_ok()).await;
         mine?;
         if let Some(r) = failed? {
-            return Err(DataError::file(
-                dir,
-                format!(
-                    "rank {r} could not move its part into place; the output is left as it was"
+            return Err(relayed(
+                r,
+                DataError::file(
+                    dir,
+                    format!(
+                        "rank {r} could not move its part into place; the output is left as it was"
+                    ),
                 ),
-            )
-            .into());
+            ));
         }
         if rank == 0 {
             // Every rank's earlier files are obsolete now, also those a
@@ -807,12 +844,14 @@ impl Staged {
         // failed: a stopped rank removes its part).
         let failed = first_failed(ctx, mine.is_ok()).await?;
         mine?;
-        if failed.is_some() {
-            return Err(DataError::file(
-                file,
-                "rank 0 could not join the ranks' parts; the output is left as it was",
-            )
-            .into());
+        if let Some(r) = failed {
+            return Err(relayed(
+                r,
+                DataError::file(
+                    file,
+                    "rank 0 could not join the ranks' parts; the output is left as it was",
+                ),
+            ));
         }
         let _placing = PlacingGuard::new();
         let mine = if rank == 0 {
@@ -822,19 +861,47 @@ impl Staged {
         };
         let failed = first_failed(ctx, mine.is_ok()).await;
         mine?;
-        if failed?.is_some() {
-            return Err(DataError::file(
-                file,
-                "rank 0 could not move the joined file into place; the output is left as it was",
-            )
-            .into());
+        if let Some(r) = failed? {
+            return Err(relayed(
+                r,
+                DataError::file(
+                    file,
+                    "rank 0 could not move the joined file into place; the output is left as it was",
+                ),
+            ));
         }
         Ok(())
     }
 }
 
+/// A commit step's failure on rank `r` as every rank reports it: this
+/// rank's own error where it is `r` (which returns its own error before
+/// this), else passed on ([`braid_core::world::PeerFailure`]).
+fn relayed(r: u32, e: DataError) -> NodeError {
+    NodeError::other(braid_core::world::PeerFailure {
+        peer: r,
+        detail: e.to_string(),
+    })
+}
+
+/// The staging areas of this process's live [`Staged`] guards (one
+/// entry per guard).
+static LIVE_STAGED: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+
+fn live_staged() -> std::sync::MutexGuard<'static, Vec<PathBuf>> {
+    LIVE_STAGED
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 impl Drop for Staged {
     fn drop(&mut self) {
+        {
+            let mut live = live_staged();
+            if let Some(i) = live.iter().position(|p| *p == self.staging) {
+                live.swap_remove(i);
+            }
+        }
         self.stop.store(true, Ordering::Relaxed);
         while let Some(m) = self.moved.pop() {
             m.undo();

@@ -10,6 +10,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail by panicking
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -934,4 +935,145 @@ fn a_null_typed_value_column_gives_empty_windows() {
             shutdown_all(&tcp).await;
         });
     }
+}
+
+/// Two jobs writing one output: while one holds it (its lock, and files in
+/// its staging area), a second fails on every rank, rank 0 naming the
+/// holder, and leaves the first's staging alone, also where the program
+/// then abandons its own (as `rolling` does on an error). Once the first
+/// lets go, the second runs and commits, removing what the first left
+/// staged and its lock. Directory and one-file outputs, local and tcp.
+/// (Two concurrent jobs shared the staging area: one removed the other's
+/// files, and the last to finish could commit a mixed or truncated output
+/// and exit 0.)
+#[test]
+fn a_second_job_on_one_output_fails_and_leaves_the_first_alone() {
+    use braid_nodes::sink::{FileFormat, FileSink, SinkTarget};
+    let rt = runtime();
+    let base = std::env::temp_dir().join(format!("braid-two-jobs-{}", std::process::id()));
+    let rows: Vec<Row> = (0..50)
+        .map(|i| Row {
+            id: i,
+            ts: i * 3,
+            key: Some(i % 4),
+            v: Some(i as f64),
+        })
+        .collect();
+    let schema = schema(&DataType::Int64, Grouping::None);
+    let data = batch(&rows, &DataType::Int64, Grouping::None);
+    let spec = RollingSpec {
+        order: "ts".into(),
+        by: vec![],
+        values: vec!["v".into()],
+        window: Window::Fixed(10),
+        closed: Closed::Right,
+        aggs: vec![Agg::Sum, Agg::Count],
+    };
+    for n in [1u32, 3] {
+        for (t, target) in [
+            SinkTarget::Dir(base.join(format!("d{n}"))),
+            SinkTarget::File(base.join(format!("f{n}.parquet"))),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            for backend in ["local", "tcp"] {
+                let sink = FileSink {
+                    format: FileFormat::Parquet,
+                    target: target.clone(),
+                    schema: schema.clone(),
+                };
+                let run = |ctxs: Vec<Context>| {
+                    // Every rank's communicator stays open until all have
+                    // ended: one dropped early reads as a dead peer.
+                    let keep = ctxs.clone();
+                    let hs: Vec<_> = ctxs
+                        .into_iter()
+                        .enumerate()
+                        .map(|(r, ctx)| {
+                            let job = RollingJob {
+                                source: Source::Memory(
+                                    schema.clone(),
+                                    if r == 0 { vec![data.clone()] } else { vec![] },
+                                ),
+                                spec: spec.clone(),
+                                output: Output::File(sink.clone()),
+                                chunk_rows: 16,
+                                device: braid_nodes::job::Device::Cpu,
+                            };
+                            tokio::spawn(async move { job.run(ctx, None).await })
+                        })
+                        .collect();
+                    async move {
+                        let mut out = Vec::new();
+                        for h in hs {
+                            let r = tokio::time::timeout(Duration::from_secs(30), h)
+                                .await
+                                .expect("a rank hung")
+                                .unwrap();
+                            out.push(r.map(|c| c.rows_out).map_err(|e| e.to_string()));
+                        }
+                        drop(keep);
+                        out
+                    }
+                };
+                let what = format!("{n} ranks, target {t}, {backend}");
+                // The first job: its lock, and a file in its staging area.
+                let first = sink.lock().unwrap();
+                let staging = match &target {
+                    SinkTarget::Dir(d) => d.join(".braid-staging"),
+                    SinkTarget::File(f) => PathBuf::from(format!("{}.braid-staging", f.display())),
+                };
+                std::fs::create_dir_all(&staging).unwrap();
+                let theirs = staging.join("part-00000.parquet");
+                std::fs::write(&theirs, b"the first job's part").unwrap();
+                let ctxs = |n| async move {
+                    let (local, tcp) = local_and_tcp(n).await;
+                    if backend == "local" { local } else { tcp }
+                };
+                let res = rt.block_on(async { run(ctxs(n).await).await });
+                let e0 = res[0].clone().expect_err(&what);
+                assert!(
+                    e0.contains("another job is writing this output")
+                        && e0.contains(&std::process::id().to_string()),
+                    "{what}: {e0}"
+                );
+                for (r, x) in res.iter().enumerate() {
+                    assert!(x.is_err(), "{what}: rank {r} succeeded");
+                }
+                sink.abandon();
+                assert_eq!(
+                    std::fs::read(&theirs).unwrap(),
+                    b"the first job's part",
+                    "{what}"
+                );
+                drop(first);
+                let res = rt.block_on(async {
+                    let c = ctxs(n).await;
+                    let res = run(c.clone()).await;
+                    if backend == "tcp" {
+                        shutdown_all(&c).await;
+                    }
+                    res
+                });
+                let out: u64 = res
+                    .into_iter()
+                    .map(|x| x.unwrap_or_else(|e| panic!("{what}: {e}")))
+                    .sum();
+                assert_eq!(out, rows.len() as u64, "{what}");
+                assert!(!staging.exists(), "{what}: the first job's staging is left");
+                let lock = match &target {
+                    SinkTarget::Dir(d) => d.join(".braid-lock"),
+                    SinkTarget::File(f) => PathBuf::from(format!("{}.braid-lock", f.display())),
+                };
+                assert!(!lock.exists(), "{what}: the lock file is left");
+                // Every row written, in the part files or the one file.
+                let written = Source::at(target.path().to_path_buf())
+                    .known_rows()
+                    .unwrap();
+                assert_eq!(written, Some(rows.len() as u64), "{what}");
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(&base);
 }

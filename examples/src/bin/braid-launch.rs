@@ -1,6 +1,7 @@
 //! `braid-launch -n N -- PROGRAM ARGS...`: starts N ranks of a tcp job on
 //! this host, prefixes their output with the rank, and fails (ending the
-//! others) as soon as one rank fails; with `--timeout SECS` it also stops
+//! others, exiting with the failed rank's status) as soon as one rank
+//! fails; with `--timeout SECS` it also stops
 //! a job that runs too long (a rank stuck waiting) and exits 124.
 
 use std::ffi::OsString;
@@ -72,6 +73,11 @@ fn main() -> ExitCode {
         Err(e @ LaunchError::TimedOut { .. }) => {
             eprintln!("braid-launch: {e}");
             ExitCode::from(TIMED_OUT_EXIT)
+        }
+        Err(e @ LaunchError::RankFailed { .. }) => {
+            eprintln!("braid-launch: {e}");
+            // The failed rank's own status (its usage error's 2, say).
+            ExitCode::from(braid_examples::failed_rank_status(&e))
         }
         Err(e) => {
             eprintln!("braid-launch: {e}");

@@ -759,6 +759,7 @@ fn main() -> ExitCode {
     {
         let (sink, created) = (sink.clone(), created.clone());
         braid_core::world::on_process_abort(move || {
+            braid_coll::remove_spill_dirs();
             if let Some(s) = &sink {
                 s.abandon();
             }
@@ -835,6 +836,9 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(e) => {
+            // Blocking work of the failed job may still run (its ranks'
+            // runtimes did not wait for it): what it spilled goes now.
+            braid_coll::remove_spill_dirs();
             if let Some(s) = sink {
                 s.abandon();
             }
