@@ -1033,6 +1033,46 @@ fn tcp_backend_runs_the_job_in_processes() {
     assert!(tcp.exists() && local.exists());
 }
 
+/// Ranks in different working directories given one relative output
+/// path would write one output's parts to two directories (each looking
+/// whole) and read different inputs as one: the ranks compare absolute
+/// paths, so the job fails on every rank naming both, and nothing is
+/// written. (Ranks started by braid-launch through `sh -c 'cd dR; ...'`,
+/// as mpirun's `-wdir` starts them.)
+#[test]
+fn ranks_in_other_directories_compare_absolute_paths() {
+    let scratch = Scratch::new("cli-wdir");
+    let d = scratch.path();
+    for r in 0..2 {
+        std::fs::create_dir_all(d.join(format!("d{r}"))).unwrap();
+    }
+    let script = format!(
+        "cd {}/d$BRAID_RANK && exec {} --rows 1000 --output out/",
+        d.display(),
+        env!("CARGO_BIN_EXE_rolling")
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_braid-launch"))
+        .args(["-n", "2", "--timeout", "60", "--", "sh", "-c", &script])
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!out.status.success(), "{text}");
+    assert!(
+        text.contains("given different jobs")
+            && text.contains(&format!("{}/d0/out", d.display()))
+            && text.contains(&format!("{}/d1/out", d.display())),
+        "{text}"
+    );
+    for r in 0..2 {
+        let o = d.join(format!("d{r}/out"));
+        assert!(!o.join("part-00000.parquet").exists() && !o.join("part-00001.parquet").exists());
+    }
+}
+
 /// A job stopped by SIGTERM, SIGINT or SIGHUP exits 130 and leaves no output, no
 /// staging and no spill files: in-process ranks, and ranks in processes
 /// of their own (tcp), which the launcher asks to stop (SIGTERM) before

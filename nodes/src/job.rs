@@ -160,9 +160,18 @@ impl RollingJob {
                 v.join(",")
             }
         };
+        // Paths as absolute ones: ranks in other working directories
+        // (mpirun's MPMD form with `-wdir`) given one relative path name
+        // different files, and wrote one output's parts to two places.
+        let abs = |p: &std::path::Path| {
+            std::path::absolute(p)
+                .unwrap_or_else(|_| p.to_path_buf())
+                .display()
+                .to_string()
+        };
         let input = match &self.source {
-            Source::Parquet(p) => format!("Parquet at {}", p.display()),
-            Source::Csv(p) => format!("CSV at {}", p.display()),
+            Source::Parquet(p) => format!("Parquet at {}", abs(p)),
+            Source::Csv(p) => format!("CSV at {}", abs(p)),
             Source::Memory(..) => "batches in memory".to_string(),
             Source::Generator(g) => format!(
                 "generated ({} rows, {} keys, span {}, seed {}, null fraction {}, {})",
@@ -180,8 +189,8 @@ impl RollingJob {
         };
         let output = match &self.output {
             Output::File(f) => match &f.target {
-                SinkTarget::Dir(p) => format!("the directory {} ({:?})", p.display(), f.format),
-                SinkTarget::File(p) => format!("the file {}", p.display()),
+                SinkTarget::Dir(p) => format!("the directory {} ({:?})", abs(p), f.format),
+                SinkTarget::File(p) => format!("the file {}", abs(p)),
             },
             Output::Collect(_) => "memory".to_string(),
             Output::Discard => "none".to_string(),

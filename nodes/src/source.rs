@@ -358,6 +358,16 @@ fn data_file_below(dir: &Path, depth: u32) -> Option<PathBuf> {
 }
 
 fn parquet_builder(path: &Path) -> Result<ParquetRecordBatchReaderBuilder<File>> {
+    let meta = parquet_meta(path)?;
+    let f = File::open(path).map_err(|e| DataError::file(path, e))?;
+    Ok(ParquetRecordBatchReaderBuilder::new_with_metadata(f, meta))
+}
+
+/// The file's footer as the reader takes it (the schema hints of
+/// [`parquet_builder`]), read once and shared by every piece of the file
+/// read: a footer re-read per row group cost O(row groups) each, and a
+/// file of 8000 one-row groups took 57 s to read.
+fn parquet_meta(path: &Path) -> Result<parquet::arrow::arrow_reader::ArrowReaderMetadata> {
     use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions};
     let f = File::open(path).map_err(|e| DataError::file(path, e))?;
     let meta = ArrowReaderMetadata::load(&f, ArrowReaderOptions::new()).map_err(|e| {
@@ -383,7 +393,7 @@ fn parquet_builder(path: &Path) -> Result<ParquetRecordBatchReaderBuilder<File>>
         .map_err(|e| DataError::file(path, e))?,
         ((_, false), None) => meta,
     };
-    Ok(ParquetRecordBatchReaderBuilder::new_with_metadata(f, meta))
+    Ok(meta)
 }
 
 /// `schema` with the dictionary types the Parquet reader cannot build
@@ -485,37 +495,54 @@ fn zones_kept(meta: &parquet::arrow::arrow_reader::ArrowReaderMetadata) -> Optio
     changed.then(|| Arc::new(Schema::new_with_metadata(fields, schema.metadata().clone())))
 }
 
-/// Rows `start..start + len` of row group `g` of the Parquet file `f`, in
-/// chunks of at most `chunk_rows` rows.
-fn read_parquet_piece(
-    f: &Path,
-    g: usize,
+/// A unit of a Parquet input that one rank reads: rows `start..start +
+/// len` of one row group, or several whole row groups (small ones put
+/// together, `start` 0 and `len` their rows).
+struct ParquetPiece {
+    file: PathBuf,
+    meta: parquet::arrow::arrow_reader::ArrowReaderMetadata,
+    groups: Vec<usize>,
     start: usize,
     len: usize,
-    chunk_rows: usize,
-) -> Result<Vec<RecordBatch>> {
+}
+
+/// A piece's rows, in chunks of at most `chunk_rows` rows.
+fn read_parquet_piece(p: &ParquetPiece, chunk_rows: usize) -> Result<Vec<RecordBatch>> {
     use parquet::arrow::arrow_reader::{RowSelection, RowSelector};
-    let selection = RowSelection::from(vec![RowSelector::skip(start), RowSelector::select(len)]);
-    let builder = parquet_builder(f)?;
+    let f = &p.file;
+    let file = File::open(f).map_err(|e| DataError::file(f, e))?;
+    let builder = ParquetRecordBatchReaderBuilder::new_with_metadata(file, p.meta.clone());
     let days_ms = DataType::Interval(arrow_schema::IntervalUnit::DayTime);
     let intervals = builder
         .schema()
         .fields()
         .iter()
         .any(|x| x.data_type() == &days_ms);
-    let reader = builder
-        .with_row_groups(vec![g])
-        .with_row_selection(selection)
+    let mut builder = builder
+        .with_row_groups(p.groups.clone())
         // The reader sizes its buffers for a whole batch up front; smaller
         // chunks are allowed ("at most").
-        .with_batch_size(chunk_rows.min(READ_BATCH_ROWS))
-        .build()
-        .map_err(|e| DataError::file(f, e))?;
+        .with_batch_size(chunk_rows.min(READ_BATCH_ROWS));
+    if let [_] = p.groups[..] {
+        builder = builder.with_row_selection(RowSelection::from(vec![
+            RowSelector::skip(p.start),
+            RowSelector::select(p.len),
+        ]));
+    }
+    let reader = builder.build().map_err(|e| DataError::file(f, e))?;
     let batches = reader
         .map(|b| b.map_err(|e| DataError::file(f, e)))
         .collect::<Result<Vec<_>>>()?;
     if intervals {
-        check_interval_months(f, g, start, len)?;
+        match p.groups[..] {
+            [g] => check_interval_months(f, &p.meta, g, p.start, p.len)?,
+            _ => {
+                for &g in &p.groups {
+                    let rows = p.meta.metadata().row_group(g).num_rows().max(0) as usize;
+                    check_interval_months(f, &p.meta, g, 0, rows)?;
+                }
+            }
+        }
     }
     Ok(batches)
 }
@@ -527,15 +554,20 @@ fn read_parquet_piece(
 /// so the job would carry `1 month 2 days` on as `2 days` without a word.
 /// The months are read here as a second, hinted read of those columns
 /// alone (called only for files with such columns).
-fn check_interval_months(f: &Path, g: usize, start: usize, len: usize) -> Result<()> {
+fn check_interval_months(
+    f: &Path,
+    footer: &parquet::arrow::arrow_reader::ArrowReaderMetadata,
+    g: usize,
+    start: usize,
+    len: usize,
+) -> Result<()> {
     use arrow_array::{Array, IntervalYearMonthArray};
     use arrow_schema::IntervalUnit;
     use parquet::arrow::ProjectionMask;
     use parquet::arrow::arrow_reader::{
         ArrowReaderMetadata, ArrowReaderOptions, RowSelection, RowSelector,
     };
-    let builder = parquet_builder(f)?;
-    let schema = builder.schema().clone();
+    let schema = footer.schema().clone();
     let days_ms = DataType::Interval(IntervalUnit::DayTime);
     let intervals: Vec<usize> = (0..schema.fields().len())
         .filter(|&i| schema.field(i).data_type() == &days_ms)
@@ -558,7 +590,7 @@ fn check_interval_months(f: &Path, g: usize, start: usize, len: usize) -> Result
         schema.metadata().clone(),
     );
     let meta = ArrowReaderMetadata::try_new(
-        builder.metadata().clone(),
+        footer.metadata().clone(),
         ArrowReaderOptions::new().with_schema(Arc::new(hinted)),
     )
     .map_err(|e| DataError::file(f, e))?;
@@ -990,22 +1022,43 @@ impl Source {
                 // bytes), which bounds the read-ahead below.
                 let mut widest = 0u64;
                 for f in &files {
-                    let b = parquet_builder(f)?;
-                    for (g, rg) in b.metadata().row_groups().iter().enumerate() {
-                        groups.push((f.clone(), g, rg.num_rows().max(0) as usize));
+                    let meta = parquet_meta(f)?;
+                    for (g, rg) in meta.metadata().row_groups().iter().enumerate() {
+                        groups.push((f.clone(), meta.clone(), g, rg.num_rows().max(0) as usize));
                         widest = widest.max(rg.total_byte_size().max(0) as u64);
                     }
                 }
                 let pieces = n.div_ceil(groups.len().max(1)).max(1);
-                let mut work = Vec::new();
-                for (f, g, rows) in groups {
+                let mut work: Vec<ParquetPiece> = Vec::new();
+                for (f, meta, g, rows) in groups {
+                    // Small row groups of one file are read together, up
+                    // to a chunk's rows (8000 one-row groups were 8000
+                    // reads and chunks).
+                    if pieces == 1 {
+                        // (Every piece is whole row groups here.)
+                        if let Some(last) = work.last_mut().filter(|l| {
+                            l.file == f
+                                && l.groups.last() == Some(&g.wrapping_sub(1))
+                                && l.len + rows <= chunk_rows
+                        }) {
+                            last.groups.push(g);
+                            last.len += rows;
+                            continue;
+                        }
+                    }
                     for p in 0..pieces {
                         // In u128: a footer's row count times pieces may
                         // not fit a usize.
                         let cut = |q: usize| (rows as u128 * q as u128 / pieces as u128) as usize;
                         let (lo, hi) = (cut(p), cut(p + 1));
                         if hi > lo || (p == 0 && rows == 0) {
-                            work.push((f.clone(), g, lo, hi - lo));
+                            work.push(ParquetPiece {
+                                file: f.clone(),
+                                meta: meta.clone(),
+                                groups: vec![g],
+                                start: lo,
+                                len: hi - lo,
+                            });
                         }
                     }
                 }
@@ -1023,12 +1076,12 @@ impl Source {
                     .filter(|(k, _)| k % n == rank)
                     .map(|(_, piece)| piece);
                 let mut reads = futures::stream::iter(mine)
-                    .map(|(f, g, start, len)| {
+                    .map(|piece| {
                         let table = table.clone();
                         tokio::task::spawn_blocking(move || {
-                            read_parquet_piece(&f, g, start, len, chunk_rows)?
+                            read_parquet_piece(&piece, chunk_rows)?
                                 .into_iter()
-                                .map(|b| as_table(b, &table, &f))
+                                .map(|b| as_table(b, &table, &piece.file))
                                 .collect::<Result<Vec<_>>>()
                         })
                     })
@@ -1152,6 +1205,20 @@ impl Source {
     }
 }
 
+/// (Tests.) Rows `0..len` of row group `g` of `f`, in chunks of at most
+/// `chunk_rows` rows.
+#[cfg(test)]
+fn read_group(f: &Path, g: usize, len: usize, chunk_rows: usize) -> Result<Vec<RecordBatch>> {
+    let piece = ParquetPiece {
+        file: f.to_path_buf(),
+        meta: parquet_meta(f)?,
+        groups: vec![g],
+        start: 0,
+        len,
+    };
+    read_parquet_piece(&piece, chunk_rows)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1163,6 +1230,78 @@ mod tests {
         let mut w = ArrowWriter::try_new(f, b.schema(), None).unwrap_or_else(|e| panic!("{e}"));
         w.write(&b).unwrap_or_else(|e| panic!("{e}"));
         w.close().unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    /// A file of many small row groups (and one of fewer row groups than
+    /// ranks) is read whole, every row once, on 1, 3 and 8 ranks and with
+    /// chunks smaller and larger than its row groups: small groups are
+    /// read together up to a chunk's rows, the footer once per file (a
+    /// footer re-read per row group took 57 s for 8000 one-row groups).
+    #[test]
+    fn many_small_row_groups_are_read_once_each() {
+        use parquet::file::properties::WriterProperties;
+        let d = std::env::temp_dir().join(format!("braid-source-rg-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap_or_else(|e| panic!("{e}"));
+        let schema = Arc::new(Schema::new(vec![Field::new("id", DataType::Int64, false)]));
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap_or_else(|e| panic!("{e}"));
+        for (rows, group) in [(3001i64, 7usize), (5, 2), (10, 100)] {
+            let path = d.join(format!("rg-{rows}-{group}.parquet"));
+            let b = RecordBatch::try_new(
+                schema.clone(),
+                vec![Arc::new(Int64Array::from((0..rows).collect::<Vec<_>>()))],
+            )
+            .unwrap_or_else(|e| panic!("{e}"));
+            let props = WriterProperties::builder()
+                .set_max_row_group_row_count(Some(group))
+                .build();
+            let f = File::create(&path).unwrap_or_else(|e| panic!("{e}"));
+            let mut w = ArrowWriter::try_new(f, schema.clone(), Some(props))
+                .unwrap_or_else(|e| panic!("{e}"));
+            w.write(&b).unwrap_or_else(|e| panic!("{e}"));
+            w.close().unwrap_or_else(|e| panic!("{e}"));
+            for n in [1u32, 3, 8] {
+                for chunk in [5usize, 64, 65536] {
+                    let got = rt.block_on(async {
+                        let ctxs = braid_core::world::contexts(
+                            &braid_core::WorldSpec::Local { nranks: n },
+                            braid_core::MemoryLimits::UNLIMITED,
+                        )
+                        .await
+                        .unwrap_or_else(|e| panic!("{e}"));
+                        let mut ids = Vec::new();
+                        for ctx in ctxs {
+                            let (tx, mut rx) = braid_core::channel(1 << 14);
+                            Source::Parquet(path.clone())
+                                .run(ctx, chunk, tx, None)
+                                .await
+                                .unwrap_or_else(|e| panic!("{e}"));
+                            while let Some(m) = rx.recv().await {
+                                let braid_core::Payload::Table(t) = m.payload else {
+                                    panic!("a source sends tables")
+                                };
+                                let b = t.into_batch();
+                                assert!(b.num_rows() <= chunk.max(group));
+                                let c = b.column(0).as_any().downcast_ref::<Int64Array>();
+                                ids.extend(c.map(|c| c.values().to_vec()).unwrap_or_default());
+                            }
+                        }
+                        ids
+                    });
+                    let mut got = got;
+                    got.sort_unstable();
+                    assert_eq!(
+                        got,
+                        (0..rows).collect::<Vec<_>>(),
+                        "{rows} rows in groups of {group}, {n} ranks, chunks of {chunk}"
+                    );
+                }
+            }
+        }
+        let _ = std::fs::remove_dir_all(&d);
     }
 
     /// Files of one table that declare a column's nullability differently
@@ -1204,7 +1343,7 @@ mod tests {
         assert!(table.field(0).is_nullable() && table.field(1).is_nullable());
         let mut batches = Vec::new();
         for f in [&a, &b] {
-            for x in read_parquet_piece(f, 0, 0, 2, 16).unwrap_or_else(|e| panic!("{e}")) {
+            for x in read_group(f, 0, 2, 16).unwrap_or_else(|e| panic!("{e}")) {
                 batches.push(as_table(x, &table, f).unwrap_or_else(|e| panic!("{e}")));
             }
         }
@@ -1312,7 +1451,7 @@ mod tests {
         );
         let mut batches = Vec::new();
         for (f, rows) in files.iter().zip([2, 3, 1]) {
-            for x in read_parquet_piece(f, 0, 0, rows, 16).unwrap_or_else(|e| panic!("{e}")) {
+            for x in read_group(f, 0, rows, 16).unwrap_or_else(|e| panic!("{e}")) {
                 batches.push(as_table(x, &table, f).unwrap_or_else(|e| panic!("{e}")));
             }
         }
@@ -1444,8 +1583,8 @@ mod tests {
                 .unwrap_or_else(|e| panic!("{codec:?}: {e}"));
             w.write(&batch).unwrap_or_else(|e| panic!("{codec:?}: {e}"));
             w.close().unwrap_or_else(|e| panic!("{codec:?}: {e}"));
-            let got = read_parquet_piece(&p, 0, 0, want.len(), 4096)
-                .unwrap_or_else(|e| panic!("{codec:?}: {e}"));
+            let got =
+                read_group(&p, 0, want.len(), 4096).unwrap_or_else(|e| panic!("{codec:?}: {e}"));
             let got: Vec<i64> = got
                 .iter()
                 .flat_map(|b| {
@@ -1511,7 +1650,7 @@ mod zone_tests {
             parquet_table_schema(std::slice::from_ref(&path)).unwrap_or_else(|e| panic!("{e}"));
         let want = DataType::Timestamp(TimeUnit::Millisecond, Some("America/New_York".into()));
         assert_eq!(schema.field(0).data_type(), &want);
-        let got = read_parquet_piece(&path, 0, 0, 2, 16).unwrap_or_else(|e| panic!("{e}"));
+        let got = read_group(&path, 0, 2, 16).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(got[0].schema().field(0).data_type(), &want);
         let vals = got[0]
             .column(0)
@@ -1550,7 +1689,7 @@ mod zone_tests {
         let mut w = ArrowWriter::try_new(f, schema, None).unwrap_or_else(|e| panic!("{e}"));
         w.write(&b).unwrap_or_else(|e| panic!("{e}"));
         w.close().unwrap_or_else(|e| panic!("{e}"));
-        let got = read_parquet_piece(&path, 0, 0, 4, 16).unwrap_or_else(|e| panic!("{e}"));
+        let got = read_group(&path, 0, 4, 16).unwrap_or_else(|e| panic!("{e}"));
         let dec = got[0]
             .column(0)
             .as_any()
@@ -1596,16 +1735,14 @@ mod zone_tests {
             "m.parquet",
             Arc::new(IntervalYearMonthArray::from(vec![Some(0), None, Some(5)])),
         );
-        let e = read_parquet_piece(&months, 0, 0, 3, 2)
-            .err()
-            .map(|e| e.to_string());
+        let e = read_group(&months, 0, 3, 2).err().map(|e| e.to_string());
         assert!(
             e.as_ref()
                 .is_some_and(|e| e.contains("column \"iv\"") && e.contains("row 2")),
             "{e:?}"
         );
         // Rows without months, in a piece of their own, read.
-        assert!(read_parquet_piece(&months, 0, 0, 2, 2).is_ok());
+        assert!(read_group(&months, 0, 2, 2).is_ok());
         let days = vec![
             Some(IntervalDayTime::new(2, 1001)),
             None,
@@ -1615,7 +1752,7 @@ mod zone_tests {
             "d.parquet",
             Arc::new(IntervalDayTimeArray::from(days.clone())),
         );
-        let got = read_parquet_piece(&path, 0, 0, 3, 16).unwrap_or_else(|e| panic!("{e}"));
+        let got = read_group(&path, 0, 3, 16).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(
             got[0].column(1).data_type(),
             &DataType::Interval(IntervalUnit::DayTime)
