@@ -209,10 +209,11 @@ pub(crate) fn send_framed(
 ) -> FrameSend {
     let limit = comm.max_message();
     // (Inline only where the whole frame fits one message: under a limit
-    // of a few KiB the data follows as pieces.)
-    let inline = data.len() <= INLINE_MAX
-        && (dst == comm.rank() || (META_LEN + user_meta.len() + data.len()) as u64 <= limit);
-    let over = !inline && dst != comm.rank() && data.len() as u64 > limit;
+    // of a few KiB the data follows as pieces. A message to this rank
+    // itself counts too: MPI sends it as any other.)
+    let inline =
+        data.len() <= INLINE_MAX && (META_LEN + user_meta.len() + data.len()) as u64 <= limit;
+    let over = !inline && data.len() as u64 > limit;
     if over && (data.len() as u64 > PIECED_MAX || pieces(data.len(), limit) > MAX_PIECES) {
         // Refused whole (the backend's `send` says why): a header sent
         // without its data would have the receiver take the next frame's

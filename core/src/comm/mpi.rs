@@ -435,7 +435,10 @@ impl Engine {
                 }
                 Ok(Req::Flush(done)) => self.flushes.push(done),
                 Ok(Req::Abort(reason)) => {
-                    eprintln!("rank {}: aborting the MPI job: {reason}", self.rank);
+                    // One write: the ranks share the terminal, and a line
+                    // written in pieces interleaved with the others'.
+                    let line = format!("rank {}: aborting the MPI job: {reason}\n", self.rank);
+                    eprint!("{line}");
                     self.world.abort(1);
                 }
                 Ok(Req::Shutdown(done)) => self.shutdown_asked = Some(done),

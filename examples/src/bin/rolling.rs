@@ -689,8 +689,14 @@ fn main() -> ExitCode {
         Err(e) => {
             remove_created();
             match braid_core::world::mpi_launch_rank() {
-                Some(r) => eprintln!("error: rank {r}: {e}"),
-                None => eprintln!("error: {e}"),
+                Some(r) => {
+                    let line = format!("error: rank {r}: {e}\n");
+                    eprint!("{line}")
+                }
+                None => {
+                    let line = format!("error: {e}\n");
+                    eprint!("{line}")
+                }
             }
             return ExitCode::FAILURE;
         }
@@ -843,7 +849,9 @@ fn main() -> ExitCode {
                 s.abandon();
             }
             remove_created();
-            eprintln!("error: {e}");
+            // One write: the ranks of an MPI job share the terminal.
+            let line = format!("error: {e}\n");
+            eprint!("{line}");
             if STOPPED.load(Ordering::Relaxed) {
                 ExitCode::from(STOPPED_EXIT)
             } else {

@@ -522,6 +522,12 @@ fn results(out: &std::process::Output, what: &str, n: usize) -> Result<Vec<f64>,
 
 /// Runs both sides for each transport and operation and prints the tables.
 pub fn run(args: MpiArgs) -> Result<(), BoxError> {
+    if let Some((var, _)) = braid_core::world::mpi_launch_size() {
+        return Err(format!(
+            "`braid-bench mpi` starts mpirun itself (this process was started by an MPI launcher: {var} is set); run it directly"
+        )
+        .into());
+    }
     let ops = args
         .ops
         .iter()
