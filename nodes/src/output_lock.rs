@@ -80,18 +80,25 @@ impl OutputLock {
         // A lock taken on a file that its holder removed meanwhile is
         // retried on the new file; a few rounds settle any such race.
         for _ in 0..16 {
-            let mut file = OpenOptions::new()
-                .create(true)
-                .truncate(false)
-                .read(true)
-                .write(true)
-                .open(&path)
-                .map_err(|e| {
-                    DataError::file(
-                        output,
-                        format!("cannot open the output's lock {}: {e}", path.display()),
-                    )
-                })?;
+            let mut opts = OpenOptions::new();
+            opts.create(true).truncate(false).read(true).write(true);
+            // Never through a symbolic link: one planted at the lock's name
+            // would have the job write over the file it names.
+            #[cfg(unix)]
+            std::os::unix::fs::OpenOptionsExt::custom_flags(&mut opts, libc::O_NOFOLLOW);
+            let mut file = opts.open(&path).map_err(|e| {
+                let link =
+                    std::fs::symlink_metadata(&path).is_ok_and(|m| m.file_type().is_symlink());
+                let why = if link {
+                    "it is a symbolic link (remove it)".to_string()
+                } else {
+                    e.to_string()
+                };
+                DataError::file(
+                    output,
+                    format!("cannot open the output's lock {}: {why}", path.display()),
+                )
+            })?;
             match try_lock(&file) {
                 Ok(()) => {}
                 Err(Locked::Elsewhere) => {
@@ -255,6 +262,26 @@ mod tests {
             beside(Path::new("."), "", ".braid-lock"),
             Path::new("./braid.braid-lock")
         );
+    }
+
+    /// A symbolic link at the lock's name is refused, and the file it
+    /// names is left as it was (the lock was opened through it and its
+    /// holder's line written over that file).
+    #[cfg(unix)]
+    #[test]
+    fn a_link_at_the_lock_is_refused() {
+        let dir = std::env::temp_dir().join(format!("braid-lock-link-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let victim = dir.join("victim.txt");
+        std::fs::write(&victim, "precious").unwrap();
+        let path = dir.join("out.braid-lock");
+        std::os::unix::fs::symlink(&victim, &path).unwrap();
+        let e = OutputLock::acquire(path.clone(), &dir.join("out"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("symbolic link"), "{e}");
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -1029,6 +1029,10 @@ impl Source {
                     }
                 }
                 let pieces = n.div_ceil(groups.len().max(1)).max(1);
+                // Small groups go together up to a chunk's rows, and no
+                // more than a rank's share, so that every rank still reads.
+                let total: usize = groups.iter().map(|g| g.3).sum();
+                let together = chunk_rows.min(total.div_ceil(n).max(1));
                 let mut work: Vec<ParquetPiece> = Vec::new();
                 for (f, meta, g, rows) in groups {
                     // Small row groups of one file are read together, up
@@ -1039,7 +1043,7 @@ impl Source {
                         if let Some(last) = work.last_mut().filter(|l| {
                             l.file == f
                                 && l.groups.last() == Some(&g.wrapping_sub(1))
-                                && l.len + rows <= chunk_rows
+                                && l.len + rows <= together
                         }) {
                             last.groups.push(g);
                             last.len += rows;
