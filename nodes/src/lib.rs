@@ -48,6 +48,9 @@
 //!     schema: spec.output_schema(&schema)?,
 //! };
 //! sink.prepare()?;
+//! // One job at a time writes an output: hold its lock until the commit is
+//! // done (a job of processes takes it on rank 0, as `job` does).
+//! let lock = sink.lock()?;
 //! run_world(&WorldSpec::Local { nranks: 2 }, MemoryLimits::UNLIMITED, move |ctx| {
 //!     let (data, spec, schema, sink) = (data.clone(), spec.clone(), schema.clone(), sink.clone());
 //!     async move {
@@ -64,6 +67,7 @@
 //!         Ok(())
 //!     }
 //! })?;
+//! drop(lock);
 //! // One part per rank; every input row once, with its window's sum and count.
 //! let mut rows = 0;
 //! for part in std::fs::read_dir(&out)? {
