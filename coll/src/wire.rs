@@ -490,6 +490,7 @@ impl Pieces {
     /// piece `recv` takes.
     fn start(
         site: Site,
+        src: Rank,
         meta: Meta,
         user_meta: Bytes,
         total: u64,
@@ -504,11 +505,17 @@ impl Pieces {
                 detail,
             },
         };
-        let n =
-            usize::try_from(total).map_err(|_| memory("more than this host can address".into()))?;
+        let n = usize::try_from(total).map_err(|_| {
+            memory(format!(
+                "rank {src}'s message is more than this host can address"
+            ))
+        })?;
         let mut got = Vec::new();
-        got.try_reserve_exact(n)
-            .map_err(|e| memory(format!("a message's pieces put together: {e}")))?;
+        got.try_reserve_exact(n).map_err(|e| {
+            memory(format!(
+                "rank {src}'s message of {n} bytes, put together from its pieces: {e}"
+            ))
+        })?;
         Ok(Box::new(Pieces {
             meta,
             user_meta,
@@ -582,7 +589,7 @@ impl Pending {
                         }
                         Ok(Head::DataFollows(meta, um, Some(total))) => {
                             let data = data.unwrap_or_else(|| comm.recv(src, tag));
-                            match Pieces::start(site, meta, um, total, data) {
+                            match Pieces::start(site, src, meta, um, total, data) {
                                 Ok(p) => *self = Pending::Pieces(p),
                                 Err(e) => return Poll::Ready(Err(e)),
                             }
@@ -1425,7 +1432,7 @@ mod tests {
         let comm = LocalComm::world(1).remove(0);
         let start = || {
             let recv = comm.recv(0, braid_core::Tag::new(OpId(1), 0));
-            Pieces::start(site, meta, Bytes::new(), 10, recv).unwrap()
+            Pieces::start(site, 3, meta, Bytes::new(), 10, recv).unwrap()
         };
         let b = |v: &[u8]| Buffer::from_vec(v.to_vec());
         let mut p = start();

@@ -539,7 +539,7 @@ fn sends_refused_on_every_rank_fail_every_rank() {
                     .as_ref()
                     .expect_err(&format!("{what}, {n} ranks: rank {r} succeeded"));
                 assert!(
-                    e.contains(&LIMIT.to_string()),
+                    e.contains(&format!("limit of {LIMIT} bytes")),
                     "{what}, {n} ranks, rank {r}: {e}"
                 );
             }
