@@ -8,6 +8,10 @@
 use std::path::PathBuf;
 use std::process::Command;
 
+/// The longest one mpirun of these tests may take: past it, the job is
+/// stopped and its test fails with the job's output (not CI's time).
+const JOB_LIMIT: std::time::Duration = std::time::Duration::from_secs(300);
+
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
 }
@@ -56,7 +60,7 @@ fn rolling_under_mpirun_matches_the_oracle() {
             if grouped {
                 cmd.args(["--by", "key"]);
             }
-            let o = cmd.output().unwrap();
+            let o = braid_tests::output_within(&mut cmd, JOB_LIMIT);
             assert!(
                 o.status.success(),
                 "{n} ranks: {}",
@@ -110,7 +114,7 @@ fn mpirun_needs_the_mpi_backend_and_its_rank_count() {
         if env_mpi {
             cmd.env("BRAID_BACKEND", "mpi");
         }
-        let out = cmd.output().unwrap();
+        let out = braid_tests::output_within(&mut cmd, JOB_LIMIT);
         (
             out.status.success(),
             String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -153,8 +157,8 @@ fn a_failed_mpi_job_leaves_nothing_behind() {
         std::fs::write(input.join(format!("p{f}.csv")), text).unwrap();
     }
     for out in [d.join("out"), d.join("out.parquet")] {
-        let o = Command::new("timeout")
-            .args(["120", "mpirun", "--oversubscribe", "-np", "3"])
+        let mut cmd = Command::new("mpirun");
+        cmd.args(["--oversubscribe", "-np", "3"])
             .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
             .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
             .arg(env!("CARGO_BIN_EXE_rolling"))
@@ -169,9 +173,8 @@ fn a_failed_mpi_job_leaves_nothing_behind() {
             ])
             .arg(&input)
             .arg("--output")
-            .arg(&out)
-            .output()
-            .unwrap();
+            .arg(&out);
+        let o = braid_tests::output_within(&mut cmd, JOB_LIMIT);
         let stderr = String::from_utf8_lossy(&o.stderr);
         assert!(!o.status.success(), "{stderr}");
         assert!(stderr.contains("notanumber"), "{stderr}");

@@ -305,6 +305,81 @@ impl Drop for Scratch {
     }
 }
 
+/// Runs `cmd` to its end and returns its status and output, as
+/// [`std::process::Command::output`] does, but waits at most `limit`: a
+/// command still running then is stopped (SIGTERM, SIGKILL 5 s later) and
+/// the test fails with what it printed so far. A launcher that hangs fails
+/// its test instead of running until CI's time is up (Open MPI 4.1's
+/// mpirun once hung in its own finalise after its ranks had exited).
+#[allow(clippy::expect_used, clippy::panic)] // a test fails by panicking
+pub fn output_within(
+    cmd: &mut std::process::Command,
+    limit: std::time::Duration,
+) -> std::process::Output {
+    use std::io::Read;
+    use std::process::Stdio;
+    use std::sync::Mutex;
+    use std::time::{Duration, Instant};
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the command");
+    // Readers append as bytes come, so that a stopped command's output
+    // so far can be shown (a process it left may hold a pipe open).
+    let drain = |mut r: Box<dyn Read + Send>| {
+        let got = Arc::new(Mutex::new(Vec::new()));
+        let g = got.clone();
+        let t = std::thread::spawn(move || {
+            let mut buf = [0u8; 1 << 16];
+            while let Ok(n @ 1..) = r.read(&mut buf) {
+                g.lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .extend_from_slice(&buf[..n]);
+            }
+        });
+        (got, t)
+    };
+    let out = drain(Box::new(child.stdout.take().expect("piped stdout")));
+    let err = drain(Box::new(child.stderr.take().expect("piped stderr")));
+    let take = |(got, t): &(Arc<Mutex<Vec<u8>>>, std::thread::JoinHandle<()>)| {
+        let t0 = Instant::now();
+        while !t.is_finished() && t0.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        std::mem::take(&mut *got.lock().unwrap_or_else(|p| p.into_inner()))
+    };
+    let t0 = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().expect("wait for the command") {
+            return std::process::Output {
+                status,
+                stdout: take(&out),
+                stderr: take(&err),
+            };
+        }
+        if t0.elapsed() > limit {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+    let t1 = Instant::now();
+    while child.try_wait().ok().flatten().is_none() && t1.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    panic!(
+        "{cmd:?} still ran after {limit:?}; stopped. Its output so far:\n{}\n{}",
+        String::from_utf8_lossy(&take(&out)),
+        String::from_utf8_lossy(&take(&err))
+    );
+}
+
 pub mod coll_suite;
 #[cfg(feature = "cuda")]
 pub mod gpu_suite;
@@ -312,6 +387,38 @@ pub mod graph_suite;
 
 #[cfg(test)]
 mod tests {
+    use std::process::Command;
+    use std::time::{Duration, Instant};
+
+    /// A command that ends in time gives its status and both outputs
+    /// whole; one that runs past the limit is stopped and fails the test
+    /// at the limit, with its output so far.
+    #[test]
+    fn output_within_gives_the_output_or_stops_the_command() {
+        let o = super::output_within(
+            Command::new("sh").args(["-c", "echo out; echo err >&2; exit 3"]),
+            Duration::from_secs(60),
+        );
+        assert_eq!(o.status.code(), Some(3));
+        assert_eq!(
+            (&o.stdout[..], &o.stderr[..]),
+            (&b"out\n"[..], &b"err\n"[..])
+        );
+        let t = Instant::now();
+        let stopped = std::panic::catch_unwind(|| {
+            super::output_within(
+                Command::new("sh").args(["-c", "echo started; exec sleep 60"]),
+                Duration::from_millis(500),
+            )
+        });
+        let msg = stopped.err().and_then(|p| p.downcast::<String>().ok());
+        assert!(
+            msg.as_deref().is_some_and(|m| m.contains("started")),
+            "{msg:?}"
+        );
+        assert!(t.elapsed() < Duration::from_secs(30), "{:?}", t.elapsed());
+    }
+
     #[test]
     fn toward_month_end_lands_on_the_28th_or_later() {
         // 2024-02-10 is day 19_763; 2024-02-28 is 19_781, 2024-03-02 is 19_784.

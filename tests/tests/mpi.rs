@@ -9,7 +9,12 @@ use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use braid_tests::{RANK_COUNTS, Scratch, expected_summary};
+use braid_tests::{RANK_COUNTS, Scratch, expected_summary, output_within};
+
+/// The longest one mpirun of these tests may take (the 8-rank suite takes
+/// 2-20 s on the 2-core VM beside other tests): past it, the job is
+/// stopped and its test fails with the job's output.
+const JOB_LIMIT: Duration = Duration::from_secs(300);
 
 /// An `mpirun` command with a session folder of its own (its `TMPDIR`,
 /// removed when this drops). OpenMPI keeps its session directory at
@@ -55,7 +60,7 @@ fn run(n: u32, args: &[&str]) -> Vec<String> {
 }
 
 fn run_cmd(mut cmd: Mpirun, n: u32, args: &[&str]) -> Vec<String> {
-    let out = cmd.args(args).output().unwrap();
+    let out = output_within(cmd.args(args), JOB_LIMIT);
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(
         out.status.success(),
@@ -117,21 +122,10 @@ fn mpi_sends_complete_before_their_receives_are_posted() {
         for len in [65_536u64, 4 << 20] {
             // The guard (and its TMPDIR) lives until the job has ended.
             let mut job = mpirun(n);
-            let mut child = job
-                .args(["swap", &len.to_string()])
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .unwrap();
-            let t = Instant::now();
-            while child.try_wait().unwrap().is_none() {
-                if t.elapsed() > Duration::from_secs(60) {
-                    let _ = child.kill();
-                    panic!("{n} ranks, {len} bytes: still running after 60 s");
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            let out = child.wait_with_output().unwrap();
+            let out = output_within(
+                job.args(["swap", &len.to_string()]),
+                Duration::from_secs(60),
+            );
             let stdout = String::from_utf8_lossy(&out.stdout);
             assert!(
                 out.status.success(),
@@ -180,14 +174,17 @@ fn mpi_collective_suite() {
 #[test]
 fn mpi_collective_suite_at_the_smallest_tag_bound() {
     // The ranks see the bound: one below the standard's minimum is refused.
-    let out = mpirun(2)
-        .env("BRAID_MPI_TAG_UB", "32766")
-        .args(["coll", "1"])
-        .output()
-        .unwrap();
+    let out = output_within(
+        mpirun(2)
+            .env("BRAID_MPI_TAG_UB", "32766")
+            .args(["coll", "1"]),
+        JOB_LIMIT,
+    );
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "a bound of 32766 was accepted");
     assert!(err.contains("MPI_TAG_UB"), "no tag-bound error: {err}");
+    // (Refused before MPI starts, as rank 0 and 1, from mpirun's variables.)
+    assert!(err.contains("rank 1: bootstrap failed"), "{err}");
     collective_suite(Some(Env::TagUb("32767")));
 }
 
@@ -197,15 +194,16 @@ fn mpi_collective_suite_at_the_smallest_tag_bound() {
 /// not a number of bytes is refused on every rank.
 #[test]
 fn mpi_collective_suite_in_pieces() {
-    let out = mpirun(2)
-        .env("BRAID_MPI_MAX_MESSAGE", "0")
-        .args(["coll", "1"])
-        .output()
-        .unwrap();
+    let out = output_within(
+        mpirun(2)
+            .env("BRAID_MPI_MAX_MESSAGE", "0")
+            .args(["coll", "1"]),
+        JOB_LIMIT,
+    );
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "a limit of 0 bytes was accepted");
     assert!(
-        err.contains("BRAID_MPI_MAX_MESSAGE"),
+        err.contains("BRAID_MPI_MAX_MESSAGE") && err.contains("rank 0: bootstrap failed"),
         "no limit error: {err}"
     );
     collective_suite(Some(Env::MaxMessage("5000")));
@@ -291,27 +289,10 @@ fn mpi_a_rank_that_skips_a_call_fails_the_job() {
     for n in RANK_COUNTS.into_iter().filter(|n| *n >= 2) {
         for what in ["0", "1"] {
             let mut job = mpirun(n);
-            let mut child = job
-                .args(["skip", what])
-                .stdout(Stdio::null())
-                .stderr(Stdio::piped())
-                .spawn()
-                .unwrap();
-            let t = Instant::now();
-            let status = loop {
-                if let Some(s) = child.try_wait().unwrap() {
-                    break s;
-                }
-                if t.elapsed() > Duration::from_secs(60) {
-                    let _ = child.kill();
-                    panic!("{n} ranks, case {what}: the MPI job still runs after 60 s");
-                }
-                std::thread::sleep(Duration::from_millis(50));
-            };
-            let mut err = String::new();
-            std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+            let out = output_within(job.args(["skip", what]), Duration::from_secs(60));
+            let err = String::from_utf8_lossy(&out.stderr);
             assert!(
-                !status.success(),
+                !out.status.success(),
                 "{n} ranks, case {what}: the job must fail"
             );
             assert!(

@@ -940,19 +940,56 @@ fn max_message_from_env(rank: Rank) -> Result<u64, CommError> {
     }
 }
 
+/// The smallest tag bound braid works with: the MPI standard's minimum
+/// `MPI_TAG_UB`.
+const MIN_TAG_UB: i64 = (1 << 15) - 1;
+
+/// `BRAID_MPI_TAG_UB`, which lowers the job's tag bound (to run a job as
+/// under an MPI with a smaller one, such as Open MPI over UCX); it never
+/// raises it. `None` where it is not set.
+fn tag_ub_from_env(rank: Rank) -> Result<Option<i64>, CommError> {
+    let Ok(v) = std::env::var("BRAID_MPI_TAG_UB") else {
+        return Ok(None);
+    };
+    match v.trim().parse::<i64>() {
+        Ok(b) if b >= MIN_TAG_UB => Ok(Some(b)),
+        Ok(b) => Err(CommError::Bootstrap {
+            rank,
+            detail: format!(
+                "BRAID_MPI_TAG_UB={b} is below {MIN_TAG_UB}; braid needs a tag bound of at least \
+                 {MIN_TAG_UB}, as the MPI standard guarantees"
+            ),
+        }),
+        Err(e) => Err(CommError::Bootstrap {
+            rank,
+            detail: format!("BRAID_MPI_TAG_UB={v:?} is not a number: {e}"),
+        }),
+    }
+}
+
 impl MpiComm {
     /// Initialises MPI on a progress thread and joins MPI_COMM_WORLD.
     /// Call once per process.
+    ///
+    /// A bad `BRAID_MPI_*` variable is an error before MPI starts. A
+    /// failure after `MPI_Init` (an MPI whose own tag bound is below the
+    /// standard's) prints its error and ends the job with `MPI_Abort`:
+    /// ranks that finalised and exited with an error crashed Open MPI
+    /// 4.1's mpirun now and then, or left it hanging in its own finalise.
     pub fn init() -> Result<MpiComm, CommError> {
-        // (Before MPI starts: a bad value fails every rank at once.)
-        let max_message = max_message_from_env(Rank::MAX)?;
+        // Before MPI starts: a bad value fails every rank at once, and
+        // mpirun sees processes that never joined MPI exit with an error
+        // (a path it takes cleanly).
+        let rank = crate::world::mpi_launch_rank().unwrap_or(Rank::MAX);
+        let max_message = max_message_from_env(rank)?;
+        let tag_ub = tag_ub_from_env(rank)?;
         let (tx, rx) = mpsc::channel::<Req>();
         let (ready_tx, ready_rx) = mpsc::channel::<Result<Arc<Shared>, CommError>>();
         let mailbox = Arc::new(Mailbox::default());
         let mb = mailbox.clone();
         std::thread::Builder::new()
             .name("braid-mpi".into())
-            .spawn(move || progress(rx, ready_tx, mb))
+            .spawn(move || progress(rx, ready_tx, mb, tag_ub))
             .map_err(|e| CommError::Bootstrap {
                 rank: Rank::MAX,
                 detail: format!("cannot start the MPI progress thread: {e}"),
@@ -1040,6 +1077,7 @@ fn progress(
     rx: mpsc::Receiver<Req>,
     ready: mpsc::Sender<Result<Arc<Shared>, CommError>>,
     mailbox: Arc<Mailbox>,
+    env_tag_ub: Option<i64>,
 ) {
     let Some((universe, level)) = mpi::initialize_with_threading(mpi::Threading::Serialized) else {
         let _ = ready.send(Err(CommError::Bootstrap {
@@ -1059,42 +1097,22 @@ fn progress(
     // live: see `Engine::notices`.)
     let world = universe.world();
     let (rank, nranks) = (world.rank() as Rank, world.size() as u32);
+    // After MPI_Init a failure aborts the job (see `MpiComm::init`).
+    let fail = |detail: String| -> ! {
+        let line = format!("{}\n", CommError::Bootstrap { rank, detail });
+        eprint!("error: {line}");
+        world.abort(1)
+    };
     let Some(tag_ub) = world.get_attr::<TagUb>().map(|t| i64::from(t.0)) else {
-        let _ = ready.send(Err(CommError::Bootstrap {
-            rank,
-            detail: "MPI_COMM_WORLD has no MPI_TAG_UB attribute (every MPI sets it)".into(),
-        }));
-        return;
+        fail("MPI_COMM_WORLD has no MPI_TAG_UB attribute (every MPI sets it)".into())
     };
-    // BRAID_MPI_TAG_UB lowers the bound (to run a job as under an MPI with
-    // a smaller one, such as Open MPI over UCX); it never raises it.
-    let bound = match std::env::var("BRAID_MPI_TAG_UB")
-        .ok()
-        .map(|v| v.trim().parse::<i64>())
-    {
-        None => tag_ub,
-        Some(Ok(v)) => v.min(tag_ub),
-        Some(Err(e)) => {
-            let _ = ready.send(Err(CommError::Bootstrap {
-                rank,
-                detail: format!("BRAID_MPI_TAG_UB is not a number: {e}"),
-            }));
-            return;
-        }
-    };
+    // (BRAID_MPI_TAG_UB, checked before MPI started, only lowers it.)
+    let bound = env_tag_ub.map_or(tag_ub, |b| b.min(tag_ub));
     let Some(tags) = TagLayout::for_bound(bound) else {
-        let what = if bound < tag_ub {
-            format!("BRAID_MPI_TAG_UB lowers MPI_TAG_UB ({tag_ub}) to {bound}")
-        } else {
-            format!("MPI_TAG_UB is {tag_ub}")
-        };
-        let _ = ready.send(Err(CommError::Bootstrap {
-            rank,
-            detail: format!(
-                "{what}; braid needs a tag bound of at least 32767, as the MPI standard guarantees"
-            ),
-        }));
-        return;
+        fail(format!(
+            "MPI_TAG_UB is {tag_ub}; braid needs a tag bound of at least {MIN_TAG_UB}, as the \
+             MPI standard guarantees"
+        ))
     };
     mailbox.set_rank(rank);
     // Ranks on this host (a collective call: every rank makes it here).

@@ -49,7 +49,10 @@ fn main() -> ExitCode {
     let spec = match WorldSpec::from_env_or_local(1) {
         Ok(s) => s,
         Err(e) => {
-            eprintln!("error: {e}");
+            // One write: ranks share mpirun's stderr, and a line in pieces
+            // interleaved with the others'.
+            let line = format!("error: {e}\n");
+            eprint!("{line}");
             return ExitCode::from(2);
         }
     };
@@ -257,7 +260,10 @@ fn main() -> ExitCode {
     match res {
         Ok(_) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e}");
+            // One write: ranks share mpirun's stderr, and a line in pieces
+            // interleaved with the others'.
+            let line = format!("error: {e}\n");
+            eprint!("{line}");
             // 3 for a failure of this rank's own, `PEER_FAILED_EXIT` where
             // it only passes on another rank's.
             match braid_core::world::caused_by_peer(&e) {
