@@ -133,7 +133,9 @@ impl RollingJob {
             )));
         }
         let schema = self.source.schema()?;
-        self.spec.output_schema(&schema)?;
+        self.spec
+            .output_schema(&schema)
+            .map_err(|e| self.source.explain(e))?;
         if self.device == Device::Gpu {
             #[cfg(feature = "cuda")]
             crate::gpu::check_gpu_spec(&self.spec, &schema, crate::gpu::Columns::Needed)?;

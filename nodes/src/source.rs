@@ -963,7 +963,70 @@ fn as_table(b: RecordBatch, table: &SchemaRef, file: &Path) -> Result<RecordBatc
     })
 }
 
+/// Why the CSV files' column `column` reads as text, for an error that
+/// refuses it: the first file whose rows make it text, or the first two
+/// whose types have no common one. `None` where neither is found.
+fn csv_text_note(files: &[PathBuf], column: &str) -> Option<String> {
+    let mut seen: Option<(&PathBuf, DataType)> = None;
+    for f in files {
+        let schema = csv_schema(f).ok()?;
+        let t = schema.field_with_name(column).ok()?.data_type().clone();
+        if t == DataType::Utf8 {
+            return Some(format!(
+                "{} holds text in it, within its first {CSV_SAMPLE_ROWS} rows",
+                f.display()
+            ));
+        }
+        match &mut seen {
+            Some((g, u)) => match widen::common_type(u, &t) {
+                Some(c) => *u = c,
+                None => {
+                    return Some(format!(
+                        "{} reads it as {t}, {} as {u}: no type holds both",
+                        f.display(),
+                        g.display()
+                    ));
+                }
+            },
+            None if t != DataType::Null => seen = Some((f, t)),
+            None => {}
+        }
+    }
+    None
+}
+
 impl Source {
+    /// `err` with, where it refuses a CSV input's column that reads as
+    /// text, which file makes it text: in a directory of many files the
+    /// type alone does not say where to look.
+    pub fn explain(&self, err: DataError) -> DataError {
+        let (
+            Source::Csv(p),
+            DataError::WrongType {
+                name,
+                found,
+                expected,
+            },
+        ) = (self, &err)
+        else {
+            return err;
+        };
+        if *found != DataType::Utf8.to_string() {
+            return err;
+        }
+        let note = files_with(p, DataFormat::Csv)
+            .ok()
+            .and_then(|files| csv_text_note(&files, name));
+        match note {
+            Some(note) => DataError::WrongType {
+                name: name.clone(),
+                found: format!("{found} ({note})"),
+                expected: expected.clone(),
+            },
+            None => err,
+        }
+    }
+
     /// The table's schema (every rank gets the same answer).
     pub fn schema(&self) -> Result<SchemaRef> {
         match self {
@@ -1554,6 +1617,74 @@ mod tests {
             let got = csv_delimiter(&p).unwrap_or_else(|e| panic!("{e}"));
             assert_eq!(got, *want, "{text:?}");
         }
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    /// A CSV directory whose value column reads as text is refused with
+    /// the file that makes it text, or the two whose types do not meet;
+    /// other errors, and other inputs, are left as they are.
+    #[test]
+    fn text_columns_of_csv_directories_name_their_file() {
+        let d = std::env::temp_dir().join(format!("braid-source-why-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        let wrong = |found: &str| DataError::WrongType {
+            name: "v".into(),
+            found: found.into(),
+            expected: "a numeric type".into(),
+        };
+        let case = |name: &str, files: &[(&str, &str)]| {
+            let dir = d.join(name);
+            std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
+            for (f, text) in files {
+                std::fs::write(dir.join(f), text).unwrap_or_else(|e| panic!("{e}"));
+            }
+            let src = Source::Csv(dir.clone());
+            let t = src.schema().unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(t.field(1).data_type(), &DataType::Utf8, "{name}");
+            (dir, src.explain(wrong("Utf8")).to_string())
+        };
+        let (dir, e) = case(
+            "text",
+            &[
+                ("a.csv", "ts,v\n1,1.5\n"),
+                ("b.csv", "ts,v\n2,abc\n"),
+                ("c.csv", "ts,v\n3,x\n"),
+            ],
+        );
+        let b = dir.join("b.csv");
+        assert!(
+            e.contains(&format!("Utf8 ({} holds text in it", b.display())),
+            "{e}"
+        );
+        let (dir, e) = case(
+            "clash",
+            &[
+                ("a.csv", "ts,v\n1,\n"),
+                ("b.csv", "ts,v\n2,2024-01-02\n"),
+                ("c.csv", "ts,v\n3,7\n"),
+            ],
+        );
+        let (b, c) = (dir.join("b.csv"), dir.join("c.csv"));
+        assert!(
+            e.contains(&format!(
+                "{} reads it as Int64, {} as Date32",
+                c.display(),
+                b.display()
+            )),
+            "{e}"
+        );
+        // Not text, or not CSV: unchanged.
+        let src = Source::Csv(dir);
+        assert_eq!(
+            src.explain(wrong("Date32")).to_string(),
+            wrong("Date32").to_string()
+        );
+        let one = arrow_schema::Field::new("v", DataType::Utf8, true);
+        let mem = Source::Memory(Arc::new(Schema::new(vec![one])), Vec::new());
+        assert_eq!(
+            mem.explain(wrong("Utf8")).to_string(),
+            wrong("Utf8").to_string()
+        );
         let _ = std::fs::remove_dir_all(&d);
     }
 

@@ -547,7 +547,7 @@ fn build(cli: &Cli) -> Result<(RollingJob, MemoryLimits, Option<u64>), BoxError>
             Output::File(FileSink {
                 format,
                 target: SinkTarget::from_path(p.clone(), format),
-                schema: spec.output_schema(&schema)?,
+                schema: spec.output_schema(&schema).map_err(|e| source.explain(e))?,
             })
         }
     };
