@@ -52,6 +52,7 @@ pub mod halo;
 mod handle;
 pub mod sendrecv;
 pub mod shuffle;
+mod spill;
 mod wire;
 
 pub use wire::Elements;
@@ -75,4 +76,5 @@ pub use error::{CollError, CollKind};
 pub use halo::{Halo, HaloExchange};
 pub use handle::{Callback, Handle};
 pub use sendrecv::{sendrecv, start_sendrecv};
-pub use shuffle::{PartitionOwner, Shuffle, remove_spill_dirs};
+pub use shuffle::{PartitionOwner, Shuffle};
+pub use spill::remove_spill_dirs;

@@ -20,7 +20,7 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 
 use braid_core::{
     BufferResource, Context, Event, MemoryError, MemoryType, PackedData, Rank, Statistics, Tag,
@@ -31,6 +31,7 @@ use futures::future::BoxFuture;
 
 use crate::error::{CollError, CollKind, Site};
 use crate::handle::{Callback, Handle, Left, left_unfinished, start_then, until_abandoned};
+use crate::spill::SpillDir;
 use crate::wire::{Meta, recv_streams_all, send_finish, send_framed};
 
 /// Which rank owns a partition.
@@ -86,8 +87,7 @@ struct Store {
     parts: Mutex<HashMap<u32, Partition>>,
     resource: Arc<BufferResource>,
     stats: Arc<Statistics>,
-    dir: PathBuf,
-    dir_made: OnceLock<Result<(), String>>,
+    dir: SpillDir,
     next_file: AtomicU64,
 }
 
@@ -115,9 +115,11 @@ impl Store {
                 })
             }
             Err(_) => {
-                self.dir_ready()
+                let dir = self
+                    .dir
+                    .ready()
                     .map_err(|e| site.memory(MemoryError::Spill(e)))?;
-                let path = self.dir.join(format!(
+                let path = dir.join(format!(
                     "chunk-{}",
                     self.next_file.fetch_add(1, Ordering::Relaxed)
                 ));
@@ -140,42 +142,6 @@ impl Store {
             .push((src, seq, stored));
         Ok(())
     }
-
-    /// Creates the spill directory on first use: this process's own
-    /// (created, never adopted: a name taken already fails), readable by
-    /// this user only.
-    fn dir_ready(&self) -> Result<(), String> {
-        self.dir_made
-            .get_or_init(|| {
-                let mut b = std::fs::DirBuilder::new();
-                #[cfg(unix)]
-                std::os::unix::fs::DirBuilderExt::mode(&mut b, 0o700);
-                b.create(&self.dir)
-                    .map(|()| live_spill_dirs().push(self.dir.clone()))
-                    .map_err(|e| format!("{}: {e}", self.dir.display()))
-            })
-            .clone()
-    }
-}
-
-/// The spill directories this process's live shuffles made.
-static LIVE_SPILL_DIRS: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
-
-fn live_spill_dirs() -> std::sync::MutexGuard<'static, Vec<PathBuf>> {
-    LIVE_SPILL_DIRS
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-/// Removes the spill directories of every shuffle of this process that
-/// has not ended yet: for a process about to exit without waiting for
-/// them (a stopped or failed job whose blocking work still holds a
-/// shuffle's store; an MPI abort). Shuffles still running lose their
-/// spilled chunks; call it only on the way out.
-pub fn remove_spill_dirs() {
-    for d in std::mem::take(&mut *live_spill_dirs()) {
-        let _ = std::fs::remove_dir_all(d);
-    }
 }
 
 /// Writes a new file (never through an existing name or link), readable by
@@ -187,17 +153,6 @@ fn write_new(path: &std::path::Path, data: &[u8]) -> std::io::Result<()> {
     #[cfg(unix)]
     std::os::unix::fs::OpenOptionsExt::mode(&mut o, 0o600);
     o.open(path)?.write_all(data)
-}
-
-impl Drop for Store {
-    fn drop(&mut self) {
-        // Only the directory this store made (a name found taken is
-        // another's, and stays).
-        if let Some(Ok(())) = self.dir_made.get() {
-            let _ = std::fs::remove_dir_all(&self.dir);
-            live_spill_dirs().retain(|d| *d != self.dir);
-        }
-    }
 }
 
 #[derive(Default)]
@@ -241,18 +196,6 @@ enum Progress {
     Ended(Result<(), CollError>),
 }
 
-/// A random number (std's hasher keys are random per process and
-/// instance).
-fn random_u64() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u64(NEXT_SPILL_DIR.load(Ordering::Relaxed));
-    h.finish()
-}
-
-/// Numbers the spill directories of this process.
-static NEXT_SPILL_DIR: AtomicU64 = AtomicU64::new(0);
-
 impl Shuffle {
     /// Starts a shuffle into `nparts` partitions owned as `owner` says;
     /// `callback` runs once every rank has finished inserting.
@@ -269,20 +212,7 @@ impl Shuffle {
             parts: Mutex::new(HashMap::new()),
             resource: ctx.resource().clone(),
             stats: ctx.statistics().clone(),
-            // Unique per shuffle of this process: contexts of one process
-            // (tests, in-process ranks of two jobs) reuse OpIds, and one
-            // shuffle's clean-up must not remove another's files.
-            // A random part keeps the name from being guessed (and
-            // taken) in advance by another user of the temp directory.
-            dir: std::env::temp_dir().join(format!(
-                "braid-spill-{}-{}-r{}-op{}-{:016x}",
-                std::process::id(),
-                NEXT_SPILL_DIR.fetch_add(1, Ordering::Relaxed),
-                site.rank,
-                op.0,
-                random_u64()
-            )),
-            dir_made: OnceLock::new(),
+            dir: SpillDir::new(site.rank, op),
             next_file: AtomicU64::new(0),
         });
         let state = Arc::new(Mutex::new(State {
