@@ -23,6 +23,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, Once, OnceLock};
 
+use braid_core::file_lock::{Locked, try_lock};
 use braid_core::{OpId, Rank};
 
 /// The name every spill directory starts with.
@@ -119,48 +120,16 @@ fn make_locked(path: &Path) -> std::io::Result<Option<File>> {
     #[cfg(unix)]
     std::os::unix::fs::DirBuilderExt::mode(&mut b, 0o700);
     b.create(&first)?;
-    let locked = File::open(&first).and_then(|f| match lock(&f)? {
-        Lock::Taken => Ok(Some(f)),
-        Lock::Unsupported => Ok(None),
-        Lock::Held => Err(std::io::Error::other("locked by another process")),
+    let locked = File::open(&first).and_then(|f| match try_lock(&f) {
+        Ok(()) => Ok(Some(f)),
+        Err(Locked::Unsupported(_)) => Ok(None),
+        Err(Locked::Elsewhere) => Err(std::io::Error::other("locked by another process")),
     });
     let done = locked.and_then(|f| std::fs::rename(&first, path).map(|()| f));
     if done.is_err() {
         let _ = std::fs::remove_dir(&first);
     }
     done
-}
-
-/// What an attempt to lock a directory found.
-enum Lock {
-    /// Locked now, by this handle.
-    Taken,
-    /// Another handle holds it: its process lives.
-    Held,
-    /// The file system has no locks.
-    Unsupported,
-}
-
-/// Takes `f`'s `flock` without waiting.
-#[cfg(unix)]
-fn lock(f: &File) -> std::io::Result<Lock> {
-    use std::os::fd::AsRawFd;
-    // SAFETY: flock on a descriptor `f` owns for the whole call.
-    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
-        return Ok(Lock::Taken);
-    }
-    let e = std::io::Error::last_os_error();
-    match e.raw_os_error() {
-        Some(libc::EWOULDBLOCK) => Ok(Lock::Held),
-        Some(libc::ENOLCK | libc::EOPNOTSUPP | libc::ENOSYS) => Ok(Lock::Unsupported),
-        _ => Err(e),
-    }
-}
-
-/// Without `flock`, directories are never locked (nor swept).
-#[cfg(not(unix))]
-fn lock(_: &File) -> std::io::Result<Lock> {
-    Ok(Lock::Unsupported)
 }
 
 /// Whether process `pid` of this host lives (or may: one that this user
@@ -213,8 +182,8 @@ pub(crate) fn sweep(tmp: &Path) {
             let pid = rest.split('-').next().and_then(|p| p.parse::<u32>().ok());
             match (pid, File::open(&path)) {
                 // Locked here while it is removed: a second sweep skips it.
-                (Some(pid), Ok(f)) if !process_lives(pid) => match lock(&f) {
-                    Ok(Lock::Taken) => {
+                (Some(pid), Ok(f)) if !process_lives(pid) => match try_lock(&f) {
+                    Ok(()) => {
                         let size = dir_bytes(&path);
                         let gone = std::fs::remove_dir_all(&path).is_ok();
                         if gone {
@@ -341,7 +310,7 @@ mod tests {
         assert!(p.is_dir());
         std::fs::write(p.join("chunk-0"), b"x").unwrap_or_else(|e| panic!("{e}"));
         let f = File::open(&p).unwrap_or_else(|e| panic!("{e}"));
-        assert!(matches!(lock(&f), Ok(Lock::Held)), "not locked");
+        assert!(matches!(try_lock(&f), Err(Locked::Elsewhere)), "not locked");
         drop(d);
         assert!(!p.exists());
     }

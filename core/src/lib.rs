@@ -19,6 +19,7 @@ pub mod cuda;
 pub mod env;
 pub mod error;
 pub mod event;
+pub mod file_lock;
 pub mod graph;
 pub mod launch;
 pub mod memory;

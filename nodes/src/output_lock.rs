@@ -24,6 +24,8 @@
 //! job runs without one, with a warning.
 
 use std::fs::{File, OpenOptions};
+
+use braid_core::file_lock::{Locked, try_lock};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
@@ -162,42 +164,6 @@ impl Drop for OutputLock {
             let _ = std::fs::remove_file(&self.path);
             drop(f);
         }
-    }
-}
-
-/// Why [`try_lock`] did not take a lock.
-enum Locked {
-    /// Another open file (another job) holds it.
-    Elsewhere,
-    /// The file system or platform has no such locks.
-    Unsupported(std::io::Error),
-}
-
-/// An exclusive `flock` on `file` without waiting. (Not `File::try_lock`:
-/// Rust 1.89, past this workspace's minimum.)
-fn try_lock(file: &File) -> std::result::Result<(), Locked> {
-    #[cfg(unix)]
-    {
-        use std::os::unix::io::AsRawFd;
-        // SAFETY: flock on a descriptor this `File` owns and keeps open;
-        // it reads and writes no memory.
-        let r = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-        if r == 0 {
-            return Ok(());
-        }
-        let e = std::io::Error::last_os_error();
-        if e.kind() == std::io::ErrorKind::WouldBlock {
-            Err(Locked::Elsewhere)
-        } else {
-            Err(Locked::Unsupported(e))
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = file;
-        Err(Locked::Unsupported(std::io::Error::from(
-            std::io::ErrorKind::Unsupported,
-        )))
     }
 }
 
