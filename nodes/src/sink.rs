@@ -784,7 +784,15 @@ impl Staged {
         let (rank, n) = (ctx.rank(), ctx.nranks());
         let ext = self.sink.format.ext();
         let dest = dir.join(format!("part-{rank:05}.{ext}"));
-        let mut mine = place(&self.part, &dest, true).map(|m| self.moved.push(m));
+        let mut mine = if self.skips_part(ctx).await? {
+            // No part of this rank: an earlier run's goes aside.
+            match std::fs::symlink_metadata(&dest) {
+                Ok(_) => set_aside(&dest).map(|m| self.moved.push(m)),
+                Err(_) => Ok(()),
+            }
+        } else {
+            place(&self.part, &dest, true).map(|m| self.moved.push(m))
+        };
         if rank == 0 && mine.is_ok() {
             // The earlier run's other parts, of either format (a directory
             // left holding both would be refused as input).
@@ -821,6 +829,28 @@ impl Staged {
             }
         }
         Ok(())
+    }
+
+    /// Whether this rank leaves its part out of a directory output: a CSV
+    /// part with no rows, where another rank has rows (else rank 0 keeps
+    /// its part, the header, so that the output still names its columns).
+    /// A header-only CSV file has no types: Polars read a directory
+    /// holding one first as all text, and pyarrow's dataset as all null
+    /// (it failed on the next part's values). Parquet parts keep their
+    /// schema with no rows, and are all kept. An agreement for CSV (a
+    /// part that cannot be looked at counts as holding rows: its move
+    /// then fails, and the commit's agreement with it).
+    async fn skips_part(&self, ctx: &Context) -> Result<bool, NodeError> {
+        if self.sink.format != FileFormat::Csv {
+            return Ok(false);
+        }
+        let header = crate::csv_writer::header(&self.sink.schema).ok();
+        let len = std::fs::metadata(&self.part).ok().map(|m| m.len());
+        let empty = header.zip(len).is_some_and(|(h, l)| l == h.len() as u64);
+        let any_rows = allreduce(ctx, vec![i64::from(!empty)], ReduceKind::Max)
+            .await
+            .map_err(DataError::from)?;
+        Ok(empty && (any_rows.first() == Some(&1) || ctx.rank() != 0))
     }
 
     /// Rank 0 joins the parts into one file and moves it into place, each
@@ -1703,6 +1733,68 @@ mod tests {
             want.push(ours.to_string());
             want.sort();
             assert_eq!(names, want, "{format:?}");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A CSV directory output leaves out the parts of ranks with no rows
+    /// (and an earlier run's parts of those numbers), unless no rank has
+    /// rows: then part 0 alone holds the header. Parquet keeps every part.
+    #[test]
+    fn csv_directories_leave_out_parts_without_rows() {
+        let dir = std::env::temp_dir().join(format!("braid-sink-empty-{}", std::process::id()));
+        let schema = Arc::new(Schema::new(vec![Field::new("x", DataType::Int64, false)]));
+        let rows = |empty: &'static [u32]| {
+            let schema = schema.clone();
+            move |r: u32| {
+                let b = rank_rows(&schema, r);
+                if empty.contains(&r) { b.slice(0, 0) } else { b }
+            }
+        };
+        let cases: [(FileFormat, &[u32], &[&str]); 3] = [
+            (
+                FileFormat::Csv,
+                &[1, 3],
+                &["part-00000.csv", "part-00002.csv"],
+            ),
+            (FileFormat::Csv, &[0, 1, 2, 3], &["part-00000.csv"]),
+            (
+                FileFormat::Parquet,
+                &[1, 3],
+                &[
+                    "part-00000.parquet",
+                    "part-00001.parquet",
+                    "part-00002.parquet",
+                    "part-00003.parquet",
+                ],
+            ),
+        ];
+        for (format, empty, want) in cases {
+            let _ = std::fs::remove_dir_all(&dir);
+            std::fs::create_dir_all(&dir).unwrap();
+            for r in 0..4 {
+                std::fs::write(dir.join(format!("part-{r:05}.{}", format.ext())), "old").unwrap();
+            }
+            let sink = FileSink {
+                format,
+                target: SinkTarget::Dir(dir.clone()),
+                schema: schema.clone(),
+            };
+            for r in write_and_commit(&sink, 4, rows(empty), || {}) {
+                r.unwrap();
+            }
+            assert_eq!(names(&dir), want.to_vec(), "{format:?}, empty {empty:?}");
+            if format == FileFormat::Csv {
+                for name in want {
+                    let r: u32 = name[5..10].parse().unwrap();
+                    let text = std::fs::read_to_string(dir.join(name)).unwrap();
+                    let mut lines = vec!["x".to_string()];
+                    if !empty.contains(&r) {
+                        lines.extend((0..3).map(|i| (r * 10 + i).to_string()));
+                    }
+                    assert_eq!(text, lines.join("\n") + "\n", "{name}");
+                }
+            }
         }
         let _ = std::fs::remove_dir_all(&dir);
     }
