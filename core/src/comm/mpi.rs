@@ -117,7 +117,7 @@ impl TagLayout {
     /// The widest layout within `tag_ub` (`MPI_TAG_UB`); `None` below the
     /// standard's minimum of 2^15 - 1.
     fn for_bound(tag_ub: i64) -> Option<TagLayout> {
-        if tag_ub < (1 << 15) - 1 {
+        if tag_ub < MIN_TAG_UB {
             return None;
         }
         // Largest b with (2^b << 8) - 1 <= tag_ub.
