@@ -6,8 +6,9 @@
 //!                 open it, flock(LOCK_EX)        held while the process lives
 //!                 rename it to TMP/braid-spill-<pid>-<n>-r<rank>-op<op>-<random>
 //!   shuffle end:  remove it (and the process's exit path: remove_spill_dirs)
-//!   first spill of a process: sweep TMP for braid-spill-* whose lock is free
-//!                 and whose process is gone, and remove them
+//!   first spill of a process: sweep TMP for braid-spill-[new-]<pid>-* whose
+//!                 lock is free and whose process is gone (or a zombie),
+//!                 and remove them
 //! ```
 //!
 //! A process killed by SIGKILL cannot remove its directory, and a spill
@@ -30,9 +31,6 @@ use braid_core::{OpId, Rank};
 const PREFIX: &str = "braid-spill-";
 /// The name a spill directory has before it is locked.
 const NEW_PREFIX: &str = "braid-spill-new-";
-/// A directory left under its first name (a process that died between
-/// the mkdir and the rename) is removed after this long.
-const NEW_STALE: std::time::Duration = std::time::Duration::from_secs(3600);
 
 /// One shuffle's spill directory in the temp directory: named at once,
 /// made on first use, removed when dropped.
@@ -141,10 +139,17 @@ fn process_lives(pid: u32) -> bool {
             return true;
         };
         // SAFETY: signal 0 only checks that the process exists.
-        if unsafe { libc::kill(pid, 0) } == 0 {
-            return true;
+        if unsafe { libc::kill(pid, 0) } != 0 {
+            return std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH);
         }
-        std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
+        // A zombie (killed, not yet reaped: a launcher's ranks for a second
+        // or two after it was killed) has dropped its locks and is gone.
+        match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+            Ok(stat) => stat
+                .rsplit_once(')')
+                .is_none_or(|(_, after)| !after.trim_start().starts_with('Z')),
+            Err(_) => true,
+        }
     }
     #[cfg(not(unix))]
     {
@@ -154,9 +159,9 @@ fn process_lives(pid: u32) -> bool {
 }
 
 /// Removes from `tmp` the spill directories of processes that are gone:
-/// unlocked, and their process (the pid in the name) no longer running;
-/// and first names older than [`NEW_STALE`]. Says what it removed in the
-/// log. Anything it cannot read or lock is left.
+/// under either name, unlocked, and their process (the pid in the name,
+/// as braid writes it: digits, no leading zero) no longer running. Says
+/// what it removed in the log. Anything it cannot read or lock is left.
 pub(crate) fn sweep(tmp: &Path) {
     let Ok(entries) = std::fs::read_dir(tmp) else {
         return;
@@ -165,40 +170,30 @@ pub(crate) fn sweep(tmp: &Path) {
     for e in entries.flatten() {
         let name = e.file_name();
         let Some(name) = name.to_str() else { continue };
-        let Some(rest) = name.strip_prefix(PREFIX) else {
+        let Some(rest) = name
+            .strip_prefix(NEW_PREFIX)
+            .or_else(|| name.strip_prefix(PREFIX))
+        else {
             continue;
         };
-        let path = e.path();
         if !e.file_type().is_ok_and(|t| t.is_dir()) {
             continue;
         }
-        let stale = if name.starts_with(NEW_PREFIX) {
-            e.metadata()
-                .and_then(|m| m.modified())
-                .ok()
-                .and_then(|t| t.elapsed().ok())
-                .is_some_and(|age| age > NEW_STALE)
-        } else {
-            let pid = rest.split('-').next().and_then(|p| p.parse::<u32>().ok());
-            match (pid, File::open(&path)) {
-                // Locked here while it is removed: a second sweep skips it.
-                (Some(pid), Ok(f)) if !process_lives(pid) => match try_lock(&f) {
-                    Ok(()) => {
-                        let size = dir_bytes(&path);
-                        let gone = std::fs::remove_dir_all(&path).is_ok();
-                        if gone {
-                            removed += 1;
-                            bytes += size;
-                        }
-                        continue;
-                    }
-                    _ => false,
-                },
-                _ => false,
-            }
+        let Some(pid) = rest.split('-').next().and_then(pid_of) else {
+            continue;
         };
-        if stale && std::fs::remove_dir_all(&path).is_ok() {
-            removed += 1;
+        let path = e.path();
+        if process_lives(pid) {
+            continue;
+        }
+        // Locked here while it is removed: a second sweep skips it.
+        let Ok(f) = File::open(&path) else { continue };
+        if try_lock(&f).is_ok() {
+            let size = dir_bytes(&path);
+            if std::fs::remove_dir_all(&path).is_ok() {
+                removed += 1;
+                bytes += size;
+            }
         }
     }
     if removed > 0 {
@@ -208,6 +203,13 @@ pub(crate) fn sweep(tmp: &Path) {
             tmp.display()
         );
     }
+}
+
+/// A pid as braid writes it in a name: ASCII digits without a leading
+/// zero (not `+12` or `012`, which `parse` takes).
+fn pid_of(s: &str) -> Option<u32> {
+    let digits = !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) && !s.starts_with('0');
+    digits.then(|| s.parse().ok()).flatten()
 }
 
 /// The bytes of the files directly in `dir` (a spill directory holds
@@ -245,24 +247,33 @@ mod tests {
     use super::*;
 
     /// A directory of a process that is gone (unlocked, its pid not
-    /// running) is swept with its files; a live one (locked), one whose
-    /// process runs, a fresh first name and other names stay; a stale
-    /// first name goes.
+    /// running, or a zombie) is swept with its files, under either name; a
+    /// live one (locked), one whose process runs, and names braid does not
+    /// make stay, also where they hold a gone process's number.
     #[test]
     fn sweeps_remove_only_what_gone_processes_left() {
         let tmp = std::env::temp_dir().join(format!("braid-spill-test-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&tmp);
         std::fs::create_dir_all(&tmp).unwrap_or_else(|e| panic!("{e}"));
+        let child = || {
+            std::process::Command::new("true")
+                .spawn()
+                .unwrap_or_else(|e| panic!("{e}"))
+        };
         // A pid that runs no process: a child that has exited and been
         // waited for.
         let dead = {
-            let mut c = std::process::Command::new("true")
-                .spawn()
-                .unwrap_or_else(|e| panic!("{e}"));
-            let id = c.id();
+            let mut c = child();
             let _ = c.wait();
-            id
+            c.id()
         };
+        // A zombie: a child that has exited, not yet waited for.
+        let mut zombie = child();
+        let z = zombie.id();
+        let t = std::time::Instant::now();
+        while process_lives(z) && t.elapsed() < std::time::Duration::from_secs(10) {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
         let me = std::process::id();
         let live = SpillDir {
             path: tmp.join(format!("{PREFIX}{dead}-0-r0-op1-00")),
@@ -276,23 +287,27 @@ mod tests {
             std::fs::write(p.join("chunk-0"), [7u8; 1000]).unwrap_or_else(|e| panic!("{e}"));
             p
         };
-        let gone = mk(format!("{PREFIX}{dead}-1-r0-op1-00"));
-        let running = mk(format!("{PREFIX}{me}-2-r0-op1-00"));
-        let fresh = mk(format!("{NEW_PREFIX}{dead}-3-r0-op1-00"));
-        let other = mk("braid-spilled-notours".into());
-        let old = mk(format!("{NEW_PREFIX}{dead}-4-r0-op1-00"));
-        let f = File::options()
-            .write(true)
-            .open(&old)
-            .or_else(|_| File::open(&old))
-            .unwrap_or_else(|e| panic!("{e}"));
-        let past = std::time::SystemTime::now() - NEW_STALE * 2;
-        f.set_modified(past).unwrap_or_else(|e| panic!("{e}"));
+        let gone = [
+            mk(format!("{PREFIX}{dead}-1-r0-op1-00")),
+            mk(format!("{NEW_PREFIX}{dead}-3-r0-op1-00")),
+            mk(format!("{PREFIX}{z}-4-r0-op1-00")),
+        ];
+        let kept = [
+            mk(format!("{PREFIX}{me}-2-r0-op1-00")),
+            mk(format!("{NEW_PREFIX}{me}-5-r0-op1-00")),
+            mk("braid-spilled-notours".into()),
+            mk(format!("{NEW_PREFIX}mydata")),
+            mk(format!("{PREFIX}+{dead}-6-r0-op1-00")),
+            mk(format!("{PREFIX}0{dead}-7-r0-op1-00")),
+        ];
         sweep(&tmp);
-        assert!(!gone.exists() && !old.exists());
-        for p in [&live.path, &running, &fresh, &other] {
+        for p in &gone {
+            assert!(!p.exists(), "{} was left", p.display());
+        }
+        for p in kept.iter().chain([&live.path]) {
             assert!(p.exists(), "{} was swept", p.display());
         }
+        let _ = zombie.wait();
         // Once its handle is closed (the process gone), it goes too.
         drop(locked);
         sweep(&tmp);
