@@ -9,6 +9,12 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use braid_tests::output_within;
+
+/// The longest one launch of these tests may run: past it, it is stopped
+/// and its test fails with its output, not CI's time.
+const LIMIT: Duration = Duration::from_secs(300);
+
 /// Whether process `pid` still runs (a zombie counts as gone).
 fn alive(pid: u32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
@@ -278,10 +284,17 @@ fn a_failure_before_the_timeout_is_what_is_reported() {
 #[test]
 fn a_bad_timeout_is_refused() {
     for bad in ["0", "-1", "soon", "inf", "NaN"] {
-        let out = Command::new(env!("CARGO_BIN_EXE_braid-launch"))
-            .args(["-n", "2", "--timeout", bad, "--", "true"])
-            .output()
-            .unwrap();
+        let out = output_within(
+            Command::new(env!("CARGO_BIN_EXE_braid-launch")).args([
+                "-n",
+                "2",
+                "--timeout",
+                bad,
+                "--",
+                "true",
+            ]),
+            LIMIT,
+        );
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{bad}: {err}");
         assert!(err.contains(bad) && err.contains("timeout"), "{bad}: {err}");
@@ -296,18 +309,19 @@ fn a_bad_timeout_is_refused() {
 #[test]
 fn rolling_under_the_launcher_refuses_another_rank_count() {
     let run = |args: &[&str]| {
-        Command::new(env!("CARGO_BIN_EXE_braid-launch"))
-            .args([
-                "-n",
-                "2",
-                "--",
-                env!("CARGO_BIN_EXE_rolling"),
-                "--rows",
-                "1000",
-            ])
-            .args(args)
-            .output()
-            .unwrap()
+        output_within(
+            Command::new(env!("CARGO_BIN_EXE_braid-launch"))
+                .args([
+                    "-n",
+                    "2",
+                    "--",
+                    env!("CARGO_BIN_EXE_rolling"),
+                    "--rows",
+                    "1000",
+                ])
+                .args(args),
+            LIMIT,
+        )
     };
     let out = run(&["--ranks", "3"]);
     let err = String::from_utf8_lossy(&out.stderr);
@@ -526,11 +540,12 @@ fn a_rank_that_never_joins_is_named() {
         "[ \"$BRAID_RANK\" = 2 ] && exit 0; exec {} --len 1000 --laps 2",
         env!("CARGO_BIN_EXE_ring")
     );
-    let out = Command::new(env!("CARGO_BIN_EXE_braid-launch"))
-        .args(["-n", "4", "--", "sh", "-c", &script])
-        .env("BRAID_TIMEOUT", "2")
-        .output()
-        .unwrap();
+    let out = output_within(
+        Command::new(env!("CARGO_BIN_EXE_braid-launch"))
+            .args(["-n", "4", "--", "sh", "-c", &script])
+            .env("BRAID_TIMEOUT", "2"),
+        LIMIT,
+    );
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(

@@ -85,7 +85,7 @@ fn rolling_under_mpirun_matches_the_oracle() {
             if grouped {
                 check.args(["--by", "key"]);
             }
-            let c = check.output().unwrap();
+            let c = braid_tests::output_within(&mut check, JOB_LIMIT);
             assert!(
                 c.status.success(),
                 "{n} ranks, grouped={grouped}: {}\n{}",

@@ -11,7 +11,13 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use braid_tests::Scratch;
+use braid_tests::{Scratch, output_within};
+
+/// The longest one command of these tests may run (a job of a few
+/// hundred thousand rows, or an oracle script, takes seconds; the fuzz
+/// run several minutes on the 2-core VM): past it, the command is stopped
+/// and its test fails with the command's output, not CI's time.
+const LIMIT: std::time::Duration = std::time::Duration::from_secs(900);
 
 fn rolling() -> Command {
     Command::new(env!("CARGO_BIN_EXE_rolling"))
@@ -23,7 +29,7 @@ fn repo() -> PathBuf {
 
 /// Runs the binary; returns (exit ok, stdout, stderr).
 fn run(args: &[&str]) -> (bool, String, String) {
-    let out = rolling().args(args).output().unwrap();
+    let out = output_within(rolling().args(args), LIMIT);
     (
         out.status.success(),
         String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -735,7 +741,7 @@ fn check(input: &Path, output: &Path, extra: &[&str], engines: &str) {
         engines.into(),
     ];
     args.extend(extra.iter().map(|s| s.to_string()));
-    let out = Command::new("python3").args(&args).output().unwrap();
+    let out = output_within(Command::new("python3").args(&args), LIMIT);
     assert!(
         out.status.success(),
         "oracle disagrees ({extra:?}):\n{}\n{}",
@@ -967,14 +973,15 @@ fn random_cases_agree_with_the_oracle() {
     let scratch = Scratch::new("cli-fuzz");
     let seed = std::env::var("BRAID_FUZZ_SEED").unwrap_or_else(|_| "11".into());
     let cases = std::env::var("BRAID_FUZZ_CASES").unwrap_or_else(|_| "40".into());
-    let out = Command::new("python3")
-        .arg(repo().join("tests/oracle/fuzz.py"))
-        .args(["--rolling", env!("CARGO_BIN_EXE_rolling")])
-        .args(["--cases", &cases, "--seed", &seed])
-        .arg("--out")
-        .arg(scratch.path())
-        .output()
-        .unwrap();
+    let out = output_within(
+        Command::new("python3")
+            .arg(repo().join("tests/oracle/fuzz.py"))
+            .args(["--rolling", env!("CARGO_BIN_EXE_rolling")])
+            .args(["--cases", &cases, "--seed", &seed])
+            .arg("--out")
+            .arg(scratch.path()),
+        2 * LIMIT,
+    );
     assert!(
         out.status.success(),
         "fuzz seed {seed}: some cases disagree with the oracle:\n{}\n{}",
@@ -1051,10 +1058,19 @@ fn ranks_in_other_directories_compare_absolute_paths() {
         d.display(),
         env!("CARGO_BIN_EXE_rolling")
     );
-    let out = Command::new(env!("CARGO_BIN_EXE_braid-launch"))
-        .args(["-n", "2", "--timeout", "60", "--", "sh", "-c", &script])
-        .output()
-        .unwrap();
+    let out = output_within(
+        Command::new(env!("CARGO_BIN_EXE_braid-launch")).args([
+            "-n",
+            "2",
+            "--timeout",
+            "60",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ]),
+        LIMIT,
+    );
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),

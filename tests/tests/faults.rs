@@ -571,7 +571,7 @@ fn a_process_of_an_mpi_launch_without_the_mpi_backend_is_refused() {
         ] {
             c.env_remove(v);
         }
-        let out = c.env(var, n.to_string()).output().expect("spawn");
+        let out = braid_tests::output_within(c.env(var, n.to_string()), Duration::from_secs(300));
         let err = String::from_utf8_lossy(&out.stderr);
         if n > 1 {
             assert_eq!(out.status.code(), Some(2), "{var}={n}: {err}");
