@@ -391,10 +391,9 @@ async fn meet_into<T: Element>(
     let (so, sc) = spec.send(me as usize);
     let (ro, self_recv) = spec.recv(me as usize);
     if sc != self_recv {
-        return Err(site.mismatch(
-            me,
-            format!("sends {sc} elements to itself but expects {self_recv}"),
-        ));
+        return Err(site.invalid(format!(
+            "its counts send {sc} elements to itself but receive {self_recv} from itself"
+        )));
     }
     let (mut sent_sum, mut recv_sum) = spec.digests(me, n);
     let meta = Meta::new(site.coll, T::DTYPE).count(sent_sum).seq(recv_sum);
@@ -526,10 +525,9 @@ async fn exchange<T: Element>(
     let (so, sc) = spec.send(me as usize);
     let self_recv = spec.recv(me as usize).1;
     if sc != self_recv {
-        return Err(site.mismatch(
-            me,
-            format!("sends {sc} elements to itself but expects {self_recv}"),
-        ));
+        return Err(site.invalid(format!(
+            "its counts send {sc} elements to itself but receive {self_recv} from itself"
+        )));
     }
     let (mut sent_sum, mut recv_sum) = spec.digests(me, n);
     let mut parts: Vec<Option<Elements<T>>> = (0..n).map(|_| None).collect();

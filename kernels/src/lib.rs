@@ -22,5 +22,7 @@ pub mod sort;
 pub mod window;
 
 pub use reduce::{DType, Element, ReduceKind};
-pub use rolling::{Agg, AggColumn, Closed, RollingError, RollingResult, rolling, rolling_segments};
+pub use rolling::{
+    Agg, AggColumn, Closed, RollingError, RollingResult, Segments, rolling, rolling_segments,
+};
 pub use window::{CalendarUnit, Window, Zone};

@@ -292,23 +292,47 @@ pub fn rolling(
     Ok(run_dispatch(&input, &[0, n], emit_from, aggs))
 }
 
+/// The groups of a [`rolling_segments`] call, and its lookback rows.
+///
+/// `offsets` delimit the groups: group `g` is rows `offsets[g]..offsets[g+1]`;
+/// they must start at 0, end at the row count and not decrease. Rows
+/// `0..emit_from` are lookback ("ghost") rows, as in [`rolling`]: they fall
+/// inside the windows of their group's later rows but get no output (a
+/// chunk of a group whose earlier rows another chunk outputs).
+#[derive(Debug, Clone, Copy)]
+pub struct Segments<'a> {
+    /// Where each group starts, and the row count last.
+    pub offsets: &'a [usize],
+    /// Rows that only feed windows.
+    pub emit_from: usize,
+}
+
+impl<'a> Segments<'a> {
+    /// Groups at `offsets`, every row output.
+    pub fn new(offsets: &'a [usize]) -> Self {
+        Segments {
+            offsets,
+            emit_from: 0,
+        }
+    }
+}
+
 /// Rolling aggregations over several groups in one call.
 ///
-/// `offsets` delimit the groups: group `g` is rows `offsets[g]..offsets[g+1]`,
-/// each sorted by `ts` on its own; windows never cross a group boundary.
-/// `offsets` must start at 0, end at `ts.len()` and not decrease. Every row
-/// gets output (no ghost rows): the result has `ts.len()` rows per column.
+/// Each group is sorted by `ts` on its own; windows never cross a group
+/// boundary. The result has `ts.len() - emit_from` rows per column.
 pub fn rolling_segments(
     ts: &[i64],
     values: &[f64],
     valid: Option<&[bool]>,
-    offsets: &[usize],
+    segments: Segments<'_>,
     window: impl Into<Window>,
     closed: Closed,
     aggs: &[Agg],
 ) -> Result<RollingResult, RollingError> {
     let n = ts.len();
     let window = window.into();
+    let Segments { offsets, emit_from } = segments;
     check_inputs(ts, values, valid, window)?;
     match (offsets.first(), offsets.last()) {
         (Some(0), Some(&last)) if last == n => {}
@@ -321,6 +345,9 @@ pub fn rolling_segments(
     if offsets.windows(2).any(|seg| seg[0] > seg[1]) {
         return Err(RollingError::BadOffsets("offsets decrease"));
     }
+    if emit_from > n {
+        return Err(RollingError::EmitFromOutOfRange { emit_from, len: n });
+    }
     for seg in offsets.windows(2) {
         check_sorted(&ts[seg[0]..seg[1]], seg[0])?;
     }
@@ -331,7 +358,7 @@ pub fn rolling_segments(
         window,
         closed,
     };
-    Ok(run_dispatch(&input, offsets, 0, aggs))
+    Ok(run_dispatch(&input, offsets, emit_from, aggs))
 }
 
 fn check_inputs(
@@ -1228,7 +1255,15 @@ mod tests {
         );
         for bad in [&[][..], &[1, 3], &[0, 2], &[0, 2, 1, 3], &[0, 4, 3]] {
             assert!(matches!(
-                rolling_segments(&ts, &v, None, bad, 1, Closed::Right, &Agg::ALL),
+                rolling_segments(
+                    &ts,
+                    &v,
+                    None,
+                    Segments::new(bad),
+                    1,
+                    Closed::Right,
+                    &Agg::ALL
+                ),
                 Err(RollingError::BadOffsets(_))
             ));
         }
@@ -1237,7 +1272,7 @@ mod tests {
                 &[1, 5, 2, 1],
                 &[0.0; 4],
                 None,
-                &[0, 2, 4],
+                Segments::new(&[0, 2, 4]),
                 1,
                 Closed::Right,
                 &[]
@@ -1348,8 +1383,16 @@ mod tests {
             for closed in CLOSED {
                 let w = rng.below(20) as i64;
                 let aggs = random_aggs(&mut rng);
-                let got = rolling_segments(&ts, &values, Some(&valid), &offsets, w, closed, &aggs)
-                    .unwrap();
+                let got = rolling_segments(
+                    &ts,
+                    &values,
+                    Some(&valid),
+                    Segments::new(&offsets),
+                    w,
+                    closed,
+                    &aggs,
+                )
+                .unwrap();
                 let mut want = Vec::new();
                 for g in offsets.windows(2) {
                     let r = g[0]..g[1];
@@ -1363,8 +1406,28 @@ mod tests {
                     ));
                 }
                 check(&got, &want, &aggs, TOL, "segments");
+                // Lookback rows: the same windows, output from emit_from on.
+                let from = rng.below(ts.len() as u64 + 1) as usize;
+                let segs = Segments {
+                    offsets: &offsets,
+                    emit_from: from,
+                };
+                let tail =
+                    rolling_segments(&ts, &values, Some(&valid), segs, w, closed, &aggs).unwrap();
+                check(&tail, &want[from..], &aggs, TOL, "segments from a row");
             }
         }
+        let past = Segments {
+            offsets: &[0, 2],
+            emit_from: 3,
+        };
+        assert_eq!(
+            rolling_segments(&[1, 2], &[0.0; 2], None, past, 1, Closed::Right, &[]),
+            Err(RollingError::EmitFromOutOfRange {
+                emit_from: 3,
+                len: 2
+            })
+        );
     }
 
     #[test]
@@ -1538,9 +1601,16 @@ mod tests {
                     }
                 }
                 offsets.push(n);
-                let got =
-                    rolling_segments(&ts, &values, Some(&valid), &offsets, w, closed, &Agg::ALL)
-                        .unwrap();
+                let got = rolling_segments(
+                    &ts,
+                    &values,
+                    Some(&valid),
+                    Segments::new(&offsets),
+                    w,
+                    closed,
+                    &Agg::ALL,
+                )
+                .unwrap();
                 let mut want = Vec::new();
                 for g in offsets.windows(2) {
                     want.extend(reference(

@@ -452,7 +452,7 @@ async fn lookback(
     let info = allgather(dc.ctx(), vec![rows_me as i64, first, last])
         .await
         .map_err(fail)?;
-    let plan = crate::rolling::HaloPlan::new(&info, n, spec).map_err(fail)?;
+    let plan = crate::rolling::HaloPlan::with_groups(&info, Vec::new(), n, spec).map_err(fail)?;
     let (rounds, rows) = (plan.rounds, |r: usize| plan.rows(r));
     let need = |r: usize| plan.need(r);
     let pass_from = |r: usize| plan.pass_from(r);

@@ -1,29 +1,32 @@
 //! The rolling-window aggregation of a distributed table.
 //!
-//! Ungrouped:
-//!
 //! ```text
-//!   1. distributed sort by the order column (equal ts never split)
-//!   2. AllGather of (rows, min ts, max ts) per rank: every rank knows which
-//!      lower ranks hold rows inside its first window, hence how many
+//!   1. distributed sort by (group columns, order column): equal (group,
+//!      ts) never split, but a group's rows may span several ranks, so a
+//!      group with most of the rows still spreads over every rank
+//!   2. AllGather of (rows, first ts, last ts, first group, last group)
+//!      per rank: every rank knows which lower ranks hold rows inside its
+//!      first window (only its first group can continue from below, and
+//!      only from ranks whose last group it is), hence how many
 //!      HaloExchange rounds the job needs (decided at run time)
 //!   3. round 1: each rank sends right its rows that some rank to its right
-//!      needs; round k: it forwards what it got in round k-1 (rows of rank
-//!      r-k+1) if still needed further right. Each rank keeps what it needs.
-//!   4. one pass of the rolling kernel over ghost rows ++ own rows, output
-//!      for own rows only
+//!      needs (of the group that starts the next rank with rows); round
+//!      k: it forwards what it got in round k-1 (rows of rank r-k+1) if
+//!      still needed further right. Each rank keeps what it needs.
+//!   4. the rolling kernel over ghost rows ++ own rows, chunk by chunk,
+//!      each group a segment (windows never cross one), output for own
+//!      rows only
 //! ```
 //!
-//! Grouped: hash shuffle by the group columns (whole groups on one rank),
-//! sort by (group columns, ts) locally, one kernel pass per group.
+//! Ungrouped, the whole table is one group.
 //!
 //! Output: every input row once, all input columns kept, plus
 //! `<value>_<agg>` (float64; count is int64), in chunks of at least
-//! `chunk_rows` rows (but a rank's last): a chunk ends between rows of
-//! different order values, and ungrouped holds at least twice the
+//! `chunk_rows` rows (but a rank's last): a chunk never splits a group's
+//! run of equal order values, and holds at least twice the
 //! lookback its first row needs (so that its lookback rows, read again,
-//! stay at most a third of the work); grouped, a chunk holds whole
-//! groups.
+//! stay at most a third of the work). Rows come out sorted by (group,
+//! order) across the ranks.
 //!
 //! Memory: after the sort, the node adds to the rank's sorted partition
 //! only its ghost rows, the chunks being computed and sent, and an i64
@@ -40,16 +43,17 @@ use arrow_array::{Array, ArrayRef, Float64Array, Int64Array, RecordBatch};
 use arrow_buffer::ScalarBuffer;
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use arrow_select::concat::concat_batches;
-use braid_coll::{HaloExchange, allgather};
+use braid_coll::{HaloExchange, allgather_parts};
 use braid_core::{Context, Message, NodeError, PackedData, Payload, Receiver, Sender};
-use braid_kernels::rolling::{Agg, CalendarUnit, Closed, Window, rolling, rolling_segments};
+use braid_kernels::rolling::{Agg, CalendarUnit, Closed, Segments, Window, rolling_segments};
 use braid_kernels::window::Zone;
 
 use crate::error::{DataError, Result};
 use crate::ipc::{pack, unpack};
-use crate::partition::{canonical_group_key, column_index, group_key_type, is_float_key};
-use crate::shuffle::hash_shuffle;
-use crate::sort::{DistributedSort, SortKey, sort_parts};
+use crate::partition::{
+    canonical_group_key, column_index, converter, group_key_type, is_float_key, key_rows,
+};
+use crate::sort::{DistributedSort, SortKey};
 use crate::threads::{map_scoped, rank_threads};
 
 /// What to compute.
@@ -299,14 +303,6 @@ struct Joined<T, M> {
 }
 
 impl<T: Copy, M: std::ops::Deref<Target = [T]>> Joined<T, M> {
-    /// Own rows only.
-    fn own(main: M) -> Self {
-        Joined {
-            ghost: Vec::new(),
-            main,
-        }
-    }
-
     /// Row `i` (`i < len()`: the callers' chunk bounds).
     fn at(&self, i: usize) -> T {
         match i.checked_sub(self.ghost.len()) {
@@ -332,14 +328,19 @@ impl<T: Copy, M: std::ops::Deref<Target = [T]>> Joined<T, M> {
         }
     }
 
-    /// The first row for which `pred` is false (`pred` true on a prefix).
-    fn partition_point(&self, pred: impl Fn(&T) -> bool) -> usize {
-        let g = self.ghost.partition_point(&pred);
-        if g < self.ghost.len() {
-            g
-        } else {
-            g + self.main.partition_point(pred)
+    /// The first row of `[lo, hi)` for which `pred` is false (`pred` true
+    /// on a prefix of it), or `hi`.
+    fn partition_point_in(&self, lo: usize, hi: usize, pred: impl Fn(&T) -> bool) -> usize {
+        let (mut lo, mut hi) = (lo, hi);
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            if pred(&self.at(mid)) {
+                lo = mid + 1;
+            } else {
+                hi = mid;
+            }
         }
+        lo
     }
 }
 
@@ -356,41 +357,29 @@ pub async fn rolling_node(
     let out_schema = spec.output_schema(&schema)?;
     let stats = ctx.statistics().clone();
     let t = std::time::Instant::now();
-    let prepared = match spec.by.as_slice() {
-        [_, ..] => {
-            let local = hash_shuffle(&ctx, schema.clone(), &spec.by, input).await?;
-            stats.record_op("rolling: shuffle by key", t.elapsed());
-            let spec2 = spec.clone();
-            let s1 = schema.clone();
-            tokio::task::spawn_blocking(move || grouped(local, s1, &spec2))
-                .await
-                .map_err(NodeError::other)??
-        }
-        [] => {
-            let mut input = input;
-            let mut batches = Vec::new();
-            while let Some(m) = input.recv().await {
-                match m.payload {
-                    Payload::Table(t) => batches.push(t.into_batch()),
-                    _ => {
-                        return Err(NodeError::other("rolling got a non-table message"));
-                    }
-                }
+    let mut input = input;
+    let mut batches = Vec::new();
+    while let Some(m) = input.recv().await {
+        match m.payload {
+            Payload::Table(t) => batches.push(t.into_batch()),
+            _ => {
+                return Err(NodeError::other("rolling got a non-table message"));
             }
-            // (Reading the input is timed apart from the sort: the source
-            // may be what the job waits for.)
-            stats.record_op("rolling: input", t.elapsed());
-            let t = std::time::Instant::now();
-            let sorted = DistributedSort::new(vec![SortKey::asc(&spec.order)])
-                .sort(&ctx, schema.clone(), batches)
-                .await?;
-            stats.record_op("rolling: distributed sort", t.elapsed());
-            let t = std::time::Instant::now();
-            let p = ungrouped(&ctx, sorted, &spec).await?;
-            stats.record_op("rolling: lookback rounds", t.elapsed());
-            p
         }
-    };
+    }
+    // (Reading the input is timed apart from the sort: the source may be
+    // what the job waits for.)
+    stats.record_op("rolling: input", t.elapsed());
+    let t = std::time::Instant::now();
+    let width = schema.fields().len();
+    let (wide, batches, sort_keys) = with_group_forms(&schema, batches, &spec)?;
+    let sorted = DistributedSort::new(sort_keys.clone())
+        .sort(&ctx, wide, batches)
+        .await?;
+    stats.record_op("rolling: distributed sort", t.elapsed());
+    let t = std::time::Instant::now();
+    let prepared = prepare(&ctx, sorted, width, &sort_keys, &spec).await?;
+    stats.record_op("rolling: lookback rounds", t.elapsed());
     // The kernel runs on a blocking thread, up to `rank_threads()` chunks
     // at once (see `emit`); chunks stream downstream as they are made, the
     // channel holding one group of them while the next is computed.
@@ -518,8 +507,9 @@ struct Prepared {
     vals: Vec<ValueInput>,
     /// Number of ghost rows.
     ghost: usize,
-    /// Grouped: offsets of the groups in `sorted`.
-    groups: Option<Vec<usize>>,
+    /// Where each group starts in `sorted`, then its row count (the ghost
+    /// rows belong to the first group; ungrouped `[0, rows]`).
+    groups: Vec<usize>,
 }
 
 /// Appends the aggregation columns to `batch`.
@@ -557,12 +547,24 @@ pub(crate) fn window_start(t: i64, spec: &RollingSpec) -> i64 {
     }
 }
 
-/// The lookback plan of the ungrouped job, from every rank's (rows, min
-/// ts, max ts) as gathered (3 values per rank): what each rank needs and
-/// passes right, and how many HaloExchange rounds reach every need. The
-/// CPU and GPU paths both follow it, so every rank runs the same rounds.
+/// The lookback plan of the job, from every rank's (rows, first ts, last
+/// ts) as gathered (3 values per rank) and, grouped, its first and last
+/// group keys: what each rank needs and passes right, and how many
+/// HaloExchange rounds reach every need. The CPU and GPU paths both follow
+/// it, so every rank runs the same rounds.
+///
+/// Grouped (the table sorted by (group, ts)), rank j needs the rows of
+/// its first group g_j from `need(j)` on; lower ranks hold such rows only
+/// where g_j is their last group, and every rank between such a rank and
+/// j holds that group only. A rank passes right the rows of the group
+/// that starts the next rank with rows (`pass_key`): no rank further
+/// right can need another (its first group is at or above that one, and
+/// every key this rank holds is at or below it).
 pub(crate) struct HaloPlan<'a> {
     info: &'a [i64],
+    /// Per rank: (first, last) group key in the row format; empty
+    /// ungrouped (the whole table one group).
+    keys: Vec<(Vec<u8>, Vec<u8>)>,
     n: usize,
     spec: &'a RollingSpec,
     /// HaloExchange rounds every rank runs.
@@ -570,19 +572,27 @@ pub(crate) struct HaloPlan<'a> {
 }
 
 impl<'a> HaloPlan<'a> {
-    /// The plan for `n` ranks; `info` must hold 3 values per rank (a peer
-    /// that gathered something else is an error, not a panic or a plan
-    /// that differs between ranks).
-    pub(crate) fn new(info: &'a [i64], n: usize, spec: &'a RollingSpec) -> Result<Self> {
-        if info.len() != 3 * n {
+    /// The plan for `n` ranks; `info` must hold 3 values per rank and
+    /// `keys` a (first, last) group key pair per rank, or none ungrouped (a
+    /// peer that gathered something else is an error, not a panic or a
+    /// plan that differs between ranks).
+    pub(crate) fn with_groups(
+        info: &'a [i64],
+        keys: Vec<(Vec<u8>, Vec<u8>)>,
+        n: usize,
+        spec: &'a RollingSpec,
+    ) -> Result<Self> {
+        if info.len() != 3 * n || !(keys.is_empty() || keys.len() == n) {
             return Err(DataError::Invalid(format!(
-                "the ranks' (rows, first, last) order values came as {} values for {n} ranks, not {}",
+                "the ranks' (rows, first, last) order values came as {} values and {} key pairs for {n} ranks, not {}",
                 info.len(),
+                keys.len(),
                 3 * n
             )));
         }
         let mut p = HaloPlan {
             info,
+            keys,
             n,
             spec,
             rounds: 0,
@@ -592,12 +602,19 @@ impl<'a> HaloPlan<'a> {
             .filter(|j| p.rows(*j) > 0)
             .filter_map(|j| {
                 (0..j)
-                    .find(|k| p.rows(*k) > 0 && p.info[3 * k + 2] >= p.need(j))
+                    .find(|k| {
+                        p.rows(*k) > 0 && p.info[3 * k + 2] >= p.need(j) && p.continues(*k, j)
+                    })
                     .map(|k| j - k)
             })
             .max()
             .unwrap_or(0);
         Ok(p)
+    }
+
+    /// Whether rank k's last group is rank j's first (always ungrouped).
+    fn continues(&self, k: usize, j: usize) -> bool {
+        self.keys.is_empty() || self.keys[k].1 == self.keys[j].0
     }
 
     /// Rows of rank r.
@@ -610,12 +627,35 @@ impl<'a> HaloPlan<'a> {
         window_start(self.info[3 * r + 1], self.spec)
     }
 
-    /// What rank r must pass right: rows some rank further right needs.
+    /// The first rank right of r with rows.
+    fn next_with_rows(&self, r: usize) -> Option<usize> {
+        (r + 1..self.n).find(|j| self.rows(*j) > 0)
+    }
+
+    /// Grouped: rank r's first group key (None ungrouped).
+    pub(crate) fn own_key(&self, r: usize) -> Option<&[u8]> {
+        self.keys.get(r).map(|k| k.0.as_slice())
+    }
+
+    /// Grouped: the group whose rows rank r passes right (None ungrouped,
+    /// or where no rank right of r has rows).
+    pub(crate) fn pass_key(&self, r: usize) -> Option<&[u8]> {
+        self.next_with_rows(r).and_then(|j| self.own_key(j))
+    }
+
+    /// What rank r must pass right: rows from this ts on (of the group
+    /// [`Self::pass_key`] grouped) that some rank further right needs.
     pub(crate) fn pass_from(&self, r: usize) -> Option<i64> {
-        (r + 1..self.n)
-            .filter(|j| self.rows(*j) > 0)
+        let first = self.next_with_rows(r)?;
+        (first..self.n)
+            .filter(|j| self.rows(*j) > 0 && self.continues_group(first, *j))
             .map(|j| self.need(j))
             .min()
+    }
+
+    /// Whether ranks i and j start with the same group (always ungrouped).
+    fn continues_group(&self, i: usize, j: usize) -> bool {
+        self.keys.is_empty() || self.keys[i].0 == self.keys[j].0
     }
 }
 
@@ -624,12 +664,13 @@ const PARALLEL_MIN_ROWS: usize = 1 << 14;
 
 /// Runs the kernel chunk by chunk and sends the output chunks.
 ///
-/// Ungrouped: a chunk of rows `[s, e)` (never splitting a run of equal ts)
-/// is computed over the rows from the first one its earliest window needs;
-/// a chunk is made at least twice as long as that lookback, so the total
-/// work stays O(n) even when windows span most of the data. Grouped: a
-/// chunk is whole groups. Up to [`rank_threads`] chunks are computed at
-/// once on scoped threads, then sent in order.
+/// A chunk of output rows `[s, e)` (never splitting a run of equal ts in
+/// one group) is computed over the rows from the first one the earliest
+/// window of its first group needs (ghost rows included), with the group
+/// starts inside it as the kernel's segments; a chunk is made at least
+/// twice as long as that lookback, so the total work stays O(n) even when
+/// windows span most of a group. Up to [`rank_threads`] chunks are
+/// computed at once on scoped threads, then sent in order.
 fn emit(
     p: Prepared,
     spec: &RollingSpec,
@@ -638,30 +679,20 @@ fn emit(
     tx: &tokio::sync::mpsc::Sender<Result<RecordBatch>>,
 ) -> Result<()> {
     let n = p.sorted.num_rows();
-    let run = |lo: usize,
-               hi: usize,
-               emit_from: usize,
-               offsets: Option<&[usize]>|
-     -> Result<Vec<ArrayRef>> {
+    let run = |lo: usize, hi: usize, segments: Segments<'_>| -> Result<Vec<ArrayRef>> {
         let mut cols = Vec::new();
         let ts = p.ts.rows(lo, hi);
         for v in &p.vals {
             let (vals, valid) = v.rows(lo, hi)?;
-            let valid = valid.as_deref();
-            let r = match offsets {
-                None => rolling(
-                    &ts,
-                    &vals,
-                    valid,
-                    spec.window,
-                    spec.closed,
-                    &spec.aggs,
-                    emit_from,
-                ),
-                Some(o) => {
-                    rolling_segments(&ts, &vals, valid, o, spec.window, spec.closed, &spec.aggs)
-                }
-            }
+            let r = rolling_segments(
+                &ts,
+                &vals,
+                valid.as_deref(),
+                segments,
+                spec.window,
+                spec.closed,
+                &spec.aggs,
+            )
             .map_err(|e| DataError::Invalid(e.to_string()))?;
             for c in r.columns {
                 cols.push(agg_array(c.agg, c.values, c.valid));
@@ -669,55 +700,46 @@ fn emit(
         }
         Ok(cols)
     };
-    // A chunk: output rows [s, e), computed over rows [lo, hi) whose first
-    // `emit_from` only feed windows; grouped, with its groups' offsets.
+    // A chunk: output rows [s, e), computed over rows [lo, hi) (indices
+    // among the ghost rows then own ones) whose first `emit_from` only feed
+    // windows, with the groups starting at `offsets` (from lo).
     struct Chunk {
         s: usize,
         e: usize,
         lo: usize,
         hi: usize,
         emit_from: usize,
-        offsets: Option<Vec<usize>>,
+        offsets: Vec<usize>,
     }
+    let g0 = p.ghost;
+    let groups = &p.groups;
     let next = |s: usize| -> Chunk {
-        match &p.groups {
-            None => {
-                let g0 = p.ghost;
-                let lo =
-                    p.ts.partition_point(|x| *x < window_start(p.ts.at(g0 + s), spec))
-                        .min(g0 + s);
-                let lookback = g0 + s - lo;
-                let mut e = (s + chunk_rows.max(2 * lookback)).min(n);
-                while e < n && p.ts.at(g0 + e) == p.ts.at(g0 + e - 1) {
-                    e += 1;
-                }
-                Chunk {
-                    s,
-                    e,
-                    lo,
-                    hi: g0 + e,
-                    emit_from: lookback,
-                    offsets: None,
-                }
-            }
-            Some(groups) => {
-                // Whole groups, at least chunk_rows rows (or one group).
-                let first = groups.partition_point(|o| *o <= s) - 1;
-                let mut last = first + 1;
-                while last + 1 < groups.len() && groups[last] - s < chunk_rows {
-                    last += 1;
-                }
-                let e = groups[last];
-                let offsets: Vec<usize> = groups[first..=last].iter().map(|o| o - s).collect();
-                Chunk {
-                    s,
-                    e,
-                    lo: s,
-                    hi: e,
-                    emit_from: 0,
-                    offsets: Some(offsets),
-                }
-            }
+        // Row s's group, and where it starts (its ghost rows first).
+        let gi = groups.partition_point(|o| *o <= s).saturating_sub(1);
+        let start = if gi == 0 { 0 } else { g0 + groups[gi] };
+        let from = window_start(p.ts.at(g0 + s), spec);
+        let lo = p.ts.partition_point_in(start, g0 + s, |x| *x < from);
+        let lookback = g0 + s - lo;
+        let mut e = (s + chunk_rows.max(2 * lookback)).min(n);
+        while e < n && p.ts.at(g0 + e) == p.ts.at(g0 + e - 1) && groups.binary_search(&e).is_err() {
+            e += 1;
+        }
+        // The groups that start inside (s, e).
+        let (a, b) = (
+            groups.partition_point(|o| *o <= s),
+            groups.partition_point(|o| *o < e),
+        );
+        let mut offsets = Vec::with_capacity(b.saturating_sub(a) + 2);
+        offsets.push(0);
+        offsets.extend(groups[a..b.max(a)].iter().map(|o| g0 + o - lo));
+        offsets.push(g0 + e - lo);
+        Chunk {
+            s,
+            e,
+            lo,
+            hi: g0 + e,
+            emit_from: lookback,
+            offsets,
         }
     };
     // Chunks are independent: up to `rank_threads()` of them are computed
@@ -739,7 +761,11 @@ fn emit(
             1
         };
         let outs = map_scoped(batch, use_threads, |c| -> Result<RecordBatch> {
-            let cols = run(c.lo, c.hi, c.emit_from, c.offsets.as_deref())?;
+            let segments = Segments {
+                offsets: &c.offsets,
+                emit_from: c.emit_from,
+            };
+            let cols = run(c.lo, c.hi, segments)?;
             with_aggs(&p.sorted.slice(c.s, c.e - c.s), out_schema.clone(), cols)
         });
         for b in outs {
@@ -753,135 +779,259 @@ fn emit(
 }
 
 /// Name of the grouping form of the `i`th group column, where it is a
-/// float column, while `grouped` sorts (dropped before output; no input
+/// float column, while the job sorts (dropped before output; no input
 /// column can be named so, as the name starts with a NUL).
 fn canonical_key(i: usize) -> String {
     format!("\0braid_group{i}")
 }
 
-/// Grouped: `local` holds whole groups; sort by (group columns, ts). A
-/// float group column is sorted and split by its grouping form
-/// (`canonical_group_key`: 0.0 and -0.0 one group, every NaN one group),
-/// and output as it came.
-fn grouped(local: Vec<RecordBatch>, schema: SchemaRef, spec: &RollingSpec) -> Result<Prepared> {
+/// The job's sort: each group column (its grouping form where it is a
+/// float column, `canonical_group_key`: 0.0 and -0.0 one group, every NaN
+/// one group, appended after the input's columns as [`canonical_key`])
+/// then the order column. Returns the batches' schema with those columns,
+/// the batches, and the sort keys (the group keys first, the order last).
+fn with_group_forms(
+    schema: &SchemaRef,
+    batches: Vec<RecordBatch>,
+    spec: &RollingSpec,
+) -> Result<(SchemaRef, Vec<RecordBatch>, Vec<SortKey>)> {
     let keys: Vec<usize> = spec
         .by
         .iter()
-        .map(|b| column_index(&schema, b))
+        .map(|b| column_index(schema, b))
         .collect::<Result<_>>()?;
     let floats: Vec<usize> = (0..keys.len())
         .filter(|&i| is_float_key(schema.field(keys[i]).data_type()))
         .collect();
-    // Sort by each group column (its grouping form where it is a float
-    // column, appended after the input's columns), then the order column.
     let mut sort_keys: Vec<SortKey> = spec.by.iter().map(SortKey::asc).collect();
     for &i in &floats {
         sort_keys[i] = SortKey::asc(canonical_key(i));
     }
     sort_keys.push(SortKey::asc(&spec.order));
-    let width = schema.fields().len();
-    let sorted = if floats.is_empty() {
-        sort_parts(&schema, local, &sort_keys)?
-    } else {
-        let mut fields = schema.fields().to_vec();
-        for &i in &floats {
-            fields.push(Arc::new(Field::new(
-                canonical_key(i),
-                group_key_type(schema.field(keys[i]).data_type()),
-                true,
-            )));
-        }
-        let wide = Arc::new(Schema::new(fields));
-        let mut parts = Vec::with_capacity(local.len());
-        for b in local {
-            let mut cols = b.columns().to_vec();
-            for &i in &floats {
-                let c = b.column(keys[i]);
-                cols.push(canonical_group_key(c)?.unwrap_or_else(|| c.clone()));
-            }
-            parts.push(RecordBatch::try_new(wide.clone(), cols)?);
-        }
-        sort_parts(&wide, parts, &sort_keys)?
-    };
-    // The columns groups are split by: the sort's group keys.
-    let sorted_schema = sorted.schema();
-    let group_cols: Vec<ArrayRef> = sort_keys[..keys.len()]
-        .iter()
-        .map(|k| {
-            Ok(sorted
-                .column(column_index(&sorted_schema, &k.column)?)
-                .clone())
-        })
-        .collect::<Result<_>>()?;
-    let keep: Vec<usize> = (0..width).collect();
-    let sorted = sorted.project(&keep)?;
-    let schema = sorted.schema();
-    let ts = order_values(&sorted, column_index(&schema, &spec.order)?, &spec.order)?;
-    let mut groups = vec![0];
-    if sorted.num_rows() > 0 {
-        groups.extend(
-            arrow_ord::partition::partition(&group_cols)?
-                .ranges()
-                .iter()
-                .map(|r| r.end),
-        );
+    if floats.is_empty() {
+        return Ok((schema.clone(), batches, sort_keys));
     }
-    let vals = spec
-        .values
-        .iter()
-        .map(|v| {
-            let c = sorted.column(column_index(&schema, v)?).clone();
-            Ok(ValueInput::new(c, Vec::new(), None))
-        })
-        .collect::<Result<_>>()?;
-    Ok(Prepared {
-        sorted,
-        ts: Joined::own(ts),
-        vals,
-        ghost: 0,
-        groups: Some(groups),
-    })
+    let mut fields = schema.fields().to_vec();
+    for &i in &floats {
+        fields.push(Arc::new(Field::new(
+            canonical_key(i),
+            group_key_type(schema.field(keys[i]).data_type()),
+            true,
+        )));
+    }
+    let wide = Arc::new(Schema::new(fields));
+    let mut parts = Vec::with_capacity(batches.len());
+    for b in batches {
+        let mut cols = b.columns().to_vec();
+        for &i in &floats {
+            let c = b.column(keys[i]);
+            cols.push(canonical_group_key(c)?.unwrap_or_else(|| c.clone()));
+        }
+        parts.push(RecordBatch::try_new(wide.clone(), cols)?);
+    }
+    Ok((wide, parts, sort_keys))
 }
 
-/// Ungrouped: `sorted` is this rank's run of the globally sorted table.
-async fn ungrouped(ctx: &Context, sorted: RecordBatch, spec: &RollingSpec) -> Result<Prepared> {
+/// A rank's first and last group keys in the row format (empty
+/// ungrouped), and its (rows, first ts, last ts), as one AllGather part:
+/// `rows, first, last` (i64 LE), the first key's length (u32 LE), the
+/// first key, the last key.
+fn encode_edges(info: [i64; 3], first: &[u8], last: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(28 + first.len() + last.len());
+    for v in info {
+        out.extend_from_slice(&v.to_le_bytes());
+    }
+    out.extend_from_slice(&(first.len() as u32).to_le_bytes());
+    out.extend_from_slice(first);
+    out.extend_from_slice(last);
+    out
+}
+
+/// Rank `r`'s part from [`encode_edges`], appended to `info` and `keys`; a
+/// malformed part is an error naming the rank (a peer of another build).
+fn decode_edges(
+    r: usize,
+    part: &[u8],
+    info: &mut Vec<i64>,
+    keys: &mut Vec<(Vec<u8>, Vec<u8>)>,
+) -> Result<()> {
+    let bad = || {
+        DataError::Invalid(format!(
+            "rank {r} sent a malformed (rows, first, last) part"
+        ))
+    };
+    let word = |at: usize| -> Result<[u8; 8]> {
+        part.get(at..at + 8)
+            .and_then(|b| b.try_into().ok())
+            .ok_or_else(bad)
+    };
+    for k in 0..3 {
+        info.push(i64::from_le_bytes(word(8 * k)?));
+    }
+    let len: [u8; 4] = part
+        .get(24..28)
+        .and_then(|b| b.try_into().ok())
+        .ok_or_else(bad)?;
+    let len = u32::from_le_bytes(len) as usize;
+    let first = part.get(28..28 + len).ok_or_else(bad)?;
+    let last = part.get(28 + len..).ok_or_else(bad)?;
+    keys.push((first.to_vec(), last.to_vec()));
+    Ok(())
+}
+
+/// Rank-local row lookups of the group keys in the row format (`None`
+/// ungrouped): ranks compare their first and last groups, and find where
+/// a group's rows start in a sorted batch, by these bytes.
+struct GroupKeys {
+    conv: arrow_row::RowConverter,
+    /// The group key columns of the batches searched, with their order.
+    cols: Vec<(usize, arrow_schema::SortOptions)>,
+}
+
+impl GroupKeys {
+    /// The key of row `i` of `b`.
+    fn at(&self, b: &RecordBatch, i: usize) -> Result<Vec<u8>> {
+        let rows = key_rows(&self.conv, &b.slice(i, 1), &self.cols)?;
+        Ok(rows.row(0).as_ref().to_vec())
+    }
+}
+
+/// The rows of `b` (sorted by group keys, then its order column 0, whose
+/// values are `ts`) from the first one at or after (`key`, `from`): a
+/// suffix. Every row of `b` has a group key at or below `key` (rows of
+/// lower ranks, or this rank's rows where `key` is a group of a higher
+/// rank), so the suffix holds rows of group `key` only. `from` None: no
+/// rows.
+fn suffix_from(
+    b: &RecordBatch,
+    ts: &[i64],
+    groups: Option<(&GroupKeys, &[u8])>,
+    from: Option<i64>,
+) -> Result<RecordBatch> {
+    let Some(x) = from else {
+        return Ok(b.slice(0, 0));
+    };
+    let start = match groups {
+        None => ts.partition_point(|v| *v < x),
+        Some((gk, key)) => {
+            // The first row not below (key, x), by bisection: one key
+            // converted per step.
+            let (mut lo, mut hi) = (0, b.num_rows());
+            while lo < hi {
+                let mid = lo + (hi - lo) / 2;
+                let below = gk
+                    .at(b, mid)?
+                    .as_slice()
+                    .cmp(key)
+                    .then(ts[mid].cmp(&x))
+                    .is_lt();
+                if below {
+                    lo = mid + 1;
+                } else {
+                    hi = mid;
+                }
+            }
+            lo
+        }
+    };
+    Ok(b.slice(start, b.num_rows() - start))
+}
+
+/// After the job's sort ([`with_group_forms`], [`DistributedSort`]):
+/// `sorted` is this rank's run of the table sorted by (group columns,
+/// order), the input's `width` columns and the grouping forms after them.
+/// Fetches the lookback rows this rank's first group needs from lower
+/// ranks (HaloExchange rounds, as many as the farthest need takes) and
+/// finds its groups.
+///
+/// Ungrouped the whole table is one group. Grouped, only rank r's first
+/// group can have rows on lower ranks (its key is at or above every key
+/// below), and only ranks whose last group it is hold them; a lower rank
+/// passes right the rows of the group that starts the next rank with rows
+/// (the lowest key above it), from the earliest ts that group's ranks
+/// need.
+async fn prepare(
+    ctx: &Context,
+    sorted: RecordBatch,
+    width: usize,
+    sort_keys: &[SortKey],
+    spec: &RollingSpec,
+) -> Result<Prepared> {
     let (me, n) = (ctx.rank() as usize, ctx.nranks() as usize);
     let schema = sorted.schema();
     let oi = column_index(&schema, &spec.order)?;
     let ts = order_values(&sorted, oi, &spec.order)?;
-    // 2. Everyone's (rows, min ts, max ts).
-    let info = allgather(
-        ctx,
-        vec![
-            ts.len() as i64,
-            ts.first().copied().unwrap_or(0),
-            ts.last().copied().unwrap_or(0),
-        ],
-    )
-    .await?;
-    let plan = HaloPlan::new(&info, n, spec)?;
-    let (rounds, rows) = (plan.rounds, |r: usize| plan.rows(r));
-    let need = |r: usize| plan.need(r);
-    let pass_from = |r: usize| plan.pass_from(r);
-    // 3. Halo rounds. Ghost batches hold the order and value columns only.
+    let group_cols: Vec<usize> = sort_keys[..sort_keys.len().saturating_sub(1)]
+        .iter()
+        .map(|k| column_index(&schema, &k.column))
+        .collect::<Result<_>>()?;
+    // Halo batches: the order column, the values, the group keys.
     let mut keep_cols = vec![oi];
     for v in &spec.values {
         keep_cols.push(column_index(&schema, v)?);
     }
+    let key_at = keep_cols.len();
+    keep_cols.extend(&group_cols);
     let narrow = sorted.project(&keep_cols)?;
     let narrow_schema = narrow.schema();
-    let suffix_from = |b: &RecordBatch, t: &[i64], from: Option<i64>| -> RecordBatch {
-        match from {
-            None => b.slice(0, 0),
-            Some(x) => {
-                let start = t.partition_point(|v| *v < x);
-                b.slice(start, b.num_rows() - start)
-            }
-        }
+    let gk = if group_cols.is_empty() {
+        None
+    } else {
+        // In the sort's order (nulls last: not Arrow's default).
+        let cols: Vec<(usize, arrow_schema::SortOptions)> = sort_keys
+            .iter()
+            .zip(key_at..keep_cols.len())
+            .map(|(k, i)| {
+                let o = arrow_schema::SortOptions {
+                    descending: k.descending,
+                    nulls_first: k.nulls_first,
+                };
+                (i, o)
+            })
+            .collect();
+        Some(GroupKeys {
+            conv: converter(&narrow_schema, &cols)?,
+            cols,
+        })
     };
-    let mut to_pass = suffix_from(&narrow, &ts, pass_from(me));
+    // 2. Everyone's (rows, first ts, last ts) and first and last groups.
+    let (first_key, last_key) = match (&gk, narrow.num_rows()) {
+        (Some(g), rows) if rows > 0 => (g.at(&narrow, 0)?, g.at(&narrow, rows - 1)?),
+        _ => (Vec::new(), Vec::new()),
+    };
+    let mine = encode_edges(
+        [
+            ts.len() as i64,
+            ts.first().copied().unwrap_or(0),
+            ts.last().copied().unwrap_or(0),
+        ],
+        &first_key,
+        &last_key,
+    );
+    let parts = allgather_parts::<u8>(ctx, mine).await?;
+    let (mut info, mut keys) = (Vec::with_capacity(3 * n), Vec::with_capacity(n));
+    for (r, part) in parts.iter().enumerate() {
+        decode_edges(r, &part.as_slice(), &mut info, &mut keys)?;
+    }
+    if gk.is_none() {
+        keys.clear();
+    }
+    let plan = HaloPlan::with_groups(&info, keys, n, spec)?;
+    // 3. Halo rounds.
+    fn group<'k>(
+        gk: &'k Option<GroupKeys>,
+        key: Option<&'k [u8]>,
+    ) -> Option<(&'k GroupKeys, &'k [u8])> {
+        gk.as_ref().zip(key)
+    }
+    let mut to_pass = suffix_from(
+        &narrow,
+        &ts,
+        group(&gk, plan.pass_key(me)),
+        plan.pass_from(me),
+    )?;
     let mut ghosts: Vec<RecordBatch> = Vec::new(); // newest round first after reversal
-    for _ in 0..rounds {
+    for _ in 0..plan.rounds {
         let empty = PackedData {
             metadata: bytes::Bytes::new(),
             data: braid_core::Buffer::default(),
@@ -895,14 +1045,41 @@ async fn ungrouped(ctx: &Context, sorted: RecordBatch, spec: &RollingSpec) -> Re
             _ => narrow.slice(0, 0),
         };
         let got_ts = order_values(&got, 0, &spec.order)?;
-        if rows(me) > 0 {
-            ghosts.push(suffix_from(&got, &got_ts, Some(need(me))));
+        if plan.rows(me) > 0 {
+            let need = Some(plan.need(me));
+            ghosts.push(suffix_from(
+                &got,
+                &got_ts,
+                group(&gk, plan.own_key(me)),
+                need,
+            )?);
         }
-        to_pass = suffix_from(&got, &got_ts, pass_from(me));
+        to_pass = suffix_from(
+            &got,
+            &got_ts,
+            group(&gk, plan.pass_key(me)),
+            plan.pass_from(me),
+        )?;
     }
     // Later rounds hold older rows: put them first.
     ghosts.reverse();
     let ghost = ghosts.iter().map(|b| b.num_rows()).sum::<usize>();
+    // This rank's groups: where each starts among its rows, then the end.
+    let mut groups = vec![0];
+    if !group_cols.is_empty() && sorted.num_rows() > 0 {
+        let cols: Vec<ArrayRef> = group_cols
+            .iter()
+            .map(|&i| sorted.column(i).clone())
+            .collect();
+        groups.extend(
+            arrow_ord::partition::partition(&cols)?
+                .ranges()
+                .iter()
+                .map(|r| r.end),
+        );
+    } else {
+        groups.push(sorted.num_rows());
+    }
     // The kernel's inputs: ghost rows copied, then this rank's rows where
     // they lie (the sorted batch's buffers: `ts` is its order column).
     let mut ghost_ts = Vec::with_capacity(ghost);
@@ -937,12 +1114,14 @@ async fn ungrouped(ctx: &Context, sorted: RecordBatch, spec: &RollingSpec) -> Re
             ghost_ok,
         ));
     }
+    // The grouping forms go; the input's columns stay.
+    let keep: Vec<usize> = (0..width).collect();
     Ok(Prepared {
-        sorted,
+        sorted: sorted.project(&keep)?,
         ts,
         vals,
         ghost,
-        groups: None,
+        groups,
     })
 }
 

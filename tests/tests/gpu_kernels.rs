@@ -11,7 +11,7 @@ use braid_kernels::gpu::{
     NumType, RollingInput, cast_to_f64, cast_to_i64, gather, hash_partition, lower_bound,
     order_key_f64, order_key_i64, radix_sort, rolling,
 };
-use braid_kernels::rolling::{Agg, Closed, rolling as cpu_rolling, rolling_segments};
+use braid_kernels::rolling::{Agg, Closed, Segments, rolling as cpu_rolling, rolling_segments};
 use braid_kernels::{CalendarUnit, Window};
 use braid_tests::SplitMix;
 
@@ -616,8 +616,16 @@ fn rolling_grouped_matches_cpu() {
                 emit_from: 0,
             };
             let got = rolling(&gpu, input, window, closed, &aggs).unwrap();
-            let want =
-                rolling_segments(&ts, &v, Some(&valid), &offsets, window, closed, &aggs).unwrap();
+            let want = rolling_segments(
+                &ts,
+                &v,
+                Some(&valid),
+                Segments::new(&offsets),
+                window,
+                closed,
+                &aggs,
+            )
+            .unwrap();
             assert_eq!(got.len(), aggs.len());
             for (a, b) in got.iter().zip(&want.columns) {
                 check_agg(a, b, &what);
