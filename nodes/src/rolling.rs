@@ -1067,16 +1067,18 @@ async fn prepare(
     // This rank's groups: where each starts among its rows, then the end.
     let mut groups = vec![0];
     if !group_cols.is_empty() && sorted.num_rows() > 0 {
+        // (A pass over the partition: on a blocking thread.)
         let cols: Vec<ArrayRef> = group_cols
             .iter()
             .map(|&i| sorted.column(i).clone())
             .collect();
-        groups.extend(
-            arrow_ord::partition::partition(&cols)?
-                .ranges()
-                .iter()
-                .map(|r| r.end),
-        );
+        let ends = tokio::task::spawn_blocking(move || -> Result<Vec<usize>> {
+            let p = arrow_ord::partition::partition(&cols)?;
+            Ok(p.ranges().iter().map(|r| r.end).collect())
+        })
+        .await
+        .map_err(|e| DataError::Invalid(e.to_string()))??;
+        groups.extend(ends);
     } else {
         groups.push(sorted.num_rows());
     }
