@@ -1061,7 +1061,7 @@ fn rolling_calendar_windows_match_cpu() {
                     &gts,
                     &v,
                     nulls.then_some(&valid[..]),
-                    &offsets,
+                    Segments::new(&offsets),
                     window,
                     closed,
                     &Agg::ALL,
