@@ -120,7 +120,12 @@ pub enum CollError {
         /// What differs.
         detail: String,
     },
-    /// The arguments are wrong; nothing was sent.
+    /// The arguments are wrong; none of the call's data was sent. Wrong
+    /// arguments to a collective call abort the job all the same (the
+    /// other ranks' calls would wait for this rank's part), so the other
+    /// ranks fail too, naming this one; a misused handle (a result taken
+    /// before completion, a blocking wait that could never end) fails
+    /// only here.
     #[error("rank {rank}: {coll}: invalid argument: {detail}")]
     InvalidArgument {
         /// This rank.
