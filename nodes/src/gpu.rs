@@ -12,10 +12,14 @@
 //!     2. AllGather of (rows, min ts, max ts); HaloExchange rounds of packed
 //!        (ts, values, validity) suffixes, as on the CPU path
 //!     3. the rolling kernel over ghost rows ++ own rows
-//!   gpu_rolling, grouped:
-//!     1. hash partition of the key; AllToAllv of every column
-//!     2. radix sort by (key, ts) (two stable passes: ts, then key)
+//!   gpu_rolling, grouped (as on the CPU path: a group may span ranks):
+//!     1. radix sort by (key, ts) (two stable passes: ts, then key);
+//!        splitters from (key, ts) samples; AllToAllv of every column;
+//!        radix sort again (equal pairs stay on one rank)
+//!     2. AllGather of (rows, first and last ts and key); HaloExchange
+//!        rounds of the rows of the group that starts the next rank
 //!     3. the rolling kernel with the key column (windows stop at a key)
+//!        over ghost rows ++ own rows
 //! ```
 //!
 //! The output has the CPU job's rows and columns (the row order within a
@@ -34,8 +38,8 @@ use braid_coll::device::{DeviceAllToAllv, DeviceComm, DeviceHaloExchange, alltoa
 use braid_core::cuda::{DeviceBuffer, DeviceColumn, DeviceTable, Gpu};
 use braid_core::{Message, NodeError, Payload, Receiver, Sender};
 use braid_kernels::gpu::{
-    NumType, RollingInput, cast_to_f64, cast_to_i64, gather, hash_partition, iota, iota_i64,
-    lower_bound, order_key_i64, radix_sort, rolling,
+    NumType, RollingInput, cast_to_f64, cast_to_i64, gather, iota, iota_i64, lower_bound,
+    order_key_i64, radix_sort, rolling,
 };
 
 use crate::error::DataError;
@@ -325,6 +329,51 @@ fn split_bounds(
 /// Samples per rank for the splitters of the distributed sort.
 const SAMPLES: usize = 64;
 
+/// The `n - 1` splitters of a distributed sort from this rank's samples:
+/// `samples` holds `width` i64s per sample (a sort key: ts, or (key, ts)),
+/// drawn evenly from its `rows` sorted rows. Each rank's samples stand for
+/// its rows over its sample count (see `weighted_splitters`), so a rank
+/// with few rows over a key range of its own does not take a range as
+/// large as a rank with many. No rows anywhere: no splitters.
+async fn sample_splitters(
+    dc: &DeviceComm,
+    samples: Vec<i64>,
+    width: usize,
+    rows: usize,
+) -> Result<Vec<Vec<i64>>, NodeError> {
+    let n = dc.nranks() as usize;
+    let count = samples.len() / width;
+    let all = allgather(dc.ctx(), vec![count as i64, rows as i64])
+        .await
+        .map_err(fail)?;
+    let (counts, weights): (Vec<usize>, Vec<f64>) = all
+        .chunks_exact(2)
+        .map(|c| {
+            let count = usize::try_from(c[0]).unwrap_or(0).min(SAMPLES);
+            (count, c[1].max(0) as f64 / count.max(1) as f64)
+        })
+        .unzip();
+    if counts.len() != n {
+        return Err(fail(format!(
+            "sample counts of {} ranks, not {n}",
+            counts.len()
+        )));
+    }
+    // Pad to the largest sample count so the gather is regular.
+    let most = counts.iter().copied().max().unwrap_or(0) * width;
+    let mut padded = samples;
+    padded.resize(most, 0);
+    let gathered = allgather(dc.ctx(), padded).await.map_err(fail)?;
+    let mut pool: Vec<(Vec<i64>, f64)> = Vec::new();
+    for (r, c) in counts.iter().enumerate() {
+        let part = gathered
+            .get(r * most..r * most + c * width)
+            .ok_or_else(|| fail(format!("rank {r}'s order samples came short")))?;
+        pool.extend(part.chunks_exact(width).map(|x| (x.to_vec(), weights[r])));
+    }
+    Ok(crate::sort::weighted_splitters(pool, n))
+}
+
 /// Ungrouped step 1: this rank's run of the table globally sorted by the
 /// order column, with its sorted order keys (u64).
 async fn global_sort(
@@ -342,48 +391,14 @@ async fn global_sort(
     }
     let rows = sorted.num_rows();
     let ts = &sorted.columns()[oi].data;
-    let mut samples = Vec::new();
-    if rows > 0 {
-        for j in 0..SAMPLES.min(rows) {
-            samples.push(read_i64(ts, j * rows / SAMPLES.min(rows))?);
-        }
-    }
-    // Each rank's sample count and rows: a sample stands for its rank's
-    // rows over its count (see `weighted_splitters`), so a rank with few
-    // rows over a key range of its own does not take a range as large as
-    // a rank with many.
-    let all = allgather(dc.ctx(), vec![samples.len() as i64, rows as i64])
-        .await
-        .map_err(fail)?;
-    let (counts, weights): (Vec<usize>, Vec<f64>) = all
-        .chunks_exact(2)
-        .map(|c| {
-            let count = usize::try_from(c[0]).unwrap_or(0).min(SAMPLES);
-            (count, c[1].max(0) as f64 / count.max(1) as f64)
-        })
-        .unzip();
-    if counts.len() != n {
-        return Err(fail(format!(
-            "sample counts of {} ranks, not {n}",
-            counts.len()
-        )));
-    }
-    // Pad to the largest sample count so the gather is regular.
-    let most = counts.iter().copied().max().unwrap_or(0);
-    let mut padded = samples.clone();
-    padded.resize(most, 0);
-    let gathered = allgather(dc.ctx(), padded).await.map_err(fail)?;
-    let mut pool: Vec<(i64, f64)> = Vec::new();
-    for (r, c) in counts.iter().enumerate() {
-        let part = gathered
-            .get(r * most..r * most + c)
-            .ok_or_else(|| fail(format!("rank {r}'s order samples came short")))?;
-        pool.extend(part.iter().map(|x| (*x, weights[r])));
-    }
-    // No rows anywhere: no samples; every cut at the end.
-    let mut splitters: Vec<u64> = crate::sort::weighted_splitters(pool, n)
+    let m = SAMPLES.min(rows);
+    let samples = (0..m)
+        .map(|j| read_i64(ts, j * rows / m))
+        .collect::<Result<Vec<i64>, _>>()?;
+    let mut splitters: Vec<u64> = sample_splitters(dc, samples, 1, rows)
+        .await?
         .into_iter()
-        .map(|x| (x as u64) ^ (1 << 63))
+        .map(|x| (x.first().copied().unwrap_or(i64::MAX) as u64) ^ (1 << 63))
         .collect();
     splitters.resize(n - 1, u64::MAX);
     let bounds = split_bounds(&gpu, &keys, &splitters, rows)?;
@@ -393,6 +408,84 @@ async fn global_sort(
     Ok((gather_table(&gpu, &got, &perm)?, keys))
 }
 
+/// `t` sorted by (group key, ts) (two stable radix passes: ts, then key),
+/// and its group key (column `ki` of type `kty`) as i64 in that order.
+fn sort_by_key_ts(
+    gpu: &Arc<Gpu>,
+    t: &DeviceTable,
+    oi: usize,
+    ki: usize,
+    kty: NumType,
+) -> Result<(DeviceTable, DeviceBuffer), NodeError> {
+    let key = cast_to_i64(gpu, &t.columns()[ki].data, kty).map_err(fail)?;
+    let (_, p1) = sort_perm_i64(gpu, &t.columns()[oi].data, None)?;
+    let (_, p2) = sort_perm_i64(gpu, &key, Some(p1))?;
+    let sorted = gather_table(gpu, t, &p2)?;
+    let key = gather(gpu, &key, 8, &p2).map_err(fail)?;
+    Ok((sorted, key))
+}
+
+/// The first of `rows` rows sorted by (key, ts) at or after (k, x): a
+/// bisection on the host, two 8-byte reads of the device a step (a few
+/// dozen for a splitter or a lookback bound).
+fn lower_bound_pair(
+    key: &DeviceBuffer,
+    ts: &DeviceBuffer,
+    rows: usize,
+    k: i64,
+    x: i64,
+) -> Result<usize, NodeError> {
+    let (mut lo, mut hi) = (0, rows);
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        if (read_i64(key, mid)?, read_i64(ts, mid)?) < (k, x) {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    Ok(lo)
+}
+
+/// Grouped step 1: this rank's run of the table globally sorted by (group
+/// key, ts), as on the CPU path (equal pairs never split; one group's rows
+/// may span ranks), with its group key as i64.
+async fn global_sort_grouped(
+    dc: &DeviceComm,
+    t: DeviceTable,
+    oi: usize,
+    ki: usize,
+    kty: NumType,
+) -> Result<(DeviceTable, DeviceBuffer), NodeError> {
+    let gpu = dc.gpu().clone();
+    let (sorted, key) = sort_by_key_ts(&gpu, &t, oi, ki, kty)?;
+    drop(t);
+    let n = dc.nranks() as usize;
+    if n == 1 {
+        return Ok((sorted, key));
+    }
+    let rows = sorted.num_rows();
+    let ts = &sorted.columns()[oi].data;
+    let m = SAMPLES.min(rows);
+    let mut samples = Vec::with_capacity(2 * m);
+    for j in 0..m {
+        samples.push(read_i64(&key, j * rows / m)?);
+        samples.push(read_i64(ts, j * rows / m)?);
+    }
+    let mut bounds = vec![0usize];
+    for s in sample_splitters(dc, samples, 2, rows).await? {
+        let (k, x) = (
+            s.first().copied().unwrap_or(0),
+            s.get(1).copied().unwrap_or(0),
+        );
+        bounds.push(lower_bound_pair(&key, ts, rows, k, x)?);
+    }
+    bounds.resize(n + 1, rows);
+    let got = exchange_rows(dc, &sorted, &bounds).await?;
+    drop((sorted, key));
+    sort_by_key_ts(&gpu, &got, oi, ki, kty)
+}
+
 /// The kernel's inputs of one rank: order values, then per value column
 /// (f64 values, validity), all on the device; rows `0..ghost` are lookback.
 struct Narrow {
@@ -400,12 +493,14 @@ struct Narrow {
     ghost: usize,
 }
 
-/// The narrow table (ts, then each value as f64) of `t`.
+/// The narrow table (ts, then each value as f64, then the group key as
+/// i64 where given) of `t`.
 fn narrow(
     gpu: &Arc<Gpu>,
     t: &DeviceTable,
     spec: &RollingSpec,
     oi: usize,
+    key: Option<&DeviceBuffer>,
 ) -> Result<DeviceTable, NodeError> {
     let schema = t.schema();
     let mut fields = vec![Field::new("ts", DataType::Int64, false)];
@@ -429,54 +524,114 @@ fn narrow(
                 .map_err(fail)?,
         });
     }
+    if let Some(k) = key {
+        fields.push(Field::new("key", DataType::Int64, false));
+        cols.push(DeviceColumn {
+            data: k.try_clone().map_err(fail)?,
+            valid: None,
+        });
+    }
     DeviceTable::new(gpu, Arc::new(Schema::new(fields)), cols, t.num_rows()).map_err(fail)
 }
 
-/// Ungrouped step 2: the lookback rows from lower ranks (HaloExchange
-/// rounds, the same plan as the CPU path's).
+/// How the rows of a narrow table are sorted, for [`lookback`]'s
+/// suffixes.
+enum Order<'a> {
+    /// By ts: the rows' u64 order keys (`order_key_i64`).
+    Ts(&'a DeviceBuffer),
+    /// By (group key, ts): the key is the narrow table's last column.
+    KeyTs,
+}
+
+/// Step 2: the lookback rows from lower ranks (HaloExchange rounds, the
+/// same plan as the CPU path's; grouped, of this rank's first group).
 async fn lookback(
     dc: &DeviceComm,
     own: DeviceTable,
-    keys: &DeviceBuffer,
+    order: Order<'_>,
     spec: &RollingSpec,
 ) -> Result<Narrow, NodeError> {
     let gpu = dc.gpu().clone();
     let (me, n) = (dc.rank() as usize, dc.nranks() as usize);
     let rows_me = own.num_rows();
+    let ki = own.columns().len().saturating_sub(1);
     let ts = &own.columns()[0].data;
-    let (first, last) = if rows_me > 0 {
-        (read_i64(ts, 0)?, read_i64(ts, rows_me - 1)?)
+    let grouped = matches!(order, Order::KeyTs);
+    let mut mine = vec![rows_me as i64, 0, 0, 0, 0];
+    if rows_me > 0 {
+        mine[1] = read_i64(ts, 0)?;
+        mine[2] = read_i64(ts, rows_me - 1)?;
+        if grouped {
+            let key = &own.columns()[ki].data;
+            mine[3] = read_i64(key, 0)?;
+            mine[4] = read_i64(key, rows_me - 1)?;
+        }
+    }
+    let all = allgather(dc.ctx(), mine).await.map_err(fail)?;
+    if all.len() != 5 * n {
+        return Err(fail(format!(
+            "the ranks' lookback bounds came as {} values, not {}",
+            all.len(),
+            5 * n
+        )));
+    }
+    let info: Vec<i64> = all.chunks_exact(5).flat_map(|c| c[..3].to_vec()).collect();
+    // Group keys as bytes, compared for equality only (none on ranks
+    // without rows: the plan never reads them).
+    let keys: Vec<(Vec<u8>, Vec<u8>)> = if grouped {
+        all.chunks_exact(5)
+            .map(|c| match c[0] {
+                0 => (Vec::new(), Vec::new()),
+                _ => (c[3].to_le_bytes().to_vec(), c[4].to_le_bytes().to_vec()),
+            })
+            .collect()
     } else {
-        (0, 0)
+        Vec::new()
     };
-    let info = allgather(dc.ctx(), vec![rows_me as i64, first, last])
-        .await
-        .map_err(fail)?;
-    let plan = crate::rolling::HaloPlan::with_groups(&info, Vec::new(), n, spec).map_err(fail)?;
-    let (rounds, rows) = (plan.rounds, |r: usize| plan.rows(r));
-    let need = |r: usize| plan.need(r);
-    let pass_from = |r: usize| plan.pass_from(r);
-    // Rows of a sorted narrow table (with its u64 order keys) from `from`.
-    let suffix =
-        |t: &DeviceTable, k: &DeviceBuffer, from: Option<i64>| -> Result<DeviceTable, NodeError> {
-            let start = match from {
-                None => t.num_rows(),
-                Some(x) => {
-                    let q =
-                        DeviceBuffer::from_slice(&gpu, &[(x as u64) ^ (1 << 63)]).map_err(fail)?;
-                    let at: Vec<u64> = lower_bound(&gpu, k, &q)
-                        .map_err(fail)?
-                        .to_vec()
-                        .map_err(fail)?;
-                    at[0] as usize
-                }
-            };
-            t.slice(&gpu, start, t.num_rows() - start).map_err(fail)
+    let plan = crate::rolling::HaloPlan::with_groups(&info, keys, n, spec).map_err(fail)?;
+    let key_of = |k: Option<&[u8]>| -> Option<i64> {
+        k.and_then(|b| <[u8; 8]>::try_from(b).ok())
+            .map(i64::from_le_bytes)
+    };
+    // Rows of a sorted narrow table from (`key`, `from`) on (from `from`
+    // ungrouped; `ts_keys`: its u64 order keys).
+    let suffix = |t: &DeviceTable,
+                  ts_keys: Option<&DeviceBuffer>,
+                  key: Option<i64>,
+                  from: Option<i64>|
+     -> Result<DeviceTable, NodeError> {
+        let start = match (from, ts_keys, key) {
+            (None, _, _) => t.num_rows(),
+            (Some(x), Some(k), _) => {
+                let q = DeviceBuffer::from_slice(&gpu, &[(x as u64) ^ (1 << 63)]).map_err(fail)?;
+                let at: Vec<u64> = lower_bound(&gpu, k, &q)
+                    .map_err(fail)?
+                    .to_vec()
+                    .map_err(fail)?;
+                at[0] as usize
+            }
+            (Some(x), None, Some(k)) => {
+                let cols = t.columns();
+                lower_bound_pair(&cols[ki].data, &cols[0].data, t.num_rows(), k, x)?
+            }
+            // Grouped, and no rank to the right with rows: nothing.
+            (Some(_), None, None) => t.num_rows(),
         };
+        t.slice(&gpu, start, t.num_rows() - start).map_err(fail)
+    };
     let schema = own.schema().clone();
-    let mut to_pass = suffix(&own, keys, pass_from(me))?;
+    let own_keys = match order {
+        Order::Ts(k) => Some(k),
+        Order::KeyTs => None,
+    };
+    let mut to_pass = suffix(
+        &own,
+        own_keys,
+        key_of(plan.pass_key(me)),
+        plan.pass_from(me),
+    )?;
     let mut ghosts: Vec<DeviceTable> = Vec::new();
-    for _ in 0..rounds {
+    for _ in 0..plan.rounds {
         let out = to_pass.pack(&gpu).map_err(fail)?;
         let halo = DeviceHaloExchange::new(dc)
             .exchange(None, Some(&out))
@@ -488,11 +643,26 @@ async fn lookback(
             }
             _ => own.slice(&gpu, 0, 0).map_err(fail)?,
         };
-        let got_keys = order_key_i64(&gpu, &got.columns()[0].data).map_err(fail)?;
-        if rows(me) > 0 {
-            ghosts.push(suffix(&got, &got_keys, Some(need(me)))?);
+        let got_keys = if grouped {
+            None
+        } else {
+            Some(order_key_i64(&gpu, &got.columns()[0].data).map_err(fail)?)
+        };
+        if plan.rows(me) > 0 {
+            let need = Some(plan.need(me));
+            ghosts.push(suffix(
+                &got,
+                got_keys.as_ref(),
+                key_of(plan.own_key(me)),
+                need,
+            )?);
         }
-        to_pass = suffix(&got, &got_keys, pass_from(me))?;
+        to_pass = suffix(
+            &got,
+            got_keys.as_ref(),
+            key_of(plan.pass_key(me)),
+            plan.pass_from(me),
+        )?;
     }
     // Later rounds hold older rows: put them first.
     ghosts.reverse();
@@ -1056,15 +1226,15 @@ async fn roll(
             DataError::Invalid(format!("order column {:?} has null values", spec.order)).into(),
         );
     }
-    let (sorted, narrow_t, key, ghost) = match spec.by.as_slice() {
+    let (sorted, narrow_t, keyed, ghost) = match spec.by.as_slice() {
         [] => {
             let (sorted, keys) = global_sort(dc, table, oi).await?;
             stats.record_op("gpu rolling: distributed sort", t0.elapsed());
             let t1 = std::time::Instant::now();
-            let nt = narrow(&gpu, &sorted, spec, oi)?;
-            let Narrow { table, ghost } = lookback(dc, nt, &keys, spec).await?;
+            let nt = narrow(&gpu, &sorted, spec, oi, None)?;
+            let Narrow { table, ghost } = lookback(dc, nt, Order::Ts(&keys), spec).await?;
             stats.record_op("gpu rolling: lookback rounds", t1.elapsed());
-            (sorted, table, None, ghost)
+            (sorted, table, false, ghost)
         }
         [by] => {
             let ki = column_index(schema, by)?;
@@ -1077,33 +1247,14 @@ async fn roll(
                 ))
                 .into());
             }
-            let n = dc.nranks();
-            let table = if n > 1 {
-                let key = cast_to_i64(&gpu, &table.columns()[ki].data, kty).map_err(fail)?;
-                let (part, counts) = hash_partition(&gpu, &key, n).map_err(fail)?;
-                let part64 = cast_to_i64(&gpu, &part, NumType::U32).map_err(fail)?;
-                let (_, perm) =
-                    radix_sort(&gpu, part64, iota(&gpu, table.num_rows()).map_err(fail)?)
-                        .map_err(fail)?;
-                let by_dest = gather_table(&gpu, &table, &perm)?;
-                drop(table);
-                let counts: Vec<u32> = counts.to_vec().map_err(fail)?;
-                let mut bounds = vec![0usize];
-                for c in counts {
-                    bounds.push(bounds[bounds.len() - 1] + c as usize);
-                }
-                exchange_rows(dc, &by_dest, &bounds).await?
-            } else {
-                table
-            };
-            stats.record_op("gpu rolling: shuffle by key", t0.elapsed());
-            let key = cast_to_i64(&gpu, &table.columns()[ki].data, kty).map_err(fail)?;
-            let (_, p1) = sort_perm_i64(&gpu, &table.columns()[oi].data, None)?;
-            let (_, p2) = sort_perm_i64(&gpu, &key, Some(p1))?;
-            let sorted = gather_table(&gpu, &table, &p2)?;
-            let key = gather(&gpu, &key, 8, &p2).map_err(fail)?;
-            let nt = narrow(&gpu, &sorted, spec, oi)?;
-            (sorted, nt, Some(key), 0)
+            let (sorted, key) = global_sort_grouped(dc, table, oi, ki, kty).await?;
+            stats.record_op("gpu rolling: distributed sort", t0.elapsed());
+            let t1 = std::time::Instant::now();
+            let nt = narrow(&gpu, &sorted, spec, oi, Some(&key))?;
+            drop(key);
+            let Narrow { table, ghost } = lookback(dc, nt, Order::KeyTs, spec).await?;
+            stats.record_op("gpu rolling: lookback rounds", t1.elapsed());
+            (sorted, table, true, ghost)
         }
         // `prepare` codes several group columns as one.
         _ => {
@@ -1120,7 +1271,8 @@ async fn roll(
         let c = &narrow_t.columns()[vi + 1];
         let input = RollingInput {
             ts: &narrow_t.columns()[0].data,
-            key: key.as_ref(),
+            // Grouped, the key of ghost rows ++ own rows: the last column.
+            key: keyed.then(|| &narrow_t.columns()[spec.values.len() + 1].data),
             values: &c.data,
             valid: c.valid.as_ref(),
             emit_from: ghost,
