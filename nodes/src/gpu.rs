@@ -570,7 +570,7 @@ async fn lookback(
     let all = allgather(dc.ctx(), mine).await.map_err(fail)?;
     if all.len() != 5 * n {
         return Err(fail(format!(
-            "the ranks' lookback bounds came as {} values, not {}",
+            "rank {me}: the ranks' lookback bounds came as {} values, not {}",
             all.len(),
             5 * n
         )));
