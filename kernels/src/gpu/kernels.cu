@@ -1159,6 +1159,187 @@ __device__ void roll_prefix(const double* s_x, double* ph, double* pl, u32* pc, 
     roll_scan_write<false, CNT, NUL>(s_x, ph, pl, pc, j0, j1, end, xh, xl, xn, 0.0);
 }
 
+// The plain scans (the tile pass's first form, `PL`): prefix sums in one
+// double each, of x - sh and of (x - sh)^2 together, and the counts.
+// Every result taken from them is checked against a bound of its
+// rounding error (roll_plain_bounds) and kept only within ROLL_PL_TAU of
+// itself; a short window that fails is summed directly from its rows
+// (roll_direct_*), a longer one sends the tile to the double-double pass.
+// Against the double-double scans: one add (or fma) a row instead of
+// ~17 dependent operations, one scan for both sums instead of two, and
+// about 20% less time for the whole pass on an H200 (BENCHMARKS.md).
+//
+// Exclusive block scan of every thread's chunk totals (s, s2, n), raked as
+// roll_block_scan: the pairs live in ra (the P1 array), counts in rc.
+template <bool CNT, bool SQ>
+__device__ __forceinline__ void roll_block_scan_pl(double s, double s2, u32 n, double2* ra, u32* rc,
+                                                   double* xs, double* xs2, u32* xn) {
+    const u32 PER = ROLL_THREADS / 32;
+    u32 t = threadIdx.x, warp = t >> 5, lane = t & 31, p = ROLL_RK(t);
+    ra[p] = make_double2(s, s2);
+    if (CNT) rc[p] = n;
+    __syncthreads();
+    if (warp == 0) {
+        u32 b0 = ROLL_RK(lane * PER);
+        double i1 = 0, i2 = 0;
+        u32 in = 0;
+#pragma unroll
+        for (u32 j = 0; j < PER; j++) {
+            double2 v = ra[b0 + j];
+            i1 += v.x;
+            if (SQ) i2 += v.y;
+            ra[b0 + j] = make_double2(i1, i2);
+            if (CNT) {
+                in += rc[b0 + j];
+                rc[b0 + j] = in;
+            }
+        }
+        double t1 = i1, t2 = i2;
+        u32 tn = in;
+#pragma unroll
+        for (u32 d = 1; d < 32; d <<= 1) {
+            double o1 = __shfl_up_sync(ROLL_FULL, t1, d);
+            double o2 = SQ ? __shfl_up_sync(ROLL_FULL, t2, d) : 0.0;
+            u32 on = CNT ? __shfl_up_sync(ROLL_FULL, tn, d) : 0u;
+            if (lane >= d) {
+                t1 += o1;
+                if (SQ) t2 += o2;
+                tn += on;
+            }
+        }
+        double o1 = __shfl_up_sync(ROLL_FULL, t1, 1);
+        double o2 = SQ ? __shfl_up_sync(ROLL_FULL, t2, 1) : 0.0;
+        u32 on = CNT ? __shfl_up_sync(ROLL_FULL, tn, 1) : 0u;
+        if (lane == 0) { o1 = 0; o2 = 0; on = 0; }
+#pragma unroll
+        for (u32 j = PER - 1; j >= 1; j--) {
+            double2 v = ra[b0 + j - 1];
+            ra[b0 + j] = make_double2(o1 + v.x, o2 + v.y);
+            if (CNT) rc[b0 + j] = on + rc[b0 + j - 1];
+        }
+        ra[b0] = make_double2(o1, o2);
+        if (CNT) rc[b0] = on;
+    }
+    __syncthreads();
+    double2 o = ra[p];
+    *xs = o.x;
+    *xs2 = o.y;
+    *xn = CNT ? rc[p] : 0;
+    __syncthreads();
+}
+
+// P1[j] = sum of x - sh and P2[j] = sum of (x - sh)^2 (SQ) over region rows
+// [base, j), for j in [base, end], and pc[j] the non-null rows (CNT); nulls
+// (NaN) add nothing. Callers sync before reading them.
+template <bool CNT, bool NUL, bool SQ, bool SH>
+__device__ void roll_prefix_pl(const double* s_x, double* p1, double* p2, u32* pc, u32 base, u32 end, double sh) {
+    u32 j0, j1;
+    roll_chunk(base, end, &j0, &j1);
+    double s = 0, s2 = 0;
+    u32 n = 0;
+    for (u32 j = j0; j < j1; j++) {
+        double x = s_x[j];
+        bool ok = !NUL || x == x;
+        if (CNT) n += ok;
+        double d = ok ? (SH ? x - sh : x) : 0.0;
+        s += d;
+        if (SQ) s2 = fma(d, d, s2);
+    }
+    double xs, xs2;
+    u32 xn;
+    roll_block_scan_pl<CNT, SQ>(s, s2, n, (double2*)p1, pc, &xs, &xs2, &xn);
+    s = xs;
+    s2 = xs2;
+    n = xn;
+    for (u32 j = j0; j < j1; j++) {
+        p1[j] = s;
+        if (SQ) p2[j] = s2;
+        if (CNT) pc[j] = n;
+        double x = s_x[j];
+        bool ok = !NUL || x == x;
+        if (CNT) n += ok;
+        double d = ok ? (SH ? x - sh : x) : 0.0;
+        s += d;
+        if (SQ) s2 = fma(d, d, s2);
+    }
+    if (j0 < end && j1 == end) {
+        p1[end] = s;
+        if (SQ) p2[end] = s2;
+        if (CNT) pc[end] = n;
+    }
+}
+
+
+// The plain scans' error bound. Each prefix is a sum whose terms pass
+// through at most ROLL_PL_DEPTH roundings (chunk, the raked lane's run,
+// the shuffle levels, the offset, the write pass), so |P^[j] - P[j]| <=
+// ROLL_PL_G * (the terms' magnitudes summed over the region), with
+// ROLL_PL_G >= gamma(depth) = depth u / (1 - depth u), u = 2^-53; a
+// difference of two prefixes is off by twice that plus its own rounding.
+// Three more roundings cover each term's own: x - shift, and its square.
+#define ROLL_PL_DEPTH (2 * (((ROLL_CAP + ROLL_THREADS - 1) / ROLL_THREADS) | 1) + 2 * (ROLL_THREADS / 32) + 8)
+#define ROLL_U 1.1102230246251565e-16
+#define ROLL_PL_G ((double)(ROLL_PL_DEPTH + 3) * ROLL_U)
+// A plain result is kept when its bound is within 2^-36 of it.
+#define ROLL_PL_TAU 1.4551915228366852e-11
+// Windows of up to this many rows that fail the bound are summed directly.
+#define ROLL_DIRECT 32
+
+// Error bounds of window sums from the plain prefixes: e1 for sums of x -
+// shift, e2 for sums of squares (sq; else 0). The terms' magnitudes summed
+// over the region: with the squares (which are never negative: their sum
+// is P2[end]) sqrt(rows * P2[end]) (Cauchy-Schwarz); without them (no
+// shift) same-sign values sum to |P1[end]|, others to at most rows times
+// the largest |x| (amax: the high word of its bit pattern).
+__device__ __forceinline__ void roll_plain_bounds(const double* p1, const double* p2, u32 base, u32 end,
+                                                  bool sq, u32 sgn, u32 amax, double* e1, double* e2) {
+    const double up = 1.0 + 1e-12;  // the computed sums' own rounding
+    double L = (double)(end - base);
+    double a2 = sq ? p2[end] * up : 0.0;
+    double a1 = sq          ? sqrt(L * a2) * up
+                : sgn != 3u ? fabs(p1[end]) * up
+                            : L * __hiloint2double((int)(amax + 1u), 0);
+    *e1 = 2.0 * ROLL_PL_G * a1;
+    *e2 = 2.0 * ROLL_PL_G * a2;
+}
+
+// The sum of a window's non-null values [lo, hi) from its rows, compensated
+// (Neumaier), as exact as the CPU kernel's merges.
+template <bool NUL>
+__device__ __noinline__ double roll_direct_sum(const double* s_x, u32 lo, u32 hi) {
+    double s = 0, c = 0;
+    for (u32 j = lo; j < hi; j++) {
+        double x = s_x[j];
+        if (NUL && x != x) continue;
+        double t = s + x;
+        c += fabs(s) >= fabs(x) ? (s - t) + x : (x - t) + s;
+        s = t;
+    }
+    return s + c;
+}
+
+// The sum of squared deviations of a window's c >= 2 non-null values from
+// its rows: deviations about its first value, then about their mean (two
+// passes; a window of equal values gives exactly 0, as on the CPU).
+template <bool NUL>
+__device__ __noinline__ double roll_direct_m2(const double* s_x, u32 lo, u32 hi, u32 c) {
+    double x0 = ROLL_NAN, s = 0;
+    for (u32 j = lo; j < hi; j++) {
+        double x = s_x[j];
+        if (NUL && x != x) continue;
+        if (x0 != x0) x0 = x;
+        s += x - x0;
+    }
+    double m = s / (double)c, q = 0;
+    for (u32 j = lo; j < hi; j++) {
+        double x = s_x[j];
+        if (NUL && x != x) continue;
+        double d = (x - x0) - m;
+        q = fma(d, d, q);
+    }
+    return q;
+}
+
 // (h, l) = P[b] - P[a], normalised.
 __device__ __forceinline__ void roll_diff(const double* ph, const double* pl, u32 a, u32 b,
                                           double* h, double* l) {
@@ -1186,21 +1367,35 @@ __device__ __forceinline__ u64 roll_flag_tiles(u64 n, u64 emit_from) {
     return (n - emit_from + ROLL_FLAG_TILE - 1) / ROLL_FLAG_TILE;
 }
 
-// Leaves this block's rows to a later pass: its flag tiles, as many as exist.
-__device__ __forceinline__ void roll_flag(u32* flags, u32* flagged, u64 nft) {
+// Why a tile pass left a tile (its flag's value): a reason every tile
+// pass of the default region has (a window past the region, ties past it,
+// NaN, infinity, magnitudes 2^40 apart), for the long-window build; or a
+// plain-scan result past its bound, for the double-double pass. That pass
+// runs on the plain pass's flags (`only` == `flags`) and writes ROLL_LEFT
+// over a tile it leaves; a tile it takes keeps ROLL_BOUND, which the
+// long-window pass (mask ROLL_LEFT) skips. (A block reads its flags at its
+// start and writes them after its load phase's barriers. Clearing them at
+// the start instead took a barrier there that cost the plain pass 12%.)
+#define ROLL_LEFT 1u
+#define ROLL_BOUND 2u
+
+// Leaves this block's rows to a later pass: its flag tiles, as many as
+// exist, marked `why`; flagged[why - 1] counts the calls.
+__device__ __forceinline__ void roll_flag(u32* flags, u32* flagged, u64 nft, u32 why = ROLL_LEFT) {
     for (u32 i = 0; i < ROLL_SUB; i++) {
         u64 f = (u64)blockIdx.x * ROLL_SUB + i;
-        if (f < nft) flags[f] = 1;
+        if (f < nft) flags[f] = why;
     }
-    atomicAdd(flagged, 1u);
+    atomicAdd(flagged + (why - 1), 1u);
 }
 
-// Whether a later pass runs this block: one of its flag tiles is set.
-__device__ __forceinline__ bool roll_only(const u32* only, u64 nft) {
+// Whether a later pass runs this block: one of its flag tiles is marked
+// with a reason in `mask`.
+__device__ __forceinline__ bool roll_only(const u32* only, u64 nft, u32 mask) {
     if (!only) return true;
     for (u32 i = 0; i < ROLL_SUB; i++) {
         u64 f = (u64)blockIdx.x * ROLL_SUB + i;
-        if (f < nft && only[f]) return true;
+        if (f < nft && (only[f] & mask)) return true;
     }
     return false;
 }
@@ -1247,7 +1442,7 @@ __device__ __forceinline__ void roll_bounds_reduce(bool need_mm, u32 top, u32 lm
 }
 
 // The tile pass for one case: KEY, a key column; NUL, a validity column.
-template <bool KEY, bool NUL, bool CAL>
+template <bool KEY, bool NUL, bool CAL, bool PL>
 __device__ __forceinline__ void roll_tile(const i64* ts, const i64* key, const double* v, const u8* valid,
                                           u64 n, u64 emit_from, const RollWin win, u32 closed,
                                           const RollOut& out, u32* flags, u32* flagged, RollShared& sh) {
@@ -1528,6 +1723,9 @@ __device__ __forceinline__ void roll_tile(const i64* ts, const i64* key, const d
 
     // 3. Counts and sums; sum, mean, count and the validity that only
     //    depends on the count. Tile row t + T k is this thread's k-th row.
+    //    PL: plain prefixes, each result checked against its error bound
+    //    (a short window past it summed from its rows; a longer one flags
+    //    the tile, whose outputs the double-double pass then rewrites).
     base = s_lmin;
     end = s_hmax;
     u32 cnt[ROLL_R];
@@ -1541,14 +1739,38 @@ __device__ __forceinline__ void roll_tile(const i64* ts, const i64* key, const d
     // small spread keeps its digits (about 0, a mean of 1e9 and a spread of
     // 1e-3 lost 1e-8 of it). Otherwise about 0, where no digits are lost
     // to an inexact x - shift.
+    // The plain scans (PL) take any shift (their bounds count what x -
+    // shift rounds away): the mean of those rows' valid values, which
+    // makes the squares' sum, and so its error bound, small next to the
+    // variance of data far from 0 (a shift of 0 left windows of ~11 rows
+    // of values in [0, 1000) to the direct sums in one row of three).
+    // Every lane of every warp gets the same bits (a butterfly of the same
+    // values in the same order).
     double shift = 0.0;
-    if (need2 && s_sgn != 3u && s_amax > 0 && s_amax - s_amin < 0x100000u) {
+    if (PL && need2) {
+        u32 j = ROLL_OFF + (t & 31);
+        double xj = j < end ? s_x[j] : ROLL_NAN;
+        bool okj = xj == xj;
+        u32 m = __ballot_sync(ROLL_FULL, okj);
+        double sum = okj ? xj : 0.0;
+#pragma unroll
+        for (u32 d = 16; d >= 1; d >>= 1) sum += __shfl_xor_sync(ROLL_FULL, sum, d);
+        shift = m ? sum / (double)__popc(m) : 0.0;
+    } else if (need2 && s_sgn != 3u && s_amax > 0 && s_amax - s_amin < 0x100000u) {
         u32 j = ROLL_OFF + (t & 31);
         double xj = j < end ? s_x[j] : ROLL_NAN;
         u32 m = __ballot_sync(ROLL_FULL, xj == xj);
         shift = m ? __shfl_sync(ROLL_FULL, xj, __ffs(m) - 1) : 0.0;
     }
-    if (need1 || NUL) {
+    bool worse = false;  // (PL) a result past its bound: the tile goes to the double-double pass
+    double e1 = 0, e2 = 0;
+    if (PL && (need1 || NUL)) {
+        if (need2 && shift != 0.0) roll_prefix_pl<NUL, NUL, true, true>(s_x, s_a, s_b, s_cnt, base, end, shift);
+        else if (need2) roll_prefix_pl<NUL, NUL, true, false>(s_x, s_a, s_b, s_cnt, base, end, 0.0);
+        else roll_prefix_pl<NUL, NUL, false, false>(s_x, s_a, s_b, s_cnt, base, end, 0.0);
+        __syncthreads();
+        if (need1) roll_plain_bounds(s_a, s_b, base, end, need2, s_sgn, s_amax, &e1, &e2);
+    } else if (need1 || NUL) {
         // (Shifted or not as separate instances: the subtraction in the
         // scans cost 3.6% at window 64 on an H100 where it was 0.)
         if (need2 && shift != 0.0) roll_prefix<NUL, NUL, true, true>(s_x, s_a, s_b, s_cnt, base, end, shift, &q2h, &q2l);
@@ -1566,7 +1788,19 @@ __device__ __forceinline__ void roll_tile(const i64* ts, const i64* key, const d
         if (r < rows) {
             u32 w = s_win[ROLL_PW(r)], lo = w & 0xFFFFu, hi = w >> 16;
             u32 c = NUL ? s_cnt[hi] - s_cnt[lo] : hi - lo;
-            if (need1 && c > 0) roll_diff(s_a, s_b, lo, hi, &s1h[k], &s1l[k]);
+            if (need1 && c > 0) {
+                if (PL) {
+                    double d1 = s_a[hi] - s_a[lo];
+                    double s = fma(shift, (double)c, d1);
+                    if (!(e1 + ROLL_U * fabs(d1) <= ROLL_PL_TAU * fabs(s))) {
+                        if (hi - lo <= ROLL_DIRECT) s = roll_direct_sum<NUL>(s_x, lo, hi);
+                        else worse = true;
+                    }
+                    s1h[k] = s;
+                } else {
+                    roll_diff(s_a, s_b, lo, hi, &s1h[k], &s1l[k]);
+                }
+            }
             cnt[k] = c;
         }
         ok1[k] = cnt[k] > 0;
@@ -1594,8 +1828,44 @@ __device__ __forceinline__ void roll_tile(const i64* ts, const i64* key, const d
     }
 
     // 4. Sums of squares: var = (S2 - S1 * (S1 / c)) / (c - 1), both sums
-    //    about the shift, all of it in double-double but the last step.
-    if (need2) {
+    //    about the shift; from the plain prefixes (PL), or all of it in
+    //    double-double but the last step.
+    if (PL && need2) {
+        double var[ROLL_R];
+        u8 ok2[ROLL_R];
+#pragma unroll
+        for (u32 k = 0; k < R; k++) {
+            u32 c = cnt[k];  // 0 past the tile's rows
+            ok2[k] = c >= 2;
+            var[k] = 0;
+            if (ok2[k]) {
+                u32 w = s_win[ROLL_PW(t + T * k)], lo = w & 0xFFFFu, hi = w >> 16;
+                // m2 = S2 - S1 (S1 / c), both about the shift. Its bound:
+                // S2's, S1's carried through S1^2 / c, and the last steps'.
+                double d1 = s_a[hi] - s_a[lo], s2 = s_b[hi] - s_b[lo];
+                double cd = (double)c, rc = roll_rcp(cd);
+                double q = d1 * rc;
+                double m2 = fma(-d1, q, s2);
+                double ad1 = fabs(d1), f1 = e1 + ROLL_U * ad1;
+                double bound = e2 + ROLL_U * s2 + (2.0 * ad1 + f1) * f1 * rc + 4.0 * ROLL_U * (ad1 * fabs(q) + fabs(m2));
+                if (!(bound <= ROLL_PL_TAU * m2)) {
+                    if (hi - lo <= ROLL_DIRECT) m2 = roll_direct_m2<NUL>(s_x, lo, hi, c);
+                    else worse = true;
+                }
+                double v2 = m2 * roll_rcp(cd - 1.0);
+                var[k] = v2 < 0 ? 0.0 : v2;
+            }
+        }
+        if (out.p[5]) {
+            double sd[ROLL_R];
+#pragma unroll
+            for (u32 k = 0; k < R; k++) sd[k] = sqrt(var[k]);
+            roll_put(out.p[5], o0, rows, sd);
+        }
+        roll_put(out.p[6], o0, rows, var);
+        roll_put(out.p[12], o0, rows, ok2);
+        roll_put(out.p[13], o0, rows, ok2);
+    } else if (need2) {
         __syncthreads();  // every read of the first prefix is done
         u32 j0, j1;
         roll_chunk(base, end, &j0, &j1);
@@ -1644,6 +1914,8 @@ __device__ __forceinline__ void roll_tile(const i64* ts, const i64* key, const d
         roll_put(out.p[12], o0, rows, ok2);
         roll_put(out.p[13], o0, rows, ok2);
     }
+    // (Every thread that saw one flags the tile: the writes are the same.)
+    if (PL && worse) roll_flag(flags, flagged, roll_flag_tiles(n, emit_from), ROLL_BOUND);
     if (!need_mm) return;
 
     // 5. Min and max through a table over pairs of rows (pair b: region
@@ -1755,30 +2027,37 @@ __device__ __forceinline__ void roll_tile(const i64* ts, const i64* key, const d
     }
 }
 
-// The tile pass, one entry point per key case and window kind (fixed or
-// calendar) so that each gets its own register allocation (the keyed
-// walks need more registers than the unkeyed index; in one function they
-// made both spill).
-#define ROLL_TILE_ENTRY(NAME, KEY, CAL)                                                              \
+// The tile pass, one entry point per key case, window kind (fixed or
+// calendar) and scan (plain or double-double) so that each gets its own
+// register allocation (the keyed walks need more registers than the
+// unkeyed index; in one function they made both spill).
+#define ROLL_TILE_ENTRY(NAME, KEY, CAL, PL)                                                          \
     extern "C" __global__ void __launch_bounds__(ROLL_THREADS, ROLL_MINB)                           \
     NAME(const i64* ts, const i64* key, const double* v, const u8* valid, u64 n, u64 emit_from,      \
          const RollWin win, u32 closed, const RollOut out, u32* flags, u32* flagged,                 \
-         const u32* only) {                                                                          \
+         const u32* only, u32 mask) {                                                                \
         __shared__ RollShared sh;                                                                    \
-        if (!roll_only(only, roll_flag_tiles(n, emit_from))) return;                                 \
+        u64 nft = roll_flag_tiles(n, emit_from);                                                     \
+        if (!roll_only(only, nft, mask)) return;                                                     \
         if (valid)                                                                                   \
-            roll_tile<KEY, true, CAL>(ts, key, v, valid, n, emit_from, win, closed, out, flags,      \
-                                      flagged, sh);                                                  \
+            roll_tile<KEY, true, CAL, PL>(ts, key, v, valid, n, emit_from, win, closed, out, flags,  \
+                                          flagged, sh);                                              \
         else                                                                                         \
-            roll_tile<KEY, false, CAL>(ts, key, v, valid, n, emit_from, win, closed, out, flags,     \
-                                       flagged, sh);                                                 \
+            roll_tile<KEY, false, CAL, PL>(ts, key, v, valid, n, emit_from, win, closed, out, flags, \
+                                           flagged, sh);                                             \
     }
 
-// Input without a key column, and with one (sorted by key, then ts).
-ROLL_TILE_ENTRY(rolling_tile, false, false)
-ROLL_TILE_ENTRY(rolling_tile_keyed, true, false)
-ROLL_TILE_ENTRY(rolling_tile_cal, false, true)
-ROLL_TILE_ENTRY(rolling_tile_keyed_cal, true, true)
+// Input without a key column, and with one (sorted by key, then ts); the
+// plain scans first (`_pl`), the double-double ones over the tiles those
+// leave.
+ROLL_TILE_ENTRY(rolling_tile_pl, false, false, true)
+ROLL_TILE_ENTRY(rolling_tile_keyed_pl, true, false, true)
+ROLL_TILE_ENTRY(rolling_tile_cal_pl, false, true, true)
+ROLL_TILE_ENTRY(rolling_tile_keyed_cal_pl, true, true, true)
+ROLL_TILE_ENTRY(rolling_tile, false, false, false)
+ROLL_TILE_ENTRY(rolling_tile_keyed, true, false, false)
+ROLL_TILE_ENTRY(rolling_tile_cal, false, true, false)
+ROLL_TILE_ENTRY(rolling_tile_keyed_cal, true, true, false)
 
 // ---------------------------------------------------------------------------
 // NVLink SendRecv: SMs copy through staging slots in the receiver's memory.

@@ -2,26 +2,34 @@
 //! the CPU kernel ([`crate::rolling`]): same windows for every [`Closed`]
 //! mode, nulls skipped, sample std/var, null for an empty window (count 0).
 //!
-//! Two passes (see `kernels.cu`):
+//! Tile passes, then a general one (see `kernels.cu`):
 //!
 //! ```text
-//!   tiles:    one block per 1024 output rows; the rows and the lookback
+//!   plain:    one block per 1024 output rows; the rows and the lookback
 //!             its windows need (up to 448 rows) in shared memory; window
 //!             bounds by lookups in a bucket index of the region's order
 //!             values (with a key column, or a gap too wide for the index:
 //!             galloping and monotone pointers, 4 consecutive rows per
-//!             thread); count, sum and sum of squares as
-//!             differences of double-double prefix sums over the region
-//!             (block scans); min/max from a sparse table over pairs of
-//!             rows built in place, every second power of two, each row
+//!             thread); count, sum and sum of squares (about a value near
+//!             the tile's mean) as differences of plain prefix sums over
+//!             the region (one block scan for both), each result checked
+//!             against a bound of its rounding error and kept when within
+//!             2^-36 of itself; a window of up to 32 rows that fails is
+//!             summed from its rows; min/max from a sparse table over pairs
+//!             of rows built in place, every second power of two, each row
 //!             reading its first and last rows and its level as it is
-//!             built. Outputs row-parallel and coalesced: one read
-//!             of the inputs, one write of the outputs.
-//!   long:     the same pass compiled with a larger region (lookback up
-//!             to 1344 rows) on 2048-row tiles (`Build::LongWindows`), only
-//!             over the tiles the first one flagged; 6-7x faster than the
-//!             general pass on windows of 700-1200 rows (H200)
-//!   general:  only for tiles both tile passes flag (a window longer than
+//!             built. Outputs row-parallel and coalesced: one read of the
+//!             inputs, one write of the outputs.
+//!   double-double: the same pass with double-double prefix sums (exact
+//!             to ~2^-100 of the region's magnitude), over the tiles the
+//!             plain pass left (a longer window past its bound, or any
+//!             reason below)
+//!   long:     the double-double pass compiled with a larger region
+//!             (lookback up to 1344 rows) on 2048-row tiles
+//!             (`Build::LongWindows`), only over the tiles still left;
+//!             6-7x faster than the general pass on windows of 700-1200
+//!             rows (H200)
+//!   general:  only for tiles the tile passes leave (a window longer than
 //!             the larger region, a long run of one ts, a NaN, an
 //!             infinity, magnitudes 2^40 apart): level 1 = aggregates of
 //!             32 rows, level L = of 32 level L-1 entries; one thread per
@@ -29,14 +37,15 @@
 //!             entries per level.
 //! ```
 //!
-//! Cost: the first pass takes O(1) double-double steps per row for the
-//! sums and log2(w) + 1 table levels for min/max (w rows per window), the
-//! same work on every lane of a warp; the general pass costs O(log w) to
-//! find a window and O(32 log_32 w) merges per row, whatever the window.
-//! The prefix differences are exact to ~2^-100 of the region's magnitude,
-//! which is why tiles with magnitudes far apart go to the general pass (it
-//! only merges). Rows sorted by (key, ts) with a key column make every
-//! group its own series: a window never crosses a key boundary.
+//! Cost: the tile passes take O(1) steps per row for the sums (one add a
+//! row in the plain pass, ~17 dependent operations in double-double) and
+//! log2(w) + 1 table levels for min/max (w rows per window), the same
+//! work on every lane of a warp; the general pass costs O(log w) to find
+//! a window and O(32 log_32 w) merges per row, whatever the window. The
+//! plain pass is ~20% faster than the double-double one where its bounds
+//! hold (BENCHMARKS.md); where they do not, a tile pays for both. Rows
+//! sorted by (key, ts) with a key column make every group its own series:
+//! a window never crosses a key boundary.
 //!
 //! Calendar windows ([`Window::Calendar`]: `1mo`, `1q`, ...) take the same
 //! passes: each row's edge comes from civil-date arithmetic on the device
@@ -155,6 +164,37 @@ struct Pass<'a> {
     outs: TileOutputs,
 }
 
+/// The tile passes, in the order they run (see the module doc).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum TileStage {
+    /// Sums from plain prefix sums, each result checked against its
+    /// error bound; over every tile.
+    Plain,
+    /// Sums from double-double prefix sums; over the tiles the plain pass
+    /// left.
+    DoubleDouble,
+    /// The long-window build (double-double); over the tiles still left.
+    LongWindows,
+}
+
+/// A flag's reason (`ROLL_LEFT` in `kernels.cu`): a window past the
+/// default region, ties past it, NaN, infinity, magnitudes 2^40 apart.
+const ROLL_LEFT: u32 = 1;
+/// A flag's reason (`ROLL_BOUND`): a plain-scan result past its bound.
+const ROLL_BOUND: u32 = 2;
+
+/// The tiles a tile pass runs over.
+#[derive(Clone, Copy)]
+enum Only<'b> {
+    /// Every tile.
+    All,
+    /// The tiles these flags mark with a reason in the mask.
+    Marked(&'b DeviceBuffer, u32),
+    /// The tiles its own flags buffer marks so; it marks those it leaves
+    /// `ROLL_LEFT` there.
+    InPlace(u32),
+}
+
 impl Pass<'_> {
     fn args(&self) -> (u64, u64, u64, u64, u64, u64) {
         let i = &self.input;
@@ -184,35 +224,40 @@ impl Pass<'_> {
         Ok(())
     }
 
-    /// One tile pass: the default build over every tile (`after` None), or
-    /// the long-window build over the tiles `after` flags. Returns the
-    /// flags of the tiles it left, `None` when it left none (read back:
-    /// one small device-to-host copy). `tiles` counts flag tiles
-    /// ([`FLAG_TILE_ROWS`] rows each), whatever the build's tile.
+    /// One tile pass, `stage`, over the tiles `only` names. Its flags go
+    /// to `flags` (zeroed, or the ones it runs over: `ROLL_LEFT` written
+    /// over those it leaves). Returns
+    /// how many blocks left tiles, by reason: `[ROLL_LEFT, ROLL_BOUND]`
+    /// (read back: one small device-to-host copy). `tiles` counts flag
+    /// tiles ([`FLAG_TILE_ROWS`] rows each), whatever the build's tile.
     fn tiles(
         &self,
         reads: &[&DeviceBuffer],
         written: &mut [&mut DeviceBuffer],
         tiles: usize,
-        after: Option<&DeviceBuffer>,
-    ) -> Result<Option<DeviceBuffer>, KernelError> {
+        stage: TileStage,
+        flags: &mut DeviceBuffer,
+        only: Only<'_>,
+    ) -> Result<[u32; 2], KernelError> {
         let rank = self.gpu.rank();
-        let build = if after.is_some() {
-            Build::LongWindows
-        } else {
-            Build::Default
+        let build = match stage {
+            TileStage::Plain | TileStage::DoubleDouble => Build::Default,
+            TileStage::LongWindows => Build::LongWindows,
         };
-        let mut flags = DeviceBuffer::alloc(self.gpu, tiles * 4)?;
-        flags.fill(0)?;
-        let mut flagged = DeviceBuffer::alloc(self.gpu, 4)?;
+        let mut flagged = DeviceBuffer::alloc(self.gpu, 8)?;
         flagged.fill(0)?;
         let k = Kernels::get_build(self.gpu, build)?;
         // Fixed windows have entry points without the calendar code.
-        let name = match (self.input.key.is_some(), self.window.months != 0) {
-            (false, false) => "rolling_tile",
-            (true, false) => "rolling_tile_keyed",
-            (false, true) => "rolling_tile_cal",
-            (true, true) => "rolling_tile_keyed_cal",
+        let plain = stage == TileStage::Plain;
+        let name = match (self.input.key.is_some(), self.window.months != 0, plain) {
+            (false, false, true) => "rolling_tile_pl",
+            (true, false, true) => "rolling_tile_keyed_pl",
+            (false, true, true) => "rolling_tile_cal_pl",
+            (true, true, true) => "rolling_tile_keyed_cal_pl",
+            (false, false, false) => "rolling_tile",
+            (true, false, false) => "rolling_tile_keyed",
+            (false, true, false) => "rolling_tile_cal",
+            (true, true, false) => "rolling_tile_keyed_cal",
         };
         let f = k.func(rank, name)?;
         let shared = tile_shared_bytes(build);
@@ -231,12 +276,21 @@ impl Pass<'_> {
         })?;
         let mut all: Vec<&DeviceBuffer> = reads.to_vec();
         all.extend(written.iter().map(|b| &**b));
-        all.push(&flags);
+        all.push(flags);
         all.push(&flagged);
-        all.extend(after);
+        let marked = match only {
+            Only::Marked(b, _) => Some(b),
+            Only::All | Only::InPlace(_) => None,
+        };
+        all.extend(marked);
         wait_inputs(self.gpu, &all)?;
         let (tp, kp, vp, okp, n, e) = self.args();
-        let (fp, cp, op) = (flags.ptr(), flagged.ptr(), after.map_or(0, |b| b.ptr()));
+        let (fp, cp) = (flags.ptr(), flagged.ptr());
+        let (op, mask) = match only {
+            Only::All => (0, 0u32),
+            Only::Marked(b, why) => (b.ptr(), why),
+            Only::InPlace(why) => (fp, why),
+        };
         let mut b = self.gpu.stream().launch_builder(f);
         b.arg(&tp)
             .arg(&kp)
@@ -249,7 +303,8 @@ impl Pass<'_> {
             .arg(&self.outs)
             .arg(&fp)
             .arg(&cp)
-            .arg(&op);
+            .arg(&op)
+            .arg(&mask);
         let blocks = tiles.div_ceil(build.tile_rows() / FLAG_TILE_ROWS);
         let cfg = LaunchConfig {
             grid_dim: (blocks as u32, 1, 1),
@@ -260,14 +315,15 @@ impl Pass<'_> {
         // tile count covers the output rows; shared memory as declared.
         launched(rank, unsafe { b.launch(cfg) })?;
         let mut reads2 = reads.to_vec();
-        reads2.extend(after);
+        reads2.extend(marked);
         self.mark(&reads2, written)?;
         let ev = self.gpu.record(self.gpu.stream())?;
         flags.set_ready(ev.clone());
         flagged.set_ready(ev);
-        let n_flagged: Vec<u32> = flagged.to_vec()?;
+        let n: Vec<u32> = flagged.to_vec()?;
         // No count read back: treat every tile as left (slower, never wrong).
-        Ok((n_flagged.first().copied().unwrap_or(1) > 0).then_some(flags))
+        let count = |i: usize| n.get(i).copied().unwrap_or(1);
+        Ok([count(0), count(1)])
     }
 
     /// The level entries of the general pass (levels 1..).
@@ -493,14 +549,33 @@ pub fn rolling(
             closed: code(closed),
             outs: TileOutputs(ptrs),
         };
-        let mut left = pass.tiles(&reads, &mut written, tiles, None)?;
-        if let Some(flags) = &left {
-            // Windows longer than the default region: the larger one.
-            left = pass.tiles(&reads, &mut written, tiles, Some(flags))?;
+        let mut flags = DeviceBuffer::alloc(gpu, tiles * 4)?;
+        flags.fill(0)?;
+        let [mut left, bound] = pass.tiles(
+            &reads,
+            &mut written,
+            tiles,
+            TileStage::Plain,
+            &mut flags,
+            Only::All,
+        )?;
+        if bound > 0 {
+            // Results the plain scans could not vouch for.
+            let stage = TileStage::DoubleDouble;
+            let only = Only::InPlace(ROLL_BOUND);
+            left += pass.tiles(&reads, &mut written, tiles, stage, &mut flags, only)?[0];
         }
-        if let Some(flags) = &left {
-            let levels = pass.levels()?;
-            pass.general(&reads, &levels, flags, &mut written)?;
+        if left > 0 {
+            // Windows longer than the default region (and the rest): the
+            // larger one, then the general pass.
+            let mut long = DeviceBuffer::alloc(gpu, tiles * 4)?;
+            long.fill(0)?;
+            let stage = TileStage::LongWindows;
+            let only = Only::Marked(&flags, ROLL_LEFT);
+            if pass.tiles(&reads, &mut written, tiles, stage, &mut long, only)?[0] > 0 {
+                let levels = pass.levels()?;
+                pass.general(&reads, &levels, &long, &mut written)?;
+            }
         }
     }
     // One column per requested aggregation, in the order asked.
