@@ -1167,7 +1167,9 @@ __device__ void roll_prefix(const double* s_x, double* ph, double* pl, u32* pc, 
 // (roll_direct_*), a longer one sends the tile to the double-double pass.
 // Against the double-double scans: one add (or fma) a row instead of
 // ~17 dependent operations, one scan for both sums instead of two, and
-// about 20% less time for the whole pass on an H200 (BENCHMARKS.md).
+// 7% less time for the whole pass at ~43-row windows on an H200, 6%
+// at ~200 (the checks and the direct sums take part of what the scans
+// save; BENCHMARKS.md).
 //
 // Exclusive block scan of every thread's chunk totals (s, s2, n), raked as
 // roll_block_scan: the pairs live in ra (the P1 array), counts in rc.

@@ -42,8 +42,10 @@
 //! log2(w) + 1 table levels for min/max (w rows per window), the same
 //! work on every lane of a warp; the general pass costs O(log w) to find
 //! a window and O(32 log_32 w) merges per row, whatever the window. The
-//! plain pass is ~20% faster than the double-double one where its bounds
-//! hold (BENCHMARKS.md); where they do not, a tile pays for both. Rows
+//! plain pass is 6-7% faster than the double-double one at windows of
+//! ~43-200 rows where its bounds hold (its scans alone would be ~17%;
+//! the checks and the direct sums take the rest), level at ~11 rows
+//! (BENCHMARKS.md); where they do not hold, a tile pays for both. Rows
 //! sorted by (key, ts) with a key column make every group its own series:
 //! a window never crosses a key boundary.
 //!
