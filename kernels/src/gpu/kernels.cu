@@ -1832,7 +1832,15 @@ __device__ __forceinline__ void roll_tile(const i64* ts, const i64* key, const d
     // 4. Sums of squares: var = (S2 - S1 * (S1 / c)) / (c - 1), both sums
     //    about the shift; from the plain prefixes (PL), or all of it in
     //    double-double but the last step.
-    if (PL && need2) {
+    if (need2) {
+        if (!PL) {
+            __syncthreads();  // every read of the first prefix is done
+            u32 j0, j1;
+            roll_chunk(base, end, &j0, &j1);
+            if (shift != 0.0) roll_scan_write<true, false, NUL, true>(s_x, s_a, s_b, s_cnt, j0, j1, end, q2h, q2l, 0, shift);
+            else roll_scan_write<true, false, NUL>(s_x, s_a, s_b, s_cnt, j0, j1, end, q2h, q2l, 0, 0.0);
+            __syncthreads();
+        }
         double var[ROLL_R];
         u8 ok2[ROLL_R];
 #pragma unroll
@@ -1842,67 +1850,42 @@ __device__ __forceinline__ void roll_tile(const i64* ts, const i64* key, const d
             var[k] = 0;
             if (ok2[k]) {
                 u32 w = s_win[ROLL_PW(t + T * k)], lo = w & 0xFFFFu, hi = w >> 16;
-                // m2 = S2 - S1 (S1 / c), both about the shift. Its bound:
-                // S2's, S1's carried through S1^2 / c, and the last steps'.
-                double d1 = s_a[hi] - s_a[lo], s2 = s_b[hi] - s_b[lo];
                 double cd = (double)c, rc = roll_rcp(cd);
-                double q = d1 * rc;
-                double m2 = fma(-d1, q, s2);
-                double ad1 = fabs(d1), f1 = e1 + ROLL_U * ad1;
-                double bound = e2 + ROLL_U * s2 + (2.0 * ad1 + f1) * f1 * rc + 4.0 * ROLL_U * (ad1 * fabs(q) + fabs(m2));
-                if (!(bound <= ROLL_PL_TAU * m2)) {
-                    if (hi - lo <= ROLL_DIRECT) m2 = roll_direct_m2<NUL>(s_x, lo, hi, c);
-                    else worse = true;
+                double m2;
+                if (PL) {
+                    // m2 = S2 - S1 (S1 / c), both about the shift. Its bound:
+                    // S2's, S1's carried through S1^2 / c, and the last steps'.
+                    double d1 = s_a[hi] - s_a[lo], s2 = s_b[hi] - s_b[lo];
+                    double q = d1 * rc;
+                    m2 = fma(-d1, q, s2);
+                    double ad1 = fabs(d1), f1 = e1 + ROLL_U * ad1;
+                    double bound = e2 + ROLL_U * s2 + (2.0 * ad1 + f1) * f1 * rc + 4.0 * ROLL_U * (ad1 * fabs(q) + fabs(m2));
+                    if (!(bound <= ROLL_PL_TAU * m2)) {
+                        if (hi - lo <= ROLL_DIRECT) m2 = roll_direct_m2<NUL>(s_x, lo, hi, c);
+                        else worse = true;
+                    }
+                } else {
+                    double s2h, s2l;
+                    roll_diff(s_a, s_b, lo, hi, &s2h, &s2l);
+                    // S1 about the shift: S1 - shift * c (taken exactly).
+                    double d1h = s1h[k], d1l = s1l[k];
+                    if (shift != 0.0) {
+                        double p = shift * cd, pe = fma(shift, cd, -p), a, ae;
+                        two_sum(s1h[k], -p, &a, &ae);
+                        ae += s1l[k] - pe;
+                        d1h = a + ae;
+                        d1l = ae - (d1h - a);
+                    }
+                    double qh = d1h * rc;                         // S1 / c ...
+                    double ql = (fma(-qh, cd, d1h) + d1l) * rc;   // ... and its remainder
+                    double p = d1h * qh;                          // S1 * (S1 / c)
+                    double pe = fma(d1h, qh, -p) + (d1h * ql + d1l * qh);
+                    double m, me;
+                    two_sum(s2h, -p, &m, &me);
+                    me += s2l - pe;
+                    m2 = m + me;
                 }
                 double v2 = m2 * roll_rcp(cd - 1.0);
-                var[k] = v2 < 0 ? 0.0 : v2;
-            }
-        }
-        if (out.p[5]) {
-            double sd[ROLL_R];
-#pragma unroll
-            for (u32 k = 0; k < R; k++) sd[k] = sqrt(var[k]);
-            roll_put(out.p[5], o0, rows, sd);
-        }
-        roll_put(out.p[6], o0, rows, var);
-        roll_put(out.p[12], o0, rows, ok2);
-        roll_put(out.p[13], o0, rows, ok2);
-    } else if (need2) {
-        __syncthreads();  // every read of the first prefix is done
-        u32 j0, j1;
-        roll_chunk(base, end, &j0, &j1);
-        if (shift != 0.0) roll_scan_write<true, false, NUL, true>(s_x, s_a, s_b, s_cnt, j0, j1, end, q2h, q2l, 0, shift);
-        else roll_scan_write<true, false, NUL>(s_x, s_a, s_b, s_cnt, j0, j1, end, q2h, q2l, 0, 0.0);
-        __syncthreads();
-        double var[ROLL_R];
-        u8 ok2[ROLL_R];
-#pragma unroll
-        for (u32 k = 0; k < R; k++) {
-            u32 c = cnt[k];  // 0 past the tile's rows
-            ok2[k] = c >= 2;
-            var[k] = 0;
-            if (ok2[k]) {
-                u32 w = s_win[ROLL_PW(t + T * k)];
-                double s2h, s2l;
-                roll_diff(s_a, s_b, w & 0xFFFFu, w >> 16, &s2h, &s2l);
-                double cd = (double)c, rc = roll_rcp(cd);
-                // S1 about the shift: S1 - shift * c (taken exactly).
-                double d1h = s1h[k], d1l = s1l[k];
-                if (shift != 0.0) {
-                    double p = shift * cd, pe = fma(shift, cd, -p), a, ae;
-                    two_sum(s1h[k], -p, &a, &ae);
-                    ae += s1l[k] - pe;
-                    d1h = a + ae;
-                    d1l = ae - (d1h - a);
-                }
-                double qh = d1h * rc;                         // S1 / c ...
-                double ql = (fma(-qh, cd, d1h) + d1l) * rc;   // ... and its remainder
-                double p = d1h * qh;                          // S1 * (S1 / c)
-                double pe = fma(d1h, qh, -p) + (d1h * ql + d1l * qh);
-                double m, me;
-                two_sum(s2h, -p, &m, &me);
-                me += s2l - pe;
-                double v2 = (m + me) * roll_rcp(cd - 1.0);
                 var[k] = v2 < 0 ? 0.0 : v2;
             }
         }

@@ -228,10 +228,10 @@ impl Pass<'_> {
 
     /// One tile pass, `stage`, over the tiles `only` names. Its flags go
     /// to `flags` (zeroed, or the ones it runs over: `ROLL_LEFT` written
-    /// over those it leaves). Returns
-    /// how many blocks left tiles, by reason: `[ROLL_LEFT, ROLL_BOUND]`
-    /// (read back: one small device-to-host copy). `tiles` counts flag
-    /// tiles ([`FLAG_TILE_ROWS`] rows each), whatever the build's tile.
+    /// over those it leaves). Returns how many blocks left tiles, by
+    /// reason: `[ROLL_LEFT, ROLL_BOUND]` (read back: one small
+    /// device-to-host copy). `tiles` counts flag tiles
+    /// ([`FLAG_TILE_ROWS`] rows each), whatever the build's tile.
     fn tiles(
         &self,
         reads: &[&DeviceBuffer],
