@@ -126,12 +126,14 @@ pub enum CollError {
     /// ranks fail too, naming this one; a misused handle (a result taken
     /// before completion, a blocking wait that could never end) fails
     /// only here.
-    #[error("rank {rank}: {coll}: invalid argument: {detail}")]
+    #[error("rank {rank}: {coll} ({op}): invalid argument: {detail}")]
     InvalidArgument {
         /// This rank.
         rank: Rank,
         /// The collective.
         coll: CollKind,
+        /// Its OpId.
+        op: OpId,
         /// What is wrong.
         detail: String,
     },
@@ -249,9 +251,8 @@ impl Site {
     /// job instead.
     pub fn abandoned(&self, how: &str) -> CollError {
         self.invalid(format!(
-            "{how} before insert_finished (OpId {}): the other ranks would wait \
-             for the rest of this rank's part for ever",
-            self.op.0
+            "{how} before insert_finished: the other ranks would wait \
+             for the rest of this rank's part for ever"
         ))
     }
 
@@ -279,6 +280,7 @@ impl Site {
         CollError::InvalidArgument {
             rank: self.rank,
             coll: self.coll,
+            op: self.op,
             detail: detail.into(),
         }
     }

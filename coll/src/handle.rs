@@ -123,7 +123,8 @@ impl<T: Send + 'static> Handle<T> {
             return Err(CollError::InvalidArgument {
                 rank: self.rank,
                 coll: self.coll,
-                detail: format!("Handle::wait (operation {}): {e}", self.op.0),
+                op: self.op,
+                detail: format!("Handle::wait: {e}"),
             });
         }
         self.take()
@@ -140,6 +141,7 @@ impl<T: Send + 'static> Handle<T> {
                 Err(CollError::InvalidArgument {
                     rank: self.rank,
                     coll: self.coll,
+                    op: self.op,
                     detail: "result taken before completion".into(),
                 })
             })

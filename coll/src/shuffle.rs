@@ -400,11 +400,7 @@ impl Shuffle {
             .done
             .wait_blocking_beside(self.ctx.progress().runtime_id())
         {
-            return Err(CollError::InvalidArgument {
-                rank: self.ctx.rank(),
-                coll: CollKind::Shuffle,
-                detail: format!("Shuffle::wait_blocking: {e}"),
-            });
+            return Err(self.site.invalid(format!("Shuffle::wait_blocking: {e}")));
         }
         self.result()
     }

@@ -107,10 +107,13 @@ pub struct TcpConfig {
     pub root: String,
     /// The job token every connection must present.
     pub token: String,
-    /// Address this rank's data listener binds to. Rank 0 binds `root`,
-    /// or where this is not loopback, this address with `root`'s port.
-    /// Default: loopback.
-    pub listen: IpAddr,
+    /// Address this rank's data listener binds to (`BRAID_LISTEN`). Rank
+    /// 0 binds `root`, or where this is set and not loopback, this address
+    /// with `root`'s port. `None` (the default): the address of this
+    /// host's interface that reaches `root` (loopback where `root` is on
+    /// loopback, as under `braid-launch`), so that ranks on other hosts
+    /// reach this one without the listener taking every interface.
+    pub listen: Option<IpAddr>,
     /// How long bootstrap and connection set-up may take.
     pub timeout: Duration,
     /// Largest message accepted; frames claiming more are refused.
@@ -139,7 +142,7 @@ impl TcpConfig {
             nranks,
             root: root.into(),
             token: token.into(),
-            listen: IpAddr::V4(Ipv4Addr::LOCALHOST),
+            listen: None,
             timeout: Duration::from_secs(60),
             max_message_bytes: Self::DEFAULT_MAX_MESSAGE,
             lanes: None,
@@ -213,9 +216,10 @@ impl TcpConfig {
         let token = get("BRAID_TOKEN").ok_or_else(|| bad("BRAID_TOKEN is not set".into()))?;
         let mut c = TcpConfig::new(rank, nranks, root, token);
         if let Some(l) = get("BRAID_LISTEN") {
-            c.listen = l
-                .parse()
-                .map_err(|_| bad(format!("BRAID_LISTEN={l:?} is not an IP address")))?;
+            c.listen = Some(
+                l.parse()
+                    .map_err(|_| bad(format!("BRAID_LISTEN={l:?} is not an IP address")))?,
+            );
         }
         if let Some(t) = get("BRAID_TIMEOUT") {
             let secs: u64 = t.parse().ok().filter(|s| *s > 0).ok_or_else(|| {
@@ -541,8 +545,8 @@ impl TcpComm {
             // name may resolve to loopback on its own host (Debian's
             // /etc/hosts maps the host's name to 127.0.1.1), where the
             // other hosts' ranks could not reach it.
-            if !config.listen.is_loopback() {
-                addr = SocketAddr::new(config.listen, addr.port());
+            if let Some(ip) = config.listen.filter(|ip| !ip.is_loopback()) {
+                addr = SocketAddr::new(ip, addr.port());
             }
             TcpListener::bind(addr)
                 .await
@@ -551,11 +555,15 @@ impl TcpComm {
                     detail: format!("cannot listen on root address {}: {e}", config.root),
                 })?
         } else {
-            TcpListener::bind(SocketAddr::new(config.listen, 0))
+            let ip = match config.listen {
+                Some(ip) => ip,
+                None => interface_toward(&config.root, config.rank).await?,
+            };
+            TcpListener::bind(SocketAddr::new(ip, 0))
                 .await
                 .map_err(|e| CommError::Bootstrap {
                     rank: config.rank,
-                    detail: format!("cannot listen on {}: {e}", config.listen),
+                    detail: format!("cannot listen on {ip}: {e}"),
                 })?
         };
         Self::with_listener(config, listener).await
@@ -612,7 +620,7 @@ impl TcpComm {
         let boot = if config.rank == 0 {
             bootstrap_root(shared.clone(), ctrl_rx, &mut tasks).await
         } else {
-            bootstrap_peer(shared.clone(), listen_addr, config.listen, &mut tasks).await
+            bootstrap_peer(shared.clone(), listen_addr, &mut tasks).await
         };
         let comm = TcpComm {
             shared,
@@ -800,6 +808,33 @@ pub fn random_token() -> String {
         s.push_str(&format!("{:016x}", h.finish()));
     }
     s
+}
+
+/// The address of this host's interface that reaches rank 0 at `root`:
+/// loopback where `root` is on loopback; else the source address the
+/// routing table picks for it (a UDP socket's `connect` sends nothing).
+async fn interface_toward(root: &str, rank: Rank) -> Result<IpAddr, CommError> {
+    let to = resolve(root, rank).await?;
+    if to.ip().is_loopback() {
+        return Ok(match to {
+            SocketAddr::V4(_) => IpAddr::V4(Ipv4Addr::LOCALHOST),
+            SocketAddr::V6(_) => IpAddr::V6(std::net::Ipv6Addr::LOCALHOST),
+        });
+    }
+    let any: SocketAddr = match to {
+        SocketAddr::V4(_) => (Ipv4Addr::UNSPECIFIED, 0).into(),
+        SocketAddr::V6(_) => (std::net::Ipv6Addr::UNSPECIFIED, 0).into(),
+    };
+    std::net::UdpSocket::bind(any)
+        .and_then(|u| u.connect(to).and_then(|()| u.local_addr()))
+        .map(|a| a.ip())
+        .map_err(|e| CommError::Bootstrap {
+            rank,
+            detail: format!(
+                "cannot find this host's interface toward rank 0 at {root} ({to}): {e}; \
+                 set BRAID_LISTEN to the address to listen on"
+            ),
+        })
 }
 
 async fn resolve(addr: &str, rank: Rank) -> Result<SocketAddr, CommError> {
@@ -1311,12 +1346,12 @@ const TABLE_GRACE: Duration = Duration::from_secs(2);
 async fn bootstrap_peer(
     shared: Arc<Shared>,
     listen_addr: SocketAddr,
-    listen_ip: IpAddr,
     tasks: &mut Vec<JoinHandle<()>>,
 ) -> Result<(), CommError> {
     let mut s = open(&shared, &shared.root, ConnKind::Control, 0).await?;
     // Advertise an address peers can reach: the bound IP, or, when bound
     // to all interfaces, the interface that reaches rank 0.
+    let listen_ip = listen_addr.ip();
     let ip = if listen_ip.is_unspecified() {
         s.local_addr().map(|a| a.ip()).unwrap_or(listen_ip)
     } else {
@@ -1632,7 +1667,7 @@ mod tests {
                 .map(|a| a.port())
                 .unwrap_or_else(|e| panic!("{e}"));
             let mut c0 = TcpConfig::new(0, 2, format!("127.0.0.1:{port}"), "tok");
-            c0.listen = IpAddr::V4(Ipv4Addr::UNSPECIFIED);
+            c0.listen = Some(IpAddr::V4(Ipv4Addr::UNSPECIFIED));
             c0.timeout = Duration::from_secs(5);
             let mut c1 = TcpConfig::new(1, 2, format!("127.0.0.2:{port}"), "tok");
             c1.timeout = Duration::from_secs(5);
@@ -1648,6 +1683,34 @@ mod tests {
             let got = b.recv(0, tag).await.unwrap_or_else(|e| panic!("{e}"));
             assert_eq!(got.as_slice(), [7, 7, 7]);
             let _ = tokio::join!(a.shutdown(), b.shutdown());
+        });
+    }
+
+    /// Without `BRAID_LISTEN`, a rank listens where it reaches rank 0: on
+    /// loopback for a root on loopback (any 127.x address, or ::1).
+    #[test]
+    fn ranks_listen_toward_the_root() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap_or_else(|e| panic!("runtime: {e}"));
+        rt.block_on(async {
+            for (root, want) in [
+                ("127.0.0.1:9", IpAddr::V4(Ipv4Addr::LOCALHOST)),
+                ("127.0.0.2:9", IpAddr::V4(Ipv4Addr::LOCALHOST)),
+                ("[::1]:9", IpAddr::V6(std::net::Ipv6Addr::LOCALHOST)),
+            ] {
+                let got = interface_toward(root, 3)
+                    .await
+                    .unwrap_or_else(|e| panic!("{root}: {e}"));
+                assert_eq!(got, want, "{root}");
+            }
+            let e = interface_toward("no-such-host.invalid:9", 3)
+                .await
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
+            assert!(e.contains("rank 3") && e.contains("no-such-host"), "{e}");
         });
     }
 
