@@ -384,6 +384,7 @@ pub mod coll_suite;
 #[cfg(feature = "cuda")]
 pub mod gpu_suite;
 pub mod graph_suite;
+pub mod hosts;
 
 #[cfg(test)]
 mod tests {

@@ -1,0 +1,364 @@
+//! Ranks on several hosts: three network namespaces on a bridge, each with
+//! an address of its own (`braid_tests::hosts`), so that every message
+//! between two hosts crosses a network interface, not loopback.
+//!
+//! - tcp: ranks started by hand, rank r on host r mod 3, as a user starts
+//!   them on machines: `BRAID_ROOT` = rank 0's host address, no
+//!   `BRAID_LISTEN` (each rank listens on its interface toward rank 0).
+//! - mpi (feature `mpi`): `mpirun --hostfile`, its daemons started on the
+//!   hosts through an rsh agent that enters the host's namespace.
+//!
+//! Each runs the collective suite and the all-pairs exchange for N in {1,
+//! 2, 3, 4, 5, 8}, and kills a rank on another host than rank 0's: the
+//! others fail, naming it, instead of waiting. Needs root (CAP_NET_ADMIN)
+//! and iproute2; elsewhere each test says it skipped.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail by panicking
+
+use std::io::{BufRead, BufReader, Read};
+#[cfg(feature = "mpi")]
+use std::process::Command;
+use std::process::{Child, Stdio};
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::time::{Duration, Instant};
+
+use braid_tests::hosts::Hosts;
+use braid_tests::{RANK_COUNTS, expected_summary};
+#[cfg(feature = "mpi")]
+use braid_tests::{Scratch, output_within};
+
+/// The longest one job of these tests may take; past it the job is stopped
+/// and the test fails with its output.
+const JOB_LIMIT: Duration = Duration::from_secs(300);
+
+/// How long the other ranks may take to fail after one is killed.
+const DEATH_NOTICE: Duration = Duration::from_secs(30);
+
+fn worker() -> &'static str {
+    env!("CARGO_BIN_EXE_braid-test-worker")
+}
+
+/// Three hosts, or `None` (and a line saying why) where this machine
+/// cannot make them.
+fn hosts(prefix: &str, net: &str) -> Option<Hosts> {
+    match Hosts::up(prefix, net, 3) {
+        Ok(h) => Some(h),
+        Err(why) => {
+            eprintln!("skipped: no network namespaces here ({why})");
+            None
+        }
+    }
+}
+
+/// Starts `n` worker ranks by hand over tcp, rank r on host r mod 3;
+/// each job's rank 0 listens on a port of its own.
+fn start_tcp(hosts: &Hosts, n: u32, args: &[&str], token: &str) -> Vec<Child> {
+    static PORT: AtomicU16 = AtomicU16::new(7700);
+    let port = PORT.fetch_add(1, Ordering::Relaxed);
+    (0..n)
+        .map(|r| {
+            hosts
+                .command(r % hosts.count(), worker())
+                .args(args)
+                .env("BRAID_RANK", r.to_string())
+                .env("BRAID_NRANKS", n.to_string())
+                .env("BRAID_ROOT", format!("{}:{port}", hosts.addr(0)))
+                .env("BRAID_TOKEN", token)
+                .env("BRAID_TIMEOUT", "30")
+                .env_remove("BRAID_LISTEN")
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("start a rank")
+        })
+        .collect()
+}
+
+/// Waits for every rank (stopping them all past `JOB_LIMIT`) and returns
+/// each one's stdout; fails the test where a rank failed.
+fn finish(children: Vec<Child>, what: &str) -> Vec<String> {
+    let start = Instant::now();
+    let mut outs = Vec::new();
+    let mut children: Vec<Option<Child>> = children.into_iter().map(Some).collect();
+    // Read each rank's pipes on threads of their own: a rank blocked on a
+    // full pipe would hold the others.
+    let readers: Vec<_> = children
+        .iter_mut()
+        .map(|c| {
+            let c = c.as_mut().expect("child");
+            let mut o = c.stdout.take().expect("stdout");
+            let mut e = c.stderr.take().expect("stderr");
+            let ot = std::thread::spawn(move || {
+                let mut s = String::new();
+                let _ = o.read_to_string(&mut s);
+                s
+            });
+            let et = std::thread::spawn(move || {
+                let mut s = String::new();
+                let _ = e.read_to_string(&mut s);
+                s
+            });
+            (ot, et)
+        })
+        .collect();
+    let mut statuses = Vec::new();
+    for c in children.iter_mut() {
+        let mut child = c.take().expect("child");
+        let status = loop {
+            if let Some(s) = child.try_wait().expect("try_wait") {
+                break s;
+            }
+            if start.elapsed() > JOB_LIMIT {
+                let _ = child.kill();
+                break child.wait().expect("wait");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        statuses.push(status);
+    }
+    let mut failed = Vec::new();
+    for (r, ((ot, et), st)) in readers.into_iter().zip(statuses).enumerate() {
+        let out = ot.join().unwrap_or_default();
+        let err = et.join().unwrap_or_default();
+        if !st.success() {
+            failed.push(format!("rank {r} ({st}): {err}"));
+        }
+        outs.push(out);
+    }
+    assert!(failed.is_empty(), "{what}: {}", failed.join("\n"));
+    outs
+}
+
+/// The value after `prefix` on the line that starts with it.
+fn line_after(out: &str, prefix: &str) -> Option<Vec<u64>> {
+    out.lines()
+        .find_map(|l| l.strip_prefix(prefix))
+        .map(|rest| {
+            rest.split_whitespace()
+                .filter_map(|w| w.parse().ok())
+                .collect()
+        })
+}
+
+/// Checks the suite's lines: every rank ran it and counted the same checks.
+fn check_suite(outs: &[String], n: u32, what: &str) {
+    let lines: Vec<&str> = outs
+        .iter()
+        .flat_map(|o| o.lines())
+        .filter(|l| l.starts_with("coll "))
+        .collect();
+    assert_eq!(lines.len(), n as usize, "{what}: {lines:?}");
+    assert!(
+        lines
+            .iter()
+            .all(|l| l.starts_with("coll ok ") && *l == lines[0]),
+        "{what}: {lines:?}"
+    );
+}
+
+/// Checks the all-pairs exchange's summaries (messages and bytes each rank
+/// received) against the plan's.
+fn check_exchange(outs: &[String], seed: u64, n: u32, what: &str) {
+    let mut got: Vec<Vec<u64>> = outs
+        .iter()
+        .flat_map(|o| o.lines())
+        .filter_map(|l| l.strip_prefix("exchange ok "))
+        .map(|rest| {
+            rest.split_whitespace()
+                .filter_map(|w| w.parse().ok())
+                .collect()
+        })
+        .collect();
+    let mut want: Vec<Vec<u64>> = (0..n)
+        .map(|r| {
+            let s = expected_summary(seed, n, r);
+            vec![s.messages, s.bytes]
+        })
+        .collect();
+    // (mpirun's lines come in any order; a rank's summary differs with
+    // its rank, so the sorted lists must agree.)
+    got.sort();
+    want.sort();
+    assert_eq!(got, want, "{what}");
+}
+
+#[test]
+fn tcp_ranks_on_three_hosts() {
+    let Some(hosts) = hosts("bht", "10.77.1") else {
+        return;
+    };
+    for n in RANK_COUNTS {
+        let seed = 7100 + u64::from(n);
+        let what = format!("tcp, {n} ranks on 3 hosts, coll");
+        let outs = finish(
+            start_tcp(&hosts, n, &["coll", &seed.to_string()], &format!("t{n}")),
+            &what,
+        );
+        check_suite(&outs, n, &what);
+        let what = format!("tcp, {n} ranks on 3 hosts, exchange");
+        let outs = finish(
+            start_tcp(
+                &hosts,
+                n,
+                &["exchange", &seed.to_string()],
+                &format!("e{n}"),
+            ),
+            &what,
+        );
+        check_exchange(&outs, seed, n, &what);
+    }
+    // One large message from host 0 to host 1, split over the lanes (each
+    // its own connection across the bridge); rank 1 checks every byte.
+    let size = 64u64 << 20;
+    let outs = finish(
+        start_tcp(&hosts, 2, &["big", &size.to_string()], "big"),
+        "tcp, 64 MiB between hosts",
+    );
+    assert_eq!(line_after(&outs[1], "big ok "), Some(vec![size]));
+}
+
+#[test]
+fn tcp_rank_killed_on_another_host() {
+    let Some(hosts) = hosts("bhk", "10.77.2") else {
+        return;
+    };
+    let (n, victim) = (4u32, 2u32);
+    let mut children = start_tcp(&hosts, n, &["wait"], "kill");
+    for (r, c) in children.iter_mut().enumerate() {
+        let mut line = String::new();
+        let out = c.stdout.as_mut().expect("stdout");
+        BufReader::new(out).read_line(&mut line).expect("read");
+        assert!(line.starts_with("ready"), "rank {r}: {line:?}");
+    }
+    children[victim as usize].kill().expect("kill");
+    let killed_at = Instant::now();
+    for (r, c) in children.iter_mut().enumerate() {
+        if r as u32 == victim {
+            let _ = c.wait();
+            continue;
+        }
+        let status = loop {
+            if let Some(s) = c.try_wait().expect("try_wait") {
+                break s;
+            }
+            if killed_at.elapsed() > DEATH_NOTICE {
+                let _ = c.kill();
+                panic!("rank {r} still runs {DEATH_NOTICE:?} after rank {victim} was killed");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let mut err = String::new();
+        c.stderr
+            .as_mut()
+            .expect("stderr")
+            .read_to_string(&mut err)
+            .expect("stderr");
+        assert!(!status.success(), "rank {r} should fail");
+        assert!(
+            err.contains(&format!("peer rank {victim} died")),
+            "rank {r}'s error should name rank {victim}: {err}"
+        );
+    }
+}
+
+/// An mpirun of the worker on the hosts, with a session folder of its own
+/// (see `tests/mpi.rs`).
+#[cfg(feature = "mpi")]
+fn mpirun(hosts: &Hosts, n: u32, scratch: &Scratch) -> Command {
+    let mut c = hosts.mpirun(n, scratch.path()).expect("hostfile");
+    c.arg(worker())
+        .env("BRAID_BACKEND", "mpi")
+        .env("TMPDIR", scratch.path());
+    c
+}
+
+#[cfg(feature = "mpi")]
+#[test]
+fn mpi_ranks_on_three_hosts() {
+    let Some(hosts) = hosts("bhm", "10.77.3") else {
+        return;
+    };
+    for n in RANK_COUNTS {
+        let seed = 7300 + u64::from(n);
+        for mode in ["coll", "exchange"] {
+            let scratch = Scratch::new(&format!("hosts-mpi-{mode}-{n}"));
+            let what = format!("mpi, {n} ranks on 3 hosts, {mode}");
+            let out = output_within(
+                mpirun(&hosts, n, &scratch).args([mode, &seed.to_string()]),
+                JOB_LIMIT,
+            );
+            assert!(
+                out.status.success(),
+                "{what}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let outs = [String::from_utf8_lossy(&out.stdout).into_owned()];
+            if mode == "coll" {
+                check_suite(&outs, n, &what);
+            } else {
+                check_exchange(&outs, seed, n, &what);
+            }
+        }
+    }
+}
+
+#[cfg(feature = "mpi")]
+#[test]
+fn mpi_rank_killed_on_another_host() {
+    let Some(hosts) = hosts("bhn", "10.77.4") else {
+        return;
+    };
+    let n = 4u32;
+    let scratch = Scratch::new("hosts-mpi-kill");
+    let mut child = mpirun(&hosts, n, &scratch)
+        .arg("wait")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("mpirun");
+    let mut out = BufReader::new(child.stdout.take().expect("stdout"));
+    let mut pids = Vec::new();
+    while pids.len() < n as usize {
+        let mut line = String::new();
+        if out.read_line(&mut line).expect("read") == 0 {
+            break;
+        }
+        if let Some(p) = line.trim().strip_prefix("ready ") {
+            pids.push(p.parse::<u32>().expect("pid"));
+        }
+    }
+    assert_eq!(pids.len(), n as usize, "every rank reports ready");
+    // A rank on a host other than mpirun's first: the namespace of the
+    // second host holds it (ranks go one host after the other).
+    let on_host_1 = Command::new("ip")
+        .args(["netns", "pids", "bhn1"])
+        .output()
+        .expect("ip netns pids");
+    let there: Vec<u32> = String::from_utf8_lossy(&on_host_1.stdout)
+        .split_whitespace()
+        .filter_map(|p| p.parse().ok())
+        .collect();
+    let victim = *pids
+        .iter()
+        .find(|p| there.contains(p))
+        .expect("a rank on host 1");
+    let st = Command::new("kill")
+        .args(["-9", &victim.to_string()])
+        .status()
+        .expect("kill");
+    assert!(st.success());
+    let t = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("try_wait") {
+            break s;
+        }
+        if t.elapsed() > DEATH_NOTICE {
+            let _ = child.kill();
+            panic!("the MPI job still runs {DEATH_NOTICE:?} after a rank on host 1 was killed");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(!status.success(), "the job must fail when a rank is killed");
+}
