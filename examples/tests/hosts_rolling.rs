@@ -2,7 +2,8 @@
 //! addresses of their own, `braid_tests::hosts`), checked against Polars
 //! by the oracle script: tcp ranks started by hand as on machines
 //! (`BRAID_ROOT` = rank 0's host address, no `BRAID_LISTEN`), and with the
-//! `mpi` feature, `mpirun --hostfile`. Needs root (CAP_NET_ADMIN),
+//! `mpi` feature, `mpirun --hostfile` and `srun` on a Slurm cluster of
+//! the hosts (where Slurm is installed). Needs root (CAP_NET_ADMIN),
 //! iproute2, and python3 with polars and pyarrow; without network
 //! namespaces each test says it skipped.
 
@@ -12,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use braid_tests::hosts::Hosts;
+use braid_tests::hosts::{Hosts, Unmade};
 use braid_tests::{Scratch, output_within};
 
 /// The longest one job of these tests may take.
@@ -37,10 +38,11 @@ fn repo() -> PathBuf {
 fn hosts(prefix: &str, net: &str) -> Option<Hosts> {
     match Hosts::up(prefix, net, 3) {
         Ok(h) => Some(h),
-        Err(why) => {
+        Err(Unmade::Unavailable(why)) => {
             eprintln!("skipped: no network namespaces here ({why})");
             None
         }
+        Err(Unmade::Failed(why)) => panic!("making the hosts failed: {why}"),
     }
 }
 
@@ -171,6 +173,50 @@ fn rolling_under_mpirun_on_three_hosts_matches_the_oracle() {
             "{what}: {}",
             String::from_utf8_lossy(&o.stderr)
         );
+        check(&input, &out, grouped, &what);
+    }
+}
+
+/// The job under `srun` on a Slurm cluster of the three hosts
+/// (`tests/hosts/slurm.sh`; skipped where Slurm's daemons are not
+/// installed), as the README's Slurm line runs it.
+#[cfg(feature = "mpi")]
+#[test]
+fn rolling_under_srun_on_three_hosts_matches_the_oracle() {
+    let Some(hosts) = hosts("bhq", "10.77.9") else {
+        return;
+    };
+    let scratch = Scratch::new("hosts-rolling-srun");
+    let slurm = match hosts.slurm(&scratch.path().join("slurm")) {
+        Ok(s) => s,
+        Err(why) => {
+            eprintln!("skipped: {why}");
+            return;
+        }
+    };
+    let input = input(scratch.path());
+    for (n, grouped) in [(6u32, true), (4, false)] {
+        let what = format!("srun, {n} ranks on 3 hosts, grouped={grouped}");
+        let out = scratch.path().join(format!("out-{n}-{grouped}"));
+        let mut cmd = slurm.srun(n);
+        cmd.env("TMPDIR", scratch.path())
+            .arg(env!("CARGO_BIN_EXE_rolling"))
+            .args(["--backend", "mpi", "--input"])
+            .arg(&input)
+            .arg("--output")
+            .arg(&out)
+            .args(JOB);
+        if grouped {
+            cmd.args(["--by", "key"]);
+        }
+        let o = output_within(&mut cmd, JOB_LIMIT);
+        assert!(
+            o.status.success(),
+            "{what}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        let said = String::from_utf8_lossy(&o.stdout);
+        assert!(said.contains(&format!("{n} ranks (mpi)")), "{what}: {said}");
         check(&input, &out, grouped, &what);
     }
 }

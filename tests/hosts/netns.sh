@@ -6,7 +6,8 @@
 #
 #   tests/hosts/netns.sh up K      # K hosts: namespaces ${PREFIX}0.., with
 #                                  # addresses $NET.1 .. $NET.K
-#   tests/hosts/netns.sh down      # removes them and the bridge
+#   tests/hosts/netns.sh down      # ends their processes, removes them
+#   tests/hosts/netns.sh probe     # fails where namespaces cannot be made
 #   tests/hosts/netns.sh rsh [OPTS] HOST CMD...
 #                                  # runs CMD on HOST ($NET.i): mpirun's
 #                                  # rsh agent (--mca plm_rsh_agent)
@@ -39,11 +40,20 @@ up() {
     done
 }
 
+# Ends every process on the hosts (as a machine's end would), then
+# removes them; also a host whose name is gone but whose link stayed (a
+# process of an earlier run kept its namespace alive).
 down() {
-    local ns
+    local ns link
     for ns in $(ip netns list | awk '{print $1}'); do
         if [[ $ns =~ ^$PREFIX[0-9]+$ ]]; then
+            ip netns pids "$ns" | xargs -r kill -9 2>/dev/null || true
             ip netns del "$ns"
+        fi
+    done
+    for link in $(ip -o link show | awk -F': ' '{print $2}' | cut -d@ -f1); do
+        if [[ $link =~ ^$PREFIX[0-9]+-v$ ]]; then
+            ip link del "$link" 2>/dev/null || true
         fi
     done
     ip link del "$BRIDGE" 2>/dev/null || true
@@ -61,9 +71,15 @@ rsh() {
     exec ip netns exec "$PREFIX$((i - 1))" unshare --uts /bin/sh -c "hostname $host && $*"
 }
 
+# Whether this machine can make a namespace at all (root, CAP_NET_ADMIN).
+probe() {
+    ip netns add "${PREFIX}probe" && ip netns del "${PREFIX}probe"
+}
+
 case "${1:-}" in
+    probe) probe ;;
     up) up "${2:-3}" ;;
     down) down ;;
     rsh) shift; rsh "$@" ;;
-    *) echo "usage: $0 up K | down | rsh HOST CMD..." >&2; exit 2 ;;
+    *) echo "usage: $0 up K | down | probe | rsh HOST CMD..." >&2; exit 2 ;;
 esac

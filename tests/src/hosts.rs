@@ -12,6 +12,16 @@ use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+/// Why [`Hosts::up`] made no hosts.
+#[derive(Debug)]
+pub enum Unmade {
+    /// This machine cannot make network namespaces (not root, no
+    /// CAP_NET_ADMIN, no `ip`): a test skips, saying so.
+    Unavailable(String),
+    /// It can, but making these failed: a test fails.
+    Failed(String),
+}
+
 /// A set of hosts, removed when dropped.
 pub struct Hosts {
     prefix: String,
@@ -26,28 +36,35 @@ fn script() -> PathBuf {
 impl Hosts {
     /// Makes `count` hosts: namespaces `{prefix}0..` with addresses
     /// `{net}.1..` (`net`: the first three parts of an IPv4 /24 of its
-    /// own). `Err` says why this machine cannot (not root, no `ip`).
-    pub fn up(prefix: &str, net: &str, count: u32) -> Result<Hosts, String> {
+    /// own), after removing any left of an earlier run with this prefix.
+    pub fn up(prefix: &str, net: &str, count: u32) -> Result<Hosts, Unmade> {
         let hosts = Hosts {
             prefix: prefix.into(),
             net: net.into(),
             count,
         };
-        let out = hosts
-            .script(["up", &count.to_string()])
-            .output()
-            .map_err(|e| format!("cannot run {}: {e}", script().display()))?;
-        if !out.status.success() {
-            return Err(format!(
-                "{} up {count}: {}",
-                script().display(),
-                String::from_utf8_lossy(&out.stderr).trim()
-            ));
-        }
+        let run = |args: &[&str]| -> Result<(), String> {
+            let out = hosts
+                .script(args)
+                .output()
+                .map_err(|e| format!("cannot run {}: {e}", script().display()))?;
+            if out.status.success() {
+                Ok(())
+            } else {
+                Err(format!(
+                    "{} {}: {}",
+                    script().display(),
+                    args.join(" "),
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ))
+            }
+        };
+        run(&["probe"]).map_err(Unmade::Unavailable)?;
+        run(&["up", &count.to_string()]).map_err(Unmade::Failed)?;
         Ok(hosts)
     }
 
-    fn script<const N: usize>(&self, args: [&str; N]) -> Command {
+    fn script(&self, args: &[&str]) -> Command {
         let mut c = Command::new(script());
         c.args(args)
             .env("BRAID_HOSTS_PREFIX", &self.prefix)
@@ -102,8 +119,90 @@ impl Hosts {
     }
 }
 
+/// A Slurm cluster on a set of [`Hosts`] (`tests/hosts/slurm.sh`):
+/// slurmctld here, a slurmd on each host, all its files in one folder,
+/// on ports of its own and without munge. Stopped when dropped.
+pub struct Slurm<'h> {
+    hosts: &'h Hosts,
+    dir: PathBuf,
+}
+
+impl Hosts {
+    /// Starts a Slurm cluster on these hosts with its files in `dir`.
+    /// `Err` says why this machine cannot (Slurm's daemons missing).
+    pub fn slurm(&self, dir: &Path) -> Result<Slurm<'_>, String> {
+        let missing: Vec<&str> = ["slurmctld", "slurmd", "srun", "sinfo"]
+            .into_iter()
+            .filter(|p| {
+                !Command::new("sh")
+                    .args(["-c", &format!("command -v {p}")])
+                    .output()
+                    .is_ok_and(|o| o.status.success())
+            })
+            .collect();
+        if !missing.is_empty() {
+            return Err(format!(
+                "Slurm is not installed (no {})",
+                missing.join(", ")
+            ));
+        }
+        let slurm = Slurm {
+            hosts: self,
+            dir: dir.to_path_buf(),
+        };
+        let out = slurm
+            .script("up")
+            .arg(self.count.to_string())
+            .output()
+            .map_err(|e| format!("cannot run slurm.sh: {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "slurm.sh up: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+        Ok(slurm)
+    }
+}
+
+impl Slurm<'_> {
+    fn script(&self, what: &str) -> Command {
+        let mut c = Command::new(Path::new(env!("CARGO_MANIFEST_DIR")).join("hosts/slurm.sh"));
+        c.arg(what)
+            .arg(&self.dir)
+            .env("BRAID_HOSTS_PREFIX", &self.hosts.prefix)
+            .env("BRAID_HOSTS_NET", &self.hosts.net);
+        c
+    }
+
+    /// `srun` of `n` tasks spread over the hosts one after the other
+    /// (`--distribution cyclic`; more tasks than cores allowed), through
+    /// Slurm's PMIx plugin, as Open MPI needs, and ending every task when
+    /// one fails or dies (`--kill-on-bad-exit`, as the README's Slurm line:
+    /// Slurm's default lets the others wait for it); MPI's traffic stays on
+    /// the hosts' network.
+    pub fn srun(&self, n: u32) -> Command {
+        let subnet = format!("{}.0/24", self.hosts.net);
+        let nodes = n.min(self.hosts.count);
+        let mut c = Command::new("srun");
+        c.args(["--mpi=pmix", "--kill-on-bad-exit=1", "--overcommit"])
+            .args(["--distribution", "cyclic"])
+            .args(["-N", &nodes.to_string(), "-n", &n.to_string()])
+            .env("SLURM_CONF", self.dir.join("slurm.conf"))
+            .env("OMPI_MCA_btl_tcp_if_include", &subnet)
+            .env("OMPI_MCA_oob_tcp_if_include", &subnet);
+        c
+    }
+}
+
+impl Drop for Slurm<'_> {
+    fn drop(&mut self) {
+        let _ = self.script("down").output();
+    }
+}
+
 impl Drop for Hosts {
     fn drop(&mut self) {
-        let _ = self.script(["down"]).output();
+        let _ = self.script(&["down"]).output();
     }
 }

@@ -6,7 +6,8 @@
 //!   them on machines: `BRAID_ROOT` = rank 0's host address, no
 //!   `BRAID_LISTEN` (each rank listens on its interface toward rank 0).
 //! - mpi (feature `mpi`): `mpirun --hostfile`, its daemons started on the
-//!   hosts through an rsh agent that enters the host's namespace.
+//!   hosts through an rsh agent that enters the host's namespace; and
+//!   `srun` on a Slurm cluster of the hosts (where Slurm is installed).
 //!
 //! Each runs the collective suite and the all-pairs exchange for N in {1,
 //! 2, 3, 4, 5, 8}, and kills a rank on another host than rank 0's: the
@@ -22,7 +23,7 @@ use std::process::{Child, Stdio};
 use std::sync::atomic::{AtomicU16, Ordering};
 use std::time::{Duration, Instant};
 
-use braid_tests::hosts::Hosts;
+use braid_tests::hosts::{Hosts, Unmade};
 use braid_tests::{RANK_COUNTS, expected_summary};
 #[cfg(feature = "mpi")]
 use braid_tests::{Scratch, output_within};
@@ -43,10 +44,11 @@ fn worker() -> &'static str {
 fn hosts(prefix: &str, net: &str) -> Option<Hosts> {
     match Hosts::up(prefix, net, 3) {
         Ok(h) => Some(h),
-        Err(why) => {
+        Err(Unmade::Unavailable(why)) => {
             eprintln!("skipped: no network namespaces here ({why})");
             None
         }
+        Err(Unmade::Failed(why)) => panic!("making the hosts failed: {why}"),
     }
 }
 
@@ -309,15 +311,23 @@ fn mpi_rank_killed_on_another_host() {
     let Some(hosts) = hosts("bhn", "10.77.4") else {
         return;
     };
-    let n = 4u32;
     let scratch = Scratch::new("hosts-mpi-kill");
-    let mut child = mpirun(&hosts, n, &scratch)
+    killed_on_host_1(mpirun(&hosts, 4, &scratch), 4, "bhn1", "mpirun");
+}
+
+/// Starts `job` (`n` worker ranks in `wait` mode, by mpirun or srun),
+/// kills a rank that runs in namespace `ns` (host 1) once every rank is
+/// ready, and checks that the whole job ends, failed, within
+/// `DEATH_NOTICE`.
+#[cfg(feature = "mpi")]
+fn killed_on_host_1(mut job: Command, n: u32, ns: &str, what: &str) {
+    let mut child = job
         .arg("wait")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
-        .expect("mpirun");
+        .expect("start the job");
     let mut out = BufReader::new(child.stdout.take().expect("stdout"));
     let mut pids = Vec::new();
     while pids.len() < n as usize {
@@ -329,21 +339,19 @@ fn mpi_rank_killed_on_another_host() {
             pids.push(p.parse::<u32>().expect("pid"));
         }
     }
-    assert_eq!(pids.len(), n as usize, "every rank reports ready");
-    // A rank on a host other than mpirun's first: the namespace of the
-    // second host holds it (ranks go one host after the other).
-    let on_host_1 = Command::new("ip")
-        .args(["netns", "pids", "bhn1"])
+    assert_eq!(pids.len(), n as usize, "{what}: every rank reports ready");
+    let there = Command::new("ip")
+        .args(["netns", "pids", ns])
         .output()
         .expect("ip netns pids");
-    let there: Vec<u32> = String::from_utf8_lossy(&on_host_1.stdout)
+    let there: Vec<u32> = String::from_utf8_lossy(&there.stdout)
         .split_whitespace()
         .filter_map(|p| p.parse().ok())
         .collect();
     let victim = *pids
         .iter()
         .find(|p| there.contains(p))
-        .expect("a rank on host 1");
+        .unwrap_or_else(|| panic!("{what}: no rank on host 1 ({pids:?}; {ns} has {there:?})"));
     let st = Command::new("kill")
         .args(["-9", &victim.to_string()])
         .status()
@@ -356,9 +364,57 @@ fn mpi_rank_killed_on_another_host() {
         }
         if t.elapsed() > DEATH_NOTICE {
             let _ = child.kill();
-            panic!("the MPI job still runs {DEATH_NOTICE:?} after a rank on host 1 was killed");
+            panic!("{what}: the job still runs {DEATH_NOTICE:?} after a rank on host 1 was killed");
         }
         std::thread::sleep(Duration::from_millis(50));
     };
-    assert!(!status.success(), "the job must fail when a rank is killed");
+    assert!(
+        !status.success(),
+        "{what}: the job must fail when a rank is killed"
+    );
+}
+
+/// The suite, the exchange and a killed rank under `srun`, on a Slurm
+/// cluster of the three hosts (`tests/hosts/slurm.sh`; skipped where
+/// Slurm's daemons are not installed).
+#[cfg(feature = "mpi")]
+#[test]
+fn srun_ranks_on_three_hosts() {
+    let Some(hosts) = hosts("bhu", "10.77.8") else {
+        return;
+    };
+    let scratch = Scratch::new("hosts-srun");
+    let slurm = match hosts.slurm(&scratch.path().join("slurm")) {
+        Ok(s) => s,
+        Err(why) => {
+            eprintln!("skipped: {why}");
+            return;
+        }
+    };
+    let srun = |n: u32| {
+        let mut c = slurm.srun(n);
+        c.arg(worker())
+            .env("BRAID_BACKEND", "mpi")
+            .env("TMPDIR", scratch.path());
+        c
+    };
+    for n in RANK_COUNTS {
+        let seed = 7500 + u64::from(n);
+        for mode in ["coll", "exchange"] {
+            let what = format!("srun, {n} ranks on 3 hosts, {mode}");
+            let out = output_within(srun(n).args([mode, &seed.to_string()]), JOB_LIMIT);
+            assert!(
+                out.status.success(),
+                "{what}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let outs = [String::from_utf8_lossy(&out.stdout).into_owned()];
+            if mode == "coll" {
+                check_suite(&outs, n, &what);
+            } else {
+                check_exchange(&outs, seed, n, &what);
+            }
+        }
+    }
+    killed_on_host_1(srun(4), 4, "bhu1", "srun");
 }
