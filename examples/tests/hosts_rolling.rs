@@ -219,4 +219,20 @@ fn rolling_under_srun_on_three_hosts_matches_the_oracle() {
         assert!(said.contains(&format!("{n} ranks (mpi)")), "{what}: {said}");
         check(&input, &out, grouped, &what);
     }
+    // Started by srun without the mpi backend, each process would run a
+    // whole job of its own on the same output: refused (Slurm's
+    // SLURM_STEP_NUM_TASKS says there are several).
+    let mut cmd = slurm.srun(3);
+    cmd.env("TMPDIR", scratch.path())
+        .env_remove("BRAID_BACKEND")
+        .arg(env!("CARGO_BIN_EXE_rolling"))
+        .args(["--rows", "3000", "--output"])
+        .arg(scratch.path().join("out-refused"));
+    let o = output_within(&mut cmd, JOB_LIMIT);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("pass --backend mpi"),
+        "srun without the mpi backend: {err}"
+    );
+    assert!(!scratch.path().join("out-refused").exists());
 }
