@@ -27,6 +27,39 @@ pub struct Hosts {
     prefix: String,
     net: String,
     count: u32,
+    /// Held while the hosts exist: namespaces, links and addresses are the
+    /// machine's, so another test process with the same prefix (a second
+    /// `cargo test`) waits instead of tearing them down.
+    _lock: std::fs::File,
+}
+
+/// Locks `/run/braid-hosts-PREFIX.lock` (the machine's, whatever TMPDIR
+/// says), waiting while another process holds it.
+fn lock(prefix: &str) -> Result<std::fs::File, String> {
+    use braid_core::file_lock::{Locked, try_lock};
+    let path = Path::new("/run").join(format!("braid-hosts-{prefix}.lock"));
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+    let mut said = false;
+    loop {
+        match try_lock(&f) {
+            Ok(()) => return Ok(f),
+            Err(Locked::Elsewhere) => {
+                if !said {
+                    eprintln!("waiting for another process's hosts {prefix}*");
+                    said = true;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+            Err(Locked::Unsupported(e)) => {
+                return Err(format!("cannot lock {}: {e}", path.display()));
+            }
+        }
+    }
 }
 
 fn script() -> PathBuf {
@@ -42,6 +75,7 @@ impl Hosts {
             prefix: prefix.into(),
             net: net.into(),
             count,
+            _lock: lock(prefix).map_err(Unmade::Unavailable)?,
         };
         let run = |args: &[&str]| -> Result<(), String> {
             let out = hosts

@@ -17,9 +17,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail by panicking
 
 use std::io::{BufRead, BufReader, Read};
-#[cfg(feature = "mpi")]
-use std::process::Command;
-use std::process::{Child, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU16, Ordering};
 use std::time::{Duration, Instant};
 
@@ -52,16 +50,22 @@ fn hosts(prefix: &str, net: &str) -> Option<Hosts> {
     }
 }
 
-/// Starts `n` worker ranks by hand over tcp, rank r on host r mod 3;
-/// each job's rank 0 listens on a port of its own.
-fn start_tcp(hosts: &Hosts, n: u32, args: &[&str], token: &str) -> Vec<Child> {
+/// Starts `n` worker ranks by hand over tcp, rank r on host r mod 3,
+/// each command as `adjust` leaves it; each job's rank 0 listens on a
+/// port of its own.
+fn start_tcp(
+    hosts: &Hosts,
+    n: u32,
+    args: &[&str],
+    token: &str,
+    adjust: impl Fn(u32, &mut Command),
+) -> Vec<Child> {
     static PORT: AtomicU16 = AtomicU16::new(7700);
     let port = PORT.fetch_add(1, Ordering::Relaxed);
     (0..n)
         .map(|r| {
-            hosts
-                .command(r % hosts.count(), worker())
-                .args(args)
+            let mut c = hosts.command(r % hosts.count(), worker());
+            c.args(args)
                 .env("BRAID_RANK", r.to_string())
                 .env("BRAID_NRANKS", n.to_string())
                 .env("BRAID_ROOT", format!("{}:{port}", hosts.addr(0)))
@@ -70,9 +74,9 @@ fn start_tcp(hosts: &Hosts, n: u32, args: &[&str], token: &str) -> Vec<Child> {
                 .env_remove("BRAID_LISTEN")
                 .stdin(Stdio::null())
                 .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .expect("start a rank")
+                .stderr(Stdio::piped());
+            adjust(r, &mut c);
+            c.spawn().expect("start a rank")
         })
         .collect()
 }
@@ -194,7 +198,13 @@ fn tcp_ranks_on_three_hosts() {
         let seed = 7100 + u64::from(n);
         let what = format!("tcp, {n} ranks on 3 hosts, coll");
         let outs = finish(
-            start_tcp(&hosts, n, &["coll", &seed.to_string()], &format!("t{n}")),
+            start_tcp(
+                &hosts,
+                n,
+                &["coll", &seed.to_string()],
+                &format!("t{n}"),
+                |_, _| (),
+            ),
             &what,
         );
         check_suite(&outs, n, &what);
@@ -205,6 +215,7 @@ fn tcp_ranks_on_three_hosts() {
                 n,
                 &["exchange", &seed.to_string()],
                 &format!("e{n}"),
+                |_, _| (),
             ),
             &what,
         );
@@ -214,10 +225,50 @@ fn tcp_ranks_on_three_hosts() {
     // its own connection across the bridge); rank 1 checks every byte.
     let size = 64u64 << 20;
     let outs = finish(
-        start_tcp(&hosts, 2, &["big", &size.to_string()], "big"),
+        start_tcp(&hosts, 2, &["big", &size.to_string()], "big", |_, _| ()),
         "tcp, 64 MiB between hosts",
     );
     assert_eq!(line_after(&outs[1], "big ok "), Some(vec![size]));
+}
+
+/// A rank on another host than rank 0 told to listen on loopback
+/// (`BRAID_LISTEN=127.0.0.1`) could be reached by no other host: every
+/// rank fails at start, naming it, instead of timing out mid-job.
+#[test]
+fn tcp_rank_on_loopback_on_another_host_is_refused() {
+    let Some(hosts) = hosts("bhl", "10.77.10") else {
+        return;
+    };
+    let n = 3u32;
+    let mut children = start_tcp(&hosts, n, &["exchange", "1"], "loopback", |r, c| {
+        if r == 1 {
+            c.env("BRAID_LISTEN", "127.0.0.1");
+        }
+    });
+    let start = Instant::now();
+    for (r, c) in children.iter_mut().enumerate() {
+        let status = loop {
+            if let Some(s) = c.try_wait().expect("try_wait") {
+                break s;
+            }
+            assert!(
+                start.elapsed() < DEATH_NOTICE,
+                "rank {r} still runs {DEATH_NOTICE:?} after the start"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let mut err = String::new();
+        c.stderr
+            .as_mut()
+            .expect("stderr")
+            .read_to_string(&mut err)
+            .expect("stderr");
+        assert!(!status.success(), "rank {r} should fail");
+        assert!(
+            err.contains("rank 1 listens on 127.0.0.1:") && err.contains("a loopback address"),
+            "rank {r}'s error should name rank 1's address: {err}"
+        );
+    }
 }
 
 #[test]
@@ -226,7 +277,7 @@ fn tcp_rank_killed_on_another_host() {
         return;
     };
     let (n, victim) = (4u32, 2u32);
-    let mut children = start_tcp(&hosts, n, &["wait"], "kill");
+    let mut children = start_tcp(&hosts, n, &["wait"], "kill", |_, _| ());
     for (r, c) in children.iter_mut().enumerate() {
         let mut line = String::new();
         let out = c.stdout.as_mut().expect("stdout");

@@ -1157,6 +1157,7 @@ async fn bootstrap_root(
     let n = shared.nranks as usize;
     let mut conns: Vec<Option<(TcpStream, String)>> = (0..n).map(|_| None).collect();
     let mut missing = n - 1;
+    let mut unreachable = None;
     let deadline = deadline_after(shared.timeout);
     while missing > 0 {
         let next = tokio::time::timeout_at(deadline, ctrl_rx.recv()).await;
@@ -1193,8 +1194,21 @@ async fn bootstrap_root(
             tracing::warn!(rank = 0, peer = r, "rank registered twice; second dropped");
             continue;
         }
+        if let (None, Some(from)) = (&unreachable, loopback_from_another_host(&s, &addr)) {
+            unreachable = Some(format!(
+                "rank {r} listens on {addr}, a loopback address, on another host than rank 0 \
+                 (it connected from {from}): ranks on other hosts cannot reach it; unset \
+                 BRAID_LISTEN for it (it then listens toward rank 0) or set it to an address \
+                 of its host"
+            ));
+        }
         conns[r as usize] = Some((s, addr));
         missing -= 1;
+    }
+    // (Told once every rank has joined, so that each fails with the cause.)
+    if let Some(detail) = unreachable {
+        abort_bootstrap(&mut conns, &detail).await;
+        return Err(shared.bootstrap_err(detail));
     }
     let table: Vec<String> = conns
         .iter()
@@ -1232,6 +1246,17 @@ async fn bootstrap_root(
         )));
     }
     Ok(())
+}
+
+/// Where a rank registers a loopback address over a control connection
+/// from another host (neither loopback nor rank 0's own address of that
+/// connection), the address it connected from: no rank of another host
+/// could reach its listener.
+fn loopback_from_another_host(control: &TcpStream, advertised: &str) -> Option<IpAddr> {
+    let ip = advertised.parse::<SocketAddr>().ok()?.ip();
+    let from = control.peer_addr().ok()?.ip();
+    let here = control.local_addr().ok()?.ip();
+    (ip.is_loopback() && !from.is_loopback() && from != here).then_some(from)
 }
 
 /// Rank 0's bootstrap failed: tells each rank that registered why
