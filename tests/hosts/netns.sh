@@ -71,9 +71,15 @@ rsh() {
     exec ip netns exec "$PREFIX$((i - 1))" unshare --uts /bin/sh -c "hostname $host && $*"
 }
 
-# Whether this machine can make a namespace at all (root, CAP_NET_ADMIN).
+# Whether this machine can make hosts at all: a network namespace (root,
+# CAP_NET_ADMIN) and, in it, a UTS namespace (CAP_SYS_ADMIN; the rsh agent
+# and slurm.sh give each host its name).
 probe() {
-    ip netns add "${PREFIX}probe" && ip netns del "${PREFIX}probe"
+    ip netns add "${PREFIX}probe"
+    local ok=0
+    ip netns exec "${PREFIX}probe" unshare --uts true || ok=$?
+    ip netns del "${PREFIX}probe"
+    return $ok
 }
 
 case "${1:-}" in
