@@ -154,27 +154,38 @@ fn rolling_under_mpirun_on_three_hosts_matches_the_oracle() {
     let scratch = Scratch::new("hosts-rolling-mpi");
     let input = input(scratch.path());
     for (n, grouped) in [(5u32, true), (8, false)] {
-        let what = format!("mpi, {n} ranks on 3 hosts, grouped={grouped}");
-        let out = scratch.path().join(format!("out-{n}-{grouped}"));
-        let mut cmd = hosts.mpirun(n, scratch.path()).expect("hostfile");
-        cmd.env("TMPDIR", scratch.path())
-            .arg(env!("CARGO_BIN_EXE_rolling"))
-            .args(["--backend", "mpi", "--input"])
-            .arg(&input)
-            .arg("--output")
-            .arg(&out)
-            .args(JOB);
-        if grouped {
-            cmd.args(["--by", "key"]);
-        }
-        let o = output_within(&mut cmd, JOB_LIMIT);
-        assert!(
-            o.status.success(),
-            "{what}: {}",
-            String::from_utf8_lossy(&o.stderr)
-        );
-        check(&input, &out, grouped, &what);
+        let cmd = hosts.mpirun(n, scratch.path()).expect("hostfile");
+        launched_job(cmd, n, grouped, &input, scratch.path(), "mpirun");
     }
+}
+
+/// Runs the job as `launcher` (mpirun or srun, starting `n` ranks) gives
+/// it, and checks its output against the oracle and its summary's rank
+/// count.
+#[cfg(feature = "mpi")]
+fn launched_job(mut launcher: Command, n: u32, grouped: bool, input: &Path, dir: &Path, how: &str) {
+    let what = format!("{how}, {n} ranks on 3 hosts, grouped={grouped}");
+    let out = dir.join(format!("out-{how}-{n}-{grouped}"));
+    launcher
+        .env("TMPDIR", dir)
+        .arg(env!("CARGO_BIN_EXE_rolling"))
+        .args(["--backend", "mpi", "--input"])
+        .arg(input)
+        .arg("--output")
+        .arg(&out)
+        .args(JOB);
+    if grouped {
+        launcher.args(["--by", "key"]);
+    }
+    let o = output_within(&mut launcher, JOB_LIMIT);
+    assert!(
+        o.status.success(),
+        "{what}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let said = String::from_utf8_lossy(&o.stdout);
+    assert!(said.contains(&format!("{n} ranks (mpi)")), "{what}: {said}");
+    check(input, &out, grouped, &what);
 }
 
 /// The job under `srun` on a Slurm cluster of the three hosts
@@ -196,28 +207,7 @@ fn rolling_under_srun_on_three_hosts_matches_the_oracle() {
     };
     let input = input(scratch.path());
     for (n, grouped) in [(6u32, true), (4, false)] {
-        let what = format!("srun, {n} ranks on 3 hosts, grouped={grouped}");
-        let out = scratch.path().join(format!("out-{n}-{grouped}"));
-        let mut cmd = slurm.srun(n);
-        cmd.env("TMPDIR", scratch.path())
-            .arg(env!("CARGO_BIN_EXE_rolling"))
-            .args(["--backend", "mpi", "--input"])
-            .arg(&input)
-            .arg("--output")
-            .arg(&out)
-            .args(JOB);
-        if grouped {
-            cmd.args(["--by", "key"]);
-        }
-        let o = output_within(&mut cmd, JOB_LIMIT);
-        assert!(
-            o.status.success(),
-            "{what}: {}",
-            String::from_utf8_lossy(&o.stderr)
-        );
-        let said = String::from_utf8_lossy(&o.stdout);
-        assert!(said.contains(&format!("{n} ranks (mpi)")), "{what}: {said}");
-        check(&input, &out, grouped, &what);
+        launched_job(slurm.srun(n), n, grouped, &input, scratch.path(), "srun");
     }
     // Started by srun without the mpi backend, each process would run a
     // whole job of its own on the same output: refused (Slurm's

@@ -147,6 +147,21 @@ fn line_after(out: &str, prefix: &str) -> Option<Vec<u64>> {
         })
 }
 
+/// Waits for `c` to end; past `DEATH_NOTICE` after `since` it is killed
+/// and the test fails, saying `what` it waited for.
+fn exit_within(c: &mut Child, since: Instant, what: &str) -> std::process::ExitStatus {
+    loop {
+        if let Some(s) = c.try_wait().expect("try_wait") {
+            return s;
+        }
+        if since.elapsed() > DEATH_NOTICE {
+            let _ = c.kill();
+            panic!("{what}: still running {DEATH_NOTICE:?} later");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// Checks the suite's lines: every rank ran it and counted the same checks.
 fn check_suite(outs: &[String], n: u32, what: &str) {
     let lines: Vec<&str> = outs
@@ -247,16 +262,7 @@ fn tcp_rank_on_loopback_on_another_host_is_refused() {
     });
     let start = Instant::now();
     for (r, c) in children.iter_mut().enumerate() {
-        let status = loop {
-            if let Some(s) = c.try_wait().expect("try_wait") {
-                break s;
-            }
-            assert!(
-                start.elapsed() < DEATH_NOTICE,
-                "rank {r} still runs {DEATH_NOTICE:?} after the start"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        };
+        let status = exit_within(c, start, &format!("rank {r}, started"));
         let mut err = String::new();
         c.stderr
             .as_mut()
@@ -291,16 +297,7 @@ fn tcp_rank_killed_on_another_host() {
             let _ = c.wait();
             continue;
         }
-        let status = loop {
-            if let Some(s) = c.try_wait().expect("try_wait") {
-                break s;
-            }
-            if killed_at.elapsed() > DEATH_NOTICE {
-                let _ = c.kill();
-                panic!("rank {r} still runs {DEATH_NOTICE:?} after rank {victim} was killed");
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        };
+        let status = exit_within(c, killed_at, &format!("rank {r}, rank {victim} killed"));
         let mut err = String::new();
         c.stderr
             .as_mut()
@@ -332,15 +329,19 @@ fn mpi_ranks_on_three_hosts() {
     let Some(hosts) = hosts("bhm", "10.77.3") else {
         return;
     };
+    let scratch = Scratch::new("hosts-mpi");
+    suite_and_exchange(|n| mpirun(&hosts, n, &scratch), 7300, "mpirun");
+}
+
+/// The suite and the exchange for every rank count, each job started by
+/// `launch(n)` (mpirun or srun, the worker and its environment given).
+#[cfg(feature = "mpi")]
+fn suite_and_exchange(launch: impl Fn(u32) -> Command, seed0: u64, how: &str) {
     for n in RANK_COUNTS {
-        let seed = 7300 + u64::from(n);
+        let seed = seed0 + u64::from(n);
         for mode in ["coll", "exchange"] {
-            let scratch = Scratch::new(&format!("hosts-mpi-{mode}-{n}"));
-            let what = format!("mpi, {n} ranks on 3 hosts, {mode}");
-            let out = output_within(
-                mpirun(&hosts, n, &scratch).args([mode, &seed.to_string()]),
-                JOB_LIMIT,
-            );
+            let what = format!("{how}, {n} ranks on 3 hosts, {mode}");
+            let out = output_within(launch(n).args([mode, &seed.to_string()]), JOB_LIMIT);
             assert!(
                 out.status.success(),
                 "{what}: {}",
@@ -408,17 +409,11 @@ fn killed_on_host_1(mut job: Command, n: u32, ns: &str, what: &str) {
         .status()
         .expect("kill");
     assert!(st.success());
-    let t = Instant::now();
-    let status = loop {
-        if let Some(s) = child.try_wait().expect("try_wait") {
-            break s;
-        }
-        if t.elapsed() > DEATH_NOTICE {
-            let _ = child.kill();
-            panic!("{what}: the job still runs {DEATH_NOTICE:?} after a rank on host 1 was killed");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let status = exit_within(
+        &mut child,
+        Instant::now(),
+        &format!("{what}, a rank on host 1 killed"),
+    );
     assert!(
         !status.success(),
         "{what}: the job must fail when a rank is killed"
@@ -449,23 +444,6 @@ fn srun_ranks_on_three_hosts() {
             .env("TMPDIR", scratch.path());
         c
     };
-    for n in RANK_COUNTS {
-        let seed = 7500 + u64::from(n);
-        for mode in ["coll", "exchange"] {
-            let what = format!("srun, {n} ranks on 3 hosts, {mode}");
-            let out = output_within(srun(n).args([mode, &seed.to_string()]), JOB_LIMIT);
-            assert!(
-                out.status.success(),
-                "{what}: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            let outs = [String::from_utf8_lossy(&out.stdout).into_owned()];
-            if mode == "coll" {
-                check_suite(&outs, n, &what);
-            } else {
-                check_exchange(&outs, seed, n, &what);
-            }
-        }
-    }
+    suite_and_exchange(srun, 7500, "srun");
     killed_on_host_1(srun(4), 4, "bhu1", "srun");
 }
