@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use braid_tests::hosts::{Hosts, Unmade};
+use braid_tests::hosts::Hosts;
 use braid_tests::{Scratch, output_within};
 
 /// The longest one job of these tests may take.
@@ -33,17 +33,6 @@ const JOB: [&str; 8] = [
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-fn hosts(prefix: &str, net: &str) -> Option<Hosts> {
-    match Hosts::up(prefix, net, 3) {
-        Ok(h) => Some(h),
-        Err(Unmade::Unavailable(why)) => {
-            eprintln!("skipped: no network namespaces here ({why})");
-            None
-        }
-        Err(Unmade::Failed(why)) => panic!("making the hosts failed: {why}"),
-    }
 }
 
 /// A random input of 100k rows (ids, ts, 20 keys, two value columns).
@@ -88,7 +77,7 @@ fn check(input: &Path, out: &Path, grouped: bool, what: &str) {
 
 #[test]
 fn rolling_by_hand_on_three_hosts_matches_the_oracle() {
-    let Some(hosts) = hosts("bhr", "10.77.5") else {
+    let Some(hosts) = Hosts::for_test("bhr", "10.77.5") else {
         return;
     };
     let scratch = Scratch::new("hosts-rolling");
@@ -148,7 +137,7 @@ fn rolling_by_hand_on_three_hosts_matches_the_oracle() {
 #[cfg(feature = "mpi")]
 #[test]
 fn rolling_under_mpirun_on_three_hosts_matches_the_oracle() {
-    let Some(hosts) = hosts("bhp", "10.77.6") else {
+    let Some(hosts) = Hosts::for_test("bhp", "10.77.6") else {
         return;
     };
     let scratch = Scratch::new("hosts-rolling-mpi");
@@ -194,16 +183,12 @@ fn launched_job(mut launcher: Command, n: u32, grouped: bool, input: &Path, dir:
 #[cfg(feature = "mpi")]
 #[test]
 fn rolling_under_srun_on_three_hosts_matches_the_oracle() {
-    let Some(hosts) = hosts("bhq", "10.77.9") else {
+    let Some(hosts) = Hosts::for_test("bhq", "10.77.9") else {
         return;
     };
     let scratch = Scratch::new("hosts-rolling-srun");
-    let slurm = match hosts.slurm(&scratch.path().join("slurm")) {
-        Ok(s) => s,
-        Err(why) => {
-            eprintln!("skipped: {why}");
-            return;
-        }
+    let Some(slurm) = hosts.slurm_for_test(&scratch.path().join("slurm")) else {
+        return;
     };
     let input = input(scratch.path());
     for (n, grouped) in [(6u32, true), (4, false)] {

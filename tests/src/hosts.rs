@@ -98,6 +98,33 @@ impl Hosts {
         Ok(hosts)
     }
 
+    /// Three hosts for a test: `None`, after a line saying why, where this
+    /// machine cannot make them (the test then skips); a failure to make
+    /// them where it can fails the test.
+    #[allow(clippy::panic)] // a test fails by panicking
+    pub fn for_test(prefix: &str, net: &str) -> Option<Hosts> {
+        match Hosts::up(prefix, net, 3) {
+            Ok(h) => Some(h),
+            Err(Unmade::Unavailable(why)) => {
+                eprintln!("skipped: no network namespaces here ({why})");
+                None
+            }
+            Err(Unmade::Failed(why)) => panic!("making the hosts failed: {why}"),
+        }
+    }
+
+    /// A Slurm cluster of these hosts for a test, its files in `dir`:
+    /// `None`, after a line saying why, where Slurm is not installed.
+    pub fn slurm_for_test(&self, dir: &Path) -> Option<Slurm<'_>> {
+        match self.slurm(dir) {
+            Ok(s) => Some(s),
+            Err(why) => {
+                eprintln!("skipped: {why}");
+                None
+            }
+        }
+    }
+
     fn script(&self, args: &[&str]) -> Command {
         let mut c = Command::new(script());
         c.args(args)

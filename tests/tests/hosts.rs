@@ -21,7 +21,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU16, Ordering};
 use std::time::{Duration, Instant};
 
-use braid_tests::hosts::{Hosts, Unmade};
+use braid_tests::hosts::Hosts;
 use braid_tests::{RANK_COUNTS, expected_summary};
 #[cfg(feature = "mpi")]
 use braid_tests::{Scratch, output_within};
@@ -35,19 +35,6 @@ const DEATH_NOTICE: Duration = Duration::from_secs(30);
 
 fn worker() -> &'static str {
     env!("CARGO_BIN_EXE_braid-test-worker")
-}
-
-/// Three hosts, or `None` (and a line saying why) where this machine
-/// cannot make them.
-fn hosts(prefix: &str, net: &str) -> Option<Hosts> {
-    match Hosts::up(prefix, net, 3) {
-        Ok(h) => Some(h),
-        Err(Unmade::Unavailable(why)) => {
-            eprintln!("skipped: no network namespaces here ({why})");
-            None
-        }
-        Err(Unmade::Failed(why)) => panic!("making the hosts failed: {why}"),
-    }
 }
 
 /// Starts `n` worker ranks by hand over tcp, rank r on host r mod 3,
@@ -206,7 +193,7 @@ fn check_exchange(outs: &[String], seed: u64, n: u32, what: &str) {
 
 #[test]
 fn tcp_ranks_on_three_hosts() {
-    let Some(hosts) = hosts("bht", "10.77.1") else {
+    let Some(hosts) = Hosts::for_test("bht", "10.77.1") else {
         return;
     };
     for n in RANK_COUNTS {
@@ -251,7 +238,7 @@ fn tcp_ranks_on_three_hosts() {
 /// rank fails at start, naming it, instead of timing out mid-job.
 #[test]
 fn tcp_rank_on_loopback_on_another_host_is_refused() {
-    let Some(hosts) = hosts("bhl", "10.77.10") else {
+    let Some(hosts) = Hosts::for_test("bhl", "10.77.10") else {
         return;
     };
     let n = 3u32;
@@ -279,7 +266,7 @@ fn tcp_rank_on_loopback_on_another_host_is_refused() {
 
 #[test]
 fn tcp_rank_killed_on_another_host() {
-    let Some(hosts) = hosts("bhk", "10.77.2") else {
+    let Some(hosts) = Hosts::for_test("bhk", "10.77.2") else {
         return;
     };
     let (n, victim) = (4u32, 2u32);
@@ -326,7 +313,7 @@ fn mpirun(hosts: &Hosts, n: u32, scratch: &Scratch) -> Command {
 #[cfg(feature = "mpi")]
 #[test]
 fn mpi_ranks_on_three_hosts() {
-    let Some(hosts) = hosts("bhm", "10.77.3") else {
+    let Some(hosts) = Hosts::for_test("bhm", "10.77.3") else {
         return;
     };
     let scratch = Scratch::new("hosts-mpi");
@@ -360,7 +347,7 @@ fn suite_and_exchange(launch: impl Fn(u32) -> Command, seed0: u64, how: &str) {
 #[cfg(feature = "mpi")]
 #[test]
 fn mpi_rank_killed_on_another_host() {
-    let Some(hosts) = hosts("bhn", "10.77.4") else {
+    let Some(hosts) = Hosts::for_test("bhn", "10.77.4") else {
         return;
     };
     let scratch = Scratch::new("hosts-mpi-kill");
@@ -426,16 +413,12 @@ fn killed_on_host_1(mut job: Command, n: u32, ns: &str, what: &str) {
 #[cfg(feature = "mpi")]
 #[test]
 fn srun_ranks_on_three_hosts() {
-    let Some(hosts) = hosts("bhu", "10.77.8") else {
+    let Some(hosts) = Hosts::for_test("bhu", "10.77.8") else {
         return;
     };
     let scratch = Scratch::new("hosts-srun");
-    let slurm = match hosts.slurm(&scratch.path().join("slurm")) {
-        Ok(s) => s,
-        Err(why) => {
-            eprintln!("skipped: {why}");
-            return;
-        }
+    let Some(slurm) = hosts.slurm_for_test(&scratch.path().join("slurm")) else {
+        return;
     };
     let srun = |n: u32| {
         let mut c = slurm.srun(n);
