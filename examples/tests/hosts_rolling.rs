@@ -38,18 +38,7 @@ fn repo() -> PathBuf {
 /// A random input of 100k rows (ids, ts, 20 keys, two value columns).
 fn input(d: &Path) -> PathBuf {
     let input = d.join("in.parquet");
-    let st = Command::new("python3")
-        .arg(repo().join("tests/oracle/gen_input.py"))
-        .arg(&input)
-        .args([
-            "--rows", "100000", "--keys", "20", "--span", "1000000", "--seed", "23",
-        ])
-        .status()
-        .unwrap();
-    assert!(
-        st.success(),
-        "gen_input.py failed (needs python3 with pyarrow or polars)"
-    );
+    braid_tests::gen_input(&input, 100_000, 20, 1_000_000, 23);
     input
 }
 

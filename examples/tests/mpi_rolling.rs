@@ -21,18 +21,7 @@ fn rolling_under_mpirun_matches_the_oracle() {
     let scratch = braid_tests::Scratch::new("mpi-rolling");
     let d = scratch.path();
     let input = d.join("in.parquet");
-    let st = Command::new("python3")
-        .arg(repo().join("tests/oracle/gen_input.py"))
-        .arg(&input)
-        .args([
-            "--rows", "100000", "--keys", "20", "--span", "1000000", "--seed", "11",
-        ])
-        .status()
-        .unwrap();
-    assert!(
-        st.success(),
-        "gen_input.py failed (needs python3 with pyarrow or polars)"
-    );
+    braid_tests::gen_input(&input, 100_000, 20, 1_000_000, 11);
     for n in [1u32, 2, 3, 4, 5, 8] {
         for grouped in [false, true] {
             let out = d.join(format!("out-{n}-{grouped}"));

@@ -34,8 +34,9 @@ pub struct Hosts {
 }
 
 /// Locks `/run/braid-hosts-PREFIX.lock` (the machine's, whatever TMPDIR
-/// says), waiting while another process holds it.
-fn lock(prefix: &str) -> Result<std::fs::File, String> {
+/// says), waiting while another process holds it, for at most
+/// `LOCK_WAIT`.
+fn lock(prefix: &str) -> Result<std::fs::File, Unmade> {
     use braid_core::file_lock::{Locked, try_lock};
     let path = Path::new("/run").join(format!("braid-hosts-{prefix}.lock"));
     let f = std::fs::OpenOptions::new()
@@ -43,24 +44,38 @@ fn lock(prefix: &str) -> Result<std::fs::File, String> {
         .truncate(false)
         .write(true)
         .open(&path)
-        .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+        .map_err(|e| Unmade::Unavailable(format!("cannot open {}: {e}", path.display())))?;
+    let start = std::time::Instant::now();
     let mut said = false;
     loop {
         match try_lock(&f) {
             Ok(()) => return Ok(f),
-            Err(Locked::Elsewhere) => {
+            Err(Locked::Elsewhere) if start.elapsed() < LOCK_WAIT => {
                 if !said {
                     eprintln!("waiting for another process's hosts {prefix}*");
                     said = true;
                 }
                 std::thread::sleep(std::time::Duration::from_millis(100));
             }
+            Err(Locked::Elsewhere) => {
+                return Err(Unmade::Failed(format!(
+                    "another process has held {} for {LOCK_WAIT:?}",
+                    path.display()
+                )));
+            }
             Err(Locked::Unsupported(e)) => {
-                return Err(format!("cannot lock {}: {e}", path.display()));
+                return Err(Unmade::Unavailable(format!(
+                    "cannot lock {}: {e}",
+                    path.display()
+                )));
             }
         }
     }
 }
+
+/// How long [`Hosts::up`] waits for another test process's hosts of the
+/// same prefix (its tests take minutes at most).
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(900);
 
 fn script() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("hosts/netns.sh")
@@ -75,7 +90,7 @@ impl Hosts {
             prefix: prefix.into(),
             net: net.into(),
             count,
-            _lock: lock(prefix).map_err(Unmade::Unavailable)?,
+            _lock: lock(prefix)?,
         };
         let run = |args: &[&str]| -> Result<(), String> {
             let out = hosts

@@ -380,6 +380,125 @@ pub fn output_within(
     );
 }
 
+/// The numbers after `prefix` on the first line of `out` that starts with
+/// it (a worker's summary: `exchange ok 12 3456` gives 12 and 3456).
+pub fn line_values(out: &str, prefix: &str) -> Option<Vec<u64>> {
+    out.lines()
+        .find_map(|l| l.strip_prefix(prefix))
+        .map(|rest| {
+            rest.split_whitespace()
+                .filter_map(|w| w.parse().ok())
+                .collect()
+        })
+}
+
+/// The process ids of the first `n` `ready PID` lines read from `out` (a
+/// worker in `wait` mode prints one), or those that came within `limit`:
+/// a job that hangs before it is ready does not hold the test.
+pub fn ready_pids(
+    out: impl std::io::Read + Send + 'static,
+    n: usize,
+    limit: std::time::Duration,
+) -> Vec<u32> {
+    use std::io::BufRead;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(out).lines() {
+            let Ok(line) = line else { break };
+            if let Some(pid) = line.trim().strip_prefix("ready ") {
+                if tx.send(pid.parse::<u32>().unwrap_or(0)).is_err() {
+                    break;
+                }
+            }
+        }
+    });
+    let deadline = std::time::Instant::now() + limit;
+    let mut pids = Vec::new();
+    while pids.len() < n {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(p) => pids.push(p),
+            Err(_) => break,
+        }
+    }
+    pids
+}
+
+/// Waits for `c` to end; where it still runs `limit` after `since`, kills
+/// it and fails the test, saying `what` it waited for.
+#[allow(clippy::expect_used, clippy::panic)] // a test fails by panicking
+pub fn exit_within(
+    c: &mut std::process::Child,
+    since: std::time::Instant,
+    limit: std::time::Duration,
+    what: &str,
+) -> std::process::ExitStatus {
+    loop {
+        if let Some(s) = c.try_wait().expect("try_wait") {
+            return s;
+        }
+        if since.elapsed() > limit {
+            let _ = c.kill();
+            panic!("{what}: still running {limit:?} later");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// Rank processes in `wait` mode (stdout and stderr piped): once each has
+/// printed `ready`, kills rank `victim` and checks that every other rank
+/// fails within `limit`, its error naming the victim (`peer rank V died`).
+#[allow(clippy::expect_used, clippy::panic)] // a test fails by panicking
+pub fn killed_rank_is_named(
+    ranks: &mut [std::process::Child],
+    victim: usize,
+    limit: std::time::Duration,
+) {
+    use std::io::Read;
+    for (r, c) in ranks.iter_mut().enumerate() {
+        let out = c.stdout.take().expect("stdout");
+        assert_eq!(ready_pids(out, 1, limit).len(), 1, "rank {r} is not ready");
+    }
+    ranks[victim].kill().expect("kill");
+    let killed_at = std::time::Instant::now();
+    for (r, c) in ranks.iter_mut().enumerate() {
+        if r == victim {
+            let _ = c.wait();
+            continue;
+        }
+        let what = format!("rank {r}, rank {victim} killed");
+        let status = exit_within(c, killed_at, limit, &what);
+        let mut err = String::new();
+        c.stderr
+            .as_mut()
+            .expect("stderr")
+            .read_to_string(&mut err)
+            .expect("stderr");
+        assert!(!status.success(), "rank {r} should fail");
+        assert!(
+            err.contains(&format!("peer rank {victim} died")),
+            "rank {r}'s error should name rank {victim}: {err}"
+        );
+    }
+}
+
+/// Writes a random Parquet input for the rolling job
+/// (`tests/oracle/gen_input.py`: id, ts, key, v, w).
+#[allow(clippy::expect_used)] // a test fails by panicking
+pub fn gen_input(path: &std::path::Path, rows: u64, keys: u64, span: u64, seed: u64) {
+    let st = std::process::Command::new("python3")
+        .arg(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("oracle/gen_input.py"))
+        .arg(path)
+        .args(["--rows", &rows.to_string(), "--keys", &keys.to_string()])
+        .args(["--span", &span.to_string(), "--seed", &seed.to_string()])
+        .status()
+        .expect("run python3");
+    assert!(
+        st.success(),
+        "gen_input.py failed (needs python3 with pyarrow or polars)"
+    );
+}
+
 pub mod coll_suite;
 #[cfg(feature = "cuda")]
 pub mod gpu_suite;

@@ -4,7 +4,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail by panicking
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -39,42 +39,7 @@ fn killed_rank(n: u32, victim: u32) {
             .expect("spawn");
         children.push(c);
     }
-    for c in children.iter_mut() {
-        let mut line = String::new();
-        let out = c.stdout.as_mut().expect("stdout");
-        BufReader::new(out).read_line(&mut line).expect("read");
-        assert!(line.starts_with("ready"), "{line}");
-    }
-    children[victim as usize].kill().expect("kill");
-    let killed_at = Instant::now();
-    for (r, c) in children.iter_mut().enumerate() {
-        if r as u32 == victim {
-            let _ = c.wait();
-            continue;
-        }
-        // Wait with a deadline: a hang is a failure.
-        let status = loop {
-            if let Some(s) = c.try_wait().expect("try_wait") {
-                break s;
-            }
-            if killed_at.elapsed() > Duration::from_secs(30) {
-                let _ = c.kill();
-                panic!("rank {r} still running 30 s after rank {victim} was killed");
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        };
-        let mut err = String::new();
-        c.stderr
-            .as_mut()
-            .expect("stderr")
-            .read_to_string(&mut err)
-            .expect("stderr");
-        assert!(!status.success(), "rank {r} should fail");
-        assert!(
-            err.contains(&format!("peer rank {victim} died")),
-            "rank {r}'s error should name rank {victim}: {err}"
-        );
-    }
+    braid_tests::killed_rank_is_named(&mut children, victim as usize, Duration::from_secs(30));
 }
 
 #[test]

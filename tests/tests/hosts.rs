@@ -16,15 +16,15 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail by panicking
 
-use std::io::{BufRead, BufReader, Read};
+use std::io::Read;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU16, Ordering};
 use std::time::{Duration, Instant};
 
 use braid_tests::hosts::Hosts;
-use braid_tests::{RANK_COUNTS, expected_summary};
+use braid_tests::{RANK_COUNTS, exit_within, expected_summary, killed_rank_is_named, line_values};
 #[cfg(feature = "mpi")]
-use braid_tests::{Scratch, output_within};
+use braid_tests::{Scratch, output_within, ready_pids};
 
 /// The longest one job of these tests may take; past it the job is stopped
 /// and the test fails with its output.
@@ -123,32 +123,6 @@ fn finish(children: Vec<Child>, what: &str) -> Vec<String> {
     outs
 }
 
-/// The value after `prefix` on the line that starts with it.
-fn line_after(out: &str, prefix: &str) -> Option<Vec<u64>> {
-    out.lines()
-        .find_map(|l| l.strip_prefix(prefix))
-        .map(|rest| {
-            rest.split_whitespace()
-                .filter_map(|w| w.parse().ok())
-                .collect()
-        })
-}
-
-/// Waits for `c` to end; past `DEATH_NOTICE` after `since` it is killed
-/// and the test fails, saying `what` it waited for.
-fn exit_within(c: &mut Child, since: Instant, what: &str) -> std::process::ExitStatus {
-    loop {
-        if let Some(s) = c.try_wait().expect("try_wait") {
-            return s;
-        }
-        if since.elapsed() > DEATH_NOTICE {
-            let _ = c.kill();
-            panic!("{what}: still running {DEATH_NOTICE:?} later");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 /// Checks the suite's lines: every rank ran it and counted the same checks.
 fn check_suite(outs: &[String], n: u32, what: &str) {
     let lines: Vec<&str> = outs
@@ -191,38 +165,50 @@ fn check_exchange(outs: &[String], seed: u64, n: u32, what: &str) {
     assert_eq!(got, want, "{what}");
 }
 
+/// The collective suite and the all-pairs exchange for every rank count:
+/// `run(n, worker arguments, what)` runs one job of `n` ranks and gives
+/// what its ranks printed.
+fn suite_and_exchange(run: impl Fn(u32, &[&str], &str) -> Vec<String>, seed0: u64, how: &str) {
+    for n in RANK_COUNTS {
+        let seed = seed0 + u64::from(n);
+        for mode in ["coll", "exchange"] {
+            let what = format!("{how}, {n} ranks on 3 hosts, {mode}");
+            let outs = run(n, &[mode, &seed.to_string()], &what);
+            if mode == "coll" {
+                check_suite(&outs, n, &what);
+            } else {
+                check_exchange(&outs, seed, n, &what);
+            }
+        }
+    }
+}
+
+/// Runs a launcher's job (mpirun or srun) to its end and gives its output;
+/// fails the test where the job failed.
+#[cfg(feature = "mpi")]
+fn launched(mut job: Command, args: &[&str], what: &str) -> Vec<String> {
+    let out = output_within(job.args(args), JOB_LIMIT);
+    assert!(
+        out.status.success(),
+        "{what}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    vec![String::from_utf8_lossy(&out.stdout).into_owned()]
+}
+
 #[test]
 fn tcp_ranks_on_three_hosts() {
     let Some(hosts) = Hosts::for_test("bht", "10.77.1") else {
         return;
     };
-    for n in RANK_COUNTS {
-        let seed = 7100 + u64::from(n);
-        let what = format!("tcp, {n} ranks on 3 hosts, coll");
-        let outs = finish(
-            start_tcp(
-                &hosts,
-                n,
-                &["coll", &seed.to_string()],
-                &format!("t{n}"),
-                |_, _| (),
-            ),
-            &what,
-        );
-        check_suite(&outs, n, &what);
-        let what = format!("tcp, {n} ranks on 3 hosts, exchange");
-        let outs = finish(
-            start_tcp(
-                &hosts,
-                n,
-                &["exchange", &seed.to_string()],
-                &format!("e{n}"),
-                |_, _| (),
-            ),
-            &what,
-        );
-        check_exchange(&outs, seed, n, &what);
-    }
+    suite_and_exchange(
+        |n, args, what| {
+            let token = format!("{n}-{}", args[0]);
+            finish(start_tcp(&hosts, n, args, &token, |_, _| ()), what)
+        },
+        7100,
+        "tcp",
+    );
     // One large message from host 0 to host 1, split over the lanes (each
     // its own connection across the bridge); rank 1 checks every byte.
     let size = 64u64 << 20;
@@ -230,7 +216,7 @@ fn tcp_ranks_on_three_hosts() {
         start_tcp(&hosts, 2, &["big", &size.to_string()], "big", |_, _| ()),
         "tcp, 64 MiB between hosts",
     );
-    assert_eq!(line_after(&outs[1], "big ok "), Some(vec![size]));
+    assert_eq!(line_values(&outs[1], "big ok "), Some(vec![size]));
 }
 
 /// A rank on another host than rank 0 told to listen on loopback
@@ -249,7 +235,7 @@ fn tcp_rank_on_loopback_on_another_host_is_refused() {
     });
     let start = Instant::now();
     for (r, c) in children.iter_mut().enumerate() {
-        let status = exit_within(c, start, &format!("rank {r}, started"));
+        let status = exit_within(c, start, DEATH_NOTICE, &format!("rank {r}, started"));
         let mut err = String::new();
         c.stderr
             .as_mut()
@@ -271,32 +257,7 @@ fn tcp_rank_killed_on_another_host() {
     };
     let (n, victim) = (4u32, 2u32);
     let mut children = start_tcp(&hosts, n, &["wait"], "kill", |_, _| ());
-    for (r, c) in children.iter_mut().enumerate() {
-        let mut line = String::new();
-        let out = c.stdout.as_mut().expect("stdout");
-        BufReader::new(out).read_line(&mut line).expect("read");
-        assert!(line.starts_with("ready"), "rank {r}: {line:?}");
-    }
-    children[victim as usize].kill().expect("kill");
-    let killed_at = Instant::now();
-    for (r, c) in children.iter_mut().enumerate() {
-        if r as u32 == victim {
-            let _ = c.wait();
-            continue;
-        }
-        let status = exit_within(c, killed_at, &format!("rank {r}, rank {victim} killed"));
-        let mut err = String::new();
-        c.stderr
-            .as_mut()
-            .expect("stderr")
-            .read_to_string(&mut err)
-            .expect("stderr");
-        assert!(!status.success(), "rank {r} should fail");
-        assert!(
-            err.contains(&format!("peer rank {victim} died")),
-            "rank {r}'s error should name rank {victim}: {err}"
-        );
-    }
+    killed_rank_is_named(&mut children, victim as usize, DEATH_NOTICE);
 }
 
 /// An mpirun of the worker on the hosts, with a session folder of its own
@@ -317,31 +278,11 @@ fn mpi_ranks_on_three_hosts() {
         return;
     };
     let scratch = Scratch::new("hosts-mpi");
-    suite_and_exchange(|n| mpirun(&hosts, n, &scratch), 7300, "mpirun");
-}
-
-/// The suite and the exchange for every rank count, each job started by
-/// `launch(n)` (mpirun or srun, the worker and its environment given).
-#[cfg(feature = "mpi")]
-fn suite_and_exchange(launch: impl Fn(u32) -> Command, seed0: u64, how: &str) {
-    for n in RANK_COUNTS {
-        let seed = seed0 + u64::from(n);
-        for mode in ["coll", "exchange"] {
-            let what = format!("{how}, {n} ranks on 3 hosts, {mode}");
-            let out = output_within(launch(n).args([mode, &seed.to_string()]), JOB_LIMIT);
-            assert!(
-                out.status.success(),
-                "{what}: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            let outs = [String::from_utf8_lossy(&out.stdout).into_owned()];
-            if mode == "coll" {
-                check_suite(&outs, n, &what);
-            } else {
-                check_exchange(&outs, seed, n, &what);
-            }
-        }
-    }
+    suite_and_exchange(
+        |n, args, what| launched(mpirun(&hosts, n, &scratch), args, what),
+        7300,
+        "mpirun",
+    );
 }
 
 #[cfg(feature = "mpi")]
@@ -367,17 +308,7 @@ fn killed_on_host_1(mut job: Command, n: u32, ns: &str, what: &str) {
         .stderr(Stdio::null())
         .spawn()
         .expect("start the job");
-    let mut out = BufReader::new(child.stdout.take().expect("stdout"));
-    let mut pids = Vec::new();
-    while pids.len() < n as usize {
-        let mut line = String::new();
-        if out.read_line(&mut line).expect("read") == 0 {
-            break;
-        }
-        if let Some(p) = line.trim().strip_prefix("ready ") {
-            pids.push(p.parse::<u32>().expect("pid"));
-        }
-    }
+    let pids = ready_pids(child.stdout.take().expect("stdout"), n as usize, JOB_LIMIT);
     assert_eq!(pids.len(), n as usize, "{what}: every rank reports ready");
     let there = Command::new("ip")
         .args(["netns", "pids", ns])
@@ -399,6 +330,7 @@ fn killed_on_host_1(mut job: Command, n: u32, ns: &str, what: &str) {
     let status = exit_within(
         &mut child,
         Instant::now(),
+        DEATH_NOTICE,
         &format!("{what}, a rank on host 1 killed"),
     );
     assert!(
@@ -427,6 +359,6 @@ fn srun_ranks_on_three_hosts() {
             .env("TMPDIR", scratch.path());
         c
     };
-    suite_and_exchange(srun, 7500, "srun");
+    suite_and_exchange(|n, args, what| launched(srun(n), args, what), 7500, "srun");
     killed_on_host_1(srun(4), 4, "bhu1", "srun");
 }

@@ -11,7 +11,7 @@ use braid_core::comm::local::LocalComm;
 use braid_core::comm::tcp::TcpComm;
 use braid_core::launch::{LaunchSpec, OutputMode, launch};
 use braid_core::{Buffer, CommError, Communicator, OpId, Rank, Tag, Waiting};
-use braid_tests::{RANK_COUNTS, exchange, expected_summary, runtime};
+use braid_tests::{RANK_COUNTS, exchange, expected_summary, line_values, runtime};
 
 fn run_exchange(comms: Vec<Arc<dyn Communicator>>, seed: u64) {
     let n = comms.len() as u32;
@@ -94,17 +94,6 @@ fn worker() -> &'static str {
     env!("CARGO_BIN_EXE_braid-test-worker")
 }
 
-/// Parses `PREFIX a b` from a rank's captured output.
-fn parse_line(out: &str, prefix: &str) -> Option<Vec<u64>> {
-    out.lines()
-        .find_map(|l| l.strip_prefix(prefix))
-        .map(|rest| {
-            rest.split_whitespace()
-                .filter_map(|w| w.parse().ok())
-                .collect()
-        })
-}
-
 #[test]
 fn tcp_processes_all_pairs_exchange() {
     let rt = runtime();
@@ -120,12 +109,13 @@ fn tcp_processes_all_pairs_exchange() {
             .block_on(launch(spec))
             .unwrap_or_else(|e| panic!("{n} ranks: {e:?}"));
         for r in 0..n as Rank {
-            let got = parse_line(&report.stdout[r as usize], "exchange ok ").unwrap_or_else(|| {
-                panic!(
-                    "rank {r} of {n} printed no summary: {:?}",
-                    report.stderr[r as usize]
-                )
-            });
+            let got =
+                line_values(&report.stdout[r as usize], "exchange ok ").unwrap_or_else(|| {
+                    panic!(
+                        "rank {r} of {n} printed no summary: {:?}",
+                        report.stderr[r as usize]
+                    )
+                });
             let want = expected_summary(seed, n, r);
             assert_eq!(got, vec![want.messages, want.bytes], "rank {r} of {n}");
         }
@@ -139,7 +129,7 @@ fn tcp_processes_one_gib_message() {
     let mut spec = LaunchSpec::new(2, worker(), vec!["big".into(), size.to_string().into()]);
     spec.output = OutputMode::Captured;
     let report = rt.block_on(launch(spec)).expect("launch");
-    assert_eq!(parse_line(&report.stdout[1], "big ok "), Some(vec![size]));
+    assert_eq!(line_values(&report.stdout[1], "big ok "), Some(vec![size]));
 }
 
 /// A rank that computes (sleeps, its communicator untouched) still
@@ -158,7 +148,7 @@ fn tcp_processes_receive_while_a_rank_computes() {
                 .unwrap_or_else(|e| panic!("{n} ranks, {len} bytes: {e:?}"));
             for r in 0..n as usize {
                 assert_eq!(
-                    parse_line(&report.stdout[r], "idle ok "),
+                    line_values(&report.stdout[r], "idle ok "),
                     Some(vec![len]),
                     "rank {r} of {n}, {len} bytes: {:?}",
                     report.stderr[r]
