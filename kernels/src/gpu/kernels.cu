@@ -1443,6 +1443,36 @@ __device__ __forceinline__ void roll_bounds_reduce(bool need_mm, u32 top, u32 lm
     }
 }
 
+// The plain tile pass's short windows past their bound (`redo`, bit k: row
+// t + T k's sum and mean; bit 4 + k: its var and std), summed from their
+// rows and written over what the plain scans wrote there (this thread
+// wrote those, so these land last). Out of line and after the rows'
+// writes, where the unrolled loops' registers are free: called from
+// inside those loops it made the pass spill (56 bytes, against 20) and
+// cost 4% at the default window where no window needs it.
+template <bool NUL>
+__device__ __noinline__ void roll_redo(const double* s_x, const u32* s_cnt, const u32* s_win, u64 p0, u64 p1,
+                                      u64 p5, u64 p6, u64 o0, u32 redo) {
+    for (u32 k = 0; k < ROLL_R; k++) {
+        if (!(redo & (17u << k))) continue;
+        u32 r = threadIdx.x + ROLL_THREADS * k;
+        u32 w = s_win[ROLL_PW(r)], lo = w & 0xFFFFu, hi = w >> 16;
+        u32 c = NUL ? s_cnt[hi] - s_cnt[lo] : hi - lo;
+        u64 o = o0 + r;
+        if (redo & (1u << k)) {
+            double s = roll_direct_sum<NUL>(s_x, lo, hi);
+            if (p0) ((double*)p0)[o] = s;
+            if (p1) ((double*)p1)[o] = s * roll_rcp((double)c);
+        }
+        if (redo & (16u << k)) {
+            double v2 = roll_direct_m2<NUL>(s_x, lo, hi, c) * roll_rcp((double)c - 1.0);
+            double var = v2 < 0 ? 0.0 : v2;
+            if (p5) ((double*)p5)[o] = sqrt(var);
+            if (p6) ((double*)p6)[o] = var;
+        }
+    }
+}
+
 // The tile pass for one case: KEY, a key column; NUL, a validity column.
 template <bool KEY, bool NUL, bool CAL, bool PL>
 __device__ __forceinline__ void roll_tile(const i64* ts, const i64* key, const double* v, const u8* valid,
@@ -1765,6 +1795,9 @@ __device__ __forceinline__ void roll_tile(const i64* ts, const i64* key, const d
         shift = m ? __shfl_sync(ROLL_FULL, xj, __ffs(m) - 1) : 0.0;
     }
     bool worse = false;  // (PL) a result past its bound: the tile goes to the double-double pass
+    // (PL) Short windows past their bound, for `roll_redo`: bit k the sum
+    // of row k, bit 4 + k its squares.
+    u32 redo = 0;
     double e1 = 0, e2 = 0;
     if (PL && (need1 || NUL)) {
         if (need2 && shift != 0.0) roll_prefix_pl<NUL, NUL, true, true>(s_x, s_a, s_b, s_cnt, base, end, shift);
@@ -1795,7 +1828,7 @@ __device__ __forceinline__ void roll_tile(const i64* ts, const i64* key, const d
                     double d1 = s_a[hi] - s_a[lo];
                     double s = fma(shift, (double)c, d1);
                     if (!(e1 + ROLL_U * fabs(d1) <= ROLL_PL_TAU * fabs(s))) {
-                        if (hi - lo <= ROLL_DIRECT) s = roll_direct_sum<NUL>(s_x, lo, hi);
+                        if (hi - lo <= ROLL_DIRECT) redo |= 1u << k;
                         else worse = true;
                     }
                     s1h[k] = s;
@@ -1861,7 +1894,7 @@ __device__ __forceinline__ void roll_tile(const i64* ts, const i64* key, const d
                     double ad1 = fabs(d1), f1 = e1 + ROLL_U * ad1;
                     double bound = e2 + ROLL_U * s2 + (2.0 * ad1 + f1) * f1 * rc + 4.0 * ROLL_U * (ad1 * fabs(q) + fabs(m2));
                     if (!(bound <= ROLL_PL_TAU * m2)) {
-                        if (hi - lo <= ROLL_DIRECT) m2 = roll_direct_m2<NUL>(s_x, lo, hi, c);
+                        if (hi - lo <= ROLL_DIRECT) redo |= 16u << k;
                         else worse = true;
                     }
                 } else {
@@ -1899,6 +1932,7 @@ __device__ __forceinline__ void roll_tile(const i64* ts, const i64* key, const d
         roll_put(out.p[12], o0, rows, ok2);
         roll_put(out.p[13], o0, rows, ok2);
     }
+    if (PL && redo) roll_redo<NUL>(s_x, s_cnt, s_win, out.p[0], out.p[1], out.p[5], out.p[6], o0, redo);
     // (Every thread that saw one flags the tile: the writes are the same.)
     if (PL && worse) roll_flag(flags, flagged, roll_flag_tiles(n, emit_from), ROLL_BOUND);
     if (!need_mm) return;
