@@ -178,15 +178,17 @@ impl fmt::Display for Statistics {
         }
         let ops = self.ops.lock().unwrap_or_else(|p| p.into_inner());
         if !ops.is_empty() {
+            // The name column as wide as its longest name.
+            let w = ops.iter().map(|(n, _)| n.len()).max().unwrap_or(0).max(24);
             writeln!(
                 f,
-                "  {:<24} {:>8} {:>12} {:>12}",
+                "  {:<w$} {:>8} {:>12} {:>12}",
                 "operation", "count", "total ms", "max ms"
             )?;
             for (name, t) in ops.iter() {
                 writeln!(
                     f,
-                    "  {:<24} {:>8} {:>12.3} {:>12.3}",
+                    "  {:<w$} {:>8} {:>12.3} {:>12.3}",
                     name,
                     t.count,
                     t.total.as_secs_f64() * 1e3,
