@@ -229,4 +229,24 @@ mod tests {
             "{text}"
         );
     }
+
+    #[test]
+    fn operation_columns_line_up_past_long_names() {
+        let s = Statistics::new(0, 1);
+        let long = "rolling: a name longer than the default column";
+        s.record_op("short", Duration::from_millis(1));
+        s.record_op(long, Duration::from_millis(2));
+        let text = s.to_string();
+        let row = |w: &str| text.lines().find(|l| l.contains(w)).unwrap_or("");
+        // Each row's count (1, right-aligned) ends where the header's
+        // "count" does.
+        let head = row("operation");
+        let Some(at) = head.find("count").map(|i| i + "count".len() - 1) else {
+            panic!("no count column: {text}");
+        };
+        for r in [row("short"), row(long)] {
+            assert_eq!(r.as_bytes().get(at), Some(&b'1'), "{text}");
+            assert_eq!(r.as_bytes().get(at + 1), Some(&b' '), "{text}");
+        }
+    }
 }
