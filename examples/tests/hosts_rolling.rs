@@ -132,30 +132,43 @@ fn rolling_under_mpirun_on_three_hosts_matches_the_oracle() {
     let scratch = Scratch::new("hosts-rolling-mpi");
     let input = input(scratch.path());
     for (n, grouped) in [(5u32, true), (8, false)] {
-        let cmd = hosts.mpirun(n, scratch.path()).expect("hostfile");
-        launched_job(cmd, n, grouped, &input, scratch.path(), "mpirun");
+        let run = |setup: &dyn Fn(&mut Command)| {
+            let mut cmd = hosts.mpirun(n, scratch.path()).expect("hostfile");
+            setup(&mut cmd);
+            output_within(&mut cmd, JOB_LIMIT)
+        };
+        launched_job(run, n, grouped, &input, scratch.path(), "mpirun");
     }
 }
 
-/// Runs the job as `launcher` (mpirun or srun, starting `n` ranks) gives
-/// it, and checks its output against the oracle and its summary's rank
-/// count.
+/// Runs the job through `launch` (mpirun or srun, starting `n` ranks, with
+/// the program, arguments and environment its argument sets on the
+/// launcher's command) and checks its output against the oracle and its
+/// summary's rank count.
 #[cfg(feature = "mpi")]
-fn launched_job(mut launcher: Command, n: u32, grouped: bool, input: &Path, dir: &Path, how: &str) {
+fn launched_job(
+    launch: impl Fn(&dyn Fn(&mut Command)) -> std::process::Output,
+    n: u32,
+    grouped: bool,
+    input: &Path,
+    dir: &Path,
+    how: &str,
+) {
     let what = format!("{how}, {n} ranks on 3 hosts, grouped={grouped}");
     let out = dir.join(format!("out-{how}-{n}-{grouped}"));
-    launcher
-        .env("TMPDIR", dir)
-        .arg(env!("CARGO_BIN_EXE_rolling"))
-        .args(["--backend", "mpi", "--input"])
-        .arg(input)
-        .arg("--output")
-        .arg(&out)
-        .args(JOB);
-    if grouped {
-        launcher.args(["--by", "key"]);
-    }
-    let o = output_within(&mut launcher, JOB_LIMIT);
+    let o = launch(&|launcher: &mut Command| {
+        launcher
+            .env("TMPDIR", dir)
+            .arg(env!("CARGO_BIN_EXE_rolling"))
+            .args(["--backend", "mpi", "--input"])
+            .arg(input)
+            .arg("--output")
+            .arg(&out)
+            .args(JOB);
+        if grouped {
+            launcher.args(["--by", "key"]);
+        }
+    });
     assert!(
         o.status.success(),
         "{what}: {}",
@@ -181,7 +194,8 @@ fn rolling_under_srun_on_three_hosts_matches_the_oracle() {
     };
     let input = input(scratch.path());
     for (n, grouped) in [(6u32, true), (4, false)] {
-        launched_job(slurm.srun(n), n, grouped, &input, scratch.path(), "srun");
+        let run = |setup: &dyn Fn(&mut Command)| slurm.output(n, setup, JOB_LIMIT);
+        launched_job(run, n, grouped, &input, scratch.path(), "srun");
     }
     // Started by srun without the mpi backend, each process would run a
     // whole job of its own on the same output: refused (Slurm's

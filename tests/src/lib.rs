@@ -445,6 +445,27 @@ pub fn exit_within(
     }
 }
 
+/// Waits for `c` (stderr piped) to exit, within `limit` of `since`, and
+/// checks that it failed; returns what it wrote to stderr.
+#[allow(clippy::expect_used, clippy::panic)] // a test fails by panicking
+pub fn failed_within(
+    c: &mut std::process::Child,
+    since: std::time::Instant,
+    limit: std::time::Duration,
+    what: &str,
+) -> String {
+    use std::io::Read;
+    let status = exit_within(c, since, limit, what);
+    let mut err = String::new();
+    c.stderr
+        .as_mut()
+        .expect("stderr")
+        .read_to_string(&mut err)
+        .expect("stderr");
+    assert!(!status.success(), "{what}: should fail, stderr: {err}");
+    err
+}
+
 /// Rank processes in `wait` mode (stdout and stderr piped): once each has
 /// printed `ready`, kills rank `victim` and checks that every other rank
 /// fails within `limit`, its error naming the victim (`peer rank V died`).
@@ -454,7 +475,6 @@ pub fn killed_rank_is_named(
     victim: usize,
     limit: std::time::Duration,
 ) {
-    use std::io::Read;
     for (r, c) in ranks.iter_mut().enumerate() {
         let out = c.stdout.take().expect("stdout");
         assert_eq!(ready_pids(out, 1, limit).len(), 1, "rank {r} is not ready");
@@ -467,14 +487,7 @@ pub fn killed_rank_is_named(
             continue;
         }
         let what = format!("rank {r}, rank {victim} killed");
-        let status = exit_within(c, killed_at, limit, &what);
-        let mut err = String::new();
-        c.stderr
-            .as_mut()
-            .expect("stderr")
-            .read_to_string(&mut err)
-            .expect("stderr");
-        assert!(!status.success(), "rank {r} should fail");
+        let err = failed_within(c, killed_at, limit, &what);
         assert!(
             err.contains(&format!("peer rank {victim} died")),
             "rank {r}'s error should name rank {victim}: {err}"

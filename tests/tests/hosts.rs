@@ -22,7 +22,9 @@ use std::sync::atomic::{AtomicU16, Ordering};
 use std::time::{Duration, Instant};
 
 use braid_tests::hosts::Hosts;
-use braid_tests::{RANK_COUNTS, exit_within, expected_summary, killed_rank_is_named, line_values};
+use braid_tests::{
+    RANK_COUNTS, expected_summary, failed_within, killed_rank_is_named, line_values,
+};
 #[cfg(feature = "mpi")]
 use braid_tests::{Scratch, output_within, ready_pids};
 
@@ -187,7 +189,12 @@ fn suite_and_exchange(run: impl Fn(u32, &[&str], &str) -> Vec<String>, seed0: u6
 /// fails the test where the job failed.
 #[cfg(feature = "mpi")]
 fn launched(mut job: Command, args: &[&str], what: &str) -> Vec<String> {
-    let out = output_within(job.args(args), JOB_LIMIT);
+    succeeded(output_within(job.args(args), JOB_LIMIT), what)
+}
+
+/// A launcher's output where its job succeeded; fails the test otherwise.
+#[cfg(feature = "mpi")]
+fn succeeded(out: std::process::Output, what: &str) -> Vec<String> {
     assert!(
         out.status.success(),
         "{what}: {}",
@@ -235,14 +242,7 @@ fn tcp_rank_on_loopback_on_another_host_is_refused() {
     });
     let start = Instant::now();
     for (r, c) in children.iter_mut().enumerate() {
-        let status = exit_within(c, start, DEATH_NOTICE, &format!("rank {r}, started"));
-        let mut err = String::new();
-        c.stderr
-            .as_mut()
-            .expect("stderr")
-            .read_to_string(&mut err)
-            .expect("stderr");
-        assert!(!status.success(), "rank {r} should fail");
+        let err = failed_within(c, start, DEATH_NOTICE, &format!("rank {r}, started"));
         assert!(
             err.contains("rank 1 listens on 127.0.0.1:") && err.contains("a loopback address"),
             "rank {r}'s error should name rank 1's address: {err}"
@@ -327,7 +327,7 @@ fn killed_on_host_1(mut job: Command, n: u32, ns: &str, what: &str) {
         .status()
         .expect("kill");
     assert!(st.success());
-    let status = exit_within(
+    let status = braid_tests::exit_within(
         &mut child,
         Instant::now(),
         DEATH_NOTICE,
@@ -352,13 +352,27 @@ fn srun_ranks_on_three_hosts() {
     let Some(slurm) = hosts.slurm_for_test(&scratch.path().join("slurm")) else {
         return;
     };
-    let srun = |n: u32| {
-        let mut c = slurm.srun(n);
+    let setup = |c: &mut Command| {
         c.arg(worker())
             .env("BRAID_BACKEND", "mpi")
             .env("TMPDIR", scratch.path());
-        c
     };
-    suite_and_exchange(|n, args, what| launched(srun(n), args, what), 7500, "srun");
-    killed_on_host_1(srun(4), 4, "bhu1", "srun");
+    suite_and_exchange(
+        |n, args, what| {
+            let out = slurm.output(
+                n,
+                |c| {
+                    setup(c);
+                    c.args(args);
+                },
+                JOB_LIMIT,
+            );
+            succeeded(out, what)
+        },
+        7500,
+        "srun",
+    );
+    let mut killed = slurm.srun(4);
+    setup(&mut killed);
+    killed_on_host_1(killed, 4, "bhu1", "srun");
 }
