@@ -277,14 +277,15 @@ impl Slurm<'_> {
     /// SIGSEGV, runs it once more and says so on stderr.
     ///
     /// Why: Open MPI 4.1 (Debian 12's 4.1.4) can kill a rank inside
-    /// `MPI_Init` under srun. The ranks leave `MPI_Init`'s closing PMIx
-    /// fence at different times, and one that has left may send to one
-    /// still waiting there, whose tcp BTL then hands the message to a
-    /// handler not yet set (the race open-mpi/ompi#13559 describes for
-    /// ob1). Core dumps of these deaths show SIGSEGV in `ompi_mpi_init` ->
-    /// `opal_progress` -> `mca_btl_tcp.so`, calling a null handler for an
-    /// ob1 match header; the other ranks then report failed TCP connects
-    /// and a missing shared memory segment (the dead rank's). Here it
+    /// `MPI_Init` under srun: a peer that has left `MPI_Init` sends to a
+    /// rank still in it, whose tcp BTL hands the message to a handler not
+    /// yet set (a race of the kind open-mpi/ompi#13559 describes for ob1).
+    /// Core dumps of these deaths show SIGSEGV in `ompi_mpi_init` (waiting
+    /// on a PMIx fence) -> `opal_progress` -> `mca_btl_tcp.so` calling a
+    /// null handler for an ob1 match header (tag 0x41); the other ranks
+    /// then report failed TCP connects and a missing shared memory
+    /// segment (the dead rank's). `OMPI_MCA_mpi_add_procs_cutoff` (all
+    /// peers set up in `MPI_Init`) did not prevent it. Here it
     /// comes with more ranks than cores (up to 8 on 2), in a few jobs of a
     /// hundred; a second death fails the test.
     pub fn output(&self, n: u32, setup: impl Fn(&mut Command), limit: Duration) -> Output {
