@@ -152,6 +152,15 @@ fn copies_nothing_in_process(op: &str) -> bool {
     matches!(op, "bcast" | "sendrecv") || op.ends_with("_parts")
 }
 
+/// Whether braid's form of `op` returns a new vector each call, where
+/// MPI writes into a receive buffer it keeps (the row's note says so).
+pub(crate) fn fresh_result(op: &str) -> bool {
+    matches!(op, "allgather" | "allreduce" | "alltoall" | "alltoallv")
+}
+
+/// The note under a [`fresh_result`] row's heading.
+pub(crate) const FRESH_NOTE: &str = "(braid: a new vector each call, from 32 MiB a mapping whose pages the kernel zeroes anew; MPI writes into a receive buffer it keeps, as the `_into` row does)";
+
 /// Operations per point: `budget` bytes' worth, at least 5, at most 20000
 /// (small points run for tens of milliseconds, long enough that the
 /// first-point effects of a fresh runtime or process do not show).
@@ -709,6 +718,10 @@ pub fn run(args: CollArgs) -> Result<(), BoxError> {
                 outln!(
                     "(braid local: the ranks' data is handed over or read where it lies, not copied; MPI's processes copy it)"
                 );
+            }
+            if fresh_result(op) {
+                outln!();
+                outln!("{FRESH_NOTE}");
             }
             outln!();
             outln!("| size | braid local | MPI shm | x | braid tcp | MPI tcp | x |");

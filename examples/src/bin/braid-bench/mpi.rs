@@ -602,6 +602,10 @@ pub fn run(args: MpiArgs) -> Result<(), BoxError> {
                 outln!();
                 outln!("## {}, {n} ranks, {name}", args_name(op));
                 outln!();
+                if matches!(op, Op::Coll(c) if super::coll::fresh_result(c)) {
+                    outln!("{}", super::coll::FRESH_NOTE);
+                    outln!();
+                }
                 outln!(
                     "| size | braid us | MPI us | braid GB/s | MPI GB/s | x | x range | mpi_coll us |"
                 );
