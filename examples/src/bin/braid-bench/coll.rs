@@ -159,7 +159,7 @@ pub(crate) fn fresh_result(op: &str) -> bool {
 }
 
 /// The note under a [`fresh_result`] row's heading.
-pub(crate) const FRESH_NOTE: &str = "(braid: a new vector each call, from 32 MiB a mapping whose pages the kernel zeroes anew; MPI writes into a receive buffer it keeps, as the `_into` row does)";
+pub(crate) const FRESH_NOTE: &str = "(braid: a new vector each call, from 32 MiB a fresh mapping whose pages the kernel zeroes; MPI writes into a receive buffer it keeps, as braid's `_into` row does)";
 
 /// Operations per point: `budget` bytes' worth, at least 5, at most 20000
 /// (small points run for tens of milliseconds, long enough that the
