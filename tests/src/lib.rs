@@ -392,6 +392,19 @@ pub fn line_values(out: &str, prefix: &str) -> Option<Vec<u64>> {
         })
 }
 
+/// Reads `r` to its end on a thread of its own (a child's stdout or
+/// stderr: a full pipe would stop the child) and returns what it read,
+/// as text, when joined; a read error ends it early.
+pub fn read_in_background(
+    mut r: impl std::io::Read + Send + 'static,
+) -> std::thread::JoinHandle<String> {
+    std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = r.read_to_string(&mut s);
+        s
+    })
+}
+
 /// The process ids of the first `n` `ready PID` lines read from `out` (a
 /// worker in `wait` mode prints one), or those that came within `limit`:
 /// a job that hangs before it is ready does not hold the test.

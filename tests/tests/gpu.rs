@@ -112,7 +112,6 @@ fn mismatches_fail_every_rank() {
 /// device communicator is torn down.
 #[test]
 fn failing_processes_exit_with_an_error() {
-    use std::io::Read;
     use std::process::{Command, Stdio};
     for n in counts().into_iter().filter(|&n| n >= 2) {
         for case in 0..4u32 {
@@ -134,12 +133,7 @@ fn failing_processes_exit_with_an_error() {
                     .stderr(Stdio::piped())
                     .spawn()
                     .expect("spawn");
-                let mut pipe = c.stderr.take().expect("stderr");
-                let reader = std::thread::spawn(move || {
-                    let mut s = String::new();
-                    let _ = pipe.read_to_string(&mut s);
-                    s
-                });
+                let reader = braid_tests::read_in_background(c.stderr.take().expect("stderr"));
                 ranks.push((c, reader));
             }
             let echo = i32::from(braid_core::world::PEER_FAILED_EXIT);

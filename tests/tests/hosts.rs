@@ -16,7 +16,6 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests fail by panicking
 
-use std::io::Read;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU16, Ordering};
 use std::time::{Duration, Instant};
@@ -82,18 +81,8 @@ fn finish(children: Vec<Child>, what: &str) -> Vec<String> {
         .iter_mut()
         .map(|c| {
             let c = c.as_mut().expect("child");
-            let mut o = c.stdout.take().expect("stdout");
-            let mut e = c.stderr.take().expect("stderr");
-            let ot = std::thread::spawn(move || {
-                let mut s = String::new();
-                let _ = o.read_to_string(&mut s);
-                s
-            });
-            let et = std::thread::spawn(move || {
-                let mut s = String::new();
-                let _ = e.read_to_string(&mut s);
-                s
-            });
+            let ot = braid_tests::read_in_background(c.stdout.take().expect("stdout"));
+            let et = braid_tests::read_in_background(c.stderr.take().expect("stderr"));
             (ot, et)
         })
         .collect();
@@ -312,12 +301,7 @@ fn killed_on_host_1(job: impl Fn() -> Command, n: u32, ns: &str, what: &str) {
             .stderr(Stdio::piped())
             .spawn()
             .expect("start the job");
-        let mut stderr = child.stderr.take().expect("stderr");
-        let err = std::thread::spawn(move || {
-            let mut s = String::new();
-            let _ = std::io::Read::read_to_string(&mut stderr, &mut s);
-            s
-        });
+        let err = braid_tests::read_in_background(child.stderr.take().expect("stderr"));
         let pids = ready_pids(child.stdout.take().expect("stdout"), n as usize, JOB_LIMIT);
         if pids.len() == n as usize {
             break (child, pids);
