@@ -18,7 +18,13 @@ DuckDB and Polars. The inputs aim at edges a fixed test misses:
     ones; int64, int32, uint8, float32 columns; all-null columns;
   - sizes: 0, 1 and 2 rows, fewer rows than ranks, up to ~200k rows;
   - job: 1-8 ranks, local or tcp, tiny chunks, a memory limit that spills,
-    1-5 threads a rank (BRAID_RANK_THREADS) or the default share of cores.
+    1-5 threads a rank (BRAID_RANK_THREADS) or the default share of cores;
+  - input: the Parquet file, or (--csv-share of the cases whose columns
+    CSV carries as they are: integer or date order, no time zone, integer,
+    float64 or string columns, none all null) the same rows as CSV text:
+    one file, .csv.gz, or a directory of 1-4 parts (some header-only),
+    whose types `rolling` infers while the oracle reads the Parquet
+    (rewritten with CSV's one integer type, int64).
 
     python3 tests/oracle/fuzz.py --rolling target/release/rolling --cases 40 \
         --seed 1 [--out /tmp/braid-fuzz] [--keep] [--mpi-rolling PATH]
@@ -262,6 +268,81 @@ def make_case(rng, i, d, local_share=0.15):
     return cmd, check, desc, refusal
 
 
+# Value kinds whose CSV text reads back as the same values (f32 would read
+# as float64 and sum differently; huge values are DuckDB-only already).
+CSV_KINDS = {"f64", "f64_special", "f64_offset", "i64", "i64_big", "i32", "u8"}
+
+
+def write_csv_input(rng, d, table):
+    """The table as CSV text: one file (maybe gzipped) or a directory of
+    parts in row order (maybe header-only ones); returns its path."""
+    import gzip
+    import io
+
+    import pyarrow.csv as pcsv
+
+    def text(t):
+        b = io.BytesIO()
+        pcsv.write_csv(t, b)
+        return b.getvalue()
+
+    form = rng.choice(["file", "gz", "dir", "dir"])
+    if form == "file":
+        path = os.path.join(d, "in.csv")
+        with open(path, "wb") as f:
+            f.write(text(table))
+        return path, form
+    if form == "gz":
+        path = os.path.join(d, "in.csv.gz")
+        with gzip.open(path, "wb") as f:
+            f.write(text(table))
+        return path, form
+    path = os.path.join(d, "in_csv")
+    os.makedirs(path)
+    parts = rng.choice([1, 2, 3, 4])
+    cuts = sorted(rng.randrange(table.num_rows + 1) for _ in range(parts - 1))
+    bounds = [0] + cuts + [table.num_rows]
+    for j in range(parts):
+        part = table.slice(bounds[j], bounds[j + 1] - bounds[j])
+        with open(os.path.join(path, f"part{j}.csv"), "wb") as f:
+            f.write(text(part))
+    return path, f"dir/{parts}"
+
+
+def csv_variant(rng, cmd, d, desc):
+    """Switches the case's input to CSV where its columns allow (see
+    CSV_KINDS); returns the new description, or None where it stays."""
+    import pyarrow.parquet as pq
+
+    inp = cmd[cmd.index("--input") + 1]
+    t = pq.read_table(inp)
+    if t.num_rows == 0:
+        return None
+    import pyarrow as pa
+    for name in t.column_names:
+        col = t.column(name)
+        ty = col.type
+        if name == "ts":
+            ok = ty in (pa.int64(), pa.int32(), pa.date32())
+        elif name.startswith("key"):
+            ok = ty in (pa.int64(), pa.string())
+        else:
+            ok = ty in (pa.float64(), pa.int64(), pa.int32(), pa.uint8())
+        if not ok or col.null_count == t.num_rows:
+            return None
+    if any(k not in CSV_KINDS for k in desc.split("values=")[1].split("]")[0].strip("[").replace("'", "").split(", ")):
+        return None
+    # CSV has one integer type: the oracle reads the same rows with the
+    # types that `rolling` infers from the text.
+    t = pa.table({
+        name: t.column(name).cast(pa.int64()) if t.column(name).type in (pa.int32(), pa.uint8())
+        else t.column(name) for name in t.column_names})
+    pq.write_table(t, inp)
+    path, form = write_csv_input(rng, d, t)
+    cmd[cmd.index("--input") + 1] = path
+    return desc + f" csv={form}"
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rolling", default="target/release/rolling")
@@ -273,6 +354,8 @@ def main():
                     help="a `rolling` built with the mpi feature: a share of the cases "
                          "(--mpi-share) then runs under mpirun with --backend mpi")
     ap.add_argument("--mpi-share", type=float, default=0.3)
+    ap.add_argument("--csv-share", type=float, default=0.25,
+                    help="share of the cases (of those CSV can carry) whose input is CSV")
     ap.add_argument("--local-share", type=float, default=0.15,
                     help="share of cases on timestamps in time zones (local-clock windows)")
     a = ap.parse_args()
@@ -283,6 +366,10 @@ def main():
         shutil.rmtree(d, ignore_errors=True)
         os.makedirs(d)
         cmd, check, desc, refusal = make_case(rng, i, d, a.local_share)
+        # CSV input drawn apart too, so the cases stay as seeds drew them.
+        crng = random.Random(f"csv-{a.seed}-{i}")
+        if crng.random() < a.csv_share:
+            desc = csv_variant(crng, cmd, d, desc) or desc
         # Threads a rank spreads its CPU work over (BRAID_RANK_THREADS; the
         # default shares the cores), drawn apart so the cases stay as seeds
         # drew them before.
