@@ -1,3 +1,15 @@
+/* What an MPI does with a message longer than the receive posted for it.
+ *
+ * Rank 1 posts MPI_Irecv of L bytes into a buffer of 3L zeroed bytes
+ * (MPI_ERRORS_RETURN), then both meet at a barrier and rank 0 sends M
+ * bytes of 7s; once MPI_Test completes the receive, rank 1 prints its
+ * return code and how many bytes past L were written. Open MPI 4.1.4's
+ * ob1 writes a rendezvous-sized message whole, past the buffer
+ * (BENCHMARKS.md, 2026-12-02): why braid receives by probe.
+ *
+ *   mpicc -O2 bench/mpi_truncate.c -o /tmp/mpi_truncate
+ *   mpirun -np 2 /tmp/mpi_truncate M L      (e.g. 200000 100000)
+ */
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
