@@ -477,6 +477,57 @@ fn header_only_csv_gives_an_empty_result() {
     }
 }
 
+/// CSV columns read as DuckDB and Polars read them: integers past i64's
+/// range keep their digits (ids that differ only past a float's 17 digits
+/// stay two groups), a column whose values only look like dates (a zero
+/// date, February 30th) is text and does not fail a job that carries it,
+/// on 1 and 3 ranks.
+#[test]
+fn csv_wide_integers_and_date_like_text_keep_their_values() {
+    let scratch = Scratch::new("cli-csv-wide");
+    let d = scratch.path();
+    let input = d.join("in.csv");
+    std::fs::write(
+        &input,
+        "ts,v,id,note\n\
+         1,1.5,12345678901234567891,2024-01-05\n\
+         2,2.5,12345678901234567892,0000-00-00\n\
+         3,4.0,12345678901234567891,2024-02-30\n",
+    )
+    .unwrap();
+    for ranks in ["1", "3"] {
+        let out = d.join(format!("out-{ranks}.csv"));
+        let (ok, _, err) = run(&[
+            "--input",
+            input.to_str().unwrap(),
+            "--by",
+            "id",
+            "--window",
+            "5",
+            "--aggs",
+            "sum,count",
+            "--ranks",
+            ranks,
+            "--output",
+            out.to_str().unwrap(),
+        ]);
+        assert!(ok, "{ranks} ranks: {err}");
+        let text = std::fs::read_to_string(&out).unwrap();
+        let mut lines: Vec<&str> = text.lines().collect();
+        lines[1..].sort_unstable();
+        assert_eq!(
+            lines,
+            [
+                "ts,v,id,note,v_sum,v_count",
+                "1,1.5,12345678901234567891,2024-01-05,1.5,1",
+                "2,2.5,12345678901234567892,0000-00-00,2.5,1",
+                "3,4.0,12345678901234567891,2024-02-30,5.5,2",
+            ],
+            "{ranks} ranks"
+        );
+    }
+}
+
 /// A directory of CSV files reads as the one file they split: with at least
 /// as many files as ranks each rank reads whole files, with fewer every
 /// rank takes every n-th batch of each. (Exact aggregations only: sums

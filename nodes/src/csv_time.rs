@@ -56,11 +56,22 @@ fn shape(s: &str) -> Option<Shape> {
     if b.len() == 10 {
         return Some(Shape::Date);
     }
-    let digits = match b.get(19) {
+    let digits = fraction_digits(s);
+    // Finer than a nanosecond: no timestamp holds it (Arrow's parser
+    // would drop the digits past the ninth).
+    if digits > 9 {
+        return None;
+    }
+    Some(Shape::DateTime { digits })
+}
+
+/// Digits of a date-time's fraction of a second (0 without one).
+fn fraction_digits(s: &str) -> u32 {
+    let b = s.as_bytes();
+    match b.get(19) {
         Some(b'.') => b[20..].iter().take_while(|c| c.is_ascii_digit()).count() as u32,
         _ => 0,
-    };
-    Some(Shape::DateTime { digits })
+    }
 }
 
 /// `s` as an instant: Arrow's parser, after `HH:MM` without seconds gets
@@ -227,6 +238,9 @@ fn column(text: &StringArray, t: &DataType) -> std::result::Result<ArrayRef, (us
         }
         DataType::Timestamp(TimeUnit::Nanosecond, None) => {
             Arc::new(TimestampNanosecondArray::from(each(&|v| {
+                if fraction_digits(v) > 9 {
+                    return Err("has digits below a nanosecond (Timestamp(ns))".into());
+                }
                 let d = parse(v).map_err(|_| "is not a date-time (Timestamp(ns))".to_string())?;
                 d.timestamp_nanos_opt().ok_or_else(|| {
                     "lies outside the years 1677-2262 of nanosecond timestamps".into()
@@ -235,7 +249,7 @@ fn column(text: &StringArray, t: &DataType) -> std::result::Result<ArrayRef, (us
         }
         _ => Arc::new(TimestampMicrosecondArray::from(each(&|v| {
             let d = parse(v).map_err(|_| "is not a date-time (Timestamp(us))".to_string())?;
-            if d.timestamp_subsec_nanos() % 1000 != 0 {
+            if d.timestamp_subsec_nanos() % 1000 != 0 || fraction_digits(v) > 9 {
                 return Err("has digits below a microsecond (Timestamp(us))".into());
             }
             Ok(d.timestamp_micros())
@@ -269,6 +283,8 @@ mod tests {
         );
         assert_eq!(t(&[Some("2024-01-01"), Some("x")]), None);
         assert_eq!(t(&[Some("2024-13-01 00:00:00")]), None);
+        // Finer than a nanosecond: no timestamp holds it exactly.
+        assert_eq!(t(&[Some("2024-01-01 00:00:00.1234567891")]), None);
         assert_eq!(t(&[None]), None);
     }
 
@@ -328,6 +344,34 @@ mod tests {
             .to_string();
         assert!(
             e.contains("line 3:") && e.contains("below a microsecond"),
+            "{e}"
+        );
+        // Past a nanosecond's digits (Arrow's parser would drop them).
+        let e = read(
+            &[None, None],
+            &[None, Some("2024-02-01 00:00:00.1230000001")],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("below a microsecond"), "{e}");
+        let ns: SchemaRef = Arc::new(Schema::new(vec![Field::new(
+            "t",
+            timestamp(TimeUnit::Nanosecond),
+            true,
+        )]));
+        let b = RecordBatch::try_new(
+            read_schema(&ns),
+            vec![Arc::new(strings(&[
+                Some("2024-02-01 00:00:00.123456789"),
+                Some("2024-02-01 00:00:00.1234567891"),
+            ]))],
+        )
+        .unwrap();
+        let e = convert(b, &ns, std::path::Path::new("x.csv"), 1)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("line 3:") && e.contains("below a nanosecond"),
             "{e}"
         );
     }

@@ -15,7 +15,9 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use arrow_array::{ArrayRef, Float64Array, Int64Array, RecordBatch, TimestampMicrosecondArray};
+use arrow_array::{
+    ArrayRef, Float64Array, Int64Array, RecordBatch, StringArray, TimestampMicrosecondArray,
+};
 use arrow_schema::{DataType, Field, Schema, SchemaRef, TimeUnit};
 use braid_core::{Context, Message, NodeError, Sender};
 use braid_kernels::hash::{GOLDEN, mix64};
@@ -204,6 +206,18 @@ pub(crate) fn open_csv(path: &Path) -> Result<Box<dyn std::io::Read + Send>> {
     })
 }
 
+/// Whether a CSV file holds nothing (no header, no rows): empty, or, for
+/// a gzip-compressed one, empty once decompressed. A file that cannot be
+/// read counts as not empty: its read says why.
+fn csv_empty(path: &Path) -> bool {
+    if std::fs::metadata(path).is_ok_and(|m| m.len() == 0) {
+        return true;
+    }
+    gz_csv(path)
+        && open_csv(path)
+            .is_ok_and(|mut r| matches!(std::io::Read::read(&mut r, &mut [0u8; 1]), Ok(0)))
+}
+
 /// Why an input that is neither a regular file nor a directory is refused.
 const NOT_REGULAR: &str = "not a regular file or directory (a pipe, socket or device): inputs are read more than once (the schema, then the rows), so give the data as a file";
 
@@ -234,15 +248,17 @@ fn format_of(path: &Path) -> Option<DataFormat> {
 impl Source {
     /// The source that reads `path`: a file is CSV when its name says so
     /// ([`DataFormat::of_name`]), else Parquet (its footer says if it is not); a
-    /// directory is CSV when it holds CSV files, else Parquet (reading
-    /// then checks that its files are all of one format).
+    /// directory is CSV when it holds CSV files (files: a subdirectory
+    /// named `x.csv`, say a job's earlier output, is not one), else
+    /// Parquet (reading then checks that its files are all of one
+    /// format).
     pub fn at(path: PathBuf) -> Source {
         let csv = match path.is_dir() {
             false => DataFormat::of_name(&path) == Some(DataFormat::Csv),
             true => std::fs::read_dir(&path).is_ok_and(|rd| {
                 rd.flatten().any(|e| {
                     let p = e.path();
-                    !not_data(&p) && DataFormat::of_name(&p) == Some(DataFormat::Csv)
+                    !not_data(&p) && DataFormat::of_name(&p) == Some(DataFormat::Csv) && !p.is_dir()
                 })
             }),
         };
@@ -294,8 +310,7 @@ fn files_with(path: &Path, format: DataFormat) -> Result<Vec<PathBuf>> {
         }
         match format_of(&p) {
             Some(f) if f == format => {
-                let empty = std::fs::metadata(&p).is_ok_and(|m| m.len() == 0);
-                if !(format == DataFormat::Csv && empty) {
+                if !(format == DataFormat::Csv && csv_empty(&p)) {
                     files.push(p);
                 }
             }
@@ -697,69 +712,51 @@ fn csv_schema(path: &Path) -> Result<Schema> {
             "the CSV file is empty (a CSV input starts with a header line)",
         ));
     }
-    let maybe_time = |t: &DataType| {
+    // Columns whose sampled text decides their type: dates, timestamps
+    // and text (see `csv_time`), and floats (integers past i64's range).
+    let sampled = |t: &DataType| {
         matches!(
             t,
-            DataType::Date32 | DataType::Timestamp(..) | DataType::Utf8
+            DataType::Date32 | DataType::Timestamp(..) | DataType::Utf8 | DataType::Float64
         )
     };
-    if !schema.fields().iter().any(|f| maybe_time(f.data_type())) {
+    if !schema.fields().iter().any(|f| sampled(f.data_type())) {
         return Ok(schema);
     }
-    let text = Arc::new(Schema::new(
-        schema
-            .fields()
-            .iter()
-            .map(|f| Field::new(f.name(), DataType::Utf8, true))
-            .collect::<Vec<_>>(),
-    ));
-    let sample = arrow_csv::ReaderBuilder::new(text)
-        .with_header(true)
-        .with_delimiter(delimiter)
-        .with_batch_size(CSV_SAMPLE_ROWS)
-        .build(open()?)
-        .map_err(|e| DataError::file(path, e))?
-        .next()
-        .transpose()
-        .map_err(|e| DataError::file(path, e))?;
+    let sample = csv_sample(path, &schema, delimiter)?;
     let fields = schema
         .fields()
         .iter()
         .enumerate()
         .map(|(i, f)| {
             let t = f.data_type();
-            let found = sample
+            let values = sample
                 .as_ref()
-                .filter(|_| maybe_time(t))
-                .and_then(|b| {
-                    b.column(i)
-                        .as_any()
-                        .downcast_ref::<arrow_array::StringArray>()
-                })
+                .filter(|_| sampled(t))
+                .and_then(|b| b.column(i).as_any().downcast_ref::<StringArray>());
+            let found = values
+                .filter(|_| *t != DataType::Float64)
                 .and_then(csv_time::infer);
             let t = match (found, t) {
                 (Some(found), _) => found,
-                // Arrow's pattern matched where the value does not parse:
-                // the read names the value.
-                (None, DataType::Timestamp(TimeUnit::Second | TimeUnit::Millisecond, z)) => {
-                    DataType::Timestamp(TimeUnit::Microsecond, z.clone())
+                // Arrow's pattern took the column for dates or timestamps,
+                // but a sampled value is none (`0000-00-00`, `2024-02-30`,
+                // a date and then words): text, as DuckDB and Polars read
+                // it, so that a column the job does not use cannot fail it.
+                (None, DataType::Date32 | DataType::Timestamp(..)) => DataType::Utf8,
+                // Integers, some past i64's range, which Arrow takes for
+                // floats or text: as floats, distinct ones would become
+                // equal.
+                (None, DataType::Utf8 | DataType::Float64)
+                    if values.and_then(wide_integers).is_some() =>
+                {
+                    values.and_then(wide_integers).unwrap_or(DataType::Utf8)
                 }
                 // Floats spelled as Arrow's pattern does not know them
                 // (`nan`, `Infinity`, `-INF`: DuckDB reads them as
                 // doubles), among numbers: a float column, not text. (Its
                 // reader parses these spellings.)
-                (None, DataType::Utf8)
-                    if sample
-                        .as_ref()
-                        .and_then(|b| {
-                            b.column(i)
-                                .as_any()
-                                .downcast_ref::<arrow_array::StringArray>()
-                        })
-                        .is_some_and(all_floats) =>
-                {
-                    DataType::Float64
-                }
+                (None, DataType::Utf8) if values.is_some_and(all_floats) => DataType::Float64,
                 (None, t) => t.clone(),
             };
             f.as_ref().clone().with_data_type(t)
@@ -768,10 +765,59 @@ fn csv_schema(path: &Path) -> Result<Schema> {
     Ok(Schema::new(fields))
 }
 
+/// The first [`CSV_SAMPLE_ROWS`] rows of a CSV file whose inferred schema
+/// is `schema`, every column read as text (`None` for a header-only file).
+fn csv_sample(path: &Path, schema: &Schema, delimiter: u8) -> Result<Option<RecordBatch>> {
+    let text = Arc::new(Schema::new(
+        schema
+            .fields()
+            .iter()
+            .map(|f| Field::new(f.name(), DataType::Utf8, true))
+            .collect::<Vec<_>>(),
+    ));
+    arrow_csv::ReaderBuilder::new(text)
+        .with_header(true)
+        .with_delimiter(delimiter)
+        .with_batch_size(CSV_SAMPLE_ROWS)
+        .build(open_csv(path)?)
+        .map_err(|e| DataError::file(path, e))?
+        .next()
+        .transpose()
+        .map_err(|e| DataError::file(path, e))
+}
+
+/// The type of a sampled column whose values are all integers (digits,
+/// an optional sign) and some past i64's range: u64 where they all fit
+/// it, else text (DuckDB and Polars read them as 128-bit integers).
+/// Arrow infers such a column as floats (or text, past 19 digits), which
+/// keep only 15-17 digits: ids or keys that differ past those would
+/// become equal. `None` for any other column.
+fn wide_integers(values: &StringArray) -> Option<DataType> {
+    let integer = |v: &str| {
+        let d = v.strip_prefix(['+', '-']).unwrap_or(v);
+        !d.is_empty() && d.bytes().all(|c| c.is_ascii_digit())
+    };
+    let mut wide = false;
+    let mut unsigned = true;
+    for v in values.iter().flatten() {
+        let v = v.trim();
+        if !integer(v) {
+            return None;
+        }
+        wide |= v.parse::<i64>().is_err();
+        unsigned &= v.parse::<u64>().is_ok();
+    }
+    match (wide, unsigned) {
+        (false, _) => None,
+        (true, true) => Some(DataType::UInt64),
+        (true, false) => Some(DataType::Utf8),
+    }
+}
+
 /// Whether a sampled text column holds only numbers, some of them spelled
 /// as Arrow's inference does not take a float (`nan`, `Infinity`, `+inf`
 /// in any letter case), and at least one value.
-fn all_floats(values: &arrow_array::StringArray) -> bool {
+fn all_floats(values: &StringArray) -> bool {
     values.iter().flatten().next().is_some()
         && values.iter().flatten().all(|v| {
             let special = v.trim_start_matches(['+', '-']);
@@ -963,6 +1009,23 @@ fn as_table(b: RecordBatch, table: &SchemaRef, file: &Path) -> Result<RecordBatc
     })
 }
 
+/// The first value of `column` in the sampled rows of CSV file `path`
+/// (its schema `schema`) that is neither a number nor a date or
+/// date-time: what makes the column text.
+fn text_example(path: &Path, schema: &Schema, column: &str) -> Option<String> {
+    let i = schema.index_of(column).ok()?;
+    let sample = csv_sample(path, schema, csv_delimiter(path).ok()?).ok()??;
+    let values = sample.column(i).as_any().downcast_ref::<StringArray>()?;
+    values
+        .iter()
+        .flatten()
+        .find(|v| {
+            v.trim().parse::<f64>().is_err()
+                && csv_time::infer(&StringArray::from(vec![*v])).is_none()
+        })
+        .map(str::to_string)
+}
+
 /// Why the CSV files' column `column` reads as text, for an error that
 /// refuses it: the first file whose rows make it text, or the first two
 /// whose types have no common one. `None` where neither is found.
@@ -972,8 +1035,11 @@ fn csv_text_note(files: &[PathBuf], column: &str) -> Option<String> {
         let schema = csv_schema(f).ok()?;
         let t = schema.field_with_name(column).ok()?.data_type().clone();
         if t == DataType::Utf8 {
+            let example = text_example(f, &schema, column)
+                .map(|v| format!(" (such as {v:?}, neither a number nor a date)"))
+                .unwrap_or_default();
             return Some(format!(
-                "{} holds text in it, within its first {CSV_SAMPLE_ROWS} rows",
+                "{} holds text in it{example}, within its first {CSV_SAMPLE_ROWS} rows",
                 f.display()
             ));
         }
@@ -1617,6 +1683,110 @@ mod tests {
             let got = csv_delimiter(&p).unwrap_or_else(|e| panic!("{e}"));
             assert_eq!(got, *want, "{text:?}");
         }
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    /// Integers past i64's range keep their digits (u64 where they fit
+    /// it, else text) instead of becoming floats that make distinct ids
+    /// equal; floats and integers within i64 read as before.
+    #[test]
+    fn csv_integers_past_i64_keep_their_digits() {
+        let d = std::env::temp_dir().join(format!("braid-source-wide-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap_or_else(|e| panic!("{e}"));
+        let cases: [(&str, DataType); 5] = [
+            (
+                "1,12345678901234567891
+2,12345678901234567892
+",
+                DataType::UInt64,
+            ),
+            (
+                "1,5
+2,18446744073709551615
+",
+                DataType::UInt64,
+            ),
+            (
+                "1,-5
+2,12345678901234567891
+",
+                DataType::Utf8,
+            ),
+            (
+                "1,99999999999999999999999
+",
+                DataType::Utf8,
+            ),
+            (
+                "1,1.5
+2,12345678901234567891
+",
+                DataType::Float64,
+            ),
+        ];
+        for (i, (rows, want)) in cases.iter().enumerate() {
+            let p = d.join(format!("{i}.csv"));
+            std::fs::write(&p, format!("ts,id\n{rows}")).unwrap_or_else(|e| panic!("{e}"));
+            let t = csv_schema(&p).unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(t.field(1).data_type(), want, "{rows:?}");
+        }
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    /// A column whose values only look like dates or timestamps (a zero
+    /// date, February 30th, a date-time and then words) is text, as
+    /// DuckDB and Polars read it: the job runs where it does not use it.
+    #[test]
+    fn csv_columns_that_only_look_like_dates_are_text() {
+        let d = std::env::temp_dir().join(format!("braid-source-notdate-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap_or_else(|e| panic!("{e}"));
+        let cases = [
+            ("1,2024-01-05\n2,0000-00-00\n", DataType::Utf8),
+            ("1,2024-01-05\n2,2024-02-30\n", DataType::Utf8),
+            ("1,2024-01-05 10:00:00 run1\n", DataType::Utf8),
+            ("1,2024-01-05 25:00:00.5\n", DataType::Utf8),
+            ("1,2024-01-05\n2,2024-02-29\n", DataType::Date32),
+            (
+                "1,2024-01-05 10:00:00.5\n",
+                DataType::Timestamp(TimeUnit::Microsecond, None),
+            ),
+        ];
+        for (i, (rows, want)) in cases.iter().enumerate() {
+            let p = d.join(format!("{i}.csv"));
+            std::fs::write(&p, format!("ts,c\n{rows}")).unwrap_or_else(|e| panic!("{e}"));
+            let t = csv_schema(&p).unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(t.field(1).data_type(), want, "{rows:?}");
+        }
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    /// A directory of Parquet files with a subdirectory named like a CSV
+    /// file (an earlier job's output parts) reads as Parquet; an empty
+    /// gzip-compressed CSV file among CSV parts is skipped, as an empty
+    /// plain one is.
+    #[test]
+    fn directories_count_files_by_what_they_hold() {
+        let d = std::env::temp_dir().join(format!("braid-source-dirs-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        let pq = d.join("pq");
+        std::fs::create_dir_all(pq.join("old.csv")).unwrap_or_else(|e| panic!("{e}"));
+        write(
+            &pq.join("a.parquet"),
+            Schema::new(vec![Field::new("ts", DataType::Int64, false)]),
+            vec![Arc::new(Int64Array::from(vec![1, 2]))],
+        );
+        assert!(matches!(Source::at(pq.clone()), Source::Parquet(_)));
+        let files = files_with(&pq, DataFormat::Parquet).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(files, [pq.join("a.parquet")]);
+        let csv = d.join("csv");
+        std::fs::create_dir_all(&csv).unwrap_or_else(|e| panic!("{e}"));
+        std::fs::write(csv.join("a.csv"), "ts,v\n1,2.5\n").unwrap_or_else(|e| panic!("{e}"));
+        let gz = std::fs::File::create(csv.join("b.csv.gz")).unwrap_or_else(|e| panic!("{e}"));
+        flate2::write::GzEncoder::new(gz, flate2::Compression::default())
+            .finish()
+            .unwrap_or_else(|e| panic!("{e}"));
+        let files = files_with(&csv, DataFormat::Csv).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(files, [csv.join("a.csv")]);
         let _ = std::fs::remove_dir_all(&d);
     }
 

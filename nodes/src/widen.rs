@@ -44,6 +44,11 @@ pub(crate) fn common_type(a: &DataType, b: &DataType) -> Option<DataType> {
             }
         }
         (Timestamp(u, z), Timestamp(v, w)) if z == w => Timestamp(finer(*u, *v), z.clone()),
+        // One zone spelled two ways (`UTC` and `+00:00`, `+0530` and
+        // `+05:30`): the same instants, under the zone's plain name.
+        (Timestamp(u, Some(z)), Timestamp(v, Some(w))) if zone_name(z) == zone_name(w) => {
+            Timestamp(finer(*u, *v), Some(zone_name(z).into()))
+        }
         (Timestamp(u, None), Date32) | (Date32, Timestamp(u, None)) => Timestamp(*u, None),
         _ => return None,
     })
@@ -100,6 +105,60 @@ fn common_int(x: &DataType, y: &DataType) -> Option<DataType> {
     })
 }
 
+/// A time zone's plain name: `UTC` for its spellings (`Etc/UTC`, `Z`,
+/// `+00:00`, `GMT`, ...), `+HH:MM` for a fixed offset however written
+/// (`+0530`, `+05`), any other name as it is.
+fn zone_name(z: &str) -> String {
+    const UTC: [&str; 14] = [
+        "utc",
+        "etc/utc",
+        "uct",
+        "etc/uct",
+        "z",
+        "zulu",
+        "etc/zulu",
+        "universal",
+        "etc/universal",
+        "gmt",
+        "etc/gmt",
+        "gmt0",
+        "etc/gmt0",
+        "greenwich",
+    ];
+    if UTC.contains(&z.to_ascii_lowercase().as_str()) {
+        return "UTC".into();
+    }
+    let offset = (|| {
+        let (sign, rest) = match z.as_bytes().first()? {
+            b'+' => (1, &z[1..]),
+            b'-' => (-1, &z[1..]),
+            _ => return None,
+        };
+        let digits: String = rest.chars().filter(|c| *c != ':').collect();
+        if !digits.bytes().all(|c| c.is_ascii_digit()) || !matches!(digits.len(), 2 | 4) {
+            return None;
+        }
+        let h: i32 = digits[..2].parse().ok()?;
+        let m: i32 = if digits.len() == 4 {
+            digits[2..].parse().ok()?
+        } else {
+            0
+        };
+        (rest.len() == digits.len() || rest.as_bytes().get(2) == Some(&b':'))
+            .then_some(sign * (h * 60 + m))
+    })();
+    match offset {
+        Some(0) => "UTC".into(),
+        Some(m) => format!(
+            "{}{:02}:{:02}",
+            if m < 0 { '-' } else { '+' },
+            m.abs() / 60,
+            m.abs() % 60
+        ),
+        None => z.to_string(),
+    }
+}
+
 fn finer(u: TimeUnit, v: TimeUnit) -> TimeUnit {
     let rank = |t: TimeUnit| match t {
         TimeUnit::Second => 0,
@@ -150,6 +209,26 @@ mod tests {
                 Some(zoned(TimeUnit::Microsecond)),
             ),
             (zoned(TimeUnit::Millisecond), ms.clone(), None),
+            (
+                Timestamp(TimeUnit::Microsecond, Some(Arc::from("UTC"))),
+                Timestamp(TimeUnit::Millisecond, Some(Arc::from("+00:00"))),
+                Some(Timestamp(TimeUnit::Microsecond, Some(Arc::from("UTC")))),
+            ),
+            (
+                Timestamp(TimeUnit::Second, Some(Arc::from("+0530"))),
+                Timestamp(TimeUnit::Second, Some(Arc::from("+05:30"))),
+                Some(Timestamp(TimeUnit::Second, Some(Arc::from("+05:30")))),
+            ),
+            (
+                Timestamp(TimeUnit::Second, Some(Arc::from("+05:30"))),
+                Timestamp(TimeUnit::Second, Some(Arc::from("+05:00"))),
+                None,
+            ),
+            (
+                Timestamp(TimeUnit::Second, Some(Arc::from("Etc/UTC"))),
+                Timestamp(TimeUnit::Second, Some(Arc::from("Europe/London"))),
+                None,
+            ),
             (Utf8, Int64, None),
             (Boolean, Int64, None),
             (Date32, Date64, None),
