@@ -17,7 +17,7 @@ use braid_core::{Backend, BoxError, Context, MemoryLimits, Rank, WorldSpec};
 pub struct JobArgs {
     /// Number of ranks [default: 4] (under `--backend mpi`, mpirun's or
     /// srun's count; `--ranks` may only repeat it).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub ranks: Option<u32>,
     /// How ranks talk: `local` (threads of this process), `tcp` (one
     /// process per rank on this host) or `mpi` (ranks started by mpirun or

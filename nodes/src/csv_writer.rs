@@ -13,14 +13,37 @@ use std::io::Write;
 
 use arrow_array::{Array, RecordBatch};
 use arrow_cast::display::{ArrayFormatter, FormatOptions};
-use arrow_schema::{ArrowError, Schema};
+use arrow_schema::{ArrowError, DataType, Schema};
 
 /// Why CSV cannot hold `schema`'s columns: the first nested one (list,
-/// struct, map), if any.
+/// struct, map) or binary one (Arrow writes bytes as bare hex, which
+/// DuckDB and Polars read back as text or numbers: `b"abc"` would come
+/// back as `616263`; Polars and pyarrow refuse to write them too), if any.
 pub(crate) fn unwritable(schema: &Schema) -> Option<String> {
-    let f = schema.fields().iter().find(|f| f.data_type().is_nested())?;
+    let binary = |t: &DataType| {
+        matches!(
+            t,
+            DataType::Binary
+                | DataType::LargeBinary
+                | DataType::BinaryView
+                | DataType::FixedSizeBinary(_)
+        )
+    };
+    let values = |t: &DataType| match t {
+        DataType::Dictionary(_, v) => v.as_ref().clone(),
+        t => t.clone(),
+    };
+    let f = schema.fields().iter().find(|f| {
+        let t = values(f.data_type());
+        t.is_nested() || binary(&t)
+    })?;
+    let kind = if values(f.data_type()).is_nested() {
+        "nested"
+    } else {
+        "binary"
+    };
     Some(format!(
-        "column \"{}\" has the nested type {}, which CSV cannot hold (write Parquet)",
+        "column \"{}\" has the {kind} type {}, which CSV cannot hold (write Parquet)",
         f.name(),
         f.data_type()
     ))
@@ -94,9 +117,12 @@ impl<W: Write> CsvWriter<W> {
                     continue;
                 }
                 self.field.clear();
-                f.value(row)
-                    .write(&mut self.field)
-                    .map_err(|e| ArrowError::CsvError(format!("row {row}, column {i}: {e}")))?;
+                f.value(row).write(&mut self.field).map_err(|e| {
+                    ArrowError::CsvError(format!(
+                        "column \"{}\": a value cannot be written as text: {e}",
+                        batch.schema().field(i).name()
+                    ))
+                })?;
                 write_field(&mut self.out, Some(&self.field), alone)?;
             }
             self.out.write_all(b"\n")?;

@@ -46,7 +46,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use arrow_array::RecordBatch;
-use arrow_schema::{DataType, Field, Schema, SchemaRef, TimeUnit};
+use arrow_schema::{DataType, Field, FieldRef, Schema, SchemaRef, TimeUnit};
 use braid_coll::{ReduceKind, allreduce, barrier};
 use braid_core::{Context, NodeError, Payload, Receiver};
 use parquet::basic::Compression;
@@ -189,13 +189,35 @@ fn parquet_schema(schema: &SchemaRef) -> SchemaRef {
 }
 
 /// The type a column of type `t` is written to Parquet as, where Parquet
-/// has no type of its own for `t`.
+/// has no type of its own for `t` or for a type inside it (a struct's
+/// field, a list's or a map's entries, a dictionary's values).
 fn parquet_type(t: &DataType) -> Option<DataType> {
+    let field = |f: &FieldRef| -> Option<FieldRef> {
+        parquet_type(f.data_type()).map(|t| Arc::new(f.as_ref().clone().with_data_type(t)))
+    };
     match t {
         DataType::Timestamp(TimeUnit::Second, tz) => {
             Some(DataType::Timestamp(TimeUnit::Millisecond, tz.clone()))
         }
         DataType::Date64 => Some(DataType::Date32),
+        DataType::Dictionary(k, v) => {
+            parquet_type(v).map(|v| DataType::Dictionary(k.clone(), Box::new(v)))
+        }
+        DataType::List(f) => field(f).map(DataType::List),
+        DataType::LargeList(f) => field(f).map(DataType::LargeList),
+        DataType::FixedSizeList(f, n) => field(f).map(|f| DataType::FixedSizeList(f, *n)),
+        DataType::Map(f, sorted) => field(f).map(|f| DataType::Map(f, *sorted)),
+        DataType::Struct(fields) => {
+            if !fields.iter().any(|f| parquet_type(f.data_type()).is_some()) {
+                return None;
+            }
+            Some(DataType::Struct(
+                fields
+                    .iter()
+                    .map(|f| field(f).unwrap_or_else(|| f.clone()))
+                    .collect(),
+            ))
+        }
         _ => None,
     }
 }
@@ -293,7 +315,10 @@ impl FileSink {
     /// the staging directory. Call on every rank.
     pub fn prepare(&self) -> Result<()> {
         if let SinkTarget::Dir(d) = &self.target {
-            if d.exists() && !d.is_dir() {
+            // (Without a trailing `/`, with which an existing file's stat
+            // fails as "not a directory".)
+            let bare: std::path::PathBuf = d.components().collect();
+            if bare.exists() && !bare.is_dir() {
                 return Err(DataError::file(
                     d,
                     "the output directory is an existing file (a one-file output is named *.parquet or *.csv)",
@@ -1264,6 +1289,74 @@ mod tests {
         let want: Vec<Option<i32>> = vec![Some(-3), None, Some(0), Some(19_723)];
         assert_eq!(d.iter().collect::<Vec<_>>(), want);
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Dates of 64 bits inside a struct, a list or a dictionary are
+    /// written as Parquet dates too (they were bare INT64s, which DuckDB
+    /// and pyarrow read back as integers).
+    #[test]
+    fn date64_inside_nested_columns_is_written_as_a_parquet_date() {
+        use arrow_array::{Date32Array, Date64Array, StructArray};
+        let dir = std::env::temp_dir().join(format!("braid-sink-date64n-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("n.parquet");
+        let d = Arc::new(Date64Array::from(vec![Some(0), Some(86_400_000), None]));
+        let s = StructArray::from(vec![(
+            Arc::new(Field::new("d", DataType::Date64, true)),
+            d.clone() as arrow_array::ArrayRef,
+        )]);
+        let dict = arrow_cast::cast(
+            d.as_ref(),
+            &DataType::Dictionary(Box::new(DataType::Int32), Box::new(DataType::Date64)),
+        )
+        .unwrap();
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("s", s.data_type().clone(), true),
+            Field::new("k", dict.data_type().clone(), true),
+        ]));
+        let batch = RecordBatch::try_new(schema, vec![Arc::new(s), dict]).unwrap();
+        let got = write_and_reopen(&path, batch)
+            .build()
+            .unwrap()
+            .next()
+            .unwrap()
+            .unwrap();
+        let want: Vec<Option<i32>> = vec![Some(0), Some(1), None];
+        let inner = got
+            .column(0)
+            .as_any()
+            .downcast_ref::<StructArray>()
+            .unwrap()
+            .column(0)
+            .clone();
+        let k = arrow_cast::cast(got.column(1), &DataType::Date32).unwrap();
+        for c in [inner, k] {
+            let c = c.as_any().downcast_ref::<Date32Array>().unwrap();
+            assert_eq!(c.iter().collect::<Vec<_>>(), want);
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// CSV cannot hold bytes (Arrow writes them as bare hex, which reads
+    /// back as text or numbers): a binary column is refused, as a nested
+    /// one is, naming it.
+    #[test]
+    fn csv_refuses_binary_columns() {
+        for t in [
+            DataType::Binary,
+            DataType::LargeBinary,
+            DataType::FixedSizeBinary(4),
+            DataType::Dictionary(Box::new(DataType::Int32), Box::new(DataType::Binary)),
+        ] {
+            let schema = Schema::new(vec![
+                Field::new("ts", DataType::Int64, false),
+                Field::new("b", t.clone(), true),
+            ]);
+            let e = crate::csv_writer::unwritable(&schema).unwrap_or_default();
+            assert!(e.contains("column \"b\" has the binary type"), "{t}: {e}");
+        }
+        let text = Schema::new(vec![Field::new("s", DataType::Utf8, true)]);
+        assert_eq!(crate::csv_writer::unwritable(&text), None);
     }
 
     /// Runs `n` local ranks, each writing `rows(rank)` through `sink` and

@@ -940,6 +940,27 @@ fn parquet_table_schema(files: &[PathBuf]) -> Result<SchemaRef> {
             }
         }
     }
+    // A dictionary of numbers, dates or timestamps (pandas' categoricals of
+    // them, say) is its values stored another way: the table holds the
+    // values, as DuckDB and Polars read them, so that such a column can
+    // be the order column or a value column. Dictionaries of strings and
+    // bytes stay.
+    for f in &mut fields {
+        if let DataType::Dictionary(_, v) = f.data_type() {
+            if !matches!(
+                v.as_ref(),
+                DataType::Utf8
+                    | DataType::LargeUtf8
+                    | DataType::Utf8View
+                    | DataType::Binary
+                    | DataType::LargeBinary
+                    | DataType::BinaryView
+            ) {
+                let v = v.as_ref().clone();
+                f.set_data_type(v);
+            }
+        }
+    }
     Ok(Arc::new(Schema::new_with_metadata(
         fields,
         first.metadata().clone(),

@@ -63,13 +63,15 @@ impl fmt::Display for Backend {
 
 impl std::str::FromStr for Backend {
     type Err = String;
+    /// `local`, `tcp` or `mpi`, in any letter case, spaces around ignored
+    /// (as `--closed` and `--aggs` take theirs).
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        match s {
+        match s.trim().to_ascii_lowercase().as_str() {
             "local" => Ok(Backend::Local),
             "tcp" => Ok(Backend::Tcp),
             "mpi" => Ok(Backend::Mpi),
-            other => Err(format!(
-                "unknown backend {other:?} (expected local, tcp or mpi)"
+            _ => Err(format!(
+                "unknown backend {s:?} (expected local, tcp or mpi; from --backend, or the environment's BRAID_BACKEND)"
             )),
         }
     }

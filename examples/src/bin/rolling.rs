@@ -69,21 +69,31 @@ struct Cli {
     /// Rows per chunk (the unit that flows between nodes; each costs a few
     /// KB and tens of microseconds, and a spilled one a file, so below
     /// ~1000 rows the overhead outweighs the rows).
-    #[arg(long, default_value_t = 64 * 1024)]
+    #[arg(long, default_value_t = 64 * 1024, allow_negative_numbers = true)]
     chunk_rows: usize,
     /// Host memory limit per rank for shuffled data (bytes, or with a
     /// unit: 512MiB, 2GB, 1e9); what is over it spills to $TMPDIR (not a
     /// cap on the whole process: the sort and the kernel hold their data).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     memory_limit: Option<String>,
     /// Generated rows (without --input).
-    #[arg(long, default_value_t = 10_000_000, conflicts_with = "input")]
+    #[arg(
+        long,
+        default_value_t = 10_000_000,
+        conflicts_with = "input",
+        allow_negative_numbers = true
+    )]
     rows: u64,
     /// Generated distinct keys, at least 1 (without --input).
-    #[arg(long, default_value_t = 100, conflicts_with = "input", value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, default_value_t = 100, conflicts_with = "input", value_parser = clap::value_parser!(u64).range(1..), allow_negative_numbers = true)]
     keys: u64,
     /// Generator seed (without --input).
-    #[arg(long, default_value_t = 42, conflicts_with = "input")]
+    #[arg(
+        long,
+        default_value_t = 42,
+        conflicts_with = "input",
+        allow_negative_numbers = true
+    )]
     seed: u64,
     /// Generate ts as `timestamp[us]` instead of int64 (without --input).
     #[arg(long, conflicts_with = "input")]
@@ -134,7 +144,13 @@ fn parse_bytes(s: &str) -> Result<u64, String> {
         "mib" => 1024.0 * 1024.0,
         "g" | "gb" => 1e9,
         "gib" => 1024.0 * 1024.0 * 1024.0,
-        other => return Err(format!("unknown memory unit {other:?} in {s:?}")),
+        "t" | "tb" => 1e12,
+        "tib" => 1024.0 * 1024.0 * 1024.0 * 1024.0,
+        other => {
+            return Err(format!(
+                "unknown memory unit {other:?} in {s:?} (b, k, kb, kib, m, mb, mib, g, gb, gib, t, tb, tib)"
+            ));
+        }
     };
     Ok((num * mul) as u64)
 }
@@ -146,7 +162,8 @@ fn parse_bytes(s: &str) -> Result<u64, String> {
 ///   number and a unit, `90s`, `1h30m`, `1.5h`, `2w`, `1 hour 30 minutes`
 ///   (units ns, us, ms, s, m, h, d, w and their English names);
 /// - there also calendar units, whole numbers of months, quarters and
-///   years (`1mo`, `2q`, `1y`, `1y6mo`, `3 months`), alone or before fixed
+///   years (`1mo`, `2q`, `1y`, `1y6mo`, `3 months`; `1.5y`, where a
+///   fraction makes whole months, as DuckDB reads it), alone or before fixed
 ///   terms (`1mo15d`): months back on the calendar, then the rest
 ///   (`Window::Calendar`, as DuckDB's `ts - INTERVAL` and Polars do).
 ///
@@ -375,11 +392,32 @@ fn duration(s: &str) -> Result<WindowTerms, String> {
                 } else {
                     1
                 };
-                let n: u32 = num.parse().map_err(|_| {
-                    format!("window {s:?}: {num}{unit} is not a whole number of months")
-                })?;
-                months = n
+                // A fraction where it makes whole months (1.5y is 18
+                // months, as DuckDB reads it; 1.5mo is refused).
+                let bad = || format!("window {s:?}: {num}{unit} is not a whole number of months");
+                let (whole, frac) = num.split_once('.').unwrap_or((num, ""));
+                let whole: u32 = match whole {
+                    "" if !frac.is_empty() => 0,
+                    w => w.parse().map_err(|_| bad())?,
+                };
+                let frac_months: u32 = if frac.is_empty() {
+                    0
+                } else {
+                    let f: u64 = frac
+                        .parse()
+                        .ok()
+                        .filter(|_| frac.len() <= 9 && frac.bytes().all(|c| c.is_ascii_digit()))
+                        .ok_or_else(bad)?;
+                    let scaled = f * u64::from(per);
+                    let scale = 10u64.pow(frac.len() as u32);
+                    if scaled % scale != 0 {
+                        return Err(bad());
+                    }
+                    (scaled / scale) as u32
+                };
+                months = whole
                     .checked_mul(per)
+                    .and_then(|m| m.checked_add(frac_months))
                     .and_then(|m| months.checked_add(m))
                     .ok_or_else(too_large)?;
                 continue;
@@ -438,22 +476,43 @@ fn duration(s: &str) -> Result<WindowTerms, String> {
     })
 }
 
+/// `p` as an absolute path with links resolved, where it may not exist
+/// yet (an output, and directories the job will make for it): its
+/// nearest existing ancestor's canonical path, then the rest of `p`, `..`
+/// taking back the directory before it (as it will once those directories
+/// exist: `out/new/..` is `out`). `None` only where the working directory
+/// cannot be read.
+fn resolved(p: &Path) -> Option<PathBuf> {
+    use std::path::Component;
+    let abs = if p.is_absolute() {
+        p.to_path_buf()
+    } else {
+        std::env::current_dir().ok()?.join(p)
+    };
+    let parts: Vec<Component> = abs.components().collect();
+    for k in (1..=parts.len()).rev() {
+        let Ok(mut out) = parts[..k].iter().collect::<PathBuf>().canonicalize() else {
+            continue;
+        };
+        for c in &parts[k..] {
+            match c {
+                Component::ParentDir => {
+                    out.pop();
+                }
+                Component::Normal(n) => out.push(n),
+                _ => {}
+            }
+        }
+        return Some(out);
+    }
+    None
+}
+
 /// Refuses an output that is the input, or lies inside an input
 /// directory: the result would overwrite the data it is computed from (or
 /// be read as input by the next run).
 fn check_apart(input: &Path, output: &Path) -> Result<(), BoxError> {
-    // The output may not exist yet: its parent's canonical path, then its
-    // own name.
-    let canonical = |p: &Path| -> Option<PathBuf> {
-        p.canonicalize().ok().or_else(|| {
-            let parent = match p.parent() {
-                Some(d) if !d.as_os_str().is_empty() => d.canonicalize().ok()?,
-                _ => std::env::current_dir().ok()?,
-            };
-            Some(parent.join(p.file_name()?))
-        })
-    };
-    let (Some(i), Some(o)) = (canonical(input), canonical(output)) else {
+    let (Some(i), Some(o)) = (resolved(input), resolved(output)) else {
         return Ok(());
     };
     if o == i {
@@ -521,6 +580,24 @@ fn build(cli: &Cli) -> Result<(RollingJob, MemoryLimits, Option<u64>), BoxError>
         }),
     };
     let schema = source.schema()?;
+    // Each named column, checked here so that the error names its option
+    // (`--by ,` names no column at all).
+    for (option, names) in [
+        ("--order", std::slice::from_ref(&cli.order)),
+        ("--by", &cli.by[..]),
+        ("--values", &cli.values[..]),
+    ] {
+        for name in names {
+            if name.is_empty() {
+                return Err(format!(
+                    "{option} names an empty column (columns are separated by commas)"
+                )
+                .into());
+            }
+            braid_nodes::partition::column_index(&schema, name)
+                .map_err(|e| format!("{option}: {}", source.explain(e)))?;
+        }
+    }
     let order_type = schema
         .field(braid_nodes::partition::column_index(&schema, &cli.order)?)
         .data_type()
@@ -899,6 +976,37 @@ mod tests {
         }
     }
 
+    /// An output that does not exist yet resolves through its nearest
+    /// existing ancestor, `..` taking back the directory before it: an
+    /// input inside `out/new/..` is inside `out`, and an output under a
+    /// directory the job will make inside the input is inside the input.
+    #[test]
+    fn outputs_that_do_not_exist_yet_are_kept_apart_from_the_input() {
+        let d = std::env::temp_dir().join(format!("braid-apart-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(d.join("in")).unwrap();
+        std::fs::write(d.join("in/part-00000.parquet"), b"x").unwrap();
+        let d = d.canonicalize().unwrap();
+        assert_eq!(resolved(&d.join("in/new/..")), Some(d.join("in")));
+        assert_eq!(resolved(&d.join("in/a/b/./c")), Some(d.join("in/a/b/c")));
+        let file = d.join("in/part-00000.parquet");
+        for (input, output) in [
+            (file.clone(), d.join("in/nothere/..")),
+            (d.join("in"), d.join("in/results/sub/")),
+            (d.join("in"), d.join("in/results/out.parquet")),
+            (file.clone(), d.join("in/x/../part-00000.parquet")),
+        ] {
+            assert!(
+                check_apart(&input, &output).is_err(),
+                "{} and {}",
+                input.display(),
+                output.display()
+            );
+        }
+        check_apart(&d.join("in"), &d.join("out/new/result.parquet")).unwrap();
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
     /// Sizes with units and exponents; malformed ones are refused.
     #[test]
     fn memory_sizes_parse() {
@@ -909,6 +1017,8 @@ mod tests {
         assert_eq!(parse_bytes("2.5E+3k"), Ok(2_500_000));
         assert_eq!(parse_bytes("4e-1k"), Ok(400));
         assert_eq!(parse_bytes("123"), Ok(123));
+        assert_eq!(parse_bytes("1TB"), Ok(1_000_000_000_000));
+        assert_eq!(parse_bytes("2TiB"), Ok(2 << 40));
         for bad in [
             "",
             "-1",
@@ -1031,13 +1141,20 @@ mod tests {
             cal("1mo", &DataType::Date64, Closed::Right),
             months(1, 0, Millis)
         );
-        // Whole months only, and not on integer columns.
-        let e = cal("1.5mo", &us, Closed::Right);
-        assert!(
-            e.as_ref()
-                .is_err_and(|e| e.contains("whole number of months")),
-            "{e:?}"
-        );
+        // Whole months only (a fraction of a year or quarter where it
+        // makes them, as DuckDB reads it), and not on integer columns.
+        for bad in ["1.5mo", "0.1q", "1.05y", "1.0000000001y", ".y"] {
+            let e = cal(bad, &us, Closed::Right);
+            assert!(
+                e.as_ref()
+                    .is_err_and(|e| e.contains("whole number of months")),
+                "{bad}: {e:?}"
+            );
+        }
+        assert_eq!(cal("1.5y", &us, Closed::Right), months(18, 0, Micros));
+        assert_eq!(cal("0.5y", &us, Closed::Right), months(6, 0, Micros));
+        assert_eq!(cal("1.0mo", &us, Closed::Right), months(1, 0, Micros));
+        assert_eq!(cal("2.25y1q", &us, Closed::Right), months(30, 0, Micros));
         let e = cal("1mo", &DataType::Int64, Closed::Right);
         assert!(
             e.as_ref().is_err_and(|e| e.contains("timestamp or date")),
