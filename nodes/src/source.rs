@@ -1811,6 +1811,37 @@ mod tests {
         let _ = std::fs::remove_dir_all(&d);
     }
 
+    /// A Parquet dictionary of numbers (a pandas categorical of them, say)
+    /// reads as its values, as DuckDB and Polars read it; a dictionary of
+    /// strings stays one.
+    #[test]
+    fn parquet_dictionaries_of_numbers_read_as_their_values() {
+        use arrow_array::{Array, DictionaryArray, types::Int32Type};
+        let d = std::env::temp_dir().join(format!("braid-source-dictnum-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap_or_else(|e| panic!("{e}"));
+        let ts: DictionaryArray<Int32Type> = DictionaryArray::try_new(
+            arrow_array::Int32Array::from(vec![0, 1, 1]),
+            Arc::new(Int64Array::from(vec![5, 7])),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let k: DictionaryArray<Int32Type> = vec!["a", "b", "a"].into_iter().collect();
+        let path = d.join("d.parquet");
+        write(
+            &path,
+            Schema::new(vec![
+                Field::new("ts", ts.data_type().clone(), false),
+                Field::new("k", k.data_type().clone(), false),
+            ]),
+            vec![Arc::new(ts), Arc::new(k.clone())],
+        );
+        let t = Source::Parquet(path)
+            .schema()
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(t.field(0).data_type(), &DataType::Int64);
+        assert_eq!(t.field(1).data_type(), k.data_type());
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
     /// A CSV directory whose value column reads as text is refused with
     /// the file that makes it text, or the two whose types do not meet;
     /// other errors, and other inputs, are left as they are.
