@@ -60,13 +60,14 @@ impl PartitionOwner {
         }
     }
 
-    /// The owner of partition `pid` of `nparts` among `nranks`.
+    /// The owner of partition `pid` of `nparts` among `nranks` (a job has
+    /// at least one rank: 0 ranks are taken as 1).
     pub fn owner(self, pid: u32, nparts: u32, nranks: u32) -> Rank {
+        let nranks = nranks.max(1);
         match self {
             PartitionOwner::RoundRobin => pid % nranks,
-            PartitionOwner::Contiguous => {
-                (pid as u64 * nranks as u64 / nparts.max(1) as u64) as Rank
-            }
+            PartitionOwner::Contiguous => (pid as u64 * nranks as u64 / nparts.max(1) as u64)
+                .min(u64::from(nranks - 1)) as Rank,
         }
     }
 }

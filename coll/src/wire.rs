@@ -213,6 +213,28 @@ pub(crate) fn send_framed(
     // itself counts too: MPI sends it as any other.)
     let inline =
         data.len() <= INLINE_MAX && (META_LEN + user_meta.len() + data.len()) as u64 <= limit;
+    // A header the backend would refuse (metadata over its limit, or over
+    // the u32 its length is written in): the whole frame is refused, before
+    // anything is sent. Its data sent alone would be read as the next
+    // frame's header.
+    let head_len = (META_LEN + user_meta.len()) as u64;
+    if user_meta.len() > u32::MAX as usize || (!inline && head_len > limit) {
+        return FrameSend {
+            site,
+            head: Some(SendFuture::ready(Err(
+                braid_core::CommError::MessageTooLarge {
+                    rank: site.rank,
+                    peer: dst,
+                    size: head_len,
+                    limit: limit.min(u64::from(u32::MAX)),
+                    backend: "frame header",
+                },
+            ))),
+            data: None,
+            rest: Vec::new(),
+            rest_done: 0,
+        };
+    }
     let over = !inline && data.len() as u64 > limit;
     if over && (data.len() as u64 > PIECED_MAX || pieces(data.len(), limit) > MAX_PIECES) {
         // Refused whole (the backend's `send` says why): a header sent
@@ -1492,6 +1514,104 @@ mod tests {
     }
     use braid_core::OpId;
     use braid_core::comm::local::LocalComm;
+
+    /// A local rank whose backend carries messages of at most `limit`
+    /// bytes (as MPI's 2 GiB - 1, made small).
+    struct Limited {
+        inner: LocalComm,
+        limit: u64,
+    }
+
+    impl Communicator for Limited {
+        fn rank(&self) -> Rank {
+            self.inner.rank()
+        }
+        fn nranks(&self) -> u32 {
+            self.inner.nranks()
+        }
+        fn backend(&self) -> braid_core::Backend {
+            self.inner.backend()
+        }
+        fn max_message(&self) -> u64 {
+            self.limit
+        }
+        fn send(&self, dst: Rank, tag: Tag, data: Buffer) -> SendFuture {
+            if data.len() as u64 > self.limit {
+                return SendFuture::ready(Err(braid_core::CommError::MessageTooLarge {
+                    rank: self.rank(),
+                    peer: dst,
+                    size: data.len() as u64,
+                    limit: self.limit,
+                    backend: "test",
+                }));
+            }
+            self.inner.send(dst, tag, data)
+        }
+        fn recv(&self, src: Rank, tag: Tag) -> RecvFuture {
+            self.inner.recv(src, tag)
+        }
+        fn abort(&self, reason: &str) {
+            self.inner.abort(reason)
+        }
+        fn failure(&self) -> Option<braid_core::CommError> {
+            self.inner.failure()
+        }
+        fn shutdown(
+            &self,
+        ) -> futures::future::BoxFuture<'static, Result<(), braid_core::CommError>> {
+            self.inner.shutdown()
+        }
+        fn statistics(&self) -> &std::sync::Arc<braid_core::Statistics> {
+            self.inner.statistics()
+        }
+    }
+
+    /// A frame whose header the backend would refuse (metadata over its
+    /// limit) is refused whole: its data, sent alone, would be read as
+    /// the next frame's header.
+    #[test]
+    fn a_frame_whose_header_is_too_large_sends_nothing() {
+        use futures::FutureExt as _;
+        let mut world = LocalComm::world(2);
+        let peer = world.remove(1);
+        let comm = Limited {
+            inner: world.remove(0),
+            limit: 25_000,
+        };
+        let site = Site {
+            rank: 0,
+            coll: CollKind::Shuffle,
+            op: OpId(9),
+        };
+        let tag = Tag::new(OpId(9), 0);
+        let meta = Meta::new(CollKind::Shuffle, DType::Bytes);
+        let f = send_framed(
+            &comm,
+            site,
+            1,
+            tag,
+            meta,
+            &[7u8; 30_000],
+            Buffer::from_vec(vec![1u8; 20_000]),
+        );
+        let e = f.refused().map(|e| e.to_string()).unwrap_or_default();
+        assert!(e.contains("frame header") && e.contains("rank 1"), "{e}");
+        assert!(
+            peer.recv(0, tag).now_or_never().is_none(),
+            "something was sent"
+        );
+        // Within the limit the same frame goes (header, then data).
+        let f = send_framed(
+            &comm,
+            site,
+            1,
+            tag,
+            meta,
+            &[7u8; 100],
+            Buffer::from_vec(vec![1u8; 20_000]),
+        );
+        assert!(f.refused().is_none());
+    }
 
     /// Every rank learns every rank's words, for every rank count.
     #[test]

@@ -662,7 +662,10 @@ pub async fn launch(spec: LaunchSpec) -> Result<LaunchReport, LaunchError> {
     let mut hard_at: Option<tokio::time::Instant> = None;
     let mut interrupted = false;
     // Past the job's timeout: the ranks that had not ended by then.
-    let deadline = spec.timeout.map(|t| tokio::time::Instant::now() + t);
+    // (A timeout past what the clock can count is none.)
+    let deadline = spec
+        .timeout
+        .and_then(|t| tokio::time::Instant::now().checked_add(t));
     let mut timed_out: Option<Vec<Rank>> = None;
     let mut ended = vec![false; n];
     let mut remaining = n;

@@ -85,6 +85,25 @@ impl DeviceAllToAllv {
                 }
             }
         }
+        // Receive ranges that overlap would have two NCCL receives write
+        // the same bytes at once (as the host spec refuses them).
+        let mut regions: Vec<(usize, usize, usize)> = (0..n)
+            .filter(|p| self.recv_counts[*p] > 0)
+            .map(|p| {
+                (
+                    self.recv_offsets[p],
+                    self.recv_offsets[p] + self.recv_counts[p],
+                    p,
+                )
+            })
+            .collect();
+        regions.sort_unstable();
+        if let Some(w) = regions.windows(2).find(|w| w[1].0 < w[0].1) {
+            return Err(site.invalid(format!(
+                "recv ranges of ranks {} and {} overlap",
+                w[0].2, w[1].2
+            )));
+        }
         Ok(())
     }
 }
@@ -209,4 +228,47 @@ pub async fn alltoallv(
     spec: DeviceAllToAllv,
 ) -> Result<DeviceBuffer, CollError> {
     streaming(|cb| start_alltoallv(dc, input, output, spec, cb)).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Ranges inside their buffers pass; overlapping receive ranges, or a
+    /// range past the buffer, are refused naming the ranks.
+    #[test]
+    fn overlapping_receive_ranges_are_refused() {
+        let site = Site {
+            rank: 0,
+            coll: CollKind::AllToAllv,
+            op: braid_core::OpId(1),
+        };
+        let spec = |recv_offsets: Vec<usize>| DeviceAllToAllv {
+            send_counts: vec![8, 8],
+            send_offsets: vec![0, 8],
+            recv_counts: vec![8, 8],
+            recv_offsets,
+        };
+        assert!(spec(vec![0, 8]).validate(&site, 2, 16, 16).is_ok());
+        assert!(spec(vec![8, 0]).validate(&site, 2, 16, 16).is_ok());
+        let e = spec(vec![0, 0])
+            .validate(&site, 2, 16, 16)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("ranks 0 and 1 overlap"), "{e}");
+        let e = spec(vec![0, 4])
+            .validate(&site, 2, 16, 16)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("overlap"), "{e}");
+        let e = spec(vec![0, 9])
+            .validate(&site, 2, 16, 16)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("outside"), "{e}");
+        // An empty range overlaps nothing.
+        let mut s = spec(vec![0, 0]);
+        s.recv_counts = vec![16, 0];
+        assert!(s.validate(&site, 2, 16, 16).is_ok());
+    }
 }

@@ -581,6 +581,18 @@ impl TcpComm {
                 detail: format!("rank {} is not below nranks {}", config.rank, config.nranks),
             });
         }
+        // (A configuration made in code, not read from the environment:
+        // the same bounds, before anything is allocated per rank.)
+        if config.nranks > MAX_RANKS {
+            return Err(CommError::Bootstrap {
+                rank: config.rank,
+                detail: format!(
+                    "{} ranks is more than the {MAX_RANKS} a tcp job takes",
+                    config.nranks
+                ),
+            });
+        }
+        config.check()?;
         let listen_addr = listener.local_addr().map_err(|e| CommError::Bootstrap {
             rank: config.rank,
             detail: format!("cannot read the listener's address: {e}"),
@@ -1390,7 +1402,7 @@ async fn bootstrap_peer(
     // Rank 0 gives up at its own timeout and says which ranks did not
     // join (an Abort): waited for a little longer here, so that its
     // verdict, not this rank's own timeout, is what this rank reports.
-    let wait = shared.timeout + TABLE_GRACE;
+    let wait = shared.timeout.saturating_add(TABLE_GRACE);
     let table = match tokio::time::timeout(wait, Control::read(&mut s)).await {
         Ok(Ok(Some(Control::Table(t)))) if t.len() == shared.nranks as usize => t,
         Ok(Ok(Some(Control::Abort { origin, reason }))) => {

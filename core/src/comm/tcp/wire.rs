@@ -265,6 +265,20 @@ pub enum Control {
 }
 
 fn put_str(v: &mut Vec<u8>, s: &str) {
+    // A text past `MAX_TEXT` (an abort's reason built from a huge error,
+    // say) is cut on a character boundary: rank 0 relays it to every rank,
+    // and its length must fit the u32 it is written in.
+    let cut;
+    let s = if s.len() > MAX_TEXT {
+        let mut end = MAX_TEXT;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        cut = format!("{} [cut from {} bytes]", &s[..end], s.len());
+        cut.as_str()
+    } else {
+        s
+    };
     v.extend_from_slice(&(s.len() as u32).to_le_bytes());
     v.extend_from_slice(s.as_bytes());
 }
@@ -294,6 +308,10 @@ fn get_str(b: &mut &[u8]) -> Result<String, WireError> {
     *b = &b[n..];
     Ok(s)
 }
+
+/// The longest text (an abort's reason, a death's detail, an address) a
+/// control message carries; a longer one is cut.
+pub const MAX_TEXT: usize = 64 << 10;
 
 impl Control {
     /// Encodes the message with its length prefix.
@@ -507,6 +525,22 @@ mod tests {
             assert_eq!(Control::read(&mut r).await.unwrap().as_ref(), Some(m));
         }
         assert_eq!(Control::read(&mut r).await.unwrap(), None);
+    }
+
+    /// A reason past `MAX_TEXT` is cut on a character boundary and says
+    /// so; the message still reads back whole.
+    #[tokio::test]
+    async fn long_texts_are_cut() {
+        let reason = "é".repeat(MAX_TEXT);
+        let bytes = Control::Abort { origin: 1, reason }.encode();
+        let got = Control::read(&mut &bytes[..]).await.unwrap();
+        match got {
+            Some(Control::Abort { origin: 1, reason }) => {
+                assert!(reason.len() < MAX_TEXT + 64, "{}", reason.len());
+                assert!(reason.ends_with(&format!("[cut from {} bytes]", 2 * MAX_TEXT)));
+            }
+            other => panic!("{other:?}"),
+        }
     }
 
     #[tokio::test]
