@@ -341,6 +341,10 @@ impl Shared {
 enum CtrlItem {
     /// Write a message.
     Msg(Control),
+    /// Write a message encoded once for every rank (the address table:
+    /// a copy per rank would make rank 0's bootstrap memory grow with the
+    /// square of the ranks).
+    Encoded(Arc<Vec<u8>>),
     /// Answer once everything before it is written.
     Flush(oneshot::Sender<()>),
 }
@@ -1226,7 +1230,8 @@ async fn bootstrap_root(
         .iter()
         .map(|c| c.as_ref().map(|(_, a)| a.clone()).unwrap_or_default())
         .collect();
-    let _ = shared.addrs.set(table.clone());
+    let encoded_table = Arc::new(Control::Table(table.clone()).encode());
+    let _ = shared.addrs.set(table);
     let mut senders = vec![None];
     let mut halves = Vec::new();
     let mut receivers = Vec::new();
@@ -1234,7 +1239,7 @@ async fn bootstrap_root(
         let Some((s, _)) = c else { continue };
         let (rd, wr) = s.into_split();
         let (tx, rx) = mpsc::unbounded_channel();
-        let _ = tx.send(CtrlItem::Msg(Control::Table(table.clone())));
+        let _ = tx.send(CtrlItem::Encoded(encoded_table.clone()));
         senders.push(Some(tx));
         receivers.push((wr, rx));
         halves.push((r as Rank, rd));
@@ -1296,7 +1301,11 @@ async fn control_writer(
     while let Some(item) = rx.recv().await {
         match item {
             CtrlItem::Msg(m) if !broken => broken = m.write(&mut w).await.is_err(),
-            CtrlItem::Msg(_) => {}
+            CtrlItem::Encoded(b) if !broken => {
+                use tokio::io::AsyncWriteExt as _;
+                broken = w.write_all(&b).await.is_err() || w.flush().await.is_err();
+            }
+            CtrlItem::Msg(_) | CtrlItem::Encoded(_) => {}
             CtrlItem::Flush(done) => {
                 let _ = done.send(());
             }
