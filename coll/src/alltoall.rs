@@ -173,27 +173,26 @@ impl AllToAllvSpec {
             // no two slices overlap, nothing to sort.
             return Ok(());
         }
-        let mut regions: Vec<(usize, usize, usize)> = (0..n)
-            .filter(|p| self.recv_counts[*p] > 0)
-            .map(|p| {
-                (
-                    self.recv_offsets[p],
-                    self.recv_offsets[p] + self.recv_counts[p],
-                    p,
-                )
-            })
-            .collect();
-        regions.sort_unstable();
-        for w in regions.windows(2) {
-            if w[1].0 < w[0].1 {
-                return Err(format!(
-                    "receive slices of ranks {} and {} overlap",
-                    w[0].2, w[1].2
-                ));
-            }
+        match overlapping(&self.recv_offsets, &self.recv_counts) {
+            Some((a, b)) => Err(format!("receive slices of ranks {a} and {b} overlap")),
+            None => Ok(()),
         }
-        Ok(())
     }
+}
+
+/// Two ranks whose non-empty ranges (`offsets[p]` .. `offsets[p] +
+/// counts[p]`, each already checked to lie in its buffer) overlap, if
+/// any: receives into them would write the same bytes.
+pub(crate) fn overlapping(offsets: &[usize], counts: &[usize]) -> Option<(usize, usize)> {
+    let mut regions: Vec<(usize, usize, usize)> = (0..counts.len().min(offsets.len()))
+        .filter(|p| counts[*p] > 0)
+        .map(|p| (offsets[p], offsets[p].saturating_add(counts[p]), p))
+        .collect();
+    regions.sort_unstable();
+    regions
+        .windows(2)
+        .find(|w| w[1].0 < w[0].1)
+        .map(|w| (w[0].2, w[1].2))
 }
 
 impl AllToAllvSpec {

@@ -87,24 +87,10 @@ impl DeviceAllToAllv {
         }
         // Receive ranges that overlap would have two NCCL receives write
         // the same bytes at once (as the host spec refuses them).
-        let mut regions: Vec<(usize, usize, usize)> = (0..n)
-            .filter(|p| self.recv_counts[*p] > 0)
-            .map(|p| {
-                (
-                    self.recv_offsets[p],
-                    self.recv_offsets[p] + self.recv_counts[p],
-                    p,
-                )
-            })
-            .collect();
-        regions.sort_unstable();
-        if let Some(w) = regions.windows(2).find(|w| w[1].0 < w[0].1) {
-            return Err(site.invalid(format!(
-                "recv ranges of ranks {} and {} overlap",
-                w[0].2, w[1].2
-            )));
+        match crate::alltoall::overlapping(&self.recv_offsets, &self.recv_counts) {
+            Some((a, b)) => Err(site.invalid(format!("recv ranges of ranks {a} and {b} overlap"))),
+            None => Ok(()),
         }
-        Ok(())
     }
 }
 
