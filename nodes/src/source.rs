@@ -737,21 +737,19 @@ fn csv_schema(path: &Path) -> Result<Schema> {
             let found = values
                 .filter(|_| *t != DataType::Float64)
                 .and_then(csv_time::infer);
-            let t = match (found, t) {
+            let wide = values
+                .filter(|_| matches!(t, DataType::Utf8 | DataType::Float64))
+                .and_then(wide_integers);
+            let t = match (found.or(wide), t) {
+                // Dates or timestamps (`csv_time`), or integers some of
+                // which are past i64's range, which Arrow takes for floats
+                // or text (as floats, distinct ones would become equal).
                 (Some(found), _) => found,
                 // Arrow's pattern took the column for dates or timestamps,
                 // but a sampled value is none (`0000-00-00`, `2024-02-30`,
                 // a date and then words): text, as DuckDB and Polars read
                 // it, so that a column the job does not use cannot fail it.
                 (None, DataType::Date32 | DataType::Timestamp(..)) => DataType::Utf8,
-                // Integers, some past i64's range, which Arrow takes for
-                // floats or text: as floats, distinct ones would become
-                // equal.
-                (None, DataType::Utf8 | DataType::Float64)
-                    if values.and_then(wide_integers).is_some() =>
-                {
-                    values.and_then(wide_integers).unwrap_or(DataType::Utf8)
-                }
                 // Floats spelled as Arrow's pattern does not know them
                 // (`nan`, `Infinity`, `-INF`: DuckDB reads them as
                 // doubles), among numbers: a float column, not text. (Its
