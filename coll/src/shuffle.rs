@@ -45,7 +45,7 @@ pub enum PartitionOwner {
 
 impl PartitionOwner {
     /// The policy's number in a FINISH frame (every rank must use one).
-    fn code(self) -> u64 {
+    pub(crate) fn code(self) -> u64 {
         match self {
             PartitionOwner::RoundRobin => 0,
             PartitionOwner::Contiguous => 1,
@@ -70,6 +70,51 @@ impl PartitionOwner {
                 .min(u64::from(nranks - 1)) as Rank,
         }
     }
+
+    /// The partitions of `nparts` that `rank` owns among `nranks`, in
+    /// order: those [`owner`](Self::owner) gives `rank`, computed from the
+    /// policy (no walk over every partition, no list of them).
+    pub fn owned(self, rank: Rank, nparts: u32, nranks: u32) -> impl Iterator<Item = u32> {
+        let n = u64::from(nranks.max(1));
+        let (np, r) = (u64::from(nparts), u64::from(rank));
+        let (start, end, step) = match self {
+            _ if r >= n => (0, 0, 1),
+            PartitionOwner::RoundRobin => (r, np, n),
+            // owner(p) = floor(p n / np) = r  <=>  r np <= p n < (r + 1) np.
+            PartitionOwner::Contiguous => {
+                let first = |k: u64| (k * np).div_ceil(n).min(np);
+                (first(r), first(r + 1), 1)
+            }
+        };
+        // (Every value is below `nparts`, a u32.)
+        (start..end.max(start))
+            .step_by(step as usize)
+            .map(|p| p as u32)
+    }
+}
+
+/// Fails unless peer `p`'s shuffle has this rank's layout: `theirs` is
+/// its partition count and owner policy code ([`PartitionOwner::code`]).
+/// Owners that differ but happen to route no chunk wrongly would split
+/// partitions between ranks unnoticed; counts that differ likewise.
+pub(crate) fn same_layout(
+    site: Site,
+    p: Rank,
+    (nparts, owner): (u32, PartitionOwner),
+    theirs: (u64, u64),
+) -> Result<(), CollError> {
+    if theirs.0 != u64::from(nparts) {
+        return Err(site.mismatch(
+            p,
+            format!("{nparts} partitions here, {} on rank {p}", theirs.0),
+        ));
+    }
+    if theirs.1 != owner.code() {
+        let o = PartitionOwner::from_code(theirs.1)
+            .map_or_else(|| format!("code {}", theirs.1), |o| format!("{o:?}"));
+        return Err(site.mismatch(p, format!("{owner:?} owners here, {o} on rank {p}")));
+    }
+    Ok(())
 }
 
 enum Stored {
@@ -266,21 +311,7 @@ impl Shuffle {
             let left = || st.lock().unwrap_or_else(|p| p.into_inner()).abandoned;
             let fins = until_abandoned(recv, &ld, comm.as_ref(), site, left).await?;
             for (p, fin) in fins {
-                if fin.aux != nparts {
-                    return Err(site.mismatch(
-                        p,
-                        format!("{nparts} partitions here, {} on rank {p}", fin.aux),
-                    ));
-                }
-                // Owners that differ but happen to route no chunk wrongly
-                // would split partitions between ranks unnoticed.
-                if fin.seq != owner.code() {
-                    let theirs = PartitionOwner::from_code(fin.seq)
-                        .map_or_else(|| format!("code {}", fin.seq), |o| format!("{o:?}"));
-                    return Err(
-                        site.mismatch(p, format!("{owner:?} owners here, {theirs} on rank {p}"))
-                    );
-                }
+                same_layout(site, p, (nparts, owner), (fin.aux.into(), fin.seq))?;
             }
             ld.wait().await;
             if let Some(how) = left() {
@@ -309,11 +340,9 @@ impl Shuffle {
     }
 
     /// The partitions this rank owns.
-    pub fn local_partitions(&self) -> Vec<u32> {
-        let n = self.ctx.nranks();
-        (0..self.nparts)
-            .filter(|p| self.owner.owner(*p, self.nparts, n) == self.site.rank)
-            .collect()
+    pub fn local_partitions(&self) -> impl Iterator<Item = u32> + use<> {
+        self.owner
+            .owned(self.site.rank, self.nparts, self.ctx.nranks())
     }
 
     /// Inserts a chunk of partition `pid`; it leaves for its owner now. A
@@ -506,5 +535,44 @@ impl Shuffle {
             });
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `owned` lists exactly the partitions `owner` gives a rank, in order,
+    /// for both policies, against asking `owner` of every partition; and
+    /// stays cheap where that walk would be billions of steps.
+    #[test]
+    fn owned_partitions_are_those_the_owner_names() {
+        for policy in [PartitionOwner::RoundRobin, PartitionOwner::Contiguous] {
+            for nranks in [1u32, 2, 3, 4, 5, 8] {
+                for nparts in [0u32, 1, 2, 3, 7, 8, 13, 64, 100] {
+                    let mut seen = 0;
+                    for r in 0..nranks + 1 {
+                        let want: Vec<u32> = (0..nparts)
+                            .filter(|&p| r < nranks && policy.owner(p, nparts, nranks) == r)
+                            .collect();
+                        let got: Vec<u32> = policy.owned(r, nparts, nranks).collect();
+                        assert_eq!(
+                            got, want,
+                            "{policy:?}, rank {r} of {nranks}, {nparts} parts"
+                        );
+                        seen += got.len();
+                    }
+                    assert_eq!(seen, nparts as usize, "{policy:?} {nranks} {nparts}");
+                }
+            }
+            let first = policy.owned(3, u32::MAX, 8).next();
+            let want = match policy {
+                PartitionOwner::RoundRobin => 3,
+                PartitionOwner::Contiguous => (3 * u64::from(u32::MAX)).div_ceil(8) as u32,
+            };
+            assert_eq!(first, Some(want), "{policy:?}");
+            assert_eq!(policy.owner(want, u32::MAX, 8), 3);
+            assert_eq!(policy.owner(want - 1, u32::MAX, 8), 2);
+        }
     }
 }

@@ -1157,7 +1157,11 @@ pub(crate) struct Signature {
     pub count: u64,
 }
 
-/// First stage of the agreement rounds (round k uses `AGREE_STAGE + k`).
+/// First stage of the agreement rounds (round k uses `AGREE_STAGE + k`),
+/// and of every device collective's host messages: each kind's first
+/// messages there go to rank + 1 (or to every neighbour it has), framed
+/// with the kind, so ranks that called different kinds meet under it and
+/// fail ([`check_kind`]) rather than wait under stages of their own.
 pub(crate) const AGREE_STAGE: u8 = 200;
 
 /// Every rank learns the minimum and maximum of every rank's `value`, and
@@ -1277,14 +1281,55 @@ impl Agreed {
     }
 }
 
-/// First stage of the gather rounds (round k uses `GATHER_STAGE + k`).
+/// Sends `words` to `dst` as a frame of this call's kind (the words its
+/// data, little-endian): the host messages of the device collectives, so
+/// that a rank that called another kind fails at the first of them
+/// ([`AGREE_STAGE`]) instead of waiting under a stage that kind never uses.
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-pub(crate) const GATHER_STAGE: u8 = 224;
+pub(crate) fn send_words(
+    comm: &dyn Communicator,
+    site: Site,
+    dst: Rank,
+    tag: Tag,
+    words: &[u64],
+) -> FrameSend {
+    let mut b = Vec::with_capacity(words.len() * 8);
+    for w in words {
+        b.extend_from_slice(&w.to_le_bytes());
+    }
+    let meta = Meta::new(site.coll, DType::Bytes);
+    send_framed(comm, site, dst, tag, meta, &[], Buffer::from_vec(b))
+}
+
+/// Receives [`send_words`]' frame from `src`; fails on a frame of another
+/// kind of collective or one that is not whole words.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub(crate) async fn recv_words(
+    comm: &dyn Communicator,
+    site: Site,
+    src: Rank,
+    tag: Tag,
+) -> Result<Vec<u64>, CollError> {
+    let f = recv_framed(comm, site, src, tag, DataRecv::AfterHead).await?;
+    let s = f.data.as_slice();
+    if s.len() % 8 != 0 {
+        return Err(site.mismatch(src, format!("malformed message of {} bytes", s.len())));
+    }
+    Ok(s.chunks_exact(8)
+        .map(|c| {
+            let mut x = [0u8; 8];
+            x.copy_from_slice(c);
+            u64::from_le_bytes(x)
+        })
+        .collect())
+}
 
 /// Every rank learns every rank's `mine` (a few words each): Bruck-style
-/// dissemination, round k sends everything known so far to rank - 2^k and
-/// receives from rank + 2^k. Cost: ceil(log2 N) rounds; the messages carry
-/// up to N entries, so use it for small per-rank data (counts, flags).
+/// dissemination, round k sends everything known so far to rank + 2^k and
+/// receives from rank - 2^k (the direction of [`agree`]'s rounds, under
+/// the same stages, so that a rank in another kind of call meets this
+/// one's first frame). Cost: ceil(log2 N) rounds; the messages carry up to
+/// N entries, so use it for small per-rank data (counts, flags).
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub(crate) async fn gather_all(
     comm: &dyn Communicator,
@@ -1298,33 +1343,20 @@ pub(crate) async fn gather_all(
     let mut dist = 1u32;
     let mut round = 0u8;
     while dist < n {
-        let tag = Tag::new(site.op, GATHER_STAGE + round);
+        let tag = Tag::new(site.op, AGREE_STAGE + round);
         let mut body = Vec::new();
         for (r, v) in known.iter().enumerate() {
             if let Some(v) = v {
-                body.extend_from_slice(&(r as u64).to_le_bytes());
-                body.extend_from_slice(&(v.len() as u64).to_le_bytes());
-                for w in v {
-                    body.extend_from_slice(&w.to_le_bytes());
-                }
+                body.push(r as u64);
+                body.push(v.len() as u64);
+                body.extend_from_slice(v);
             }
         }
-        let send = comm.send((me + n - dist) % n, tag, Buffer::from_vec(body));
-        let src = (me + dist) % n;
-        let got = comm.recv(src, tag).await.map_err(|e| site.comm(e))?;
-        send.await.map_err(|e| site.comm(e))?;
-        if got.len() % 8 != 0 {
-            return Err(site.mismatch(src, "malformed gather message"));
-        }
-        let words: Vec<u64> = got
-            .as_slice()
-            .chunks_exact(8)
-            .map(|c| {
-                let mut x = [0u8; 8];
-                x.copy_from_slice(c);
-                u64::from_le_bytes(x)
-            })
-            .collect();
+        let send = send_words(comm, site, (me + dist) % n, tag, &body);
+        let src = (me + n - dist) % n;
+        none_refused([&send])?;
+        let words = recv_words(comm, site, src, tag).await?;
+        send.await?;
         let mut i = 0;
         while i + 2 <= words.len() {
             let (r, len) = (words[i], words[i + 1]);
@@ -1643,6 +1675,138 @@ mod tests {
             for t in tasks {
                 let got = rt.block_on(t).unwrap().unwrap();
                 assert_eq!(got, want, "{n} ranks");
+            }
+        }
+    }
+
+    /// One rank's host messages of a device collective of kind `form`
+    /// (as `device` sends them): the signature agreement (AllReduce), the
+    /// gathered counts (AllToAllv), lists to every peer (Shuffle), sizes
+    /// to both neighbours (HaloExchange), a ring step (SendRecv).
+    async fn device_form(c: &LocalComm, form: u32) -> Result<(), CollError> {
+        let (me, n) = (c.rank(), c.nranks());
+        let coll = [
+            CollKind::AllReduce,
+            CollKind::AllToAllv,
+            CollKind::Shuffle,
+            CollKind::HaloExchange,
+            CollKind::SendRecv,
+        ][form as usize];
+        let site = Site {
+            rank: me,
+            coll,
+            op: OpId(11),
+        };
+        let tag = Tag::new(site.op, AGREE_STAGE);
+        let (to, from): (Vec<Rank>, Vec<Rank>) = match form {
+            0 => {
+                let sig = Signature {
+                    dtype: DType::F64,
+                    aux: 0,
+                    count: 10,
+                };
+                return check_signature(c, site, sig).await;
+            }
+            1 => return gather_all(c, site, vec![1, 2]).await.map(|_| ()),
+            2 => {
+                let peers: Vec<Rank> = (0..n).filter(|&p| p != me).collect();
+                (peers.clone(), peers)
+            }
+            3 => {
+                let nb: Vec<Rank> = [me.checked_sub(1), (me + 1 < n).then_some(me + 1)]
+                    .into_iter()
+                    .flatten()
+                    .collect();
+                (nb.clone(), nb)
+            }
+            _ => (vec![(me + 1) % n], vec![(me + n - 1) % n]),
+        };
+        let sent: Vec<_> = to
+            .iter()
+            .map(|&p| send_words(c, site, p, tag, &[8]))
+            .collect();
+        for p in from {
+            recv_words(c, site, p, tag).await?;
+        }
+        for f in sent {
+            f.await?;
+        }
+        Ok(())
+    }
+
+    /// Ranks that call different kinds of device collective at one
+    /// operation meet at their first host messages: a rank sees the other
+    /// kind's frame and fails, its abort fails the rest, and no rank waits
+    /// for a stage the other kind never uses (they used to: the gathered
+    /// counts went under stages of their own, the sizes as bare words).
+    #[test]
+    fn device_checks_of_different_kinds_fail_instead_of_waiting() {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        for n in [2u32, 3, 4, 5, 8] {
+            let mut cases: Vec<Vec<u32>> = Vec::new();
+            // Every pair of forms, one rank apart from the rest ...
+            for a in 0..5 {
+                for b in (0..5).filter(|&b| b != a) {
+                    for odd in [0, n - 1] {
+                        cases.push((0..n).map(|r| if r == odd { a } else { b }).collect());
+                    }
+                }
+            }
+            // ... and random mixes.
+            while cases.len() < 60 {
+                let c: Vec<u32> = (0..n).map(|_| (next() % 5) as u32).collect();
+                if c.iter().any(|&f| f != c[0]) {
+                    cases.push(c);
+                }
+            }
+            for forms in cases {
+                let tasks: Vec<_> = LocalComm::world(n)
+                    .into_iter()
+                    .zip(forms.clone())
+                    .map(|(c, form)| {
+                        rt.spawn(async move {
+                            let r = device_form(&c, form).await;
+                            if let Err(e) = &r {
+                                c.abort(&e.to_string());
+                            }
+                            (c, r.map_err(|e| e.to_string()))
+                        })
+                    })
+                    .collect();
+                let ends: Vec<(LocalComm, Result<(), String>)> = rt.block_on(async {
+                    let all = futures::future::join_all(tasks);
+                    match tokio::time::timeout(std::time::Duration::from_secs(20), all).await {
+                        Ok(rs) => rs.into_iter().map(|r| r.unwrap()).collect(),
+                        Err(_) => panic!("{n} ranks, forms {forms:?}: a rank waited"),
+                    }
+                });
+                // A rank whose own messages all matched (two HaloExchange
+                // neighbours) sees the abort instead: on its communicator,
+                // which the device work's thread watches.
+                for (r, (c, res)) in ends.iter().enumerate() {
+                    assert!(
+                        res.is_err() || c.failure().is_some(),
+                        "{n} ranks, forms {forms:?}: rank {r} ended well"
+                    );
+                }
+                let results: Vec<_> = ends.into_iter().map(|(_, r)| r).collect();
+                assert!(
+                    results.iter().any(|r| r
+                        .as_ref()
+                        .is_err_and(|e| e.contains("where this rank called"))),
+                    "{n} ranks, forms {forms:?}: nobody named the kinds: {results:?}"
+                );
             }
         }
     }

@@ -611,6 +611,67 @@ pub async fn mismatch(ctx: Context, case: u32, mode: NcclMode) -> R<()> {
                 .await
                 .map(|_| ())
                 .map_err(e),
+            // Different kinds at one call: AllReduce on even ranks,
+            // AllToAllv on odd ones (their checks used to go under stages
+            // of their own and wait for ever).
+            3 => {
+                let n = ctx.nranks() as usize;
+                if me % 2 == 0 {
+                    let src = DeviceBuffer::from_slice(&gpu, &vec![1i64; 1000]).map_err(e)?;
+                    dev::allreduce(
+                        &dc,
+                        &src,
+                        poisoned(&gpu, 8000)?,
+                        DType::I64,
+                        ReduceKind::Sum,
+                    )
+                    .await
+                    .map(|_| ())
+                    .map_err(e)
+                } else {
+                    let spec = DeviceAllToAllv::packed(vec![100; n], vec![100; n]);
+                    let src = poisoned(&gpu, 100 * n)?;
+                    dev::alltoallv(&dc, &src, poisoned(&gpu, 100 * n)?, spec)
+                        .await
+                        .map(|_| ())
+                        .map_err(e)
+                }
+            }
+            // A shuffle on the last rank, a halo exchange on the others.
+            4 => {
+                if me + 1 == ctx.nranks() {
+                    let mut sh = DeviceShuffle::new(&dc, 4, PartitionOwner::RoundRobin);
+                    sh.insert(0, poisoned(&gpu, 64)?).map_err(e)?;
+                    sh.finish().await.map(|_| ()).map_err(e)
+                } else {
+                    let b = poisoned(&gpu, 64)?;
+                    DeviceHaloExchange::new(&dc)
+                        .exchange(Some(&b), Some(&b))
+                        .await
+                        .map(|_| ())
+                        .map_err(e)
+                }
+            }
+            // Shuffles whose owner policies differ, each rank inserting
+            // only into partitions it owns by its own policy (nothing is
+            // routed wrongly: partitions would be split unnoticed).
+            5 | 6 => {
+                let owner = if me == 0 {
+                    PartitionOwner::RoundRobin
+                } else {
+                    PartitionOwner::Contiguous
+                };
+                // Case 6: the partition counts differ instead.
+                let (owner, nparts) = match case {
+                    5 => (owner, 4 * ctx.nranks()),
+                    _ => (PartitionOwner::Contiguous, 4 * ctx.nranks() + me % 2),
+                };
+                let mut sh = DeviceShuffle::new(&dc, nparts, owner);
+                for pid in owner.owned(me, nparts, ctx.nranks()) {
+                    sh.insert(pid, poisoned(&gpu, 64)?).map_err(e)?;
+                }
+                sh.finish().await.map(|_| ()).map_err(e)
+            }
             // AllToAllv counts disagree with the peer's.
             _ => {
                 let n = ctx.nranks() as usize;

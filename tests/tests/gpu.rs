@@ -71,7 +71,7 @@ fn mismatches_fail_every_rank() {
         .try_init();
     for n in counts().into_iter().filter(|&n| n >= 2) {
         for mode in [NcclMode::Blocking, NcclMode::NonBlocking] {
-            for case in 0..3u32 {
+            for case in 0..7u32 {
                 eprintln!("mismatch case {case}, {n} ranks, {mode:?}: start");
                 let spec = WorldSpec::Local { nranks: n };
                 let t = Instant::now();

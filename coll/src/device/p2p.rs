@@ -2,35 +2,64 @@
 //! `ncclRecv`.
 //!
 //! SendRecv: distinct send and receive peers (ring steps). With checks on,
-//! the sender also tells the receiver its length over the host (one 8-byte
-//! message); a receiver whose buffer has another length fails and aborts
+//! the sender also tells the receiver its length over the host (one small
+//! frame of the call's kind, under [`AGREE_STAGE`] as every device
+//! collective's first host message); a receiver whose buffer has another length fails and aborts
 //! the job, which aborts NCCL on every rank.
 //!
 //! HaloExchange: one object per round, like the host one. Sizes go first
-//! over the host (each rank sends one 8-byte size to each existing
+//! over the host (each rank sends a one-word frame to each existing
 //! neighbour, 0 when it has nothing), receive buffers are allocated to fit,
 //! then one NCCL group moves the non-empty halves. Its NCCL slot is taken
 //! when the exchange starts, so its place in the call order is fixed even
 //! though it enqueues only after the sizes arrive.
 
 use braid_core::cuda::{DeviceBuffer, GpuEvent, KeepAlive};
-use braid_core::{Buffer, Rank, Tag};
+use braid_core::{Rank, Tag};
 use braid_kernels::DType;
 
 use super::{Checks, DeviceComm, failed, finish, nccl_dtype, run_with, same_gpu, streaming};
 use crate::error::{CollError, CollKind, Site};
 use crate::handle::{Callback, Handle, start};
+use crate::wire::{AGREE_STAGE, none_refused, recv_words, send_words};
 
-fn u64_msg(v: u64) -> Buffer {
-    Buffer::from_vec(v.to_le_bytes().to_vec())
+/// The one word of a size message.
+fn one_word(site: &Site, peer: Rank, w: Vec<u64>) -> Result<u64, CollError> {
+    match w[..] {
+        [x] => Ok(x),
+        _ => Err(site.mismatch(peer, format!("size message of {} words", w.len()))),
+    }
 }
 
-fn read_u64(site: &Site, peer: Rank, b: &Buffer) -> Result<u64, CollError> {
-    let s = b.as_slice();
-    let a: [u8; 8] = s
-        .try_into()
-        .map_err(|_| site.mismatch(peer, format!("size message of {} bytes", s.len())))?;
-    Ok(u64::from_le_bytes(a))
+/// The checks of a point-to-point exchange: tells each of `to`'s peers
+/// the length this rank sends it, and fails unless each of `from`'s peers
+/// sends the length this rank's receive buffer has (a frame of the call's
+/// kind each, under [`AGREE_STAGE`]).
+async fn sizes_agree(
+    comm: std::sync::Arc<dyn braid_core::Communicator>,
+    site: Site,
+    to: Vec<(usize, Rank)>,
+    from: Vec<(usize, Rank)>,
+) -> Result<(), CollError> {
+    let tag = Tag::new(site.op, AGREE_STAGE);
+    let sent: Vec<_> = to
+        .iter()
+        .map(|&(len, p)| send_words(comm.as_ref(), site, p, tag, &[len as u64]))
+        .collect();
+    none_refused(&sent)?;
+    for (len, p) in from {
+        let theirs = one_word(&site, p, recv_words(comm.as_ref(), site, p, tag).await?)?;
+        if theirs != len as u64 {
+            return Err(site.mismatch(
+                p,
+                format!("rank {p} sends {theirs} bytes, the receive buffer has {len}"),
+            ));
+        }
+    }
+    for f in sent {
+        f.await?;
+    }
+    Ok(())
 }
 
 /// Core of [`sendrecv`].
@@ -93,23 +122,10 @@ pub fn start_sendrecv(
         })
     };
     let comm = dc.ctx().comm().clone();
-    let check = (dc.checks == Checks::Agree).then_some(async move {
-        let tag = Tag::new(site.op, 1);
-        let sent = s.map(|(_, len, p)| comm.send(p, tag, u64_msg(len as u64)));
-        if let Some((_, len, p)) = r {
-            let m = comm.recv(p, tag).await.map_err(|e| site.comm(e))?;
-            let theirs = read_u64(&site, p, &m)?;
-            if theirs != len as u64 {
-                return Err(site.mismatch(
-                    p,
-                    format!("rank {p} sends {theirs} bytes, the receive buffer has {len}"),
-                ));
-            }
-        }
-        if let Some(f) = sent {
-            f.await.map_err(|e| site.comm(e))?;
-        }
-        Ok(())
+    let check = (dc.checks == Checks::Agree).then(|| {
+        let to = s.map(|(_, len, p)| (len, p)).into_iter().collect();
+        let from = r.map(|(_, len, p)| (len, p)).into_iter().collect();
+        sizes_agree(comm, site, to, from)
     });
     run_with(
         dc,
@@ -202,26 +218,27 @@ impl DeviceHaloExchange {
         let comm = dc.ctx().comm().clone();
         let dc2 = dc.clone();
         start(dc.ctx(), site.coll, site.op, callback, async move {
-            let tag = Tag::new(site.op, 1);
+            let tag = Tag::new(site.op, AGREE_STAGE);
             let len = |x: &Option<(u64, usize, Option<GpuEvent>, KeepAlive)>| {
                 x.as_ref().map_or(0, |t| t.1 as u64)
             };
             let mut sends = Vec::new();
             if let Some(l) = left {
-                sends.push(comm.send(l, tag, u64_msg(len(&to_l))));
+                sends.push(send_words(comm.as_ref(), site, l, tag, &[len(&to_l)]));
             }
             if let Some(r) = right {
-                sends.push(comm.send(r, tag, u64_msg(len(&to_r))));
+                sends.push(send_words(comm.as_ref(), site, r, tag, &[len(&to_r)]));
             }
+            none_refused(&sends)?;
             let mut sizes = [None, None];
             for (i, nb) in [left, right].into_iter().enumerate() {
                 if let Some(p) = nb {
-                    let m = comm.recv(p, tag).await.map_err(|e| site.comm(e))?;
-                    sizes[i] = Some(read_u64(&site, p, &m)? as usize);
+                    let w = recv_words(comm.as_ref(), site, p, tag).await?;
+                    sizes[i] = Some(one_word(&site, p, w)? as usize);
                 }
             }
             for s in sends {
-                s.await.map_err(|e| site.comm(e))?;
+                s.await?;
             }
             let alloc = |sz: Option<usize>| -> Result<Option<DeviceBuffer>, CollError> {
                 sz.map(|s| DeviceBuffer::alloc(&gpu, s).map_err(|e| site.device(e)))
@@ -345,26 +362,10 @@ impl DeviceHaloExchange {
             })
         };
         let comm = dc.ctx().comm().clone();
-        let check = (dc.checks == Checks::Agree && dc.nranks() > 1).then_some(async move {
-            let tag = Tag::new(site.op, 1);
-            let sent: Vec<_> = sends
-                .iter()
-                .map(|&(_, len, p)| comm.send(p, tag, u64_msg(len as u64)))
-                .collect();
-            for &(_, len, p) in &recvs {
-                let m = comm.recv(p, tag).await.map_err(|e| site.comm(e))?;
-                let theirs = read_u64(&site, p, &m)?;
-                if theirs != len as u64 {
-                    return Err(site.mismatch(
-                        p,
-                        format!("rank {p} sends {theirs} bytes, the receive buffer has {len}"),
-                    ));
-                }
-            }
-            for f in sent {
-                f.await.map_err(|e| site.comm(e))?;
-            }
-            Ok(())
+        let check = (dc.checks == Checks::Agree && dc.nranks() > 1).then(|| {
+            let to: Vec<_> = sends.iter().map(|&(_, len, p)| (len, p)).collect();
+            let from: Vec<_> = recvs.iter().map(|&(_, len, p)| (len, p)).collect();
+            sizes_agree(comm, site, to, from)
         });
         run_with(
             &dc,

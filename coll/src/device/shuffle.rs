@@ -4,8 +4,10 @@
 //! ```text
 //!  insert(p, chunk) ... insert(p', chunk')       (kept, or spilled to host
 //!                                                  when over the device limit)
-//!  finish:  1. host: to every peer, the (partition, length) list of the
-//!              chunks it owns (empty list when none)
+//!  finish:  1. host: to every peer, the partition count and owner
+//!              policy (checked: every rank must pass the same), then the
+//!              (partition, length) list of the chunks it owns (empty when
+//!              none), one frame of the shuffle's kind
 //!           2. allocate receive buffers from the lists
 //!           3. NCCL group: every chunk to its owner, in list order
 //!  extract(p): the partition's chunks (own first, then by source rank)
@@ -19,13 +21,14 @@
 use std::collections::BTreeMap;
 
 use braid_core::cuda::{DeviceBuffer, Resident};
-use braid_core::{Buffer, MemoryType, Rank, Reservation, Tag};
+use braid_core::{MemoryType, Rank, Reservation, Tag};
 use braid_kernels::DType;
 
 use super::{DeviceComm, finish, nccl_dtype, streaming};
 use crate::error::{CollError, CollKind, Site};
 use crate::handle::{Callback, Handle, start};
-use crate::shuffle::PartitionOwner;
+use crate::shuffle::{PartitionOwner, same_layout};
+use crate::wire::{AGREE_STAGE, none_refused, recv_words, send_words};
 
 struct Held {
     data: Resident,
@@ -152,7 +155,7 @@ impl DeviceShuffle {
             let me = dc.rank();
             let n = dc.nranks();
             let comm = dc.ctx().comm().clone();
-            let tag = Tag::new(site.op, 1);
+            let tag = Tag::new(site.op, AGREE_STAGE);
             let mut mine: BTreeMap<u32, Vec<Held>> = BTreeMap::new();
             let mut out: Vec<Vec<(u32, Resident)>> = (0..n).map(|_| Vec::new()).collect();
             for (pid, h) in chunks {
@@ -163,41 +166,42 @@ impl DeviceShuffle {
                     out[o as usize].push((pid, h.data));
                 }
             }
-            // 1. Lists to every peer.
+            // 1. Lists to every peer, after the layout every rank checks.
             let mut sends = Vec::new();
             for p in (0..n).filter(|&p| p != me) {
-                let mut b = Vec::with_capacity(out[p as usize].len() * 16);
+                let mut w = Vec::with_capacity(2 + out[p as usize].len() * 2);
+                w.extend([u64::from(nparts), owner.code()]);
                 for (pid, d) in &out[p as usize] {
-                    b.extend_from_slice(&(*pid as u64).to_le_bytes());
-                    b.extend_from_slice(&(d.len() as u64).to_le_bytes());
+                    w.extend([u64::from(*pid), d.len() as u64]);
                 }
-                sends.push(comm.send(p, tag, Buffer::from_vec(b)));
+                sends.push(send_words(comm.as_ref(), site, p, tag, &w));
             }
+            none_refused(&sends)?;
             let mut incoming: Vec<(Rank, u32, DeviceBuffer)> = Vec::new();
             for q in (0..n).filter(|&q| q != me) {
-                let m = comm.recv(q, tag).await.map_err(|e| site.comm(e))?;
-                let b = m.as_slice();
-                if b.len() % 16 != 0 {
-                    return Err(site.mismatch(q, "malformed shuffle list"));
-                }
-                for c in b.chunks(16) {
-                    let w = |i: usize| {
-                        u64::from_le_bytes(c[i * 8..i * 8 + 8].try_into().unwrap_or([0; 8]))
-                    };
-                    let (pid, len) = (w(0), w(1));
-                    if pid >= nparts as u64 || owner.owner(pid as u32, nparts, n) != me {
+                let w = recv_words(comm.as_ref(), site, q, tag).await?;
+                let (layout, list) = match w.split_first_chunk::<2>() {
+                    Some((l, rest)) if rest.len() % 2 == 0 => (l, rest),
+                    _ => return Err(site.mismatch(q, "malformed shuffle list")),
+                };
+                same_layout(site, q, (nparts, owner), (layout[0], layout[1]))?;
+                for c in list.chunks_exact(2) {
+                    let (pid, len) = (c[0], c[1]);
+                    if pid >= u64::from(nparts) || owner.owner(pid as u32, nparts, n) != me {
                         return Err(site.mismatch(
                             q,
                             format!("rank {q} sends partition {pid}, not owned here"),
                         ));
                     }
-                    let buf =
-                        DeviceBuffer::alloc(dc.gpu(), len as usize).map_err(|e| site.device(e))?;
+                    let len = usize::try_from(len).map_err(|_| {
+                        site.mismatch(q, format!("rank {q} sends a chunk of {len} bytes"))
+                    })?;
+                    let buf = DeviceBuffer::alloc(dc.gpu(), len).map_err(|e| site.device(e))?;
                     incoming.push((q, pid as u32, buf));
                 }
             }
             for s in sends {
-                s.await.map_err(|e| site.comm(e))?;
+                s.await?;
             }
             // 2. Outgoing chunks on the device.
             let mut outgoing: Vec<(Rank, DeviceBuffer)> = Vec::new();
