@@ -80,3 +80,33 @@ fn dropped_tcp_worlds_release_their_sockets() {
         );
     });
 }
+
+/// A receive made before its rank's `TcpComm` was dropped (without a
+/// shutdown) fails soon after, on that rank and on the peer it waited
+/// for, instead of waiting for a message no task reads any more.
+#[test]
+fn a_receive_outliving_its_dropped_rank_fails() {
+    let rt = runtime();
+    rt.block_on(async {
+        for n in [2u32, 3] {
+            let mut comms = TcpComm::in_process_world(n).await.unwrap();
+            let tag = Tag::new(OpId(1), 0);
+            let gone = comms.remove(0);
+            let mine = gone.recv(1, tag);
+            let theirs: Vec<_> = comms.iter().map(|c| c.recv(0, tag)).collect();
+            drop(gone);
+            let mine = tokio::time::timeout(Duration::from_secs(20), mine)
+                .await
+                .expect("the dropped rank's receive still waits");
+            let e = mine.expect_err("a receive on a dropped rank gave data");
+            assert!(e.to_string().contains("shut down"), "{e}");
+            for (r, f) in theirs.into_iter().enumerate() {
+                let got = tokio::time::timeout(Duration::from_secs(20), f)
+                    .await
+                    .unwrap_or_else(|_| panic!("rank {}'s receive from 0 still waits", r + 1));
+                let e = got.expect_err("a receive from the dropped rank gave data");
+                assert!(e.to_string().contains("rank 0"), "{e}");
+            }
+        }
+    });
+}

@@ -435,7 +435,9 @@ pub struct TcpComm {
 
 impl Drop for TcpComm {
     /// Stops this rank's connection tasks, after giving queued control
-    /// notices (an abort, a death) a moment to reach the other ranks.
+    /// notices (an abort, a death) a moment to reach the other ranks, and
+    /// fails what other tasks still wait for on it (a receive made before
+    /// the drop would otherwise wait for a message no task reads).
     fn drop(&mut self) {
         let tasks = std::mem::take(&mut self.tasks);
         let shared = self.shared.clone();
@@ -444,7 +446,8 @@ impl Drop for TcpComm {
             None => shared.control.get().cloned().into_iter().collect(),
         };
         let writers = self.all_writers();
-        drop(shared.runtime.spawn(async move {
+        let runtime = shared.runtime.clone();
+        drop(runtime.spawn(async move {
             flush_control(senders.iter(), Duration::from_secs(2)).await;
             for w in writers {
                 w.close();
@@ -452,6 +455,10 @@ impl Drop for TcpComm {
             for t in tasks {
                 t.abort();
             }
+            // (A no-op after a shutdown or an earlier failure.)
+            shared
+                .mailbox
+                .fail(CommError::Shutdown { rank: shared.rank });
         }));
     }
 }
@@ -1206,8 +1213,19 @@ async fn bootstrap_root(
                 continue;
             }
         };
-        if conns[r as usize].is_some() {
+        if let Some((_, first)) = &conns[r as usize] {
+            // Told why (bounded, off the bootstrap's path): it would
+            // otherwise report rank 0 closing its connection.
             tracing::warn!(rank = 0, peer = r, "rank registered twice; second dropped");
+            let msg = Control::Abort {
+                origin: 0,
+                reason: format!(
+                    "bootstrap failed: two processes joined as rank {r} (the first listens on                      {first}, this one on {addr}): give each process a rank of its own"
+                ),
+            };
+            tokio::spawn(async move {
+                let _ = tokio::time::timeout(Duration::from_secs(2), msg.write(&mut s)).await;
+            });
             continue;
         }
         if let (None, Some(from)) = (&unreachable, loopback_from_another_host(&s, &addr)) {
@@ -1729,6 +1747,47 @@ mod tests {
             let got = b.recv(0, tag).await.unwrap_or_else(|e| panic!("{e}"));
             assert_eq!(got.as_slice(), [7, 7, 7]);
             let _ = tokio::join!(a.shutdown(), b.shutdown());
+        });
+    }
+
+    /// A second process joining as a rank already taken is told so (it
+    /// reported rank 0 closing its connection); the job goes on with the
+    /// first.
+    #[test]
+    fn a_rank_joined_twice_is_told_why() {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap_or_else(|e| panic!("runtime: {e}"));
+        rt.block_on(async {
+            let port = TcpListener::bind("127.0.0.1:0")
+                .await
+                .and_then(|l| l.local_addr())
+                .map(|a| a.port())
+                .unwrap_or_else(|e| panic!("{e}"));
+            let cfg = |r: Rank| {
+                let mut c = TcpConfig::new(r, 3, format!("127.0.0.1:{port}"), "tok");
+                c.timeout = Duration::from_secs(20);
+                c
+            };
+            let c0 = tokio::spawn(TcpComm::connect(cfg(0)));
+            let c1 = tokio::spawn(TcpComm::connect(cfg(1)));
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            let again = tokio::time::timeout(Duration::from_secs(10), TcpComm::connect(cfg(1)))
+                .await
+                .unwrap_or_else(|_| panic!("the second rank 1 waited"));
+            let e = again.err().map(|e| e.to_string()).unwrap_or_default();
+            assert!(e.contains("two processes joined as rank 1"), "{e}");
+            let c2 = TcpComm::connect(cfg(2))
+                .await
+                .unwrap_or_else(|e| panic!("rank 2: {e}"));
+            let ok = |j: Result<Result<TcpComm, CommError>, tokio::task::JoinError>| {
+                j.unwrap_or_else(|e| panic!("{e}"))
+                    .unwrap_or_else(|e| panic!("{e}"))
+            };
+            let (c0, c1) = (ok(c0.await), ok(c1.await));
+            let _ = tokio::join!(c0.shutdown(), c1.shutdown(), c2.shutdown());
         });
     }
 
