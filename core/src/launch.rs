@@ -460,9 +460,15 @@ impl Printer {
     }
 }
 
-/// Reads a rank's stdout or stderr to its end: each line goes to `print`
-/// prefixed with the rank (waiting while its queue is full, never
-/// blocking a thread), or, without `print`, is kept and returned.
+/// The longest piece of a rank's output forwarded as one line: a longer
+/// line (or output without newlines) goes on in pieces of this size,
+/// rather than be held whole in the launcher's memory.
+const LINE_MAX: usize = 64 << 10;
+
+/// Reads a rank's stdout or stderr to its end: each line (or piece of
+/// [`LINE_MAX`] bytes) goes to `print` prefixed with the rank (waiting
+/// while its queue is full, never blocking a thread), or, without
+/// `print`, is kept and returned.
 async fn forward<R: AsyncRead + Unpin>(
     r: R,
     rank: Rank,
@@ -471,11 +477,39 @@ async fn forward<R: AsyncRead + Unpin>(
     let mut r = BufReader::new(r);
     let mut line = Vec::new();
     let mut captured = String::new();
+    // Whether the last piece went out cut at `LINE_MAX` (a newline right
+    // after it ends that line, not an empty one).
+    let mut cut = false;
     loop {
-        line.clear();
-        match r.read_until(b'\n', &mut line).await {
-            Ok(0) | Err(_) => return captured,
-            Ok(_) => {}
+        let (took, ended) = match r.fill_buf().await {
+            Ok([]) | Err(_) => (0, true),
+            Ok(buf) => {
+                let room = LINE_MAX - line.len();
+                match buf.iter().position(|&b| b == b'\n') {
+                    Some(i) if i < room => {
+                        line.extend_from_slice(&buf[..=i]);
+                        (i + 1, true)
+                    }
+                    _ => {
+                        let take = buf.len().min(room);
+                        line.extend_from_slice(&buf[..take]);
+                        (take, line.len() >= LINE_MAX)
+                    }
+                }
+            }
+        };
+        r.consume(took);
+        let eof = took == 0;
+        if !ended || line.is_empty() {
+            if eof {
+                return captured;
+            }
+            continue;
+        }
+        let was_cut = std::mem::replace(&mut cut, !line.ends_with(b"\n"));
+        if was_cut && line == b"\n" {
+            line.clear();
+            continue;
         }
         let text = String::from_utf8_lossy(&line);
         let text = text.trim_end_matches(['\n', '\r']);
@@ -491,6 +525,10 @@ async fn forward<R: AsyncRead + Unpin>(
                 captured.push_str(text);
                 captured.push('\n');
             }
+        }
+        line.clear();
+        if eof {
+            return captured;
         }
     }
 }
@@ -825,5 +863,43 @@ pub async fn launch(spec: LaunchSpec) -> Result<LaunchReport, LaunchError> {
             report: Box::new(report),
         }),
         None => Ok(report),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Lines come out whole; a line longer than `LINE_MAX` in pieces of
+    /// it (its newline ending it, not adding an empty line); a last line
+    /// without a newline too.
+    #[test]
+    fn output_lines_are_cut_at_the_cap() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap_or_else(|e| panic!("{e}"));
+        let long = "x".repeat(2 * LINE_MAX + 100);
+        let exact = "y".repeat(LINE_MAX);
+        let text = format!("a\n{long}\n{exact}\n\nb");
+        let got = rt.block_on(forward(text.as_bytes(), 3, None));
+        let want = [
+            "a".to_string(),
+            "x".repeat(LINE_MAX),
+            "x".repeat(LINE_MAX),
+            "x".repeat(100),
+            exact,
+            String::new(),
+            "b".to_string(),
+        ];
+        let lines: Vec<&str> = got.lines().collect();
+        assert_eq!(
+            lines.len(),
+            want.len(),
+            "{:?}",
+            lines.iter().map(|l| l.len()).collect::<Vec<_>>()
+        );
+        for (g, w) in lines.iter().zip(&want) {
+            assert_eq!(g, w);
+        }
     }
 }
