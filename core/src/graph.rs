@@ -159,12 +159,38 @@ impl Graph {
         let mut check = tokio::time::interval(FAILURE_CHECK);
         check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut failure_seen: Option<tokio::time::Instant> = None;
+        // When the other ranks are told of this rank's failure: once the
+        // cancelled nodes have ended, or `DRAIN_GRACE` after the first
+        // failure where one has not (a node in synchronous work or a
+        // blocking wait ends only when that does, and a peer it waits for
+        // may in turn wait for this rank: a hang, were the abort held
+        // until every node had ended).
+        let mut tell_at: Option<tokio::time::Instant> = None;
+        let mut told = false;
+        let best = |failures: &[(u8, GraphError)]| {
+            failures
+                .iter()
+                .enumerate()
+                .min_by_key(|(i, (p, _))| (*p, *i))
+                .map(|(i, _)| i)
+        };
         loop {
             let res = tokio::select! {
                 res = set.join_next_with_id() => match res {
                     Some(res) => res,
                     None => break,
                 },
+                _ = tokio::time::sleep_until(tell_at.unwrap_or_else(tokio::time::Instant::now)),
+                    if tell_at.is_some() && !told =>
+                {
+                    if let Some(pos) = best(&failures) {
+                        let e = &failures[pos].1;
+                        tracing::debug!("{e} (nodes still ending)");
+                        self.ctx.comm().abort(&e.to_string());
+                    }
+                    told = true;
+                    continue;
+                }
                 _ = check.tick(), if failures.is_empty() => {
                     if let Some(e) = self.ctx.comm().failure() {
                         let seen = *failure_seen.get_or_insert_with(tokio::time::Instant::now);
@@ -172,6 +198,7 @@ impl Graph {
                             continue;
                         }
                         set.abort_all();
+                        tell_at = Some(tokio::time::Instant::now() + DRAIN_GRACE);
                         failures.push((
                             NodeError::Comm(e.clone()).consequence_rank(),
                             GraphError {
@@ -199,6 +226,7 @@ impl Graph {
             };
             if failures.is_empty() {
                 set.abort_all();
+                tell_at = Some(tokio::time::Instant::now() + DRAIN_GRACE);
             }
             let node = names.get(&id).cloned().unwrap_or_default();
             failures.push((
@@ -210,17 +238,13 @@ impl Graph {
                 },
             ));
         }
-        let Some(pos) = failures
-            .iter()
-            .enumerate()
-            .min_by_key(|(i, (p, _))| (*p, *i))
-            .map(|(i, _)| i)
-        else {
+        let Some(pos) = best(&failures) else {
             return Ok(());
         };
         let e = failures.swap_remove(pos).1;
         tracing::debug!("{e}");
-        // Ranks blocked on this one must not wait forever.
+        // Ranks blocked on this one must not wait forever (a no-op where
+        // they were told already).
         self.ctx.comm().abort(&e.to_string());
         Err(e)
     }
@@ -229,6 +253,12 @@ impl Graph {
 /// How often a running graph checks its communicator for a peer's failure
 /// (one lock and a clone of nothing where there is none).
 const FAILURE_CHECK: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// How long a failed graph's cancelled nodes have to end before the other
+/// ranks are told of the failure all the same: long enough for a node
+/// that fails as a consequence (a producer whose consumer failed) to be
+/// seen, so that the cause is what the ranks are told.
+const DRAIN_GRACE: std::time::Duration = std::time::Duration::from_millis(200);
 
 /// How long a failure the communicator has seen is left to the nodes to
 /// report (under their own names) before the graph cancels them.

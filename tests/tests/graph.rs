@@ -582,3 +582,67 @@ fn a_peer_failure_cancels_nodes_that_send_nothing() {
         }
     }
 }
+
+/// A failed rank tells the others without waiting for a node that cannot
+/// be cancelled (one in synchronous work or a blocking wait): before, the
+/// abort went out only once every node had ended, so the other ranks
+/// waited for it all that time, and for ever where that node itself waited
+/// on them.
+#[test]
+fn a_failure_is_told_while_a_node_still_works() {
+    /// Longer than the others' wait below.
+    const BUSY: Duration = Duration::from_secs(10);
+    async fn one(ctx: Context, failing: u32) -> Result<u64, GraphError> {
+        let me = ctx.rank();
+        let mut g = Graph::new(ctx.clone());
+        if me == failing {
+            g.add("broken", async { Err(NodeError::other("broken at once")) });
+            g.add("busy", async {
+                // Synchronous work a cancel cannot stop.
+                tokio::task::block_in_place(|| std::thread::sleep(BUSY));
+                Ok(())
+            });
+        } else {
+            let comm = ctx.comm().clone();
+            g.add("waiting", async move {
+                comm.recv(failing, Tag::new(OpId(1 << 30), 0)).await?;
+                Ok(())
+            });
+        }
+        let res = g.run().await;
+        let _ = ctx.comm().shutdown().await;
+        res.map(|()| 0)
+    }
+    let rt = runtime();
+    for n in [2u32, 3] {
+        for backend in ["local", "tcp"] {
+            rt.block_on(async {
+                let failing = 0;
+                let hs: Vec<_> = world(backend, n)
+                    .await
+                    .into_iter()
+                    .map(|c| tokio::spawn(one(c, failing)))
+                    .collect();
+                let mut hs = hs.into_iter();
+                let first = hs.next().expect("rank 0");
+                for (r, h) in hs.enumerate() {
+                    let r = r + 1;
+                    let res = tokio::time::timeout(Duration::from_secs(6), h)
+                        .await
+                        .unwrap_or_else(|_| {
+                            panic!("{backend}, {n} ranks: rank {r} was not told in 6 s")
+                        })
+                        .expect("graph task");
+                    let e = res.expect_err("a rank ended well");
+                    assert!(e.to_string().contains("broken at once"), "{backend}: {e}");
+                }
+                let e = tokio::time::timeout(BUSY * 2, first)
+                    .await
+                    .expect("the failing rank ended")
+                    .expect("graph task")
+                    .expect_err("the failing rank ended well");
+                assert_eq!(e.node, "broken", "{e}");
+            });
+        }
+    }
+}
