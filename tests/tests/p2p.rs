@@ -298,6 +298,26 @@ fn landing_receives_get_their_message_on_every_backend() {
                 "{backend} {i}"
             );
         }
+        // 7. A landing partly written already, posted first, of the
+        // message's length: not landed (its rest is shorter than the
+        // message), the message's own bytes whole. It was landed from its
+        // filled mark: tcp read the message's first bytes into the rest
+        // and its last ones as the next frame; MPI wrote past the landing.
+        let zone = LandingZone::new(vec![0u8; big]);
+        let mut l = zone.landing(0, big).unwrap();
+        assert!(l.put_copied(&[9u8; 10]));
+        let recv = b.recv_landing(0, tag(30), l);
+        a.send(1, tag(30), Buffer::from_vec(payload(30, big)))
+            .await
+            .unwrap();
+        a.send(1, tag(30), Buffer::from_vec(payload(31, 1000)))
+            .await
+            .unwrap();
+        let got = recv.await.unwrap();
+        assert_eq!(check_payload(30, got.as_slice()), Ok(()), "{backend}");
+        assert!(!zone.holds(&got, 0), "{backend}");
+        let next = b.recv(0, tag(30)).await.unwrap();
+        assert_eq!(check_payload(31, next.as_slice()), Ok(()), "{backend}");
     }
 
     let rt = runtime();

@@ -457,8 +457,12 @@ impl Mailbox {
             .iter_mut()
             .filter(|w| !w.tx.is_closed())
             .nth(ahead)?;
+        // Only an unwritten landing of the message's length: the
+        // transports write the message from the landing's filled mark, so
+        // a partly written one would take its first bytes and leave the
+        // rest (tcp: read as the next frame; MPI: written past the end).
         match &w.landing {
-            Some(l) if l.len() == len => w.landing.take(),
+            Some(l) if l.len() == len && l.filled() == 0 => w.landing.take(),
             _ => None,
         }
     }
