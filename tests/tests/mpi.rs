@@ -141,6 +141,30 @@ fn mpi_sends_complete_before_their_receives_are_posted() {
     }
 }
 
+/// A communicator dropped without a shutdown, with a large send in flight:
+/// its engine shuts down by itself (the send finishes, MPI is finalised
+/// once every rank has), no rank panics and the job ends well. Before,
+/// MPI was finalised at once under the live send, and dropping it then
+/// panicked in rsmpi.
+#[test]
+fn mpi_a_communicator_dropped_without_shutdown_ends_cleanly() {
+    for n in [2, 3] {
+        let mut job = mpirun(n);
+        let out = output_within(
+            job.args(["orphan", &(4 << 20).to_string()]),
+            Duration::from_secs(60),
+        );
+        let (stdout, stderr) = (
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+        );
+        assert!(out.status.success(), "{n} ranks: {stdout}\n{stderr}");
+        assert!(!stderr.contains("panicked"), "{n} ranks: {stderr}");
+        let ok = stdout.lines().filter(|l| *l == "orphan ok").count();
+        assert_eq!(ok, n as usize, "{n} ranks: {stdout}\n{stderr}");
+    }
+}
+
 /// A rank that computes (sleeps, its communicator untouched) still
 /// receives: a large message from a peer it exchanges with is held for a
 /// receive at first, then released by the progress thread at its limit

@@ -403,8 +403,10 @@ struct Engine {
     /// Shutdown's barrier completed: the progress thread finalises and
     /// answers; no pass calls MPI any more.
     finished: Option<oneshot::Sender<()>>,
-    /// MPI is finalised (or every handle is gone): passes do nothing.
+    /// MPI is finalised: passes do nothing.
     gone: bool,
+    /// Every handle is gone without a shutdown (one was started for them).
+    orphaned: bool,
     pool: Arc<BufferPool>,
     mailbox: Arc<Mailbox>,
     stats: Arc<Statistics>,
@@ -418,8 +420,8 @@ unsafe impl Send for Engine {}
 
 impl Engine {
     /// Step 1 of a pass: takes the queued requests, posting each send
-    /// (`MPI_Isend`). Returns whether it posted any. Sets `gone` when every
-    /// handle is gone without a shutdown.
+    /// (`MPI_Isend`). Returns whether it posted any. Starts a shutdown when
+    /// every handle is gone without one.
     fn take_requests(&mut self) -> bool {
         let mut busy = false;
         loop {
@@ -444,10 +446,19 @@ impl Engine {
                 Ok(Req::Shutdown(done)) => self.shutdown_asked = Some(done),
                 Err(mpsc::TryRecvError::Empty) => return busy,
                 Err(mpsc::TryRecvError::Disconnected) => {
-                    // Every handle is gone without a shutdown: leave MPI as
-                    // it is (the process is ending).
-                    self.gone = true;
-                    return false;
+                    // Every handle is gone without a shutdown: this rank
+                    // shuts down all the same, with no one to answer (its
+                    // sends and receives in flight finish, the peers hear
+                    // its finish, MPI is finalised once they have too).
+                    // Finalising at once would end MPI under requests
+                    // still in flight, which rsmpi then panics on.
+                    if !self.orphaned {
+                        self.orphaned = true;
+                        if self.shutdown_asked.is_none() && !self.notices_sent {
+                            self.shutdown_asked = Some(oneshot::channel().0);
+                        }
+                    }
+                    return busy;
                 }
             }
         }
@@ -461,9 +472,6 @@ impl Engine {
         }
         // 1. New requests.
         let mut busy = self.take_requests();
-        if self.gone {
-            return Pass::Idle;
-        }
         // 2. Outstanding sends.
         let mut i = 0;
         while i < self.pending.len() {
@@ -991,16 +999,18 @@ impl MpiComm {
             .name("braid-mpi".into())
             .spawn(move || progress(rx, ready_tx, mb, tag_ub))
             .map_err(|e| CommError::Bootstrap {
-                rank: Rank::MAX,
+                rank,
                 detail: format!("cannot start the MPI progress thread: {e}"),
             })?;
         let shared = ready_rx.recv().map_err(|_| CommError::Bootstrap {
-            rank: Rank::MAX,
+            rank,
             detail: "the MPI progress thread died during MPI_Init".into(),
         })??;
+        // (No MPI call here: under MPI_THREAD_FUNNELED only the progress
+        // thread may make one.)
         let (rank, nranks, stats, tags) = {
             let e = shared.lock();
-            (e.rank, e.world.size() as u32, e.stats.clone(), e.tags)
+            (e.rank, e.nranks, e.stats.clone(), e.tags)
         };
         Ok(MpiComm {
             rank,
@@ -1137,6 +1147,7 @@ fn progress(
             barrier: None,
             finished: None,
             gone: false,
+            orphaned: false,
             pool: BufferPool::new(1 << 30),
             mailbox,
             stats: Arc::new(Statistics::new(rank, nranks)),

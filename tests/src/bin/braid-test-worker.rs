@@ -58,6 +58,10 @@ fn main() -> ExitCode {
     };
     let mode = args.first().cloned().unwrap_or_default();
     let arg: u64 = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(0);
+    #[cfg(feature = "mpi")]
+    if mode == "orphan" {
+        return orphan(arg as usize);
+    }
     let res = braid_core::run_world(&spec, MemoryLimits::UNLIMITED, move |ctx| {
         let mode = mode.clone();
         async move {
@@ -272,4 +276,34 @@ fn main() -> ExitCode {
             }
         }
     }
+}
+
+/// `orphan LEN` (mpi): every rank starts a send of LEN bytes to the next
+/// rank and drops it and its communicator without a shutdown, then lives
+/// on for 3 s. The engine shuts down for the lost handles (the send
+/// finishes, MPI is finalised) instead of finalising under a live
+/// request; prints `orphan ok` once the 3 s are over.
+#[cfg(feature = "mpi")]
+fn orphan(len: usize) -> ExitCode {
+    use braid_core::Communicator as _;
+    let comm = match braid_core::comm::mpi::MpiComm::init() {
+        Ok(c) => c,
+        Err(e) => {
+            // One write: ranks share mpirun's stderr.
+            let line = format!("error: {e}\n");
+            eprint!("{line}");
+            return ExitCode::from(2);
+        }
+    };
+    let (me, n) = (comm.rank(), comm.nranks());
+    let send = comm.send(
+        (me + 1) % n,
+        Tag::new(OpId(6), 0),
+        Buffer::from_vec(payload(48, len)),
+    );
+    drop(send);
+    drop(comm);
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    println!("orphan ok");
+    ExitCode::SUCCESS
 }
