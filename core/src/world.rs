@@ -232,6 +232,26 @@ pub(crate) fn first_comm_error<'a>(
 mod tests {
     use super::*;
 
+    /// A rank's task that failed outside its job (a panic the job did not
+    /// catch) is reported under the rank's own number: a tcp or MPI
+    /// process's one rank was named rank 0, its place in the list.
+    #[test]
+    fn a_failed_task_is_reported_under_its_rank() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap_or_else(|e| panic!("{e}"));
+        let je = rt
+            .block_on(async { tokio::spawn(async { panic!("in the shutdown") }).await })
+            .err()
+            .unwrap_or_else(|| panic!("the task did not fail"));
+        let (_tx, rx) = std::sync::mpsc::channel();
+        let outcomes: Vec<(Rank, Outcome<()>)> = vec![(5, Err(je))];
+        let e = collect(outcomes, &rx)
+            .err()
+            .unwrap_or_else(|| panic!("no error"));
+        assert_eq!(e.rank, 5, "{e}");
+    }
+
     /// A node that failed on a peer's death or abort is "caused by the
     /// peer" (exit status 4), also where the node's error is the
     /// `CommError` itself (`NodeError::Comm`, a transparent wrapper whose
@@ -496,9 +516,12 @@ fn run_shared<T: Send + 'static>(
     limits: MemoryLimits,
     start: RankStart<T>,
 ) -> Result<Vec<(Rank, T)>, RankError> {
+    // The rank an error before the contexts names: this process's.
     let rank = match spec {
         WorldSpec::Tcp(cfg) => cfg.rank,
-        _ => 0,
+        #[cfg(feature = "mpi")]
+        WorldSpec::Mpi => mpi_launch_rank().unwrap_or(0),
+        WorldSpec::Local { .. } => 0,
     };
     let rt = runtime(workers, rank, "braid-worker")?;
     let (err_tx, err_rx) = std::sync::mpsc::channel();
@@ -511,17 +534,21 @@ fn run_shared<T: Send + 'static>(
             })?;
         let handles: Vec<_> = ctxs
             .into_iter()
-            .map(|ctx| tokio::spawn(crate::event::spawned_task(start(ctx, err_tx.clone()))))
+            .map(|ctx| {
+                let r = ctx.rank();
+                let task = crate::event::spawned_task(start(ctx, err_tx.clone()));
+                (r, tokio::spawn(task))
+            })
             .collect();
         drop(err_tx);
         let mut outcomes = Vec::new();
-        for h in handles {
-            outcomes.push(h.await);
+        for (r, h) in handles {
+            outcomes.push((r, h.await));
         }
         Ok::<_, RankError>(outcomes)
     });
     let failed = match &outcomes {
-        Ok(o) => o.iter().any(|o| !matches!(o, Ok(Ok(_)))),
+        Ok(o) => o.iter().any(|(_, o)| !matches!(o, Ok(Ok(_)))),
         Err(_) => true,
     };
     end_runtime(rt, failed);
@@ -599,25 +626,31 @@ fn run_rank_threads<T: Send + 'static>(
     drop(err_tx);
     let mut outcomes = Vec::new();
     for (rank, t) in threads.into_iter().enumerate() {
-        outcomes.push(t.join().unwrap_or_else(|p| {
-            // run_rank catches the job's panics; this is one of the runtime.
-            Ok(Err(RankError {
-                rank: rank as Rank,
-                source: format!("panicked: {}", crate::graph::panic_message(p)).into(),
-            }))
-        }));
+        let rank = rank as Rank;
+        outcomes.push((
+            rank,
+            t.join().unwrap_or_else(|p| {
+                // run_rank catches the job's panics; this is one of the runtime.
+                Ok(Err(RankError {
+                    rank,
+                    source: format!("panicked: {}", crate::graph::panic_message(p)).into(),
+                }))
+            }),
+        ));
     }
     collect(outcomes, &err_rx)
 }
 
 /// The ranks' results in rank order, or the first error reported.
+/// `outcomes` are by rank (the rank's number, which for a tcp or MPI
+/// process's one rank is not its place in the list).
 fn collect<T>(
-    outcomes: Vec<Outcome<T>>,
+    outcomes: Vec<(Rank, Outcome<T>)>,
     first_error: &std::sync::mpsc::Receiver<RankError>,
 ) -> Result<Vec<(Rank, T)>, RankError> {
     let mut out = Vec::new();
     let mut failed = None;
-    for (rank, o) in outcomes.into_iter().enumerate() {
+    for (rank, o) in outcomes {
         match o {
             Ok(Ok(v)) => out.push(v),
             Ok(Err(e)) => {
@@ -626,7 +659,7 @@ fn collect<T>(
             Err(je) => {
                 tracing::error!("rank {rank}: its task failed: {je}");
                 failed.get_or_insert(RankError {
-                    rank: rank as Rank,
+                    rank,
                     source: format!("its task failed: {je}").into(),
                 });
             }
