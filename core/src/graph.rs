@@ -199,11 +199,19 @@ impl Graph {
                         }
                         set.abort_all();
                         tell_at = Some(tokio::time::Instant::now() + DRAIN_GRACE);
+                        // (This rank's own abort: another graph or task
+                        // of this rank failed, not a peer.)
+                        let node = match &e {
+                            CommError::Aborted { peer, .. } if *peer == rank => {
+                                "(the job: this rank failed elsewhere while these nodes ran)"
+                            }
+                            _ => "(the job: a peer failed while this rank's nodes ran)",
+                        };
                         failures.push((
                             NodeError::Comm(e.clone()).consequence_rank(),
                             GraphError {
                                 rank,
-                                node: "(the job: a peer failed while this rank's nodes ran)".into(),
+                                node: node.into(),
                                 source: NodeError::Comm(e),
                             },
                         ));

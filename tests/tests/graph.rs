@@ -646,3 +646,45 @@ fn a_failure_is_told_while_a_node_still_works() {
         }
     }
 }
+
+/// Two graphs of one rank at once: where one fails, the other's nodes are
+/// cancelled (the rank's communicator has failed) and its error says the
+/// failure was this rank's own, not a peer's.
+#[test]
+fn a_graph_cancelled_by_its_own_ranks_failure_says_so() {
+    async fn busy(ctx: Context) -> Result<(), GraphError> {
+        let mut g = Graph::new(ctx);
+        g.add("busy", async {
+            tokio::time::sleep(Duration::from_secs(30)).await;
+            Ok(())
+        });
+        g.run().await
+    }
+    async fn failing(ctx: Context) -> Result<(), GraphError> {
+        let mut g = Graph::new(ctx);
+        g.add("broken", async {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            Err(NodeError::other("broken"))
+        });
+        g.run().await
+    }
+    let rt = runtime();
+    rt.block_on(async {
+        for backend in ["local", "tcp"] {
+            let ctxs = world(backend, 2).await;
+            let c0 = ctxs[0].clone();
+            let (a, b) = tokio::time::timeout(
+                Duration::from_secs(20),
+                futures::future::join(busy(c0.clone()), failing(c0)),
+            )
+            .await
+            .expect("the busy graph was not cancelled");
+            assert_eq!(b.expect_err("failing graph").node, "broken");
+            let a = a.expect_err("the busy graph ended well");
+            assert!(
+                a.node.contains("this rank failed elsewhere"),
+                "{backend}: {a}"
+            );
+        }
+    });
+}
