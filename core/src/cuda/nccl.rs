@@ -196,6 +196,32 @@ impl Watch<'_> {
     }
 }
 
+impl Watch<'_> {
+    /// Polls `ev` until it completes: an error if the job is aborting or
+    /// the host communicator fails meanwhile (the caller then aborts the
+    /// NCCL communicator).
+    fn complete(&self, ev: &GpuEvent, call: &'static str) -> Result<(), CudaError> {
+        let mut last_check = Instant::now();
+        while !ev.try_is_complete(self.rank)? {
+            if self.flag.load(Ordering::Acquire) {
+                return Err(CudaError::Nccl {
+                    rank: self.rank,
+                    call,
+                    detail: "aborted while the call was in progress".into(),
+                });
+            }
+            if last_check.elapsed() >= CHECK_EVERY {
+                last_check = Instant::now();
+                if let Some(e) = self.host.failure() {
+                    return Err(e.into());
+                }
+            }
+            std::thread::yield_now();
+        }
+        Ok(())
+    }
+}
+
 type NcclResult = Result<nres::NcclStatus, nres::NcclError>;
 
 impl NcclWork<'_> {
@@ -880,25 +906,40 @@ fn warm_up(w: &NcclWork<'_>, gpu: &Arc<Gpu>) -> Result<(), CudaError> {
     let n = w.nranks();
     let big = 4 << 20;
     // Two disjoint regions: `a` (big bytes) and `b` (big bytes).
-    let buf = super::DeviceBuffer::alloc(gpu, 2 * big)?;
-    let (a, b) = (buf.ptr(), buf.ptr() + big as u64);
-    for count in [8usize, big] {
-        w.all_reduce(a, a, count / 4, NcclDType::F32, NcclOp::Sum)?;
-        w.broadcast(a, a, count, NcclDType::U8, 0)?;
-    }
-    let per = big / n as usize / 4 * 4;
-    w.all_gather(b, a, per, NcclDType::U8)?;
-    w.reduce_scatter(a, b, per / 4, NcclDType::F32, NcclOp::Sum)?;
-    w.group(|w| {
-        for p in 0..n {
-            w.send(a, 64, NcclDType::U8, p)?;
-            w.recv(b, 64, NcclDType::U8, p)?;
+    let buf = super::DeviceBuffer::alloc(gpu, 2 * big);
+    let r = buf.as_ref().map_err(Clone::clone).and_then(|buf| {
+        let (a, b) = (buf.ptr(), buf.ptr() + big as u64);
+        for count in [8usize, big] {
+            w.all_reduce(a, a, count / 4, NcclDType::F32, NcclOp::Sum)?;
+            w.broadcast(a, a, count, NcclDType::U8, 0)?;
         }
-        Ok(())
-    })?;
-    w.stream()
-        .synchronize()
-        .map_err(|e| CudaError::driver(w.rank(), "cuStreamSynchronize", e))
+        let per = big / n as usize / 4 * 4;
+        w.all_gather(b, a, per, NcclDType::U8)?;
+        w.reduce_scatter(a, b, per / 4, NcclDType::F32, NcclOp::Sum)?;
+        w.group(|w| {
+            for p in 0..n {
+                w.send(a, 64, NcclDType::U8, p)?;
+                w.recv(b, 64, NcclDType::U8, p)?;
+            }
+            Ok(())
+        })?;
+        // Waited for as the thread waits for any work: a peer that fails
+        // meanwhile (its warm-up calls never come) fails this one too,
+        // rather than hold a stream synchronise for ever.
+        let ev = gpu.record(w.stream())?;
+        w.watch.complete(&ev, "warm-up")
+    });
+    if r.is_err() {
+        // SAFETY: abort is the documented way out of hung operations; the
+        // communicator is not used again. Before `buf` goes back to the
+        // pool: the stream may still be reading it.
+        unsafe {
+            let _ = nsys::ncclCommAbort(w.comm);
+        }
+        let _ = w.stream().synchronize();
+    }
+    drop(buf);
+    r
 }
 
 /// The communicator's configuration (NCCL_CONFIG_INITIALIZER with the
@@ -1003,11 +1044,8 @@ fn serve(
         path,
     };
     if matches!(link, Link::Nccl(_, NcclMode::Blocking)) {
+        // (A failed warm-up has aborted the communicator.)
         if let Err(e) = warm_up(&work, &gpu) {
-            // SAFETY: abort frees a communicator that cannot be used.
-            unsafe {
-                let _ = nsys::ncclCommAbort(comm);
-            }
             let _ = init.send(Err(e));
             return;
         }
@@ -1016,6 +1054,13 @@ fn serve(
     let mut queued: BTreeMap<u64, Option<Request>> = BTreeMap::new();
     let mut next = 0u64;
     let mut pending: VecDeque<Pending> = VecDeque::new();
+    // Requests that failed once their work may have been enqueued (a
+    // failed NCCL call, a panic inside a group, a failed event record):
+    // answered with their error only after the abort below has let the
+    // stream drain, so that what they hold (the output the answer hands
+    // back, the inputs) cannot go back to the pool while NCCL still uses
+    // it.
+    let mut failed_late: Vec<(Reply, Vec<KeepAlive>, CudaError)> = Vec::new();
     let mut aborted: Option<String> = None;
     let mut closed = false;
     let mut last_activity = Instant::now();
@@ -1086,6 +1131,10 @@ fn serve(
             // Let what was enqueued finish (or fail) before the buffers the
             // pending requests hold go back to the pool.
             let _ = stream.synchronize();
+            for (reply, keep, e) in failed_late.drain(..) {
+                reply.send(Err(e));
+                drop(keep);
+            }
             for p in pending.drain(..) {
                 fail(p.reply, why);
             }
@@ -1121,10 +1170,14 @@ fn serve(
                 }
                 // A panicking request must not take the thread (and every
                 // later request) with it.
+                // (Not `Invalid`: it may have panicked with part of its
+                // work enqueued, or inside a group left open; the
+                // communicator is aborted.)
                 let w = std::panic::AssertUnwindSafe(|| (req.work)(&work));
                 std::panic::catch_unwind(w).unwrap_or_else(|_| {
-                    Err(CudaError::Invalid {
+                    Err(CudaError::Nccl {
                         rank,
+                        call: "request",
                         detail: "a request's work panicked on the NCCL thread".into(),
                     })
                 })?;
@@ -1136,13 +1189,15 @@ fn serve(
                     reply: req.reply,
                     _keep: req.keep,
                 }),
+                // A request refused before any work (bad arguments).
+                Err(e @ CudaError::Invalid { .. }) => req.reply.send(Err(e)),
                 Err(e) => {
                     // A failed NCCL call leaves the communicator unusable;
                     // everything after it fails the same way.
-                    if !matches!(e, CudaError::Invalid { .. }) && aborted.is_none() {
+                    if aborted.is_none() {
                         aborted = Some(e.to_string());
                     }
-                    req.reply.send(Err(e));
+                    failed_late.push((req.reply, req.keep, e));
                 }
             }
             last_activity = Instant::now();
