@@ -1772,21 +1772,31 @@ mod tests {
                 c
             };
             let c0 = tokio::spawn(TcpComm::connect(cfg(0)));
-            let c1 = tokio::spawn(TcpComm::connect(cfg(1)));
-            tokio::time::sleep(Duration::from_millis(500)).await;
-            let again = tokio::time::timeout(Duration::from_secs(10), TcpComm::connect(cfg(1)))
-                .await
-                .unwrap_or_else(|_| panic!("the second rank 1 waited"));
-            let e = again.err().map(|e| e.to_string()).unwrap_or_default();
-            assert!(e.contains("two processes joined as rank 1"), "{e}");
-            let c2 = TcpComm::connect(cfg(2))
-                .await
-                .unwrap_or_else(|e| panic!("rank 2: {e}"));
+            // Either rank 1 may register first: the other is the one told.
+            let mut a = tokio::spawn(TcpComm::connect(cfg(1)));
+            let mut b = tokio::spawn(TcpComm::connect(cfg(1)));
             let ok = |j: Result<Result<TcpComm, CommError>, tokio::task::JoinError>| {
                 j.unwrap_or_else(|e| panic!("{e}"))
                     .unwrap_or_else(|e| panic!("{e}"))
             };
-            let (c0, c1) = (ok(c0.await), ok(c1.await));
+            let (told, first) = tokio::time::timeout(Duration::from_secs(10), async {
+                tokio::select! {
+                    t = &mut a => (t, b),
+                    t = &mut b => (t, a),
+                }
+            })
+            .await
+            .unwrap_or_else(|_| panic!("neither rank 1 was told"));
+            let e = told
+                .unwrap_or_else(|e| panic!("{e}"))
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
+            assert!(e.contains("two processes joined as rank 1"), "{e}");
+            let c2 = TcpComm::connect(cfg(2))
+                .await
+                .unwrap_or_else(|e| panic!("rank 2: {e}"));
+            let (c0, c1) = (ok(c0.await), ok(first.await));
             let _ = tokio::join!(c0.shutdown(), c1.shutdown(), c2.shutdown());
         });
     }
