@@ -166,7 +166,6 @@ impl Graph {
         // may in turn wait for this rank: a hang, were the abort held
         // until every node had ended).
         let mut tell_at: Option<tokio::time::Instant> = None;
-        let mut told = false;
         let best = |failures: &[(u8, GraphError)]| {
             failures
                 .iter()
@@ -181,14 +180,16 @@ impl Graph {
                     None => break,
                 },
                 _ = tokio::time::sleep_until(tell_at.unwrap_or_else(tokio::time::Instant::now)),
-                    if tell_at.is_some() && !told =>
+                    if tell_at.is_some() =>
                 {
+                    // (Once: later failures are no first one, and set no
+                    // time again.)
+                    tell_at = None;
                     if let Some(pos) = best(&failures) {
                         let e = &failures[pos].1;
                         tracing::debug!("{e} (nodes still ending)");
                         self.ctx.comm().abort(&e.to_string());
                     }
-                    told = true;
                     continue;
                 }
                 _ = check.tick(), if failures.is_empty() => {

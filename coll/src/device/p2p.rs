@@ -4,8 +4,8 @@
 //! SendRecv: distinct send and receive peers (ring steps). With checks on,
 //! the sender also tells the receiver its length over the host (one small
 //! frame of the call's kind, under [`AGREE_STAGE`] as every device
-//! collective's first host message); a receiver whose buffer has another length fails and aborts
-//! the job, which aborts NCCL on every rank.
+//! collective's first host message); a receiver whose buffer has another
+//! length fails and aborts the job, which aborts NCCL on every rank.
 //!
 //! HaloExchange: one object per round, like the host one. Sizes go first
 //! over the host (each rank sends a one-word frame to each existing

@@ -159,8 +159,7 @@ impl Watch<'_> {
     /// settled: `Ok` once it has, an error if it failed or if the job is
     /// aborting meanwhile (the caller then aborts the communicator).
     fn settle(&self, comm: nsys::ncclComm_t, call: &'static str) -> Result<(), CudaError> {
-        let mut last_check = Instant::now();
-        loop {
+        self.poll(call, || {
             let mut st = nsys::ncclResult_t::ncclSuccess;
             // SAFETY: a live communicator and an out-parameter.
             let r = unsafe { nsys::ncclCommGetAsyncError(comm, &mut st) };
@@ -168,41 +167,33 @@ impl Watch<'_> {
                 st = r;
             }
             match st {
-                nsys::ncclResult_t::ncclSuccess => return Ok(()),
-                nsys::ncclResult_t::ncclInProgress => {}
-                e => {
-                    return Err(CudaError::Nccl {
-                        rank: self.rank,
-                        call,
-                        detail: format!("{e:?}"),
-                    });
-                }
-            }
-            if self.flag.load(Ordering::Acquire) {
-                return Err(CudaError::Nccl {
+                nsys::ncclResult_t::ncclSuccess => Ok(true),
+                nsys::ncclResult_t::ncclInProgress => Ok(false),
+                e => Err(CudaError::Nccl {
                     rank: self.rank,
                     call,
-                    detail: "aborted while the call was in progress".into(),
-                });
+                    detail: format!("{e:?}"),
+                }),
             }
-            if last_check.elapsed() >= CHECK_EVERY {
-                last_check = Instant::now();
-                if let Some(e) = self.host.failure() {
-                    return Err(e.into());
-                }
-            }
-            std::thread::yield_now();
-        }
+        })
     }
-}
 
-impl Watch<'_> {
     /// Polls `ev` until it completes: an error if the job is aborting or
     /// the host communicator fails meanwhile (the caller then aborts the
     /// NCCL communicator).
     fn complete(&self, ev: &GpuEvent, call: &'static str) -> Result<(), CudaError> {
+        self.poll(call, || ev.try_is_complete(self.rank))
+    }
+
+    /// Calls `done` until it says so (or fails), yielding between calls;
+    /// fails where the job aborts or the host communicator fails meanwhile.
+    fn poll(
+        &self,
+        call: &'static str,
+        mut done: impl FnMut() -> Result<bool, CudaError>,
+    ) -> Result<(), CudaError> {
         let mut last_check = Instant::now();
-        while !ev.try_is_complete(self.rank)? {
+        while !done()? {
             if self.flag.load(Ordering::Acquire) {
                 return Err(CudaError::Nccl {
                     rank: self.rank,
