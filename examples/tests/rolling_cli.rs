@@ -444,6 +444,81 @@ fn csv_output_keeps_its_header_and_quoted_line_breaks() {
     }
 }
 
+/// Column names holding a comma or a backslash (CSV headers such as
+/// "price, USD") are named with `\,` and `\\` in `--values` and `--by`;
+/// the result matches a brute-force rolling sum and count, on 1-3 ranks.
+#[test]
+fn column_names_with_commas_are_named_escaped() {
+    let scratch = Scratch::new("cli-comma-names");
+    let d = scratch.path();
+    let input = d.join("in.csv");
+    let groups = ["a", "b, c", "d"];
+    // (group, ts, value): distinct ts within a group, values in halves
+    // (sums exact), rows written out of order.
+    let mut rows: Vec<(usize, i64, f64)> = (0..60i64)
+        .map(|i| {
+            (
+                (i * 7 % 3) as usize,
+                i * 5 % 61,
+                ((i * 13) % 17) as f64 / 2.0,
+            )
+        })
+        .collect();
+    let mut text = String::from("ts,\"price, USD\",g\\x\n");
+    for (g, ts, v) in &rows {
+        text.push_str(&format!("{ts},{v:?},\"{}\"\n", groups[*g]));
+    }
+    std::fs::write(&input, text).unwrap();
+    // Brute force: window 10, closed right (ts - 10, ts], within a group.
+    rows.sort_by_key(|r| (r.0, r.1));
+    let mut want = String::from("ts,\"price, USD\",g\\x,\"price, USD_sum\",\"price, USD_count\"\n");
+    for (g, ts, v) in &rows {
+        let inside = rows
+            .iter()
+            .filter(|(g2, t2, _)| g2 == g && *t2 > ts - 10 && t2 <= ts);
+        let (sum, n) = inside.fold((0.0, 0), |(s, n), r| (s + r.2, n + 1));
+        let name = groups[*g];
+        let name = if name.contains(',') {
+            format!("\"{name}\"")
+        } else {
+            name.to_string()
+        };
+        want.push_str(&format!("{ts},{v:?},{name},{sum:?},{n}\n"));
+    }
+    for ranks in ["1", "2", "3"] {
+        let out = d.join(format!("out-{ranks}.csv"));
+        let (ok, _, err) = run(&[
+            "--input",
+            input.to_str().unwrap(),
+            "--values",
+            "price\\, USD",
+            "--by",
+            "g\\\\x",
+            "--aggs",
+            "sum,count",
+            "--window",
+            "10",
+            "--ranks",
+            ranks,
+            "--output",
+            out.to_str().unwrap(),
+        ]);
+        assert!(ok, "{ranks} ranks: {err}");
+        assert_eq!(
+            std::fs::read_to_string(&out).unwrap(),
+            want,
+            "{ranks} ranks"
+        );
+    }
+    // Unescaped, the comma splits the name, and the error says how to
+    // write it.
+    let (ok, _, err) = run(&["--input", input.to_str().unwrap(), "--values", "price, USD"]);
+    assert!(
+        !ok && err.contains("no column \"price\"") && err.contains("\\,"),
+        "{err}"
+    );
+}
+
 #[test]
 fn header_only_csv_gives_an_empty_result() {
     let scratch = Scratch::new("cli-empty-csv");

@@ -45,11 +45,12 @@ struct Cli {
     #[arg(long, default_value = "ts")]
     order: String,
     /// The group columns, comma-separated (optional): each window holds
-    /// only rows that agree with its row on all of them.
-    #[arg(long, value_delimiter = ',')]
+    /// only rows that agree with its row on all of them. A comma inside a
+    /// name is written `\,` (a backslash itself `\\`).
+    #[arg(long)]
     by: Vec<String>,
-    /// Value columns, comma-separated.
-    #[arg(long, value_delimiter = ',', default_value = "v")]
+    /// Value columns, comma-separated (`\,` for a comma inside a name).
+    #[arg(long, default_value = "v")]
     values: Vec<String>,
     /// Window: an integer in the order column's units (days for a date
     /// column; `10i` on integer columns), or for timestamp and date
@@ -573,19 +574,24 @@ fn build(cli: &Cli) -> Result<(RollingJob, MemoryLimits, Option<u64>), BoxError>
         None => Source::Generator(GeneratorSpec {
             rows: cli.rows,
             keys: cli.keys,
-            span: (cli.rows as i64).saturating_mul(10).max(1),
+            // (past i64::MAX rows, `as` made the span 1: every ts equal)
+            span: i64::try_from(cli.rows)
+                .unwrap_or(i64::MAX)
+                .saturating_mul(10)
+                .max(1),
             seed: cli.seed,
             null_fraction: 0.05,
             timestamp: cli.timestamp,
         }),
     };
     let schema = source.schema()?;
+    let (by, values) = (column_list(&cli.by), column_list(&cli.values));
     // Each named column, checked here so that the error names its option
     // (`--by ,` names no column at all).
     for (option, names) in [
         ("--order", std::slice::from_ref(&cli.order)),
-        ("--by", &cli.by[..]),
-        ("--values", &cli.values[..]),
+        ("--by", &by[..]),
+        ("--values", &values[..]),
     ] {
         for name in names {
             if name.is_empty() {
@@ -594,8 +600,16 @@ fn build(cli: &Cli) -> Result<(RollingJob, MemoryLimits, Option<u64>), BoxError>
                 )
                 .into());
             }
-            braid_nodes::partition::column_index(&schema, name)
-                .map_err(|e| format!("{option}: {}", source.explain(e)))?;
+            braid_nodes::partition::column_index(&schema, name).map_err(|e| {
+                let hint = if option != "--order"
+                    && schema.fields().iter().any(|f| f.name().contains(','))
+                {
+                    " (a comma inside a column name is written \\,)"
+                } else {
+                    ""
+                };
+                format!("{option}: {}{hint}", source.explain(e))
+            })?;
         }
     }
     let order_type = schema
@@ -606,8 +620,8 @@ fn build(cli: &Cli) -> Result<(RollingJob, MemoryLimits, Option<u64>), BoxError>
     check_window_holds_rows(&window, cli.closed, &cli.window)?;
     let spec = RollingSpec {
         order: cli.order.clone(),
-        by: cli.by.clone(),
-        values: cli.values.clone(),
+        by,
+        values,
         window,
         closed: cli.closed,
         aggs: cli.aggs.clone(),
@@ -962,9 +976,51 @@ impl Totals {
     }
 }
 
+/// The column names of `--by` or `--values` (each given once or more):
+/// split at commas, where `\,` is a comma inside a name and `\\` a
+/// backslash (CSV headers such as "price, USD" are names too); any other
+/// backslash is kept as written.
+fn column_list(raw: &[String]) -> Vec<String> {
+    let mut out = Vec::new();
+    for s in raw {
+        let mut name = String::new();
+        let mut chars = s.chars();
+        while let Some(c) = chars.next() {
+            match c {
+                ',' => out.push(std::mem::take(&mut name)),
+                '\\' => match chars.clone().next() {
+                    Some(e @ (',' | '\\')) => {
+                        chars.next();
+                        name.push(e);
+                    }
+                    _ => name.push(c),
+                },
+                c => name.push(c),
+            }
+        }
+        out.push(name);
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Commas split names unless escaped; escapes of a comma or a
+    /// backslash are read, other backslashes kept; every occurrence of the
+    /// option adds its names.
+    #[test]
+    fn column_lists_split_at_unescaped_commas() {
+        let l = |v: &[&str]| column_list(&v.iter().map(|s| s.to_string()).collect::<Vec<_>>());
+        assert_eq!(l(&["a,b"]), ["a", "b"]);
+        assert_eq!(l(&["price\\, USD,b"]), ["price, USD", "b"]);
+        assert_eq!(l(&["a\\\\,b"]), ["a\\", "b"]);
+        assert_eq!(l(&["a\\b", "c"]), ["a\\b", "c"]);
+        assert_eq!(l(&["a,"]), ["a", ""]);
+        assert_eq!(l(&[","]), ["", ""]);
+        assert_eq!(l(&["x\\"]), ["x\\"]);
+    }
 
     const MS: DataType = DataType::Timestamp(TimeUnit::Millisecond, None);
 
