@@ -465,10 +465,16 @@ impl Landing {
 
     /// The landed bytes as a buffer that views the region (no copy); the
     /// zone stays shared until the buffer and its clones are dropped. The
-    /// landing back where not every byte is written yet.
+    /// landing back where not every byte is written yet. A zero-length
+    /// landing gives a plain empty buffer: a view of no bytes would keep
+    /// the zone shared for nothing (`Bytes::from_owner` keeps its owner
+    /// even when empty), and the zone's `into_vec` would then fail.
     pub fn into_buffer(self) -> Result<Buffer, Landing> {
         if self.filled < self.len {
             return Err(self);
+        }
+        if self.len == 0 {
+            return Ok(Buffer::default());
         }
         Ok(Buffer::from_bytes(Bytes::from_owner(Landed(self))))
     }
@@ -650,6 +656,29 @@ mod tests {
                 u32::from_le_bytes([2, 0, 0, 0])
             ]
         );
+    }
+
+    /// An AllReduce block of no elements (more ranks than elements) lands
+    /// in a zero-length region: its buffer must not keep the zone shared,
+    /// or the result cannot be taken back (it failed as "a landed part is
+    /// still held by the transport").
+    #[test]
+    fn an_empty_landing_keeps_nothing_shared() {
+        let zone = LandingZone::new(vec![0u8; 4]);
+        let empty = zone.landing(2, 0).unwrap();
+        let mut l = zone.landing(0, 4).unwrap();
+        l.put_slice(&[1, 2, 3, 4]);
+        let view = l.into_buffer().unwrap_or_else(|_| panic!("filled"));
+        let none = empty
+            .into_buffer()
+            .unwrap_or_else(|_| panic!("nothing to fill"));
+        assert!(none.is_empty());
+        drop(view);
+        let v = zone
+            .into_vec()
+            .unwrap_or_else(|_| panic!("the empty buffer holds the zone"));
+        assert_eq!(v, [1, 2, 3, 4]);
+        drop(none);
     }
 
     #[test]
