@@ -209,8 +209,10 @@ struct State {
     /// Dropped before `insert_finished`: the core fails instead of waiting.
     abandoned: Option<Left>,
     sends: Vec<BoxFuture<'static, Result<(), CollError>>>,
-    /// Partitions extracted already (each may be taken once).
-    extracted: std::collections::HashSet<u32>,
+    /// Partitions extracted already (each may be taken once), with the
+    /// error that lost one whose spilled chunk could not be read back (a
+    /// second call repeats it rather than say "extracted already").
+    extracted: HashMap<u32, Result<(), CollError>>,
 }
 
 /// A shuffle of chunks into `nparts` partitions (one instance per use).
@@ -362,8 +364,18 @@ impl Shuffle {
         s.local_seq += 1;
         let dst = self.owner.owner(pid, self.nparts, self.ctx.nranks());
         if dst == self.site.rank {
-            drop(s);
-            return self.store.put(self.site, pid, dst, seq, chunk);
+            // Stored under the state's lock, as a send is posted under it:
+            // an `insert_finished` on another thread then waits for the
+            // store, so `extract` sees every chunk accepted before it
+            // (stored after the lock, a chunk could land behind an
+            // extraction and be lost while `insert` said Ok). A failed
+            // store (a spill write) fails the collective too, as a failed
+            // send does: the partition would be short of a chunk.
+            let r = self.store.put(self.site, pid, dst, seq, chunk);
+            if let Err(e) = &r {
+                s.sends.push(Box::pin(std::future::ready(Err(e.clone()))));
+            }
+            return r;
         }
         s.sent_to[dst as usize] += 1;
         let meta = Meta::new(CollKind::Shuffle, DType::Bytes).aux(pid).seq(seq);
@@ -483,17 +495,39 @@ impl Shuffle {
                 self.owner
             )));
         }
-        let first = self
+        match self
             .state
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .extracted
-            .insert(pid);
-        if !first {
-            return Err(self
-                .site
-                .invalid(format!("partition {pid} was extracted already")));
+            .entry(pid)
+        {
+            std::collections::hash_map::Entry::Occupied(e) => {
+                return Err(match e.get() {
+                    Err(lost) => lost.clone(),
+                    Ok(()) => self
+                        .site
+                        .invalid(format!("partition {pid} was extracted already")),
+                });
+            }
+            std::collections::hash_map::Entry::Vacant(e) => {
+                e.insert(Ok(()));
+            }
         }
+        let r = self.take_stored(pid);
+        if let Err(e) = &r {
+            self.state
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .extracted
+                .insert(pid, Err(e.clone()));
+        }
+        r
+    }
+
+    /// Partition `pid`'s chunks out of the store (once), spilled ones read
+    /// back; on an error the rest are dropped (their files with the store).
+    fn take_stored(&self, pid: u32) -> Result<Vec<PackedData>, CollError> {
         let mut chunks = self
             .store
             .parts
@@ -573,6 +607,92 @@ mod tests {
             assert_eq!(first, Some(want), "{policy:?}");
             assert_eq!(policy.owner(want, u32::MAX, 8), 3);
             assert_eq!(policy.owner(want - 1, u32::MAX, 8), 2);
+        }
+    }
+
+    /// One rank of an in-process world where every chunk spills (a host
+    /// limit of 0), and its runtime.
+    fn spilling_rank() -> (tokio::runtime::Runtime, Context) {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let limits = braid_core::MemoryLimits {
+            device: None,
+            host: Some(0),
+        };
+        let spec = braid_core::WorldSpec::Local { nranks: 1 };
+        let mut ctxs = rt
+            .block_on(braid_core::world::contexts(&spec, limits))
+            .unwrap();
+        let ctx = ctxs.pop().unwrap();
+        (rt, ctx)
+    }
+
+    fn chunk(bytes: Vec<u8>) -> PackedData {
+        PackedData {
+            metadata: Bytes::new(),
+            data: braid_core::Buffer::from_vec(bytes),
+        }
+    }
+
+    /// A spilled chunk that cannot be read back fails its extraction, and
+    /// a second extraction repeats that error (it said "extracted
+    /// already", hiding why the partition was lost).
+    #[test]
+    fn a_lost_spill_file_fails_every_extraction_of_its_partition() {
+        let (rt, ctx) = spilling_rank();
+        let sh = Shuffle::new(&ctx, 2, PartitionOwner::RoundRobin, None);
+        for i in 0..3u8 {
+            sh.insert(0, chunk(vec![i; 100])).unwrap();
+        }
+        sh.insert(1, chunk(vec![9; 10])).unwrap();
+        sh.insert_finished().unwrap();
+        let dir = sh.store.dir.ready().unwrap().to_path_buf();
+        let files: Vec<_> = std::fs::read_dir(&dir).unwrap().flatten().collect();
+        assert_eq!(files.len(), 4, "every chunk spilled");
+        std::fs::remove_file(dir.join("chunk-1")).unwrap();
+        for _ in 0..2 {
+            let e = rt.block_on(sh.extract(0)).unwrap_err().to_string();
+            assert!(e.contains("chunk-1"), "{e}");
+        }
+        // The other partition is whole.
+        let p1 = rt.block_on(sh.extract(1)).unwrap();
+        assert_eq!(p1.len(), 1);
+        assert_eq!(p1[0].data.as_slice(), &[9; 10]);
+        let e = rt.block_on(sh.extract(1)).unwrap_err().to_string();
+        assert!(e.contains("extracted already"), "{e}");
+    }
+
+    /// A local chunk being stored (here a slow spill write) when another
+    /// thread finishes the inserts and extracts: the insert either fails
+    /// as after the finish, or its chunk is in the partition (it was
+    /// stored after the state's lock and lost while `insert` said Ok).
+    #[test]
+    fn a_chunk_stored_while_another_thread_finishes_is_not_lost() {
+        let (rt, ctx) = spilling_rank();
+        for round in 0..3 {
+            let sh = Arc::new(Shuffle::new(&ctx, 1, PartitionOwner::RoundRobin, None));
+            let big = 64 << 20;
+            let sh2 = sh.clone();
+            let inserter = std::thread::spawn(move || sh2.insert(0, chunk(vec![7; big])));
+            // Finish once the chunk's file is being written.
+            let dir = sh.store.dir.ready().unwrap().to_path_buf();
+            let until = std::time::Instant::now() + std::time::Duration::from_secs(60);
+            while !dir.join("chunk-0").exists() && std::time::Instant::now() < until {
+                std::thread::sleep(std::time::Duration::from_micros(100));
+            }
+            sh.insert_finished().unwrap();
+            let got = rt.block_on(sh.extract(0)).unwrap();
+            let inserted = inserter.join().unwrap();
+            match inserted {
+                Ok(()) => {
+                    assert_eq!(got.len(), 1, "round {round}: an accepted chunk was lost");
+                    assert_eq!(got[0].data.len(), big);
+                }
+                Err(e) => assert!(e.to_string().contains("after insert_finished"), "{e}"),
+            }
         }
     }
 }
