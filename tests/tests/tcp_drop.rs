@@ -110,3 +110,46 @@ fn a_receive_outliving_its_dropped_rank_fails() {
         }
     });
 }
+
+/// Sends still queued when their rank's `TcpComm` is dropped (without a
+/// shutdown) end, done or failed as shut down, instead of waiting for
+/// ever: the connection task stopped at the close and left the rest of
+/// its queue unanswered.
+#[test]
+fn sends_outliving_their_dropped_rank_end() {
+    let rt = runtime();
+    rt.block_on(async {
+        // Before the data connection is made, and once it carries data.
+        for round in 0..4u32 {
+            let mut comms = TcpComm::in_process_world(2).await.unwrap();
+            let tag = Tag::new(OpId(round), 0);
+            let gone = comms.remove(0);
+            if round % 2 == 1 {
+                let first = Tag::new(OpId(100 + round), 0);
+                let (sent, got) = futures::future::join(
+                    gone.send(1, first, Buffer::from_vec(vec![1u8; 8])),
+                    comms[0].recv(0, first),
+                )
+                .await;
+                sent.unwrap();
+                assert_eq!(got.unwrap().as_slice(), &[1u8; 8]);
+            }
+            // 256 MiB in 1000 frames: far more than is written before the
+            // drop's close, and more than one write's batch of frames.
+            let data = Buffer::from_vec(vec![7u8; 256 << 10]);
+            let sends: Vec<_> = (0..1000).map(|_| gone.send(1, tag, data.clone())).collect();
+            drop(gone);
+            let ended =
+                tokio::time::timeout(Duration::from_secs(30), futures::future::join_all(sends))
+                    .await
+                    .unwrap_or_else(|_| {
+                        panic!("round {round}: a send of the dropped rank still waits")
+                    });
+            let failed: Vec<_> = ended.iter().filter_map(|r| r.as_ref().err()).collect();
+            for e in &failed {
+                assert!(e.to_string().contains("shut down"), "{e}");
+            }
+            eprintln!("round {round}: {} of 1000 sends failed", failed.len());
+        }
+    });
+}

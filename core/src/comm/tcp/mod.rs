@@ -1386,9 +1386,12 @@ async fn root_control_reader(
             Ok(Some(other)) => {
                 tracing::warn!(rank = 0, peer, "unexpected control message {other:?}");
             }
-            Ok(None) | Err(_) => {
+            end @ (Ok(None) | Err(_)) => {
                 if !state.is_done(peer) {
-                    let detail = "its process exited or its connection to rank 0 broke".to_string();
+                    let detail = control_lost(
+                        "its process exited or its connection to rank 0 broke",
+                        end.err(),
+                    );
                     let err = CommError::PeerDied {
                         rank: 0,
                         peer,
@@ -1490,16 +1493,29 @@ async fn peer_control_reader(shared: Arc<Shared>, mut rd: tokio::net::tcp::Owned
             Ok(Some(other)) => {
                 tracing::warn!(rank = shared.rank, "unexpected control message {other:?}");
             }
-            Ok(None) | Err(_) => {
+            end @ (Ok(None) | Err(_)) => {
                 if !shared.all_done.is_set() {
                     shared.fail(CommError::PeerDied {
                         rank: shared.rank,
                         peer: 0,
-                        detail: "lost the control connection to rank 0".into(),
+                        detail: control_lost("lost the control connection to rank 0", end.err()),
                     });
                 }
                 return;
             }
+        }
+    }
+}
+
+/// What ended a control connection, for its error: a read that failed
+/// says why, and a malformed or oversized message is named as such (it
+/// was reported as the peer's death alone).
+fn control_lost(ended: &str, err: Option<WireError>) -> String {
+    match err {
+        None => ended.to_string(),
+        Some(WireError::Io(e)) => format!("{ended}: {e}"),
+        Some(e) => {
+            format!("its control message could not be read ({e}); the connection is dropped")
         }
     }
 }

@@ -161,6 +161,14 @@ impl PeerWriter {
             drop(st);
             return Sent::Failed(self.fail_with(format!("write failed: {e}")));
         }
+        // Failed or closed while this wrote: no task writes the queue any
+        // more (the connection task has ended, or answered the queue
+        // already), so the rest of the frame queued would never be answered.
+        if frame.written < total {
+            if let Some(e) = &st.error {
+                return Sent::Failed(e.clone());
+            }
+        }
         let wake = !st.queue.is_empty() || frame.written < total;
         let out = if frame.written < total {
             let (tx, rx) = oneshot::channel();
@@ -192,12 +200,16 @@ impl PeerWriter {
     }
 
     /// Makes the connection task stop, and ends the connection (FIN).
+    /// What is still queued is failed (no task writes it any more: left
+    /// in the queue, its senders waited for ever), and so is every later
+    /// send.
     pub(super) fn close(&self) {
         let stream = {
             let mut st = self.lock();
             st.closed = true;
             st.stream.take()
         };
+        self.fail(CommError::Shutdown { rank: self.rank });
         // The connection ends now, whoever still holds the stream: the
         // peer's reader sees its end and lets go of its rank's state, which
         // holds that rank's own writers. Kept open, every dropped rank of
@@ -246,7 +258,15 @@ impl PeerWriter {
     /// closed or failed. Returns the write error, if any.
     pub(super) async fn run(self: Arc<Self>, stream: TcpStream) -> Result<(), std::io::Error> {
         let stream = Arc::new(stream);
-        self.lock().stream = Some(stream.clone());
+        {
+            let mut st = self.lock();
+            if st.closed {
+                // Connected after `close`: end this connection too.
+                let _ = socket2::SockRef::from(stream.as_ref()).shutdown(std::net::Shutdown::Write);
+                return Ok(());
+            }
+            st.stream = Some(stream.clone());
+        }
         loop {
             let mut batch: Vec<Item> = {
                 let mut st = self.lock();
