@@ -27,7 +27,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::task::Poll;
 use std::time::Instant;
 
-use braid_core::{Context, Event, OpId, Waiting};
+use braid_core::{CommError, Context, Event, OpId, Waiting};
 
 use crate::error::{CollError, CollKind};
 
@@ -245,8 +245,9 @@ where
 /// callback, the handle's completion and `after`. A panic in the protocol
 /// (a user's reduction operator, say) still completes the handle: its
 /// waiter gets an error instead of waiting forever, and the job is
-/// aborted.
-#[pin_project::pin_project]
+/// aborted. A core dropped before it completes (its runtime shut down
+/// under it) fails the handle the same way (see its `PinnedDrop`).
+#[pin_project::pin_project(PinnedDrop)]
 struct CoreRun<T, F> {
     #[pin]
     protocol: F,
@@ -306,6 +307,43 @@ where
         }
         this.running.take();
         Poll::Ready(())
+    }
+}
+
+/// A core dropped unfinished (its runtime shut down, or was gone when it
+/// started): the handle fails with the communicator's failure, or as shut
+/// down, its callback runs and `after` is set, so that a waiter on another
+/// thread gets an error instead of waiting for ever (it waited, and then
+/// read "result taken before completion"). Nothing is told to the peers
+/// here: a runtime is dropped under a core after a failure (the job's
+/// abort already went out) or by a caller ending this rank, whose
+/// communicator's own end tells them.
+#[pin_project::pinned_drop]
+impl<T, F> PinnedDrop for CoreRun<T, F> {
+    fn drop(self: Pin<&mut Self>) {
+        let this = self.project();
+        if *this.finished {
+            return;
+        }
+        *this.finished = true;
+        let (ctx, coll, op) = (&*this.ctx, *this.coll, *this.op);
+        let source = ctx
+            .comm()
+            .failure()
+            .unwrap_or(CommError::Shutdown { rank: ctx.rank() });
+        let e = CollError::Comm {
+            rank: ctx.rank(),
+            coll,
+            op,
+            source,
+        };
+        *this.inner.result.lock().unwrap_or_else(|p| p.into_inner()) = Some(Err(e));
+        run_callback(this.callback.take(), ctx, coll, op, this.inner);
+        this.inner.set_done();
+        if let Some(ev) = this.after.take() {
+            ev.set();
+        }
+        this.running.take();
     }
 }
 
@@ -735,5 +773,46 @@ mod tests {
             .build()
             .unwrap_or_else(|e| panic!("runtime: {e}"));
         assert_eq!(single.block_on(polls_of_spread(64 << 20)), 1);
+    }
+
+    /// A core whose runtime is dropped before it completes (here a Barrier
+    /// that rank 1 never joins) fails its handle: a waiter on another
+    /// thread gets an error naming the collective, and the callback runs
+    /// once (the waiter waited for ever, the callback never ran).
+    #[test]
+    fn a_core_dropped_with_its_runtime_fails_its_handle() {
+        use std::sync::atomic::AtomicUsize;
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let spec = braid_core::WorldSpec::Local { nranks: 2 };
+        let ctxs = rt
+            .block_on(braid_core::world::contexts(
+                &spec,
+                braid_core::MemoryLimits::UNLIMITED,
+            ))
+            .unwrap();
+        let calls = Arc::new(AtomicUsize::new(0));
+        let c2 = calls.clone();
+        let h = crate::start_barrier(
+            &ctxs[0],
+            Some(Box::new(move || {
+                c2.fetch_add(1, Ordering::SeqCst);
+            })),
+        );
+        drop(rt);
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(h.wait());
+        });
+        let r = rx
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .expect("the handle of a dropped core still waits");
+        let e = r.unwrap_err().to_string();
+        assert!(e.contains("barrier") && e.contains("shut down"), "{e}");
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+        drop(ctxs);
     }
 }

@@ -219,3 +219,55 @@ impl Communicator for LocalComm {
         &self.world.stats[self.rank as usize]
     }
 }
+
+/// A rank dropped without `shutdown` (a thread of the caller's that ended
+/// early, say) finishes as `shutdown` would, without waiting for the
+/// others: its peers' receives from it and the meetings that wait for it
+/// fail instead of waiting for ever, and their own shutdowns no longer
+/// wait for it. (`run_world` always shuts a rank down; a world made with
+/// [`LocalComm::world`] is the caller's to end.)
+impl Drop for LocalComm {
+    fn drop(&mut self) {
+        if !self.mailbox().is_closed() {
+            drop(self.shutdown());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tag::OpId;
+
+    /// Rank 0 dropped without a shutdown: rank 1's receive from it and
+    /// its own shutdown end (both waited for ever).
+    #[test]
+    fn a_dropped_rank_ends_its_peers_waits() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let mut comms = LocalComm::world(2);
+            let one = comms.pop().unwrap();
+            let zero = comms.pop().unwrap();
+            let tag = Tag::new(OpId(1), 0);
+            zero.send(1, tag, Buffer::from_vec(vec![5])).await.unwrap();
+            let waiting = one.recv(0, Tag::new(OpId(2), 0));
+            drop(zero);
+            let limit = std::time::Duration::from_secs(10);
+            // What was sent before the drop still arrives.
+            let got = tokio::time::timeout(limit, one.recv(0, tag)).await.unwrap();
+            assert_eq!(got.unwrap().as_slice(), &[5]);
+            let e = tokio::time::timeout(limit, waiting)
+                .await
+                .expect("the receive from the dropped rank still waits")
+                .unwrap_err();
+            assert!(e.to_string().contains("rank 0"), "{e}");
+            tokio::time::timeout(limit, one.shutdown())
+                .await
+                .expect("the shutdown waits for the dropped rank")
+                .unwrap();
+        });
+    }
+}
