@@ -119,6 +119,18 @@ impl<T: Send + 'static> Handle<T> {
     /// (it would hold the one thread the collective needs): await the
     /// streaming form there. See [`braid_core::Event::wait_blocking_beside`].
     pub fn wait(self) -> Result<T, CollError> {
+        if IN_CORE.with(|c| c.get()) {
+            // A completion callback (or a core) runs on the engine's own
+            // task: blocking there holds a thread the collectives need
+            // (the only one with a current-thread driver, or a rank's one
+            // worker), and the wait never ends.
+            return Err(CollError::InvalidArgument {
+                rank: self.rank,
+                coll: self.coll,
+                op: self.op,
+                detail: "Handle::wait inside a collective's completion callback would hold the thread that drives collectives (and never end): wait elsewhere, or await the streaming form".into(),
+            });
+        }
         if let Err(e) = self.inner.event().wait_blocking_beside(self.driver) {
             return Err(CollError::InvalidArgument {
                 rank: self.rank,
@@ -161,7 +173,10 @@ fn run_callback<T>(
     let Some(cb) = callback else {
         return;
     };
-    if let Err(p) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(cb)) {
+    let was = IN_CORE.with(|c| c.replace(true));
+    let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(cb));
+    IN_CORE.with(|c| c.set(was));
+    if let Err(p) = ran {
         let e = CollError::Panicked {
             rank: ctx.rank(),
             coll,
@@ -362,6 +377,9 @@ enum Claim {
 
 thread_local! {
     static CLAIM: RefCell<Claim> = const { RefCell::new(Claim::Spawn) };
+    /// Set while a completion callback runs (where [`Handle::wait`] is
+    /// refused: see there).
+    static IN_CORE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
 /// Hands a started core to the streaming wrapper that claimed it, or else
@@ -814,5 +832,41 @@ mod tests {
         assert!(e.contains("barrier") && e.contains("shut down"), "{e}");
         assert_eq!(calls.load(Ordering::SeqCst), 1);
         drop(ctxs);
+    }
+
+    /// A blocking wait inside a completion callback fails at once instead
+    /// of holding the thread the collectives need (with a rank's one
+    /// worker, the two waited for each other for ever).
+    #[test]
+    fn a_wait_inside_a_callback_is_refused() {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let spec = braid_core::WorldSpec::Local { nranks: 1 };
+        let ctxs = rt
+            .block_on(braid_core::world::contexts(
+                &spec,
+                braid_core::MemoryLimits::UNLIMITED,
+            ))
+            .unwrap();
+        let ctx = ctxs[0].clone();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let h = crate::start_barrier(
+            &ctxs[0],
+            Some(Box::new(move || {
+                let inner = crate::start_barrier(&ctx, None);
+                let _ = tx.send(inner.wait().map_err(|e| e.to_string()));
+            })),
+        );
+        let got = rx
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .expect("the wait inside the callback still blocks");
+        let e = got.unwrap_err();
+        assert!(e.contains("completion callback"), "{e}");
+        h.wait().unwrap();
+        drop(ctxs);
+        drop(rt);
     }
 }
