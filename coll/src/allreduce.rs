@@ -260,7 +260,9 @@ impl<T: Element> Piece<T> {
 /// offsets always is).
 fn landing_elems<T: Element>(l: &mut Landing) -> Option<&mut [std::mem::MaybeUninit<T>]> {
     let sz = std::mem::size_of::<T>();
-    let bytes = l.unfilled();
+    // SAFETY: the elements handed out are written with values (reduced
+    // or copied `T`s), never uninitialised.
+    let bytes = unsafe { l.unfilled() };
     if sz == 0
         || bytes.len() % sz != 0
         || (bytes.as_ptr() as usize) % std::mem::align_of::<T>() != 0

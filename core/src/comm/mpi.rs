@@ -647,7 +647,8 @@ impl Engine {
         };
         let ptr = match &mut buf {
             RecvTo::Pool { v, .. } => v.spare_capacity_mut().as_mut_ptr() as *mut RawByte,
-            RecvTo::Landing(l) => l.unfilled().as_mut_ptr() as *mut RawByte,
+            // SAFETY: MPI writes the message's bytes there (initialised).
+            RecvTo::Landing(l) => unsafe { l.unfilled() }.as_mut_ptr() as *mut RawByte,
         };
         // SAFETY: the slice points into `buf`'s memory (a Vec's spare
         // capacity, at least `len` bytes, or a landing's region of its

@@ -370,7 +370,16 @@ impl Landing {
     }
 
     /// The region's unwritten rest, which may be uninitialised memory.
-    pub fn unfilled(&mut self) -> &mut [MaybeUninit<u8>] {
+    ///
+    /// # Safety
+    ///
+    /// The caller writes only initialised bytes into it (never
+    /// `MaybeUninit::uninit()`): where the zone was made from an
+    /// initialised vector, its bytes go back to that vector's owner as
+    /// initialised `T`s, whatever was written or not. (Safe, this let safe
+    /// code put uninitialised bytes into a `Vec<T>`; tokio's
+    /// `ReadBuf::unfilled_mut` is unsafe for the same reason.)
+    pub unsafe fn unfilled(&mut self) -> &mut [MaybeUninit<u8>] {
         let rest = self.len - self.filled;
         if rest == 0 {
             return &mut [];
@@ -398,7 +407,8 @@ impl Landing {
             return false;
         }
         let pages = self.zone.pages();
-        let dst = self.unfilled().as_mut_ptr() as *mut u8;
+        // SAFETY: only `src`'s bytes are copied in (below).
+        let dst = unsafe { self.unfilled() }.as_mut_ptr() as *mut u8;
         let m = Move {
             at: 0,
             src: Some(src.as_ptr()),
@@ -493,7 +503,8 @@ unsafe impl BufMut for Landing {
     }
 
     fn chunk_mut(&mut self) -> &mut UninitSlice {
-        UninitSlice::uninit(self.unfilled())
+        // SAFETY: an `UninitSlice` takes writes of initialised bytes only.
+        UninitSlice::uninit(unsafe { self.unfilled() })
     }
 }
 
@@ -697,7 +708,8 @@ mod tests {
         assert_eq!(zone.len_bytes(), 32);
         assert!(zone.landing(24, 16).is_none());
         let mut l = zone.landing(8, 16).unwrap();
-        assert_eq!(l.unfilled().len(), 16);
+        // SAFETY: only its length is read.
+        assert_eq!(unsafe { l.unfilled() }.len(), 16);
         let words: Vec<u8> = [5u64, 6].iter().flat_map(|w| w.to_ne_bytes()).collect();
         l.put_slice(&words);
         let view = l.into_buffer().unwrap();

@@ -56,8 +56,10 @@ impl fmt::Debug for BufferResource {
 }
 
 impl BufferResource {
-    /// A resource with the given limits. Device memory is unavailable (limit
-    /// 0) unless a device limit is given: a host-only build has no device.
+    /// A resource with the given limits (`None`: no limit for that type).
+    /// Host-only jobs give the device a limit of 0
+    /// ([`BufferResource::unlimited_host`], `world::contexts`), so that
+    /// nothing is ever reserved as device memory there.
     pub fn new(limits: MemoryLimits) -> Arc<Self> {
         Arc::new(BufferResource {
             limits,
@@ -98,6 +100,11 @@ impl BufferResource {
     }
 
     fn try_take(&self, t: MemoryType, size: u64) -> bool {
+        if size == 0 {
+            // Nothing to take: never refused, even while the type is over
+            // its limit (a Shuffle spilled empty chunks to files then).
+            return true;
+        }
         let limit = self.limits.get(t).unwrap_or(u64::MAX);
         let used = &self.used[t.index()];
         let mut cur = used.load(Ordering::Relaxed);
@@ -269,6 +276,24 @@ impl Drop for Charge {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An empty reservation is never refused, even over the limit: a
+    /// Shuffle spilled each empty chunk to a file of its own while its
+    /// rank's memory was overbooked.
+    #[test]
+    fn nothing_is_always_reservable() {
+        let br = BufferResource::new(MemoryLimits {
+            device: Some(0),
+            host: Some(10),
+        });
+        let over = br.reserve(25, &[MemoryType::Host]);
+        assert_eq!(over.overbooked(), 15);
+        let r = br.reserve_or_fail(0, &[MemoryType::Host]);
+        assert!(r.is_ok(), "an empty reservation refused while overbooked");
+        assert!(br.reserve_or_fail(1, &[MemoryType::Host]).is_err());
+        drop((r, over));
+        assert_eq!(br.used(MemoryType::Host), 0);
+    }
 
     #[test]
     fn reserve_allocate_release() {

@@ -690,7 +690,8 @@ impl PeerReader {
                         let k = need.min(spare.len());
                         self.read_uninit(&mut spare[..k])
                     }
-                    Dest::Landing(l, _) => self.read_uninit(l.unfilled()),
+                    // SAFETY: the socket's read writes initialised bytes.
+                    Dest::Landing(l, _) => self.read_uninit(unsafe { l.unfilled() }),
                 };
                 if let Ok(n) = got {
                     match &mut f.dest {
