@@ -793,6 +793,24 @@ mod tests {
         assert_eq!(single.block_on(polls_of_spread(64 << 20)), 1);
     }
 
+    /// An in-process world of `n` ranks on a runtime of one worker (what a
+    /// rank of `run_world` gets on 2 cores with 2 ranks).
+    fn one_worker_world(n: u32) -> (tokio::runtime::Runtime, Vec<Context>) {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let spec = braid_core::WorldSpec::Local { nranks: n };
+        let ctxs = rt
+            .block_on(braid_core::world::contexts(
+                &spec,
+                braid_core::MemoryLimits::UNLIMITED,
+            ))
+            .unwrap();
+        (rt, ctxs)
+    }
+
     /// A core whose runtime is dropped before it completes (here a Barrier
     /// that rank 1 never joins) fails its handle: a waiter on another
     /// thread gets an error naming the collective, and the callback runs
@@ -800,18 +818,7 @@ mod tests {
     #[test]
     fn a_core_dropped_with_its_runtime_fails_its_handle() {
         use std::sync::atomic::AtomicUsize;
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()
-            .unwrap();
-        let spec = braid_core::WorldSpec::Local { nranks: 2 };
-        let ctxs = rt
-            .block_on(braid_core::world::contexts(
-                &spec,
-                braid_core::MemoryLimits::UNLIMITED,
-            ))
-            .unwrap();
+        let (rt, ctxs) = one_worker_world(2);
         let calls = Arc::new(AtomicUsize::new(0));
         let c2 = calls.clone();
         let h = crate::start_barrier(
@@ -839,18 +846,7 @@ mod tests {
     /// worker, the two waited for each other for ever).
     #[test]
     fn a_wait_inside_a_callback_is_refused() {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()
-            .unwrap();
-        let spec = braid_core::WorldSpec::Local { nranks: 1 };
-        let ctxs = rt
-            .block_on(braid_core::world::contexts(
-                &spec,
-                braid_core::MemoryLimits::UNLIMITED,
-            ))
-            .unwrap();
+        let (rt, ctxs) = one_worker_world(1);
         let ctx = ctxs[0].clone();
         let (tx, rx) = std::sync::mpsc::channel();
         let h = crate::start_barrier(
