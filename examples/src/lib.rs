@@ -171,9 +171,36 @@ pub fn write_stdout(args: std::fmt::Arguments<'_>) {
         if e.kind() == std::io::ErrorKind::BrokenPipe {
             std::process::exit(0);
         }
-        eprintln!("error: writing to stdout: {e}");
+        errln!("error: writing to stdout: {e}");
         std::process::exit(1);
     }
+}
+
+/// Writes to stderr as `eprint!` does, but a broken or failing stderr is
+/// ignored: `eprint!` panics there, so a tool whose stderr went to a
+/// reader that ended (`2>&1 | head -1`) exited 101 instead of with its
+/// job's status (a failed rank's, 130, 124).
+#[macro_export]
+macro_rules! err {
+    ($($arg:tt)*) => {
+        $crate::write_stderr(format_args!($($arg)*))
+    };
+}
+
+/// [`err!`] with a newline, as `eprintln!`.
+#[macro_export]
+macro_rules! errln {
+    ($($arg:tt)*) => {
+        $crate::write_stderr(format_args!("{}\n", format_args!($($arg)*)))
+    };
+}
+
+/// What [`err!`] and [`errln!`] call: one write of the whole text (lines
+/// of several ranks do not interleave), its failure ignored.
+pub fn write_stderr(args: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let text = args.to_string();
+    let _ = std::io::stderr().lock().write_all(text.as_bytes());
 }
 
 /// Installs a tracing subscriber reading `RUST_LOG` (default: warnings);

@@ -615,3 +615,32 @@ fn children(pid: u32) -> Vec<u32> {
         })
         .collect()
 }
+
+/// A launcher whose stderr reader has gone (`2>&1 | head -1`) still exits
+/// with the failed rank's status: its summary line panicked on the broken
+/// pipe (exit 101).
+#[cfg(target_os = "linux")]
+#[test]
+fn a_broken_stderr_keeps_the_failed_ranks_status() {
+    let mut launcher = Command::new(env!("CARGO_BIN_EXE_braid-launch"))
+        .args(["-n", "2", "--", "sh", "-c"])
+        .arg("sleep 0.5; if [ $BRAID_RANK = 1 ]; then exit 3; fi; exec sleep 60")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The reader goes before anything is written.
+    drop(launcher.stderr.take());
+    let until = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(s) = launcher.try_wait().unwrap() {
+            break s;
+        }
+        if Instant::now() > until {
+            let _ = launcher.kill();
+            panic!("the launcher did not end");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(status.code(), Some(3));
+}

@@ -48,7 +48,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let mut cmd = cli.command.into_iter();
     let Some(program) = cmd.next() else {
-        eprintln!("braid-launch: no program given");
+        braid_examples::errln!("braid-launch: no program given");
         return ExitCode::from(2);
     };
     let rt = match tokio::runtime::Builder::new_multi_thread()
@@ -58,7 +58,7 @@ fn main() -> ExitCode {
     {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("braid-launch: {e}");
+            braid_examples::errln!("braid-launch: {e}");
             return ExitCode::from(2);
         }
     };
@@ -67,20 +67,20 @@ fn main() -> ExitCode {
     match rt.block_on(launch(spec)) {
         Ok(_) => ExitCode::SUCCESS,
         Err(e @ LaunchError::Interrupted) => {
-            eprintln!("braid-launch: {e}");
+            braid_examples::errln!("braid-launch: {e}");
             ExitCode::from(STOPPED_EXIT)
         }
         Err(e @ LaunchError::TimedOut { .. }) => {
-            eprintln!("braid-launch: {e}");
+            braid_examples::errln!("braid-launch: {e}");
             ExitCode::from(TIMED_OUT_EXIT)
         }
         Err(e @ LaunchError::RankFailed { .. }) => {
-            eprintln!("braid-launch: {e}");
+            braid_examples::errln!("braid-launch: {e}");
             // The failed rank's own status (its usage error's 2, say).
             ExitCode::from(braid_examples::failed_rank_status(&e))
         }
         Err(e) => {
-            eprintln!("braid-launch: {e}");
+            braid_examples::errln!("braid-launch: {e}");
             ExitCode::FAILURE
         }
     }

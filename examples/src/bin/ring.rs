@@ -122,7 +122,7 @@ fn main() -> ExitCode {
         }
         Ok(JobOutcome::Launched) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e}");
+            braid_examples::errln!("error: {e}");
             // (Stopped by a signal under --backend tcp: 130, as rolling.)
             braid_examples::exit_code(&*e)
         }

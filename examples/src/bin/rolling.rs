@@ -782,11 +782,11 @@ fn main() -> ExitCode {
             match braid_core::world::mpi_launch_rank() {
                 Some(r) => {
                     let line = format!("error: rank {r}: {e}\n");
-                    eprint!("{line}")
+                    braid_examples::err!("{line}")
                 }
                 None => {
                     let line = format!("error: {e}\n");
-                    eprint!("{line}")
+                    braid_examples::err!("{line}")
                 }
             }
             return ExitCode::FAILURE;
@@ -942,7 +942,7 @@ fn main() -> ExitCode {
             remove_created();
             // One write: the ranks of an MPI job share the terminal.
             let line = format!("error: {e}\n");
-            eprint!("{line}");
+            braid_examples::err!("{line}");
             if STOPPED.load(Ordering::Relaxed) {
                 ExitCode::from(STOPPED_EXIT)
             } else {

@@ -133,7 +133,7 @@ fn main() -> ExitCode {
     match res {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e}");
+            braid_examples::errln!("error: {e}");
             braid_core::world::exit_code(&*e)
         }
     }

@@ -470,7 +470,7 @@ async fn rank_coll(args: MpiRankArgs, op: &'static str) -> Result<(), BoxError> 
         }
     }
     if std::env::var_os("BRAID_BENCH_STATS").is_some() {
-        eprintln!("{}", comm.statistics());
+        braid_examples::errln!("{}", comm.statistics());
     }
     drop(ctx);
     comm.shutdown().await?;
