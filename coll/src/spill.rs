@@ -122,6 +122,7 @@ fn make_locked(path: &Path) -> std::io::Result<Option<File>> {
         Ok(()) => Ok(Some(f)),
         Err(Locked::Unsupported(_)) => Ok(None),
         Err(Locked::Elsewhere) => Err(std::io::Error::other("locked by another process")),
+        Err(Locked::Failed(e)) => Err(e),
     });
     let done = locked.and_then(|f| std::fs::rename(&first, path).map(|()| f));
     if done.is_err() {

@@ -11,8 +11,13 @@ pub enum Locked {
     /// Another open file (another process, or another open of it in this
     /// one) holds it.
     Elsewhere,
-    /// The file system or platform has no such locks.
+    /// The file system or platform has no such locks (`EOPNOTSUPP`,
+    /// `ENOSYS`, `EINVAL`; `ENOLCK`, as NFS mounted without its lock
+    /// service says).
     Unsupported(std::io::Error),
+    /// Locking failed for another reason (`EIO`, say): the lock's state
+    /// is not known, so the caller must not act as if nobody held it.
+    Failed(std::io::Error),
 }
 
 /// An exclusive `flock` on `file` (a file or a directory) without waiting,
@@ -23,17 +28,22 @@ pub fn try_lock(file: &File) -> Result<(), Locked> {
     #[cfg(unix)]
     {
         use std::os::unix::io::AsRawFd;
-        // SAFETY: flock on a descriptor this `File` owns and keeps open;
-        // it reads and writes no memory.
-        let r = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-        if r == 0 {
-            return Ok(());
-        }
-        let e = std::io::Error::last_os_error();
-        if e.kind() == std::io::ErrorKind::WouldBlock {
-            Err(Locked::Elsewhere)
-        } else {
-            Err(Locked::Unsupported(e))
+        loop {
+            // SAFETY: flock on a descriptor this `File` owns and keeps
+            // open; it reads and writes no memory.
+            let r = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+            if r == 0 {
+                return Ok(());
+            }
+            let e = std::io::Error::last_os_error();
+            return Err(match e.raw_os_error() {
+                Some(libc::EINTR) => continue,
+                Some(libc::EWOULDBLOCK) => Locked::Elsewhere,
+                Some(libc::EOPNOTSUPP | libc::ENOSYS | libc::EINVAL | libc::ENOLCK) => {
+                    Locked::Unsupported(e)
+                }
+                _ => Locked::Failed(e),
+            });
         }
     }
     #[cfg(not(unix))]

@@ -14,7 +14,8 @@
 //! (`sh -c 'prog; echo done'`) is stopped with its program, not only the
 //! shell. Since the ranks are then outside the terminal's foreground
 //! group, Ctrl-C reaches only the launcher, which passes it on (SIGTERM
-//! to every rank's group). The ranks' lines are printed by threads of
+//! to every rank's group). What a rank leaves running in its group when
+//! it exits ends with the job. The ranks' lines are printed by threads of
 //! their own through bounded queues: a reader that stops reading stalls
 //! the ranks' output, never the launcher's timeout or signal handling.
 
@@ -298,6 +299,36 @@ fn linux_group_runs(pgid: i32) -> bool {
     })
 }
 
+/// Ends the processes still running in the ranks' groups once every rank
+/// has ended: SIGTERM, then SIGKILL to those that outlast [`TERM_GRACE`].
+/// A job's processes end with it; left running, they held the ranks'
+/// pipes (the launcher waited [`IO_WAIT`] for them) and outlived the
+/// launcher. (Off Unix a rank has no group: nothing to do.)
+async fn sweep(groups: &[Option<i32>]) {
+    #[cfg(unix)]
+    {
+        let mut left: Vec<i32> = groups
+            .iter()
+            .flatten()
+            .copied()
+            .filter(|g| group_alive(Some(*g)))
+            .collect();
+        for g in &left {
+            signal_group(*g, libc::SIGTERM);
+        }
+        let until = tokio::time::Instant::now() + TERM_GRACE;
+        while !left.is_empty() && tokio::time::Instant::now() < until {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            left.retain(|g| group_alive(Some(*g)));
+        }
+        for g in left {
+            signal_group(g, libc::SIGKILL);
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = groups;
+}
+
 /// The job's root listener: bound here and handed to rank 0 (see
 /// `TcpConfig::root_fd`), so the port is never free between its choice
 /// and rank 0's listening.
@@ -369,7 +400,10 @@ fn hand_over(_cmd: &mut Command, _listener: &std::net::TcpListener) {}
 /// launcher ended by SIGTERM left its ranks behind). Made before the first
 /// rank starts: on Unix the handlers are installed here, not when first
 /// waited on (a signal in between would end the launcher the default
-/// way). A signal whose handler cannot be installed never comes.
+/// way). A signal whose handler cannot be installed never comes, and
+/// neither does one this process was started ignoring (`nohup` ignores
+/// SIGHUP, a shell ignores SIGINT in a job it starts in the background):
+/// the user asked for the job to outlive it.
 struct StopSignals {
     #[cfg(unix)]
     streams: Vec<tokio::signal::unix::Signal>,
@@ -387,6 +421,7 @@ impl StopSignals {
                 SignalKind::hangup(),
             ]
             .into_iter()
+            .filter(|k| !signal_ignored(k.as_raw_value()))
             .filter_map(|k| signal(k).ok())
             .collect();
             StopSignals { streams }
@@ -413,6 +448,20 @@ impl StopSignals {
         if tokio::signal::ctrl_c().await.is_err() {
             std::future::pending::<()>().await;
         }
+    }
+}
+
+/// Whether this process ignores signal `sig` (its disposition is
+/// `SIG_IGN`, as inherited through exec from `nohup` or a shell's
+/// background job); `false` where that cannot be read. A program that
+/// handles stop signals skips these: the user asked it to outlive them.
+#[cfg(unix)]
+pub fn signal_ignored(sig: libc::c_int) -> bool {
+    // SAFETY: sigaction(2) with no new action only reads the current one
+    // into `old`, a zeroed `sigaction` this function owns.
+    unsafe {
+        let mut old: libc::sigaction = std::mem::zeroed();
+        libc::sigaction(sig, std::ptr::null(), &mut old) == 0 && old.sa_sigaction == libc::SIG_IGN
     }
 }
 
@@ -564,6 +613,8 @@ pub async fn launch(spec: LaunchSpec) -> Result<LaunchReport, LaunchError> {
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<(Rank, Option<ExitStatus>)>();
     let mut io_tasks = Vec::new();
     let mut rank_tasks = Vec::new();
+    // Each started rank's process group.
+    let mut groups: Vec<Option<i32>> = Vec::new();
     for rank in 0..spec.nranks {
         let mut cmd = Command::new(&spec.program);
         cmd.args(&spec.args)
@@ -574,6 +625,11 @@ pub async fn launch(spec: LaunchSpec) -> Result<LaunchReport, LaunchError> {
             .env("BRAID_TOKEN", &token)
             // Every rank runs on this host: waiters poll only if that fits.
             .env(crate::context::HOST_RANKS_ENV, spec.nranks.to_string())
+            // Descriptors named by this process's own environment (a
+            // launcher started as a rank of another job) are none of the
+            // ranks': only those handed over below are named.
+            .env_remove("BRAID_ROOT_FD")
+            .env_remove(crate::rank_progress::PROGRESS_FD_ENV)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -598,7 +654,18 @@ pub async fn launch(spec: LaunchSpec) -> Result<LaunchReport, LaunchError> {
         let mut child = match spawned {
             Ok(c) => c,
             Err(source) => {
-                let _ = stop_tx.send(Stop::Kill);
+                // The ranks started so far are asked to stop as a failed
+                // job's are (SIGTERM: what they staged or spilled goes),
+                // and killed if they outlast the grace.
+                let _ = stop_tx.send(Stop::Term);
+                let mut started = futures::future::join_all(std::mem::take(&mut rank_tasks));
+                if tokio::time::timeout(TERM_GRACE, &mut started)
+                    .await
+                    .is_err()
+                {
+                    let _ = stop_tx.send(Stop::Kill);
+                    started.await;
+                }
                 return Err(LaunchError::Spawn {
                     rank,
                     program: spec.program.to_string_lossy().into_owned(),
@@ -608,6 +675,7 @@ pub async fn launch(spec: LaunchSpec) -> Result<LaunchReport, LaunchError> {
         };
         // The rank leads its group: the group's id is its pid.
         let pgid = child.id().and_then(|p| i32::try_from(p).ok());
+        groups.push(pgid);
         if let Some(o) = child.stdout.take() {
             let print = printers.as_ref().map(|(p, _)| p.tx.clone());
             io_tasks.push((rank, false, tokio::spawn(forward(o, rank, print))));
@@ -803,6 +871,9 @@ pub async fn launch(spec: LaunchSpec) -> Result<LaunchReport, LaunchError> {
             ranks_done.await;
         }
     }
+    // What ranks that ended on their own left running in their groups
+    // (`sh -c 'prog & exit 0'`) ends with the job, as a stopped rank's does.
+    sweep(&groups).await;
     // A process that left its rank's group may hold a pipe open, and a
     // reader may not read: wait for neither for ever (one deadline for all
     // the pipes; a stopped job's output gets less).

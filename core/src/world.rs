@@ -64,7 +64,9 @@ impl WorldSpec {
             return Ok(WorldSpec::Mpi);
             #[cfg(not(feature = "mpi"))]
             return Err(CommError::Bootstrap {
-                rank: 0,
+                // (Every process of the job says so: each names its own
+                // rank where mpirun or srun told it, else none.)
+                rank: mpi_launch_rank().unwrap_or(Rank::MAX),
                 detail: "BRAID_BACKEND=mpi, but braid was built without the mpi feature".into(),
             });
         }

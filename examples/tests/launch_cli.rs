@@ -177,6 +177,75 @@ fn a_stop_that_every_rank_outlives_is_no_failure() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A launcher started ignoring SIGHUP (`nohup braid-launch ...`) lets
+/// the job outlive a hangup: before, it installed its handler anyway and
+/// a closed terminal stopped the job `nohup` was meant to keep.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_launcher_started_under_nohup_outlives_a_hangup() {
+    use std::os::unix::process::CommandExt as _;
+    let dir = std::env::temp_dir().join(format!("braid-launch-nohup-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let script = format!(
+        "echo x > {}/ready$BRAID_RANK; sleep 1; echo done $BRAID_RANK",
+        dir.display()
+    );
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_braid-launch"));
+    cmd.args(["-n", "3", "--", "sh", "-c", &script])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    // SAFETY: signal(2) only, between fork and exec, as nohup does.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::signal(libc::SIGHUP, libc::SIG_IGN);
+            Ok(())
+        });
+    }
+    let mut launcher = cmd.spawn().unwrap();
+    for r in 0..3 {
+        let ready = dir.join(format!("ready{r}"));
+        let until = Instant::now() + Duration::from_secs(20);
+        while !ready.exists() {
+            assert!(Instant::now() < until, "rank {r} never started");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+    // SAFETY: a signal to the child this test started.
+    assert_eq!(unsafe { libc::kill(launcher.id() as i32, libc::SIGHUP) }, 0);
+    let mut out = String::new();
+    std::io::Read::read_to_string(&mut launcher.stdout.take().unwrap(), &mut out).unwrap();
+    let (status, err) = finished(&mut launcher, "nohup");
+    assert!(status.success(), "{status:?}: {err}");
+    for r in 0..3 {
+        assert!(out.contains(&format!("[rank {r}] done {r}")), "{out}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// What a rank leaves running in its group when it exits well (a
+/// background process of its script) ends with the job, and the launcher
+/// does not wait on the pipes it holds: before, it outlived the launcher.
+#[cfg(target_os = "linux")]
+#[test]
+fn what_a_rank_left_running_ends_with_the_job() {
+    let (mut launcher, pids, dir) = launch_ranks(
+        "left",
+        &[],
+        "sleep 60 & echo $! > $BRAID_DIR/bg$BRAID_RANK; exit 0",
+    );
+    let bg = pids_named(&dir, "bg", 3);
+    let (status, err) = finished(&mut launcher, "left");
+    assert!(status.success(), "{status:?}: {err}");
+    let left = still_running(&bg);
+    assert!(
+        left.is_empty(),
+        "background processes {left:?} outlived the job"
+    );
+    assert!(still_running(&pids).is_empty());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A stopped job's ranks get SIGTERM first, so each can remove what it
 /// staged and spilled (`rolling` does): here every rank writes a mark
 /// when SIGTERM comes, but rank 1 then keeps running, and is killed once

@@ -1325,3 +1325,83 @@ fn a_stopped_job_leaves_nothing_behind() {
         assert_eq!(spills(), 0, "{signal} {extra:?}: spill files left: {err}");
     }
 }
+
+/// A job started ignoring SIGHUP (`nohup rolling ...`, or under a
+/// launcher that was) runs on through a hangup, in-process ranks and tcp
+/// ranks alike, and writes its whole output: before, its handler was
+/// installed anyway and the hangup stopped the job `nohup` was to keep.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_job_started_under_nohup_outlives_a_hangup() {
+    use std::os::unix::process::CommandExt as _;
+    let scratch = Scratch::new("cli-nohup");
+    let d = scratch.path();
+    for (name, extra) in [
+        ("local.parquet", &[][..]),
+        ("tcp.parquet", &["--backend", "tcp"][..]),
+    ] {
+        let target = d.join(name);
+        let mut cmd = rolling();
+        // Long enough (seconds) that the hangup comes mid-job.
+        cmd.args([
+            "--rows",
+            "20000000",
+            "--ranks",
+            "2",
+            "--output",
+            target.to_str().unwrap(),
+        ])
+        .args(extra)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+        // SAFETY: signal(2) only, between fork and exec, as nohup does.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::signal(libc::SIGHUP, libc::SIG_IGN);
+                Ok(())
+            });
+        }
+        let mut child = cmd.spawn().unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(700));
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "{name}: the job ended before the hangup; give it more rows"
+        );
+        // The hangup reaches the job's process group, as a closed
+        // terminal's does (the tcp ranks lead groups of their own and get
+        // it from no one: the launcher is the one that must not pass it on).
+        // SAFETY: a signal to the child this test started.
+        assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGHUP) }, 0);
+        let start = std::time::Instant::now();
+        let status = loop {
+            if let Some(s) = child.try_wait().unwrap() {
+                break s;
+            }
+            if start.elapsed() > LIMIT {
+                let _ = child.kill();
+                panic!("{name}: the job did not end");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        };
+        let (mut out, mut err) = (String::new(), String::new());
+        use std::io::Read;
+        child
+            .stdout
+            .take()
+            .unwrap()
+            .read_to_string(&mut out)
+            .unwrap();
+        child
+            .stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut err)
+            .unwrap();
+        assert!(status.success(), "{name}: {status}: {err}");
+        assert!(
+            out.contains("rolling: 20000000 rows in, 20000000 rows out"),
+            "{name}: {out}"
+        );
+        assert!(target.exists(), "{name}: no output");
+    }
+}

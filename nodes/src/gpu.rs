@@ -254,6 +254,15 @@ async fn exchange_rows(
     mine.extend(t.columns().iter().map(|c| i64::from(c.valid.is_some())));
     let all = allgather(ctx, mine).await.map_err(fail)?;
     let row = n + ncols;
+    // Every rank sends as many values (its table has as many columns);
+    // a peer that sent another count would misplace every index below.
+    if all.len() != n * row {
+        return Err(fail(format!(
+            "rank {me}: the ranks announced {} row counts and null flags in all, not {} ({n} ranks of {ncols} columns each): their tables differ",
+            all.len(),
+            n * row
+        )));
+    }
     // Counts come from peers: checked, so a bad one is an error naming
     // the peer, not a wrapped size.
     let recv_rows: Vec<usize> = (0..n)

@@ -88,7 +88,20 @@ impl OutputLock {
             // would have the job write over the file it names.
             #[cfg(unix)]
             std::os::unix::fs::OpenOptionsExt::custom_flags(&mut opts, libc::O_NOFOLLOW);
-            let mut file = opts.open(&path).map_err(|e| {
+            // A lock file left by another user's job that was killed can
+            // be locked through a read-only open (flock needs no write
+            // access), as long as this user may read it.
+            let opened = opts.open(&path).or_else(|e| {
+                if e.kind() != std::io::ErrorKind::PermissionDenied {
+                    return Err(e);
+                }
+                let mut ro = OpenOptions::new();
+                ro.read(true);
+                #[cfg(unix)]
+                std::os::unix::fs::OpenOptionsExt::custom_flags(&mut ro, libc::O_NOFOLLOW);
+                ro.open(&path).map_err(|_| e)
+            });
+            let mut file = opened.map_err(|e| {
                 let link =
                     std::fs::symlink_metadata(&path).is_ok_and(|m| m.file_type().is_symlink());
                 let why = if link {
@@ -118,6 +131,12 @@ impl OutputLock {
                             "another job is writing this output (it holds {}{who}); wait for it to end, or write elsewhere",
                             path.display()
                         ),
+                    ));
+                }
+                Err(Locked::Failed(e)) => {
+                    return Err(DataError::file(
+                        output,
+                        format!("cannot lock the output's lock {}: {e}", path.display()),
                     ));
                 }
                 Err(Locked::Unsupported(e)) => {

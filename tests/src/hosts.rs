@@ -64,7 +64,7 @@ fn lock(prefix: &str) -> Result<std::fs::File, Unmade> {
                     path.display()
                 )));
             }
-            Err(Locked::Unsupported(e)) => {
+            Err(Locked::Unsupported(e) | Locked::Failed(e)) => {
                 return Err(Unmade::Unavailable(format!(
                     "cannot lock {}: {e}",
                     path.display()

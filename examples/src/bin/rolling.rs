@@ -672,18 +672,27 @@ async fn stop_signal() -> &'static str {
             // sends (the tcp launcher's ranks and braid-launch took it;
             // in-process ranks died of it, leaving staging and spill
             // files behind).
-            match (
-                signal(SignalKind::interrupt()),
-                signal(SignalKind::terminate()),
-                signal(SignalKind::hangup()),
-            ) {
-                (Ok(mut int), Ok(mut term), Ok(mut hup)) => tokio::select! {
-                    _ = int.recv() => "SIGINT",
-                    _ = term.recv() => "SIGTERM",
-                    _ = hup.recv() => "SIGHUP",
-                },
-                _ => std::future::pending().await,
+            // A signal the process was started ignoring (`nohup`'s
+            // SIGHUP) stays ignored: the user asked the job to outlive it.
+            let mut streams: Vec<(&'static str, tokio::signal::unix::Signal)> = [
+                (SignalKind::interrupt(), "SIGINT"),
+                (SignalKind::terminate(), "SIGTERM"),
+                (SignalKind::hangup(), "SIGHUP"),
+            ]
+            .into_iter()
+            .filter(|(k, _)| !braid_core::launch::signal_ignored(k.as_raw_value()))
+            .filter_map(|(k, name)| Some((name, signal(k).ok()?)))
+            .collect();
+            if streams.is_empty() {
+                return std::future::pending().await;
             }
+            let waits = streams.iter_mut().map(|(name, s)| {
+                Box::pin(async move {
+                    s.recv().await;
+                    *name
+                })
+            });
+            futures::future::select_all(waits).await.0
         }
         #[cfg(not(unix))]
         {

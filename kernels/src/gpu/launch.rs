@@ -258,26 +258,34 @@ impl Kernels {
             ..Default::default()
         };
         let source = source(rank)?;
-        let ptx = match cached_ptx(source, &opts.options) {
-            Some(p) => p,
-            None => {
-                let ptx = compile_ptx_with_opts(source, opts.clone()).map_err(|e| {
-                    KernelError::Compile {
-                        rank,
-                        detail: format!("{e:?}"),
-                    }
+        // Compiles the source and caches its PTX for later processes.
+        let compile = || -> Result<Ptx, KernelError> {
+            let ptx =
+                compile_ptx_with_opts(source, opts.clone()).map_err(|e| KernelError::Compile {
+                    rank,
+                    detail: format!("{e:?}"),
                 })?;
-                store_ptx(source, &opts.options, &ptx);
-                ptx
-            }
+            store_ptx(source, &opts.options, &ptx);
+            Ok(ptx)
         };
-        let module = gpu
-            .context()
-            .load_module(ptx)
-            .map_err(|e| KernelError::Compile {
-                rank,
-                detail: format!("loading the module: {e:?}"),
-            })?;
+        let load = |ptx: Ptx| {
+            gpu.context()
+                .load_module(ptx)
+                .map_err(|e| KernelError::Compile {
+                    rank,
+                    detail: format!("loading the module: {e:?}"),
+                })
+        };
+        let module = match cached_ptx(source, &opts.options) {
+            // A cached file this driver cannot load (written by a newer
+            // NVRTC on a host sharing the cache, say) is compiled afresh
+            // and replaced, not a failure of every later run.
+            Some(p) => match load(p) {
+                Ok(m) => m,
+                Err(_) => load(compile()?)?,
+            },
+            None => load(compile()?)?,
+        };
         let mut funcs = HashMap::new();
         for &name in ENTRY_POINTS {
             let f = module

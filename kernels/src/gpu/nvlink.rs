@@ -214,6 +214,25 @@ impl NvlinkSendRecv {
         let stream = gpu.new_stream()?;
         Kernels::get(&gpu)?;
         let peers = IpcPeers::exchange(ctx, gpu.clone(), &[&staging, &flags]).await?;
+        // Senders write at this rank's layout into the peers' buffers:
+        // every rank must have laid them out alike (the same config), or
+        // the writes land past a peer's buffers.
+        for p in 0..n as u32 {
+            for (i, mine) in [staging.len(), flags.len()].into_iter().enumerate() {
+                let theirs = peers.remote(p, i).map(|(_, len)| len);
+                if theirs != Some(mine as u64) {
+                    return Err(KernelError::Invalid {
+                        rank: gpu.rank(),
+                        kernel: "nvlink_sendrecv",
+                        detail: format!(
+                            "rank {p}'s {} buffer holds {} bytes, this rank's {mine}: every rank must use the same NvlinkConfig",
+                            ["staging", "flag"][i],
+                            theirs.map_or("no".to_string(), |l| l.to_string())
+                        ),
+                    });
+                }
+            }
+        }
         Ok(NvlinkSendRecv {
             comm: ctx.comm().clone(),
             gpu,
@@ -394,6 +413,11 @@ impl NvlinkSendRecv {
         // offsets of the shared layout.
         launched(rank, unsafe { lb.launch(cfg) })?;
         let ev = self.gpu.record(&self.stream)?;
+        // The object's own buffers too: dropped (the object, or a
+        // cancelled `sendrecv`) while the kernel runs, they would go back
+        // to the device's pool and be handed out under it.
+        self.staging.note_use(ev.clone());
+        self.flags.note_use(ev.clone());
         if let Some((b, _)) = send {
             b.note_use(ev.clone());
         }

@@ -85,6 +85,40 @@ fn tile_shared_bytes(build: Build) -> usize {
     unpadded * 8 + 2 * slots * 8 + unpadded * 4 + (tile + (tile >> 5)) * 4
 }
 
+/// Whether a block of the long-window build gets its shared memory on
+/// this device: its region (about 106 KiB) plus the kernels' static
+/// shared state (tens of bytes; 1 KiB is allowed for it) within the
+/// device's opt-in limit per block (227 KiB on an H100 or H200, 99 KiB on
+/// compute capability 8.6, 8.9 and 12.0). Where it is not, setting the
+/// size failed the whole job.
+fn long_region_fits(gpu: &Gpu) -> Result<bool, KernelError> {
+    use braid_core::cuda::cudarc::driver::sys::CUdevice_attribute;
+    let optin = gpu
+        .context()
+        .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+        .map_err(|e| {
+            KernelError::Cuda(braid_core::cuda::CudaError::Driver {
+                rank: gpu.rank(),
+                call: "cuDeviceGetAttribute",
+                detail: format!("{e:?}"),
+            })
+        })?;
+    let mut limit = usize::try_from(optin).unwrap_or(0);
+    // A smaller device's limit, to run its path on a larger one (tests).
+    if let Some(l) = std::env::var(SHARED_LIMIT_ENV)
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok())
+    {
+        limit = limit.min(l);
+    }
+    Ok(tile_shared_bytes(Build::LongWindows) + 1024 <= limit)
+}
+
+/// Caps the shared memory per block that [`long_region_fits`] takes the
+/// device to give (bytes), so that a large GPU runs the path of a smaller
+/// one: `101376` is compute capability 8.6's limit.
+pub const SHARED_LIMIT_ENV: &str = "BRAID_GPU_SHARED_LIMIT";
+
 /// The tile pass's output pointers (`RollOut` in `kernels.cu`): values
 /// per slot, then validity per slot; 0 where not wanted. Passed by value,
 /// so the kernel reads them from the constant bank.
@@ -570,13 +604,21 @@ pub fn rolling(
         if left > 0 {
             // Windows longer than the default region (and the rest): the
             // larger one, then the general pass.
-            let mut long = DeviceBuffer::alloc(gpu, tiles * 4)?;
-            long.fill(0)?;
-            let stage = TileStage::LongWindows;
-            let only = Only::Marked(&flags, ROLL_LEFT);
-            if pass.tiles(&reads, &mut written, tiles, stage, &mut long, only)?[0] > 0 {
+            if long_region_fits(gpu)? {
+                let mut long = DeviceBuffer::alloc(gpu, tiles * 4)?;
+                long.fill(0)?;
+                let stage = TileStage::LongWindows;
+                let only = Only::Marked(&flags, ROLL_LEFT);
+                if pass.tiles(&reads, &mut written, tiles, stage, &mut long, only)?[0] > 0 {
+                    let levels = pass.levels()?;
+                    pass.general(&reads, &levels, &long, &mut written)?;
+                }
+            } else {
+                // A device whose blocks cannot hold the larger region (a
+                // 99 KiB opt-in limit, as compute capability 8.6, 8.9 and
+                // 12.0 have): the general pass takes every flagged tile.
                 let levels = pass.levels()?;
-                pass.general(&reads, &levels, &long, &mut written)?;
+                pass.general(&reads, &levels, &flags, &mut written)?;
             }
         }
     }

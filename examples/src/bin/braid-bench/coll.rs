@@ -155,7 +155,10 @@ fn copies_nothing_in_process(op: &str) -> bool {
 /// Whether braid's form of `op` returns a new vector each call, where
 /// MPI writes into a receive buffer it keeps (the row's note says so).
 pub(crate) fn fresh_result(op: &str) -> bool {
-    matches!(op, "allgather" | "allreduce" | "alltoall" | "alltoallv")
+    matches!(
+        op,
+        "allgather" | "allreduce" | "reduce_scatter" | "alltoall" | "alltoallv"
+    )
 }
 
 /// The note under a [`fresh_result`] row's heading.
@@ -168,70 +171,196 @@ fn iters_for(size: usize, budget: usize) -> usize {
     (budget / size.max(1)).clamp(5, 20_000)
 }
 
+/// What one operation gave, kept for [`check_op`] (the timed loop drops
+/// it at once, as a caller done with it would).
+pub(crate) enum Got {
+    /// No result (barrier), or one written into the [`Input`]'s `out_*`
+    /// vectors (the `_into` forms).
+    Nothing,
+    /// A buffer (bcast, sendrecv).
+    Bytes(Buffer),
+    /// One vector of bytes.
+    U8(Vec<u8>),
+    /// Bytes in parts, one per rank.
+    U8Parts(Vec<Elements<u8>>),
+    /// One vector of f64.
+    F64(Vec<f64>),
+    /// f64 in parts.
+    F64Parts(Vec<Elements<f64>>),
+    /// The streaming AllGather's chunks with their ranks, in (rank, seq)
+    /// order.
+    Chunks(Vec<(u32, Buffer)>),
+}
+
 /// One operation on one rank.
 pub(crate) async fn run_op(
     ctx: &Context,
     op: &str,
     size: usize,
     input: &mut Input,
-) -> Result<(), BoxError> {
+) -> Result<Got, BoxError> {
     let n = ctx.nranks();
     let me = ctx.rank();
     // AllToAllv's spec: equal blocks, as MPI_Alltoall's.
     let equal = || AllToAllvSpec::equal(n as usize, size / n as usize);
-    match op {
-        "barrier" => barrier(ctx).await?,
-        "bcast" => {
-            broadcast(ctx, 0, (me == 0).then(|| input.bytes.clone())).await?;
+    Ok(match op {
+        "barrier" => {
+            barrier(ctx).await?;
+            Got::Nothing
         }
-        "allgather" => {
-            let _ = braid_coll::allgather(ctx, input.u8s.clone()).await?;
-        }
+        "bcast" => Got::Bytes(broadcast(ctx, 0, (me == 0).then(|| input.bytes.clone())).await?),
+        "allgather" => Got::U8(braid_coll::allgather(ctx, input.u8s.clone()).await?),
         "allgather_into" => {
             braid_coll::allgather_into(ctx, input.u8s.clone(), &mut input.out_u8).await?;
+            Got::Nothing
         }
         "allgather_parts" => {
-            let _ = braid_coll::allgather_parts(ctx, input.u8s.clone()).await?;
+            Got::U8Parts(braid_coll::allgather_parts(ctx, input.u8s.clone()).await?)
         }
-        "allgather_stream" => {
-            let _ = allgather_stream(ctx, input.bytes.clone()).await?;
-        }
-        "allreduce" => {
-            allreduce(ctx, input.f64s.clone(), ReduceKind::Sum).await?;
-        }
+        "allgather_stream" => Got::Chunks(allgather_stream(ctx, input.bytes.clone()).await?),
+        "allreduce" => Got::F64(allreduce(ctx, input.f64s.clone(), ReduceKind::Sum).await?),
         "allreduce_into" => {
             allreduce_into(ctx, input.f64s.clone(), ReduceKind::Sum, &mut input.out_f64).await?;
+            Got::Nothing
         }
         "allreduce_parts" => {
-            allreduce_parts(ctx, input.f64s.clone(), ReduceKind::Sum).await?;
+            Got::F64Parts(allreduce_parts(ctx, input.f64s.clone(), ReduceKind::Sum).await?)
         }
         "reduce_scatter" => {
-            reduce_scatter(ctx, input.f64s.clone(), ReduceKind::Sum).await?;
+            Got::F64(reduce_scatter(ctx, input.f64s.clone(), ReduceKind::Sum).await?)
         }
-        "alltoall" => {
-            alltoall(ctx, input.u8s.clone()).await?;
-        }
+        "alltoall" => Got::U8(alltoall(ctx, input.u8s.clone()).await?),
         "alltoall_into" => {
             alltoall_into(ctx, input.u8s.clone(), &mut input.out_u8).await?;
+            Got::Nothing
         }
         "alltoallv_into" => {
             alltoallv_into(ctx, input.u8s.clone(), equal(), &mut input.out_u8).await?;
+            Got::Nothing
         }
-        "alltoallv" => {
-            alltoallv(ctx, input.u8s.clone(), equal()).await?;
-        }
-        "alltoallv_parts" => {
-            alltoallv_parts(ctx, input.u8s.clone(), equal()).await?;
-        }
+        "alltoallv" => Got::U8(alltoallv(ctx, input.u8s.clone(), equal()).await?),
+        "alltoallv_parts" => Got::U8Parts(alltoallv_parts(ctx, input.u8s.clone(), equal()).await?),
         "sendrecv" => {
-            sendrecv(ctx, (me + 1) % n, input.bytes.clone(), (me + n - 1) % n).await?;
+            Got::Bytes(sendrecv(ctx, (me + 1) % n, input.bytes.clone(), (me + n - 1) % n).await?)
         }
         other => return Err(format!("unknown op {other}").into()),
-    }
-    Ok(())
+    })
 }
 
-async fn allgather_stream(ctx: &Context, b: Buffer) -> Result<usize, BoxError> {
+/// Byte `i` of rank `rank`'s input: a hash of both, so that a block
+/// delivered to the wrong rank or place, or another rank's data, shows.
+fn byte_of(rank: u32, i: usize) -> u8 {
+    let x = (u64::from(rank) << 40) ^ i as u64;
+    (x.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 56) as u8
+}
+
+/// Element `i` of rank `rank`'s f64 input: an integer below 2^20, so sums
+/// over any rank count here are exact in every order.
+fn f64_of(rank: u32, i: usize) -> f64 {
+    let x = (u64::from(rank) << 40) ^ i as u64;
+    (x.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 44) as f64
+}
+
+/// Runs `op` once more (untimed) and checks its result on this rank
+/// against the closed form of every rank's input: a fast wrong answer
+/// fails the benchmark instead of showing as a speed-up.
+pub(crate) async fn check_op(
+    ctx: &Context,
+    op: &str,
+    size: usize,
+    input: &mut Input,
+) -> Result<(), BoxError> {
+    let (n, me) = (ctx.nranks(), ctx.rank());
+    let got = run_op(ctx, op, size, input).await?;
+    let wrong = |what: &str| -> BoxError {
+        format!(
+            "braid-bench: rank {me}: {op} of {size} B on {n} ranks gave a wrong result ({what})"
+        )
+        .into()
+    };
+    // The bytes this rank must hold: every rank's input in rank order
+    // (AllGather), or block `me` of every rank's input (AllToAll).
+    let gathered = |r: u32, i: usize| byte_of(r, i);
+    let blk = size / n as usize;
+    let exchanged = |s: u32, j: usize| byte_of(s, me as usize * blk + j);
+    let sum = |i: usize| (0..n).map(|r| f64_of(r, i)).sum::<f64>();
+    let same_u8 = |got: &[u8], per: usize, f: &dyn Fn(u32, usize) -> u8| {
+        got.len() == per * n as usize
+            && got
+                .chunks(per.max(1))
+                .enumerate()
+                .all(|(r, c)| c.iter().enumerate().all(|(i, b)| *b == f(r as u32, i)))
+    };
+    let u8_parts = |parts: &[Elements<u8>], per: usize, f: &dyn Fn(u32, usize) -> u8| {
+        parts.len() == n as usize
+            && parts.iter().enumerate().all(|(r, p)| {
+                p.len() == per
+                    && p.as_slice()
+                        .iter()
+                        .enumerate()
+                        .all(|(i, b)| *b == f(r as u32, i))
+            })
+    };
+    let reduced =
+        |got: &[f64], from: usize| got.iter().enumerate().all(|(i, v)| *v == sum(from + i));
+    let ok = match (op, &got) {
+        ("barrier", Got::Nothing) => true,
+        ("bcast", Got::Bytes(b)) => {
+            b.len() == size
+                && b.as_slice()
+                    .iter()
+                    .enumerate()
+                    .all(|(i, x)| *x == byte_of(0, i))
+        }
+        ("sendrecv", Got::Bytes(b)) => {
+            let src = (me + n - 1) % n;
+            b.len() == size
+                && b.as_slice()
+                    .iter()
+                    .enumerate()
+                    .all(|(i, x)| *x == byte_of(src, i))
+        }
+        ("allgather", Got::U8(v)) => same_u8(v, size, &gathered),
+        ("allgather_into", Got::Nothing) => same_u8(&input.out_u8, size, &gathered),
+        ("allgather_parts", Got::U8Parts(p)) => u8_parts(p, size, &gathered),
+        ("allgather_stream", Got::Chunks(c)) => {
+            c.len() == n as usize
+                && c.iter().enumerate().all(|(r, (from, b))| {
+                    *from == r as u32
+                        && b.len() == size
+                        && b.as_slice()
+                            .iter()
+                            .enumerate()
+                            .all(|(i, x)| *x == byte_of(r as u32, i))
+                })
+        }
+        ("allreduce", Got::F64(v)) => v.len() == size / 8 && reduced(v, 0),
+        ("allreduce_into", Got::Nothing) => {
+            input.out_f64.len() == size / 8 && reduced(&input.out_f64, 0)
+        }
+        ("allreduce_parts", Got::F64Parts(p)) => {
+            let flat: Vec<f64> = p.iter().flat_map(|e| e.as_slice().to_vec()).collect();
+            flat.len() == size / 8 && reduced(&flat, 0)
+        }
+        ("reduce_scatter", Got::F64(v)) => {
+            let per = size / 8 / n as usize;
+            v.len() == per && reduced(v, me as usize * per)
+        }
+        ("alltoall" | "alltoallv", Got::U8(v)) => same_u8(v, blk, &exchanged),
+        ("alltoall_into" | "alltoallv_into", Got::Nothing) => {
+            same_u8(&input.out_u8, blk, &exchanged)
+        }
+        ("alltoallv_parts", Got::U8Parts(p)) => u8_parts(p, blk, &exchanged),
+        _ => return Err(wrong("no check for this form")),
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err(wrong("against every rank's input"))
+    }
+}
+
+async fn allgather_stream(ctx: &Context, b: Buffer) -> Result<Vec<(u32, Buffer)>, BoxError> {
     let ag = braid_coll::AllGather::new(ctx, None);
     // One chunk per rank, as MPI_Allgather: it carries the rank's finish.
     ag.insert_last(
@@ -241,7 +370,12 @@ async fn allgather_stream(ctx: &Context, b: Buffer) -> Result<usize, BoxError> {
             data: b,
         },
     )?;
-    Ok(ag.extract(braid_coll::ExtractOrder::RankSeq).await?.len())
+    Ok(ag
+        .extract(braid_coll::ExtractOrder::RankSeq)
+        .await?
+        .into_iter()
+        .map(|c| (c.rank, c.data.data))
+        .collect())
 }
 
 /// One rank's buffers for one operation, allocated once per point (as the
@@ -256,7 +390,9 @@ pub(crate) struct Input {
 }
 
 impl Input {
-    pub(crate) fn new(op: &str, size: usize) -> Self {
+    /// Rank `rank`'s input to `op` at `size` bytes (each rank's differs,
+    /// so that [`check_op`] sees whose data arrived where).
+    pub(crate) fn new(op: &str, size: usize, rank: u32) -> Self {
         let f = if matches!(
             op,
             "allreduce" | "allreduce_into" | "allreduce_parts" | "reduce_scatter"
@@ -280,10 +416,12 @@ impl Input {
         } else {
             0
         };
+        let bytes_of = |len: usize| (0..len).map(|i| byte_of(rank, i)).collect::<Vec<u8>>();
+        let b = if u == 0 && f == 0 { size } else { 0 };
         Input {
-            bytes: Buffer::from_vec(vec![1u8; size]),
-            f64s: (0..f).map(|i| i as f64).collect::<Vec<_>>().into(),
-            u8s: vec![3u8; u].into(),
+            bytes: Buffer::from_vec(bytes_of(b)),
+            f64s: (0..f).map(|i| f64_of(rank, i)).collect::<Vec<_>>().into(),
+            u8s: bytes_of(u).into(),
             out_f64: Vec::new(),
             out_u8: Vec::new(),
         }
@@ -302,7 +440,7 @@ async fn time_rank(
     let mut per_op = Vec::with_capacity(points.len());
     for (size, iters) in points {
         // The MPI program allocates its rank's input once, too.
-        let mut input = Input::new(&op, size);
+        let mut input = Input::new(&op, size, ctx.rank());
         for _ in 0..5 {
             run_op(&ctx, &op, size, &mut input).await?;
         }
@@ -312,6 +450,7 @@ async fn time_rank(
             run_op(&ctx, &op, size, &mut input).await?;
         }
         per_op.push(t.elapsed() / iters as u32);
+        check_op(&ctx, &op, size, &mut input).await?;
         // As the MPI program (an MPI_Reduce of the times, then free): no
         // rank frees its input while another still times. In-process ranks
         // that share the runtime's workers: a rank woken by the last
@@ -559,8 +698,22 @@ async fn time_world(
         .map(|ctx| tokio::spawn(time_rank(ctx.clone(), op.to_string(), points.to_vec())))
         .collect();
     let mut per_rank = Vec::with_capacity(hs.len());
-    for h in hs {
-        per_rank.push(h.await??);
+    for (r, h) in hs.into_iter().enumerate() {
+        let timed = match h.await {
+            Ok(t) => t,
+            Err(e) => Err(format!("rank {r} panicked: {e}").into()),
+        };
+        match timed {
+            Ok(t) => per_rank.push(t),
+            Err(e) => {
+                // The others may wait for this rank in a collective:
+                // they fail too, and the world ends.
+                for c in &ctxs {
+                    c.comm().abort(&e.to_string());
+                }
+                return Err(e);
+            }
+        }
     }
     let downs: Vec<_> = ctxs.iter().map(|c| c.comm().shutdown()).collect();
     for r in futures::future::join_all(downs).await {

@@ -43,9 +43,9 @@ pub struct GpuArgs {
     /// Largest size in bytes.
     #[arg(long, default_value_t = 1 << 30)]
     max: usize,
-    /// Size step factor.
-    #[arg(long, default_value_t = 4)]
-    step: usize,
+    /// Size step factor (at least 2).
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u64).range(2..))]
+    step: u64,
     /// Collectives: allreduce, allgather, reduce_scatter, broadcast,
     /// alltoall, alltoallv, sendrecv, halo, halo_sized, ipc, nvlink.
     #[arg(
@@ -543,11 +543,14 @@ pub fn run(a: GpuArgs) -> Result<(), BoxError> {
                 .ok_or_else(|| format!("unknown collective {c}").into())
         })
         .collect::<Result<_, _>>()?;
+    if a.min > a.max {
+        return Err(format!("--min {} is above --max {}", a.min, a.max).into());
+    }
     let mut sizes = Vec::new();
     let mut s = a.min.max(4);
     while s <= a.max {
         sizes.push(s);
-        s = s.saturating_mul(a.step.max(2));
+        s = s.saturating_mul(usize::try_from(a.step).unwrap_or(usize::MAX));
     }
     let budget = a.bytes_per_point;
     let mode = if a.nonblocking {

@@ -27,8 +27,8 @@ pub struct GpuRollingArgs {
     #[arg(long, default_value_t = 64)]
     window: i64,
     /// Timed repetitions (after one warm-up; at least 1).
-    #[arg(long, default_value_t = 5)]
-    reps: usize,
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..))]
+    reps: u64,
     /// Aggregations to compute (comma-separated; default all seven). The
     /// bytes counted follow: 8 per row and aggregation, plus a validity
     /// byte per row for each but count.
@@ -121,7 +121,7 @@ pub fn run(a: GpuRollingArgs) -> Result<(), BoxError> {
         )
     };
     let mut kernel = Vec::new();
-    for rep in 0..=a.reps.max(1) {
+    for rep in 0..=a.reps {
         gpu.stream().synchronize()?;
         let t0 = Instant::now();
         let input = RollingInput {
@@ -143,7 +143,7 @@ pub fn run(a: GpuRollingArgs) -> Result<(), BoxError> {
     let src = DeviceBuffer::alloc(&gpu, size)?;
     let mut dst = DeviceBuffer::alloc(&gpu, size)?;
     let mut copy = Vec::new();
-    for rep in 0..=a.reps.max(1) {
+    for rep in 0..=a.reps {
         gpu.stream().synchronize()?;
         let t0 = Instant::now();
         dst.copy_from(&src, gpu.stream())?;

@@ -28,7 +28,7 @@ use mpi::collective::SystemOperation;
 use mpi::topology::SimpleCommunicator;
 use mpi::traits::{Communicator as _, CommunicatorCollectives, Destination, Root, Source};
 
-use super::coll::{Input, run_op, size_arg, used_bytes};
+use super::coll::{Input, check_op, run_op, size_arg, used_bytes};
 
 /// Options of `braid-bench mpi`.
 #[derive(Debug, Clone, clap::Args)]
@@ -50,8 +50,8 @@ pub struct MpiArgs {
     #[arg(long, default_value_t = 1 << 28)]
     bytes_per_point: usize,
     /// Alternated rounds (raw MPI, then braid, or the other way) per point.
-    #[arg(long, default_value_t = 9)]
-    rounds: usize,
+    #[arg(long, default_value_t = 9, value_parser = clap::value_parser!(u32).range(1..))]
+    rounds: u32,
     /// Runs of the separate C program (`mpi_coll`); its best time per
     /// point is shown for reference. 0 skips it.
     #[arg(long, default_value_t = 3)]
@@ -80,8 +80,8 @@ pub struct MpiRankArgs {
     #[arg(long, value_delimiter = ',')]
     points: Vec<String>,
     /// Alternated rounds per point.
-    #[arg(long, default_value_t = 9)]
-    rounds: usize,
+    #[arg(long, default_value_t = 9, value_parser = clap::value_parser!(u32).range(1..))]
+    rounds: u32,
 }
 
 /// Messages in flight per iteration of the bandwidth test (as osu_bw and
@@ -369,7 +369,7 @@ pub fn rank(args: MpiRankArgs) -> Result<(), BoxError> {
             for _ in 0..5 {
                 one_iteration(&comm, op, tag, ack, &msg).await?;
             }
-            for round in 0..args.rounds.max(1) {
+            for round in 0..args.rounds {
                 let braid_first = round % 2 == 1;
                 let mut raw_s = 0.0;
                 if !braid_first {
@@ -413,7 +413,7 @@ async fn rank_coll(args: MpiRankArgs, op: &'static str) -> Result<(), BoxError> 
     for p in &args.points {
         let (s, i) = p.split_once(':').ok_or("points are SIZE:ITERS")?;
         let (size, iters): (usize, usize) = (s.parse()?, i.parse()?);
-        let mut input = Input::new(op, size);
+        let mut input = Input::new(op, size, comm.rank());
         let mut bufs = RawBufs::new(size, n);
         // Both ranks hold their engines (a barrier first) while raw MPI
         // runs: no braid pass, whose any-source probe would take a raw
@@ -434,7 +434,7 @@ async fn rank_coll(args: MpiRankArgs, op: &'static str) -> Result<(), BoxError> 
         for _ in 0..5 {
             run_op(&ctx, op, size, &mut input).await?;
         }
-        for round in 0..args.rounds.max(1) {
+        for round in 0..args.rounds {
             let braid_first = round % 2 == 1;
             let mut raw_s = 0.0;
             if !braid_first {
@@ -468,6 +468,7 @@ async fn rank_coll(args: MpiRankArgs, op: &'static str) -> Result<(), BoxError> 
                 );
             }
         }
+        check_op(&ctx, op, size, &mut input).await?;
     }
     if std::env::var_os("BRAID_BENCH_STATS").is_some() {
         braid_examples::errln!("{}", comm.statistics());
@@ -573,6 +574,8 @@ pub fn run(args: MpiArgs) -> Result<(), BoxError> {
                     Op::Coll(c) => args.sizes.iter().map(|s| used_bytes(c, *s, nr)).collect(),
                     Op::Bw | Op::PingPong => args.sizes.clone(),
                 };
+                // Each size once: the rounds are matched to points by size.
+                sizes.sort_unstable();
                 sizes.dedup();
                 let points: Vec<(usize, usize)> = sizes
                     .iter()
@@ -612,9 +615,11 @@ pub fn run(args: MpiArgs) -> Result<(), BoxError> {
                 outln!("|---:|---:|---:|---:|---:|---:|---|---:|");
                 for (k, (size, _)) in points.iter().enumerate() {
                     let mine: Vec<_> = all.iter().filter(|r| r.0 == *size).collect();
-                    if mine.is_empty() {
+                    if mine.len() != args.rounds as usize {
                         return Err(format!(
-                            "no rounds for {size} bytes:\n{}",
+                            "{} rounds of {} for {size} bytes:\n{}",
+                            mine.len(),
+                            args.rounds,
                             String::from_utf8_lossy(&bo.stdout)
                         )
                         .into());

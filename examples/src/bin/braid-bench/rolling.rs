@@ -236,6 +236,8 @@ pub fn run(args: RollingArgs) -> Result<(), BoxError> {
                 |r: &Run| r.secs,
                 || braid(&args, &input, by, "gpu"),
             )?;
+            // The GPU's output (now in braid-out) against Polars' too.
+            checks.push(format!("{name}, gpu: {}", compare(&args)?));
             outln!(
                 "| {name} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.0} |",
                 b.secs,
