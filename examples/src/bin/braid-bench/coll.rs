@@ -272,12 +272,20 @@ pub(crate) async fn check_op(
 ) -> Result<(), BoxError> {
     let (n, me) = (ctx.nranks(), ctx.rank());
     let got = run_op(ctx, op, size, input).await?;
-    let wrong = |what: &str| -> BoxError {
-        format!(
-            "braid-bench: rank {me}: {op} of {size} B on {n} ranks gave a wrong result ({what})"
+    match correct(op, size, me, n, &got, input) {
+        Some(true) => Ok(()),
+        Some(false) => Err(format!(
+            "braid-bench: rank {me}: {op} of {size} B on {n} ranks gave a wrong result (against every rank's input)"
         )
-        .into()
-    };
+        .into()),
+        None => Err(format!("braid-bench: no check for {op}").into()),
+    }
+}
+
+/// Whether `got` (with `input`'s `out_*` vectors, for the `_into` forms)
+/// is what `op` of `size` bytes must give rank `me` of `n` whose inputs
+/// [`Input::new`] made; `None` where no check is written for the form.
+fn correct(op: &str, size: usize, me: u32, n: u32, got: &Got, input: &Input) -> Option<bool> {
     // The bytes this rank must hold: every rank's input in rank order
     // (AllGather), or block `me` of every rank's input (AllToAll).
     let gathered = |r: u32, i: usize| byte_of(r, i);
@@ -303,7 +311,7 @@ pub(crate) async fn check_op(
     };
     let reduced =
         |got: &[f64], from: usize| got.iter().enumerate().all(|(i, v)| *v == sum(from + i));
-    let ok = match (op, &got) {
+    let ok = match (op, got) {
         ("barrier", Got::Nothing) => true,
         ("bcast", Got::Bytes(b)) => {
             b.len() == size
@@ -351,13 +359,9 @@ pub(crate) async fn check_op(
             same_u8(&input.out_u8, blk, &exchanged)
         }
         ("alltoallv_parts", Got::U8Parts(p)) => u8_parts(p, blk, &exchanged),
-        _ => return Err(wrong("no check for this form")),
+        _ => return None,
     };
-    if ok {
-        Ok(())
-    } else {
-        Err(wrong("against every rank's input"))
-    }
+    Some(ok)
 }
 
 async fn allgather_stream(ctx: &Context, b: Buffer) -> Result<Vec<(u32, Buffer)>, BoxError> {
@@ -894,4 +898,126 @@ pub fn run(args: CollArgs) -> Result<(), BoxError> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every form's check passes on what the collective gives (3
+    /// in-process ranks, sizes that do and do not split evenly), and
+    /// fails once one byte or element of the result is changed.
+    #[test]
+    fn the_checks_take_right_results_and_refuse_wrong_ones() {
+        let n = 3u32;
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap_or_else(|e| panic!("{e}"));
+        rt.block_on(async {
+            let ctxs: Vec<Context> = LocalComm::world(n)
+                .into_iter()
+                .map(|c| context_for(Arc::new(c), MemoryLimits::UNLIMITED))
+                .collect();
+            for op in OPS {
+                for size in [8usize, 1000, 70_000] {
+                    let size = used_bytes(op, size, n as usize);
+                    let hs: Vec<_> = ctxs
+                        .iter()
+                        .map(|ctx| {
+                            let ctx = ctx.clone();
+                            tokio::spawn(async move {
+                                let mut input = Input::new(op, size, ctx.rank());
+                                let got = run_op(&ctx, op, size, &mut input)
+                                    .await
+                                    .unwrap_or_else(|e| panic!("{op} {size}: {e}"));
+                                let me = ctx.rank();
+                                assert_eq!(
+                                    correct(op, size, me, n, &got, &input),
+                                    Some(true),
+                                    "{op} {size} rank {me}"
+                                );
+                                if op == "barrier" {
+                                    return;
+                                }
+                                // One value changed: refused.
+                                let (got, input) = spoil(got, input);
+                                assert_eq!(
+                                    correct(op, size, me, n, &got, &input),
+                                    Some(false),
+                                    "{op} {size} rank {me}: a changed result passed"
+                                );
+                            })
+                        })
+                        .collect();
+                    for h in hs {
+                        h.await.unwrap_or_else(|e| panic!("{e}"));
+                    }
+                }
+            }
+            let downs = ctxs.iter().map(|c| c.comm().shutdown());
+            for r in futures::future::join_all(downs).await {
+                r.unwrap_or_else(|e| panic!("{e}"));
+            }
+        });
+    }
+
+    /// The result with its last byte (or element) changed.
+    fn spoil(got: Got, mut input: Input) -> (Got, Input) {
+        fn bump_u8(v: &mut [u8]) {
+            if let Some(x) = v.last_mut() {
+                *x = x.wrapping_add(1);
+            }
+        }
+        fn bump_f64(v: &mut [f64]) {
+            if let Some(x) = v.last_mut() {
+                *x += 1.0;
+            }
+        }
+        let bytes = |b: &Buffer| {
+            let mut v = b.as_slice().to_vec();
+            bump_u8(&mut v);
+            Buffer::from_vec(v)
+        };
+        let got = match got {
+            Got::Nothing => {
+                bump_u8(&mut input.out_u8);
+                bump_f64(&mut input.out_f64);
+                Got::Nothing
+            }
+            Got::Bytes(b) => Got::Bytes(bytes(&b)),
+            Got::U8(mut v) => {
+                bump_u8(&mut v);
+                Got::U8(v)
+            }
+            Got::F64(mut v) => {
+                bump_f64(&mut v);
+                Got::F64(v)
+            }
+            Got::U8Parts(mut p) => {
+                if let Some(last) = p.last_mut() {
+                    let mut v = last.as_slice().to_vec();
+                    bump_u8(&mut v);
+                    *last = v.into();
+                }
+                Got::U8Parts(p)
+            }
+            Got::F64Parts(mut p) => {
+                if let Some(last) = p.iter_mut().rev().find(|e| !e.is_empty()) {
+                    let mut v = last.as_slice().to_vec();
+                    bump_f64(&mut v);
+                    *last = v.into();
+                }
+                Got::F64Parts(p)
+            }
+            Got::Chunks(mut c) => {
+                if let Some((_, b)) = c.last_mut() {
+                    *b = bytes(b);
+                }
+                Got::Chunks(c)
+            }
+        };
+        (got, input)
+    }
 }
