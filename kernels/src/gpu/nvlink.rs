@@ -435,9 +435,27 @@ impl NvlinkSendRecv {
         send: Option<(&DeviceBuffer, u32)>,
         recv: Option<(&mut DeviceBuffer, u32)>,
     ) -> Result<(), KernelError> {
+        let peer = |p: Option<u32>| p.map_or("no rank".to_string(), |p| format!("rank {p}"));
+        let step = format!(
+            "sending to {}, receiving from {}",
+            peer(send.as_ref().map(|s| s.1)),
+            peer(recv.as_ref().map(|r| r.1))
+        );
         let ev = self.enqueue(send, recv)?;
         wait_event(&ev, self.gpu.rank(), Some(self.comm.as_ref())).await?;
-        self.check()
+        // The device's verdict names no peer: the step's are added.
+        self.check().map_err(|e| match e {
+            KernelError::Invalid {
+                rank,
+                kernel,
+                detail,
+            } => KernelError::Invalid {
+                rank,
+                kernel,
+                detail: format!("{detail} ({step})"),
+            },
+            e => e,
+        })
     }
 
     /// Reads the device's error word (after the steps completed).
