@@ -157,6 +157,10 @@ impl Statistics {
     }
 }
 
+/// Peers listed one row each in [`Statistics`]' text; the others share a
+/// row of sums (the alternate form, `{:#}`, lists every peer).
+pub const PEER_ROWS: usize = 16;
+
 impl fmt::Display for Statistics {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "statistics of rank {}:", self.rank)?;
@@ -165,15 +169,33 @@ impl fmt::Display for Statistics {
             "  {:>6} {:>14} {:>10} {:>14} {:>10}",
             "peer", "bytes sent", "msgs sent", "bytes recv", "msgs recv"
         )?;
-        for (i, _) in self.peers.iter().enumerate() {
-            let t = self.peer(i as Rank);
-            if t == PeerTraffic::default() {
-                continue;
+        let busy = (0..self.peers.len())
+            .map(|i| (i, self.peer(i as Rank)))
+            .filter(|(_, t)| *t != PeerTraffic::default());
+        // A row per peer is N rows a rank and N^2 for a job: past
+        // `PEER_ROWS` peers the rest is summed in one row (`{:#}` lists all).
+        let mut rest: Option<(usize, PeerTraffic)> = None;
+        for (k, (i, t)) in busy.enumerate() {
+            if k < PEER_ROWS || f.alternate() {
+                writeln!(
+                    f,
+                    "  {:>6} {:>14} {:>10} {:>14} {:>10}",
+                    i, t.bytes_sent, t.msgs_sent, t.bytes_recv, t.msgs_recv
+                )?;
+            } else {
+                let (n, sum) = rest.get_or_insert_default();
+                *n += 1;
+                sum.bytes_sent += t.bytes_sent;
+                sum.msgs_sent += t.msgs_sent;
+                sum.bytes_recv += t.bytes_recv;
+                sum.msgs_recv += t.msgs_recv;
             }
+        }
+        if let Some((n, t)) = rest {
             writeln!(
                 f,
-                "  {:>6} {:>14} {:>10} {:>14} {:>10}",
-                i, t.bytes_sent, t.msgs_sent, t.bytes_recv, t.msgs_recv
+                "  {:>6} {:>14} {:>10} {:>14} {:>10}   ({n} more peers, summed)",
+                "rest", t.bytes_sent, t.msgs_sent, t.bytes_recv, t.msgs_recv
             )?;
         }
         let ops = self.ops.lock().unwrap_or_else(|p| p.into_inner());
@@ -228,6 +250,42 @@ mod tests {
             at("a") < at("b") && at("b") < at("c") && at("c") < usize::MAX,
             "{text}"
         );
+    }
+
+    /// Past `PEER_ROWS` busy peers the text sums the rest in one row
+    /// whose figures are the others' sums; `{:#}` lists every peer; idle
+    /// peers are not counted.
+    #[test]
+    fn many_peers_share_a_row_of_sums() {
+        let n = 40;
+        let s = Statistics::new(0, n);
+        for p in 1..n {
+            s.record_send(p, 1000 + p as usize);
+            s.record_recv(p, 10 * p as usize);
+        }
+        let text = s.to_string();
+        let rows = |t: &str| {
+            t.lines()
+                .filter(|l| l.trim_start().starts_with(|c: char| c.is_ascii_digit()))
+                .count()
+        };
+        assert_eq!(rows(&text), PEER_ROWS, "{text}");
+        let rest = (PEER_ROWS as u32 + 1..n).collect::<Vec<_>>();
+        let sent: u64 = rest.iter().map(|&p| 1000 + u64::from(p)).sum();
+        let recv: u64 = rest.iter().map(|&p| 10 * u64::from(p)).sum();
+        let want = format!(
+            "  {:>6} {:>14} {:>10} {:>14} {:>10}   ({} more peers, summed)",
+            "rest",
+            sent,
+            rest.len(),
+            recv,
+            rest.len(),
+            rest.len()
+        );
+        assert!(text.lines().any(|l| l == want), "{want}\n{text}");
+        let all = format!("{s:#}");
+        assert_eq!(rows(&all), n as usize - 1, "{all}");
+        assert!(!all.contains("rest"), "{all}");
     }
 
     #[test]

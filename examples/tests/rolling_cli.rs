@@ -1116,6 +1116,31 @@ fn random_cases_agree_with_the_oracle() {
     );
 }
 
+/// A plain integer window on a timestamp column counts the column's units
+/// (the default 1000 on `timestamp[us]` is a millisecond): the job says so
+/// once on stderr, in-process or in tcp processes, and says nothing for a
+/// duration or an integer order column.
+#[test]
+fn a_plain_integer_window_on_timestamps_is_named_once() {
+    let note = "counts its units: 1000 us";
+    for backend in ["local", "tcp"] {
+        let common = ["--rows", "3000", "--ranks", "3", "--backend", backend];
+        let (ok, _, err) = run(&[&common[..], &["--timestamp"]].concat());
+        assert!(ok, "{err}");
+        assert_eq!(err.matches(note).count(), 1, "{backend}: {err}");
+        for quiet in [
+            &["--timestamp", "--window", "1s"][..],
+            &["--window", "1000"],
+        ] {
+            let (ok, _, err) = run(&[&common[..], quiet].concat());
+            assert!(
+                ok && !err.contains("counts its units"),
+                "{backend} {quiet:?}: {err}"
+            );
+        }
+    }
+}
+
 #[test]
 fn tcp_backend_runs_the_job_in_processes() {
     let scratch = Scratch::new("cli-tcp");

@@ -168,7 +168,8 @@ impl RollingSpec {
                 return Err(DataError::WrongType {
                     name: v.clone(),
                     found: t.to_string(),
-                    expected: "a numeric type".into(),
+                    expected: "a numeric type (it is a value column, which the aggregations read)"
+                        .into(),
                 });
             }
             for a in &self.aggs {

@@ -32,8 +32,9 @@ use clap::Parser;
 struct Cli {
     #[command(flatten)]
     job: JobArgs,
-    /// Input: a Parquet or CSV file (.csv, or .csv.gz compressed), or a
-    /// directory of them (files named .* or _* skipped). Without it,
+    /// Input: a Parquet file (.parquet, .parq, .pq, or any name but the
+    /// CSV ones) or a CSV file (.csv or .tsv, or .csv.gz and .tsv.gz
+    /// compressed), or a directory of them (files named .* or _* skipped). Without it,
     /// `--rows` rows are generated (columns id, ts, key, v).
     #[arg(long)]
     input: Option<PathBuf>,
@@ -198,6 +199,45 @@ fn check_window_holds_rows(w: &Window, closed: Closed, given: &str) -> Result<()
         ));
     }
     Ok(())
+}
+
+/// A plain integer window on a timestamp column counts the column's own
+/// units (`t - w < ts` on the stored values), so the default 1000 on a
+/// `timestamp[us]` column is a millisecond, which a user who meant seconds
+/// would not notice (Polars and DuckDB refuse a bare integer there). The job
+/// says so once, where it starts (not in every tcp or MPI rank process).
+fn note_integer_window(
+    given: &str,
+    order: &str,
+    order_type: &DataType,
+    backend: braid_core::Backend,
+) {
+    let DataType::Timestamp(unit, _) = order_type else {
+        return;
+    };
+    let digits = given.trim().trim_start_matches('+');
+    let plain = !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit());
+    // Rank 0's process, or the one process of in-process ranks (a tcp job
+    // started here spawns its rank processes, rank 0 among them).
+    let first = match std::env::var("BRAID_RANK") {
+        Ok(r) => r.trim() == "0",
+        Err(_) => match backend {
+            braid_core::Backend::Tcp => false,
+            _ => braid_core::world::mpi_launch_rank().is_none_or(|r| r == 0),
+        },
+    };
+    if plain && first {
+        let unit = match unit {
+            TimeUnit::Second => "s",
+            TimeUnit::Millisecond => "ms",
+            TimeUnit::Microsecond => "us",
+            TimeUnit::Nanosecond => "ns",
+        };
+        tracing::warn!(
+            "window {digits} on the timestamp column {order:?} counts its units: {digits} {unit}; \
+             give a duration (such as {digits}s, 15m or 1h) for a longer one"
+        );
+    }
 }
 
 fn parse_window(s: &str, order_type: &DataType, closed: Closed) -> Result<Window, String> {
@@ -618,6 +658,7 @@ fn build(cli: &Cli) -> Result<(RollingJob, MemoryLimits, Option<u64>), BoxError>
         .clone();
     let window = parse_window(&cli.window, &order_type, cli.closed)?;
     check_window_holds_rows(&window, cli.closed, &cli.window)?;
+    note_integer_window(&cli.window, &cli.order, &order_type, cli.job.backend());
     let spec = RollingSpec {
         order: cli.order.clone(),
         by,
