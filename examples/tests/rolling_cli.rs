@@ -1130,6 +1130,7 @@ fn a_plain_integer_window_on_timestamps_is_named_once() {
         assert_eq!(err.matches(note).count(), 1, "{backend}: {err}");
         for quiet in [
             &["--timestamp", "--window", "1s"][..],
+            &["--timestamp", "--window", "0", "--closed", "both"],
             &["--window", "1000"],
         ] {
             let (ok, _, err) = run(&[&common[..], quiet].concat());

@@ -216,7 +216,8 @@ fn note_integer_window(
         return;
     };
     let digits = given.trim().trim_start_matches('+');
-    let plain = !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit());
+    // (0 is 0 in any unit.)
+    let plain = digits.bytes().all(|b| b.is_ascii_digit()) && digits.bytes().any(|b| b != b'0');
     // Rank 0's process, or the one process of in-process ranks (a tcp job
     // started here spawns its rank processes, rank 0 among them).
     let first = match std::env::var("BRAID_RANK") {
