@@ -31,7 +31,7 @@ pub enum CommError {
         detail: String,
     },
     /// A peer failed and aborted the job.
-    #[error("rank {rank}: job aborted by rank {peer}: {reason}")]
+    #[error("rank {rank}: job aborted by rank {peer}: {}", without_rank(*.peer, .reason))]
     Aborted {
         /// The rank that noticed.
         rank: Rank,
@@ -135,6 +135,16 @@ pub enum CommError {
     },
 }
 
+/// `msg` without a leading "rank {rank}: ": an error quoted inside
+/// another that names the same rank already (an abort's reason is the
+/// aborting rank's own error, which names it).
+pub(crate) fn without_rank(rank: Rank, msg: &str) -> &str {
+    msg.strip_prefix("rank ")
+        .and_then(|rest| rest.strip_prefix(rank.to_string().as_str()))
+        .and_then(|rest| rest.strip_prefix(": "))
+        .unwrap_or(msg)
+}
+
 fn peer_suffix(peer: Option<Rank>) -> String {
     match peer {
         Some(p) => format!(" with peer rank {p}"),
@@ -212,5 +222,35 @@ mod tests {
         };
         assert_eq!(e(Rank::MAX), "rank unknown: bootstrap failed: x");
         assert_eq!(e(3), "rank 3: bootstrap failed: x");
+    }
+
+    /// An abort names the aborting rank once: its reason, that rank's own
+    /// error, starts with the same name, which is dropped; a reason naming
+    /// another rank (or a rank whose number starts the same) is kept whole.
+    #[test]
+    fn an_abort_names_the_aborting_rank_once() {
+        let e = |peer, reason: &str| {
+            CommError::Aborted {
+                rank: 0,
+                peer,
+                reason: reason.into(),
+            }
+            .to_string()
+        };
+        assert_eq!(
+            e(3, "rank 3: node \"sink\" failed: boom"),
+            "rank 0: job aborted by rank 3: node \"sink\" failed: boom"
+        );
+        assert_eq!(
+            e(3, "rank 31: lost"),
+            "rank 0: job aborted by rank 3: rank 31: lost"
+        );
+        assert_eq!(
+            e(3, "rank 2: lost"),
+            "rank 0: job aborted by rank 3: rank 2: lost"
+        );
+        assert_eq!(e(3, "plain"), "rank 0: job aborted by rank 3: plain");
+        assert_eq!(without_rank(12, "rank 12: x"), "x");
+        assert_eq!(without_rank(1, "rank 12: x"), "rank 12: x");
     }
 }

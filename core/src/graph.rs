@@ -16,7 +16,7 @@ use tracing::Instrument;
 use crate::Rank;
 use crate::channel::ChannelError;
 use crate::context::Context;
-use crate::error::{CommError, MemoryError};
+use crate::error::{CommError, MemoryError, without_rank};
 use crate::event::spawned_task;
 
 /// A boxed error from user code.
@@ -51,17 +51,57 @@ impl NodeError {
     }
 }
 
-/// A node's failure, naming the node and the rank.
+/// Where on a rank a graph's failure was seen: in a node, or in the
+/// runner around the nodes (a failure no node had reported yet).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FailedAt {
+    /// In the node of this name.
+    Node(String),
+    /// In the runner: the communicator saw a peer fail while this rank's
+    /// nodes computed, and none of them had met it within the grace time.
+    PeerWhileRunning,
+    /// In the runner: another graph or task of this rank failed while
+    /// these nodes ran.
+    ElsewhereOnRank,
+    /// At the graph's end, where every node of this rank had succeeded and
+    /// the ranks check that all of theirs did too.
+    End,
+}
+
+impl std::fmt::Display for FailedAt {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FailedAt::Node(n) => write!(f, "node {n:?} failed"),
+            FailedAt::PeerWhileRunning => f.write_str("a peer failed while this rank's nodes ran"),
+            FailedAt::ElsewhereOnRank => {
+                f.write_str("this rank failed elsewhere while these nodes ran")
+            }
+            FailedAt::End => f.write_str("the graph's end, after this rank's nodes succeeded"),
+        }
+    }
+}
+
+/// A graph's failure on one rank, naming the rank and where it was seen.
 #[derive(Debug, thiserror::Error)]
-#[error("rank {rank}: node {node:?} failed: {source}")]
+#[error("rank {rank}: {at}: {}", without_rank(*.rank, &.source.to_string()))]
 pub struct GraphError {
     /// The rank the node ran on.
     pub rank: Rank,
-    /// The node's name.
-    pub node: String,
+    /// The node that failed, or the runner's stage.
+    pub at: FailedAt,
     /// What went wrong.
     #[source]
     pub source: NodeError,
+}
+
+impl GraphError {
+    /// The failed node's name; `None` where the runner saw the failure.
+    pub fn node(&self) -> Option<&str> {
+        match &self.at {
+            FailedAt::Node(n) => Some(n),
+            _ => None,
+        }
+    }
 }
 
 /// The nodes of one rank's graph.
@@ -121,7 +161,7 @@ impl Graph {
         match end {
             Some(op) => all_ended_well(&ctx, op).await.map_err(|e| GraphError {
                 rank: ctx.rank(),
-                node: "(the graph's end, where every rank's nodes have succeeded)".into(),
+                at: FailedAt::End,
                 source: NodeError::Comm(e),
             }),
             None => Ok(()),
@@ -202,17 +242,17 @@ impl Graph {
                         tell_at = Some(tokio::time::Instant::now() + DRAIN_GRACE);
                         // (This rank's own abort: another graph or task
                         // of this rank failed, not a peer.)
-                        let node = match &e {
+                        let at = match &e {
                             CommError::Aborted { peer, .. } if *peer == rank => {
-                                "(the job: this rank failed elsewhere while these nodes ran)"
+                                FailedAt::ElsewhereOnRank
                             }
-                            _ => "(the job: a peer failed while this rank's nodes ran)",
+                            _ => FailedAt::PeerWhileRunning,
                         };
                         failures.push((
                             NodeError::Comm(e.clone()).consequence_rank(),
                             GraphError {
                                 rank,
-                                node: node.into(),
+                                at,
                                 source: NodeError::Comm(e),
                             },
                         ));
@@ -242,7 +282,7 @@ impl Graph {
                 err.consequence_rank(),
                 GraphError {
                     rank,
-                    node,
+                    at: FailedAt::Node(node),
                     source: err,
                 },
             ));

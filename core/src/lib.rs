@@ -38,7 +38,7 @@ pub use comm::{Backend, Communicator};
 pub use context::{Context, CoreGuard, JobEnd, Placement, ProgressEngine, RankThreads, Waiting};
 pub use error::{CommError, MemoryError};
 pub use event::{BlockingOnDriver, Event};
-pub use graph::{BoxError, Graph, GraphError, NodeError};
+pub use graph::{BoxError, FailedAt, Graph, GraphError, NodeError};
 pub use memory::{Buffer, BufferResource, MemoryLimits, MemoryType, Reservation};
 pub use message::{Message, PackedData, Payload, TableChunk};
 pub use stats::Statistics;

@@ -268,13 +268,13 @@ mod tests {
         };
         let e = crate::graph::GraphError {
             rank: 0,
-            node: "sink".into(),
+            at: crate::graph::FailedAt::Node("sink".into()),
             source: crate::NodeError::Comm(died),
         };
         assert_eq!(caused_by_peer(&e), Some(2));
         let own = crate::graph::GraphError {
             rank: 0,
-            node: "sink".into(),
+            at: crate::graph::FailedAt::Node("sink".into()),
             source: crate::NodeError::Panic("x".into()),
         };
         assert_eq!(caused_by_peer(&own), None);
@@ -288,7 +288,7 @@ mod tests {
     fn a_relayed_failure_names_the_peer_in_the_report_too() {
         let e = crate::graph::GraphError {
             rank: 1,
-            node: "sink".into(),
+            at: crate::graph::FailedAt::Node("sink".into()),
             source: crate::NodeError::other(PeerFailure {
                 peer: 0,
                 detail: "rank 0 could not move its part".into(),
