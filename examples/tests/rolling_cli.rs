@@ -197,6 +197,21 @@ fn bad_input_is_a_clear_error_with_nothing_left_behind() {
         &out,
         "value column \"v\" is given twice",
     );
+    // An input column with an output column's name.
+    let clash = d.join("clash.csv");
+    std::fs::write(&clash, "ts,v,v_max\n1,1.0,2\n").unwrap();
+    assert_clean_failure(
+        &[
+            "--input",
+            clash.to_str().unwrap(),
+            "--aggs",
+            "sum,max",
+            "--output",
+            os,
+        ],
+        &out,
+        "input already has a column named \"v_max\", the name the output gives the max of value column \"v\"",
+    );
     assert_clean_failure(
         &[
             "--input",

@@ -56,6 +56,13 @@ pub(crate) fn header(schema: &Schema) -> Result<Vec<u8>, ArrowError> {
     Ok(std::mem::take(w.out.get_mut()))
 }
 
+/// A 64-bit date (milliseconds since the epoch, whole days by Arrow's
+/// rule) is written as a date, as Parquet output stores it (a Parquet
+/// date) and DuckDB and Polars read it (`DATE`, `Date`); Arrow's default
+/// writes it as a date-time, `2020-01-02T00:00:00`, which reads back as a
+/// timestamp.
+const DATE64_FORMAT: &str = "%Y-%m-%d";
+
 /// A CSV writer of one schema's batches.
 pub(crate) struct CsvWriter<W: Write> {
     out: std::io::BufWriter<W>,
@@ -97,7 +104,9 @@ impl<W: Write> CsvWriter<W> {
 
     /// Writes the rows of `batch` (whose columns are the header's).
     pub(crate) fn write(&mut self, batch: &RecordBatch) -> Result<(), ArrowError> {
-        let options = FormatOptions::default().with_null("");
+        let options = FormatOptions::default()
+            .with_null("")
+            .with_datetime_format(Some(DATE64_FORMAT));
         let columns = batch.columns();
         let formatters = columns
             .iter()
@@ -215,6 +224,33 @@ mod tests {
         assert_eq!(
             csv(vec![("z", z), ("d", d), ("n", n)]),
             "z,d,n\n,a,1\n,,2\n"
+        );
+    }
+
+    /// 64-bit dates are written as dates (plain and dictionary-encoded),
+    /// before and after the epoch; timestamps keep their time of day.
+    #[test]
+    fn dates_of_64_bits_are_written_as_dates() {
+        use arrow_array::types::Int8Type;
+        use arrow_array::{Date64Array, DictionaryArray, Int8Array, TimestampMillisecondArray};
+        const DAY: i64 = 86_400_000;
+        let d: ArrayRef = Arc::new(Date64Array::from(vec![
+            Some(0),
+            Some(18_263 * DAY),
+            None,
+            Some(-DAY),
+        ]));
+        let k: ArrayRef = Arc::new(DictionaryArray::<Int8Type>::new(
+            Int8Array::from(vec![1, 0, 1, 0]),
+            Arc::new(Date64Array::from(vec![DAY, 2 * DAY])),
+        ));
+        let t: ArrayRef = Arc::new(TimestampMillisecondArray::from(vec![DAY + 1000, 0, 0, 0]));
+        assert_eq!(
+            csv(vec![("d", d), ("k", k), ("t", t)]),
+            "d,k,t\n1970-01-01,1970-01-03,1970-01-02T00:00:01\n\
+             2020-01-02,1970-01-02,1970-01-01T00:00:00\n\
+             ,1970-01-03,1970-01-01T00:00:00\n\
+             1969-12-31,1970-01-02,1970-01-01T00:00:00\n"
         );
     }
 

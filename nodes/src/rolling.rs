@@ -176,7 +176,8 @@ impl RollingSpec {
                 let name = format!("{v}_{}", a.name());
                 if schema.index_of(&name).is_ok() {
                     return Err(DataError::Invalid(format!(
-                        "input already has a column named {name:?}"
+                        "input already has a column named {name:?}, the name the output gives the {} of value column {v:?} (the output keeps every input column: the names would clash)",
+                        a.name()
                     )));
                 }
                 let dt = if *a == Agg::Count {

@@ -1030,19 +1030,23 @@ fn as_table(b: RecordBatch, table: &SchemaRef, file: &Path) -> Result<RecordBatc
 
 /// The first value of `column` in the sampled rows of CSV file `path`
 /// (its schema `schema`) that is neither a number nor a date or
-/// date-time: what makes the column text.
+/// date-time, as a note on why the column is text (a number with spaces
+/// around it says so: nothing in the value itself looks wrong).
 fn text_example(path: &Path, schema: &Schema, column: &str) -> Option<String> {
     let i = schema.index_of(column).ok()?;
     let sample = csv_sample(path, schema, csv_delimiter(path).ok()?).ok()??;
     let values = sample.column(i).as_any().downcast_ref::<StringArray>()?;
-    values
-        .iter()
-        .flatten()
-        .find(|v| {
-            v.trim().parse::<f64>().is_err()
-                && csv_time::infer(&StringArray::from(vec![*v])).is_none()
-        })
-        .map(str::to_string)
+    let typed = |v: &str| {
+        v.parse::<f64>().is_ok() || csv_time::infer(&StringArray::from(vec![v])).is_some()
+    };
+    let v = values.iter().flatten().find(|v| !typed(v))?;
+    // (Arrow's reader, as Polars', takes ` 2.5` for text: the spaces are
+    // the field's; DuckDB's trims them.)
+    Some(if v.trim() != v && typed(v.trim()) {
+        format!("such as {v:?}: a number or date with spaces around it is text")
+    } else {
+        format!("such as {v:?}, neither a number nor a date")
+    })
 }
 
 /// Why the CSV files' column `column` reads as text, for an error that
@@ -1055,7 +1059,7 @@ fn csv_text_note(files: &[PathBuf], column: &str) -> Option<String> {
         let t = schema.field_with_name(column).ok()?.data_type().clone();
         if t == DataType::Utf8 {
             let example = text_example(f, &schema, column)
-                .map(|v| format!(" (such as {v:?}, neither a number nor a date)"))
+                .map(|v| format!(" ({v})"))
                 .unwrap_or_default();
             return Some(format!(
                 "{} holds text in it{example}, within its first {CSV_SAMPLE_ROWS} rows",
@@ -1873,7 +1877,22 @@ mod tests {
         );
         let b = dir.join("b.csv");
         assert!(
-            e.contains(&format!("Utf8 ({} holds text in it", b.display())),
+            e.contains(&format!(
+                "Utf8 ({} holds text in it (such as \"abc\", neither a number nor a date)",
+                b.display()
+            )),
+            "{e}"
+        );
+        let (dir, e) = case(
+            "spaced",
+            &[("a.csv", "ts,v\n1,1.5\n2, 2.5\n"), ("b.csv", "ts,v\n3,7\n")],
+        );
+        let a = dir.join("a.csv");
+        assert!(
+            e.contains(&format!(
+                "Utf8 ({} holds text in it (such as \" 2.5\": a number or date with spaces around it is text)",
+                a.display()
+            )),
             "{e}"
         );
         let (dir, e) = case(

@@ -154,7 +154,22 @@ fn parse_bytes(s: &str) -> Result<u64, String> {
             ));
         }
     };
-    Ok((num * mul) as u64)
+    let bytes = num * mul;
+    // (A fraction of a byte is no size anyone means: `0.5` is more likely
+    // half of some unit left out than 0 bytes; and a size past u64 would
+    // silently become the largest one.)
+    if bytes.fract() != 0.0 && mul == 1.0 {
+        return Err(format!(
+            "bad memory size {s:?}: a number of bytes is whole (with a unit, such as {num}GiB, it may have a fraction)"
+        ));
+    }
+    if bytes >= u64::MAX as f64 {
+        return Err(format!(
+            "memory size {s:?} is too large (at most {} bytes)",
+            u64::MAX
+        ));
+    }
+    Ok(bytes as u64)
 }
 
 /// The window. Forms, as Polars and DuckDB write them:
@@ -1136,9 +1151,23 @@ mod tests {
             "1e999",
             "1.2.3",
             "5 parsecs",
+            "0.5",
+            "1.5b",
+            "2e-1",
+            "1e20",
+            "18446744073709551616",
+            "20000000TB",
         ] {
             assert!(parse_bytes(bad).is_err(), "{bad:?} accepted");
         }
+        assert_eq!(parse_bytes("0"), Ok(0));
+        assert_eq!(parse_bytes("1e19"), Ok(10_000_000_000_000_000_000));
+        assert_eq!(parse_bytes("0.5GiB"), Ok(1 << 29));
+        assert!(
+            parse_bytes("0.5").is_err_and(|e| e.contains("0.5GiB")),
+            "{:?}",
+            parse_bytes("0.5")
+        );
     }
 
     #[test]
