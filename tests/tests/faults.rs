@@ -512,6 +512,35 @@ fn sends_refused_on_every_rank_fail_every_rank() {
     }
 }
 
+/// A process given `BRAID_RANK` but not `BRAID_NRANKS` (a rank started by
+/// hand with a variable left out) is refused; before, it ran a whole job
+/// of its own and reported success, while the real job waited for it.
+#[test]
+fn a_rank_without_the_job_size_is_refused() {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_braid-test-worker"));
+    c.arg("exchange").arg("5");
+    for v in [
+        "BRAID_BACKEND",
+        "BRAID_NRANKS",
+        "OMPI_COMM_WORLD_SIZE",
+        "PMI_SIZE",
+        "SLURM_STEP_NUM_TASKS",
+    ] {
+        c.env_remove(v);
+    }
+    c.env("BRAID_RANK", "1")
+        .env("BRAID_ROOT", "127.0.0.1:9")
+        .env("BRAID_TOKEN", "t");
+    let out = braid_tests::output_within(&mut c, Duration::from_secs(300));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("rank 1: bootstrap failed: BRAID_RANK=1 is set but BRAID_NRANKS is not"),
+        "{err}"
+    );
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("exchange ok"));
+}
+
 /// A program started by mpirun or srun as one of several processes, but
 /// not told to use MPI, is refused (each would run a whole job of its own
 /// and report success); started as the only one, it runs as a local job.

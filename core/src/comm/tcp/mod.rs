@@ -181,10 +181,22 @@ impl TcpConfig {
     /// Reads `BRAID_RANK`, `BRAID_NRANKS`, `BRAID_ROOT`, `BRAID_TOKEN` and
     /// the optional `BRAID_LISTEN` (IP), `BRAID_TIMEOUT` (seconds),
     /// `BRAID_MAX_MESSAGE` (bytes) and `BRAID_TCP_LANES` (1 to
-    /// [`MAX_LANES`]). `Ok(None)` when `BRAID_NRANKS` is unset.
+    /// [`MAX_LANES`]). `Ok(None)` when neither `BRAID_NRANKS` nor
+    /// `BRAID_RANK` is set.
     pub fn from_env() -> Result<Option<TcpConfig>, CommError> {
         let get = |k: &str| std::env::var(k).ok();
         let Some(nranks) = get("BRAID_NRANKS") else {
+            // A process told its rank but not the job's size is one rank
+            // of a job started by hand with a variable left out: run as a
+            // job of its own, it would compute (and write) everything.
+            if let Some(r) = get("BRAID_RANK") {
+                return Err(CommError::Bootstrap {
+                    rank: r.parse().unwrap_or(Rank::MAX),
+                    detail: format!(
+                        "BRAID_RANK={r} is set but BRAID_NRANKS is not: a rank of a tcp job needs BRAID_RANK, BRAID_NRANKS, BRAID_ROOT and BRAID_TOKEN (unset BRAID_RANK to run a job of its own)"
+                    ),
+                });
+            }
             return Ok(None);
         };
         // Errors name this rank once BRAID_RANK reads as one.
