@@ -46,8 +46,9 @@ pub struct LaunchSpec {
     /// How long the job may run: past it every rank still running is
     /// stopped and the launch fails with [`LaunchError::TimedOut`] (a rank
     /// stuck waiting, or in a computation that never ends, would otherwise
-    /// keep the launcher waiting for ever, as it keeps `mpirun`). `None`:
-    /// no limit.
+    /// keep the launcher waiting for ever, as it keeps `mpirun`); a job
+    /// whose every rank still ends with status 0 (one that lets a commit
+    /// in progress finish) succeeds. `None`: no limit.
     pub timeout: Option<std::time::Duration>,
     /// Where the ranks' progress is summed ([`crate::rank_progress`]):
     /// each rank that reports through a [`ProgressReporter`] adds its
@@ -230,13 +231,26 @@ fn signal_group(pgid: libc::pid_t, sig: libc::c_int) -> bool {
 fn terminate(child: &mut tokio::process::Child, pgid: Option<i32>) {
     #[cfg(unix)]
     if let Some(g) = pgid {
-        if signal_group(g, libc::SIGTERM) {
+        if term_group(g) {
             return;
         }
     }
     #[cfg(not(unix))]
     let _ = pgid;
     let _ = child.start_kill();
+}
+
+/// SIGTERM to a rank's process group, then SIGCONT: a stopped process
+/// (SIGSTOP, Ctrl-Z) holds a SIGTERM pending until it runs again, and was
+/// killed at the end of the grace without having cleaned up (its staged
+/// output, lock and spill files stayed). Whether any process got it.
+#[cfg(unix)]
+fn term_group(pgid: libc::pid_t) -> bool {
+    let sent = signal_group(pgid, libc::SIGTERM);
+    if sent {
+        signal_group(pgid, libc::SIGCONT);
+    }
+    sent
 }
 
 /// Kills a rank: its whole process group on Unix (SIGKILL), and its
@@ -314,7 +328,7 @@ async fn sweep(groups: &[Option<i32>]) {
             .filter(|g| group_alive(Some(*g)))
             .collect();
         for g in &left {
-            signal_group(*g, libc::SIGTERM);
+            term_group(*g);
         }
         let until = tokio::time::Instant::now() + TERM_GRACE;
         while !left.is_empty() && tokio::time::Instant::now() < until {
@@ -918,8 +932,10 @@ pub async fn launch(spec: LaunchSpec) -> Result<LaunchReport, LaunchError> {
     }
     // A rank that failed on its own before the timeout is the cause; the
     // ranks stopped at the timeout (and those that only heard of it) are
-    // not.
-    if let (Some(running), None) = (timed_out, &first_cause) {
+    // not. A job whose every rank still ended with status 0 (a rank asked
+    // to stop during its commit lets the commit finish) is whole, as an
+    // interrupted one is.
+    if let (Some(running), None, false) = (timed_out, &first_cause, all_ok) {
         return Err(LaunchError::TimedOut {
             secs: spec.timeout.map_or(0.0, |t| t.as_secs_f64()),
             running,

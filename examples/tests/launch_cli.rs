@@ -348,6 +348,63 @@ fn a_failure_before_the_timeout_is_what_is_reported() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A timeout that every rank outlives with status 0 (as a `rolling` rank
+/// does when the stop comes during its commit, which it finishes) is no
+/// failure: the output is whole. Before, the launcher exited 124 over it.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_timeout_that_every_rank_outlives_is_no_failure() {
+    let (mut launcher, pids, dir) = launch_ranks(
+        "timeout-outlived",
+        &["--timeout", "0.5"],
+        "trap 'sleep 0.3; exit 0' TERM; sleep 60 & wait",
+    );
+    let (status, err) = finished(&mut launcher, "timeout-outlived");
+    assert!(status.success(), "{status:?}: {err}");
+    assert!(!err.contains("timeout"), "{err}");
+    let left = still_running(&pids);
+    assert!(left.is_empty(), "ranks {left:?} still run");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A rank stopped by SIGSTOP (or Ctrl-Z) when the launcher stops the job
+/// still gets to clean up: the SIGTERM comes with a SIGCONT. Before, it
+/// stayed pending in the stopped process until the SIGKILL, and a
+/// `rolling` rank left its lock and staging files behind.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_stopped_rank_is_continued_to_clean_up() {
+    let (mut launcher, pids, dir) = launch_ranks(
+        "sigstop",
+        &[],
+        "trap \"echo x > $BRAID_DIR/clean$BRAID_RANK; exit 3\" TERM; \
+         if [ $BRAID_RANK = 1 ]; then kill -STOP $$; fi; sleep 60 & wait",
+    );
+    // Rank 1 is stopped (state T) before the launcher is asked to stop.
+    let until = Instant::now() + Duration::from_secs(20);
+    while !std::fs::read_to_string(format!("/proc/{}/stat", pids[1])).is_ok_and(|s| {
+        s.rsplit_once(')')
+            .is_some_and(|(_, r)| r.trim_start().starts_with('T'))
+    }) {
+        assert!(Instant::now() < until, "rank 1 never stopped");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // SAFETY: a signal to the child this test started.
+    assert_eq!(
+        unsafe { libc::kill(launcher.id() as i32, libc::SIGTERM) },
+        0
+    );
+    let (status, err) = finished(&mut launcher, "sigstop");
+    assert!(!status.success(), "{status:?}: {err}");
+    assert!(
+        dir.join("clean1").exists(),
+        "the stopped rank was killed without cleaning up: {err}"
+    );
+    let left = still_running(&pids);
+    assert!(left.is_empty(), "ranks {left:?} still run");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A timeout that is not a positive number of seconds is refused before
 /// any rank starts.
 #[test]
