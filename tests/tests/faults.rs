@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use braid_core::comm::tcp::TcpComm;
-use braid_core::comm::tcp::wire::{ConnKind, FrameHeader, Hello};
+use braid_core::comm::tcp::wire::{Answer, ConnKind, FrameHeader, Hello};
 use braid_core::{CommError, Communicator, OpId, Tag};
 use braid_tests::{exchange, expected_summary, payload, runtime};
 
@@ -88,10 +88,15 @@ fn wrong_token_is_refused_and_job_carries_on() {
         nranks: 3,
     };
     s.write_all(&hello.encode()).expect("write");
-    let mut b = [0u8; 1];
-    // The server closes the connection without the ack byte.
-    let got = s.read(&mut b).unwrap_or(0);
-    assert_eq!(got, 0, "a wrong token must not be acknowledged");
+    // The server refuses it, saying why, and closes the connection.
+    assert_eq!(
+        answer(&mut s),
+        Answer::Refused(
+            "rank 1's job token is another (a process of another job, or BRAID_TOKEN differs between ranks)"
+                .into()
+        ),
+        "a wrong token must not be acknowledged"
+    );
     exchange_all(&rt, &comms, 11);
     assert_eq!(comms[1].statistics().rejected_connections(), 1);
     assert_eq!(comms[0].statistics().rejected_connections(), 0);
@@ -164,6 +169,15 @@ fn data_connection(comms: &[Arc<TcpComm>], token: &str, lane: u8) -> std::net::T
     s
 }
 
+/// The answer to an opening written on `s` (the whole of it read).
+fn answer(s: &mut std::net::TcpStream) -> Answer {
+    let mut bytes = Vec::new();
+    let _ = s.read_to_end(&mut bytes);
+    let rt = runtime();
+    rt.block_on(Answer::read(&mut &bytes[..]))
+        .unwrap_or_else(|e| panic!("no answer ({e}): {bytes:?}"))
+}
+
 /// The error a receive of (0, `tag`) on `comm` fails with, within 20 s.
 fn receive_failure(rt: &tokio::runtime::Runtime, comm: &TcpComm, tag: Tag) -> CommError {
     rt.block_on(async { tokio::time::timeout(Duration::from_secs(20), comm.recv(0, tag)).await })
@@ -186,10 +200,9 @@ fn a_second_data_connection_from_one_rank_is_refused() {
     // Rank 0's data connection to rank 1 exists after an exchange.
     exchange_all(&rt, &comms, 21);
     let mut s = data_connection(&comms, &token, 0);
-    let mut b = [0u8; 1];
     assert_eq!(
-        s.read(&mut b).unwrap_or(0),
-        0,
+        answer(&mut s),
+        Answer::Refused("a second data connection from rank 0 on lane 0".into()),
         "a second data connection must not be acknowledged"
     );
     exchange_all(&rt, &comms, 22);

@@ -57,13 +57,15 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
 use self::reader::{Lanes, PeerReader, ReadDrive, reader_task};
-use self::wire::{ACK, ConnKind, Control, FrameHeader, Hello, MAX_LANES, WireError, stripe_piece};
+use self::wire::{
+    Answer, ConnKind, Control, FrameHeader, Hello, MAX_LANES, WireError, stripe_piece,
+};
 use self::writer::{PeerWriter, Sent, Write};
 use super::mailbox::Mailbox;
 use super::{Backend, Communicator, RecvFuture, SendFuture, check_rank};
@@ -941,18 +943,18 @@ async fn open(
                         detail: "the opening was not taken within the handshake time".into(),
                     })?
                     .map_err(io)?;
-                let mut ack = [0u8; 1];
-                let r = tokio::time::timeout(HANDSHAKE_TIMEOUT, s.read_exact(&mut ack)).await;
-                return match r {
-                    Ok(Ok(_)) if ack[0] == ACK => Ok(s),
-                    _ => Err(CommError::Protocol {
-                        rank: shared.rank,
-                        peer: Some(peer),
-                        detail: format!(
-                            "rank {peer} at {addr} refused our connection (wrong job token or job size?)"
-                        ),
-                    }),
+                let answer = tokio::time::timeout(HANDSHAKE_TIMEOUT, Answer::read(&mut s)).await;
+                let why = match answer {
+                    Ok(Ok(Answer::Accepted)) => return Ok(s),
+                    Ok(Ok(Answer::Refused(reason))) => reason,
+                    Ok(Err(e)) => format!("no answer a braid rank gives ({e})"),
+                    Err(_) => "no answer within the handshake time".into(),
                 };
+                return Err(CommError::Protocol {
+                    rank: shared.rank,
+                    peer: Some(peer),
+                    detail: format!("rank {peer} at {addr} refused our connection: {why}"),
+                });
             }
             Err(e) => {
                 last_err = e.to_string();
@@ -994,7 +996,7 @@ const KEEPALIVE_PROBES: u32 = 3;
 async fn accept_loop(
     shared: Arc<Shared>,
     listener: TcpListener,
-    ctrl: mpsc::UnboundedSender<(Rank, TcpStream)>,
+    ctrl: mpsc::UnboundedSender<Joining>,
 ) {
     loop {
         let (stream, from) = match listener.accept().await {
@@ -1021,55 +1023,129 @@ async fn accept_loop(
     }
 }
 
+/// What reaches rank 0's bootstrap from its accepted connections.
+enum Joining {
+    /// Rank `.0` opened its control connection.
+    Rank(Rank, TcpStream),
+    /// A rank of this job (its token) disagrees on the job's size: the
+    /// job cannot start, and every rank is told why.
+    Misfit(String),
+}
+
+/// Why an opening was not taken.
+#[derive(Debug, thiserror::Error)]
+enum Refusal {
+    /// Not a braid rank's opening (or cut short): dropped unanswered.
+    #[error("{0}")]
+    Unread(WireError),
+    /// A braid rank's opening this rank does not take; the opener was told.
+    #[error("{0}")]
+    Told(String),
+}
+
+/// Tells the opener why its connection is refused (bounded: an opener that
+/// does not read is not waited for), and returns the refusal.
+async fn refuse(stream: &mut TcpStream, reason: String) -> Refusal {
+    let answer = Answer::Refused(reason.clone()).encode();
+    let _ = tokio::time::timeout(Duration::from_secs(2), stream.write_all(&answer)).await;
+    Refusal::Told(reason)
+}
+
 async fn handshake(
     shared: &Arc<Shared>,
     mut stream: TcpStream,
-    ctrl: &mpsc::UnboundedSender<(Rank, TcpStream)>,
-) -> Result<(), WireError> {
-    let hello = tokio::time::timeout(HANDSHAKE_TIMEOUT, Hello::read(&mut stream))
-        .await
-        .map_err(|_| WireError::Io("no opening within the handshake time".into()))??;
+    ctrl: &mpsc::UnboundedSender<Joining>,
+) -> Result<(), Refusal> {
+    let hello = match tokio::time::timeout(HANDSHAKE_TIMEOUT, Hello::read(&mut stream)).await {
+        Err(_) => {
+            return Err(Refusal::Unread(WireError::Io(
+                "no opening within the handshake time".into(),
+            )));
+        }
+        Ok(Err(e)) => return Err(Refusal::Unread(e)),
+        Ok(Ok(h)) => h,
+    };
+    let (me, n, r) = (shared.rank, shared.nranks, hello.rank);
     if !constant_time_eq(&hello.token, &shared.token) {
-        return Err(WireError::Malformed("job token (it does not match)"));
+        let reason = format!(
+            "rank {me}'s job token is another (a process of another job, or BRAID_TOKEN differs between ranks)"
+        );
+        return Err(refuse(&mut stream, reason).await);
     }
-    if hello.nranks != shared.nranks || hello.rank >= shared.nranks || hello.rank == shared.rank {
-        return Err(WireError::Malformed("rank or job size"));
+    if hello.nranks != n {
+        let reason = format!(
+            "rank {r} says the job has {} ranks, rank {me} that it has {n} (BRAID_NRANKS differs between ranks)",
+            hello.nranks
+        );
+        // A rank of this very job that cannot fit in it: the job cannot
+        // start, and rank 0 fails it at once, naming it, rather than wait
+        // out its timeout for a rank that never comes.
+        if hello.kind == ConnKind::Control && me == 0 && shared.root_state.get().is_none() {
+            let _ = ctrl.send(Joining::Misfit(reason.clone()));
+        }
+        return Err(refuse(&mut stream, reason).await);
+    }
+    if r >= n {
+        let reason = format!("rank {r} is past the job's {n} ranks");
+        return Err(refuse(&mut stream, reason).await);
+    }
+    if r == me {
+        let reason =
+            format!("two processes run as rank {r} (this one, and the one that connected)");
+        return Err(refuse(&mut stream, reason).await);
     }
     let _ = stream.set_nodelay(true);
     watch_host(&stream);
+    let accepted = Answer::Accepted.encode();
     match hello.kind {
         ConnKind::Data { lane } => {
-            let at = hello.rank as usize * usize::from(MAX_LANES) + usize::from(lane);
+            let at = r as usize * usize::from(MAX_LANES) + usize::from(lane);
             let first = shared
                 .data_accepted
                 .get(at)
                 .is_some_and(|a| !a.swap(true, Ordering::AcqRel));
             if !first {
-                return Err(WireError::Malformed(
-                    "a second data connection from one rank on one lane",
-                ));
+                let reason = format!("a second data connection from rank {r} on lane {lane}");
+                return Err(refuse(&mut stream, reason).await);
             }
-            let lanes = shared
+            let Some(lanes) = shared
                 .lanes_in
-                .get(hello.rank as usize)
+                .get(r as usize)
                 .map(|l| l.get_or_init(|| Arc::new(Lanes::new())).clone())
-                .ok_or(WireError::Malformed("rank"))?;
-            stream.write_all(&[ACK]).await?;
-            let reader = Arc::new(PeerReader::new(hello.rank, lane, lanes, stream));
+            else {
+                return Err(refuse(&mut stream, format!("no lanes for rank {r}")).await);
+            };
+            stream
+                .write_all(&accepted)
+                .await
+                .map_err(|e| Refusal::Unread(e.into()))?;
+            let reader = Arc::new(PeerReader::new(r, lane, lanes, stream));
             if lane == 0 {
-                if let Some(slot) = shared.readers.get(hello.rank as usize) {
+                if let Some(slot) = shared.readers.get(r as usize) {
                     let _ = slot.set(reader.clone());
                 }
             }
             tokio::spawn(reader_task(shared.clone(), reader));
         }
         ConnKind::Control => {
-            if shared.rank != 0 || shared.root_state.get().is_some() {
-                return Err(WireError::Malformed("control connection outside bootstrap"));
+            if me != 0 {
+                let reason = format!(
+                    "rank {me} is not rank 0: a rank's control connection goes to rank 0 (BRAID_ROOT)"
+                );
+                return Err(refuse(&mut stream, reason).await);
             }
-            stream.write_all(&[ACK]).await?;
-            ctrl.send((hello.rank, stream))
-                .map_err(|_| WireError::Io("bootstrap is over".into()))?;
+            if shared.root_state.get().is_some() {
+                let reason = format!(
+                    "the job's {n} ranks have all joined and it has started: is a second process running as rank {r}?"
+                );
+                return Err(refuse(&mut stream, reason).await);
+            }
+            stream
+                .write_all(&accepted)
+                .await
+                .map_err(|e| Refusal::Unread(e.into()))?;
+            ctrl.send(Joining::Rank(r, stream))
+                .map_err(|_| Refusal::Unread(WireError::Io("bootstrap is over".into())))?;
         }
     }
     Ok(())
@@ -1186,7 +1262,7 @@ async fn root_cause(shared: &Shared, seen: CommError) -> CommError {
 /// the control plane.
 async fn bootstrap_root(
     shared: Arc<Shared>,
-    mut ctrl_rx: mpsc::UnboundedReceiver<(Rank, TcpStream)>,
+    mut ctrl_rx: mpsc::UnboundedReceiver<Joining>,
     tasks: &mut Vec<JoinHandle<()>>,
 ) -> Result<(), CommError> {
     let n = shared.nranks as usize;
@@ -1197,10 +1273,14 @@ async fn bootstrap_root(
     while missing > 0 {
         let next = tokio::time::timeout_at(deadline, ctrl_rx.recv()).await;
         let (r, mut s) = match next {
-            Ok(Some(x)) => x,
+            Ok(Some(Joining::Rank(r, s))) => (r, s),
+            Ok(Some(Joining::Misfit(detail))) => {
+                abort_bootstrap(&mut conns, &mut ctrl_rx, &detail).await;
+                return Err(shared.bootstrap_err(detail));
+            }
             Ok(None) => {
                 let detail = "rank 0's listener stopped";
-                abort_bootstrap(&mut conns, detail).await;
+                abort_bootstrap(&mut conns, &mut ctrl_rx, detail).await;
                 return Err(shared.bootstrap_err(detail));
             }
             Err(_) => {
@@ -1213,7 +1293,7 @@ async fn bootstrap_root(
                     absent.join(", "),
                     shared.timeout.as_secs()
                 );
-                abort_bootstrap(&mut conns, &detail).await;
+                abort_bootstrap(&mut conns, &mut ctrl_rx, &detail).await;
                 return Err(shared.bootstrap_err(detail));
             }
         };
@@ -1232,7 +1312,8 @@ async fn bootstrap_root(
             let msg = Control::Abort {
                 origin: 0,
                 reason: format!(
-                    "bootstrap failed: two processes joined as rank {r} (the first listens on                      {first}, this one on {addr}): give each process a rank of its own"
+                    "bootstrap failed: two processes joined as rank {r} (the first listens on \
+                     {first}, this one on {addr}): give each process a rank of its own"
                 ),
             };
             tokio::spawn(async move {
@@ -1253,7 +1334,7 @@ async fn bootstrap_root(
     }
     // (Told once every rank has joined, so that each fails with the cause.)
     if let Some(detail) = unreachable {
-        abort_bootstrap(&mut conns, &detail).await;
+        abort_bootstrap(&mut conns, &mut ctrl_rx, &detail).await;
         return Err(shared.bootstrap_err(detail));
     }
     let table: Vec<String> = conns
@@ -1309,16 +1390,31 @@ fn loopback_from_another_host(control: &TcpStream, advertised: &str) -> Option<I
 /// Rank 0's bootstrap failed: tells each rank that registered why
 /// (`Abort`), so that its error names the cause (a rank that never joined)
 /// instead of a closed connection, and it exits as one that only heard of
-/// another's failure. Bounded: a rank that does not read is not waited for.
-async fn abort_bootstrap(conns: &mut [Option<(TcpStream, String)>], detail: &str) {
+/// another's failure. The ranks whose connections were taken but not yet
+/// read (queued behind the failure) are told too. Bounded: a rank that
+/// does not read is not waited for.
+async fn abort_bootstrap(
+    conns: &mut [Option<(TcpStream, String)>],
+    queued: &mut mpsc::UnboundedReceiver<Joining>,
+    detail: &str,
+) {
     let msg = Control::Abort {
         origin: 0,
         reason: format!("bootstrap failed: {detail}"),
     };
+    queued.close();
+    let mut late = Vec::new();
+    while let Ok(j) = queued.try_recv() {
+        if let Joining::Rank(_, s) = j {
+            late.push(s);
+        }
+    }
     let writes = conns
         .iter_mut()
         .filter_map(|c| c.as_mut())
-        .map(|(s, _)| msg.write(s));
+        .map(|(s, _)| s)
+        .chain(late.iter_mut())
+        .map(|s| msg.write(s));
     let _ = tokio::time::timeout(Duration::from_secs(2), futures::future::join_all(writes)).await;
 }
 
@@ -1821,11 +1917,74 @@ mod tests {
                 .map(|e| e.to_string())
                 .unwrap_or_default();
             assert!(e.contains("two processes joined as rank 1"), "{e}");
+            assert!(!e.contains("  "), "a run of spaces: {e}");
             let c2 = TcpComm::connect(cfg(2))
                 .await
                 .unwrap_or_else(|e| panic!("rank 2: {e}"));
             let (c0, c1) = (ok(c0.await), ok(first.await));
+            // A third process as rank 1, once the job has started, is told
+            // that (not a guess at a wrong token).
+            let late = TcpComm::connect(cfg(1))
+                .await
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
+            assert!(
+                late.contains("have all joined")
+                    && late.contains("second process running as rank 1"),
+                "{late}"
+            );
             let _ = tokio::join!(c0.shutdown(), c1.shutdown(), c2.shutdown());
+        });
+    }
+
+    /// A rank of the job (its token) that disagrees on the job's size fails
+    /// the whole start-up at once, every rank naming the sizes: before,
+    /// rank 0 dropped it with a warning and waited out its timeout, then
+    /// reported only that the rank "did not join".
+    #[test]
+    fn a_rank_with_another_job_size_fails_the_start_naming_it() {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap_or_else(|e| panic!("runtime: {e}"));
+        rt.block_on(async {
+            let port = TcpListener::bind("127.0.0.1:0")
+                .await
+                .and_then(|l| l.local_addr())
+                .map(|a| a.port())
+                .unwrap_or_else(|e| panic!("{e}"));
+            let cfg = |r: Rank, n: u32| {
+                let mut c = TcpConfig::new(r, n, format!("127.0.0.1:{port}"), "tok");
+                // (Far past the test's own wait: a start-up that waited
+                // for it would fail the test below.)
+                c.timeout = Duration::from_secs(600);
+                c
+            };
+            // Ranks 0 and 1 first (rank 1 has joined before rank 2 comes:
+            // each is told by rank 0, which then stops listening).
+            let mut ranks = vec![
+                tokio::spawn(TcpComm::connect(cfg(0, 3))),
+                tokio::spawn(TcpComm::connect(cfg(1, 3))),
+            ];
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            ranks.push(tokio::spawn(TcpComm::connect(cfg(2, 4))));
+            let errs =
+                tokio::time::timeout(Duration::from_secs(60), futures::future::join_all(ranks))
+                    .await
+                    .unwrap_or_else(|_| panic!("the start-up waited for the misfit"));
+            for (r, j) in errs.into_iter().enumerate() {
+                let e = j
+                    .unwrap_or_else(|e| panic!("{e}"))
+                    .err()
+                    .map(|e| e.to_string())
+                    .unwrap_or_else(|| panic!("rank {r} started"));
+                assert!(
+                    e.contains("rank 2 says the job has 4 ranks, rank 0 that it has 3"),
+                    "rank {r}: {e}"
+                );
+            }
         });
     }
 

@@ -4,7 +4,9 @@
 //! ```text
 //! connection opening (client -> server), then one ack byte back:
 //!   "BRDH" | version u16 | kind u8 | token_len u16 | token | rank u32 | nranks u32
-//!   <- b'K'                                  (anything else: dropped)
+//!   <- b'K'                                  accepted
+//!   <- b'R' | len u16 | reason (UTF-8)       refused, and why
+//!   (a connection closed without either: not a braid rank's, or dropped)
 //!
 //! data frame (kind = data, one direction only: client -> server):
 //!   "BRDF" | pieces u8 | 0u8 x 3 | tag u64 | len u64 | payload
@@ -40,6 +42,66 @@ pub const MAX_TOKEN_LEN: usize = 1024;
 pub const MAX_CONTROL_LEN: u32 = 64 << 20;
 /// The byte a server answers an accepted opening with.
 pub const ACK: u8 = b'K';
+/// The byte a server answers a refused opening with, before the reason.
+pub const REFUSED: u8 = b'R';
+/// Longest refusal reason sent (a longer one is cut, at a character).
+pub const MAX_REFUSAL_LEN: usize = 1024;
+
+/// How a server answered a connection's opening.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Answer {
+    /// Taken: frames or control messages follow.
+    Accepted,
+    /// Refused, with the server's reason (the connection then closes).
+    Refused(String),
+}
+
+impl Answer {
+    /// Encodes the answer.
+    pub fn encode(&self) -> Vec<u8> {
+        match self {
+            Answer::Accepted => vec![ACK],
+            Answer::Refused(reason) => {
+                let mut end = reason.len().min(MAX_REFUSAL_LEN);
+                while !reason.is_char_boundary(end) {
+                    end -= 1;
+                }
+                let mut v = Vec::with_capacity(3 + end);
+                v.push(REFUSED);
+                v.extend_from_slice(&(end as u16).to_le_bytes());
+                v.extend_from_slice(&reason.as_bytes()[..end]);
+                v
+            }
+        }
+    }
+
+    /// Reads an answer, its reason's length checked before it is read.
+    pub async fn read<R: AsyncRead + Unpin>(r: &mut R) -> Result<Answer, WireError> {
+        let mut b = [0u8; 1];
+        r.read_exact(&mut b).await?;
+        match b[0] {
+            ACK => Ok(Answer::Accepted),
+            REFUSED => {
+                let mut len = [0u8; 2];
+                r.read_exact(&mut len).await?;
+                let len = usize::from(u16::from_le_bytes(len));
+                if len > MAX_REFUSAL_LEN {
+                    return Err(WireError::TooLong {
+                        what: "refusal reason",
+                        len: len as u64,
+                        limit: MAX_REFUSAL_LEN as u64,
+                    });
+                }
+                let mut reason = vec![0u8; len];
+                r.read_exact(&mut reason).await?;
+                Ok(Answer::Refused(
+                    String::from_utf8_lossy(&reason).into_owned(),
+                ))
+            }
+            k => Err(WireError::BadKind(k)),
+        }
+    }
+}
 
 /// What a connection carries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -541,6 +603,37 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    /// Answers read back as written; a long reason is cut at a character
+    /// within the limit; an unknown byte or an oversized length is refused.
+    #[tokio::test]
+    async fn answers_roundtrip_and_limits() {
+        for a in [
+            Answer::Accepted,
+            Answer::Refused(String::new()),
+            Answer::Refused("rank 3 says the job has 5 ranks".into()),
+        ] {
+            assert_eq!(Answer::read(&mut &a.encode()[..]).await.unwrap(), a);
+        }
+        let long = "é".repeat(MAX_REFUSAL_LEN);
+        match Answer::read(&mut &Answer::Refused(long.clone()).encode()[..]).await {
+            Ok(Answer::Refused(r)) => {
+                assert!(r.len() <= MAX_REFUSAL_LEN && r.len() >= MAX_REFUSAL_LEN - 1);
+                assert!(long.starts_with(&r));
+            }
+            other => panic!("{other:?}"),
+        }
+        let over = [REFUSED, 0xff, 0xff];
+        assert!(matches!(
+            Answer::read(&mut &over[..]).await,
+            Err(WireError::TooLong { .. })
+        ));
+        assert!(matches!(
+            Answer::read(&mut &b"x"[..]).await,
+            Err(WireError::BadKind(b'x'))
+        ));
+        assert!(Answer::read(&mut &[REFUSED, 4, 0, b'a'][..]).await.is_err());
     }
 
     #[tokio::test]
