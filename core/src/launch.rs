@@ -623,6 +623,9 @@ pub async fn launch(spec: LaunchSpec) -> Result<LaunchReport, LaunchError> {
         .progress
         .as_ref()
         .and_then(|_| crate::rank_progress::ProgressPipe::new().ok());
+    // Each rank's pipe of exit notices ([`crate::rank_exits`]).
+    #[cfg(unix)]
+    let mut exit_notices = crate::rank_exits::ExitNotices::new(n);
     let (stop_tx, stop_rx) = watch::channel(Stop::Run);
     let (done_tx, mut done_rx) = mpsc::unbounded_channel::<(Rank, Option<ExitStatus>)>();
     let mut io_tasks = Vec::new();
@@ -644,6 +647,7 @@ pub async fn launch(spec: LaunchSpec) -> Result<LaunchReport, LaunchError> {
             // ranks': only those handed over below are named.
             .env_remove("BRAID_ROOT_FD")
             .env_remove(crate::rank_progress::PROGRESS_FD_ENV)
+            .env_remove(crate::rank_exits::EXITS_FD_ENV)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -658,9 +662,15 @@ pub async fn launch(spec: LaunchSpec) -> Result<LaunchReport, LaunchError> {
         if let Some(fd) = progress_pipe.as_ref().and_then(|p| p.write_fd()) {
             inherit(&mut cmd, crate::rank_progress::PROGRESS_FD_ENV, fd);
         }
+        #[cfg(unix)]
+        if let Some(fd) = exit_notices.read_fd(rank) {
+            inherit(&mut cmd, crate::rank_exits::EXITS_FD_ENV, fd);
+        }
         #[cfg(target_os = "linux")]
         die_with_launcher(&mut cmd);
         let spawned = cmd.spawn();
+        #[cfg(unix)]
+        exit_notices.started(rank);
         if rank == 0 {
             // Rank 0 holds the listening socket now (or failed to start).
             drop(listener.take());
@@ -815,6 +825,13 @@ pub async fn launch(spec: LaunchSpec) -> Result<LaunchReport, LaunchError> {
                 report.status[rank as usize] = status;
                 ended[rank as usize] = true;
                 let ok = status.map(|s| s.success()).unwrap_or(false);
+                // The ranks still in their start-up stop waiting for it.
+                #[cfg(unix)]
+                exit_notices.tell(&crate::rank_exits::Ended {
+                    rank,
+                    ok,
+                    status: status.map_or_else(|| "unknown status".into(), |s| s.to_string()),
+                });
                 if ok && remaining > 0 && first_failure.is_none() && !killing && !interrupted {
                     exited_first.push(rank);
                 }

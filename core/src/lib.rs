@@ -25,6 +25,8 @@ pub mod launch;
 pub mod memory;
 pub mod message;
 pub mod par;
+mod pipe;
+pub mod rank_exits;
 pub mod rank_progress;
 pub mod stats;
 pub mod tag;

@@ -59,49 +59,14 @@ impl ProgressReporter {
 
     #[cfg(unix)]
     fn open(rank: Rank, fd: i32) -> Option<ProgressReporter> {
-        use std::os::fd::FromRawFd;
-        // The launcher's pipe is never one of the standard descriptors
-        // (`ProgressPipe::new` keeps it above them): a rank's stdout or
-        // stderr, pipes too, is never taken for it.
-        if fd < 3 {
-            return None;
-        }
-        // SAFETY: fstat only reads the descriptor's metadata; a closed or
-        // invalid one returns -1. Only a pipe is used (a descriptor of
-        // that number inherited for another purpose is left alone).
-        let is_pipe = unsafe {
-            let mut st: libc::stat = std::mem::zeroed();
-            libc::fstat(fd, &mut st) == 0 && (st.st_mode & libc::S_IFMT) == libc::S_IFIFO
-        };
-        if !is_pipe {
-            return None;
-        }
-        // The inherited descriptor is not passed on to what this process
-        // starts (a child holding it would keep the launcher's collector
-        // waiting for the pipe's end).
-        // SAFETY: fcntl sets a flag of a descriptor that is open.
-        unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
-        // A copy of the descriptor, owned by this reporter: the inherited
-        // one stays open, so several reporters in one process each close
-        // only their own.
-        // SAFETY: fcntl duplicates a descriptor that is open (fstat said
-        // so); the copy is close-on-exec and owned from here on.
-        let own = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 3) };
-        if own < 0 {
-            return None;
-        }
-        // Reports never block, whoever made the pipe (the flag belongs to
-        // the pipe's shared description; braid's launcher sets it too).
-        // SAFETY: fcntl reads and sets the flags of a descriptor owned here.
-        unsafe {
-            let flags = libc::fcntl(own, libc::F_GETFL);
-            if flags >= 0 {
-                libc::fcntl(own, libc::F_SETFL, flags | libc::O_NONBLOCK);
-            }
-        }
-        // SAFETY: `own` was just made and nothing else holds it.
-        let pipe = unsafe { std::fs::File::from_raw_fd(own) };
-        Some(ProgressReporter { rank, pipe })
+        let own = crate::pipe::inherited_pipe(fd)?;
+        // Reports never block, whoever made the pipe (braid's launcher
+        // sets the flag too).
+        let _ = crate::pipe::set_nonblocking(&own);
+        Some(ProgressReporter {
+            rank,
+            pipe: std::fs::File::from(own),
+        })
     }
 
     #[cfg(not(unix))]
@@ -134,37 +99,11 @@ pub(crate) struct ProgressPipe {
 
 #[cfg(unix)]
 impl ProgressPipe {
-    /// A new pipe, both ends close-on-exec (a rank's command clears it on
-    /// the write end) and above the standard descriptors (a launcher
-    /// started with one of them closed would get it for the pipe, and a
-    /// rank's stdout would then be taken for its reports), the write end
+    /// A new pipe ([`crate::pipe::launcher_pipe`]), the write end
     /// non-blocking.
     pub(crate) fn new() -> std::io::Result<ProgressPipe> {
-        use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-        let mut fds = [0i32; 2];
-        // SAFETY: pipe writes two descriptors into `fds` on success.
-        if unsafe { libc::pipe(fds.as_mut_ptr()) } == -1 {
-            return Err(std::io::Error::last_os_error());
-        }
-        // SAFETY: both descriptors were just opened and are owned here.
-        let made = unsafe { [OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])] };
-        // Copies at 3 or above, close-on-exec (pipe2 is not on every
-        // Unix); the first ones close when `made` is dropped.
-        let lift = |fd: &OwnedFd| -> std::io::Result<OwnedFd> {
-            // SAFETY: fcntl duplicates a descriptor owned here.
-            let n = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 3) };
-            if n < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            // SAFETY: `n` was just made and nothing else holds it.
-            Ok(unsafe { OwnedFd::from_raw_fd(n) })
-        };
-        let (read, write) = (lift(&made[0])?, lift(&made[1])?);
-        drop(made);
-        // SAFETY: fcntl on a descriptor owned here.
-        if unsafe { libc::fcntl(write.as_raw_fd(), libc::F_SETFL, libc::O_NONBLOCK) } == -1 {
-            return Err(std::io::Error::last_os_error());
-        }
+        let (read, write) = crate::pipe::launcher_pipe()?;
+        crate::pipe::set_nonblocking(&write)?;
         Ok(ProgressPipe {
             read,
             write: Some(write),

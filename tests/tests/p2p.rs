@@ -854,3 +854,54 @@ fn launcher_skips_ranks_that_only_passed_a_failure_on() {
         other => panic!("expected rank 1's failure, got {other:?}"),
     }
 }
+
+/// A rank that ends before it joins (with success or not) fails the
+/// others' start-up at once, each naming it, through the launcher's exit
+/// notices: before, rank 0 waited out its whole timeout (60 s) for a rank
+/// its launcher knew had ended. The ranks' own timeout here is far past
+/// the launch's, so a start-up that waited would fail the test.
+#[test]
+fn a_rank_gone_before_it_joined_fails_the_start_up_at_once() {
+    use braid_core::launch::LaunchError;
+    let rt = runtime();
+    for n in RANK_COUNTS.into_iter().filter(|n| *n >= 2) {
+        for gone in [0, n - 1, n / 2] {
+            for code in [0, 3] {
+                let script = format!(
+                    "if [ $BRAID_RANK = {gone} ]; then exit {code}; fi; exec {} exchange 7",
+                    worker()
+                );
+                let mut spec = LaunchSpec::new(n, "sh", vec!["-c".into(), script.into()]);
+                spec.output = OutputMode::Captured;
+                spec.env.push(("BRAID_TIMEOUT".into(), "600".into()));
+                spec.timeout = Some(std::time::Duration::from_secs(60));
+                let what = format!("{n} ranks, rank {gone} gone with status {code}");
+                let report = match rt.block_on(launch(spec)) {
+                    Err(LaunchError::RankFailed { rank, report, .. }) => {
+                        // Its own failure is the cause; a rank that left
+                        // with success leaves rank 0 to fail the job (or,
+                        // gone itself, every other rank).
+                        let want = match (code, gone) {
+                            (3, _) => vec![gone],
+                            (_, 0) => (1..n).collect(),
+                            _ => vec![0],
+                        };
+                        assert!(want.contains(&rank), "{what}: rank {rank}: {report:?}");
+                        report
+                    }
+                    other => panic!("{what}: {other:?}"),
+                };
+                let ended = format!("rank {gone} ended (exit status: {code})");
+                for r in (0..n).filter(|r| *r != gone) {
+                    let err = &report.stderr[r as usize];
+                    // Rank 0 names the rank gone; the others were told by
+                    // rank 0, or (connecting after it ended) heard that
+                    // rank 0 ended.
+                    let told = err.contains(&ended)
+                        || (r != 0 && err.contains("rank 0 ended (exit status: "));
+                    assert!(told, "{what}: rank {r}: {err}");
+                }
+            }
+        }
+    }
+}

@@ -73,6 +73,7 @@ use crate::Rank;
 use crate::error::CommError;
 use crate::event::Event;
 use crate::memory::{Buffer, BufferPool, Landing};
+use crate::rank_exits::Ended;
 use crate::stats::Statistics;
 use crate::tag::Tag;
 
@@ -131,6 +132,12 @@ pub struct TcpConfig {
     /// so no other process's connection can take the port before rank 0
     /// binds it ("Address already in use", seen on a busy host).
     pub root_fd: Option<i32>,
+    /// The read end of the launcher's pipe of exit notices
+    /// (`BRAID_EXITS_FD`, Unix; [`crate::rank_exits`]): in its start-up,
+    /// rank 0 fails at once when a rank that has not joined has ended,
+    /// and another rank when rank 0 has ended before it could connect,
+    /// instead of waiting out `timeout`.
+    pub exits_fd: Option<i32>,
 }
 
 impl TcpConfig {
@@ -149,6 +156,7 @@ impl TcpConfig {
             max_message_bytes: Self::DEFAULT_MAX_MESSAGE,
             lanes: None,
             root_fd: None,
+            exits_fd: None,
         }
     }
 
@@ -262,6 +270,10 @@ impl TcpConfig {
                     .filter(|fd| *fd >= 0)
                     .ok_or_else(|| bad(format!("BRAID_ROOT_FD={fd:?} is not a descriptor")))?,
             );
+        }
+        if let Some(fd) = get(crate::rank_exits::EXITS_FD_ENV) {
+            // (A value that names no pipe only costs the notices.)
+            c.exits_fd = fd.trim().parse::<i32>().ok();
         }
         if let Some(m) = get("BRAID_MAX_MESSAGE") {
             c.max_message_bytes = m
@@ -654,10 +666,17 @@ impl TcpComm {
         });
         let (ctrl_tx, ctrl_rx) = mpsc::unbounded_channel();
         let mut tasks = vec![tokio::spawn(accept_loop(shared.clone(), listener, ctrl_tx))];
+        let exits = config
+            .exits_fd
+            .and_then(crate::rank_exits::watch)
+            .map(|(task, rx)| {
+                tasks.push(task);
+                rx
+            });
         let boot = if config.rank == 0 {
-            bootstrap_root(shared.clone(), ctrl_rx, &mut tasks).await
+            bootstrap_root(shared.clone(), ctrl_rx, exits, &mut tasks).await
         } else {
-            bootstrap_peer(shared.clone(), listen_addr, &mut tasks).await
+            bootstrap_peer(shared.clone(), listen_addr, exits, &mut tasks).await
         };
         let comm = TcpComm {
             shared,
@@ -1263,6 +1282,7 @@ async fn root_cause(shared: &Shared, seen: CommError) -> CommError {
 async fn bootstrap_root(
     shared: Arc<Shared>,
     mut ctrl_rx: mpsc::UnboundedReceiver<Joining>,
+    mut exits: Option<mpsc::UnboundedReceiver<Ended>>,
     tasks: &mut Vec<JoinHandle<()>>,
 ) -> Result<(), CommError> {
     let n = shared.nranks as usize;
@@ -1271,7 +1291,26 @@ async fn bootstrap_root(
     let mut unreachable = None;
     let deadline = deadline_after(shared.timeout);
     while missing > 0 {
-        let next = tokio::time::timeout_at(deadline, ctrl_rx.recv()).await;
+        let next = tokio::select! {
+            next = tokio::time::timeout_at(deadline, ctrl_rx.recv()) => next,
+            e = next_exit(&mut exits) => {
+                // A rank that has ended without joining never will.
+                let Some(e) = e.filter(|e| e.rank != 0 && conns.get(e.rank as usize).is_some_and(|c| c.is_none())) else {
+                    continue;
+                };
+                let detail = format!(
+                    "rank {} ended ({}) before it joined the job (its launcher saw it end)",
+                    e.rank, e.status
+                );
+                abort_bootstrap(&mut conns, &mut ctrl_rx, &detail).await;
+                return Err(if e.ok {
+                    shared.bootstrap_err(detail)
+                } else {
+                    // (Its own failure is the cause; this rank passes it on.)
+                    CommError::PeerDied { rank: 0, peer: e.rank, detail }
+                });
+            }
+        };
         let (r, mut s) = match next {
             Ok(Some(Joining::Rank(r, s))) => (r, s),
             Ok(Some(Joining::Misfit(detail))) => {
@@ -1376,6 +1415,30 @@ async fn bootstrap_root(
     Ok(())
 }
 
+/// The next exit notice, where there are any; `None` once they end (or
+/// where there are none), after which it is not asked again.
+async fn next_exit(exits: &mut Option<mpsc::UnboundedReceiver<Ended>>) -> Option<Ended> {
+    let e = match exits.as_mut() {
+        Some(rx) => rx.recv().await,
+        None => std::future::pending().await,
+    };
+    if e.is_none() {
+        *exits = None;
+    }
+    e
+}
+
+/// The exit notice of rank 0 (pending for ever where none comes).
+async fn rank0_exit(exits: &mut Option<mpsc::UnboundedReceiver<Ended>>) -> Ended {
+    loop {
+        match next_exit(exits).await {
+            Some(e) if e.rank == 0 => return e,
+            Some(_) => {}
+            None => std::future::pending::<()>().await,
+        }
+    }
+}
+
 /// Where a rank registers a loopback address over a control connection
 /// from another host (neither loopback nor rank 0's own address of that
 /// connection), the address it connected from: no rank of another host
@@ -1414,8 +1477,21 @@ async fn abort_bootstrap(
         .filter_map(|c| c.as_mut())
         .map(|(s, _)| s)
         .chain(late.iter_mut())
-        .map(|s| msg.write(s));
+        .map(|s| tell_and_close(s, &msg));
     let _ = tokio::time::timeout(Duration::from_secs(2), futures::future::join_all(writes)).await;
+}
+
+/// Writes `msg` and closes the connection once the peer has: bytes left
+/// unread at a close (a registration not yet read) make it a reset, and a
+/// reset can drop the message before the peer reads it.
+async fn tell_and_close(s: &mut TcpStream, msg: &Control) {
+    use tokio::io::AsyncReadExt;
+    if msg.write(s).await.is_err() {
+        return;
+    }
+    let _ = s.shutdown().await;
+    let mut sink = [0u8; 512];
+    while matches!(s.read(&mut sink).await, Ok(n) if n > 0) {}
 }
 
 /// Writes control messages in order and answers flush requests.
@@ -1521,9 +1597,54 @@ const TABLE_GRACE: Duration = Duration::from_secs(2);
 async fn bootstrap_peer(
     shared: Arc<Shared>,
     listen_addr: SocketAddr,
+    mut exits: Option<mpsc::UnboundedReceiver<Ended>>,
     tasks: &mut Vec<JoinHandle<()>>,
 ) -> Result<(), CommError> {
-    let mut s = open(&shared, &shared.root, ConnKind::Control, 0).await?;
+    // A rank 0 that has ended will not answer: connecting stops at its
+    // exit notice. Once connected, its end closes the connection after
+    // whatever it said (an Abort, whose reason is the best one), or resets
+    // a connection the kernel took for it before it ended: a notice that
+    // comes soon after such a failure says why better than the reset.
+    let rank0_ended = |e: Ended| CommError::PeerDied {
+        rank: shared.rank,
+        peer: 0,
+        detail: format!(
+            "rank 0 ended ({}) before this rank could join the job (its launcher saw it end; its own error says why)",
+            e.status
+        ),
+    };
+    let opened = tokio::select! {
+        s = open(&shared, &shared.root, ConnKind::Control, 0) => s,
+        e = rank0_exit(&mut exits) => return Err(rank0_ended(e)),
+    };
+    let joined = match opened {
+        Ok(mut s) => register(&shared, &mut s, listen_addr).await.map(|t| (s, t)),
+        Err(e) => Err(e),
+    };
+    let (s, table) = match joined {
+        Ok(x) => x,
+        Err(err @ CommError::Aborted { .. }) => return Err(err),
+        Err(err) => {
+            let told = tokio::time::timeout(Duration::from_secs(1), rank0_exit(&mut exits)).await;
+            return Err(told.map_or(err, rank0_ended));
+        }
+    };
+    let _ = shared.addrs.set(table);
+    let (rd, wr) = s.into_split();
+    let (tx, rx) = mpsc::unbounded_channel();
+    let _ = shared.control.set(tx);
+    tasks.push(tokio::spawn(control_writer(wr, rx)));
+    tasks.push(tokio::spawn(peer_control_reader(shared, rd)));
+    Ok(())
+}
+
+/// Registers this rank's data address with rank 0 over its control
+/// connection `s` and waits for the address table.
+async fn register(
+    shared: &Shared,
+    s: &mut TcpStream,
+    listen_addr: SocketAddr,
+) -> Result<Vec<String>, CommError> {
     // Advertise an address peers can reach: the bound IP, or, when bound
     // to all interfaces, the interface that reaches rank 0.
     let listen_ip = listen_addr.ip();
@@ -1534,51 +1655,36 @@ async fn bootstrap_peer(
     };
     let advertised = SocketAddr::new(ip, listen_addr.port()).to_string();
     Control::Register(advertised)
-        .write(&mut s)
+        .write(s)
         .await
         .map_err(|e| shared.bootstrap_err(format!("registering with rank 0: {e}")))?;
     // Rank 0 gives up at its own timeout and says which ranks did not
     // join (an Abort): waited for a little longer here, so that its
     // verdict, not this rank's own timeout, is what this rank reports.
     let wait = shared.timeout.saturating_add(TABLE_GRACE);
-    let table = match tokio::time::timeout(wait, Control::read(&mut s)).await {
-        Ok(Ok(Some(Control::Table(t)))) if t.len() == shared.nranks as usize => t,
-        Ok(Ok(Some(Control::Abort { origin, reason }))) => {
-            return Err(CommError::Aborted {
-                rank: shared.rank,
-                peer: origin,
-                reason,
-            });
-        }
-        Ok(Ok(None)) => {
-            // Rank 0 ended (or dropped this rank) before the table: its
-            // own error says why; this rank only passes that on.
-            return Err(CommError::PeerDied {
-                rank: shared.rank,
-                peer: 0,
-                detail: "rank 0 closed its connection during bootstrap, before sending the address table (it failed or exited; its own error says why)".into(),
-            });
-        }
-        Ok(Ok(Some(other))) => {
-            return Err(shared.bootstrap_err(format!(
-                "expected the address table from rank 0, got {other:?}"
-            )));
-        }
-        Ok(Err(e)) => return Err(shared.bootstrap_err(format!("reading the address table: {e}"))),
-        Err(_) => {
-            return Err(shared.bootstrap_err(format!(
-                "timed out after {} s waiting for the other ranks to join",
-                wait.as_secs()
-            )));
-        }
-    };
-    let _ = shared.addrs.set(table);
-    let (rd, wr) = s.into_split();
-    let (tx, rx) = mpsc::unbounded_channel();
-    let _ = shared.control.set(tx);
-    tasks.push(tokio::spawn(control_writer(wr, rx)));
-    tasks.push(tokio::spawn(peer_control_reader(shared, rd)));
-    Ok(())
+    match tokio::time::timeout(wait, Control::read(s)).await {
+        Ok(Ok(Some(Control::Table(t)))) if t.len() == shared.nranks as usize => Ok(t),
+        Ok(Ok(Some(Control::Abort { origin, reason }))) => Err(CommError::Aborted {
+            rank: shared.rank,
+            peer: origin,
+            reason,
+        }),
+        // Rank 0 ended (or dropped this rank) before the table: its own
+        // error says why; this rank only passes that on.
+        Ok(Ok(None)) => Err(CommError::PeerDied {
+            rank: shared.rank,
+            peer: 0,
+            detail: "rank 0 closed its connection during bootstrap, before sending the address table (it failed or exited; its own error says why)".into(),
+        }),
+        Ok(Ok(Some(other))) => Err(shared.bootstrap_err(format!(
+            "expected the address table from rank 0, got {other:?}"
+        ))),
+        Ok(Err(e)) => Err(shared.bootstrap_err(format!("reading the address table: {e}"))),
+        Err(_) => Err(shared.bootstrap_err(format!(
+            "timed out after {} s waiting for the other ranks to join",
+            wait.as_secs()
+        ))),
+    }
 }
 
 async fn peer_control_reader(shared: Arc<Shared>, mut rd: tokio::net::tcp::OwnedReadHalf) {
