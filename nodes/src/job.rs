@@ -272,7 +272,7 @@ impl RollingJob {
             .find(|(_, a, b)| a != b)
             .unwrap_or(("job", "?".into(), "?".into()));
         Err(NodeError::other(DataError::Invalid(format!(
-            "the ranks were given different jobs: rank 0's {name} is {a}, rank {}'s {b} (every rank must be started with the same arguments)",
+            "the ranks were given different jobs ({name}: {a} on rank 0, {b} on rank {}); every rank must be started with the same arguments",
             r + 1
         ))))
     }

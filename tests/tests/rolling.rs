@@ -887,8 +887,9 @@ fn ranks_given_different_jobs_fail_on_every_rank() {
                         let term = if case == "window" { "window" } else { "output" };
                         assert!(
                             e.contains("given different jobs")
-                                && e.contains(&format!("rank 0's {term} is"))
-                                && e.contains(&format!("rank {odd}'s")),
+                                && e.contains(&format!("({term}: "))
+                                && e.contains(" on rank 0, ")
+                                && e.contains(&format!(" on rank {odd});")),
                             "{what}: {e}"
                         );
                     }

@@ -27,15 +27,25 @@ struct Cli {
     command: Vec<OsString>,
 }
 
-/// A positive, finite number of seconds.
+/// The longest `--timeout`: a year.
+const MAX_TIMEOUT_SECS: f64 = 365.0 * 24.0 * 3600.0;
+
+/// A positive number of seconds, at most a year.
 fn parse_secs(text: &str) -> Result<std::time::Duration, String> {
     let secs: f64 = text
         .trim()
         .parse()
         .map_err(|_| format!("'{text}' is not a number of seconds"))?;
-    if secs.is_nan() || secs <= 0.0 || secs.is_infinite() {
+    if secs.is_nan() || secs <= 0.0 {
         return Err(format!(
             "'{text}': the timeout must be a positive number of seconds"
+        ));
+    }
+    // (A number past f64's range reads as infinite: it is too long, not
+    // negative. A job without a limit leaves `--timeout` out.)
+    if secs > MAX_TIMEOUT_SECS {
+        return Err(format!(
+            "'{text}': the timeout must be at most {MAX_TIMEOUT_SECS} s (a year); leave --timeout out for none"
         ));
     }
     if secs < 0.001 {
