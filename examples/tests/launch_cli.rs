@@ -696,12 +696,12 @@ fn a_rank_that_never_joins_is_named() {
         "{err}"
     );
     for r in [1, 3] {
-        let aborted = format!("[rank {r}] error: rank {r}: job aborted by rank 0: bootstrap failed: {gone}");
-        let rank0_gone = format!("[rank {r}] error: rank {r}: peer rank 0 died or disconnected (rank 0 ended (exit status: 1) before this rank could join");
-        assert!(
-            err.contains(&aborted) || err.contains(&rank0_gone),
-            "{err}"
+        let aborted =
+            format!("[rank {r}] error: rank {r}: job aborted by rank 0: bootstrap failed: {gone}");
+        let rank0_gone = format!(
+            "[rank {r}] error: rank {r}: peer rank 0 died or disconnected (rank 0 ended (exit status: 1) before this rank could join"
         );
+        assert!(err.contains(&aborted) || err.contains(&rank0_gone), "{err}");
     }
     assert!(!err.contains("got None"), "{err}");
 }

@@ -1906,6 +1906,23 @@ mod tests {
     use crate::tag::OpId;
     use std::os::fd::{AsRawFd, IntoRawFd};
 
+    /// A runtime of two workers, timers and sockets on.
+    fn two_workers() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap_or_else(|e| panic!("runtime: {e}"))
+    }
+
+    /// A loopback port free a moment ago.
+    fn free_port() -> u16 {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+
     /// A root address without a port, or a token longer than a handshake
     /// carries, fails every rank at once (they retried for the whole
     /// timeout before, or were refused at the handshake).
@@ -1949,17 +1966,9 @@ mod tests {
     #[cfg(target_os = "linux")]
     #[test]
     fn rank_0_listens_where_braid_listen_says() {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap_or_else(|e| panic!("runtime: {e}"));
+        let rt = two_workers();
         rt.block_on(async {
-            let port = TcpListener::bind("127.0.0.1:0")
-                .await
-                .and_then(|l| l.local_addr())
-                .map(|a| a.port())
-                .unwrap_or_else(|e| panic!("{e}"));
+            let port = free_port();
             let mut c0 = TcpConfig::new(0, 2, format!("127.0.0.1:{port}"), "tok");
             c0.listen = Some(IpAddr::V4(Ipv4Addr::UNSPECIFIED));
             c0.timeout = Duration::from_secs(5);
@@ -1985,17 +1994,9 @@ mod tests {
     /// first.
     #[test]
     fn a_rank_joined_twice_is_told_why() {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap_or_else(|e| panic!("runtime: {e}"));
+        let rt = two_workers();
         rt.block_on(async {
-            let port = TcpListener::bind("127.0.0.1:0")
-                .await
-                .and_then(|l| l.local_addr())
-                .map(|a| a.port())
-                .unwrap_or_else(|e| panic!("{e}"));
+            let port = free_port();
             let cfg = |r: Rank| {
                 let mut c = TcpConfig::new(r, 3, format!("127.0.0.1:{port}"), "tok");
                 c.timeout = Duration::from_secs(20);
@@ -2050,17 +2051,9 @@ mod tests {
     /// reported only that the rank "did not join".
     #[test]
     fn a_rank_with_another_job_size_fails_the_start_naming_it() {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap_or_else(|e| panic!("runtime: {e}"));
+        let rt = two_workers();
         rt.block_on(async {
-            let port = TcpListener::bind("127.0.0.1:0")
-                .await
-                .and_then(|l| l.local_addr())
-                .map(|a| a.port())
-                .unwrap_or_else(|e| panic!("{e}"));
+            let port = free_port();
             let cfg = |r: Rank, n: u32| {
                 let mut c = TcpConfig::new(r, n, format!("127.0.0.1:{port}"), "tok");
                 // (Far past the test's own wait: a start-up that waited
