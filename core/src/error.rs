@@ -40,6 +40,18 @@ pub enum CommError {
         /// Why it aborted.
         reason: String,
     },
+    /// A rank of the job cannot join it as started (another job size, say):
+    /// the job cannot start. Its own error is the cause; this rank, which
+    /// saw it, only passes it on.
+    #[error("rank {rank}: rank {peer} cannot join the job: {detail}")]
+    PeerMisfit {
+        /// The rank that saw it.
+        rank: Rank,
+        /// The rank that cannot join.
+        peer: Rank,
+        /// Why.
+        detail: String,
+    },
     /// An I/O error on a connection.
     #[error("rank {rank}: I/O error{}: {detail}", peer_suffix(*.peer))]
     Io {
@@ -158,6 +170,7 @@ impl CommError {
         match self {
             CommError::InvalidRank { peer, .. }
             | CommError::PeerDied { peer, .. }
+            | CommError::PeerMisfit { peer, .. }
             | CommError::PeerFinished { peer, .. }
             | CommError::Aborted { peer, .. }
             | CommError::ReservationTooSmall { peer, .. }

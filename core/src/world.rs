@@ -206,7 +206,7 @@ pub fn caused_by_peer(err: &(dyn std::error::Error + 'static)) -> Option<Rank> {
     }
     match *first_comm_error(err)? {
         CommError::Aborted { rank, peer, .. } if peer != rank => Some(peer),
-        CommError::PeerDied { peer, .. } => Some(peer),
+        CommError::PeerDied { peer, .. } | CommError::PeerMisfit { peer, .. } => Some(peer),
         _ => None,
     }
 }

@@ -690,7 +690,7 @@ fn a_rank_that_never_joins_is_named() {
             && err.contains("rank(s) 2 had already exited with status 0"),
         "{err}"
     );
-    let gone = "rank 2 ended (exit status: 0) before it joined the job";
+    let gone = "rank 2 ended before it joined the job (exit status: 0; seen by the launcher)";
     assert!(
         err.contains(&format!("[rank 0] error: rank 0: bootstrap failed: {gone}")),
         "{err}"
@@ -699,7 +699,7 @@ fn a_rank_that_never_joins_is_named() {
         let aborted =
             format!("[rank {r}] error: rank {r}: job aborted by rank 0: bootstrap failed: {gone}");
         let rank0_gone = format!(
-            "[rank {r}] error: rank {r}: peer rank 0 died or disconnected (rank 0 ended (exit status: 1) before this rank could join"
+            "[rank {r}] error: rank {r}: peer rank 0 died or disconnected (rank 0 ended before this rank could join the job (exit status: 1;"
         );
         assert!(err.contains(&aborted) || err.contains(&rank0_gone), "{err}");
     }

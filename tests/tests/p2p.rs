@@ -878,6 +878,14 @@ fn a_rank_gone_before_it_joined_fails_the_start_up_at_once() {
                 let what = format!("{n} ranks, rank {gone} gone with status {code}");
                 let report = match rt.block_on(launch(spec)) {
                     Err(LaunchError::RankFailed { rank, report, .. }) => {
+                        // The rank named failed on its own, not only
+                        // passed a failure on.
+                        let named = report.status[rank as usize].and_then(|s| s.code());
+                        assert_ne!(
+                            named,
+                            Some(i32::from(braid_core::world::PEER_FAILED_EXIT)),
+                            "{what}: rank {rank}: {report:?}"
+                        );
                         // Its own failure is the cause; a rank that left
                         // with success leaves rank 0 to fail the job (or,
                         // gone itself, every other rank).
@@ -891,17 +899,63 @@ fn a_rank_gone_before_it_joined_fails_the_start_up_at_once() {
                     }
                     other => panic!("{what}: {other:?}"),
                 };
-                let ended = format!("rank {gone} ended (exit status: {code})");
+                let ended =
+                    format!("rank {gone} ended before it joined the job (exit status: {code};");
                 for r in (0..n).filter(|r| *r != gone) {
                     let err = &report.stderr[r as usize];
                     // Rank 0 names the rank gone; the others were told by
                     // rank 0, or (connecting after it ended) heard that
                     // rank 0 ended.
                     let told = err.contains(&ended)
-                        || (r != 0 && err.contains("rank 0 ended (exit status: "));
+                        || (r != 0
+                            && err.contains(
+                                "rank 0 ended before this rank could join the job (exit status: ",
+                            ));
                     assert!(told, "{what}: rank {r}: {err}");
                 }
             }
+        }
+    }
+}
+
+/// A rank started with another job size than the others fails the
+/// start-up at once, and the launcher names it (its own error says so),
+/// not rank 0, which only saw it: rank 0 passes the failure on.
+#[test]
+fn a_rank_with_another_job_size_is_the_one_named() {
+    use braid_core::launch::LaunchError;
+    let rt = runtime();
+    for n in RANK_COUNTS.into_iter().filter(|n| *n >= 2) {
+        let odd = n - 1;
+        let script = format!(
+            "[ $BRAID_RANK = {odd} ] && export BRAID_NRANKS={}; exec {} exchange 7",
+            n + 1,
+            worker()
+        );
+        let mut spec = LaunchSpec::new(n, "sh", vec!["-c".into(), script.into()]);
+        spec.output = OutputMode::Captured;
+        spec.env.push(("BRAID_TIMEOUT".into(), "600".into()));
+        spec.timeout = Some(std::time::Duration::from_secs(60));
+        match rt.block_on(launch(spec)) {
+            Err(LaunchError::RankFailed { rank, report, .. }) => {
+                assert_eq!(rank, odd, "{n} ranks: {report:?}");
+                let sizes = format!(
+                    "rank {odd} says the job has {} ranks, rank 0 that it has {n}",
+                    n + 1
+                );
+                assert!(
+                    report.stderr[odd as usize]
+                        .contains(&format!("refused our connection: {sizes}")),
+                    "{n} ranks: {:?}",
+                    report.stderr[odd as usize]
+                );
+                assert!(
+                    report.stderr[0].contains(&format!("rank {odd} cannot join the job: {sizes}")),
+                    "{n} ranks: {:?}",
+                    report.stderr[0]
+                );
+            }
+            other => panic!("{n} ranks: {other:?}"),
         }
     }
 }

@@ -305,6 +305,12 @@ struct Shared {
     /// Per (peer, lane): whether its data connection was accepted (one
     /// each: two would interleave its frames and break their order).
     data_accepted: Vec<AtomicBool>,
+    /// Rank 0, per rank: whether its control connection was taken (one
+    /// process a rank: a second is refused at its handshake, saying why).
+    control_taken: Vec<AtomicBool>,
+    /// Rank 0: why its start-up failed, once it has (a rank connecting
+    /// after that is told so, as the ranks that had joined were).
+    start_failed: OnceLock<String>,
     /// Per peer: its lane-0 data connection's reading side, once accepted
     /// (read by its task and by receives waiting for it: `reader`).
     readers: Vec<OnceLock<Arc<PeerReader>>>,
@@ -651,6 +657,8 @@ impl TcpComm {
                     .collect(),
             ),
             stripe_order: (0..config.nranks).map(|_| Mutex::new(())).collect(),
+            control_taken: (0..config.nranks).map(|_| AtomicBool::new(false)).collect(),
+            start_failed: OnceLock::new(),
             data_accepted: (0..config.nranks as usize * usize::from(MAX_LANES))
                 .map(|_| AtomicBool::new(false))
                 .collect(),
@@ -962,17 +970,25 @@ async fn open(
                         detail: "the opening was not taken within the handshake time".into(),
                     })?
                     .map_err(io)?;
+                // A refusal (the peer said why) is a `Protocol` error, and
+                // final; no answer (the peer gone, or no braid rank) is `Io`.
                 let answer = tokio::time::timeout(HANDSHAKE_TIMEOUT, Answer::read(&mut s)).await;
-                let why = match answer {
+                let none = match answer {
                     Ok(Ok(Answer::Accepted)) => return Ok(s),
-                    Ok(Ok(Answer::Refused(reason))) => reason,
-                    Ok(Err(e)) => format!("no answer a braid rank gives ({e})"),
+                    Ok(Ok(Answer::Refused(why))) => {
+                        return Err(CommError::Protocol {
+                            rank: shared.rank,
+                            peer: Some(peer),
+                            detail: format!("rank {peer} at {addr} refused our connection: {why}"),
+                        });
+                    }
+                    Ok(Err(e)) => format!("an answer no braid rank gives ({e})"),
                     Err(_) => "no answer within the handshake time".into(),
                 };
-                return Err(CommError::Protocol {
+                return Err(CommError::Io {
                     rank: shared.rank,
                     peer: Some(peer),
-                    detail: format!("rank {peer} at {addr} refused our connection: {why}"),
+                    detail: format!("rank {peer} at {addr} took our connection but gave {none}"),
                 });
             }
             Err(e) => {
@@ -1048,7 +1064,7 @@ enum Joining {
     Rank(Rank, TcpStream),
     /// A rank of this job (its token) disagrees on the job's size: the
     /// job cannot start, and every rank is told why.
-    Misfit(String),
+    Misfit(Rank, String, TcpStream),
 }
 
 /// Why an opening was not taken.
@@ -1098,9 +1114,15 @@ async fn handshake(
         );
         // A rank of this very job that cannot fit in it: the job cannot
         // start, and rank 0 fails it at once, naming it, rather than wait
-        // out its timeout for a rank that never comes.
+        // out its timeout for a rank that never comes. Rank 0's start-up
+        // tells the rank why before it fails (its failure ends the
+        // process, and with it this task).
         if hello.kind == ConnKind::Control && me == 0 && shared.root_state.get().is_none() {
-            let _ = ctrl.send(Joining::Misfit(reason.clone()));
+            match ctrl.send(Joining::Misfit(r, reason.clone(), stream)) {
+                Ok(()) => return Err(Refusal::Told(reason)),
+                Err(mpsc::error::SendError(Joining::Misfit(_, _, s))) => stream = s,
+                Err(_) => return Err(Refusal::Told(reason)),
+            }
         }
         return Err(refuse(&mut stream, reason).await);
     }
@@ -1156,6 +1178,33 @@ async fn handshake(
             if shared.root_state.get().is_some() {
                 let reason = format!(
                     "the job's {n} ranks have all joined and it has started: is a second process running as rank {r}?"
+                );
+                return Err(refuse(&mut stream, reason).await);
+            }
+            if let Some(detail) = shared.start_failed.get() {
+                // Taken, and told as the ranks that had joined were (an
+                // Abort: it only passes rank 0's verdict on).
+                let abort = Control::Abort {
+                    origin: 0,
+                    reason: format!("bootstrap failed: {detail}"),
+                };
+                let told = async {
+                    if stream.write_all(&accepted).await.is_ok() {
+                        tell_and_close(&mut stream, &abort).await;
+                    }
+                };
+                let _ = tokio::time::timeout(Duration::from_secs(2), told).await;
+                return Err(Refusal::Told(format!(
+                    "rank 0's start-up had failed: {detail}"
+                )));
+            }
+            let taken = shared
+                .control_taken
+                .get(r as usize)
+                .is_some_and(|t| t.swap(true, Ordering::AcqRel));
+            if taken {
+                let reason = format!(
+                    "another process has already joined as rank {r}: give each process a rank of its own"
                 );
                 return Err(refuse(&mut stream, reason).await);
             }
@@ -1294,16 +1343,23 @@ async fn bootstrap_root(
         let next = tokio::select! {
             next = tokio::time::timeout_at(deadline, ctrl_rx.recv()) => next,
             e = next_exit(&mut exits) => {
-                // A rank that has ended without joining never will.
-                let Some(e) = e.filter(|e| e.rank != 0 && conns.get(e.rank as usize).is_some_and(|c| c.is_none())) else {
+                // A rank that has ended before the job started (joined or
+                // not) will never take part in it.
+                let Some(e) = e.filter(|e| e.rank != 0 && e.rank < shared.nranks) else {
                     continue;
                 };
+                let when = if conns[e.rank as usize].is_some() {
+                    "after it joined, before the job started"
+                } else {
+                    "before it joined the job"
+                };
                 let detail = format!(
-                    "rank {} ended ({}) before it joined the job (its launcher saw it end)",
+                    "rank {} ended {when} ({}; seen by the launcher)",
                     e.rank, e.status
                 );
-                abort_bootstrap(&mut conns, &mut ctrl_rx, &detail).await;
+                abort_bootstrap(&shared, &mut conns, &mut ctrl_rx, &detail).await;
                 return Err(if e.ok {
+                    // (It did not fail: the start-up did, here.)
                     shared.bootstrap_err(detail)
                 } else {
                     // (Its own failure is the cause; this rank passes it on.)
@@ -1313,13 +1369,19 @@ async fn bootstrap_root(
         };
         let (r, mut s) = match next {
             Ok(Some(Joining::Rank(r, s))) => (r, s),
-            Ok(Some(Joining::Misfit(detail))) => {
-                abort_bootstrap(&mut conns, &mut ctrl_rx, &detail).await;
-                return Err(shared.bootstrap_err(detail));
+            Ok(Some(Joining::Misfit(peer, detail, mut s))) => {
+                refuse(&mut s, detail.clone()).await;
+                abort_bootstrap(&shared, &mut conns, &mut ctrl_rx, &detail).await;
+                // (The misfit's own error is the cause: it was refused.)
+                return Err(CommError::PeerMisfit {
+                    rank: 0,
+                    peer,
+                    detail,
+                });
             }
             Ok(None) => {
                 let detail = "rank 0's listener stopped";
-                abort_bootstrap(&mut conns, &mut ctrl_rx, detail).await;
+                abort_bootstrap(&shared, &mut conns, &mut ctrl_rx, detail).await;
                 return Err(shared.bootstrap_err(detail));
             }
             Err(_) => {
@@ -1332,7 +1394,7 @@ async fn bootstrap_root(
                     absent.join(", "),
                     shared.timeout.as_secs()
                 );
-                abort_bootstrap(&mut conns, &mut ctrl_rx, &detail).await;
+                abort_bootstrap(&shared, &mut conns, &mut ctrl_rx, &detail).await;
                 return Err(shared.bootstrap_err(detail));
             }
         };
@@ -1344,22 +1406,6 @@ async fn bootstrap_root(
                 continue;
             }
         };
-        if let Some((_, first)) = &conns[r as usize] {
-            // Told why (bounded, off the bootstrap's path): it would
-            // otherwise report rank 0 closing its connection.
-            tracing::warn!(rank = 0, peer = r, "rank registered twice; second dropped");
-            let msg = Control::Abort {
-                origin: 0,
-                reason: format!(
-                    "bootstrap failed: two processes joined as rank {r} (the first listens on \
-                     {first}, this one on {addr}): give each process a rank of its own"
-                ),
-            };
-            tokio::spawn(async move {
-                let _ = tokio::time::timeout(Duration::from_secs(2), msg.write(&mut s)).await;
-            });
-            continue;
-        }
         if let (None, Some(from)) = (&unreachable, loopback_from_another_host(&s, &addr)) {
             unreachable = Some(format!(
                 "rank {r} listens on {addr}, a loopback address, on another host than rank 0 \
@@ -1373,7 +1419,7 @@ async fn bootstrap_root(
     }
     // (Told once every rank has joined, so that each fails with the cause.)
     if let Some(detail) = unreachable {
-        abort_bootstrap(&mut conns, &mut ctrl_rx, &detail).await;
+        abort_bootstrap(&shared, &mut conns, &mut ctrl_rx, &detail).await;
         return Err(shared.bootstrap_err(detail));
     }
     let table: Vec<String> = conns
@@ -1457,6 +1503,7 @@ fn loopback_from_another_host(control: &TcpStream, advertised: &str) -> Option<I
 /// read (queued behind the failure) are told too. Bounded: a rank that
 /// does not read is not waited for.
 async fn abort_bootstrap(
+    shared: &Shared,
     conns: &mut [Option<(TcpStream, String)>],
     queued: &mut mpsc::UnboundedReceiver<Joining>,
     detail: &str,
@@ -1465,11 +1512,15 @@ async fn abort_bootstrap(
         origin: 0,
         reason: format!("bootstrap failed: {detail}"),
     };
+    let _ = shared.start_failed.set(detail.to_string());
     queued.close();
     let mut late = Vec::new();
     while let Ok(j) = queued.try_recv() {
-        if let Joining::Rank(_, s) = j {
-            late.push(s);
+        match j {
+            Joining::Rank(_, s) => late.push(s),
+            Joining::Misfit(_, why, mut s) => {
+                refuse(&mut s, why).await;
+            }
         }
     }
     let writes = conns
@@ -1602,18 +1653,31 @@ async fn bootstrap_peer(
 ) -> Result<(), CommError> {
     // A rank 0 that has ended will not answer: connecting stops at its
     // exit notice. Once connected, its end closes the connection after
-    // whatever it said (an Abort, whose reason is the best one), or resets
-    // a connection the kernel took for it before it ended: a notice that
-    // comes soon after such a failure says why better than the reset.
-    let rank0_ended = |e: Ended| CommError::PeerDied {
-        rank: shared.rank,
-        peer: 0,
-        detail: format!(
-            "rank 0 ended ({}) before this rank could join the job (its launcher saw it end; its own error says why)",
+    // whatever it said (an Abort or a refusal, whose reason is the best
+    // one and final), or resets a connection the kernel took for it
+    // before it ended: a notice that comes soon after such a failure says
+    // why better than the reset. A rank 0 that ended with success did not
+    // fail: the start-up fails here, as rank 0's does for a rank that
+    // ended before it joined.
+    let rank0_ended = |e: Ended| {
+        let detail = format!(
+            "rank 0 ended before this rank could join the job ({}; seen by the launcher)",
             e.status
-        ),
+        );
+        if e.ok {
+            shared.bootstrap_err(detail)
+        } else {
+            CommError::PeerDied {
+                rank: shared.rank,
+                peer: 0,
+                detail,
+            }
+        }
     };
     let opened = tokio::select! {
+        // (An answer already here is read before a notice: a refusal
+        // written before rank 0 ended is the reason.)
+        biased;
         s = open(&shared, &shared.root, ConnKind::Control, 0) => s,
         e = rank0_exit(&mut exits) => return Err(rank0_ended(e)),
     };
@@ -1623,7 +1687,8 @@ async fn bootstrap_peer(
     };
     let (s, table) = match joined {
         Ok(x) => x,
-        Err(err @ CommError::Aborted { .. }) => return Err(err),
+        Err(err @ (CommError::Aborted { .. } | CommError::Protocol { .. })) => return Err(err),
+        Err(err) if exits.is_none() => return Err(err),
         Err(err) => {
             let told = tokio::time::timeout(Duration::from_secs(1), rank0_exit(&mut exits)).await;
             return Err(told.map_or(err, rank0_ended));
@@ -2018,13 +2083,14 @@ mod tests {
             })
             .await
             .unwrap_or_else(|_| panic!("neither rank 1 was told"));
-            let e = told
-                .unwrap_or_else(|e| panic!("{e}"))
-                .err()
-                .map(|e| e.to_string())
-                .unwrap_or_default();
-            assert!(e.contains("two processes joined as rank 1"), "{e}");
-            assert!(!e.contains("  "), "a run of spaces: {e}");
+            let told_err = told.unwrap_or_else(|e| panic!("{e}")).err();
+            let e = told_err.as_ref().map(|e| e.to_string()).unwrap_or_default();
+            assert!(
+                e.contains("refused our connection: another process has already joined as rank 1"),
+                "{e}"
+            );
+            // (Its own misconfiguration: no peer's failure passed on.)
+            assert!(matches!(told_err, Some(CommError::Protocol { .. })), "{e}");
             let c2 = TcpComm::connect(cfg(2))
                 .await
                 .unwrap_or_else(|e| panic!("rank 2: {e}"));
