@@ -959,3 +959,34 @@ fn a_rank_with_another_job_size_is_the_one_named() {
         }
     }
 }
+
+/// A rank that joined and then ended before the job started (the others
+/// still joining) fails the start-up at once: rank 0 names it. Before,
+/// rank 0 waited for the rest and started a job without it.
+#[test]
+fn a_rank_gone_after_joining_before_the_start_fails_the_start_up() {
+    use braid_core::launch::LaunchError;
+    let rt = runtime();
+    let script = format!(
+        "case $BRAID_RANK in \
+         1) exec timeout -s KILL 0.5 {w} exchange 7 ;; \
+         2) sleep 3; exec {w} exchange 7 ;; \
+         *) exec {w} exchange 7 ;; esac",
+        w = worker()
+    );
+    let mut spec = LaunchSpec::new(3, "sh", vec!["-c".into(), script.into()]);
+    spec.output = OutputMode::Captured;
+    spec.env.push(("BRAID_TIMEOUT".into(), "600".into()));
+    spec.timeout = Some(std::time::Duration::from_secs(60));
+    match rt.block_on(launch(spec)) {
+        Err(LaunchError::RankFailed { rank, report, .. }) => {
+            assert_eq!(rank, 1, "{report:?}");
+            assert!(
+                report.stderr[0].contains("rank 1 ended after it joined, before the job started"),
+                "{:?}",
+                report.stderr[0]
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+}
