@@ -6,7 +6,7 @@
 //! rank's `BRAID_EXITS_FD`. When a rank's process ends, the launcher
 //! writes one line, `"<rank> <ok> <status>\n"` (`ok` 1 for a success, 0
 //! otherwise), to every other rank's pipe. A tcp rank reads them during
-//! its start-up ([`watch`]): rank 0 fails the start-up when a rank that
+//! its start-up (`watch`): rank 0 fails the start-up when a rank that
 //! has not joined has ended, and every other rank fails when rank 0 has
 //! ended before it could connect.
 //!
