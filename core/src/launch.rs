@@ -172,6 +172,11 @@ pub struct LaunchReport {
     pub stdout: Vec<String>,
     /// Captured stderr per rank (captured mode).
     pub stderr: Vec<String>,
+    /// The ranks still running when the job's timeout passed, where every
+    /// rank then ended with status 0 anyway (a rank asked to stop while it
+    /// commits its output lets the commit finish): the job is whole, and
+    /// a launcher says the timeout fired. Empty otherwise.
+    pub outlived_timeout: Vec<Rank>,
 }
 
 /// How long the other ranks get to end on their own once one failed
@@ -775,6 +780,7 @@ pub async fn launch(spec: LaunchSpec) -> Result<LaunchReport, LaunchError> {
         status: vec![None; n],
         stdout: vec![String::new(); n],
         stderr: vec![String::new(); n],
+        outlived_timeout: Vec::new(),
     };
     // The first rank to fail, and the first to fail on its own (not
     // with `PEER_FAILED_EXIT`, passing on another's failure): a rank
@@ -952,12 +958,16 @@ pub async fn launch(spec: LaunchSpec) -> Result<LaunchReport, LaunchError> {
     // not. A job whose every rank still ended with status 0 (a rank asked
     // to stop during its commit lets the commit finish) is whole, as an
     // interrupted one is.
-    if let (Some(running), None, false) = (timed_out, &first_cause, all_ok) {
-        return Err(LaunchError::TimedOut {
-            secs: spec.timeout.map_or(0.0, |t| t.as_secs_f64()),
-            running,
-            report: Box::new(report),
-        });
+    match (timed_out, &first_cause, all_ok) {
+        (Some(running), None, false) => {
+            return Err(LaunchError::TimedOut {
+                secs: spec.timeout.map_or(0.0, |t| t.as_secs_f64()),
+                running,
+                report: Box::new(report),
+            });
+        }
+        (Some(running), _, true) => report.outlived_timeout = running,
+        _ => {}
     }
     match first_cause.or(first_failure) {
         Some((rank, status)) => Err(LaunchError::RankFailed {

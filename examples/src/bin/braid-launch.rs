@@ -74,8 +74,23 @@ fn main() -> ExitCode {
     };
     let mut spec = LaunchSpec::new(cli.ranks, program, cmd.collect());
     spec.timeout = cli.timeout;
+    let timeout = cli.timeout;
     match rt.block_on(launch(spec)) {
-        Ok(_) => ExitCode::SUCCESS,
+        Ok(report) => {
+            if !report.outlived_timeout.is_empty() {
+                braid_examples::errln!(
+                    "braid-launch: the timeout of {} s passed while rank(s) {} still ran; they were stopped, and each ended with status 0 (a rank stopped while it commits its output finishes the commit), so the job is whole",
+                    timeout.map_or(0.0, |t| t.as_secs_f64()),
+                    report
+                        .outlived_timeout
+                        .iter()
+                        .map(|r| r.to_string())
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                );
+            }
+            ExitCode::SUCCESS
+        }
         Err(e @ LaunchError::Interrupted) => {
             braid_examples::errln!("braid-launch: {e}");
             ExitCode::from(STOPPED_EXIT)
