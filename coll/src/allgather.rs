@@ -93,6 +93,8 @@ impl Gathered {
 #[derive(Default)]
 struct State {
     inserted: u64,
+    /// The seqs this rank inserted: each once.
+    seqs: std::collections::HashSet<u64>,
     /// Bytes inserted here (how the wait for the others is chosen).
     bytes: usize,
     finished: bool,
@@ -274,6 +276,8 @@ impl AllGather {
     }
 
     /// Inserts a chunk with its `seq`; it is sent to every other rank now.
+    /// Each of a rank's chunks takes a seq of its own, in any order (they
+    /// need not be consecutive); a seq inserted before is refused.
     pub fn insert(&self, seq: u64, data: PackedData) -> Result<(), CollError> {
         self.push(seq, data, Stream::Continues)
     }
@@ -288,6 +292,11 @@ impl AllGather {
         let mut s = self.part.state.lock().unwrap_or_else(|p| p.into_inner());
         if s.finished {
             return Err(self.site.invalid("insert after the stream finished"));
+        }
+        if !s.seqs.insert(seq) {
+            return Err(self.site.invalid(format!(
+                "seq {seq} inserted twice: each of a rank's chunks takes a seq of its own (extraction orders them by rank, then seq)"
+            )));
         }
         let comm = self.ctx.comm();
         let meets = comm.meets();

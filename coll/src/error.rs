@@ -93,7 +93,7 @@ impl fmt::Display for CollKind {
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum CollError {
     /// The transport failed (a dead peer, an abort by another rank).
-    #[error("rank {rank}: {coll} ({op}): {source}")]
+    #[error("rank {rank}: {coll} ({op}): {}", braid_core::error::without_rank(*.rank, &.source.to_string()))]
     Comm {
         /// This rank.
         rank: Rank,

@@ -36,7 +36,14 @@
 //! when it starts: a `start_*` call at once, a streaming call (an async
 //! fn, which runs nothing before it is polled) when its future is first
 //! polled. So every rank must start, or first poll, its collectives in one
-//! order (ranks that differ fail with a mismatch). Ids are not reused
+//! order. Ranks whose orders differ fail with a mismatch where the calls
+//! that meet differ (kind, element type, count, root, operator); two calls
+//! alike in all of these but started in another order on some rank (two
+//! futures of the same AllReduce shape, awaited first `a` then `b` on one
+//! rank and `b` then `a` on another) cannot be told apart, as in MPI: each
+//! meets the other rank's other call and returns data mixed from both. To
+//! run such calls at once, start them (`start_*`, or first poll) in one
+//! order on every rank, for example with `futures::join!`. Ids are not reused
 //! within 4 billion collectives; a call's messages use only its own
 //! OpId's tags.
 
@@ -62,8 +69,8 @@ pub use allgather::{
     start_allgather_parts,
 };
 pub use allreduce::{
-    ReduceOp, allreduce, allreduce_into, allreduce_parts, reduce_scatter, start_allreduce,
-    start_allreduce_parts, start_reduce_scatter,
+    CustomReduce, ReduceOp, allreduce, allreduce_into, allreduce_parts, reduce_scatter,
+    start_allreduce, start_allreduce_parts, start_reduce_scatter,
 };
 pub use alltoall::{
     AllToAllvSpec, alltoall, alltoall_into, alltoallv, alltoallv_into, alltoallv_parts,

@@ -31,7 +31,7 @@ pub enum CommError {
         detail: String,
     },
     /// A peer failed and aborted the job.
-    #[error("rank {rank}: job aborted by rank {peer}: {}", without_rank(*.peer, .reason))]
+    #[error("rank {rank}: job aborted by {}: {}", aborter(*.rank, *.peer), without_rank(*.peer, .reason))]
     Aborted {
         /// The rank that noticed.
         rank: Rank,
@@ -150,11 +150,21 @@ pub enum CommError {
 /// `msg` without a leading "rank {rank}: ": an error quoted inside
 /// another that names the same rank already (an abort's reason is the
 /// aborting rank's own error, which names it).
-pub(crate) fn without_rank(rank: Rank, msg: &str) -> &str {
+pub fn without_rank(rank: Rank, msg: &str) -> &str {
     msg.strip_prefix("rank ")
         .and_then(|rest| rest.strip_prefix(rank.to_string().as_str()))
         .and_then(|rest| rest.strip_prefix(": "))
         .unwrap_or(msg)
+}
+
+/// Who aborted, as `rank` says it: "this rank" where it was `rank`
+/// itself (its own earlier failure, heard again by a later call).
+fn aborter(rank: Rank, peer: Rank) -> String {
+    if rank == peer {
+        "this rank".into()
+    } else {
+        format!("rank {peer}")
+    }
 }
 
 fn peer_suffix(peer: Option<Rank>) -> String {
@@ -263,6 +273,10 @@ mod tests {
             "rank 0: job aborted by rank 3: rank 2: lost"
         );
         assert_eq!(e(3, "plain"), "rank 0: job aborted by rank 3: plain");
+        assert_eq!(
+            e(0, "rank 0: node \"a\" failed: x"),
+            "rank 0: job aborted by this rank: node \"a\" failed: x"
+        );
         assert_eq!(without_rank(12, "rank 12: x"), "x");
         assert_eq!(without_rank(1, "rank 12: x"), "rank 12: x");
     }

@@ -23,8 +23,8 @@
 //!
 //! ```
 //! use braid_core::{Graph, MemoryLimits, WorldSpec, channel, run_world};
-//! use braid_kernels::{Agg, Closed};
 //! use braid_nodes::rolling::{RollingSpec, rolling_node};
+//! use braid_nodes::{Agg, Closed};
 //! use braid_nodes::sink::{FileFormat, FileSink, SinkTarget};
 //! use braid_nodes::source::{GeneratorSpec, Source};
 //! use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
@@ -102,3 +102,6 @@ pub mod threads;
 mod widen;
 
 pub use error::DataError;
+// The rolling window's terms (`rolling::RollingSpec`'s fields), from
+// `braid-kernels`, so that a job needs no dependency of its own on it.
+pub use braid_kernels::{Agg, CalendarUnit, Closed, Window, Zone};

@@ -127,14 +127,11 @@ impl Communicator for LocalComm {
         if self.mailbox().is_closed() {
             return Ok(MeetFuture::failed(rank, self.mailbox().shutdown_error()));
         }
+        // (A meeting that waits for a rank that finished fails with
+        // `PeerFinished` here, and for the ranks already waiting in it:
+        // `Rendezvous::finish` woke them.)
         let arrival = match rv.deposit(rank, tag, offer) {
             Ok(a) => a,
-            Err(e @ CommError::PeerFinished { .. }) => {
-                // The meeting can never complete: release the ranks that
-                // wait in it too.
-                self.abort(&e.to_string());
-                return Ok(MeetFuture::failed(rank, e));
-            }
             Err(e) => return Ok(MeetFuture::failed(rank, e)),
         };
         // (The last to arrive holds its seat here: dropped on an error
@@ -183,19 +180,16 @@ impl Communicator for LocalComm {
         self.mailbox().close();
         // This rank sends nothing more: a rank that waits for a message
         // from it, or meets without it, would wait forever (their calls
-        // differ). Such receives fail; such a meeting fails the job.
+        // differ). Such receives and meetings fail with
+        // `CommError::PeerFinished`, the waiting rank's own error, as
+        // over tcp and MPI.
         if self.mailbox().failure().is_none() {
             for (q, mb) in world.mailboxes.iter().enumerate() {
                 if q != rank as usize {
                     mb.peer_finished(rank, None);
                 }
             }
-            if let Some(tag) = world.rendezvous.finish(rank) {
-                self.abort(&format!(
-                    "mismatched calls: rank {rank} finished its job while other ranks wait for it in operation {} (a collective it did not call)",
-                    tag.op.0
-                ));
-            }
+            world.rendezvous.finish(rank);
         }
         {
             let mut shut = world.shut.lock().unwrap_or_else(|p| p.into_inner());

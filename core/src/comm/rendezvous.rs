@@ -454,12 +454,26 @@ impl Rendezvous {
         }
     }
 
-    /// The job's failure as `rank` sees it, if it failed.
-    fn failed_for(&self, rank: Rank) -> Option<CommError> {
+    /// Why `rank`'s wait at meeting `m` cannot end, if it cannot: the
+    /// job failed (as `rank` sees it), or a rank that has yet to arrive
+    /// there finished its job ([`CommError::PeerFinished`], this rank's
+    /// own error, as over tcp and MPI where its receive from that rank
+    /// fails so).
+    fn failed_at(&self, rank: Rank, m: &Meeting) -> Option<CommError> {
         if !self.alarm.load(Ordering::Acquire) {
             return None;
         }
-        self.lock().failed.as_ref().map(|f| Self::failure(rank, f))
+        // The finished rank first: it is why this meeting cannot end, even
+        // where another of its ranks has failed over it meanwhile.
+        let g = self.lock();
+        if let (Some(gone), Some(tag)) = (g.finished.iter().find(|r| m.lacks(**r)), m.tag()) {
+            return Some(CommError::PeerFinished {
+                rank,
+                peer: *gone,
+                tag,
+            });
+        }
+        g.failed.as_ref().map(|f| Self::failure(rank, f))
     }
 
     /// The first of a tag's arena places (consecutive OpIds, consecutive
@@ -621,7 +635,7 @@ impl Rendezvous {
             // Looked at again after the waker is in place: an arrival or
             // failure before that is seen here, one after wakes it.
             if !m.complete() {
-                return match self.failed_for(rank) {
+                return match self.failed_at(rank, m) {
                     Some(e) => Poll::Ready(Err(e)),
                     None => Poll::Pending,
                 };
@@ -700,15 +714,17 @@ impl Rendezvous {
             .chain(g.overflow.values().map(|m| &**m))
     }
 
-    /// Records that `rank` finished its job; returns the tag of a meeting
-    /// that still waits for it (which can then never complete), if any.
-    pub(crate) fn finish(&self, rank: Rank) -> Option<Tag> {
+    /// Records that `rank` finished its job. A meeting that still waits
+    /// for it can never complete: its waiters are woken, and each fails
+    /// with [`CommError::PeerFinished`] naming `rank` (`failed_at`), as
+    /// a later arrival there does (`find_or_open`).
+    pub(crate) fn finish(&self, rank: Rank) {
         let mut g = self.lock();
         g.finished.push(rank);
         self.alarm.store(true, Ordering::Release);
-        self.open_meetings(&g)
-            .find(|m| m.lacks(rank))
-            .and_then(|m| m.tag())
+        for m in self.open_meetings(&g).filter(|m| m.lacks(rank)) {
+            m.wake(None);
+        }
     }
 
     /// Fails every meeting, now and later, on behalf of `origin`.
