@@ -210,6 +210,14 @@ pub enum MemoryError {
         /// What the reservation had left.
         remaining: u64,
     },
+    /// A host buffer was asked of a reservation of device memory.
+    #[error(
+        "a device reservation cannot hold a host buffer ({size} bytes): reserve host memory for it"
+    )]
+    NotHost {
+        /// The buffer's size.
+        size: u64,
+    },
     /// Spilling to disk failed (spills go under the temp directory,
     /// `$TMPDIR`).
     #[error(

@@ -2,7 +2,7 @@
 //! failures of the layers below.
 
 use braid_coll::CollError;
-use braid_core::{ChannelError, CommError, NodeError};
+use braid_core::{ChannelError, CommError, NodeError, Rank};
 
 /// A node's failure.
 #[derive(Debug, thiserror::Error)]
@@ -51,9 +51,54 @@ pub enum DataError {
     /// A channel failed.
     #[error(transparent)]
     Channel(#[from] ChannelError),
+    /// A step of a distributed node (the sort, say) failed on this rank;
+    /// `source` says why ([`DataError::at`]).
+    #[error("rank {rank}: {step}: {source}")]
+    At {
+        /// This rank.
+        rank: Rank,
+        /// The step.
+        step: &'static str,
+        /// What went wrong.
+        #[source]
+        source: Box<DataError>,
+    },
+    /// Ranks called a distributed step with different arguments (sort
+    /// keys, input columns): every rank fails, each naming a peer whose
+    /// call differs from its own, instead of returning inconsistent
+    /// results.
+    #[error("rank {rank}: {step}: call does not match rank {peer}'s: {detail}")]
+    Mismatch {
+        /// This rank.
+        rank: Rank,
+        /// The step.
+        step: &'static str,
+        /// A rank whose call differs.
+        peer: Rank,
+        /// What differs.
+        detail: String,
+    },
 }
 
 impl DataError {
+    /// This error as `step` on `rank` reports it: an error that names
+    /// its rank already (a collective's, the communicator's, a channel's,
+    /// or one placed before) is kept as it is.
+    pub fn at(self, rank: Rank, step: &'static str) -> Self {
+        match self {
+            e @ (DataError::Coll(_)
+            | DataError::Comm(_)
+            | DataError::Channel(_)
+            | DataError::At { .. }
+            | DataError::Mismatch { .. }) => e,
+            e => DataError::At {
+                rank,
+                step,
+                source: Box::new(e),
+            },
+        }
+    }
+
     /// A file error for `path`.
     pub fn file(path: impl AsRef<std::path::Path>, detail: impl std::fmt::Display) -> Self {
         DataError::File {

@@ -73,6 +73,30 @@ pub struct OutputLock {
     path: PathBuf,
     /// The locked file (`None`: the file system has no locks).
     file: Option<File>,
+    /// Directories made to hold the lock (deepest first): removed on
+    /// drop where still empty (a failed job's output directory).
+    made: Vec<PathBuf>,
+}
+
+/// `dir` and those of its parents that do not exist, deepest first: what
+/// `create_dir_all(dir)` would make, for removing again ([`remove_made`]).
+pub(crate) fn missing_dirs(dir: &Path) -> Vec<PathBuf> {
+    dir.ancestors()
+        .filter(|a| !a.as_os_str().is_empty())
+        .take_while(|a| std::fs::symlink_metadata(a).is_err())
+        .map(Path::to_path_buf)
+        .collect()
+}
+
+/// Removes the directories of [`missing_dirs`] that are empty, deepest
+/// first (`remove_dir` leaves one that holds anything: a committed
+/// output, another job's files).
+pub(crate) fn remove_made(made: &[PathBuf]) {
+    for d in made {
+        if std::fs::remove_dir(d).is_err() {
+            return;
+        }
+    }
 }
 
 impl OutputLock {
@@ -146,7 +170,11 @@ impl OutputLock {
                     );
                     drop(file);
                     let _ = std::fs::remove_file(&path);
-                    return Ok(OutputLock { path, file: None });
+                    return Ok(OutputLock {
+                        path,
+                        file: None,
+                        made: Vec::new(),
+                    });
                 }
             }
             if !names_file(&path, &file) {
@@ -158,6 +186,7 @@ impl OutputLock {
             return Ok(OutputLock {
                 path,
                 file: Some(file),
+                made: Vec::new(),
             });
         }
         Err(DataError::file(
@@ -173,6 +202,13 @@ impl OutputLock {
     pub fn held(&self) -> bool {
         self.file.is_some()
     }
+
+    /// This lock, removing on drop those of `made` (directories made for
+    /// the output, deepest first) that are empty by then.
+    pub(crate) fn with_made(mut self, made: Vec<PathBuf>) -> Self {
+        self.made = made;
+        self
+    }
 }
 
 impl Drop for OutputLock {
@@ -183,6 +219,7 @@ impl Drop for OutputLock {
             let _ = std::fs::remove_file(&self.path);
             drop(f);
         }
+        remove_made(&self.made);
     }
 }
 

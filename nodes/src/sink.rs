@@ -55,7 +55,7 @@ use parquet::schema::types::ColumnPath;
 
 use crate::csv_writer::CsvWriter;
 use crate::error::{DataError, Result};
-use crate::output_lock::{OutputLock, beside};
+use crate::output_lock::{OutputLock, beside, missing_dirs, remove_made};
 use crate::parquet_writer::{ColumnParallelWriter, concat_parquet};
 use crate::partition::check_columns;
 
@@ -419,7 +419,17 @@ impl FileSink {
     /// behind.
     pub fn staged(&self, rank: u32) -> Staged {
         live_staged().push(self.target.staging());
+        // What the job will make above the staging area (the output
+        // directory, its missing parents): removed again where still
+        // empty when an uncommitted part is dropped.
+        let made = self
+            .target
+            .staging()
+            .parent()
+            .map(missing_dirs)
+            .unwrap_or_default();
         Staged {
+            made,
             sink: self.clone(),
             part: self.part(rank),
             staging: self.target.staging(),
@@ -447,12 +457,27 @@ impl FileSink {
     /// agree on the job, so that no rank stages anything without it):
     /// fails where another job holds it, and removes what a killed
     /// earlier job left staged. Hold the lock until the commit is done.
+    ///
+    /// The directories it makes for the output (where they were missing)
+    /// are removed again when the lock is dropped, if still empty: a
+    /// failed job leaves no empty output directory behind.
     pub fn lock(&self) -> Result<OutputLock> {
         let path = self.target.lock_path();
+        let mut made = Vec::new();
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir).map_err(|e| DataError::file(dir, e))?;
+            made = missing_dirs(dir);
+            if let Err(e) = std::fs::create_dir_all(dir) {
+                remove_made(&made);
+                return Err(DataError::file(dir, e));
+            }
         }
-        let lock = OutputLock::acquire(path, self.target.path())?;
+        let lock = match OutputLock::acquire(path, self.target.path()) {
+            Ok(l) => l.with_made(made),
+            Err(e) => {
+                remove_made(&made);
+                return Err(e);
+            }
+        };
         if lock.held() {
             // No job stages here but this one now: a staging area (or a
             // file of its name) is a killed job's.
@@ -767,6 +792,10 @@ pub struct Staged {
     moved: Vec<Moved>,
     /// Set on drop: a join running on a blocking thread stops.
     stop: Arc<AtomicBool>,
+    /// Directories above the staging area that did not exist when this
+    /// was taken, deepest first: removed on an uncommitted drop where
+    /// empty.
+    made: Vec<PathBuf>,
 }
 
 /// What a rank's [`Staged`] dropped uncommitted removes of the staging
@@ -967,6 +996,7 @@ impl Drop for Staged {
                 Cleanup::Whole => std::fs::remove_dir_all(&self.staging),
                 Cleanup::IfEmpty => std::fs::remove_dir(&self.staging),
             };
+            remove_made(&self.made);
         }
     }
 }
@@ -1679,6 +1709,68 @@ mod tests {
         drop(r2);
         assert!(!staging.exists(), "the last rank out removes it");
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A job that fails (its guards dropped uncommitted, then its lock)
+    /// removes the directories it made for the output, the output
+    /// directory and its missing parents, taken with the lock or only by
+    /// the writers; it leaves a directory that existed before, and one
+    /// that holds anything (a committed output).
+    #[test]
+    fn a_failed_job_leaves_no_directory_it_made() {
+        let base = std::env::temp_dir().join(format!("braid-sink-made-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&base);
+        std::fs::create_dir_all(base.join("kept")).unwrap();
+        std::fs::write(base.join("kept/other.txt"), "x").unwrap();
+        let schema = Arc::new(Schema::new(vec![Field::new("x", DataType::Int64, false)]));
+        let sink = |target| FileSink {
+            format: FileFormat::Csv,
+            target,
+            schema: schema.clone(),
+        };
+        for (target, locked, committed) in [
+            (SinkTarget::Dir(base.join("a/b/out")), true, false),
+            (SinkTarget::Dir(base.join("a/b/out")), false, false),
+            (SinkTarget::File(base.join("a/b/out.csv")), true, false),
+            (SinkTarget::File(base.join("a/b/out.csv")), false, false),
+            (SinkTarget::Dir(base.join("kept")), true, false),
+            (SinkTarget::Dir(base.join("a/b/out")), true, true),
+        ] {
+            let what = format!("{target:?}, locked {locked}, committed {committed}");
+            let s = sink(target);
+            s.prepare().unwrap();
+            let lock = locked.then(|| s.lock().unwrap());
+            let guards = [s.staged(0), s.staged(1)];
+            for r in 0..2 {
+                drop(s.open(&s.part(r)).unwrap());
+            }
+            if committed {
+                // What a commit leaves: the output's files in place.
+                std::fs::write(s.target.path().join("part-00000.csv"), "x\n").unwrap();
+            }
+            drop(guards);
+            drop(lock);
+            if committed {
+                assert!(s.target.path().join("part-00000.csv").exists(), "{what}");
+                std::fs::remove_dir_all(base.join("a")).unwrap();
+            }
+            assert!(
+                !base.join("a").exists(),
+                "{what}: left {:?}",
+                base.join("a")
+            );
+            assert_eq!(
+                std::fs::read_to_string(base.join("kept/other.txt")).unwrap(),
+                "x",
+                "{what}"
+            );
+            let left: Vec<_> = std::fs::read_dir(&base)
+                .unwrap()
+                .map(|e| e.unwrap().file_name())
+                .collect();
+            assert_eq!(left, vec![std::ffi::OsString::from("kept")], "{what}");
+        }
+        let _ = std::fs::remove_dir_all(&base);
     }
 
     /// An output directory named like an existing plain file is refused

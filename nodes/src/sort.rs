@@ -33,7 +33,7 @@ use arrow_schema::{SchemaRef, SortOptions};
 use arrow_select::concat::concat_batches;
 use arrow_select::take::take_record_batch;
 use braid_coll::{AllGather, ExtractOrder};
-use braid_core::{Buffer, Context, PackedData};
+use braid_core::{Buffer, Context, PackedData, Rank};
 use braid_kernels::sort::{gather_packed, order_key, radix_sort_pairs_on, unpack_row};
 
 use crate::error::{DataError, Result};
@@ -354,6 +354,9 @@ fn gather_fixed<T: ArrowNativeType>(
     Some(data.map_err(Into::into))
 }
 
+/// How the sort's errors name it ([`DataError::at`]).
+const SORT_STEP: &str = "distributed sort";
+
 /// A distributed sort by `keys`.
 #[derive(Debug, Clone)]
 pub struct DistributedSort {
@@ -402,8 +405,50 @@ impl DistributedSort {
     }
 
     /// Sorts the table whose local part is `batches`; returns this rank's
-    /// sorted partition.
+    /// sorted partition. Every rank must sort by the same keys with the
+    /// same columns: ranks that differ all fail with
+    /// [`DataError::Mismatch`] (checked with the samples, before any row
+    /// moves). Errors name this rank ([`DataError::at`]).
     pub async fn sort(
+        &self,
+        ctx: &Context,
+        schema: SchemaRef,
+        batches: Vec<RecordBatch>,
+    ) -> Result<RecordBatch> {
+        self.sort_here(ctx, schema, batches)
+            .await
+            .map_err(|e| e.at(ctx.rank(), SORT_STEP))
+    }
+
+    /// What every rank's call must agree on: the keys and the columns.
+    fn signature(&self, schema: &arrow_schema::Schema) -> (String, String) {
+        let keys = self
+            .keys
+            .iter()
+            .map(|k| {
+                format!(
+                    "{:?} {} nulls {}",
+                    k.column,
+                    if k.descending {
+                        "descending"
+                    } else {
+                        "ascending"
+                    },
+                    if k.nulls_first { "first" } else { "last" }
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(", ");
+        let columns = schema
+            .fields()
+            .iter()
+            .map(|f| format!("{:?}: {}", f.name(), f.data_type()))
+            .collect::<Vec<_>>()
+            .join(", ");
+        (keys, columns)
+    }
+
+    async fn sort_here(
         &self,
         ctx: &Context,
         schema: SchemaRef,
@@ -450,9 +495,14 @@ impl DistributedSort {
         })
         .await
         .map_err(|e| DataError::Invalid(e.to_string()))??;
-        // 2. Gather samples with each rank's row count; pick splitters
-        // (the same on every rank).
+        // 2. Gather samples with each rank's row count and its call's
+        // signature (checked against this rank's); pick splitters (the
+        // same on every rank).
+        let (my_keys, my_columns) = self.signature(&schema);
+        let sig = format!("{my_keys}\0{my_columns}");
         let mut meta = (total as u64).to_le_bytes().to_vec();
+        meta.extend_from_slice(&(sig.len() as u32).to_le_bytes());
+        meta.extend_from_slice(sig.as_bytes());
         meta.extend_from_slice(&lens);
         let ag = AllGather::new(ctx, None);
         ag.insert(
@@ -465,12 +515,46 @@ impl DistributedSort {
         ag.insert_finished()?;
         // (sample, rows it stands for): a rank's samples share its rows.
         let mut samples: Vec<(Vec<u8>, f64)> = Vec::new();
-        for g in ag.extract(ExtractOrder::RankSeq).await? {
-            let (meta, data) = (g.data.metadata, g.data.data);
-            let (rows, lens) = meta
+        let gathered = ag.extract(ExtractOrder::RankSeq).await?;
+        let malformed =
+            |peer: Rank| DataError::Invalid(format!("malformed samples from rank {peer}"));
+        // Every rank's call first: a rank that differs fails every rank
+        // here, before any row moves.
+        let mut parsed = Vec::with_capacity(gathered.len());
+        for g in gathered {
+            let (peer, meta, data) = (g.rank, g.data.metadata, g.data.data);
+            let (rows, rest) = meta
                 .split_first_chunk::<8>()
                 .map(|(r, l)| (u64::from_le_bytes(*r), l))
-                .ok_or_else(|| DataError::Invalid("malformed samples from a peer".into()))?;
+                .ok_or_else(|| malformed(peer))?;
+            let (sig_len, rest) = rest
+                .split_first_chunk::<4>()
+                .map(|(l, rest)| (u32::from_le_bytes(*l) as usize, rest))
+                .ok_or_else(|| malformed(peer))?;
+            let (their_sig, lens) = rest
+                .split_at_checked(sig_len)
+                .ok_or_else(|| malformed(peer))?;
+            if their_sig != sig.as_bytes() {
+                let their = String::from_utf8_lossy(their_sig);
+                let (their_keys, their_columns) = their.split_once('\0').unwrap_or((&their, ""));
+                let detail = if their_keys != my_keys {
+                    format!("rank {peer} sorts by [{their_keys}], this rank by [{my_keys}]")
+                } else {
+                    format!(
+                        "rank {peer}'s rows have columns [{their_columns}], this rank's [{my_columns}]"
+                    )
+                };
+                return Err(DataError::Mismatch {
+                    rank: ctx.rank(),
+                    step: SORT_STEP,
+                    peer,
+                    detail,
+                });
+            }
+            parsed.push((peer, rows, lens.to_vec(), data));
+        }
+        for (peer, rows, lens, data) in parsed {
+            let malformed = || malformed(peer);
             let weight = rows as f64 / (lens.len() / 4).max(1) as f64;
             let mut off = 0usize;
             for l in lens.chunks_exact(4) {
@@ -478,7 +562,7 @@ impl DistributedSort {
                 let s = off
                     .checked_add(l)
                     .and_then(|end| data.as_slice().get(off..end))
-                    .ok_or_else(|| DataError::Invalid("malformed sample from a peer".into()))?;
+                    .ok_or_else(malformed)?;
                 samples.push((s.to_vec(), weight));
                 off += l;
             }

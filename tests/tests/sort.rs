@@ -495,6 +495,113 @@ fn a_sort_without_keys_is_an_error() {
     }
 }
 
+/// Ranks that sort by other keys, or rows with other columns, all fail
+/// before any row moves, each naming itself and a rank whose call differs
+/// (they returned inconsistent partitions without a word: each rank cut
+/// its rows by splitters of its own keys); a key column that is missing
+/// is an error that names the rank. Local and tcp.
+#[test]
+fn ranks_that_sort_differently_all_fail() {
+    let rt = runtime();
+    let by = |col: &str| {
+        DistributedSort::new(vec![SortKey {
+            column: col.into(),
+            descending: false,
+            nulls_first: false,
+        }])
+    };
+    // Column `b` as floats: another type under the same name.
+    let float_b = |r: u32, n: u32| {
+        let b = rows(5, r, n);
+        let f: Float64Array = b
+            .column(2)
+            .as_any()
+            .downcast_ref::<Int64Array>()
+            .unwrap()
+            .iter()
+            .map(|v| v.map(|v| v as f64))
+            .collect();
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("id", DataType::Int64, false),
+            Field::new("a", DataType::Utf8, true),
+            Field::new("b", DataType::Float64, true),
+        ]));
+        RecordBatch::try_new(
+            schema,
+            vec![b.column(0).clone(), b.column(1).clone(), Arc::new(f)],
+        )
+        .unwrap()
+    };
+    for n in RANK_COUNTS {
+        rt.block_on(async {
+            for world in ["local", "tcp"] {
+                for case in ["keys", "columns", "missing"] {
+                    let ctxs = match world {
+                        "local" => local_ctxs(n).await,
+                        _ => tcp_contexts(n, MemoryLimits::UNLIMITED).await,
+                    };
+                    let odd = n - 1;
+                    let hs: Vec<_> = ctxs
+                        .iter()
+                        .map(|c| {
+                            let r = c.rank();
+                            let (sort, batch) = match case {
+                                "keys" if r == odd => (by("a"), rows(5, r, n)),
+                                "columns" if r == odd => (by("b"), float_b(r, n)),
+                                "missing" => (by("nope"), rows(5, r, n)),
+                                _ => (by("b"), rows(5, r, n)),
+                            };
+                            let c = c.clone();
+                            tokio::spawn(
+                                async move { sort.sort(&c, batch.schema(), vec![batch]).await },
+                            )
+                        })
+                        .collect();
+                    for (r, h) in hs.into_iter().enumerate() {
+                        let r = r as u32;
+                        let got = tokio::time::timeout(Duration::from_secs(60), h)
+                            .await
+                            .expect("hung")
+                            .unwrap();
+                        let what = format!("{world}, {n} ranks, {case}, rank {r}");
+                        if n == 1 && case != "missing" {
+                            // One rank agrees with itself.
+                            assert!(got.is_ok(), "{what}: {got:?}");
+                            continue;
+                        }
+                        let e = got.err().map(|e| e.to_string()).unwrap_or_default();
+                        assert!(
+                            e.starts_with(&format!("rank {r}: distributed sort: ")),
+                            "{what}: {e}"
+                        );
+                        let peer = if r == odd { 0 } else { odd };
+                        match case {
+                            "keys" => assert!(
+                                e.contains(&format!("call does not match rank {peer}'s"))
+                                    && e.contains(&format!(
+                                        "rank {peer} sorts by [\"{}\" ascending",
+                                        if r == odd { "b" } else { "a" }
+                                    )),
+                                "{what}: {e}"
+                            ),
+                            "columns" => assert!(
+                                e.contains(&format!("call does not match rank {peer}'s"))
+                                    && e.contains(&format!(
+                                        "\"b\": {}",
+                                        if r == odd { "Int64" } else { "Float64" }
+                                    )),
+                                "{what}: {e}"
+                            ),
+                            _ => assert!(e.contains("no column \"nope\""), "{what}: {e}"),
+                        }
+                    }
+                    shutdown_all(&ctxs).await;
+                }
+            }
+        });
+    }
+}
+
 /// Rank r's rows of (id, l: list<f64>, s: struct<a: f64, b: i64>): lists
 /// of 0-3 values and structs over the float values that orders disagree
 /// on (`float_rows`' specials), some lists null.

@@ -125,19 +125,28 @@ impl BufferResource {
         }
     }
 
+    /// Takes `size` past the limit (saturating at `u64::MAX`, which only a
+    /// reservation of about that much reaches: the count then says "all").
     fn force_take(&self, t: MemoryType, size: u64) {
-        let new = self.used[t.index()].fetch_add(size, Ordering::AcqRel) + size;
-        self.peak[t.index()].fetch_max(new, Ordering::Relaxed);
+        let used = &self.used[t.index()];
+        let old = used
+            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |u| {
+                Some(u.saturating_add(size))
+            })
+            .unwrap_or_else(|u| u);
+        self.peak[t.index()].fetch_max(old.saturating_add(size), Ordering::Relaxed);
     }
 
     fn release(&self, t: MemoryType, size: u64) {
-        self.used[t.index()].fetch_sub(size, Ordering::AcqRel);
+        let _ = self.used[t.index()].fetch_update(Ordering::AcqRel, Ordering::Relaxed, |u| {
+            Some(u.saturating_sub(size))
+        });
     }
 
     /// Reserves `size` bytes in the first of `types` with room. When none
-    /// has room, overbooks the first type; the returned reservation's
-    /// `overbooked()` says by how much, and the caller should spill that
-    /// much before allocating.
+    /// has room, overbooks the first type (host memory where `types` is
+    /// empty); the returned reservation's `overbooked()` says by how much,
+    /// and the caller should spill that much before allocating.
     pub fn reserve(self: &Arc<Self>, size: u64, types: &[MemoryType]) -> Reservation {
         if let Ok(r) = self.reserve_or_fail(size, types) {
             return r;
@@ -170,11 +179,15 @@ impl BufferResource {
                 });
             }
         }
-        let detail = types
-            .iter()
-            .map(|t| format!("{t}: {} free", fmt_free(self.available(*t))))
-            .collect::<Vec<_>>()
-            .join(", ");
+        let detail = if types.is_empty() {
+            "no memory type was offered".to_string()
+        } else {
+            types
+                .iter()
+                .map(|t| format!("{t}: {} free", fmt_free(self.available(*t))))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
         Err(MemoryError::OutOfMemory { size, detail })
     }
 }
@@ -237,16 +250,27 @@ impl Reservation {
         }))
     }
 
+    /// Host buffers are charged only to host reservations: one of device
+    /// memory would count host bytes as the device's.
+    fn host_only(&self, size: u64) -> Result<(), MemoryError> {
+        match self.mem {
+            MemoryType::Host => Ok(()),
+            MemoryType::Device => Err(MemoryError::NotHost { size }),
+        }
+    }
+
     /// Allocates a zeroed host buffer of `size` bytes against this
-    /// reservation.
+    /// reservation (of host memory: a device reservation is refused).
     pub fn allocate(&mut self, size: usize) -> Result<Buffer, MemoryError> {
+        self.host_only(size as u64)?;
         let charge = self.take(size as u64)?;
         Ok(Buffer::charged(BytesMut::zeroed(size).freeze(), charge))
     }
 
-    /// Charges existing bytes (a received message, say) to this
-    /// reservation without copying them.
+    /// Charges existing host bytes (a received message, say) to this
+    /// reservation (of host memory) without copying them.
     pub fn adopt(&mut self, bytes: Bytes) -> Result<Buffer, MemoryError> {
+        self.host_only(bytes.len() as u64)?;
         let charge = self.take(bytes.len() as u64)?;
         Ok(Buffer::charged(bytes, charge))
     }
@@ -276,6 +300,34 @@ impl Drop for Charge {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Edges a user can reach: a reservation of about `u64::MAX` and one
+    /// more saturate the count (they overflowed it: a panic in debug
+    /// builds, a wrapped count in release) and release it again; no
+    /// memory type says so; a device reservation allocates no host bytes.
+    #[test]
+    fn edges_of_reserving() {
+        let br = BufferResource::new(MemoryLimits {
+            device: None,
+            host: Some(u64::MAX),
+        });
+        let all = br.reserve_or_fail(u64::MAX, &[MemoryType::Host]).unwrap();
+        let more = br.reserve(10, &[MemoryType::Host]);
+        assert_eq!(more.overbooked(), 10);
+        assert_eq!(br.used(MemoryType::Host), u64::MAX);
+        assert_eq!(br.peak(MemoryType::Host), u64::MAX);
+        drop((all, more));
+        assert_eq!(br.used(MemoryType::Host), 0);
+        let e = br.reserve_or_fail(5, &[]).unwrap_err().to_string();
+        assert!(e.contains("no memory type was offered"), "{e}");
+        let mut dev = br.reserve_or_fail(8, &[MemoryType::Device]).unwrap();
+        let e = dev.allocate(8).unwrap_err().to_string();
+        assert!(e.contains("device reservation"), "{e}");
+        assert!(dev.adopt(Bytes::from_static(b"12345678")).is_err());
+        assert_eq!(dev.size(), 8, "nothing was charged");
+        drop(dev);
+        assert_eq!(br.used(MemoryType::Device), 0);
+    }
 
     /// An empty reservation is never refused, even over the limit: a
     /// Shuffle spilled each empty chunk to a file of its own while its
