@@ -18,7 +18,7 @@ use braid_kernels::DType;
 
 use crate::error::{CollError, CollKind, Site};
 use crate::handle::{Callback, Handle, start, streaming};
-use crate::wire::{DataRecv, Meta, meet_framed, recv_framed, send_framed};
+use crate::wire::{DataRecv, Meta, meet_framed, none_refused, recv_framed, send_framed};
 
 /// Starts a barrier; `callback` runs when it completes.
 pub fn start_barrier(ctx: &Context, callback: Option<Callback>) -> Handle<()> {
@@ -51,6 +51,9 @@ pub fn start_barrier(ctx: &Context, callback: Option<Callback>) -> Handle<()> {
                 &[],
                 Buffer::default(),
             );
+            // A send refused within its call (a message limit below a
+            // frame's header) fails here; its peer's receive would wait.
+            none_refused([&send])?;
             recv_framed(
                 comm.as_ref(),
                 site,

@@ -341,7 +341,11 @@ impl Shuffle {
         self.nparts
     }
 
-    /// The partitions this rank owns.
+    /// The partitions this rank owns (none where there are fewer
+    /// partitions than ranks). A rank that extracts nothing learns the
+    /// shuffle's outcome (a peer's mismatched call, say) only from
+    /// [`Shuffle::wait`]; without it, the failure reaches it as the job's
+    /// abort at its next call or its end.
     pub fn local_partitions(&self) -> impl Iterator<Item = u32> + use<> {
         self.owner
             .owned(self.site.rank, self.nparts, self.ctx.nranks())

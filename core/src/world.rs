@@ -70,19 +70,26 @@ impl WorldSpec {
                 detail: "BRAID_BACKEND=mpi, but braid was built without the mpi feature".into(),
             });
         }
+        // Started by mpirun or srun as one of several processes, each is one
+        // rank of the MPI job (above) or nothing: a local or tcp job (tcp
+        // variables left in the environment, say) would run whole in every
+        // process, on the same output, as `rolling --backend` refuses too.
+        if let Some((var, n)) = mpi_launch_size().filter(|(_, n)| *n > 1) {
+            let tcp = if std::env::var_os("BRAID_RANK").is_some() {
+                " (BRAID_RANK and the other tcp variables are ignored under it)"
+            } else {
+                ""
+            };
+            return Err(CommError::Bootstrap {
+                rank: mpi_launch_rank().unwrap_or(Rank::MAX),
+                detail: format!(
+                    "this process is one of {n} started by mpirun or srun ({var}={n}), but BRAID_BACKEND is not mpi: each would run a whole job of its own; set BRAID_BACKEND=mpi (a build with the mpi feature){tcp}"
+                ),
+            });
+        }
         Ok(match TcpConfig::from_env()? {
             Some(c) => WorldSpec::Tcp(c),
-            None => {
-                if let Some((var, n)) = mpi_launch_size().filter(|(_, n)| *n > 1) {
-                    return Err(CommError::Bootstrap {
-                        rank: Rank::MAX,
-                        detail: format!(
-                            "this process is one of {n} started by mpirun or srun ({var}={n}), but BRAID_BACKEND is not mpi: each would run a whole job of its own; set BRAID_BACKEND=mpi (a build with the mpi feature)"
-                        ),
-                    });
-                }
-                WorldSpec::Local { nranks }
-            }
+            None => WorldSpec::Local { nranks },
         })
     }
 

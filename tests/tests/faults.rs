@@ -554,6 +554,69 @@ fn a_rank_without_the_job_size_is_refused() {
     assert!(!String::from_utf8_lossy(&out.stdout).contains("exchange ok"));
 }
 
+/// Under an mpirun launch of several processes, tcp variables left in the
+/// environment do not make each process a whole one-rank job of its own
+/// (they did: the check was skipped where they were set); the refusal
+/// names the process's rank (it said "rank unknown").
+#[test]
+fn tcp_variables_under_an_mpi_launch_are_refused_too() {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_braid-test-worker"));
+    c.arg("exchange").arg("5");
+    for v in ["BRAID_BACKEND", "PMI_SIZE", "SLURM_STEP_NUM_TASKS"] {
+        c.env_remove(v);
+    }
+    c.env("OMPI_COMM_WORLD_SIZE", "2")
+        .env("OMPI_COMM_WORLD_RANK", "1")
+        .env("BRAID_RANK", "0")
+        .env("BRAID_NRANKS", "1")
+        .env("BRAID_ROOT", "127.0.0.1:0")
+        .env("BRAID_TOKEN", "t");
+    let out = braid_tests::output_within(&mut c, Duration::from_secs(300));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("rank 1: bootstrap failed: this process is one of 2 started by mpirun")
+            && err.contains("BRAID_RANK"),
+        "{err}"
+    );
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("exchange ok"));
+}
+
+/// A message limit below what a collective's frame needs is refused
+/// where it is read (a barrier under one waited for ever: its send was
+/// refused, its receive from a peer in the same state never came).
+#[test]
+fn a_message_limit_below_a_frame_is_refused() {
+    for (v, ok) in [("8", false), ("63", false), ("0", false), ("64", true)] {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_braid-test-worker"));
+        c.arg("exchange").arg("5");
+        for var in [
+            "BRAID_BACKEND",
+            "OMPI_COMM_WORLD_SIZE",
+            "PMI_SIZE",
+            "SLURM_STEP_NUM_TASKS",
+        ] {
+            c.env_remove(var);
+        }
+        c.env("BRAID_RANK", "0")
+            .env("BRAID_NRANKS", "1")
+            .env("BRAID_ROOT", "127.0.0.1:0")
+            .env("BRAID_TOKEN", "t")
+            .env("BRAID_MAX_MESSAGE", v);
+        let out = braid_tests::output_within(&mut c, Duration::from_secs(300));
+        let err = String::from_utf8_lossy(&out.stderr);
+        if ok {
+            assert!(out.status.success(), "{v}: {err}");
+        } else {
+            assert!(!out.status.success(), "{v}: {err}");
+            assert!(
+                err.contains(&format!("BRAID_MAX_MESSAGE={v:?}")) && err.contains("at least 64"),
+                "{v}: {err}"
+            );
+        }
+    }
+}
+
 /// A program started by mpirun or srun as one of several processes, but
 /// not told to use MPI, is refused (each would run a whole job of its own
 /// and report success); started as the only one, it runs as a local job.

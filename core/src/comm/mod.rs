@@ -36,6 +36,12 @@ use crate::memory::{Buffer, Landing, Reservation};
 use crate::stats::Statistics;
 use crate::tag::Tag;
 
+/// The smallest message limit a backend takes from its environment
+/// (`BRAID_MAX_MESSAGE`, `BRAID_MPI_MAX_MESSAGE`): a collective's frame
+/// header alone takes 32 bytes, and under a smaller limit no collective
+/// could send a frame.
+pub const MIN_MAX_MESSAGE: u64 = 64;
+
 pub use mailbox::RecvFuture;
 pub use rendezvous::{MeetFuture, Met, Offer, OfferData, Seat, Taken};
 

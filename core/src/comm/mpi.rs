@@ -939,11 +939,12 @@ fn max_message_from_env(rank: Rank) -> Result<u64, CommError> {
         return Ok(MPI_MAX_MESSAGE);
     };
     match v.trim().parse::<u64>() {
-        Ok(m) if m >= 1 => Ok(m.min(MPI_MAX_MESSAGE)),
+        Ok(m) if m >= crate::comm::MIN_MAX_MESSAGE => Ok(m.min(MPI_MAX_MESSAGE)),
         _ => Err(CommError::Bootstrap {
             rank,
             detail: format!(
-                "BRAID_MPI_MAX_MESSAGE={v:?} is not a number of bytes from 1 to {MPI_MAX_MESSAGE}"
+                "BRAID_MPI_MAX_MESSAGE={v:?} is not a number of bytes from {} (a collective's frame header alone takes 32) to {MPI_MAX_MESSAGE}",
+                crate::comm::MIN_MAX_MESSAGE
             ),
         }),
     }

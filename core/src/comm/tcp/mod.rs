@@ -277,8 +277,16 @@ impl TcpConfig {
         }
         if let Some(m) = get("BRAID_MAX_MESSAGE") {
             c.max_message_bytes = m
+                .trim()
                 .parse()
-                .map_err(|_| bad(format!("BRAID_MAX_MESSAGE={m:?} is not a number of bytes")))?;
+                .ok()
+                .filter(|v| *v >= super::MIN_MAX_MESSAGE)
+                .ok_or_else(|| {
+                    bad(format!(
+                        "BRAID_MAX_MESSAGE={m:?} is not a number of bytes of at least {} (a collective's frame header alone takes 32)",
+                        super::MIN_MAX_MESSAGE
+                    ))
+                })?;
         }
         Ok(Some(c))
     }
