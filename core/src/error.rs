@@ -115,11 +115,21 @@ pub enum CommError {
         /// What went wrong.
         detail: String,
     },
+    /// A received message could not be charged where the caller asked
+    /// (a receive into a reservation of device memory, say).
+    #[error("rank {rank}: {source}")]
+    Memory {
+        /// This rank.
+        rank: Rank,
+        /// Why.
+        #[source]
+        source: MemoryError,
+    },
     /// A peer finished its job (shut down) and every message it sent this
     /// rank has arrived, yet this rank waits for another one: the ranks'
     /// calls differ (a collective or a receive the peer did not make).
     #[error(
-        "rank {rank}: rank {peer} finished its job while this rank waits for a message from it ({tag:?}): the ranks' calls differ (a collective or receive that rank did not make)"
+        "rank {rank}: rank {peer} finished its job while this rank waits for it ({tag:?}, a message or a collective's meeting): the ranks' calls differ (a collective or receive that rank did not make)"
     )]
     PeerFinished {
         /// The waiting rank.

@@ -652,8 +652,13 @@ pub async fn launch(spec: LaunchSpec) -> Result<LaunchReport, LaunchError> {
             // ranks': only those handed over below are named.
             .env_remove("BRAID_ROOT_FD")
             .env_remove(crate::rank_progress::PROGRESS_FD_ENV)
-            .env_remove(crate::rank_exits::EXITS_FD_ENV)
-            .stdin(Stdio::null())
+            .env_remove(crate::rank_exits::EXITS_FD_ENV);
+        // The ranks are this launcher's job, not tasks of an mpirun or srun
+        // launch this launcher runs in (each would take itself for one).
+        for v in crate::world::MPI_LAUNCH_VARS {
+            cmd.env_remove(v);
+        }
+        cmd.stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .kill_on_drop(true);

@@ -15,13 +15,25 @@ use crate::error::CommError;
 use crate::graph::BoxError;
 use crate::memory::{BufferResource, MemoryLimits};
 
+/// What mpirun (Open MPI), PMI launchers and srun tell their processes:
+/// the launch's size (first three), then the process's task number.
+pub const MPI_LAUNCH_VARS: [&str; 6] = [
+    "OMPI_COMM_WORLD_SIZE",
+    "PMI_SIZE",
+    "SLURM_STEP_NUM_TASKS",
+    "OMPI_COMM_WORLD_RANK",
+    "PMI_RANK",
+    "SLURM_PROCID",
+];
+
 /// The size of the MPI job this process was started in, as mpirun or srun
 /// tell it (Open MPI's `OMPI_COMM_WORLD_SIZE`, the PMI `PMI_SIZE` of MPICH,
 /// Intel MPI and srun, Slurm's `SLURM_STEP_NUM_TASKS`), with the variable
 /// that said so; `None` outside one.
 pub fn mpi_launch_size() -> Option<(&'static str, u32)> {
-    ["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "SLURM_STEP_NUM_TASKS"]
-        .into_iter()
+    MPI_LAUNCH_VARS[..3]
+        .iter()
+        .copied()
         .find_map(|v| Some((v, std::env::var(v).ok()?.trim().parse().ok()?)))
 }
 
@@ -31,8 +43,8 @@ pub fn mpi_launch_size() -> Option<(&'static str, u32)> {
 /// which mpirun prints without saying whose they are.
 pub fn mpi_launch_rank() -> Option<Rank> {
     mpi_launch_size().filter(|(_, n)| *n > 1)?;
-    ["OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"]
-        .into_iter()
+    MPI_LAUNCH_VARS[3..]
+        .iter()
         .find_map(|v| std::env::var(v).ok()?.trim().parse().ok())
 }
 
@@ -71,25 +83,41 @@ impl WorldSpec {
             });
         }
         // Started by mpirun or srun as one of several processes, each is one
-        // rank of the MPI job (above) or nothing: a local or tcp job (tcp
-        // variables left in the environment, say) would run whole in every
-        // process, on the same output, as `rolling --backend` refuses too.
-        if let Some((var, n)) = mpi_launch_size().filter(|(_, n)| *n > 1) {
-            let tcp = if std::env::var_os("BRAID_RANK").is_some() {
-                " (BRAID_RANK and the other tcp variables are ignored under it)"
-            } else {
-                ""
-            };
-            return Err(CommError::Bootstrap {
-                rank: mpi_launch_rank().unwrap_or(Rank::MAX),
-                detail: format!(
-                    "this process is one of {n} started by mpirun or srun ({var}={n}), but BRAID_BACKEND is not mpi: each would run a whole job of its own; set BRAID_BACKEND=mpi (a build with the mpi feature){tcp}"
-                ),
-            });
-        }
+        // rank of the MPI job (above), or one rank of a tcp job that the
+        // launch started (srun used to start processes, each given
+        // BRAID_RANK as its own task number, or `BRAID_BACKEND=tcp` said
+        // outright). A local job, or tcp variables left in the environment
+        // (a one-rank job in every process), would run whole in every
+        // process, on the same output.
+        let launch = mpi_launch_size().filter(|(_, n)| *n > 1);
+        let refuse = |(var, n): (&str, u32), why: &str| CommError::Bootstrap {
+            rank: mpi_launch_rank().unwrap_or(Rank::MAX),
+            detail: format!(
+                "this process is one of {n} started by mpirun or srun ({var}={n}), but {why}: each would run a whole job of its own; set BRAID_BACKEND=mpi (a build with the mpi feature)"
+            ),
+        };
         Ok(match TcpConfig::from_env()? {
-            Some(c) => WorldSpec::Tcp(c),
-            None => WorldSpec::Local { nranks },
+            Some(c) => {
+                let said = std::env::var("BRAID_BACKEND").is_ok_and(|b| b == "tcp");
+                let one_each =
+                    |(_, n): (&str, u32)| c.nranks == n && mpi_launch_rank() == Some(c.rank);
+                if let Some(l) = launch.filter(|l| !said && !one_each(*l)) {
+                    return Err(refuse(
+                        l,
+                        &format!(
+                            "its tcp variables (BRAID_RANK={}, BRAID_NRANKS={}) are not this launch's task and size, and BRAID_BACKEND is not mpi (or tcp)",
+                            c.rank, c.nranks
+                        ),
+                    ));
+                }
+                WorldSpec::Tcp(c)
+            }
+            None => {
+                if let Some(l) = launch {
+                    return Err(refuse(l, "BRAID_BACKEND is not mpi"));
+                }
+                WorldSpec::Local { nranks }
+            }
         })
     }
 

@@ -79,22 +79,59 @@ pub struct OutputLock {
 }
 
 /// `dir` and those of its parents that do not exist, deepest first: what
-/// `create_dir_all(dir)` would make, for removing again ([`remove_made`]).
+/// making `dir` would make, for removing again ([`remove_made`]). None for
+/// a path with `..` in it (`new/../old` names `old`, which may have
+/// existed before), and only levels that are surely missing (not found).
 pub(crate) fn missing_dirs(dir: &Path) -> Vec<PathBuf> {
+    if dir
+        .components()
+        .any(|c| matches!(c, std::path::Component::ParentDir))
+    {
+        return Vec::new();
+    }
     dir.ancestors()
         .filter(|a| !a.as_os_str().is_empty())
-        .take_while(|a| std::fs::symlink_metadata(a).is_err())
+        .take_while(|a| {
+            std::fs::symlink_metadata(a).is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound)
+        })
         .map(Path::to_path_buf)
         .collect()
 }
 
+/// Makes `dir` and its missing parents, a level at a time; returns the
+/// levels this call made, deepest first (a level another process made
+/// meanwhile is not among them). On an error, what it made is removed.
+pub(crate) fn make_dirs(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
+    let mut made = Vec::new();
+    let missing = missing_dirs(dir);
+    if missing.is_empty() {
+        // (Nothing missing, or a path with `..`: made as it is, recorded
+        // as nothing.)
+        std::fs::create_dir_all(dir)?;
+        return Ok(made);
+    }
+    for level in missing.iter().rev() {
+        match std::fs::create_dir(level) {
+            Ok(()) => made.insert(0, level.clone()),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && level.is_dir() => {}
+            Err(e) => {
+                remove_made(&made);
+                return Err(e);
+            }
+        }
+    }
+    Ok(made)
+}
+
 /// Removes the directories of [`missing_dirs`] that are empty, deepest
 /// first (`remove_dir` leaves one that holds anything: a committed
-/// output, another job's files).
+/// output, another job's files; one already gone is passed over).
 pub(crate) fn remove_made(made: &[PathBuf]) {
     for d in made {
-        if std::fs::remove_dir(d).is_err() {
-            return;
+        match std::fs::remove_dir(d) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(_) => return,
         }
     }
 }

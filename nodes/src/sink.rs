@@ -55,7 +55,7 @@ use parquet::schema::types::ColumnPath;
 
 use crate::csv_writer::CsvWriter;
 use crate::error::{DataError, Result};
-use crate::output_lock::{OutputLock, beside, missing_dirs, remove_made};
+use crate::output_lock::{OutputLock, beside, make_dirs, missing_dirs, remove_made};
 use crate::parquet_writer::{ColumnParallelWriter, concat_parquet};
 use crate::partition::check_columns;
 
@@ -465,11 +465,7 @@ impl FileSink {
         let path = self.target.lock_path();
         let mut made = Vec::new();
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            made = missing_dirs(dir);
-            if let Err(e) = std::fs::create_dir_all(dir) {
-                remove_made(&made);
-                return Err(DataError::file(dir, e));
-            }
+            made = make_dirs(dir).map_err(|e| DataError::file(dir, e))?;
         }
         let lock = match OutputLock::acquire(path, self.target.path()) {
             Ok(l) => l.with_made(made),
@@ -1722,6 +1718,7 @@ mod tests {
         let _ = std::fs::remove_dir_all(&base);
         std::fs::create_dir_all(base.join("kept")).unwrap();
         std::fs::write(base.join("kept/other.txt"), "x").unwrap();
+        std::fs::create_dir_all(base.join("empty")).unwrap();
         let schema = Arc::new(Schema::new(vec![Field::new("x", DataType::Int64, false)]));
         let sink = |target| FileSink {
             format: FileFormat::Csv,
@@ -1734,6 +1731,9 @@ mod tests {
             (SinkTarget::File(base.join("a/b/out.csv")), true, false),
             (SinkTarget::File(base.join("a/b/out.csv")), false, false),
             (SinkTarget::Dir(base.join("kept")), true, false),
+            // `new/../empty` names `empty`, which existed (empty): never
+            // removed (it was, taken for one the job made).
+            (SinkTarget::Dir(base.join("new/../empty")), true, false),
             (SinkTarget::Dir(base.join("a/b/out")), true, true),
         ] {
             let what = format!("{target:?}, locked {locked}, committed {committed}");
@@ -1764,11 +1764,19 @@ mod tests {
                 "x",
                 "{what}"
             );
-            let left: Vec<_> = std::fs::read_dir(&base)
+            assert!(base.join("empty").is_dir(), "{what}");
+            // (A `..` path's own levels are left: only `new` here.)
+            let _ = std::fs::remove_dir(base.join("new"));
+            let mut left: Vec<_> = std::fs::read_dir(&base)
                 .unwrap()
                 .map(|e| e.unwrap().file_name())
                 .collect();
-            assert_eq!(left, vec![std::ffi::OsString::from("kept")], "{what}");
+            left.sort();
+            assert_eq!(
+                left,
+                ["empty", "kept"].map(std::ffi::OsString::from),
+                "{what}"
+            );
         }
         let _ = std::fs::remove_dir_all(&base);
     }

@@ -500,16 +500,21 @@ impl DistributedSort {
         // same on every rank).
         let (my_keys, my_columns) = self.signature(&schema);
         let sig = format!("{my_keys}\0{my_columns}");
-        let mut meta = (total as u64).to_le_bytes().to_vec();
-        meta.extend_from_slice(&(sig.len() as u32).to_le_bytes());
-        meta.extend_from_slice(sig.as_bytes());
-        meta.extend_from_slice(&lens);
+        // The data (sent in pieces under a small message limit, where the
+        // frame's metadata is not): the signature, the samples' lengths,
+        // then the samples, each part after its length.
+        let mut body = Vec::with_capacity(8 + sig.len() + lens.len() + bytes.len());
+        for part in [sig.as_bytes(), &lens] {
+            body.extend_from_slice(&(part.len() as u32).to_le_bytes());
+            body.extend_from_slice(part);
+        }
+        body.extend_from_slice(&bytes);
         let ag = AllGather::new(ctx, None);
         ag.insert(
             0,
             PackedData {
-                metadata: bytes::Bytes::from(meta),
-                data: Buffer::from_vec(bytes),
+                metadata: bytes::Bytes::copy_from_slice(&(total as u64).to_le_bytes()),
+                data: Buffer::from_vec(body),
             },
         )?;
         ag.insert_finished()?;
@@ -523,19 +528,21 @@ impl DistributedSort {
         let mut parsed = Vec::with_capacity(gathered.len());
         for g in gathered {
             let (peer, meta, data) = (g.rank, g.data.metadata, g.data.data);
-            let (rows, rest) = meta
-                .split_first_chunk::<8>()
-                .map(|(r, l)| (u64::from_le_bytes(*r), l))
+            let rows = meta
+                .first_chunk::<8>()
+                .map(|r| u64::from_le_bytes(*r))
                 .ok_or_else(|| malformed(peer))?;
-            let (sig_len, rest) = rest
-                .split_first_chunk::<4>()
-                .map(|(l, rest)| (u32::from_le_bytes(*l) as usize, rest))
-                .ok_or_else(|| malformed(peer))?;
-            let (their_sig, lens) = rest
-                .split_at_checked(sig_len)
-                .ok_or_else(|| malformed(peer))?;
+            // One length-prefixed part of `rest`, and what follows it.
+            let part = |rest: &[u8]| -> Option<(Vec<u8>, Vec<u8>)> {
+                let (len, rest) = rest.split_first_chunk::<4>()?;
+                let (p, rest) = rest.split_at_checked(u32::from_le_bytes(*len) as usize)?;
+                Some((p.to_vec(), rest.to_vec()))
+            };
+            let (their_sig, rest) = part(data.as_slice()).ok_or_else(|| malformed(peer))?;
+            let (lens, samples_bytes) = part(&rest).ok_or_else(|| malformed(peer))?;
+            let data = samples_bytes;
             if their_sig != sig.as_bytes() {
-                let their = String::from_utf8_lossy(their_sig);
+                let their = String::from_utf8_lossy(&their_sig);
                 let (their_keys, their_columns) = their.split_once('\0').unwrap_or((&their, ""));
                 let detail = if their_keys != my_keys {
                     format!("rank {peer} sorts by [{their_keys}], this rank by [{my_keys}]")
@@ -551,7 +558,7 @@ impl DistributedSort {
                     detail,
                 });
             }
-            parsed.push((peer, rows, lens.to_vec(), data));
+            parsed.push((peer, rows, lens, data));
         }
         for (peer, rows, lens, data) in parsed {
             let malformed = || malformed(peer);
@@ -561,7 +568,7 @@ impl DistributedSort {
                 let l = u32::from_le_bytes([l[0], l[1], l[2], l[3]]) as usize;
                 let s = off
                     .checked_add(l)
-                    .and_then(|end| data.as_slice().get(off..end))
+                    .and_then(|end| data.get(off..end))
                     .ok_or_else(malformed)?;
                 samples.push((s.to_vec(), weight));
                 off += l;

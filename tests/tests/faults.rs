@@ -580,6 +580,28 @@ fn tcp_variables_under_an_mpi_launch_are_refused_too() {
         "{err}"
     );
     assert!(!String::from_utf8_lossy(&out.stdout).contains("exchange ok"));
+    // Tcp ranks that the launch started (each its task number, the job its
+    // size), or said outright with BRAID_BACKEND=tcp, are taken: they go
+    // on to run (rank 1 times out connecting to a closed port here).
+    for (rank, nranks, backend) in [("1", "2", None), ("0", "1", Some("tcp"))] {
+        c.env("BRAID_RANK", rank)
+            .env("BRAID_NRANKS", nranks)
+            .env("BRAID_ROOT", "127.0.0.1:9")
+            .env("BRAID_TIMEOUT", "1");
+        if let Some(b) = backend {
+            c.env("BRAID_BACKEND", b);
+        }
+        let out = braid_tests::output_within(&mut c, Duration::from_secs(300));
+        let err = String::from_utf8_lossy(&out.stderr);
+        let what = format!("BRAID_RANK={rank} BRAID_NRANKS={nranks} {backend:?}");
+        // (Rank 0 of one listens there itself and runs its job.)
+        let ran = String::from_utf8_lossy(&out.stdout).contains("exchange ok");
+        assert!(
+            !err.contains("started by mpirun")
+                && (ran || err.contains("waiting for a connection to rank 0")),
+            "{what}: {err}"
+        );
+    }
 }
 
 /// A message limit below what a collective's frame needs is refused

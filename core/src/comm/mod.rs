@@ -137,15 +137,21 @@ pub trait Communicator: Send + Sync + 'static {
             let buf = fut.await?;
             let size = buf.len() as u64;
             let reserved = reservation.size();
-            reservation
-                .adopt(buf.into_bytes())
-                .map_err(|_| CommError::ReservationTooSmall {
+            reservation.adopt(buf.into_bytes()).map_err(|e| match e {
+                crate::error::MemoryError::ReservationExceeded { .. } => {
+                    CommError::ReservationTooSmall {
+                        rank,
+                        peer: src,
+                        tag,
+                        size,
+                        reserved,
+                    }
+                }
+                other => CommError::Memory {
                     rank,
-                    peer: src,
-                    tag,
-                    size,
-                    reserved,
-                })
+                    source: other,
+                },
+            })
         })
     }
 
