@@ -354,6 +354,21 @@ fn gather_fixed<T: ArrowNativeType>(
     Some(data.map_err(Into::into))
 }
 
+/// The part of `b` after its 4-byte length, and what follows it (`None`
+/// where `b` is shorter than it says).
+fn length_prefixed(b: &[u8]) -> Option<(&[u8], &[u8])> {
+    let (len, rest) = b.split_first_chunk::<4>()?;
+    rest.split_at_checked(u32::from_le_bytes(*len) as usize)
+}
+
+/// A rank's samples as it sent them: its signature, its samples' lengths
+/// and the samples, each part after its length (`None`: malformed).
+fn sample_parts(body: &[u8]) -> Option<(&[u8], &[u8], &[u8])> {
+    let (sig, rest) = length_prefixed(body)?;
+    let (lens, samples) = length_prefixed(rest)?;
+    Some((sig, lens, samples))
+}
+
 /// How the sort's errors name it ([`DataError::at`]).
 const SORT_STEP: &str = "distributed sort";
 
@@ -525,24 +540,12 @@ impl DistributedSort {
             |peer: Rank| DataError::Invalid(format!("malformed samples from rank {peer}"));
         // Every rank's call first: a rank that differs fails every rank
         // here, before any row moves.
-        let mut parsed = Vec::with_capacity(gathered.len());
-        for g in gathered {
-            let (peer, meta, data) = (g.rank, g.data.metadata, g.data.data);
-            let rows = meta
-                .first_chunk::<8>()
-                .map(|r| u64::from_le_bytes(*r))
-                .ok_or_else(|| malformed(peer))?;
-            // One length-prefixed part of `rest`, and what follows it.
-            let part = |rest: &[u8]| -> Option<(Vec<u8>, Vec<u8>)> {
-                let (len, rest) = rest.split_first_chunk::<4>()?;
-                let (p, rest) = rest.split_at_checked(u32::from_le_bytes(*len) as usize)?;
-                Some((p.to_vec(), rest.to_vec()))
-            };
-            let (their_sig, rest) = part(data.as_slice()).ok_or_else(|| malformed(peer))?;
-            let (lens, samples_bytes) = part(&rest).ok_or_else(|| malformed(peer))?;
-            let data = samples_bytes;
+        for g in &gathered {
+            let peer = g.rank;
+            let (their_sig, _, _) =
+                sample_parts(g.data.data.as_slice()).ok_or_else(|| malformed(peer))?;
             if their_sig != sig.as_bytes() {
-                let their = String::from_utf8_lossy(&their_sig);
+                let their = String::from_utf8_lossy(their_sig);
                 let (their_keys, their_columns) = their.split_once('\0').unwrap_or((&their, ""));
                 let detail = if their_keys != my_keys {
                     format!("rank {peer} sorts by [{their_keys}], this rank by [{my_keys}]")
@@ -558,10 +561,17 @@ impl DistributedSort {
                     detail,
                 });
             }
-            parsed.push((peer, rows, lens, data));
         }
-        for (peer, rows, lens, data) in parsed {
+        for g in &gathered {
+            let peer = g.rank;
             let malformed = || malformed(peer);
+            let rows = g
+                .data
+                .metadata
+                .first_chunk::<8>()
+                .map(|r| u64::from_le_bytes(*r))
+                .ok_or_else(malformed)?;
+            let (_, lens, data) = sample_parts(g.data.data.as_slice()).ok_or_else(malformed)?;
             let weight = rows as f64 / (lens.len() / 4).max(1) as f64;
             let mut off = 0usize;
             for l in lens.chunks_exact(4) {

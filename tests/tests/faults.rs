@@ -525,22 +525,29 @@ fn sends_refused_on_every_rank_fail_every_rank() {
     }
 }
 
+/// The test worker's `exchange 5` job, with `unset` taken out of its
+/// environment (what the test's own environment may hold).
+fn exchange_worker(unset: &[&str]) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_braid-test-worker"));
+    c.arg("exchange").arg("5");
+    for v in unset {
+        c.env_remove(v);
+    }
+    c
+}
+
 /// A process given `BRAID_RANK` but not `BRAID_NRANKS` (a rank started by
 /// hand with a variable left out) is refused; before, it ran a whole job
 /// of its own and reported success, while the real job waited for it.
 #[test]
 fn a_rank_without_the_job_size_is_refused() {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_braid-test-worker"));
-    c.arg("exchange").arg("5");
-    for v in [
+    let mut c = exchange_worker(&[
         "BRAID_BACKEND",
         "BRAID_NRANKS",
         "OMPI_COMM_WORLD_SIZE",
         "PMI_SIZE",
         "SLURM_STEP_NUM_TASKS",
-    ] {
-        c.env_remove(v);
-    }
+    ]);
     c.env("BRAID_RANK", "1")
         .env("BRAID_ROOT", "127.0.0.1:9")
         .env("BRAID_TOKEN", "t");
@@ -560,11 +567,7 @@ fn a_rank_without_the_job_size_is_refused() {
 /// names the process's rank (it said "rank unknown").
 #[test]
 fn tcp_variables_under_an_mpi_launch_are_refused_too() {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_braid-test-worker"));
-    c.arg("exchange").arg("5");
-    for v in ["BRAID_BACKEND", "PMI_SIZE", "SLURM_STEP_NUM_TASKS"] {
-        c.env_remove(v);
-    }
+    let mut c = exchange_worker(&["BRAID_BACKEND", "PMI_SIZE", "SLURM_STEP_NUM_TASKS"]);
     c.env("OMPI_COMM_WORLD_SIZE", "2")
         .env("OMPI_COMM_WORLD_RANK", "1")
         .env("BRAID_RANK", "0")
@@ -610,16 +613,12 @@ fn tcp_variables_under_an_mpi_launch_are_refused_too() {
 #[test]
 fn a_message_limit_below_a_frame_is_refused() {
     for (v, ok) in [("8", false), ("63", false), ("0", false), ("64", true)] {
-        let mut c = Command::new(env!("CARGO_BIN_EXE_braid-test-worker"));
-        c.arg("exchange").arg("5");
-        for var in [
+        let mut c = exchange_worker(&[
             "BRAID_BACKEND",
             "OMPI_COMM_WORLD_SIZE",
             "PMI_SIZE",
             "SLURM_STEP_NUM_TASKS",
-        ] {
-            c.env_remove(var);
-        }
+        ]);
         c.env("BRAID_RANK", "0")
             .env("BRAID_NRANKS", "1")
             .env("BRAID_ROOT", "127.0.0.1:0")
@@ -649,9 +648,7 @@ fn a_process_of_an_mpi_launch_without_the_mpi_backend_is_refused() {
         ("PMI_SIZE", 2),
         ("OMPI_COMM_WORLD_SIZE", 1),
     ] {
-        let mut c = Command::new(env!("CARGO_BIN_EXE_braid-test-worker"));
-        c.arg("exchange").arg("5");
-        for v in [
+        let mut c = exchange_worker(&[
             "BRAID_BACKEND",
             "BRAID_RANK",
             "BRAID_NRANKS",
@@ -660,9 +657,7 @@ fn a_process_of_an_mpi_launch_without_the_mpi_backend_is_refused() {
             "OMPI_COMM_WORLD_SIZE",
             "PMI_SIZE",
             "SLURM_STEP_NUM_TASKS",
-        ] {
-            c.env_remove(v);
-        }
+        ]);
         let out = braid_tests::output_within(c.env(var, n.to_string()), Duration::from_secs(300));
         let err = String::from_utf8_lossy(&out.stderr);
         if n > 1 {
