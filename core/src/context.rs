@@ -383,13 +383,14 @@ impl Waiting {
 
 fn wait_override() -> Option<Waiting> {
     static OVERRIDE: OnceLock<Option<Waiting>> = OnceLock::new();
-    *OVERRIDE.get_or_init(|| match std::env::var("BRAID_WAIT").ok()?.as_str() {
-        "park" => Some(Waiting::Park),
-        "poll" => Some(Waiting::Poll(Waiting::POLL)),
-        other => {
-            tracing::warn!("BRAID_WAIT={other:?} ignored: expected park or poll");
-            None
-        }
+    *OVERRIDE.get_or_init(|| {
+        crate::env::choice(
+            "BRAID_WAIT",
+            &[
+                ("park", Waiting::Park),
+                ("poll", Waiting::Poll(Waiting::POLL)),
+            ],
+        )
     })
 }
 

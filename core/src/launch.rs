@@ -165,6 +165,7 @@ fn early_note(ranks: &[Rank]) -> String {
 
 /// What the ranks did.
 #[derive(Debug, Clone, Default)]
+#[non_exhaustive]
 pub struct LaunchReport {
     /// Exit status per rank (`None`: not known).
     pub status: Vec<Option<ExitStatus>>,

@@ -491,14 +491,13 @@ where
 /// `per-rank` (a runtime each, at least one worker each), overriding
 /// [`run_world`]'s choice.
 fn runtime_override() -> Option<RankThreads> {
-    match std::env::var("BRAID_RUNTIME").ok()?.as_str() {
-        "shared" => Some(RankThreads::Shared),
-        "per-rank" => Some(RankThreads::Own),
-        other => {
-            tracing::warn!("BRAID_RUNTIME={other:?} ignored: expected shared or per-rank");
-            None
-        }
-    }
+    crate::env::choice(
+        "BRAID_RUNTIME",
+        &[
+            ("shared", RankThreads::Shared),
+            ("per-rank", RankThreads::Own),
+        ],
+    )
 }
 
 /// Where a failing rank reports, first come first served.

@@ -528,8 +528,13 @@ fn sends_refused_on_every_rank_fail_every_rank() {
 /// The test worker's `exchange 5` job, with `unset` taken out of its
 /// environment (what the test's own environment may hold).
 fn exchange_worker(unset: &[&str]) -> Command {
+    worker(&["exchange", "5"], unset)
+}
+
+/// The test worker with `args`, with `unset` taken out of its environment.
+fn worker(args: &[&str], unset: &[&str]) -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_braid-test-worker"));
-    c.arg("exchange").arg("5");
+    c.args(args);
     for v in unset {
         c.env_remove(v);
     }
@@ -674,5 +679,39 @@ fn a_process_of_an_mpi_launch_without_the_mpi_backend_is_refused() {
                 "{var}={n}: {so} {err}"
             );
         }
+    }
+}
+
+/// A mistyped tuning setting is said on standard error (where the program
+/// installed no tracing subscriber, as this worker does not), once, and the
+/// job runs with the default; before, only a tracing warning said it, which
+/// such a program never shows.
+#[test]
+fn a_mistyped_setting_is_said_without_a_subscriber() {
+    // (The `threads` job reads how its rank waits.)
+    let mut c = worker(
+        &["threads"],
+        &[
+            "BRAID_BACKEND",
+            "BRAID_RANK",
+            "BRAID_NRANKS",
+            "OMPI_COMM_WORLD_SIZE",
+            "PMI_SIZE",
+            "SLURM_STEP_NUM_TASKS",
+        ],
+    );
+    c.env("BRAID_MALLOC", "System").env("BRAID_WAIT", "spin");
+    let out = braid_tests::output_within(&mut c, Duration::from_secs(300));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("threads "),
+        "{err}"
+    );
+    for said in [
+        "braid: BRAID_MALLOC=\"System\" ignored: expected \"system\"",
+        "braid: BRAID_WAIT=\"spin\" ignored: expected park or poll",
+    ] {
+        assert_eq!(err.matches(said).count(), 1, "{said:?} in {err}");
     }
 }

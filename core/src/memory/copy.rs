@@ -167,13 +167,11 @@ pub fn stores_for(bytes: usize, pages: Pages) -> Stores {
 
 fn stores_override() -> Option<Stores> {
     static OVERRIDE: OnceLock<Option<Stores>> = OnceLock::new();
-    *OVERRIDE.get_or_init(|| match std::env::var("BRAID_COPY_STORES").ok()?.as_str() {
-        "cached" => Some(Stores::Cached),
-        "streaming" => Some(Stores::Streaming),
-        other => {
-            tracing::warn!("BRAID_COPY_STORES={other:?} ignored: expected cached or streaming");
-            None
-        }
+    *OVERRIDE.get_or_init(|| {
+        crate::env::choice(
+            "BRAID_COPY_STORES",
+            &[("cached", Stores::Cached), ("streaming", Stores::Streaming)],
+        )
     })
 }
 

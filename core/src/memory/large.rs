@@ -31,14 +31,8 @@
 pub fn reuse_freed_memory() {
     // Read once (a bad value warns once, not at every job's start).
     static SYSTEM: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let system = *SYSTEM.get_or_init(|| match std::env::var("BRAID_MALLOC") {
-        Ok(v) if v.trim() == "system" => true,
-        Ok(v) => {
-            tracing::warn!("BRAID_MALLOC={v:?} ignored: its one value is \"system\"");
-            false
-        }
-        Err(_) => false,
-    });
+    let system =
+        *SYSTEM.get_or_init(|| crate::env::choice("BRAID_MALLOC", &[("system", ())]).is_some());
     if system {
         return;
     }
