@@ -261,6 +261,11 @@ impl Layout {
                 let total = k.checked_mul(*block);
                 // The result is as long as the send buffer, which exists:
                 // it fits one allocation.
+                if send_len % n != 0 {
+                    return Err(format!(
+                        "{send_len} elements do not split into {n} equal blocks"
+                    ));
+                }
                 if *k != n || total != Some(send_len) {
                     return Err(format!("{send_len} elements are not {n} blocks of {block}"));
                 }
@@ -300,6 +305,22 @@ pub fn start_alltoallv<T: Element>(
     callback: Option<Callback>,
 ) -> Handle<Vec<T>> {
     start_one_vector(ctx, send.into(), Layout::Given(spec), callback, Vec::new())
+}
+
+/// Starts an AllToAll ([`alltoall`]'s core): `send` holds N equal blocks
+/// and block p goes to rank p; the handle yields the blocks received, in
+/// rank order, in one vector. A call that pairs with the peers'
+/// [`alltoall`] (an AllToAllv of equal counts is another collective, and
+/// a mismatch). A length that does not split into N blocks fails the
+/// call, and the job with it: the peers would wait for this rank's blocks.
+pub fn start_alltoall<T: Element>(
+    ctx: &Context,
+    send: impl Into<Elements<T>>,
+    callback: Option<Callback>,
+) -> Handle<Vec<T>> {
+    let send: Elements<T> = send.into();
+    let layout = equal_layout(ctx, &send);
+    start_one_vector(ctx, send, layout, callback, Vec::new())
 }
 
 /// The one-vector forms' core: the exchange, its result laid out in `out`
@@ -771,12 +792,8 @@ pub async fn alltoall<T: Element>(
     send: impl Into<Elements<T>>,
 ) -> Result<Vec<T>, CollError> {
     let send: Elements<T> = send.into();
-    let layout = equal_layout(ctx, &send)?;
     let bytes = send.buffer().len();
-    streaming(ctx, bytes, |cb| {
-        start_one_vector(ctx, send, layout, cb, Vec::new())
-    })
-    .await
+    streaming(ctx, bytes, |cb| start_alltoall(ctx, send, cb)).await
 }
 
 /// AllToAll into `out` (see [`alltoallv_into`] for why a reused vector).
@@ -786,7 +803,7 @@ pub async fn alltoall_into<T: Element>(
     out: &mut Vec<T>,
 ) -> Result<(), CollError> {
     let send: Elements<T> = send.into();
-    let layout = equal_layout(ctx, &send)?;
+    let layout = equal_layout(ctx, &send);
     exchange_into(ctx, send, layout, out).await
 }
 
@@ -826,27 +843,14 @@ async fn exchange_into<T: Element>(
 }
 
 /// AllToAll's layout: N equal blocks of `send`. A length that does not
-/// split fails here, before any core starts; the other ranks are told
-/// through the communicator's abort, as they would wait for this rank.
-fn equal_layout<T: Element>(ctx: &Context, send: &Elements<T>) -> Result<Layout, CollError> {
+/// split fails in the core's validation (`Layout::validate`), which fails
+/// the job too, as the other ranks would wait for this rank's blocks.
+fn equal_layout<T: Element>(ctx: &Context, send: &Elements<T>) -> Layout {
     let n = ctx.nranks() as usize;
-    if send.len() % n != 0 {
-        let site = Site {
-            rank: ctx.rank(),
-            coll: CollKind::AllToAll,
-            op: ctx.next_op_id(),
-        };
-        let e = site.invalid(format!(
-            "{} elements do not split into {n} equal blocks",
-            send.len()
-        ));
-        ctx.comm().abort(&e.to_string());
-        return Err(e);
-    }
-    Ok(Layout::Equal {
+    Layout::Equal {
         n,
         block: send.len() / n,
-    })
+    }
 }
 
 #[cfg(test)]

@@ -74,7 +74,7 @@ pub use allreduce::{
 };
 pub use alltoall::{
     AllToAllvSpec, alltoall, alltoall_into, alltoallv, alltoallv_into, alltoallv_parts,
-    start_alltoallv, start_alltoallv_parts,
+    start_alltoall, start_alltoallv, start_alltoallv_parts,
 };
 pub use barrier::{barrier, start_barrier};
 pub use braid_kernels::{DType, Element, ReduceKind};
