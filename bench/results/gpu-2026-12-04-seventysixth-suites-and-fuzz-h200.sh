@@ -8,7 +8,7 @@ export BRAID_TEST_WORKER=$B/braid-test-worker
 L=$OUT/log.txt
 { date; nvidia-smi -L; echo "cores $(nproc)"; } > $L 2>&1
 t0=$(date +%s)
-if [ "$1" != fuzz ]; then
+if [ "${1:-all}" != fuzz ]; then
 for t in gpu_kernels gpu gpu_job; do
   timeout 170 $B/$t --test-threads 1 > $OUT/$t.txt 2>&1
   rc=$?
@@ -16,7 +16,7 @@ for t in gpu_kernels gpu gpu_job; do
   echo "## $t rc=$rc $(( $(date +%s) - t0 )) s" >> $L
 done
 fi
-if [ "$1" != suites ]; then
+if [ "${1:-all}" != suites ]; then
 timeout 300 python3 bench/gpu_fuzz.py --rolling $B/rolling --seed 7611 --cases 60 --ranks 1 2 3 4 --out /tmp/gf1 > $OUT/fuzz1.txt 2>&1
 echo "## fuzz 7611 rc=$? $(( $(date +%s) - t0 )) s" >> $L
 tail -3 $OUT/fuzz1.txt >> $L
