@@ -309,9 +309,9 @@ pub fn start_alltoallv<T: Element>(
 
 /// Starts an AllToAll ([`alltoall`]'s core): `send` holds N equal blocks
 /// and block p goes to rank p; the handle yields the blocks received, in
-/// rank order, in one vector. A call that pairs with the peers'
-/// [`alltoall`] (an AllToAllv of equal counts is another collective, and
-/// a mismatch). A length that does not split into N blocks fails the
+/// rank order, in one vector. It pairs with the peers' [`alltoall`] and
+/// [`alltoall_into`]; an AllToAllv of equal counts is another collective
+/// (a mismatch). A length that does not split into N blocks fails the
 /// call, and the job with it: the peers would wait for this rank's blocks.
 pub fn start_alltoall<T: Element>(
     ctx: &Context,
