@@ -732,7 +732,8 @@ fn csv_directory_reads_as_one_file() {
 /// in the rows its type is inferred from keeps a later row's fraction (it
 /// was truncated to the second), files of one directory that differ in
 /// precision read as one timestamp column (it became text), minutes
-/// without seconds are timestamps, and a date column with a later time of
+/// without seconds are timestamps, day-first and year-first dates read as
+/// DuckDB and Polars read them, and a date column with a later time of
 /// day fails naming the line (it kept the day alone).
 #[test]
 fn csv_dates_and_timestamps_keep_every_digit() {
@@ -815,12 +816,34 @@ fn csv_dates_and_timestamps_keep_every_digit() {
         "id,ts,v\n2,2024-06-01 09:47:00.250,2\n3,2024-06-01T09:48:00.250123Z,4\n",
     )
     .unwrap();
+    // (A value with `Z` puts the column in UTC, as DuckDB and Polars
+    // read it: the CSV output writes the zone.)
     assert_eq!(
         job(&dir, "dir-out.csv", "1m"),
         own(&[
-            ("2024-06-01T09:47:00", "1.0", "1"),
-            ("2024-06-01T09:47:00.250", "3.0", "2"),
-            ("2024-06-01T09:48:00.250123", "4.0", "1"),
+            ("2024-06-01T09:47:00Z", "1.0", "1"),
+            ("2024-06-01T09:47:00.250Z", "3.0", "2"),
+            ("2024-06-01T09:48:00.250123Z", "4.0", "1"),
+        ])
+    );
+
+    // Day-first and year-first dates, as DuckDB and Polars read them
+    // (`03/11/2024` is the 3rd of November), with offsets read as UTC.
+    let dmy = d.join("day-first.csv");
+    std::fs::write(
+        &dmy,
+        "id,ts,v\n1,03/11/2024 10:00:00,1\n2,3.11.2024 10:30,2\n\
+         3,2024/11/03 11:15:00+01:00,4\n4,04-11-2024 09:59:59,8\n5,2024.11.4 10:00:00Z,16\n",
+    )
+    .unwrap();
+    assert_eq!(
+        job(&dmy, "day-first-out.csv", "1h"),
+        own(&[
+            ("2024-11-03T10:00:00Z", "1.0", "1"),
+            ("2024-11-03T10:30:00Z", "7.0", "3"),
+            ("2024-11-03T10:15:00Z", "5.0", "2"),
+            ("2024-11-04T09:59:59Z", "8.0", "1"),
+            ("2024-11-04T10:00:00Z", "24.0", "2"),
         ])
     );
 

@@ -854,11 +854,14 @@ fn csv_table_schema(files: &[PathBuf]) -> Result<SchemaRef> {
                     ));
                 }
                 // Types that differ take their common type (integers and
-                // floats give f64; timestamps the finer unit; dates in one
-                // file and timestamps in another are timestamps, as
-                // DuckDB reads them), text where there is none.
+                // floats give f64; timestamps the finer unit, in UTC
+                // where a file's are; dates in one file and timestamps in
+                // another are timestamps, as DuckDB reads them), text
+                // where there is none.
                 for (a, t) in acc.iter_mut().zip(types) {
-                    *a = widen::common_type(a, &t).unwrap_or(DataType::Utf8);
+                    *a = csv_time::common_type(a, &t)
+                        .or_else(|| widen::common_type(a, &t))
+                        .unwrap_or(DataType::Utf8);
                 }
             }
         }

@@ -20,11 +20,14 @@ DuckDB and Polars. The inputs aim at edges a fixed test misses:
   - job: 1-8 ranks, local or tcp, tiny chunks, a memory limit that spills,
     1-5 threads a rank (BRAID_RANK_THREADS) or the default share of cores;
   - input: the Parquet file, or (--csv-share of the cases whose columns
-    CSV carries as they are: integer or date order, no time zone, integer,
-    float64 or string columns, none all null) the same rows as CSV text:
-    one file, .csv.gz, or a directory of 1-4 parts (some header-only),
+    CSV carries: integer, date or timestamp (s, ms, us, no zone) order,
+    integer, float64 or string columns, none all null) the same rows as
+    CSV text: one file, .csv.gz, or a directory of 1-4 parts (some
+    header-only), dates written year first or day first (2024/3/9,
+    09.03.2024), timestamps with a space or T and maybe Z or offsets,
     whose types `rolling` infers while the oracle reads the Parquet
-    (rewritten with CSV's one integer type, int64).
+    (rewritten with CSV's one integer type, int64, and the inferred
+    timestamp: microseconds, in UTC where the text names zones).
 
     python3 tests/oracle/fuzz.py --rolling target/release/rolling --cases 40 \
         --seed 1 [--out /tmp/braid-fuzz] [--keep] [--mpi-rolling PATH]
@@ -309,7 +312,73 @@ def write_csv_input(rng, d, table):
     return path, f"dir/{parts}"
 
 
-def csv_variant(rng, cmd, d, desc):
+# Forms of a CSV date that DuckDB and Polars both read, the same way:
+# year first, or day first (never month first).
+DATE_FORMS = {
+    "iso": lambda y, m, d: f"{y:04}-{m:02}-{d:02}",
+    "ymd/": lambda y, m, d: f"{y:04}/{m}/{d}",
+    "ymd.": lambda y, m, d: f"{y:04}.{m:02}.{d:02}",
+    "dmy/": lambda y, m, d: f"{d:02}/{m:02}/{y:04}",
+    "dmy-": lambda y, m, d: f"{d}-{m}-{y:04}",
+    "dmy.": lambda y, m, d: f"{d:02}.{m:02}.{y:04}",
+}
+
+
+def order_text(rng, col):
+    """The order column (date32, or a timestamp in s, ms or us without a
+    zone) as CSV text in a random form (DATE_FORMS; timestamps with a
+    space or T, maybe a Z or an offset, the instant kept); returns the
+    text, the type `rolling` infers from it (which the oracle reads), and
+    the form's name. None where a value has no such text (years outside
+    1-9999)."""
+    import datetime
+
+    import pyarrow as pa
+
+    form = rng.choice(sorted(DATE_FORMS))
+    date = DATE_FORMS[form]
+    epoch = datetime.datetime(1970, 1, 1)
+    if col.type == pa.date32():
+        out = []
+        for v in col.cast(pa.int32()).to_pylist():
+            if v is None:
+                out.append(None)
+                continue
+            try:
+                x = (epoch + datetime.timedelta(days=v)).date()
+            except OverflowError:
+                return None
+            out.append(date(x.year, x.month, x.day))
+        return pa.array(out, pa.string()), pa.date32(), form
+    per = {"s": 1, "ms": 10**3, "us": 10**6}[col.type.unit]
+    sep = rng.choice([" ", "T"])
+    # Offsets keep the instant: the column is UTC (as DuckDB's TIMESTAMPTZ).
+    zone = rng.choice([None, None, "Z", "+02:00", "-05:30", "mixed"])
+    out = []
+    for v in col.cast(pa.int64()).to_pylist():
+        if v is None:
+            out.append(None)
+            continue
+        z = zone
+        if zone == "mixed":
+            # (The first with a zone: the column is UTC however it goes on.)
+            z = rng.choice(["Z", "+01:00", "-08:00", "+05:45", ""]) if out else "Z"
+        off = 0 if z in (None, "", "Z") else (1 if z[0] == "+" else -1) * (int(z[1:3]) * 60 + int(z[4:6]))
+        try:
+            x = epoch + datetime.timedelta(seconds=v // per, microseconds=(v % per) * (10**6 // per))
+            x += datetime.timedelta(minutes=off)
+        except OverflowError:
+            return None
+        if not 1 <= x.year <= 9999:
+            return None
+        frac = ""
+        if per > 1 and x.microsecond:
+            frac = "." + f"{x.microsecond:06}"[: {10**3: 3, 10**6: 6}[per]]
+        out.append(date(x.year, x.month, x.day) + sep + x.strftime("%H:%M:%S") + frac + (z or ""))
+    return pa.array(out, pa.string()), pa.timestamp("us", tz="UTC" if zone else None), form + (f"+{zone}" if zone else "")
+
+
+def csv_variant(rng, cmd, check, d, desc):
     """Switches the case's input to CSV where its columns allow (see
     CSV_KINDS); returns the new description, or None where it stays."""
     import pyarrow.parquet as pq
@@ -323,7 +392,8 @@ def csv_variant(rng, cmd, d, desc):
         col = t.column(name)
         ty = col.type
         if name == "ts":
-            ok = ty in (pa.int64(), pa.int32(), pa.date32())
+            ok = ty in (pa.int64(), pa.int32(), pa.date32()) or (
+                pa.types.is_timestamp(ty) and ty.tz is None and ty.unit != "ns")
             if ty == pa.date32():
                 # Dates past year 9999 (or before year 1) have no ISO text:
                 # pyarrow writes "<value out of range: ...>" for them.
@@ -344,10 +414,31 @@ def csv_variant(rng, cmd, d, desc):
     t = pa.table({
         name: t.column(name).cast(pa.int64()) if t.column(name).type in (pa.int32(), pa.uint8())
         else t.column(name) for name in t.column_names})
+    # Dates and timestamps as text in one of the forms both engines read;
+    # the oracle reads the type `rolling` infers (microseconds, in UTC
+    # where the text names zones).
+    text, ts_form = t, "iso"
+    ty = t.column("ts").type
+    if ty == pa.date32() or pa.types.is_timestamp(ty):
+        got = order_text(rng, t.column("ts").combine_chunks())
+        if got is None:
+            return None
+        ts_text, ts_type, ts_form = got
+        if pa.types.is_timestamp(ty) and ty.unit != "us":
+            # An integer window counts the column's unit: now microseconds.
+            scale = 10**6 // {"s": 1, "ms": 10**3}[ty.unit]
+            for argv in (cmd, check):
+                if "--window" in argv:
+                    k = argv.index("--window") + 1
+                    if argv[k].lstrip("-").isdigit():
+                        argv[k] = str(int(argv[k]) * scale)
+        i = t.column_names.index("ts")
+        t = t.set_column(i, "ts", t.column("ts").cast(ts_type))
+        text = t.set_column(i, "ts", ts_text)
     pq.write_table(t, inp)
-    path, form = write_csv_input(rng, d, t)
+    path, form = write_csv_input(rng, d, text)
     cmd[cmd.index("--input") + 1] = path
-    return desc + f" csv={form}"
+    return desc + f" csv={form} ts_text={ts_form}"
 
 
 def main():
@@ -376,7 +467,7 @@ def main():
         # CSV input drawn apart too, so the cases stay as seeds drew them.
         crng = random.Random(f"csv-{a.seed}-{i}")
         if crng.random() < a.csv_share:
-            desc = csv_variant(crng, cmd, d, desc) or desc
+            desc = csv_variant(crng, cmd, check, d, desc) or desc
         # Threads a rank spreads its CPU work over (BRAID_RANK_THREADS; the
         # default shares the cores), drawn apart so the cases stay as seeds
         # drew them before.

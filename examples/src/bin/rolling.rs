@@ -299,7 +299,7 @@ fn parse_window(s: &str, order_type: &DataType, closed: Closed) -> Result<Window
         DataType::Date32 => (86_400_000_000_000, CalendarUnit::Days),
         DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View => {
             return Err(format!(
-                "the order column is text ({order_type}), not a timestamp, date or integer: a CSV column is read as text where a value in a file's first 10,000 rows is neither a number nor an ISO 8601 date or timestamp (to the nanosecond at most)"
+                "the order column is text ({order_type}), not a timestamp, date or integer: a CSV column is read as text where a value in a file's first 10,000 rows is neither a number nor a date or timestamp (year first, 2024-03-09, or day first, 09/03/2024; to the nanosecond at most)"
             ));
         }
         _ => {
