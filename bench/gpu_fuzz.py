@@ -2,7 +2,8 @@
 """Differential fuzz of `rolling --device gpu` against `rolling --device cpu`.
 
 Each case writes a random CSV input (int64 ts, also near either end of
-i64, or ISO times read as timestamps, or ISO dates read as Date32, with
+i64, or times read as timestamps, or dates read as Date32, written ISO,
+year first with slashes, day first with dots, or ISO with a Z (UTC), with
 duration and calendar (`1mo`, `1mo15d`, `2q`) windows; with ties and
 gaps, unsorted; an int, string or float key with nulls (0.0 and -0.0,
 NaN), sometimes with a second group column; a float value column with
@@ -31,15 +32,26 @@ import subprocess
 import sys
 
 
-def iso(ms):
-    """Milliseconds after 2020-01-01 as an ISO time (CSV readers infer a
-    timestamp), on the real calendar: month ends (29th-31st) included, where
-    a calendar window's month back is clamped."""
+# How a case writes its dates: ISO, year first with slashes, day first
+# (DuckDB's and Polars' reading: 03/11/2020 is the 3rd of November), or ISO
+# with a Z (the column then is a timestamp in UTC).
+TIME_FORMS = ["iso", "iso", "ymd/", "dmy.", "isoZ"]
+
+
+def iso(ms, form="iso", date_only=False):
+    """Milliseconds after 2020-01-01 as a date or date-time in `form`
+    (CSV readers infer a date or timestamp), on the real calendar: month
+    ends (29th-31st) included, where a calendar window's month back is
+    clamped."""
     t = datetime.datetime(2020, 1, 1) + datetime.timedelta(milliseconds=ms)
-    return t.strftime("%Y-%m-%dT%H:%M:%S.") + f"{t.microsecond // 1000:03d}"
+    day = {"ymd/": "%Y/%m/%d", "dmy.": "%d.%m.%Y"}.get(form, "%Y-%m-%d")
+    if date_only:
+        return t.strftime(day)
+    return (t.strftime(day + ("T" if form.startswith("iso") else " ") + "%H:%M:%S.")
+            + f"{t.microsecond // 1000:03d}" + ("Z" if form == "isoZ" else ""))
 
 
-def gen_input(rng, path, rows, ts_mode="int"):
+def gen_input(rng, path, rows, ts_mode="int", form="iso"):
     iso_ts = ts_mode != "int"
     kind = rng.choice(["plain", "plain", "nan", "huge", "ties", "offset"])
     # Order values near either end of i64 (t - window must not wrap).
@@ -75,7 +87,7 @@ def gen_input(rng, path, rows, ts_mode="int"):
             else:
                 v = repr(rng.gauss(1e3 if rng.random() < 0.5 else 0, 50))
             wv = "" if rng.random() < 0.1 else str(rng.randrange(-1000, 1000))
-            t_text = iso(ts)[:10] if ts_mode == "date" else iso(ts) if iso_ts else ts
+            t_text = iso(ts, form, ts_mode == "date") if iso_ts else ts
             # A second group column (`--by key,k2`), nulls included.
             k2 = rng.choice(["a", "b", ""])
             w.writerow([i, t_text, key, v, wv, k2])
@@ -149,7 +161,9 @@ def main():
         inp = os.path.join(a.out, f"in{case}.csv")
         r = rng.random()
         ts_mode = "int" if rows == 0 or r >= 0.4 else "iso" if r < 0.3 else "date"
-        gen_input(rng, inp, rows, ts_mode)
+        # (Drawn apart: the seeds' other draws stay as they were.)
+        form = random.Random(f"form-{a.seed}-{case}").choice(TIME_FORMS)
+        gen_input(rng, inp, rows, ts_mode, form)
         ranks = rng.choice(a.ranks)
         backend = rng.choice(["local", "tcp"])
         aggs = rng.sample(["sum", "mean", "min", "max", "count", "std", "var"], rng.randrange(1, 8))
@@ -177,7 +191,7 @@ def main():
             outs[name] = os.path.join(a.out, f"out{case}-{name}.csv")
             rcs[name] = run(a.rolling, args + ["--device", dev], outs[name],
                             os.path.join(a.out, f"log{case}-{name}.txt"))
-        what = " ".join(args[2:])
+        what = " ".join(args[2:]) + (f" dates={form}" if ts_mode != "int" else "")
         if rcs["cpu"] != 0 or rcs["gpu"] != 0:
             ok = rcs["cpu"] != 0 and rcs["gpu"] != 0
             verdict = "both failed" if ok else f"FAIL: exit cpu {rcs['cpu']}, gpu {rcs['gpu']}"
