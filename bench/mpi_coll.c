@@ -7,7 +7,11 @@
  *   RESULT op=<OP> bytes=<SIZE used> ranks=<n> iters=<ITERS> us_per_iter=<f>
  *
  * The time is the maximum elapsed time over all ranks. For pingpong it is
- * the one-way latency (round trip / 2).
+ * the one-way latency (round trip / 2). With MPI_COLL_TIMING=per-call in
+ * the environment each call is timed alone, after a barrier that is not
+ * timed (as the OSU benchmarks time collectives: a call's latency, where
+ * back-to-back calls may overlap, a broadcast's root running ahead); the
+ * time is then the sum of a rank's call times over ITERS.
  *
  * Usage: mpi_coll OP SIZE_BYTES ITERS
  *   OP: pingpong bw barrier bcast allgather allreduce reduce_scatter
@@ -23,6 +27,7 @@
 #define WARMUP 5
 
 static int rank, nranks;
+static int per_call; /* MPI_COLL_TIMING=per-call (see the top) */
 
 /* Benchmark state shared by the op functions. */
 static size_t bytes;         /* size actually used (reported) */
@@ -241,10 +246,20 @@ static void run_point(const struct op *op, size_t size, unsigned long long iters
         op->run();
     MPI_Barrier(MPI_COMM_WORLD);
 
-    double t0 = MPI_Wtime();
-    for (unsigned long long i = 0; i < iters; i++)
-        op->run();
-    double elapsed = MPI_Wtime() - t0, max_elapsed = 0.0;
+    double elapsed = 0.0, max_elapsed = 0.0;
+    if (per_call) {
+        for (unsigned long long i = 0; i < iters; i++) {
+            MPI_Barrier(MPI_COMM_WORLD);
+            double t = MPI_Wtime();
+            op->run();
+            elapsed += MPI_Wtime() - t;
+        }
+    } else {
+        double t0 = MPI_Wtime();
+        for (unsigned long long i = 0; i < iters; i++)
+            op->run();
+        elapsed = MPI_Wtime() - t0;
+    }
 
     MPI_Reduce(&elapsed, &max_elapsed, 1, MPI_DOUBLE, MPI_MAX, 0,
                MPI_COMM_WORLD);
@@ -276,6 +291,8 @@ int main(int argc, char **argv)
     MPI_Init(&argc, &argv);
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &nranks);
+    const char *timing = getenv("MPI_COLL_TIMING");
+    per_call = timing && !strcmp(timing, "per-call");
 
     /* mpi_coll OP SIZE ITERS, or mpi_coll OP SIZE:ITERS[,SIZE:ITERS...] */
     if (argc != 4 && argc != 3)

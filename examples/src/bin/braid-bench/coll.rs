@@ -95,6 +95,35 @@ pub struct CollArgs {
     /// world left out prints `-` in its columns.
     #[arg(long, value_delimiter = ',', default_value = "local,tcp")]
     worlds: Vec<World>,
+    /// How a point's calls are timed, on both sides alike: `loop` (back
+    /// to back, the loop's time over its calls) or `per-call` (each call
+    /// alone after an untimed barrier, as the OSU benchmarks time
+    /// collectives).
+    #[arg(long, value_enum, default_value = "loop")]
+    timing: Timing,
+}
+
+/// How a point's calls are timed (`--timing`). Back-to-back calls show
+/// what a stream of calls sustains, where a call may overlap the next (a
+/// broadcast's root that returns once its send is buffered runs ahead of
+/// its peers); a call timed alone shows its latency, from its start on
+/// ranks that start together to its return.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum Timing {
+    /// The loop's time over its calls.
+    Loop,
+    /// The sum of the calls' own times, each after an untimed barrier.
+    PerCall,
+}
+
+impl Timing {
+    /// The option's value, as `coll-rank` takes it.
+    fn arg(self) -> &'static str {
+        match self {
+            Timing::Loop => "loop",
+            Timing::PerCall => "per-call",
+        }
+    }
 }
 
 /// Sizes as the MPI program rounds them, so both sides move the same bytes.
@@ -434,12 +463,13 @@ impl Input {
 
 /// Times `iters` operations on every rank; returns the max over ranks.
 /// One rank's part of a world's timing: every point in turn, each after 5
-/// warm-up operations and a barrier; returns the time per operation by
-/// point.
+/// warm-up operations and a barrier, timed as `timing` says; returns the
+/// time per operation by point.
 async fn time_rank(
     ctx: Context,
     op: String,
     points: Vec<(usize, usize)>,
+    timing: Timing,
 ) -> Result<Vec<Duration>, BoxError> {
     let mut per_op = Vec::with_capacity(points.len());
     for (size, iters) in points {
@@ -449,11 +479,26 @@ async fn time_rank(
             run_op(&ctx, &op, size, &mut input).await?;
         }
         barrier(&ctx).await?;
-        let t = Instant::now();
-        for _ in 0..iters {
-            run_op(&ctx, &op, size, &mut input).await?;
-        }
-        per_op.push(t.elapsed() / iters as u32);
+        let took = match timing {
+            Timing::Loop => {
+                let t = Instant::now();
+                for _ in 0..iters {
+                    run_op(&ctx, &op, size, &mut input).await?;
+                }
+                t.elapsed()
+            }
+            Timing::PerCall => {
+                let mut sum = Duration::ZERO;
+                for _ in 0..iters {
+                    barrier(&ctx).await?;
+                    let t = Instant::now();
+                    run_op(&ctx, &op, size, &mut input).await?;
+                    sum += t.elapsed();
+                }
+                sum
+            }
+        };
+        per_op.push(took / iters as u32);
         check_op(&ctx, &op, size, &mut input).await?;
         // As the MPI program (an MPI_Reduce of the times, then free): no
         // rank frees its input while another still times. In-process ranks
@@ -495,10 +540,16 @@ fn time_mpi(
     n: u32,
     shm: bool,
     points: &[(usize, usize)],
+    timing: Timing,
 ) -> Result<Vec<f64>, BoxError> {
     let list = points_arg(points);
     let btl = if shm { "self,vader" } else { "tcp,self" };
-    let out = mpirun(n, btl)
+    let mut cmd = mpirun(n, btl);
+    if timing == Timing::PerCall {
+        // (`-x`: every rank's environment, wherever mpirun starts it.)
+        cmd.args(["-x", "MPI_COLL_TIMING=per-call"]);
+    }
+    let out = cmd
         .arg(mpi)
         .arg(match op {
             "alltoallv_parts" | "alltoallv_into" => "alltoallv",
@@ -589,6 +640,9 @@ pub struct CollRankArgs {
     /// `SIZE:ITERS` pairs.
     #[arg(long, value_delimiter = ',')]
     points: Vec<String>,
+    /// How the calls are timed (see `CollArgs::timing`).
+    #[arg(long, value_enum, default_value = "loop")]
+    timing: Timing,
 }
 
 /// What a `coll-rank` process prints before its times (ns per operation,
@@ -609,9 +663,9 @@ pub fn rank(args: CollRankArgs) -> Result<(), BoxError> {
     if !matches!(spec, WorldSpec::Tcp(_)) {
         return Err("coll-rank runs under the launcher (BRAID_* environment unset)".into());
     }
-    let op = args.op;
+    let (op, timing) = (args.op, args.timing);
     let per_rank = run_world(&spec, MemoryLimits::UNLIMITED, move |ctx| {
-        time_rank(ctx, op.clone(), points.clone())
+        time_rank(ctx, op.clone(), points.clone(), timing)
     })?;
     for (_, times) in per_rank {
         let ns: Vec<String> = times.iter().map(|t| t.as_nanos().to_string()).collect();
@@ -622,12 +676,25 @@ pub fn rank(args: CollRankArgs) -> Result<(), BoxError> {
 
 /// Times `op` at every point on `n` tcp ranks in processes of their own,
 /// started by the launcher as `braid-launch` starts them.
-fn time_tcp_processes(n: u32, op: &str, points: &[(usize, usize)]) -> Result<Vec<f64>, BoxError> {
+fn time_tcp_processes(
+    n: u32,
+    op: &str,
+    points: &[(usize, usize)],
+    timing: Timing,
+) -> Result<Vec<f64>, BoxError> {
     let list = points_arg(points);
-    let args = ["coll-rank", "--op", op, "--points", &list]
-        .into_iter()
-        .map(Into::into)
-        .collect();
+    let args = [
+        "coll-rank",
+        "--op",
+        op,
+        "--points",
+        &list,
+        "--timing",
+        timing.arg(),
+    ]
+    .into_iter()
+    .map(Into::into)
+    .collect();
     let mut spec = LaunchSpec::new(n, std::env::current_exe()?, args);
     spec.output = OutputMode::Captured;
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -681,6 +748,7 @@ async fn time_world(
     n: u32,
     op: &str,
     points: &[(usize, usize)],
+    timing: Timing,
 ) -> Result<Vec<f64>, BoxError> {
     let comms: Vec<Arc<dyn Communicator>> = match world {
         World::Local => LocalComm::world(n)
@@ -699,7 +767,14 @@ async fn time_world(
         .collect();
     let hs: Vec<_> = ctxs
         .iter()
-        .map(|ctx| tokio::spawn(time_rank(ctx.clone(), op.to_string(), points.to_vec())))
+        .map(|ctx| {
+            tokio::spawn(time_rank(
+                ctx.clone(),
+                op.to_string(),
+                points.to_vec(),
+                timing,
+            ))
+        })
         .collect();
     let mut per_rank = Vec::with_capacity(hs.len());
     for (r, h) in hs.into_iter().enumerate() {
@@ -729,12 +804,17 @@ async fn time_world(
 /// Times `op` at every point on `n` in-process ranks started as jobs start
 /// them (`braid_core::run_world`: a runtime a rank where they fit the
 /// cores).
-fn time_job_world(n: u32, op: &str, points: &[(usize, usize)]) -> Result<Vec<f64>, BoxError> {
+fn time_job_world(
+    n: u32,
+    op: &str,
+    points: &[(usize, usize)],
+    timing: Timing,
+) -> Result<Vec<f64>, BoxError> {
     let (op, pts) = (op.to_string(), points.to_vec());
     let per_rank = run_world(
         &WorldSpec::Local { nranks: n },
         MemoryLimits::UNLIMITED,
-        move |ctx| time_rank(ctx, op.clone(), pts.clone()),
+        move |ctx| time_rank(ctx, op.clone(), pts.clone(), timing),
     )?;
     Ok(slowest(per_rank.into_iter().map(|(_, t)| t), points.len()))
 }
@@ -743,7 +823,12 @@ fn time_job_world(n: u32, op: &str, points: &[(usize, usize)]) -> Result<Vec<f64
 /// runtime of its own as `run_world` gives a tcp rank's process (a worker
 /// a core, at least 2): as `n` tcp ranks in processes of their own run,
 /// which is what MPI's processes are timed as.
-fn time_tcp_ranks(n: u32, op: &str, points: &[(usize, usize)]) -> Result<Vec<f64>, BoxError> {
+fn time_tcp_ranks(
+    n: u32,
+    op: &str,
+    points: &[(usize, usize)],
+    timing: Timing,
+) -> Result<Vec<f64>, BoxError> {
     let root = std::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, 0))?;
     root.set_nonblocking(true)?;
     let addr = root.local_addr()?.to_string();
@@ -773,7 +858,7 @@ fn time_tcp_ranks(n: u32, op: &str, points: &[(usize, usize)]) -> Result<Vec<f64
                     None => TcpComm::connect(cfg).await?,
                 };
                 let ctx = context_on(Arc::new(comm), MemoryLimits::UNLIMITED, engine);
-                let timed = time_rank(ctx.clone(), op, pts).await;
+                let timed = time_rank(ctx.clone(), op, pts, timing).await;
                 if let Err(e) = &timed {
                     ctx.comm().abort(&e.to_string());
                 }
@@ -827,7 +912,12 @@ pub fn run(args: CollArgs) -> Result<(), BoxError> {
     outln!("# braid-bench coll: braid ({threads}) vs OpenMPI, same machine, same run");
     outln!();
     outln!(
-        "Times are microseconds per operation (max over ranks). x = MPI time / braid time (> 1: braid faster)."
+        "Times are microseconds per operation (max over ranks), {}. x = MPI time / braid time (> 1: braid faster).",
+        match args.timing {
+            Timing::Loop => "calls back to back (the loop's time over its calls)",
+            Timing::PerCall =>
+                "each call timed alone after an untimed barrier (a call's latency, as the OSU benchmarks time collectives)",
+        }
     );
     for &n in &args.ranks {
         for op in &args.ops {
@@ -855,16 +945,17 @@ pub fn run(args: CollArgs) -> Result<(), BoxError> {
                     cols.push(None);
                     continue;
                 }
-                let mpi_us = time_mpi(&mpi, op, n, world == World::Local, &points)?;
+                let timing = args.timing;
+                let mpi_us = time_mpi(&mpi, op, n, world == World::Local, &points, timing)?;
                 let braid_us = match (world, args.threads) {
-                    (World::Local, None) => time_job_world(n, op, &points)?,
+                    (World::Local, None) => time_job_world(n, op, &points, timing)?,
                     (World::Tcp, None) if args.tcp_ranks == TcpRanks::OwnRuntime => {
-                        time_tcp_ranks(n, op, &points)?
+                        time_tcp_ranks(n, op, &points, timing)?
                     }
                     (World::Tcp, None) if args.tcp_ranks == TcpRanks::Processes => {
-                        time_tcp_processes(n, op, &points)?
+                        time_tcp_processes(n, op, &points, timing)?
                     }
-                    _ => rt.block_on(time_world(world, n, op, &points))?,
+                    _ => rt.block_on(time_world(world, n, op, &points, timing))?,
                 };
                 cols.push(Some((braid_us, mpi_us)));
             }
@@ -903,6 +994,41 @@ pub fn run(args: CollArgs) -> Result<(), BoxError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Both timings time every point of every rank (3 in-process ranks,
+    /// two points), and each point's results pass the value check that
+    /// `time_rank` runs after its loop (an error otherwise).
+    #[test]
+    fn both_timings_time_every_point_and_check_it() {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        for timing in [Timing::Loop, Timing::PerCall] {
+            for op in ["bcast", "allreduce", "alltoallv"] {
+                let us = rt
+                    .block_on(time_world(
+                        World::Local,
+                        3,
+                        op,
+                        &[(24, 3), (3000, 2)],
+                        timing,
+                    ))
+                    .unwrap();
+                assert_eq!(us.len(), 2, "{op} {timing:?}");
+                assert!(
+                    us.iter().all(|t| t.is_finite() && *t > 0.0),
+                    "{op} {timing:?}: {us:?}"
+                );
+            }
+        }
+        assert_eq!(Timing::PerCall.arg(), "per-call");
+        assert_eq!(
+            <Timing as clap::ValueEnum>::from_str(Timing::PerCall.arg(), false),
+            Ok(Timing::PerCall)
+        );
+    }
 
     /// Every form's check passes on what the collective gives (3
     /// in-process ranks, sizes that do and do not split evenly), and
