@@ -37,7 +37,11 @@ that where a clamped month end makes a later row's t - P lie below an
 earlier row's (2023-03-30 23:00 and 2023-03-31 01:00 both step back to
 2023-02-28); such inputs are checked with DuckDB only, and Polars says SKIP.
 DuckDB intervals stop at microseconds: nanosecond columns are checked with
-Polars only. On a timestamp column in a time zone other than UTC, --period's
+Polars only. On a timestamp column in UTC, --period steps as without a zone
+(months first, then the rest): DuckDB's TIMESTAMPTZ arithmetic takes the
+time part first (2024-03-31 06:00 - 1 month 12 hours is 02-29 18:00 there,
+02-28 18:00 in its TIMESTAMP arithmetic and in Polars), so DuckDB gets such
+a column without its zone. On a timestamp column in a time zone other than UTC, --period's
 days, weeks and months step on the zone's local clock (RFC 5545, Polars'
 rolling): a repeated local time keeps the offset the step started from, a
 skipped one is read with the offset before the gap, hours and below are
@@ -242,6 +246,7 @@ class Spec:
         # A zone other than UTC: --period's days, weeks and months step on
         # its local clock (Polars' rolling; see the module doc).
         self.zone = dt.time_zone if isinstance(dt, pl.Datetime) and dt.time_zone not in (None, "UTC") else None
+        self.utc = isinstance(dt, pl.Datetime) and dt.time_zone == "UTC"
         if base[self.order].null_count():
             raise UsageError(f"order column {self.order!r} holds nulls; semantics unspecified")
         for v in self.values:
@@ -324,7 +329,16 @@ def expected_duckdb(spec, base, pl):
         start = pl.col(spec.order).dt.offset_by("-" + spec.period).dt.epoch(spec.unit)
         src = base.select([RID] + spec.keys() + spec.values + [t, (t - start).alias("__delta")])
     else:
-        src = base.select([RID] + spec.keys() + spec.values + [spec.ord_expr(pl)])
+        o = spec.ord_expr(pl)
+        if spec.period is not None and spec.utc:
+            # In UTC the calendar is the column's own, as without a zone;
+            # but DuckDB's TIMESTAMPTZ arithmetic (ICU) takes a period's
+            # time part before its months (2024-03-31 06:00 - 1 month 12
+            # hours: 02-29 18:00), where its TIMESTAMP arithmetic, Polars'
+            # offset_by (zone or not) and braid take the months first
+            # (02-28 18:00). DuckDB gets the same instants without a zone.
+            o = o.dt.replace_time_zone(None)
+        src = base.select([RID] + spec.keys() + spec.values + [o])
     con.register("braid_input", src.to_arrow())
 
     w = spec.window
