@@ -85,8 +85,8 @@ fn iso(s: &str) -> Option<Cow<'_, str>> {
     )))
 }
 
-/// Whether a date-time written as [`iso`] gives names its zone (`Z` or
-/// an offset after the time).
+/// Whether a date-time, written as [`iso`] gives it, names its zone (`Z`
+/// or an offset after the time).
 fn zoned(iso: &str) -> bool {
     iso.get(11..)
         .is_some_and(|time| time.bytes().any(|c| matches!(c, b'Z' | b'z' | b'+' | b'-')))
@@ -196,17 +196,10 @@ pub(crate) fn common_type(a: &DataType, b: &DataType) -> Option<DataType> {
         _ => None,
     };
     let ((u, zu), (v, zv)) = (time(a)?, time(b)?);
-    let finer = |u: TimeUnit, v: TimeUnit| {
-        if u == TimeUnit::Nanosecond || v == TimeUnit::Nanosecond {
-            TimeUnit::Nanosecond
-        } else {
-            TimeUnit::Microsecond
-        }
-    };
     Some(match (u, v) {
         (None, None) => DataType::Date32,
         (Some(u), None) | (None, Some(u)) => timestamp(u, zu || zv),
-        (Some(u), Some(v)) => timestamp(finer(u, v), zu || zv),
+        (Some(u), Some(v)) => timestamp(crate::widen::finer(u, v), zu || zv),
     })
 }
 
@@ -215,9 +208,7 @@ pub(crate) fn common_type(a: &DataType, b: &DataType) -> Option<DataType> {
 pub(crate) fn converted(t: &DataType) -> bool {
     match t {
         DataType::Date32 => true,
-        DataType::Timestamp(TimeUnit::Microsecond | TimeUnit::Nanosecond, z) => {
-            z.as_deref().is_none_or(|z| z == UTC)
-        }
+        DataType::Timestamp(_, z) => z.as_deref().is_none_or(|z| z == UTC),
         _ => false,
     }
 }

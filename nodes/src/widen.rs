@@ -159,7 +159,8 @@ fn zone_name(z: &str) -> String {
     }
 }
 
-fn finer(u: TimeUnit, v: TimeUnit) -> TimeUnit {
+/// The finer of two timestamp units.
+pub(crate) fn finer(u: TimeUnit, v: TimeUnit) -> TimeUnit {
     let rank = |t: TimeUnit| match t {
         TimeUnit::Second => 0,
         TimeUnit::Millisecond => 1,
