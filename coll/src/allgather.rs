@@ -513,85 +513,138 @@ pub fn start_allgather_parts<T: Element>(
     values: impl Into<Elements<T>>,
     callback: Option<Callback>,
 ) -> Handle<Vec<Elements<T>>> {
-    start_gather(ctx, values.into(), None, callback, |parts, _, _| parts)
+    let values: Elements<T> = values.into();
+    let site = Site::next(ctx, CollKind::AllGather);
+    let comm = ctx.comm().clone();
+    start(ctx, site.coll, site.op, callback, async move {
+        gather(comm.as_ref(), site, values, None).await
+    })
 }
 
-/// The one-shot AllGather's core; `finish` shapes the parts (in rank
-/// order) into the result.
+/// Starts a one-shot AllGather whose result is one vector: every rank's
+/// `values` concatenated in rank order (ranks may contribute different
+/// counts). [`allgather`]'s core, for a caller that waits on the handle
+/// or its callback instead of awaiting.
+pub fn start_allgather<T: Element>(
+    ctx: &Context,
+    values: impl Into<Elements<T>>,
+    callback: Option<Callback>,
+) -> Handle<Vec<T>> {
+    start_one_vector(ctx, values.into(), Vec::new(), callback)
+}
+
+/// The one-vector AllGather's core: the exchange, then the parts laid out
+/// in `out`'s memory where it holds enough (else a fresh vector). Over
+/// messages, where this rank's part is past the inline size, every peer's
+/// part is received straight into the place an even layout gives it
+/// (every rank as many elements as this one, as the ranks of one call
+/// usually send; `recv_landing`), as AllToAll's are; where the counts
+/// turn out to differ, the parts are copied into a result of the right
+/// layout (a part that landed elsewhere is never taken as placed). In
+/// process the parts are read where they lie and copied once.
+fn start_one_vector<T: Element>(
+    ctx: &Context,
+    values: Elements<T>,
+    mut out: Vec<T>,
+    callback: Option<Callback>,
+) -> Handle<Vec<T>> {
+    let site = Site::next(ctx, CollKind::AllGather);
+    let comm = ctx.comm().clone();
+    let per_rank = values.len();
+    let bytes = values.buffer().len();
+    let zone = (!comm.meets() && bytes > INLINE_MAX)
+        .then(|| (comm.nranks() as usize).checked_mul(per_rank))
+        .flatten()
+        .and_then(|n| LandingZone::reusing(std::mem::take(&mut out), n));
+    start(ctx, site.coll, site.op, callback, async move {
+        let parts = gather(comm.as_ref(), site, values, zone.as_ref()).await?;
+        let alike = parts.iter().all(|p| p.len() == per_rank);
+        let mut len = 0;
+        let placed: Vec<(usize, Buffer)> = parts
+            .into_iter()
+            .map(|p| {
+                let at = len;
+                len += p.len();
+                (at, p.buffer().clone())
+            })
+            .collect();
+        match zone {
+            // Laid out as guessed: the landed parts are in place.
+            Some(z) if alike => land_parts(site, placed, z),
+            // Counts differ between ranks: parts that landed lie where an
+            // even layout puts them; all are copied into a result of the
+            // right layout (the zone is let go of once they are).
+            Some(_) => land_parts(site, placed, result_zone(site, Vec::new(), len)?),
+            None => {
+                crate::handle::spread(len * std::mem::size_of::<T>()).await;
+                assemble_into(site, placed, len, &mut out)?;
+                Ok(out)
+            }
+        }
+    })
+}
+
+/// The one-shot AllGather's exchange: every rank's part, in rank order.
 /// Where `zone` is given, a peer's part that comes as messages is
 /// received straight into the zone at its place in a result laid out as
 /// if every rank sent as many elements as this one (`recv_landing`); the
-/// zone goes to `finish` with the parts, which say whether they landed
-/// in their places after all.
-fn start_gather<T: Element, R: Send + 'static>(
-    ctx: &Context,
+/// caller's assembly says whether the parts landed in their places after
+/// all.
+async fn gather<T: Element>(
+    comm: &dyn Communicator,
+    site: Site,
     values: Elements<T>,
-    zone: Option<LandingZone<T>>,
-    callback: Option<Callback>,
-    finish: impl FnOnce(Vec<Elements<T>>, Option<LandingZone<T>>, Site) -> R + Send + 'static,
-) -> Handle<R> {
-    let site = Site::next(ctx, CollKind::AllGather);
+    zone: Option<&LandingZone<T>>,
+) -> Result<Vec<Elements<T>>, CollError> {
     let op = site.op;
-    let comm = ctx.comm().clone();
-    start(ctx, CollKind::AllGather, op, callback, async move {
-        let size = std::mem::size_of::<T>() as u64;
-        let own_bytes = values.buffer().len();
-        let meta = Meta::new(CollKind::AllGather, T::DTYPE)
-            .flags(ONE_SHOT)
-            .count(values.len() as u64);
-        let offer = OfferData::same(values.buffer().clone());
-        let check = |p: Rank, f: &crate::wire::Framed| {
-            if f.meta.flags & ONE_SHOT == 0 {
-                return Err(site.mismatch(
-                    p,
-                    format!("rank {p} is in a streaming AllGather, this rank in a one-shot one"),
-                ));
-            }
-            if f.meta.dtype != T::DTYPE {
-                return Err(site.mismatch(
-                    p,
-                    format!(
-                        "element type {} here, {} on rank {p}",
-                        T::DTYPE,
-                        f.meta.dtype
-                    ),
-                ));
-            }
-            if f.data.len() as u64 != f.meta.count.saturating_mul(size) {
-                return Err(site.mismatch(
-                    p,
-                    format!(
-                        "rank {p} announced {} elements and sent {} bytes",
-                        f.meta.count,
-                        f.data.len()
-                    ),
-                ));
-            }
-            Ok(())
-        };
-        let place =
-            |p: Rank, len: usize| DataRecv::for_part(zone.as_ref(), p as usize * own_bytes, len);
-        let got = exchange_framed_landing(
-            comm.as_ref(),
-            site,
-            Tag::new(op, 0),
-            meta,
-            offer,
-            place,
-            check,
-        )
-        .await?;
-        let mut parts = Vec::with_capacity(got.len() + 1);
-        let mut own = Some(values);
-        for (p, f) in got {
-            if p > site.rank {
-                parts.extend(own.take());
-            }
-            parts.push(Elements::from_buffer(f.data));
+    let size = std::mem::size_of::<T>() as u64;
+    let own_bytes = values.buffer().len();
+    let meta = Meta::new(CollKind::AllGather, T::DTYPE)
+        .flags(ONE_SHOT)
+        .count(values.len() as u64);
+    let offer = OfferData::same(values.buffer().clone());
+    let check = |p: Rank, f: &crate::wire::Framed| {
+        if f.meta.flags & ONE_SHOT == 0 {
+            return Err(site.mismatch(
+                p,
+                format!("rank {p} is in a streaming AllGather, this rank in a one-shot one"),
+            ));
         }
-        parts.extend(own.take());
-        Ok(finish(parts, zone, site))
-    })
+        if f.meta.dtype != T::DTYPE {
+            return Err(site.mismatch(
+                p,
+                format!(
+                    "element type {} here, {} on rank {p}",
+                    T::DTYPE,
+                    f.meta.dtype
+                ),
+            ));
+        }
+        if f.data.len() as u64 != f.meta.count.saturating_mul(size) {
+            return Err(site.mismatch(
+                p,
+                format!(
+                    "rank {p} announced {} elements and sent {} bytes",
+                    f.meta.count,
+                    f.data.len()
+                ),
+            ));
+        }
+        Ok(())
+    };
+    let place = |p: Rank, len: usize| DataRecv::for_part(zone, p as usize * own_bytes, len);
+    let got =
+        exchange_framed_landing(comm, site, Tag::new(op, 0), meta, offer, place, check).await?;
+    let mut parts = Vec::with_capacity(got.len() + 1);
+    let mut own = Some(values);
+    for (p, f) in got {
+        if p > site.rank {
+            parts.extend(own.take());
+        }
+        parts.push(Elements::from_buffer(f.data));
+    }
+    parts.extend(own.take());
+    Ok(parts)
 }
 
 /// One-shot AllGather: every rank's `values`, one [`Elements`] per rank in
@@ -606,7 +659,8 @@ pub async fn allgather_parts<T: Element>(
 }
 
 /// Gathers every rank's `values`, concatenated in rank order (ranks may
-/// contribute different counts).
+/// contribute different counts); the streaming wrapper of
+/// [`start_allgather`].
 pub async fn allgather<T: Element>(
     ctx: &Context,
     values: impl Into<Elements<T>>,
@@ -624,7 +678,7 @@ pub async fn allgather<T: Element>(
 /// laid out as if every rank sent as many elements as this one; where
 /// the counts differ, the result is a fresh vector (the parts that landed
 /// are copied out of `out`'s memory) and `out`'s old memory is let go.
-/// On an error `out` is left empty or as it was.
+/// `out` is lent to the call's core: on an error it is left empty.
 pub async fn allgather_into<T: Element>(
     ctx: &Context,
     values: impl Into<Elements<T>>,
@@ -632,42 +686,7 @@ pub async fn allgather_into<T: Element>(
 ) -> Result<(), CollError> {
     let values: Elements<T> = values.into();
     let bytes = values.buffer().len();
-    let per_rank = values.len();
-    // Over messages, large parts are received into their places in `out`
-    // where every rank sends as many elements as this one (as the ranks of
-    // one call usually do), as AllToAll's are; in process the parts are
-    // read where they lie and copied once either way.
-    let zone = (!ctx.comm().meets() && bytes > INLINE_MAX)
-        .then(|| (ctx.nranks() as usize).checked_mul(per_rank))
-        .flatten()
-        .and_then(|n| LandingZone::reusing(std::mem::take(out), n));
-    let (parts, zone, site) = streaming(ctx, bytes, |cb| {
-        start_gather(ctx, values, zone, cb, |parts, zone, site| {
-            (parts, zone, site)
-        })
-    })
-    .await?;
-    let alike = parts.iter().all(|p| p.len() == per_rank);
-    let mut len = 0;
-    let placed: Vec<(usize, Buffer)> = parts
-        .into_iter()
-        .map(|p| {
-            let at = len;
-            len += p.len();
-            (at, p.buffer().clone())
-        })
-        .collect();
-    match zone {
-        // Laid out as guessed: the landed parts are in place.
-        Some(z) if alike => *out = land_parts(site, placed, z)?,
-        // Counts differ between ranks: parts that landed lie where an
-        // even layout puts them; all are copied into a result of the
-        // right layout (the zone is let go of once they are).
-        Some(_) => *out = land_parts(site, placed, result_zone(site, Vec::new(), len)?)?,
-        None => {
-            crate::handle::spread(len * std::mem::size_of::<T>()).await;
-            assemble_into(site, placed, len, out)?;
-        }
-    }
+    let mem = std::mem::take(out);
+    *out = streaming(ctx, bytes, |cb| start_one_vector(ctx, values, mem, cb)).await?;
     Ok(())
 }

@@ -65,7 +65,7 @@ mod wire;
 pub use wire::Elements;
 
 pub use allgather::{
-    AllGather, ExtractOrder, Gathered, allgather, allgather_into, allgather_parts,
+    AllGather, ExtractOrder, Gathered, allgather, allgather_into, allgather_parts, start_allgather,
     start_allgather_parts,
 };
 pub use allreduce::{
