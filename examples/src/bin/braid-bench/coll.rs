@@ -32,7 +32,7 @@ use braid_core::{
     BoxError, Buffer, Communicator, Context, MemoryLimits, ProgressEngine, RankThreads,
 };
 use braid_core::{WorldSpec, run_world};
-use braid_examples::{outln, size_name};
+use braid_examples::{median, outln, size_name};
 
 /// Options of `braid-bench coll`.
 #[derive(Debug, clap::Args)]
@@ -101,6 +101,13 @@ pub struct CollArgs {
     /// collectives).
     #[arg(long, value_enum, default_value = "loop")]
     timing: Timing,
+    /// Rounds per (operation, rank count, world): each times MPI and braid
+    /// once, alternating which goes first. With more than one, braid and
+    /// MPI are the medians of the rounds and x the median of the rounds'
+    /// ratios, with its range: on a host whose rounds swing (a small VM,
+    /// a busy one) one round's ratio says little.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    rounds: u32,
 }
 
 /// How a point's calls are timed (`--timing`). Back-to-back calls show
@@ -919,6 +926,12 @@ pub fn run(args: CollArgs) -> Result<(), BoxError> {
                 "each call timed alone after an untimed barrier (a call's latency, as the OSU benchmarks time collectives)",
         }
     );
+    if args.rounds > 1 {
+        outln!(
+            "Each point: {} rounds, MPI and braid alternating which goes first; braid and MPI are the rounds' medians, x the median of the rounds' ratios (its range in brackets).",
+            args.rounds
+        );
+    }
     for &n in &args.ranks {
         for op in &args.ops {
             let sizes: Vec<usize> = if op == "barrier" {
@@ -946,17 +959,33 @@ pub fn run(args: CollArgs) -> Result<(), BoxError> {
                     continue;
                 }
                 let timing = args.timing;
-                let mpi_us = time_mpi(&mpi, op, n, world == World::Local, &points, timing)?;
-                let braid_us = match (world, args.threads) {
-                    (World::Local, None) => time_job_world(n, op, &points, timing)?,
-                    (World::Tcp, None) if args.tcp_ranks == TcpRanks::OwnRuntime => {
-                        time_tcp_ranks(n, op, &points, timing)?
-                    }
-                    (World::Tcp, None) if args.tcp_ranks == TcpRanks::Processes => {
-                        time_tcp_processes(n, op, &points, timing)?
-                    }
-                    _ => rt.block_on(time_world(world, n, op, &points, timing))?,
-                };
+                let mut rounds = Vec::with_capacity(args.rounds as usize);
+                for round in 0..args.rounds {
+                    let mpi = || time_mpi(&mpi, op, n, world == World::Local, &points, timing);
+                    let braid = || match (world, args.threads) {
+                        (World::Local, None) => time_job_world(n, op, &points, timing),
+                        (World::Tcp, None) if args.tcp_ranks == TcpRanks::OwnRuntime => {
+                            time_tcp_ranks(n, op, &points, timing)
+                        }
+                        (World::Tcp, None) if args.tcp_ranks == TcpRanks::Processes => {
+                            time_tcp_processes(n, op, &points, timing)
+                        }
+                        _ => rt.block_on(time_world(world, n, op, &points, timing)),
+                    };
+                    // Which side goes first alternates: a host that slows
+                    // down or speeds up over a round's seconds weighs on
+                    // both alike.
+                    let (b, m) = if round % 2 == 0 {
+                        let m = mpi()?;
+                        (braid()?, m)
+                    } else {
+                        let b = braid()?;
+                        (b, mpi()?)
+                    };
+                    rounds.push((b, m));
+                }
+                let braid_us = rounds.iter().map(|r| r.0.clone()).collect::<Vec<_>>();
+                let mpi_us = rounds.iter().map(|r| r.1.clone()).collect::<Vec<_>>();
                 cols.push(Some((braid_us, mpi_us)));
             }
             outln!();
@@ -978,9 +1007,7 @@ pub fn run(args: CollArgs) -> Result<(), BoxError> {
                 let mut row = format!("| {} |", size_name(*size));
                 for col in &cols {
                     match col {
-                        Some((b, m)) => {
-                            row += &format!(" {:.2} | {:.2} | {:.2} |", b[k], m[k], m[k] / b[k])
-                        }
+                        Some((b, m)) => row += &cell(b, m, k),
                         None => row += " - | - | - |",
                     }
                 }
@@ -991,9 +1018,48 @@ pub fn run(args: CollArgs) -> Result<(), BoxError> {
     Ok(())
 }
 
+/// One world's three cells of point `k` from the rounds' times (`b`:
+/// braid's per round, `m`: MPI's): braid and MPI as their medians, x as
+/// the median of the rounds' MPI / braid, and where there are several
+/// rounds, x's range after it.
+fn cell(b: &[Vec<f64>], m: &[Vec<f64>], k: usize) -> String {
+    let at = |t: &[Vec<f64>]| t.iter().map(|r| r[k]).collect::<Vec<f64>>();
+    let (bs, ms) = (at(b), at(m));
+    let xs: Vec<f64> = ms.iter().zip(&bs).map(|(m, b)| m / b).collect();
+    let (lo, hi) = xs
+        .iter()
+        .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, z), v| {
+            (a.min(*v), z.max(*v))
+        });
+    let range = if xs.len() > 1 {
+        format!(" ({lo:.2}-{hi:.2})")
+    } else {
+        String::new()
+    };
+    format!(
+        " {:.2} | {:.2} | {:.2}{range} |",
+        median(bs),
+        median(ms),
+        median(xs)
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A cell is the medians of the rounds and the median of their
+    /// ratios (not the ratio of the medians), with the ratios' range
+    /// where there are several rounds.
+    #[test]
+    fn a_cell_takes_medians_over_rounds() {
+        // Two points, three rounds; point 1's ratios: 4/2, 9/3, 1/1.
+        let b = vec![vec![1.0, 2.0], vec![5.0, 3.0], vec![7.0, 1.0]];
+        let m = vec![vec![2.0, 4.0], vec![5.0, 9.0], vec![3.5, 1.0]];
+        assert_eq!(cell(&b, &m, 1), " 2.00 | 4.00 | 2.00 (1.00-3.00) |");
+        assert_eq!(cell(&b, &m, 0), " 5.00 | 3.50 | 1.00 (0.50-2.00) |");
+        assert_eq!(cell(&b[..1], &m[..1], 1), " 2.00 | 4.00 | 2.00 |");
+    }
 
     /// Both timings time every point of every rank (3 in-process ranks,
     /// two points), and each point's results pass the value check that
