@@ -710,7 +710,7 @@ fn a_mistyped_setting_is_said_without_a_subscriber() {
     );
     for said in [
         "braid: BRAID_MALLOC=\"System\" ignored: expected \"system\"",
-        "braid: BRAID_WAIT=\"spin\" ignored: expected park or poll",
+        "braid: BRAID_WAIT=\"spin\" ignored: expected \"park\" or \"poll\"",
     ] {
         assert_eq!(err.matches(said).count(), 1, "{said:?} in {err}");
     }
