@@ -32,8 +32,12 @@
 //! One-shot: [`allgather()`] and [`allgather_parts`] (one array per rank,
 //! as `MPI_Allgatherv`) exchange one frame per peer in one step, and
 //! in-process ranks meet instead (`Communicator::meet`: a deposit and a
-//! take per rank, no messages, no copies). A one-shot call is not the
-//! streaming [`AllGather`]: ranks that mix the two fail with a mismatch.
+//! take per rank, no messages; the parts form copies nothing, the
+//! one-vector form copies each part once, from where it lies into its
+//! place, without taking a handle of it: at 8 B between 3 and 4 ranks on
+//! the 2-core VM that took 0.6-0.9 us off 2.6-4.7, BENCHMARKS.md,
+//! seventy-eighth session). A one-shot call is not the streaming
+//! [`AllGather`]: ranks that mix the two fail with a mismatch.
 
 use std::sync::{Arc, Mutex};
 
@@ -50,8 +54,8 @@ use crate::handle::{
 };
 use crate::wire::{
     DataRecv, Elements, FINISH, Framed, INLINE_MAX, LAST, Meta, ONE_SHOT, assemble_into,
-    exchange_framed_landing, land_parts, meet_seat, met_meta, recv_counted_all, recv_streams_all,
-    result_zone, send_finish, send_framed,
+    assemble_slices_into, exchange_framed_landing, land_parts, meet_seat, met_meta,
+    recv_counted_all, recv_streams_all, result_zone, send_finish, send_framed,
 };
 use braid_core::comm::OfferData;
 use braid_core::memory::LandingZone;
@@ -557,6 +561,10 @@ fn start_one_vector<T: Element>(
         .flatten()
         .and_then(|n| LandingZone::reusing(std::mem::take(&mut out), n));
     start(ctx, site.coll, site.op, callback, async move {
+        if comm.meets() {
+            meet_into(comm.as_ref(), site, &values, &mut out).await?;
+            return Ok(out);
+        }
         let parts = gather(comm.as_ref(), site, values, zone.as_ref()).await?;
         let alike = parts.iter().all(|p| p.len() == per_rank);
         let mut len = 0;
@@ -584,6 +592,80 @@ fn start_one_vector<T: Element>(
     })
 }
 
+/// The one-vector AllGather between in-process ranks: the ranks meet,
+/// each offering its values, and every rank copies every part from its
+/// sender's memory straight into its place in `out` (large copies spread
+/// over this rank's cores). No handle of another rank's buffer is taken
+/// (each moved its count's cache line between the ranks' cores), as in
+/// AllToAll's `meet_into`. Checks as [`gather`]'s: a one-shot call, the
+/// element type, each part's length against its count.
+async fn meet_into<T: Element>(
+    comm: &dyn Communicator,
+    site: Site,
+    values: &Elements<T>,
+    out: &mut Vec<T>,
+) -> Result<(), CollError> {
+    let sz = std::mem::size_of::<T>();
+    let meta = Meta::new(CollKind::AllGather, T::DTYPE)
+        .flags(ONE_SHOT)
+        .count(values.len() as u64);
+    let offer = OfferData::same(values.buffer().clone());
+    let Ok(seat) = meet_seat(comm, site, Tag::new(site.op, 0), meta, offer).await? else {
+        return Err(site.invalid("the communicator said its ranks meet, then refused"));
+    };
+    // Every rank's bytes in rank order (the offers come in rank order).
+    let mut parts: Vec<&[u8]> = Vec::with_capacity(comm.nranks() as usize);
+    let own = values.buffer().as_slice();
+    for m in seat.offers() {
+        let m = m.map_err(|e| site.comm(e))?;
+        let p = m.src;
+        let theirs = met_meta(site, &m)?;
+        let got = m.bytes();
+        check_part::<T>(site, p, &theirs, got.len())?;
+        if p > site.rank && parts.len() == site.rank as usize {
+            parts.push(own);
+        }
+        parts.push(got);
+    }
+    if parts.len() == site.rank as usize {
+        parts.push(own);
+    }
+    let mut len = 0;
+    let placed: Vec<(usize, &[u8])> = parts
+        .into_iter()
+        .map(|b| {
+            let at = len;
+            len += b.len() / sz.max(1);
+            (at, b)
+        })
+        .collect();
+    crate::handle::spread(len * sz).await;
+    assemble_slices_into(site, &placed, len, out)
+}
+
+/// Checks rank `p`'s part of a one-shot AllGather against this rank's
+/// call: a one-shot call (not the streaming [`AllGather`]), this element
+/// type, and `bytes` matching the count its header announced.
+fn check_part<T: Element>(site: Site, p: Rank, meta: &Meta, bytes: usize) -> Result<(), CollError> {
+    if meta.flags & ONE_SHOT == 0 {
+        let d = format!("rank {p} is in a streaming AllGather, this rank in a one-shot one");
+        return Err(site.mismatch(p, d));
+    }
+    if meta.dtype != T::DTYPE {
+        let d = format!("element type {} here, {} on rank {p}", T::DTYPE, meta.dtype);
+        return Err(site.mismatch(p, d));
+    }
+    let size = std::mem::size_of::<T>() as u64;
+    if bytes as u64 != meta.count.saturating_mul(size) {
+        let d = format!(
+            "rank {p} announced {} elements and sent {bytes} bytes",
+            meta.count
+        );
+        return Err(site.mismatch(p, d));
+    }
+    Ok(())
+}
+
 /// The one-shot AllGather's exchange: every rank's part, in rank order.
 /// Where `zone` is given, a peer's part that comes as messages is
 /// received straight into the zone at its place in a result laid out as
@@ -597,41 +679,12 @@ async fn gather<T: Element>(
     zone: Option<&LandingZone<T>>,
 ) -> Result<Vec<Elements<T>>, CollError> {
     let op = site.op;
-    let size = std::mem::size_of::<T>() as u64;
     let own_bytes = values.buffer().len();
     let meta = Meta::new(CollKind::AllGather, T::DTYPE)
         .flags(ONE_SHOT)
         .count(values.len() as u64);
     let offer = OfferData::same(values.buffer().clone());
-    let check = |p: Rank, f: &crate::wire::Framed| {
-        if f.meta.flags & ONE_SHOT == 0 {
-            return Err(site.mismatch(
-                p,
-                format!("rank {p} is in a streaming AllGather, this rank in a one-shot one"),
-            ));
-        }
-        if f.meta.dtype != T::DTYPE {
-            return Err(site.mismatch(
-                p,
-                format!(
-                    "element type {} here, {} on rank {p}",
-                    T::DTYPE,
-                    f.meta.dtype
-                ),
-            ));
-        }
-        if f.data.len() as u64 != f.meta.count.saturating_mul(size) {
-            return Err(site.mismatch(
-                p,
-                format!(
-                    "rank {p} announced {} elements and sent {} bytes",
-                    f.meta.count,
-                    f.data.len()
-                ),
-            ));
-        }
-        Ok(())
-    };
+    let check = |p: Rank, f: &crate::wire::Framed| check_part::<T>(site, p, &f.meta, f.data.len());
     let place = |p: Rank, len: usize| DataRecv::for_part(zone, p as usize * own_bytes, len);
     let got =
         exchange_framed_landing(comm, site, Tag::new(op, 0), meta, offer, place, check).await?;

@@ -28,7 +28,10 @@ pub fn choice<T: Copy>(var: &str, choices: &[(&str, T)]) -> Option<T> {
     if let Some((_, t)) = choices.iter().find(|(name, _)| *name == v.trim()) {
         return Some(*t);
     }
-    let names: Vec<String> = choices.iter().map(|(name, _)| format!("{name:?}")).collect();
+    let names: Vec<String> = choices
+        .iter()
+        .map(|(name, _)| format!("{name:?}"))
+        .collect();
     let expected = match names.as_slice() {
         [one] => one.clone(),
         [init @ .., last] => format!("{} or {last}", init.join(", ")),
