@@ -201,9 +201,13 @@ pub async fn run(ctx: Context, seed: u64) -> R<String> {
     // an event) pairs with the streaming call on odd ones. Parts past the
     // inline size, so that over messages they land in place: every rank as
     // many as the others, then the last rank more (the landed parts are
-    // laid out again).
-    for round in [34u64, 35] {
-        let count = |r: Rank| 5000 + usize::from(round == 35 && r + 1 == n) * 3001;
+    // laid out again), then parts of 320 KB (striped over tcp's lanes).
+    for round in [34u64, 35, 36] {
+        let count = |r: Rank| match round {
+            35 if r + 1 == n => 8001,
+            36 => 40_000,
+            _ => 5000,
+        };
         let mine = input::<f64>(seed, round, me, count(me));
         let got = if me % 2 == 0 {
             let done = braid_core::Event::new();
