@@ -136,6 +136,18 @@ fn host_clock_ns() -> i64 {
     ts.tv_sec * 1_000_000_000 + ts.tv_nsec
 }
 
+/// A collective's core started by `start` with a callback that sets an
+/// event, awaited through that event (not the handle), then its result.
+async fn by_callback<T: Send + 'static>(
+    start: impl FnOnce(Option<braid_coll::Callback>) -> braid_coll::Handle<T>,
+) -> R<T> {
+    let done = braid_core::Event::new();
+    let set = done.clone();
+    let h = start(Some(Box::new(move || set.set())));
+    done.wait().await;
+    h.take().map_err(e)
+}
+
 /// Runs every collective check on this rank; returns a one-line summary.
 pub async fn run(ctx: Context, seed: u64) -> R<String> {
     let (me, n) = (ctx.rank(), ctx.nranks());
@@ -210,11 +222,7 @@ pub async fn run(ctx: Context, seed: u64) -> R<String> {
         };
         let mine = input::<f64>(seed, round, me, count(me));
         let got = if me % 2 == 0 {
-            let done = braid_core::Event::new();
-            let set = done.clone();
-            let h = braid_coll::start_allgather(&ctx, mine, Some(Box::new(move || set.set())));
-            done.wait().await;
-            h.take().map_err(e)?
+            by_callback(|cb| braid_coll::start_allgather(&ctx, mine, cb)).await?
         } else {
             allgather(&ctx, mine).await.map_err(e)?
         };
@@ -628,11 +636,7 @@ pub async fn run(ctx: Context, seed: u64) -> R<String> {
     // call on odd ones; the handle completes through its callback.
     let send: Vec<f32> = (0..n * 3).map(|j| (me * 1000 + j) as f32).collect();
     let got = if me % 2 == 0 {
-        let done = braid_core::Event::new();
-        let set = done.clone();
-        let h = braid_coll::start_alltoall(&ctx, send, Some(Box::new(move || set.set())));
-        done.wait().await;
-        h.take().map_err(e)?
+        by_callback(|cb| braid_coll::start_alltoall(&ctx, send, cb)).await?
     } else {
         alltoall(&ctx, send).await.map_err(e)?
     };

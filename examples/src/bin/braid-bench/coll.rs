@@ -959,7 +959,7 @@ pub fn run(args: CollArgs) -> Result<(), BoxError> {
                     continue;
                 }
                 let timing = args.timing;
-                let mut rounds = Vec::with_capacity(args.rounds as usize);
+                let (mut braid_us, mut mpi_us) = (Vec::new(), Vec::new());
                 for round in 0..args.rounds {
                     let mpi = || time_mpi(&mpi, op, n, world == World::Local, &points, timing);
                     let braid = || match (world, args.threads) {
@@ -982,10 +982,9 @@ pub fn run(args: CollArgs) -> Result<(), BoxError> {
                         let b = braid()?;
                         (b, mpi()?)
                     };
-                    rounds.push((b, m));
+                    braid_us.push(b);
+                    mpi_us.push(m);
                 }
-                let braid_us = rounds.iter().map(|r| r.0.clone()).collect::<Vec<_>>();
-                let mpi_us = rounds.iter().map(|r| r.1.clone()).collect::<Vec<_>>();
                 cols.push(Some((braid_us, mpi_us)));
             }
             outln!();
