@@ -1,13 +1,14 @@
-/* What a host charges for the two things a polling wait does on every pass:
- * reading the monotonic clock, and seeing a cache line another core wrote.
+/* What a host charges for what braid's in-process ranks do most: read the
+ * monotonic clock (every polling pass), copy memory (a collective's
+ * result), and see a cache line another core wrote (every hand-over).
  *
  *   cc -O2 -pthread -o host_probe bench/host_probe.c && ./host_probe
  *
- * Prints ns per clock_gettime(CLOCK_MONOTONIC) (median of 7 rounds of 1e6
- * calls) and the round trip of a cache-line ping-pong between two threads
- * (pinned to cores 0 and 1, then 0 and N/2), ns per round trip, median of
- * 7 rounds of 1e5; and one thread's memcpy between two kept buffers
- * of 1 MiB and 16 MiB, GB/s (median of 7 rounds). */
+ * Prints, in this order: ns per clock_gettime(CLOCK_MONOTONIC) (median of
+ * 7 rounds of 1e6 calls); one thread's memcpy between two kept buffers of
+ * 1 MiB and 16 MiB, GB/s (median of 7 rounds); the round trip of a
+ * cache-line ping-pong between two threads pinned to cores 0 and 1, then
+ * 0 and N/2, ns (median of 7 rounds of 1e5). */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <sched.h>
@@ -53,7 +54,10 @@ static double pingpong(int a, int b) {
     pthread_t t;
     double r[ROUNDS];
     atomic_store(&ball, 0);
-    pthread_create(&t, NULL, pong, &b);
+    if (pthread_create(&t, NULL, pong, &b) != 0) {
+        perror("pthread_create");
+        exit(1);
+    }
     pin(a);
     long v = 0;
     for (int k = 0; k < ROUNDS; k++) {
@@ -83,6 +87,10 @@ int main(void) {
     printf("clock_gettime(CLOCK_MONOTONIC): %.1f ns a call (median of %d rounds of 1e6)\n", r[ROUNDS / 2], ROUNDS);
     for (size_t len = 1 << 20; len <= (16 << 20); len <<= 4) {
         char *a = malloc(len), *b = malloc(len);
+        if (!a || !b) {
+            fprintf(stderr, "out of memory for two buffers of %zu bytes\n", len);
+            return 1;
+        }
         memset(a, 1, len);
         memset(b, 2, len);
         int reps = (int)((256 << 20) / len);
